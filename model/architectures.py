@@ -1,0 +1,305 @@
+"""The ONE module that touches transformers internals.
+
+Each supported family gets a small adapter that exposes the pieces SkipDecode needs:
+embed tokens at explicit positions, run decoder layer i (with or without the KV cache),
+final norm + LM head, and parameter counts for the cost model. Everything else in model/
+talks to these adapters, never to `model.model.layers` & co. transformers is pinned in
+requirements.txt because these internals move between releases.
+
+Shapes: B = batch, T = new positions this call, K = key positions, C = hidden size, V = vocab.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from model.schedule import CostModel
+
+LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = LLAMA_FAMILY + ("opt", "gpt2")
+
+
+class PrefixKVCache:
+    """A preallocated KV cache whose layers may hold DIFFERENT lengths.
+
+    SkipDecode bypasses some layers at some steps, so layer i holds keys for a prefix of the
+    sequence whose length is its own (DESIGN.md §1). Buffers are allocated once at full
+    capacity (B, H, capacity, D) on first use, so a step writes in place instead of
+    re-allocating with torch.cat as transformers' DynamicCache does. Duck-types the one
+    method the attention modules call: ``update(keys, values, layer_idx)``.
+    """
+
+    def __init__(self, num_layers: int, capacity: int) -> None:
+        self.capacity = capacity
+        self.lengths = [0] * num_layers
+        self._keys: list[torch.Tensor | None] = [None] * num_layers
+        self._values: list[torch.Tensor | None] = [None] * num_layers
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any):
+        # key_states: (B, H_kv, T, D)
+        if self._keys[layer_idx] is None:
+            batch, heads, _, head_dim = key_states.shape
+            shape = (batch, heads, self.capacity, head_dim)
+            self._keys[layer_idx] = key_states.new_empty(shape)
+            self._values[layer_idx] = value_states.new_empty(shape)
+        start = self.lengths[layer_idx]
+        end = start + key_states.shape[-2]
+        if end > self.capacity:
+            raise RuntimeError(f"KV cache capacity {self.capacity} exceeded at layer {layer_idx}")
+        keys, values = self._keys[layer_idx], self._values[layer_idx]
+        keys[:, :, start:end] = key_states
+        values[:, :, start:end] = value_states
+        self.lengths[layer_idx] = end
+        return keys[:, :, :end], values[:, :, :end]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.lengths[layer_idx]
+
+
+def attention_mask(
+    key_valid: torch.Tensor, num_queries: int, dtype: torch.dtype | None = None, *, always: bool = False
+) -> torch.Tensor | None:
+    """4D mask (B, 1, Q, K) for queries that are the LAST Q of K key positions.
+
+    key_valid: (B, K) bool, False at left padding. Returns None when nothing is padded (unless
+    ``always``), which lets SDPA use its fused causal path. A bool mask (True = attend) suits SDPA; pass ``dtype``
+    for an additive float mask (eager attention). Every query may attend to itself, so a
+    padding query never has an all-masked row (that would put NaN into the cache).
+    """
+    if not always and bool(key_valid.all()):
+        return None
+    num_keys = key_valid.shape[1]
+    query_pos = torch.arange(num_keys - num_queries, num_keys, device=key_valid.device)[:, None]  # (Q, 1)
+    key_pos = torch.arange(num_keys, device=key_valid.device)[None, :]  # (1, K)
+    allowed = (key_pos <= query_pos) & key_valid[:, None, :]  # (B, Q, K)
+    allowed = allowed | (key_pos == query_pos)
+    allowed = allowed[:, None]  # (B, 1, Q, K)
+    if dtype is None:
+        return allowed
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
+
+
+def position_ids_from_mask(mask: torch.Tensor) -> torch.Tensor:
+    """Explicit positions (B, T) from a left-padded 0/1 mask: real tokens count from 0.
+
+    Never derive positions from a cache length: bypassed layers have shorter caches.
+    """
+    return (mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+@dataclass
+class LayerInputs:
+    """What every layer call of one forward shares (computed once per step, not per layer)."""
+
+    mask: torch.Tensor | None
+    position_ids: torch.Tensor  # (B, T)
+    extra: dict[str, Any]
+
+
+class ArchitectureAdapter(ABC):
+    """Base class: one subclass per architecture family."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.config = model.config
+
+    # --- structure -------------------------------------------------------------------------
+    @property
+    @abstractmethod
+    def layers(self) -> nn.ModuleList: ...
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def max_context(self) -> int:
+        return int(getattr(self.config, "max_position_embeddings", 2048) or 2048)
+
+    # --- compute ---------------------------------------------------------------------------
+    @abstractmethod
+    def embed(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        """(B, T) ids -> (B, T, C) hidden states entering layer 0."""
+
+    def layer_extras(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> dict[str, Any]:
+        """Per-step inputs shared by all layers (rotary cos/sin for the Llama family)."""
+        return {}
+
+    @abstractmethod
+    def run_layer(self, index: int, hidden: torch.Tensor, inputs: LayerInputs, cache: PrefixKVCache | None) -> torch.Tensor:
+        """Decoder layer ``index`` on (B, T, C); appends its keys/values to ``cache`` when given."""
+
+    @abstractmethod
+    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final norm (and output projection where the family has one)."""
+
+    @property
+    def lm_head(self) -> nn.Module:
+        return self.model.get_output_embeddings()
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(B, T, C) last-layer hidden -> (B, T, V) logits."""
+        return self.lm_head(self.final_norm(hidden))
+
+    def layer_inputs(self, hidden: torch.Tensor, key_valid: torch.Tensor, position_ids: torch.Tensor) -> LayerInputs:
+        # Eager attention applies no causal mask of its own, so it always needs ours for T > 1.
+        eager = self.config._attn_implementation == "eager"
+        num_queries = hidden.shape[1]
+        mask = attention_mask(
+            key_valid, num_queries, hidden.dtype if eager else None, always=eager and num_queries > 1
+        )
+        return LayerInputs(mask=mask, position_ids=position_ids, extra=self.layer_extras(hidden, position_ids))
+
+    # --- cost model ------------------------------------------------------------------------
+    def fixed_modules(self) -> list[nn.Module]:
+        """Modules every step runs whatever its depth (besides the LM head)."""
+        return []
+
+    def cost_model(self) -> CostModel:
+        """Parameter counts touched per token (the embedding is a lookup: C, not V * C)."""
+        layer_cost = sum(p.numel() for p in self.layers[0].parameters())
+        head_cost = sum(p.numel() for p in self.lm_head.parameters())
+        fixed = sum(p.numel() for m in self.fixed_modules() for p in m.parameters())
+        embed_cost = self.config.hidden_size
+        return CostModel(layer_cost=float(layer_cost), fixed_cost=float(head_cost + fixed + embed_cost))
+
+
+class LlamaFamilyAdapter(ArchitectureAdapter):
+    """Llama, SmolLM2, Mistral, Qwen2, Qwen3: pre-norm blocks, rotary embeddings at model level."""
+
+    @property
+    def _backbone(self) -> nn.Module:
+        return self.model.model
+
+    @property
+    def layers(self) -> nn.ModuleList:
+        return self._backbone.layers
+
+    @property
+    def max_context(self) -> int:
+        window = getattr(self.config, "sliding_window", None)
+        use_window = getattr(self.config, "use_sliding_window", window is not None)
+        limit = super().max_context
+        # Our masks are full-causal: stay inside the sliding window where a model has one.
+        return min(limit, window) if window and use_window else limit
+
+    def embed(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        return self._backbone.embed_tokens(input_ids)
+
+    def layer_extras(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> dict[str, Any]:
+        return {"position_embeddings": self._backbone.rotary_emb(hidden, position_ids=position_ids)}
+
+    def run_layer(self, index: int, hidden: torch.Tensor, inputs: LayerInputs, cache: PrefixKVCache | None) -> torch.Tensor:
+        return self.layers[index](
+            hidden,
+            attention_mask=inputs.mask,
+            position_ids=inputs.position_ids,
+            past_key_values=cache,
+            use_cache=cache is not None,
+            position_embeddings=inputs.extra["position_embeddings"],
+        )
+
+    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self._backbone.norm(hidden)
+
+    def fixed_modules(self) -> list[nn.Module]:
+        return [self._backbone.norm]
+
+
+class OPTAdapter(ArchitectureAdapter):
+    """OPT (the paper's family): learned positions with offset 2, optional in/out projections."""
+
+    @property
+    def _decoder(self) -> nn.Module:
+        return self.model.model.decoder
+
+    @property
+    def layers(self) -> nn.ModuleList:
+        return self._decoder.layers
+
+    def embed(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        decoder = self._decoder
+        hidden = decoder.embed_tokens(input_ids)
+        if decoder.project_in is not None:
+            hidden = decoder.project_in(hidden)
+        positions = decoder.embed_positions(None, 0, position_ids=position_ids)
+        return hidden + positions
+
+    def run_layer(self, index: int, hidden: torch.Tensor, inputs: LayerInputs, cache: PrefixKVCache | None) -> torch.Tensor:
+        return self.layers[index](
+            hidden,
+            attention_mask=inputs.mask,
+            past_key_values=cache,
+            use_cache=cache is not None,
+            position_ids=inputs.position_ids,
+        )
+
+    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        decoder = self._decoder
+        if decoder.final_layer_norm is not None:
+            hidden = decoder.final_layer_norm(hidden)
+        if decoder.project_out is not None:
+            hidden = decoder.project_out(hidden)
+        return hidden
+
+    def fixed_modules(self) -> list[nn.Module]:
+        decoder = self._decoder
+        return [m for m in (decoder.final_layer_norm, decoder.project_out, decoder.project_in) if m is not None]
+
+
+class GPT2Adapter(ArchitectureAdapter):
+    """GPT-2: learned absolute positions (wpe), post-stack ln_f."""
+
+    @property
+    def _transformer(self) -> nn.Module:
+        return self.model.transformer
+
+    @property
+    def layers(self) -> nn.ModuleList:
+        return self._transformer.h
+
+    @property
+    def max_context(self) -> int:
+        return int(self.config.n_positions)
+
+    def embed(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        t = self._transformer
+        return t.drop(t.wte(input_ids) + t.wpe(position_ids))
+
+    def run_layer(self, index: int, hidden: torch.Tensor, inputs: LayerInputs, cache: PrefixKVCache | None) -> torch.Tensor:
+        return self.layers[index](hidden, past_key_values=cache, attention_mask=inputs.mask, use_cache=cache is not None)
+
+    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self._transformer.ln_f(hidden)
+
+    def fixed_modules(self) -> list[nn.Module]:
+        return [self._transformer.ln_f]
+
+
+def unwrap_peft(model: nn.Module) -> nn.Module:
+    """The transformers model inside a peft wrapper (LoRA layers stay injected in its modules)."""
+    base = getattr(model, "base_model", None)
+    inner = getattr(base, "model", None)
+    if base is not None and inner is not None and hasattr(inner, "config") and base is not model:
+        return inner
+    return model
+
+
+def adapter_for(model: nn.Module) -> ArchitectureAdapter:
+    """Pick the adapter for a loaded causal LM; a clear error for unsupported families."""
+    inner = unwrap_peft(model)
+    model_type = getattr(inner.config, "model_type", None)
+    if model_type in LLAMA_FAMILY:
+        return LlamaFamilyAdapter(inner)
+    if model_type == "opt":
+        return OPTAdapter(inner)
+    if model_type == "gpt2":
+        return GPT2Adapter(inner)
+    raise ValueError(
+        f"model type {model_type!r} is not supported yet; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+    )

@@ -1,0 +1,123 @@
+"""Command line: ``python -m model generate --prompt TEXT [...]``.
+
+Bad input exits with status 2 and one line ``error: ...`` on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from typing import Callable, Sequence
+
+from model.schedule import DECAY_FUNCTIONS, LAYER_ORDERS
+
+EXIT_BAD_INPUT = 2
+
+
+class CliError(Exception):
+    """A user-facing error: printed as one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse's own errors: same clear one-line form
+        self.print_usage(sys.stderr)
+        raise CliError(message)
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None, help="HF model id or local folder (default: embedded SmolLM2-135M-Instruct)")
+    parser.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps")
+    parser.add_argument("--dtype", default="auto", help="auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16, float16")
+
+
+def add_schedule_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--speedup", type=float, default=2.0, help="target LAYER speedup (default 2)")
+    parser.add_argument("--decay", default="linear", choices=DECAY_FUNCTIONS)
+    parser.add_argument("--warmup", type=int, default=1, help="first layers that always run (default 1)")
+    parser.add_argument("--min-layers", type=int, default=None, help="override the solver's min layers")
+    parser.add_argument("--max-layers", type=int, default=None, help="override the solver's max layers")
+    parser.add_argument("--decay-length", type=int, default=None, help="steps to reach min layers (default max-new-tokens)")
+    parser.add_argument("--order", default="warmup_top", choices=tuple(LAYER_ORDERS), help="which layers a budget runs")
+    parser.add_argument("--prompt-at-budget", action="store_true", help="run the prompt at the first budget, not full depth")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m model", description="SkipDecode: layer-skipping decoding with batching and KV cache")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    gen = commands.add_parser("generate", help="generate text with SkipDecode (or the full model with --full)")
+    gen.add_argument("--prompt", action="append", required=True, help="prompt text; repeat for a batch")
+    add_schedule_options(gen)
+    gen.add_argument("--full", action="store_true", help="run the full model (every layer, every step)")
+    gen.add_argument("--max-new-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--stop", action="append", default=[], help="stop string; repeatable")
+    gen.add_argument("--raw", action="store_true", help="send the prompt as raw text (no chat template)")
+    gen.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    add_model_options(gen)
+    gen.set_defaults(handler=run_generate)
+    return parser
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from model.decoder import SamplingConfig  # noqa: PLC0415 (torch import only when needed)
+    from model.generation import GenerationRequest, ScheduleRequest, TextGenerator, validate_request  # noqa: PLC0415
+    from model.loading import load_model  # noqa: PLC0415
+
+    request = GenerationRequest(
+        prompts=tuple(args.prompt),
+        schedule=ScheduleRequest(
+            target_speedup=args.speedup,
+            decay=args.decay,
+            warmup=args.warmup,
+            min_layers=args.min_layers,
+            max_layers=args.max_layers,
+            decay_length=args.decay_length,
+            order=args.order,
+            prompt_at_full_depth=not args.prompt_at_budget,
+            full=args.full,
+        ),
+        max_new_tokens=args.max_new_tokens,
+        sampling=SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed),
+        raw=args.raw,
+        stop=tuple(args.stop),
+    )
+    validate_request(request)  # prompt and number checks before the (slow) model load
+    generator = TextGenerator(load_model(args.model, device=args.device, dtype=args.dtype))
+    generator.schedule_for(request.schedule, request.max_new_tokens)  # reject bad settings before work
+    result = generator.generate(request)
+    if args.json:
+        print(json.dumps(result.to_json(), ensure_ascii=False))
+        return 0
+    for index, text in enumerate(result.outputs):
+        if len(result.outputs) > 1:
+            print(f"--- [{index + 1}] {result.prompts[index]}")
+        print(text.strip())
+    summary = result.to_json()
+    print(
+        f"\n[{summary['model']} on {summary['device']}: layer speedup {summary['layer_speedup']:.2f}x, "
+        f"cost-model {summary['cost_model_speedup']:.2f}x, {summary['tokens_per_second']:.1f} tokens/s]",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        args = build_parser().parse_args(argv)
+        handler: Callable[[argparse.Namespace], int] = args.handler
+        return handler(args)
+    except (CliError, ValueError, FileNotFoundError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,345 @@
+"""Batched, KV-cached SkipDecode (DESIGN.md §1), as small named steps:
+
+    prefill      prompt positions through the prefill layer set, filling each layer's cache
+    decode_step  one new position through the layer set of step k (one exit for the whole batch)
+    stream       prefill + decode steps, yielding one StepEvent per step, returning a DecodeResult
+
+plus ``masked_forward``, the teacher-forced twin used by training and by the tests that tie
+training to inference. The full model is the same code with n_k = L, so comparisons are fair.
+
+This module knows token ids and tensors only: no tokenizer, no UI.
+Shapes: B = batch, P = padded prompt length, V = vocab, L = layers.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Generator, Sequence
+
+import torch
+from torch import nn
+
+from model.architectures import ArchitectureAdapter, LayerInputs, PrefixKVCache, adapter_for, position_ids_from_mask
+from model.schedule import ScheduleConfig
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """temperature 0 = greedy. top_k 0 and top_p 1 switch those filters off."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0; got {self.temperature!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0; got {self.top_k!r}")
+        if not isinstance(self.top_p, (int, float)) or not math.isfinite(self.top_p) or not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1]; got {self.top_p!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class StepEvent:
+    """One step of generation. step -1 is the prefill (it produces generated token 0);
+    step k >= 0 feeds generated token k and produces token k + 1."""
+
+    step: int
+    token_ids: list[int]  # the new token of every row; rows already finished repeat the pad id
+    finished: list[bool]  # per row, after this step
+    layers: tuple[int, ...]  # layer indices this step executed (the same for every row)
+    seconds: float  # wall time of this step, device work included
+
+
+@dataclass
+class DecodeResult:
+    num_layers: int
+    prompt_lengths: list[int]
+    tokens: list[list[int]]  # generated ids per row, EOS/stop token excluded
+    finish_reasons: list[str]  # "eos", "stop" or "length"
+    prefill_layers: tuple[int, ...]
+    step_layers: list[tuple[int, ...]] = field(default_factory=list)
+    prefill_seconds: float = 0.0
+    step_seconds: list[float] = field(default_factory=list)
+    cancelled: bool = False
+
+    @property
+    def layers_per_step(self) -> list[int]:
+        """n_k for every decode step that ran."""
+        return [len(layers) for layers in self.step_layers]
+
+    @property
+    def total_seconds(self) -> float:
+        return self.prefill_seconds + sum(self.step_seconds)
+
+    @property
+    def num_generated(self) -> int:
+        return sum(len(row) for row in self.tokens)
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Generated tokens of all rows over wall time, prefill included."""
+        return self.num_generated / self.total_seconds if self.total_seconds > 0 else 0.0
+
+    @property
+    def layer_speedup(self) -> float:
+        steps = self.layers_per_step
+        return self.num_layers * len(steps) / sum(steps) if steps else 1.0
+
+
+@dataclass
+class DecodeState:
+    """Everything a decode step needs from the steps before it."""
+
+    cache: PrefixKVCache
+    key_valid: torch.Tensor  # (B, capacity) bool: False at left padding
+    next_position: torch.Tensor  # (B,) position id of the next token (padding not counted)
+    length: int  # positions written so far (padded prompt + fed tokens)
+    has_padding: bool  # False lets every step skip mask building entirely
+
+
+# Stop check for a row: (row index, generated ids so far) -> True to finish the row.
+StopCheck = Callable[[int, list[int]], bool]
+
+
+class SkipDecoder:
+    """SkipDecode for one loaded causal LM (any family that architectures.py adapts)."""
+
+    def __init__(self, model: nn.Module, *, eos_token_ids: Sequence[int] = (), pad_token_id: int = 0) -> None:
+        self.model = model
+        self.adapter: ArchitectureAdapter = adapter_for(model)
+        self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
+        self.pad_token_id = int(pad_token_id)
+
+    @property
+    def num_layers(self) -> int:
+        return self.adapter.num_layers
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    # --- steps ----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def prefill(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int], capacity: int
+    ) -> tuple[DecodeState, torch.Tensor]:
+        """Run the (B, P) prompt through ``layers``; return the state and last-position logits (B, V)."""
+        batch, prompt_len = input_ids.shape
+        valid = attention_mask.bool()
+        key_valid = torch.ones(batch, capacity, dtype=torch.bool, device=input_ids.device)
+        key_valid[:, :prompt_len] = valid
+        positions = position_ids_from_mask(attention_mask)  # (B, P)
+        cache = PrefixKVCache(self.num_layers, capacity)
+        hidden = self.adapter.embed(input_ids, positions)  # (B, P, C)
+        inputs = self.adapter.layer_inputs(hidden, valid, positions)
+        for index in layers:
+            hidden = self.adapter.run_layer(index, hidden, inputs, cache)
+        logits = self.adapter.logits(hidden[:, -1:])[:, -1]  # only the last position: (B, V)
+        state = DecodeState(
+            cache=cache,
+            key_valid=key_valid,
+            next_position=positions[:, -1] + 1,
+            length=prompt_len,
+            has_padding=not bool(valid.all()),
+        )
+        return state, logits
+
+    @torch.inference_mode()
+    def decode_step(self, state: DecodeState, token_ids: torch.Tensor, layers: Sequence[int]) -> torch.Tensor:
+        """Feed one token per row (B,) through ``layers``; return next-token logits (B, V).
+
+        A bypassed layer keeps its shorter cache; a layer that runs attends to its own cached
+        prefix plus the new position (its keys are exactly the positions that ran it).
+        """
+        positions = state.next_position[:, None]  # (B, 1)
+        hidden = self.adapter.embed(token_ids[:, None], positions)  # (B, 1, C)
+        extras = self.adapter.layer_extras(hidden, positions)
+        inputs_by_length: dict[int, LayerInputs] = {}
+        for index in layers:
+            cached = state.cache.lengths[index]
+            inputs = inputs_by_length.get(cached)
+            if inputs is None:
+                mask = None
+                if state.has_padding:
+                    key_valid = torch.cat([state.key_valid[:, :cached], state.key_valid.new_ones(len(token_ids), 1)], dim=1)
+                    mask = self.adapter.layer_inputs(hidden, key_valid, positions).mask
+                inputs = inputs_by_length[cached] = LayerInputs(mask=mask, position_ids=positions, extra=extras)
+            hidden = self.adapter.run_layer(index, hidden, inputs, state.cache)
+        state.next_position += 1
+        state.length += 1
+        return self.adapter.logits(hidden)[:, -1]
+
+    # --- the loop -------------------------------------------------------------------------
+    def stream(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        schedule: ScheduleConfig,
+        *,
+        max_new_tokens: int,
+        sampling: SamplingConfig = SamplingConfig(),
+        stop_check: StopCheck | None = None,
+        should_cancel: Callable[[], bool] | None = None,
+    ) -> Generator[StepEvent, None, DecodeResult]:
+        """Generate up to ``max_new_tokens`` per row, yielding one StepEvent per step.
+
+        input_ids/attention_mask: (B, P), LEFT padded. Returns the DecodeResult (the
+        generator's return value; ``generate`` collects it).
+        """
+        if schedule.num_layers != self.num_layers:
+            raise ValueError(f"schedule is for {schedule.num_layers} layers; the model has {self.num_layers}")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an integer >= 1; got {max_new_tokens!r}")
+        if input_ids.ndim != 2 or input_ids.shape[1] == 0:
+            raise ValueError("every prompt needs at least one token")
+        capacity = input_ids.shape[1] + max_new_tokens
+        if capacity > self.adapter.max_context:
+            raise ValueError(
+                f"prompt ({input_ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
+                f"the model's context of {self.adapter.max_context} tokens"
+            )
+        device = self.device
+        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+        batch = input_ids.shape[0]
+        generator = _make_generator(sampling, device)
+        result = DecodeResult(
+            num_layers=self.num_layers,
+            prompt_lengths=attention_mask.sum(-1).tolist(),
+            tokens=[[] for _ in range(batch)],
+            finish_reasons=["length"] * batch,
+            prefill_layers=schedule.prefill_layers(),
+        )
+        finished = [False] * batch
+
+        start = time.perf_counter()
+        state, logits = self.prefill(input_ids, attention_mask, result.prefill_layers, capacity)
+        next_ids = sample_next(logits, sampling, generator)
+        new_tokens = self._record(next_ids, result, finished, stop_check)
+        result.prefill_seconds = time.perf_counter() - start
+        yield StepEvent(-1, new_tokens, list(finished), result.prefill_layers, result.prefill_seconds)
+
+        for step in range(max_new_tokens - 1):
+            if all(finished) or (should_cancel is not None and should_cancel()):
+                break
+            layers = schedule.step_layers(step)
+            start = time.perf_counter()
+            logits = self.decode_step(state, next_ids, layers)
+            next_ids = sample_next(logits, sampling, generator)
+            new_tokens = self._record(next_ids, result, finished, stop_check)
+            seconds = time.perf_counter() - start
+            result.step_layers.append(layers)
+            result.step_seconds.append(seconds)
+            yield StepEvent(step, new_tokens, list(finished), layers, seconds)
+        result.cancelled = should_cancel is not None and not all(finished) and should_cancel()
+        return result
+
+    def generate(self, *args, **kwargs) -> DecodeResult:
+        """``stream`` run to the end; returns its DecodeResult."""
+        events = self.stream(*args, **kwargs)
+        while True:
+            try:
+                next(events)
+            except StopIteration as stop:
+                return stop.value
+
+    def _record(
+        self, next_ids: torch.Tensor, result: DecodeResult, finished: list[bool], stop_check: StopCheck | None
+    ) -> list[int]:
+        """Append each unfinished row's new token; mark rows that hit EOS or a stop."""
+        ids = next_ids.tolist()  # the one host sync per step: EOS and streaming need the ids
+        new_tokens = []
+        for row, token in enumerate(ids):
+            if finished[row]:
+                new_tokens.append(self.pad_token_id)
+                continue
+            new_tokens.append(token)
+            if token in self.eos_token_ids:
+                finished[row], result.finish_reasons[row] = True, "eos"
+                continue
+            result.tokens[row].append(token)
+            if stop_check is not None and stop_check(row, result.tokens[row]):
+                finished[row], result.finish_reasons[row] = True, "stop"
+        return new_tokens
+
+
+def _make_generator(sampling: SamplingConfig, device: torch.device) -> torch.Generator | None:
+    if sampling.greedy:
+        return None
+    generator = torch.Generator(device=device)
+    if sampling.seed is not None:
+        generator.manual_seed(int(sampling.seed))
+    else:
+        generator.seed()
+    return generator
+
+
+def sample_next(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None) -> torch.Tensor:
+    """(B, V) logits -> (B,) next token ids: argmax, or temperature / top-k / top-p sampling."""
+    if sampling.greedy:
+        return logits.argmax(dim=-1)
+    scores = logits.float() / sampling.temperature
+    if sampling.top_k > 0 and sampling.top_k < scores.shape[-1]:
+        kth = torch.topk(scores, sampling.top_k, dim=-1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if sampling.top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, descending=True, dim=-1)
+        cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+        drop_sorted = cumulative - sorted_scores.softmax(dim=-1) >= sampling.top_p  # keeps the top token
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        scores = scores.masked_fill(drop, float("-inf"))
+    probs = scores.softmax(dim=-1)
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+
+
+# --- the teacher-forced twin ------------------------------------------------------------------
+
+
+def execution_mask(schedule: ScheduleConfig, prompt_length: int, total_length: int) -> torch.Tensor:
+    """(T, L) bool: which layers each position of a left-padded sequence executes.
+
+    Positions < prompt_length are prompt (prefill layers); position prompt_length + k holds
+    generated token k, fed at decode step k (step_layers(k)).
+    """
+    mask = torch.zeros(total_length, schedule.num_layers, dtype=torch.bool)
+    mask[:prompt_length, list(schedule.prefill_layers())] = True
+    for step in range(total_length - prompt_length):
+        mask[prompt_length + step, list(schedule.step_layers(step))] = True
+    return mask
+
+
+def masked_forward(
+    model_or_adapter: nn.Module | ArchitectureAdapter,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    executes: torch.Tensor,
+) -> torch.Tensor:
+    """Teacher-forced SkipDecode: h = where(executes[pos, i], layer_i(h), h) for every layer.
+
+    input_ids/attention_mask: (B, T). executes: (T, L) shared by the batch, or (B, T, L).
+    Returns logits (B, T, V). Because the positions that execute a layer form a causal
+    prefix, these equal the cached decoder's logits (tests/test_decoder.py proves it).
+    Differentiable: training runs through this.
+    """
+    adapter = model_or_adapter if isinstance(model_or_adapter, ArchitectureAdapter) else adapter_for(model_or_adapter)
+    executes = executes.to(input_ids.device)
+    if executes.ndim == 2:
+        executes = executes.unsqueeze(0).expand(input_ids.shape[0], -1, -1)  # (B, T, L)
+    positions = position_ids_from_mask(attention_mask)
+    hidden = adapter.embed(input_ids, positions)  # (B, T, C)
+    inputs = adapter.layer_inputs(hidden, attention_mask.bool(), positions)
+    for index in range(adapter.num_layers):
+        keep = executes[..., index]  # (B, T)
+        if not bool(keep.any()):
+            continue  # nobody runs this layer: skip the compute
+        out = adapter.run_layer(index, hidden, inputs, None)
+        hidden = out if bool(keep.all()) else torch.where(keep[..., None], out, hidden)
+    return adapter.logits(hidden)

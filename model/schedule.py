@@ -1,0 +1,350 @@
+"""The SkipDecode exit schedule: how many layers each generated step runs, and which ones.
+
+Pure Python on purpose (no torch): the UI draws the schedule before any model is loaded, and
+the solver runs on every slider move.
+
+Vocabulary (DESIGN.md §1):
+* step k = 0, 1, 2, ...: the k-th generated token fed back as input; step k runs n_k layers.
+* n_k = round(f(k)) for a decay function f from ``max_layers`` (k = 0) to ``min_layers``
+  (k >= decay_length), clamped to [min, max] and made monotone with a running minimum.
+* A layer ORDER maps a budget n to the set of layers that run. Orders must be NESTED
+  (S(n) is a subset of S(n + 1)): with a non-increasing n_k, the steps that run any layer then
+  form a prefix of the sequence, so every layer's KV cache is a prefix and nothing is recomputed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+DECAY_FUNCTIONS: tuple[str, ...] = ("linear", "exponential", "cosine", "power", "step", "constant")
+DECAY_DESCRIPTIONS: dict[str, str] = {
+    "linear": "straight line from max to min over the decay length (the paper's policy)",
+    "exponential": "drops fast at first, then flattens towards min",
+    "cosine": "half cosine: slow start, fast middle, slow end",
+    "power": "power-law (D3-style): steep drop over the first tokens, long tail",
+    "step": "max for the first half of the decay length, then min",
+    "constant": "the same depth for every step (max = min)",
+}
+
+# The solver accepts a schedule this close (relative) to the best achievable layer speedup when
+# it starts deeper: integer layer counts cannot hit every target exactly anyway.
+SOLVER_TOLERANCE = 0.015
+
+# Shape constants of the non-linear decays (chosen so each curve is visibly different).
+_EXPONENTIAL_RATE = 4.0
+_POWER_EXPONENT = 0.5
+
+
+def _unit_decay(decay: str, progress: float, step: int, decay_length: int) -> float:
+    """Fraction of the (max - min) range still kept at ``progress`` = step / decay_length in [0, 1]."""
+    if decay == "linear":
+        return 1.0 - progress
+    if decay == "exponential":
+        floor = math.exp(-_EXPONENTIAL_RATE)
+        return (math.exp(-_EXPONENTIAL_RATE * progress) - floor) / (1.0 - floor)
+    if decay == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+    if decay == "power":
+        floor = (1.0 + decay_length) ** -_POWER_EXPONENT
+        return ((1.0 + step) ** -_POWER_EXPONENT - floor) / (1.0 - floor)
+    if decay == "step":
+        return 1.0 if progress < 0.5 else 0.0
+    if decay == "constant":
+        return 1.0
+    raise ValueError(f"decay must be one of {', '.join(DECAY_FUNCTIONS)}; got {decay!r}")
+
+
+def decay_value(decay: str, step: int, max_layers: int, min_layers: int, decay_length: int) -> float:
+    """The un-rounded decay function f(step)."""
+    if step >= decay_length:
+        return float(min_layers) if decay != "constant" else float(max_layers)
+    progress = step / decay_length
+    return min_layers + (max_layers - min_layers) * _unit_decay(decay, progress, step, decay_length)
+
+
+# ---------------------------------------------------------------------------------------------
+# Layer orders: budget n -> the sorted layer indices that run.
+
+LayerOrder = Callable[[int, int, int], tuple[int, ...]]  # (num_layers, budget, warmup) -> layers
+
+
+def warmup_top_layers(num_layers: int, budget: int, warmup: int) -> tuple[int, ...]:
+    """The paper's order: the first ``warmup`` layers, then the TOP budget - warmup layers."""
+    upper = budget - warmup
+    return tuple(range(warmup)) + tuple(range(num_layers - upper, num_layers))
+
+
+def first_last_layers(num_layers: int, budget: int, warmup: int) -> tuple[int, ...]:
+    """Keep the first and last layers, bypass the middle (D3-style, arXiv 2503.08524).
+
+    The bottom block gets ceil(n/2) layers (at least ``warmup``), the top block the rest;
+    growing n by one adds one layer to exactly one block, so the family is nested.
+    """
+    bottom = max(warmup, (budget + 1) // 2)
+    top = budget - bottom
+    return tuple(range(bottom)) + tuple(range(num_layers - top, num_layers))
+
+
+LAYER_ORDERS: dict[str, LayerOrder] = {
+    "warmup_top": warmup_top_layers,
+    "first_last": first_last_layers,
+}
+LAYER_ORDER_DESCRIPTIONS: dict[str, str] = {
+    "warmup_top": "warmup layers + the top layers; lower/middle layers bypassed (the paper)",
+    "first_last": "first and last layers kept, the middle bypassed (D3-style)",
+}
+
+
+def check_nested(order: LayerOrder, num_layers: int, warmup: int, name: str = "order") -> None:
+    """Raise ValueError unless S(n) is a subset of S(n + 1) for every legal budget n."""
+    previous: set[int] | None = None
+    for budget in range(warmup + 1, num_layers + 1):
+        layers = order(num_layers, budget, warmup)
+        current = set(layers)
+        if len(current) != budget or len(layers) != budget:
+            raise ValueError(f"layer order {name!r} gives {len(current)} distinct layers for budget {budget}")
+        if not all(0 <= i < num_layers for i in current):
+            raise ValueError(f"layer order {name!r} names a layer outside [0, {num_layers}) for budget {budget}")
+        if not set(range(warmup)) <= current:
+            raise ValueError(f"layer order {name!r} drops a warmup layer at budget {budget}")
+        if previous is not None and not previous <= current:
+            raise ValueError(
+                f"layer order {name!r} is not nested: budget {budget - 1} runs layers "
+                f"{sorted(previous - current)} that budget {budget} does not; the KV cache would have holes"
+            )
+        previous = current
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Per-step cost as parameter counts touched (a proxy for FLOPs and memory traffic).
+
+    cost(n) = n * layer_cost + fixed_cost, where fixed_cost is embedding lookup, final norm and
+    LM head. For small models the head dominates: SmolLM2-135M's head is ~28M of 135M.
+    """
+
+    layer_cost: float = 1.0
+    fixed_cost: float = 0.0
+
+    def step_cost(self, budget: int) -> float:
+        return budget * self.layer_cost + self.fixed_cost
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """All knobs of one SkipDecode policy. Validated on construction (ValueError names the setting)."""
+
+    num_layers: int
+    max_layers: int
+    min_layers: int
+    decay: str = "linear"
+    warmup: int = 1
+    decay_length: int = 32
+    order: str = "warmup_top"
+    prompt_at_full_depth: bool = True
+    _budgets: list[int] = field(default_factory=list, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _require_int("num_layers", self.num_layers, 1)
+        _require_int("max_layers", self.max_layers, 1)
+        _require_int("min_layers", self.min_layers, 1)
+        _require_int("warmup", self.warmup, 0)
+        _require_int("decay_length", self.decay_length, 1)
+        if self.max_layers > self.num_layers:
+            raise ValueError(f"max_layers ({self.max_layers}) must not exceed the model's {self.num_layers} layers")
+        if self.min_layers > self.max_layers:
+            raise ValueError(f"min_layers ({self.min_layers}) must not exceed max_layers ({self.max_layers})")
+        if self.warmup >= self.min_layers:
+            raise ValueError(
+                f"warmup ({self.warmup}) must be smaller than min_layers ({self.min_layers}): "
+                "every step needs at least one layer above the warmup block"
+            )
+        if self.decay not in DECAY_FUNCTIONS:
+            raise ValueError(f"decay must be one of {', '.join(DECAY_FUNCTIONS)}; got {self.decay!r}")
+        if self.order not in LAYER_ORDERS:
+            raise ValueError(f"order must be one of {', '.join(LAYER_ORDERS)}; got {self.order!r}")
+        check_nested(LAYER_ORDERS[self.order], self.num_layers, self.warmup, self.order)
+
+    # -- budgets ----------------------------------------------------------------------------
+    def budget(self, step: int) -> int:
+        """n_k: the number of layers generated step ``step`` runs (monotone non-increasing)."""
+        if step < 0:
+            raise ValueError(f"step must be >= 0; got {step}")
+        budgets = self._budgets
+        while len(budgets) <= min(step, self.decay_length):
+            k = len(budgets)
+            raw = round(decay_value(self.decay, k, self.max_layers, self.min_layers, self.decay_length))
+            clamped = min(self.max_layers, max(self.min_layers, raw))
+            budgets.append(clamped if not budgets else min(budgets[-1], clamped))  # running minimum
+        return budgets[min(step, self.decay_length)]
+
+    def budgets(self, num_steps: int) -> list[int]:
+        return [self.budget(k) for k in range(num_steps)]
+
+    @property
+    def prefill_budget(self) -> int:
+        return self.num_layers if self.prompt_at_full_depth else self.budget(0)
+
+    # -- layer sets -------------------------------------------------------------------------
+    def layers_for_budget(self, budget: int) -> tuple[int, ...]:
+        if budget >= self.num_layers:
+            return tuple(range(self.num_layers))
+        return LAYER_ORDERS[self.order](self.num_layers, budget, self.warmup)
+
+    def step_layers(self, step: int) -> tuple[int, ...]:
+        return self.layers_for_budget(self.budget(step))
+
+    def prefill_layers(self) -> tuple[int, ...]:
+        return self.layers_for_budget(self.prefill_budget)
+
+    def is_full(self) -> bool:
+        return self.min_layers == self.num_layers
+
+
+def full_schedule(num_layers: int, decay_length: int = 1) -> ScheduleConfig:
+    """n_k = L for every step: the full model through the same decoder."""
+    return ScheduleConfig(
+        num_layers=num_layers,
+        max_layers=num_layers,
+        min_layers=num_layers,
+        decay="constant",
+        warmup=min(1, num_layers - 1) if num_layers > 1 else 0,
+        decay_length=max(1, decay_length),
+    )
+
+
+def _require_int(name: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer; got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}; got {value}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Speedups and the solver.
+
+
+def layer_speedup(num_layers: int, budgets: Sequence[int]) -> float:
+    """The paper's figure: L / mean(n_k) over the generated steps."""
+    if not budgets:
+        return 1.0
+    return num_layers * len(budgets) / sum(budgets)
+
+
+def cost_speedup(num_layers: int, budgets: Sequence[int], cost: CostModel) -> float:
+    """Full-depth step cost over mean SkipDecode step cost, head and embedding included."""
+    if not budgets:
+        return 1.0
+    mean_cost = sum(cost.step_cost(n) for n in budgets) / len(budgets)
+    return cost.step_cost(num_layers) / mean_cost
+
+
+def max_layer_speedup(num_layers: int, warmup: int) -> float:
+    """The fastest legal schedule runs warmup + 1 layers at every step."""
+    return num_layers / (warmup + 1) if warmup + 1 <= num_layers else 1.0
+
+
+@dataclass(frozen=True)
+class SolvedSchedule:
+    config: ScheduleConfig
+    target_speedup: float
+    num_steps: int
+    layer_speedup: float
+    cost_speedup: float
+    budgets: list[int]
+
+    @property
+    def skipped_fraction(self) -> float:
+        """Share of the layer computations of the generated steps that were bypassed."""
+        total = self.config.num_layers * len(self.budgets)
+        return 1.0 - sum(self.budgets) / total if total else 0.0
+
+
+def solve_schedule(
+    num_layers: int,
+    target_speedup: float,
+    *,
+    decay: str = "linear",
+    warmup: int = 1,
+    decay_length: int = 32,
+    num_steps: int | None = None,
+    order: str = "warmup_top",
+    prompt_at_full_depth: bool = True,
+    cost: CostModel | None = None,
+) -> SolvedSchedule:
+    """Pick integer (max_layers, min_layers) whose layer speedup over ``num_steps`` steps
+    (default: the decay length) is closest to ``target_speedup``.
+
+    Ties go to the larger max_layers (more depth for the first tokens, as in the paper), then to
+    the larger min_layers.
+    """
+    if isinstance(target_speedup, bool) or not isinstance(target_speedup, (int, float)) or not math.isfinite(target_speedup):
+        raise ValueError(f"target_speedup must be a finite number; got {target_speedup!r}")
+    if target_speedup < 1.0:
+        raise ValueError(f"target_speedup must be >= 1 (1 = full model); got {target_speedup}")
+    _require_int("num_layers", num_layers, 1)
+    _require_int("warmup", warmup, 0)
+    _require_int("decay_length", decay_length, 1)
+    steps = decay_length if num_steps is None else num_steps
+    _require_int("num_steps", steps, 1)
+    if decay not in DECAY_FUNCTIONS:
+        raise ValueError(f"decay must be one of {', '.join(DECAY_FUNCTIONS)}; got {decay!r}")
+    if warmup >= num_layers:
+        raise ValueError(f"warmup ({warmup}) must be smaller than the model's {num_layers} layers")
+    limit = max_layer_speedup(num_layers, warmup)
+    if target_speedup > limit + 1e-9:
+        raise ValueError(
+            f"target_speedup {target_speedup:g} is unreachable: with {num_layers} layers and warmup {warmup} "
+            f"the most is {limit:.2f}x (warmup + 1 layers per step)"
+        )
+    cost = cost or CostModel()
+    common = dict(num_layers=num_layers, decay=decay, warmup=warmup, decay_length=decay_length,
+                  order=order, prompt_at_full_depth=prompt_at_full_depth)
+
+    # Among schedules within SOLVER_TOLERANCE of the best achievable error, take the largest
+    # max_layers (the deepest start: the paper's decaying policy, not a flat one), then the
+    # smallest error, then the larger min_layers.
+    scored = []
+    for max_layers, min_layers in _candidate_bounds(num_layers, warmup, decay):
+        config = ScheduleConfig(max_layers=max_layers, min_layers=min_layers, **common)
+        error = abs(layer_speedup(num_layers, config.budgets(steps)) - target_speedup)
+        scored.append((error, config))
+    best_error = min(error for error, _ in scored)
+    allowed = best_error + SOLVER_TOLERANCE * target_speedup
+    _, best = min(
+        ((error, config) for error, config in scored if error <= allowed),
+        key=lambda pair: (-pair[1].max_layers, round(pair[0], 9), -pair[1].min_layers),
+    )
+    return evaluate_schedule(best, steps, cost, target_speedup)
+
+
+def _candidate_bounds(num_layers: int, warmup: int, decay: str):
+    """Every legal integer (max_layers, min_layers) pair; constant decay has max = min."""
+    for max_layers in range(warmup + 1, num_layers + 1):
+        if decay == "constant":
+            yield max_layers, max_layers
+            continue
+        for min_layers in range(warmup + 1, max_layers + 1):
+            yield max_layers, min_layers
+
+
+def evaluate_schedule(
+    config: ScheduleConfig, num_steps: int, cost: CostModel | None = None, target_speedup: float | None = None
+) -> SolvedSchedule:
+    """Figures of a given (not solved-for) schedule over ``num_steps`` generated steps."""
+    _require_int("num_steps", num_steps, 1)
+    budgets = config.budgets(num_steps)
+    achieved = layer_speedup(config.num_layers, budgets)
+    return SolvedSchedule(
+        config=config,
+        target_speedup=achieved if target_speedup is None else float(target_speedup),
+        num_steps=num_steps,
+        layer_speedup=achieved,
+        cost_speedup=cost_speedup(config.num_layers, budgets, cost or CostModel()),
+        budgets=budgets,
+    )

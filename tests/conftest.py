@@ -1,0 +1,65 @@
+"""Shared fixtures: tiny random models of every supported family, built from configs (no downloads)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the tests may reach a hub
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+VOCAB = 97
+NUM_LAYERS = 6
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "opt", "gpt2")
+
+
+def tiny_model(family: str, *, num_layers: int = NUM_LAYERS, vocab: int = VOCAB, seed: int = 0):
+    """A random causal LM of ``family`` with 6 small layers, in eval mode, float32, SDPA attention."""
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    common = dict(vocab_size=vocab, max_position_embeddings=256, attn_implementation="sdpa")
+    llama_like = dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=num_layers,
+        num_attention_heads=4, num_key_value_heads=2, **common,
+    )
+    configs = {
+        "llama": lambda: tf.LlamaForCausalLM(tf.LlamaConfig(**llama_like)),
+        "mistral": lambda: tf.MistralForCausalLM(tf.MistralConfig(sliding_window=None, **llama_like)),
+        "qwen2": lambda: tf.Qwen2ForCausalLM(tf.Qwen2Config(**llama_like)),
+        "qwen3": lambda: tf.Qwen3ForCausalLM(tf.Qwen3Config(head_dim=16, **llama_like)),
+        "opt": lambda: tf.OPTForCausalLM(tf.OPTConfig(
+            hidden_size=64, ffn_dim=128, num_hidden_layers=num_layers, num_attention_heads=4,
+            word_embed_proj_dim=64, pad_token_id=1, bos_token_id=2, eos_token_id=2, **common)),
+        "gpt2": lambda: tf.GPT2LMHeadModel(tf.GPT2Config(
+            vocab_size=vocab, n_embd=64, n_layer=num_layers, n_head=4, n_positions=256,
+            bos_token_id=0, eos_token_id=0, attn_implementation="sdpa")),
+    }
+    model = configs[family]()
+    # Sharper logits than the default init: greedy choices are then far from ties, so the
+    # token-for-token comparisons test the decoder, not float rounding.
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(8.0)
+    return model.eval()
+
+
+def left_padded_batch(lengths: list[int], vocab: int = VOCAB, pad_id: int = 0, seed: int = 1):
+    """Random prompts of the given lengths, left padded: (ids, mask), both (B, max(lengths))."""
+    generator = torch.Generator().manual_seed(seed)
+    width = max(lengths)
+    ids = torch.full((len(lengths), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(lengths), width), dtype=torch.long)
+    for row, length in enumerate(lengths):
+        ids[row, width - length:] = torch.randint(3, vocab, (length,), generator=generator)
+        mask[row, width - length:] = 1
+    return ids, mask
+
+
+@pytest.fixture(scope="session")
+def default_model():
+    """The embedded SmolLM2-135M-Instruct, loaded once, offline."""
+    from model.loading import load_model
+
+    return load_model(device="cpu")

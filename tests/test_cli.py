@@ -1,0 +1,90 @@
+"""`python -m model generate`: the JSON contract, the plain output, and bad input."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    return subprocess.run([sys.executable, "-m", "model", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory, default_model):
+    """A tiny random Llama with the default model's tokenizer, saved like any local model."""
+    import transformers as tf
+
+    from conftest import tiny_model  # noqa: F401 (same seeding conventions)
+    import torch
+
+    torch.manual_seed(0)
+    vocab = len(default_model.tokenizer)
+    config = tf.LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                            eos_token_id=default_model.eos_token_ids[0], pad_token_id=default_model.pad_token_id)
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    tf.LlamaForCausalLM(config).save_pretrained(folder)
+    default_model.tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_json_contract_on_the_default_model():
+    done = run_cli("generate", "--prompt", "Name three colours.", "--speedup", "2", "--max-new-tokens", "16", "--json")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    for key in ("model", "device", "num_layers", "outputs", "layers_per_step", "layer_speedup", "tokens_per_second"):
+        assert key in out
+    assert out["num_layers"] == 30 and out["device"] == "cpu"
+    steps = out["layers_per_step"]
+    assert all(b <= a for a, b in zip(steps, steps[1:])) and max(steps) < 30
+    assert abs(out["planned_layer_speedup"] - 2.0) <= 0.1
+    assert out["layer_speedup"] == pytest.approx(30 * len(steps) / sum(steps), rel=1e-3)
+    assert isinstance(out["outputs"][0], str) and out["tokens_per_second"] > 0
+
+
+def test_batch_full_and_plain_text_on_a_local_folder(tiny_folder):
+    done = run_cli("generate", "--model", str(tiny_folder), "--prompt", "Hello", "--prompt", "A longer prompt here",
+                   "--full", "--max-new-tokens", "5", "--json", "--raw", "--temperature", "0.8", "--seed", "3")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert len(out["outputs"]) == 2 and out["num_layers"] == 4
+    assert set(out["layers_per_step"]) <= {4} and out["layer_speedup"] == 1.0
+    plain = run_cli("generate", "--model", str(tiny_folder), "--prompt", "Hello", "--speedup", "1.5", "--max-new-tokens", "4")
+    assert plain.returncode == 0, plain.stderr
+    assert not plain.stdout.lstrip().startswith("{") and "layer speedup" in plain.stderr
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--prompt", "   "], "empty"),
+        (["--prompt", "x", "--min-layers", "3", "--max-layers", "2"], "min_layers"),
+        (["--prompt", "x", "--speedup", "0.5"], "target_speedup"),
+        (["--prompt", "x", "--speedup", "99"], "unreachable"),
+        (["--prompt", "x", "--warmup", "3", "--min-layers", "3"], "warmup"),
+        (["--prompt", "x", "--max-new-tokens", "0"], "max_new_tokens"),
+        (["--prompt", "x", "--temperature", "-1"], "temperature"),
+        (["--prompt", "x", "--decay", "zigzag"], "decay"),
+        (["--prompt", "x", "--speedup", "fast"], "speedup"),
+        (["--prompt", "x", "--device", "quantum"], "device"),
+        (["--prompt", "x", "--max-new-tokens", "100000"], "context"),
+    ],
+)
+def test_bad_input_exits_2_with_a_clear_message(tiny_folder, args, needle):
+    done = run_cli("generate", "--model", str(tiny_folder), *args)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    assert needle in done.stderr and "error:" in done.stderr
+
+
+def test_missing_model_is_a_clear_error_offline():
+    done = run_cli("generate", "--model", "no-such-org/no-such-model", "--prompt", "x")
+    assert done.returncode == 2 and "Traceback" not in done.stderr and "error:" in done.stderr

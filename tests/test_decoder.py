@@ -1,0 +1,183 @@
+"""The heart of the suite: the decoder against transformers and against its teacher-forced twin."""
+
+import pytest
+import torch
+
+from conftest import FAMILIES, NUM_LAYERS, left_padded_batch, tiny_model
+from model.decoder import SamplingConfig, SkipDecoder, execution_mask, masked_forward, sample_next
+from model.schedule import ScheduleConfig, full_schedule
+
+LENGTHS = [7, 4, 9]  # different prompt lengths -> left padding
+NEW_TOKENS = 12
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family_model(request):
+    return request.param, tiny_model(request.param)
+
+
+def skip_schedules():
+    yield ScheduleConfig(NUM_LAYERS, 6, 2, decay="linear", warmup=1, decay_length=8)
+    yield ScheduleConfig(NUM_LAYERS, 5, 3, decay="cosine", warmup=2, decay_length=6, order="first_last")
+    yield ScheduleConfig(NUM_LAYERS, 5, 2, decay="power", warmup=1, decay_length=10, prompt_at_full_depth=False)
+
+
+def test_full_schedule_greedy_equals_transformers_generate(family_model):
+    family, model = family_model
+    ids, mask = left_padded_batch(LENGTHS)
+    decoder = SkipDecoder(model, eos_token_ids=(), pad_token_id=0)
+    ours = decoder.generate(ids, mask, full_schedule(NUM_LAYERS), max_new_tokens=NEW_TOKENS)
+    with torch.no_grad():
+        reference = model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+            do_sample=False, pad_token_id=0,
+        )
+    expected = reference[:, ids.shape[1]:].tolist()
+    assert ours.tokens == expected, family
+    assert ours.layers_per_step == [NUM_LAYERS] * (NEW_TOKENS - 1)
+
+
+def _cached_logits(decoder, ids, mask, schedule, tokens):
+    """Logits of every generated position from prefill + decode_step, feeding ``tokens``."""
+    state, logits = decoder.prefill(ids, mask, schedule.prefill_layers(), ids.shape[1] + tokens.shape[1])
+    collected = [logits]
+    for step in range(tokens.shape[1] - 1):
+        collected.append(decoder.decode_step(state, tokens[:, step], schedule.step_layers(step)))
+    return torch.stack(collected, dim=1)  # (B, N, V)
+
+
+@pytest.mark.parametrize("schedule", list(skip_schedules()), ids=["linear", "cosine-first_last", "power-prompt_at_budget"])
+def test_cached_skipdecode_logits_equal_teacher_forced_masked_forward(family_model, schedule):
+    family, model = family_model
+    ids, mask = left_padded_batch(LENGTHS)
+    decoder = SkipDecoder(model)
+    generated = torch.tensor(decoder.generate(ids, mask, schedule, max_new_tokens=NEW_TOKENS).tokens)
+    cached = _cached_logits(decoder, ids, mask, schedule, generated)
+
+    sequence = torch.cat([ids, generated], dim=1)
+    full_mask = torch.cat([mask, torch.ones_like(generated)], dim=1)
+    executes = execution_mask(schedule, ids.shape[1], sequence.shape[1])
+    with torch.no_grad():
+        forced = masked_forward(model, sequence, full_mask, executes)
+    # position P - 1 + j predicts generated token j
+    forced = forced[:, ids.shape[1] - 1: -1]
+    torch.testing.assert_close(cached, forced, atol=2e-4, rtol=1e-4, msg=family)
+
+
+def test_skipping_really_changes_the_output(family_model):
+    """Guard against a decoder that ignores its schedule: skipping must change the logits."""
+    _, model = family_model
+    ids, mask = left_padded_batch(LENGTHS)
+    decoder = SkipDecoder(model)
+    tokens = torch.tensor(decoder.generate(ids, mask, full_schedule(NUM_LAYERS), max_new_tokens=6).tokens)
+    full = _cached_logits(decoder, ids, mask, full_schedule(NUM_LAYERS), tokens)
+    skipped = _cached_logits(decoder, ids, mask, ScheduleConfig(NUM_LAYERS, 3, 2, decay_length=4), tokens)
+    assert not torch.allclose(full[:, 1:], skipped[:, 1:], atol=1e-3)
+
+
+@pytest.mark.parametrize("schedule", list(skip_schedules())[:2], ids=["linear", "cosine-first_last"])
+def test_a_row_in_a_padded_batch_equals_the_row_alone(family_model, schedule):
+    family, model = family_model
+    ids, mask = left_padded_batch(LENGTHS)
+    decoder = SkipDecoder(model)
+    batched = decoder.generate(ids, mask, schedule, max_new_tokens=NEW_TOKENS)
+    for row, length in enumerate(LENGTHS):
+        alone_ids = ids[row:row + 1, ids.shape[1] - length:]
+        alone = decoder.generate(alone_ids, torch.ones_like(alone_ids), schedule, max_new_tokens=NEW_TOKENS)
+        assert alone.tokens[0] == batched.tokens[row], (family, row)
+        assert alone.layers_per_step == batched.layers_per_step
+
+
+def test_every_row_gets_the_same_exit_and_events_stream(family_model):
+    _, model = family_model
+    ids, mask = left_padded_batch(LENGTHS)
+    schedule = ScheduleConfig(NUM_LAYERS, 6, 2, decay_length=8)
+    events = list(SkipDecoder(model).stream(ids, mask, schedule, max_new_tokens=NEW_TOKENS))
+    assert [e.step for e in events] == list(range(-1, NEW_TOKENS - 1))
+    assert events[0].layers == tuple(range(NUM_LAYERS))
+    for event in events[1:]:
+        assert event.layers == schedule.step_layers(event.step)
+        assert len(event.token_ids) == len(LENGTHS) and event.seconds > 0
+
+
+def test_eos_finishes_rows_independently_and_stops_when_all_done():
+    model = tiny_model("llama")
+    ids, mask = left_padded_batch(LENGTHS)
+    free = SkipDecoder(model).generate(ids, mask, full_schedule(NUM_LAYERS), max_new_tokens=NEW_TOKENS)
+    eos = free.tokens[0][3]  # row 0 emits this at step 3
+    result = SkipDecoder(model, eos_token_ids=(eos,), pad_token_id=0).generate(
+        ids, mask, full_schedule(NUM_LAYERS), max_new_tokens=NEW_TOKENS
+    )
+    assert result.tokens[0] == free.tokens[0][: free.tokens[0].index(eos)]
+    assert result.finish_reasons[0] == "eos"
+    for row in range(1, len(LENGTHS)):
+        expected = free.tokens[row]
+        if eos in expected:
+            expected = expected[: expected.index(eos)]
+        assert result.tokens[row] == expected
+
+
+def test_stop_check_and_cancel_end_generation():
+    model = tiny_model("llama")
+    ids, mask = left_padded_batch([5])
+    decoder = SkipDecoder(model)
+    stopped = decoder.generate(ids, mask, full_schedule(NUM_LAYERS), max_new_tokens=NEW_TOKENS,
+                               stop_check=lambda row, tokens: len(tokens) >= 4)
+    assert len(stopped.tokens[0]) == 4 and stopped.finish_reasons == ["stop"]
+    calls = []
+    cancelled = decoder.generate(ids, mask, full_schedule(NUM_LAYERS), max_new_tokens=NEW_TOKENS,
+                                 should_cancel=lambda: calls.append(1) or len(calls) > 2)
+    assert len(cancelled.step_layers) == 2 and cancelled.cancelled
+
+
+def test_seeded_sampling_is_reproducible_and_top_k_1_is_greedy():
+    model = tiny_model("qwen2")
+    ids, mask = left_padded_batch(LENGTHS)
+    decoder = SkipDecoder(model)
+    schedule = ScheduleConfig(NUM_LAYERS, 6, 3, decay_length=8)
+    sampling = SamplingConfig(temperature=1.5, top_p=0.9, seed=7)
+    first = decoder.generate(ids, mask, schedule, max_new_tokens=NEW_TOKENS, sampling=sampling)
+    second = decoder.generate(ids, mask, schedule, max_new_tokens=NEW_TOKENS, sampling=sampling)
+    greedy = decoder.generate(ids, mask, schedule, max_new_tokens=NEW_TOKENS)
+    assert first.tokens == second.tokens
+    assert first.tokens != greedy.tokens
+    top1 = decoder.generate(ids, mask, schedule, max_new_tokens=NEW_TOKENS,
+                            sampling=SamplingConfig(temperature=1.0, top_k=1, seed=3))
+    assert top1.tokens == greedy.tokens
+
+
+def test_top_p_keeps_the_smallest_nucleus():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    counts = torch.zeros(4)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(400):
+        counts[sample_next(logits, SamplingConfig(temperature=1.0, top_p=0.75), generator)] += 1
+    assert counts[2] == 0 and counts[3] == 0 and counts[0] > counts[1] > 0
+
+
+@pytest.mark.parametrize("bad", [dict(temperature=-1), dict(temperature=float("nan")), dict(top_p=0), dict(top_p=1.5), dict(top_k=-2)])
+def test_bad_sampling_settings_are_rejected(bad):
+    with pytest.raises(ValueError):
+        SamplingConfig(**bad)
+
+
+def test_decoder_rejects_bad_lengths_and_foreign_schedules():
+    model = tiny_model("gpt2")
+    ids, mask = left_padded_batch([5])
+    decoder = SkipDecoder(model)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        decoder.generate(ids, mask, full_schedule(NUM_LAYERS), max_new_tokens=0)
+    with pytest.raises(ValueError, match="context"):
+        decoder.generate(ids, mask, full_schedule(NUM_LAYERS), max_new_tokens=300)
+    with pytest.raises(ValueError, match="layers"):
+        decoder.generate(ids, mask, full_schedule(NUM_LAYERS + 2), max_new_tokens=4)
+
+
+def test_unsupported_family_gets_a_clear_error():
+    import transformers as tf
+
+    from model.architectures import adapter_for
+
+    model = tf.BloomForCausalLM(tf.BloomConfig(vocab_size=50, hidden_size=32, n_layer=2, n_head=4))
+    with pytest.raises(ValueError, match="not supported"):
+        adapter_for(model)

@@ -1,0 +1,63 @@
+"""The embedded default model, offline (HF_HUB_OFFLINE=1 is set in conftest)."""
+
+import os
+
+import pytest
+import torch
+
+from model.generation import GenerationRequest, ScheduleRequest, TextGenerator
+from model.loading import DEFAULT_GGUF_FILE, cache_root, locate_default_gguf
+
+NEW_TOKENS = 24
+
+
+def test_default_model_comes_from_the_wheel_and_is_cached(default_model):
+    assert os.environ["HF_HUB_OFFLINE"] == "1"
+    assert locate_default_gguf().name == DEFAULT_GGUF_FILE
+    assert (cache_root() / "SmolLM2-135M-Instruct" / "model.safetensors").is_file()
+    assert default_model.num_layers == 30
+    assert default_model.has_chat_template
+
+
+def test_full_depth_greedy_equals_transformers_generate(default_model):
+    generator = TextGenerator(default_model)
+    prompts = ("Name three colours.", "Write one sentence about the moon and the tides.")
+    request = GenerationRequest(prompts=prompts, schedule=ScheduleRequest(full=True), max_new_tokens=NEW_TOKENS)
+    ours = generator.generate(request)
+    ids, mask = generator.encode(prompts)
+    with torch.no_grad():
+        reference = default_model.model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False,
+            pad_token_id=default_model.pad_token_id, eos_token_id=list(default_model.eos_token_ids),
+        )
+    for row in range(len(prompts)):
+        expected = reference[row, ids.shape[1]:].tolist()
+        eos = [i for i, t in enumerate(expected) if t in default_model.eos_token_ids]
+        expected = expected[: eos[0]] if eos else expected
+        expected = [t for t in expected if t != default_model.pad_token_id]
+        assert ours.decode.tokens[row] == expected
+    assert "red" in ours.outputs[0].lower() or "blue" in ours.outputs[0].lower()
+
+
+def test_2x_run_returns_text_with_the_expected_layer_counts(default_model):
+    generator = TextGenerator(default_model)
+    request = GenerationRequest(
+        prompts=("Tell me a long story about a dragon.",), schedule=ScheduleRequest(target_speedup=2.0),
+        max_new_tokens=NEW_TOKENS,
+    )
+    result = generator.generate(request)
+    solved = generator.schedule_for(request.schedule, NEW_TOKENS)
+    steps = result.layers_per_step
+    assert steps == solved.budgets[: len(steps)]
+    assert all(b <= a for a, b in zip(steps, steps[1:]))
+    assert abs(solved.layer_speedup - 2.0) <= 0.1
+    assert result.decode.prefill_layers == tuple(range(30))
+    assert isinstance(result.outputs[0], str) and result.decode.tokens[0]
+    assert 1.0 < result.cost_speedup < result.decode.layer_speedup  # the LM head is a big share
+
+
+def test_huge_prompt_is_rejected_with_the_context_size(default_model):
+    generator = TextGenerator(default_model)
+    request = GenerationRequest(prompts=("word " * 9000,), max_new_tokens=8)
+    with pytest.raises(ValueError, match="context"):
+        generator.generate(request)
