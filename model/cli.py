@@ -64,7 +64,97 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     add_model_options(gen)
     gen.set_defaults(handler=run_generate)
+
+    tr = commands.add_parser("train", help="skip-policy fine-tuning (LoRA by default) with accelerate")
+    tr.add_argument("--model", default=None, help="HF model id or local folder (default: embedded SmolLM2-135M-Instruct)")
+    tr.add_argument("--device", default="auto")
+    tr.add_argument("--output-dir", default="runs/skipdecode")
+    tr.add_argument("--data", default=None, help="JSONL with prompt/completion or text records (default: self-distillation)")
+    tr.add_argument("--prompts", default=None, help="self-distillation prompt set (default: assets/prompts/train.jsonl)")
+    tr.add_argument("--max-prompts", type=int, default=None, help="use only the first N prompts")
+    tr.add_argument("--steps", type=int, default=200)
+    tr.add_argument("--batch-size", type=int, default=8)
+    tr.add_argument("--grad-accum", type=int, default=1)
+    tr.add_argument("--lr", type=float, default=3e-4)
+    tr.add_argument("--warmup-steps", type=int, default=10)
+    tr.add_argument("--continuation-tokens", type=int, default=64)
+    tr.add_argument("--speedup-min", type=float, default=1.5)
+    tr.add_argument("--speedup-max", type=float, default=4.0)
+    tr.add_argument("--decays", default=",".join(DECAY_FUNCTIONS), help="comma-separated decays to draw from")
+    tr.add_argument("--fixed-speedup", type=float, default=None, help="train one fixed schedule (the paper's way)")
+    tr.add_argument("--fixed-decay", default="linear", choices=DECAY_FUNCTIONS)
+    tr.add_argument("--warmup", type=int, default=1, help="warmup layers of the trained schedules")
+    tr.add_argument("--lora-rank", type=int, default=16)
+    tr.add_argument("--lora-alpha", type=int, default=32)
+    tr.add_argument("--full-finetune", action="store_true")
+    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--save-every", type=int, default=50)
+    tr.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --output-dir")
+    tr.add_argument("--mixed-precision", default="auto", choices=("auto", "no", "bf16", "fp16"))
+    tr.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+    tr.set_defaults(handler=run_train)
+
+    ev = commands.add_parser("eval", help="quality under skipping on the held-out prompts, with and without the adapter")
+    add_model_options(ev)
+    ev.add_argument("--prompts", default=None, help="JSONL prompt set (default: assets/prompts/eval.jsonl)")
+    ev.add_argument("--max-prompts", type=int, default=None)
+    ev.add_argument("--tokens", type=int, default=48, help="continuation length")
+    ev.add_argument("--speedups", default="1.5,2,3,4", help="comma-separated target layer speedups")
+    ev.add_argument("--decay", default="linear", choices=DECAY_FUNCTIONS)
+    ev.add_argument("--warmup", type=int, default=1)
+    ev.add_argument("--batch-size", type=int, default=16)
+    ev.add_argument("--no-free-running", action="store_true", help="skip the ROUGE-L/BLEU generation runs")
+    ev.add_argument("--output", default=None, help="folder for eval.json and eval.md")
+    ev.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
+    ev.set_defaults(handler=run_eval)
     return parser
+
+
+def _float_list(text: str, name: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ValueError(f"{name} must be comma-separated numbers; got {text!r}") from None
+    if not values:
+        raise ValueError(f"{name} is empty")
+    return values
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from model.evaluation import DEFAULT_EVAL_PROMPTS, EvalConfig, evaluate, write_report  # noqa: PLC0415
+
+    config = EvalConfig(
+        model=args.model, adapter=None if args.no_adapter else args.adapter, device=args.device,
+        prompts=args.prompts or str(DEFAULT_EVAL_PROMPTS), max_prompts=args.max_prompts,
+        continuation_tokens=args.tokens, speedups=_float_list(args.speedups, "--speedups"), decay=args.decay,
+        warmup=args.warmup, batch_size=args.batch_size, free_running=not args.no_free_running,
+    )
+    if config.continuation_tokens < 2:
+        raise ValueError("--tokens must be >= 2")
+    report = evaluate(config, progress=lambda line: print(line, file=sys.stderr))
+    if args.output:
+        write_report(report, args.output)
+    print(json.dumps(report.to_json(), indent=2) if args.json else report.to_markdown())
+    return 0
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from model.training import DEFAULT_TRAIN_PROMPTS, TrainConfig, train  # noqa: PLC0415
+
+    config = TrainConfig(
+        model=args.model, device=args.device, output_dir=args.output_dir, data=args.data,
+        prompts=args.prompts or str(DEFAULT_TRAIN_PROMPTS), max_prompts=args.max_prompts, max_steps=args.steps,
+        batch_size=args.batch_size, grad_accum=args.grad_accum, learning_rate=args.lr,
+        warmup_steps=args.warmup_steps, continuation_tokens=args.continuation_tokens,
+        speedup_range=(args.speedup_min, args.speedup_max),
+        decays=tuple(d.strip() for d in args.decays.split(",") if d.strip()),
+        fixed_speedup=args.fixed_speedup, fixed_decay=args.fixed_decay, warmup_layers=args.warmup,
+        lora_rank=args.lora_rank, lora_alpha=args.lora_alpha, full_finetune=args.full_finetune, seed=args.seed,
+        save_every=args.save_every, resume=args.resume, mixed_precision=args.mixed_precision, threads=args.threads,
+    )
+    result = train(config)
+    print(f"trained {result.steps} steps in {result.seconds:.0f} s; adapter: {result.output_dir}/adapter")
+    return 0
 
 
 def load_model_from_args(args: argparse.Namespace):

@@ -63,3 +63,20 @@ def default_model():
     from model.loading import load_model
 
     return load_model(device="cpu")
+
+
+@pytest.fixture(scope="session")
+def tiny_folder(tmp_path_factory, default_model):
+    """A tiny random Llama with the default model's tokenizer, saved like any local model."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    config = tf.LlamaConfig(
+        vocab_size=len(default_model.tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        eos_token_id=default_model.eos_token_ids[0], pad_token_id=default_model.pad_token_id,
+    )
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    tf.LlamaForCausalLM(config).save_pretrained(folder)
+    default_model.tokenizer.save_pretrained(folder)
+    return folder

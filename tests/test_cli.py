@@ -17,25 +17,6 @@ def run_cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory, default_model):
-    """A tiny random Llama with the default model's tokenizer, saved like any local model."""
-    import transformers as tf
-
-    from conftest import tiny_model  # noqa: F401 (same seeding conventions)
-    import torch
-
-    torch.manual_seed(0)
-    vocab = len(default_model.tokenizer)
-    config = tf.LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                            eos_token_id=default_model.eos_token_ids[0], pad_token_id=default_model.pad_token_id)
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    tf.LlamaForCausalLM(config).save_pretrained(folder)
-    default_model.tokenizer.save_pretrained(folder)
-    return folder
-
-
 def test_json_contract_on_the_default_model():
     done = run_cli("generate", "--prompt", "Name three colours.", "--speedup", "2", "--max-new-tokens", "16", "--json")
     assert done.returncode == 0, done.stderr
