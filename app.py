@@ -1,29 +1,60 @@
-"""Entry point (HuggingFace Spaces runs this file): load the model once, build the UI, launch."""
+"""Entry point (HuggingFace Spaces runs this file): load the model once, build the UI, launch.
+
+Settings (environment variables, all optional):
+  SKIPDECODE_MODEL          HF id or folder (default: the embedded SmolLM2-135M-Instruct)
+  SKIPDECODE_ADAPTER        adapter folder, "none", or "auto" (default: the shipped adapter)
+  SKIPDECODE_MAX_NEW_TOKENS longest generation one request may ask for (default 256)
+  SKIPDECODE_MAX_BATCH      largest batch one request may ask for (default 8)
+  SKIPDECODE_MAX_PROMPT_CHARS  longest prompt in characters (default 8000)
+  SKIPDECODE_CONCURRENCY    generations running at once (default 1: one model, one CPU)
+  SKIPDECODE_QUEUE_SIZE     requests waiting at most before new ones are turned away (default 32)
+  GRADIO_SERVER_NAME / GRADIO_SERVER_PORT  where to listen (default 127.0.0.1:7860)
+"""
 
 from __future__ import annotations
 
 import os
 from functools import lru_cache
 
-from app.ui import build_demo
+from app.playground import Limits
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "")
+    try:
+        return int(value) if value.strip() else default
+    except ValueError:
+        raise SystemExit(f"{name} must be a whole number; got {value!r}") from None
+
+
+def limits_from_env() -> Limits:
+    return Limits(
+        max_new_tokens=_env_int("SKIPDECODE_MAX_NEW_TOKENS", 256),
+        max_batch_size=_env_int("SKIPDECODE_MAX_BATCH", 8),
+        max_prompt_chars=_env_int("SKIPDECODE_MAX_PROMPT_CHARS", 8000),
+    )
 
 
 @lru_cache(maxsize=1)
 def get_generator():
-    """The model is loaded once, on first use (not at import, so tests and Spaces start fast)."""
+    """The model is loaded once per process (on first use: importing this file stays cheap)."""
     from model.generation import TextGenerator  # noqa: PLC0415
     from model.loading import load_model  # noqa: PLC0415
 
-    return TextGenerator(load_model(os.environ.get("SKIPDECODE_MODEL") or None))
+    adapter = os.environ.get("SKIPDECODE_ADAPTER", "auto")
+    return TextGenerator(load_model(os.environ.get("SKIPDECODE_MODEL") or None, adapter=adapter))
 
 
 def main() -> None:
+    from app.ui import build_demo, launch_options  # noqa: PLC0415
+
     get_generator()  # load at start-up: the first visitor should not wait for it
-    demo = build_demo(get_generator)
-    demo.queue(max_size=int(os.environ.get("SKIPDECODE_QUEUE_SIZE", "32")))
+    demo = build_demo(get_generator, limits_from_env(), concurrency_limit=_env_int("SKIPDECODE_CONCURRENCY", 1))
+    demo.queue(max_size=_env_int("SKIPDECODE_QUEUE_SIZE", 32))
     demo.launch(
         server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
-        server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")),
+        server_port=_env_int("GRADIO_SERVER_PORT", 7860),
+        **launch_options(),
     )
 
 

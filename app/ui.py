@@ -1,79 +1,439 @@
-"""The playground UI. Importing this module loads no model: app.py hands in a generator factory."""
+"""The playground UI: layout and event wiring. Handlers are plain functions over app/playground.
+
+Importing this module loads no model: app.py hands build_demo a generator factory.
+"""
 
 from __future__ import annotations
 
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Iterator
 
 import gradio as gr
 
-from model.decoder import SamplingConfig
-from model.generation import GenerationRequest, ScheduleRequest, TextGenerator
-from model.schedule import DECAY_FUNCTIONS
+from app import explainer
+from app.figures import quality_figure, schedule_figure, speed_figure
+from app.live_plot import live_plot, static_paths
+from app.playground import (
+    EXAMPLE_PROMPTS,
+    Limits,
+    PlaygroundSettings,
+    RaceUpdate,
+    TokenTexts,
+    heatmap_for,
+    parse_settings,
+    prompt_token_texts,
+    race,
+    skip_output_html,
+    stats_markdown,
+)
+from model.generation import TextGenerator
+from model.schedule import DECAY_DESCRIPTIONS, DECAY_FUNCTIONS, LAYER_ORDER_DESCRIPTIONS, LAYER_ORDERS, max_layer_speedup
 
-EXAMPLE_PROMPTS = [
-    "Name three colours.",
-    "Explain why the sky is blue in two sentences.",
-    "Write a haiku about autumn.",
-    "Give me three tips for learning to cook.",
-]
+ASSETS = Path(__file__).resolve().parents[1] / "assets"
+HEATMAP_EVERY_S = 0.25  # heatmap redraws at most 4x a second; text streams every step
+CSS = """
+.tokens { line-height: 1.9; font-size: 15px; white-space: pre-wrap; min-height: 120px; }
+.tok { border-radius: 3px; padding: 1px 0; }
+#status { min-height: 1.5em; }
+"""
 
-
-def stream_comparison(
-    generator: TextGenerator, prompt: str, speedup: float, decay: str, max_new_tokens: int
-) -> Iterator[tuple[str, str, str]]:
-    """Yield (skipdecode text, full-model text, summary) while both run, SkipDecode first."""
-    settings = dict(prompts=(prompt,), max_new_tokens=int(max_new_tokens), sampling=SamplingConfig())
-    skip_request = GenerationRequest(schedule=ScheduleRequest(target_speedup=float(speedup), decay=decay), **settings)
-    full_request = GenerationRequest(schedule=ScheduleRequest(full=True), **settings)
-    generator.schedule_for(skip_request.schedule, skip_request.max_new_tokens)  # bad settings fail before work
-    texts = {"skip": "", "full": ""}
-    results = {}
-    for key, request in (("skip", skip_request), ("full", full_request)):
-        events = generator.stream(request)
-        tokens: list[int] = []
-        while True:
-            try:
-                event = next(events)
-            except StopIteration as stop:
-                results[key] = stop.value
-                texts[key] = stop.value.outputs[0]
-                break
-            if not event.finished[0] or event.token_ids[0] not in generator.loaded.eos_token_ids:
-                tokens.append(event.token_ids[0])
-            texts[key] = generator.decode_text(tokens)
-            yield texts["skip"], texts["full"], "generating…"
-    yield texts["skip"], texts["full"], summarize(results["skip"], results["full"])
+# Playground inputs, in handler order.
+SETTING_NAMES = ("prompt", "target_speedup", "decay", "warmup", "decay_length", "min_layers", "max_layers", "order",
+                 "batch_size", "max_new_tokens", "temperature", "top_p", "seed", "prompt_at_full_depth")
 
 
-def summarize(skip, full) -> str:
-    measured = skip.decode.tokens_per_second / full.decode.tokens_per_second if full.decode.tokens_per_second else 0
-    return (
-        f"**SkipDecode** {skip.decode.tokens_per_second:.1f} tok/s · **full** {full.decode.tokens_per_second:.1f} tok/s · "
-        f"measured speedup **{measured:.2f}x** · layer speedup {skip.decode.layer_speedup:.2f}x · "
-        f"cost-model {skip.cost_speedup:.2f}x · layers per step {skip.layers_per_step[:1]}→{skip.layers_per_step[-1:]}"
-    )
+@dataclass
+class RunHandle:
+    """One session's running generation; ``cancelled`` makes the decoder stop at its next step."""
+
+    cancelled: bool = False
+    started: float = field(default_factory=time.monotonic)
+
+    def cancel(self) -> None:
+        self.cancelled = True
 
 
-def build_demo(get_generator: Callable[[], TextGenerator]) -> gr.Blocks:
-    def on_generate(prompt: str, speedup: float, decay: str, max_new_tokens: int):
+class SessionRuns:
+    """Per-browser-session run handles: a new run, Stop, a settings restart or a closed tab
+    cancels that session's previous run, never another session's."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._runs: dict[str, RunHandle] = {}
+        self.steppers: dict[str, tuple[PlaygroundSettings, Iterator]] = {}
+
+    def start(self, session: str) -> RunHandle:
+        handle = RunHandle()
+        with self._lock:
+            previous = self._runs.get(session)
+            if previous is not None:
+                previous.cancel()
+            self._runs[session] = handle
+        return handle
+
+    def is_running(self, session: str) -> bool:
+        with self._lock:
+            handle = self._runs.get(session)
+            return handle is not None and not handle.cancelled
+
+    def finish(self, session: str, handle: RunHandle) -> None:
+        with self._lock:
+            if self._runs.get(session) is handle:
+                del self._runs[session]
+
+    def cancel(self, session: str) -> None:
+        with self._lock:
+            handle = self._runs.pop(session, None)
+            self.steppers.pop(session, None)
+        if handle is not None:
+            handle.cancel()
+
+    def active_count(self) -> int:
+        with self._lock:
+            return sum(not h.cancelled for h in self._runs.values())
+
+
+def _session(request: gr.Request | None) -> str:
+    return getattr(request, "session_hash", None) or "anonymous"
+
+
+def _load_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+class Playground:
+    """Handlers bound to one TextGenerator factory (the model is shared; runs are per session)."""
+
+    def __init__(self, get_generator: Callable[[], TextGenerator], limits: Limits) -> None:
+        self.get_generator = get_generator
+        self.limits = limits
+        self.runs = SessionRuns()
+
+    # --- settings ---------------------------------------------------------------------------
+    def settings(self, values: tuple) -> PlaygroundSettings:
+        return parse_settings(self.limits, **dict(zip(SETTING_NAMES, values)))
+
+    def schedule_preview(self, *values):
+        """The schedule plot for the current controls (no model run)."""
         try:
-            yield from stream_comparison(get_generator(), prompt, speedup, decay, max_new_tokens)
+            settings = self.settings(values)
+            solved = self.get_generator().schedule_for(settings.schedule_request(), settings.max_new_tokens)
         except ValueError as error:
-            raise gr.Error(str(error)) from None
+            return gr.skip(), f"⚠️ {error}"
+        return schedule_figure(solved), ""
+
+    # --- streaming generation ---------------------------------------------------------------
+    def generate(self, *values, request: gr.Request = None, notice: str = "") -> Iterator[tuple]:
+        """Stream both outputs side by side: (status, skip html, full text, stats, heatmap json)."""
+        try:
+            settings = self.settings(values)
+            generator = self.get_generator()
+            generator.schedule_for(settings.schedule_request(), settings.max_new_tokens)
+        except ValueError as error:
+            raise gr.Error(str(error), print_exception=False) from None
+        session = _session(request)
+        handle = self.runs.start(session)
+        try:
+            yield from self._stream(generator, settings, handle, notice)
+        finally:
+            self.runs.finish(session, handle)
+
+    def restart_if_running(self, *values, request: gr.Request = None) -> Iterator[tuple]:
+        """Speedup/decay moved: if this session is generating, restart both streams with the new setting."""
+        if not self.runs.is_running(_session(request)):
+            return
+        settings = dict(zip(SETTING_NAMES, values))
+        notice = (f"⟳ Settings changed while generating: restarted both streams at {settings['target_speedup']}x, "
+                  f"{settings['decay']} decay.")
+        yield from self.generate(*values, request=request, notice=notice)
+
+    def stop(self, request: gr.Request = None) -> str:
+        self.runs.cancel(_session(request))
+        return "⏹ Stopped."
+
+    def _stream(self, generator: TextGenerator, settings: PlaygroundSettings, handle: RunHandle, notice: str):
+        prompt_tokens = prompt_token_texts(generator, settings)
+        skip_texts, full_texts = TokenTexts(generator), TokenTexts(generator)
+        last_plot = 0.0
+        status = notice or "Generating… SkipDecode and the full model take turns; each advances by its own measured step time."
+        update: RaceUpdate | None = None
+        try:
+            for update in race(generator, settings, should_cancel=lambda: handle.cancelled):
+                now = time.monotonic()
+                finished = update.skip.done and update.full.done
+                plot = gr.skip()
+                if finished or now - last_plot >= HEATMAP_EVERY_S:
+                    plot, last_plot = self._heatmap_json(generator, update, settings, prompt_tokens, skip_texts), now
+                yield (status, skip_output_html(generator, update.skip, skip_texts),
+                       "".join(full_texts.update(update.full.ids(0))), stats_markdown(update, generator.num_layers, generator.cost), plot)
+        except ValueError as error:  # e.g. a prompt over the context, found at encoding time
+            raise gr.Error(str(error), print_exception=False) from None
+        if update is None:
+            return
+        final = "⏹ Stopped." if handle.cancelled else (notice + " " if notice else "") + "✅ Done."
+        yield (final, gr.skip(), gr.skip(), gr.skip(), gr.skip())
+
+    def _heatmap_json(self, generator, update: RaceUpdate, settings, prompt_tokens, texts: TokenTexts) -> str:
+        generated = texts.update(update.skip.ids(0))
+        return heatmap_for(generator, update.skip, settings, prompt_tokens, generated).to_json()
+
+    # --- step mode --------------------------------------------------------------------------
+    def step(self, *values, request: gr.Request = None) -> tuple:
+        """Advance SkipDecode and the full model by one token each; say which layers ran."""
+        session = _session(request)
+        try:
+            settings = self.settings(values)
+            generator = self.get_generator()
+            current = self.runs.steppers.get(session)
+            if current is None or current[0] != settings:
+                iterator = self._lockstep(generator, settings)
+                self.runs.steppers[session] = (settings, iterator)
+            else:
+                iterator = current[1]
+            update = next(iterator, None)
+        except ValueError as error:
+            raise gr.Error(str(error), print_exception=False) from None
+        if update is None:
+            self.runs.steppers.pop(session, None)
+            return ("✅ Both outputs are complete. Press Step again to start over.",) + (gr.skip(),) * 4
+        skip = update.skip
+        layers = skip.step_layers[-1] if skip.step_layers else skip.prefill_layers
+        which = "prefill (the prompt)" if not skip.step_layers else f"step {len(skip.step_layers) - 1}"
+        status = (f"{which}: SkipDecode ran {len(layers)}/{generator.num_layers} layers "
+                  f"{_ranges(layers)}; the full model ran all {generator.num_layers}.")
+        texts = TokenTexts(generator)
+        prompt_tokens = prompt_token_texts(generator, settings)
+        return (status, skip_output_html(generator, skip, texts), "".join(TokenTexts(generator).update(update.full.ids(0))),
+                stats_markdown(update, generator.num_layers, generator.cost),
+                heatmap_for(generator, skip, settings, prompt_tokens, texts.update(skip.ids(0))).to_json())
+
+    def reset_steps(self, request: gr.Request = None) -> str:
+        self.runs.steppers.pop(_session(request), None)
+        return "Step mode reset."
+
+    @staticmethod
+    def _lockstep(generator: TextGenerator, settings: PlaygroundSettings) -> Iterator[RaceUpdate]:
+        """Yield once both streams made one more step (a finished stream just waits)."""
+        pending: RaceUpdate | None = None
+        moved: set[str] = set()
+        for update in race(generator, settings):
+            moved.add(update.moved)
+            pending = update
+            if {"skip", "full"} <= moved or update.skip.done or update.full.done:
+                yield update
+                moved, pending = set(), None
+        if pending is not None:
+            yield pending
+
+    # --- batch view -------------------------------------------------------------------------
+    def batch_view(self, target_speedup: float, decay: str, request: gr.Request = None):
+        try:
+            settings = parse_settings(self.limits, EXAMPLE_PROMPTS[0], target_speedup=target_speedup, decay=decay,
+                                      batch_size=4, max_new_tokens=20)
+            generator = self.get_generator()
+            result = generator.generate(settings.request(full=False))
+        except ValueError as error:
+            raise gr.Error(str(error), print_exception=False) from None
+        depths = [len(result.decode.prefill_layers)] + result.layers_per_step
+        rows = [TokenTexts(generator).update(ids) for ids in result.decode.tokens]
+        lines = "\n".join(f"{i}. **{p}** → {o.strip()[:120]}" for i, (p, o) in enumerate(zip(result.prompts, result.outputs)))
+        return explainer.batch_view_figure(rows, depths, generator.num_layers), lines
+
+    # --- the public API ---------------------------------------------------------------------
+    def api_generate(self, prompt: str, target_speedup: float = 2.0, decay: str = "linear", warmup: int = 1,
+                     max_new_tokens: int = 48, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
+                     batch_size: int = 1, min_layers: int = 0, max_layers: int = 0, decay_length: int = 0,
+                     order: str = "warmup_top", prompt_at_full_depth: bool = True,
+                     request: gr.Request = None) -> Iterator[dict]:
+        """Stream SkipDecode and the full model side by side. Each message: both texts so far,
+        the layers each SkipDecode step ran, and the live figures. The last has "done": true."""
+        values = dict(prompt=prompt, target_speedup=target_speedup, decay=decay, warmup=warmup,
+                      decay_length=decay_length, min_layers=min_layers, max_layers=max_layers, order=order,
+                      batch_size=batch_size, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                      seed=seed, prompt_at_full_depth=prompt_at_full_depth)
+        try:
+            settings = parse_settings(self.limits, **values)
+            generator = self.get_generator()
+            generator.schedule_for(settings.schedule_request(), settings.max_new_tokens)
+        except (ValueError, TypeError) as error:
+            raise gr.Error(str(error), print_exception=False) from None
+        session = _session(request)
+        handle = self.runs.start(session)
+        try:
+            for update in race(generator, settings, should_cancel=lambda: handle.cancelled):
+                yield _api_message(generator, update)
+        except ValueError as error:
+            raise gr.Error(str(error), print_exception=False) from None
+        finally:
+            self.runs.finish(session, handle)
+
+
+def _api_message(generator: TextGenerator, update: RaceUpdate) -> dict:
+    skip, full, solved = update.skip, update.full, update.solved
+    return {
+        "skipdecode": [generator.decode_text(skip.ids(r)) for r in range(skip.rows)],
+        "full": [generator.decode_text(full.ids(r)) for r in range(full.rows)],
+        "prefill_layers": list(skip.prefill_layers),
+        "step_layers": [list(layers) for layers in skip.step_layers],
+        "layers_per_step": [len(layers) for layers in skip.step_layers],
+        "num_layers": generator.num_layers,
+        "skipdecode_tokens_per_second": round(skip.tokens_per_second, 3),
+        "full_tokens_per_second": round(full.tokens_per_second, 3),
+        "planned_layer_speedup": round(solved.layer_speedup, 4),
+        "cost_model_speedup": round(solved.cost_speedup, 4),
+        "schedule": {"decay": solved.config.decay, "max_layers": solved.config.max_layers,
+                     "min_layers": solved.config.min_layers, "warmup": solved.config.warmup,
+                     "decay_length": solved.config.decay_length},
+        "done": skip.done and full.done,
+    }
+
+
+def _ranges(layers) -> str:
+    """(0, 16, 17, 18) -> '[0, 16–18]'."""
+    parts, run = [], []
+    for layer in sorted(layers):
+        if run and layer == run[-1] + 1:
+            run.append(layer)
+            continue
+        if run:
+            parts.append(f"{run[0]}–{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [layer]
+    if run:
+        parts.append(f"{run[0]}–{run[-1]}" if len(run) > 1 else str(run[0]))
+    return "[" + ", ".join(parts) + "]"
+
+
+def launch_options() -> dict:
+    """Keyword arguments for demo.launch() that the UI needs (CSS; plotly.js is served via static paths)."""
+    return {"css": CSS}
+
+
+def build_demo(get_generator: Callable[[], TextGenerator], limits: Limits | None = None,
+               concurrency_limit: int = 1) -> gr.Blocks:
+    """The whole app. ``get_generator`` is called per request (app.py caches the loaded model)."""
+    limits = limits or Limits()
+    gr.set_static_paths(static_paths())
+    playground = Playground(get_generator, limits)
+    generator = get_generator()
+    num_layers = generator.num_layers
+    top_speedup = round(max_layer_speedup(num_layers, 1), 2)
 
     with gr.Blocks(title="SkipDecode Playground") as demo:
-        gr.Markdown("# SkipDecode Playground\nLayer-skipping decoding with batching and KV cache (arXiv 2307.02628).")
-        prompt = gr.Textbox(label="Prompt", value=EXAMPLE_PROMPTS[0], lines=2)
-        gr.Examples(EXAMPLE_PROMPTS, inputs=prompt)
-        with gr.Row():
-            speedup = gr.Slider(1.0, 8.0, value=2.0, step=0.25, label="Target layer speedup")
-            decay = gr.Dropdown(list(DECAY_FUNCTIONS), value="linear", label="Decay function")
-            max_new_tokens = gr.Slider(4, 256, value=48, step=4, label="Max new tokens")
-        run = gr.Button("Generate", variant="primary")
-        with gr.Row():
-            skip_out = gr.Textbox(label="SkipDecode", lines=8)
-            full_out = gr.Textbox(label="Full model", lines=8)
-        summary = gr.Markdown()
-        run.click(on_generate, [prompt, speedup, decay, max_new_tokens], [skip_out, full_out, summary],
-                  api_name="generate", concurrency_limit=1)
+        gr.Markdown(
+            "# ⏭️ SkipDecode Playground\n"
+            f"Layer-skipping decoding that keeps batching and the KV cache (arXiv 2307.02628), on "
+            f"**{generator.loaded.name}** ({num_layers} layers, {generator.loaded.device}). "
+            + ("SkipDecode runs with the skip-policy adapter; the full model is the original. "
+               if generator.loaded.adapter_path else "No skip-policy adapter loaded: skipping will hurt quality. ")
+        )
+        with gr.Tabs():
+            with gr.Tab("Playground"):
+                with gr.Row():
+                    with gr.Column(scale=2, min_width=320):
+                        prompt = gr.Textbox(label="Prompt", value=EXAMPLE_PROMPTS[0], lines=3, max_lines=12)
+                        gr.Examples([[p] for p in EXAMPLE_PROMPTS], inputs=[prompt], label="Example prompts",
+                                    cache_examples=False)
+                        speedup = gr.Slider(1.0, top_speedup, value=2.0, step=0.1, label="Target layer speedup",
+                                            info="1 = full model; the solver picks max/min layers")
+                        decay = gr.Dropdown(list(DECAY_FUNCTIONS), value="linear", label="Decay function",
+                                            info="; ".join(f"{k}: {v}" for k, v in list(DECAY_DESCRIPTIONS.items())[:2]))
+                        warmup = gr.Slider(0, num_layers - 2, value=1, step=1, label="Warmup layers (always run)")
+                        decay_length = gr.Slider(0, limits.max_new_tokens, value=0, step=1,
+                                                 label="Decay length D (0 = max new tokens)")
+                        with gr.Accordion("Advanced", open=False):
+                            min_layers = gr.Slider(0, num_layers, value=0, step=1, label="Min layers (0 = solver)")
+                            max_layers = gr.Slider(0, num_layers, value=0, step=1, label="Max layers (0 = solver)")
+                            order = gr.Radio(list(LAYER_ORDERS), value="warmup_top", label="Layer order",
+                                             info=" · ".join(f"{k}: {v}" for k, v in LAYER_ORDER_DESCRIPTIONS.items()))
+                            batch_size = gr.Slider(1, limits.max_batch_size, value=1, step=1,
+                                                   label="Batch size (row 0 is your prompt, others are examples)")
+                            max_new_tokens = gr.Slider(1, limits.max_new_tokens, value=48, step=1, label="Max new tokens")
+                            temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
+                            top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p")
+                            seed = gr.Number(value=0, precision=0, label="Seed", minimum=0)
+                            prompt_full = gr.Checkbox(value=True, label="Prompt at full depth")
+                        with gr.Row():
+                            run = gr.Button("Generate", variant="primary", elem_id="generate-btn")
+                            stop = gr.Button("Stop", variant="stop", elem_id="stop-btn")
+                        with gr.Row():
+                            step_btn = gr.Button("Step ▶ (one token)", elem_id="step-btn")
+                            step_reset = gr.Button("Reset steps")
+                        schedule_plot = gr.Plot(label="Schedule: layers per generated step", elem_id="schedule-plot")
+                        schedule_note = gr.Markdown()
+                    with gr.Column(scale=3):
+                        status = gr.Markdown(elem_id="status")
+                        with gr.Row(equal_height=True):
+                            with gr.Column():
+                                gr.Markdown("**SkipDecode** (tokens coloured by the depth that produced them; "
+                                            "darker = more layers)")
+                                skip_out = gr.HTML(elem_id="skip-output", min_height=140)
+                            with gr.Column():
+                                gr.Markdown("**Full model** (original, every layer)")
+                                full_out = gr.Textbox(show_label=False, lines=7, max_lines=20, elem_id="full-output")
+                        stats = gr.Markdown(elem_id="stats")
+                        heatmap = live_plot("heatmap", height=380)
+            with gr.Tab("How it works"):
+                gr.Markdown(explainer.INTRO)
+                gr.Plot(explainer.early_exit_vs_skipdecode(), show_label=False)
+                gr.Plot(explainer.kv_prefix_figure(), show_label=False)
+                gr.Markdown(explainer.BATCH_VIEW)
+                batch_btn = gr.Button("Run a batch of 4 prompts")
+                batch_plot = gr.Plot(show_label=False)
+                batch_text = gr.Markdown()
+            with gr.Tab("Results"):
+                _results_tab()
+
+        settings_inputs = [prompt, speedup, decay, warmup, decay_length, min_layers, max_layers, order, batch_size,
+                           max_new_tokens, temperature, top_p, seed, prompt_full]
+        stream_outputs = [status, skip_out, full_out, stats, heatmap]
+        model_lane = dict(concurrency_id="model", concurrency_limit=concurrency_limit)
+
+        gen_event = run.click(playground.generate, settings_inputs, stream_outputs, api_name="ui_generate",
+                              api_visibility="private", **model_lane)
+        restart_events = [
+            control_event(playground.restart_if_running, settings_inputs, stream_outputs, api_name=f"ui_restart_{i}",
+                          api_visibility="private", trigger_mode="always_last", **model_lane)
+            for i, control_event in enumerate((speedup.release, decay.change))
+        ]
+        stop.click(playground.stop, None, [status], cancels=[gen_event, *restart_events], queue=False,
+                   api_name="ui_stop", api_visibility="private")
+        step_btn.click(playground.step, settings_inputs, stream_outputs, api_name="ui_step", api_visibility="private",
+                       **model_lane)
+        step_reset.click(playground.reset_steps, None, [status], queue=False, api_name="ui_reset_steps",
+                         api_visibility="private")
+        preview_triggers = [speedup.change, decay.change, warmup.change, decay_length.change, min_layers.change,
+                            max_layers.change, order.change, max_new_tokens.change, demo.load]
+        gr.on(preview_triggers, playground.schedule_preview, settings_inputs, [schedule_plot, schedule_note],
+              queue=False, api_name="ui_schedule", api_visibility="private", trigger_mode="always_last")
+        batch_btn.click(playground.batch_view, [speedup, decay], [batch_plot, batch_text], api_name="ui_batch_view",
+                        api_visibility="private", **model_lane)
+        demo.unload(lambda request: playground.runs.cancel(_session(request)))
+        gr.api(playground.api_generate, api_name="generate", **model_lane)
+    demo.playground = playground  # tests and the load script inspect active runs
     return demo
+
+
+def _results_tab() -> None:
+    evaluation = _load_json(ASSETS / "eval" / "eval.json")
+    bench = _load_json(ASSETS / "bench" / "bench.json")
+    gr.Markdown("### Quality under skipping (held-out prompts; `python -m model eval`)")
+    if evaluation:
+        gr.Plot(quality_figure(evaluation), show_label=False)
+        table = (ASSETS / "eval" / "eval.md")
+        gr.Markdown(table.read_text() if table.is_file() else "")
+    else:
+        gr.Markdown("_No evaluation results under assets/eval yet: run `python -m model eval --output assets/eval`._")
+    gr.Markdown("### Measured speed (`python -m model bench`)")
+    if bench:
+        gr.Plot(speed_figure(bench), show_label=False)
+        table = (ASSETS / "bench" / "bench.md")
+        gr.Markdown(table.read_text() if table.is_file() else "")
+    else:
+        gr.Markdown("_No benchmark results under assets/bench yet: run `python -m model bench --output assets/bench`._")

@@ -1,0 +1,82 @@
+"""The "How it works" view: text and teaching figures (no model needed)."""
+
+from __future__ import annotations
+
+import random
+
+import plotly.graph_objects as go
+
+from app.figures import CELL_COLOURS, batch_exit_figure, layer_heatmap
+from model.schedule import ScheduleConfig
+
+INTRO = """
+### Why per-token early exit breaks batching and the KV cache
+
+Early-exit methods let every token leave the network at its own layer once the model is
+"confident". In a **batch**, rows exit at different layers for the same position, but the GPU
+runs one layer for all rows at a time, so the batch **waits for the deepest row**: the early
+exits save nothing (left picture, every number is the layer a row exits after).
+
+Worse, a token that exited at layer 5 never computed the **keys and values** of layers 6 and up.
+A later token that does go deeper attends to those layers for every earlier position, and finds
+holes: they must be recomputed or copied from below, which costs time and changes the output.
+
+### How SkipDecode fixes both
+
+SkipDecode (Del Corro et al., 2023) gives each **position** one exit for the whole batch, and lets
+that exit only **fall** as generation goes on (right picture): n₀ ≥ n₁ ≥ n₂ ≥ … Every row does the
+same work, so batching works as usual.
+
+### Why bypass the LOWER layers instead of stopping early
+
+Each step runs the first *warmup* layers and then the **top** n_k − warmup layers, bypassing the
+middle. Since n_k never grows, the set of layers a step runs is always a subset of what every
+earlier step ran. So whenever a layer runs, every earlier position already has its keys and values
+in that layer: each layer's KV cache is a prefix of the sequence, **nothing is ever recomputed**.
+(Stopping early instead would skip the TOP layers, which produce the final prediction; bypassing
+the middle keeps the layers that shape the output.) The heatmap below shows it: read any layer
+row left to right, it runs on a prefix of positions and then stops for good.
+
+The catch: an untouched model does not expect its middle layers to vanish. The paper fine-tunes
+under the skip policy; this project ships a small LoRA adapter trained the same way (see the
+Results tab for what that buys).
+"""
+
+BATCH_VIEW = """
+### Batch view
+Run a small batch below: different prompts, one shared exit per step. Each cell is the number of
+layers that row ran to produce that token; every column is the same colour, whatever the row.
+"""
+
+
+def early_exit_vs_skipdecode(rows: int = 4, positions: int = 12, num_layers: int = 12, seed: int = 3) -> go.Figure:
+    """The two-panel teaching picture (deterministic: a fixed seed)."""
+    rng = random.Random(seed)
+    exits = [[rng.randint(3, num_layers) for _ in range(positions)] for _ in range(rows)]
+    schedule = ScheduleConfig(num_layers, num_layers, 4, decay="linear", warmup=1, decay_length=positions)
+    return batch_exit_figure(rows, positions, num_layers, exits, schedule.budgets(positions))
+
+
+def kv_prefix_figure(num_layers: int = 12, prompt: int = 5, steps: int = 14) -> go.Figure:
+    """Layers x positions for a toy schedule: each layer's executed positions form a prefix."""
+    schedule = ScheduleConfig(num_layers, 11, 4, decay="linear", warmup=1, decay_length=steps)
+    figure = layer_heatmap(num_layers, 1, [f"p{i}" for i in range(prompt)], tuple(range(num_layers)),
+                           [f"g{k}" for k in range(steps)], [schedule.step_layers(k) for k in range(steps)],
+                           title="Every layer's KV cache is a prefix: no holes, nothing recomputed")
+    figure.update_layout(height=320)
+    return figure
+
+
+def batch_view_figure(row_tokens: list[list[str]], depths: list[int], num_layers: int) -> go.Figure:
+    """Rows x generated tokens; colour = layers run (the same down every column)."""
+    width = max((len(r) for r in row_tokens), default=0)
+    z = [[depths[k] if k < len(row) else None for k in range(width)] for row in row_tokens]
+    text = [[row[k] if k < len(row) else "" for k in range(width)] for row in row_tokens]
+    figure = go.Figure(go.Heatmap(z=z, text=text, texttemplate="%{text}", zmin=0, zmax=num_layers,
+                                  colorscale=[[0, "#eceff4"], [1, CELL_COLOURS[3]]],
+                                  colorbar=dict(title="layers"),
+                                  hovertemplate="row %{y}, token %{x}: %{z} layers<extra></extra>"))
+    figure.update_layout(title=dict(text="One exit per position for the whole batch", x=0.01), height=300,
+                         xaxis_title="generated token", yaxis=dict(title="batch row", autorange="reversed"),
+                         margin=dict(l=50, r=10, t=40, b=40))
+    return figure

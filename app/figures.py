@@ -1,0 +1,187 @@
+"""Plotly figures of the playground. Pure functions of plain data (no model, no gradio)."""
+
+from __future__ import annotations
+
+import html
+from typing import Sequence
+
+import plotly.graph_objects as go
+
+from model.schedule import ScheduleConfig, SolvedSchedule, decay_value
+
+# One colour per cell kind of the layer heatmap (z value = index).
+CELL_KINDS = ("bypassed", "prompt", "warmup layer", "upper layer")
+CELL_COLOURS = ("#eceff4", "#7aa6d8", "#f0a35e", "#3f9c6d")
+MAX_AXIS_LABELS = 48  # token text on the x axis only when it stays readable
+
+
+def _discrete_colorscale(colours: Sequence[str]) -> list[list]:
+    """Plotly colourscale with flat bands for integer z values 0 .. len-1."""
+    scale, count = [], len(colours)
+    for index, colour in enumerate(colours):
+        scale.append([index / count, colour])
+        scale.append([(index + 1) / count, colour])
+    return scale
+
+
+def layer_heatmap(
+    num_layers: int,
+    warmup: int,
+    prompt_tokens: Sequence[str],
+    prefill_layers: Sequence[int],
+    generated_tokens: Sequence[str],
+    step_layers: Sequence[Sequence[int]],
+    title: str = "Layers executed per position",
+) -> go.Figure:
+    """x = position (prompt, then generated tokens fed back), y = layer (0 at the bottom).
+
+    Column of generated token k shows the layers decode step k ran for it; the newest token
+    has not been fed yet, so it has no column until the next step.
+    """
+    columns = [("prompt", token, list(prefill_layers)) for token in prompt_tokens]
+    columns += [("generated", generated_tokens[k], list(layers)) for k, layers in enumerate(step_layers)
+                if k < len(generated_tokens)]
+    z = [[0] * len(columns) for _ in range(num_layers)]
+    hover = [[""] * len(columns) for _ in range(num_layers)]
+    for x, (kind, token, layers) in enumerate(columns):
+        ran = set(layers)
+        for layer in range(num_layers):
+            if layer in ran:
+                z[layer][x] = 1 if kind == "prompt" else (2 if layer < warmup else 3)
+            state = "ran" if layer in ran else "bypassed"
+            hover[layer][x] = f"pos {x} {html.escape(repr(token))} ({kind})<br>layer {layer}: {state}<br>{len(ran)}/{num_layers} layers"
+    figure = go.Figure(go.Heatmap(
+        z=z, text=hover, hoverinfo="text", zmin=-0.5, zmax=len(CELL_KINDS) - 0.5,
+        colorscale=_discrete_colorscale(CELL_COLOURS), xgap=1, ygap=1,
+        colorbar=dict(tickvals=list(range(len(CELL_KINDS))), ticktext=list(CELL_KINDS), title=""),
+    ))
+    labels = [token for _, token, _ in columns]
+    xaxis = dict(title="position (prompt | generated)")
+    if 0 < len(labels) <= MAX_AXIS_LABELS:
+        xaxis.update(tickmode="array", tickvals=list(range(len(labels))), ticktext=[_short(t) for t in labels], tickangle=-60)
+    if prompt_tokens and step_layers:
+        figure.add_vline(x=len(prompt_tokens) - 0.5, line=dict(color="#333", width=2, dash="dot"))
+    figure.update_layout(
+        title=dict(text=title, x=0.01), xaxis=xaxis, yaxis=dict(title="layer", dtick=max(1, num_layers // 10)),
+        margin=dict(l=50, r=10, t=40, b=70), height=380, uirevision="heatmap",  # keep zoom across updates
+    )
+    return figure
+
+
+def _short(token: str, width: int = 8) -> str:
+    text = token.replace("\n", "⏎").replace(" ", "·")
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def schedule_figure(solved: SolvedSchedule, show_steps: int | None = None) -> go.Figure:
+    """n_k against step k: the rounded, monotone budget and the raw decay curve, with bounds."""
+    config = solved.config
+    steps = show_steps or max(len(solved.budgets), config.decay_length + 4)
+    ks = list(range(steps))
+    budgets = config.budgets(steps)
+    raw = [decay_value(config.decay, k, config.max_layers, config.min_layers, config.decay_length) for k in ks]
+    figure = go.Figure()
+    figure.add_hrect(y0=0, y1=config.warmup, fillcolor=CELL_COLOURS[2], opacity=0.25, line_width=0,
+                     annotation_text=f"warmup ({config.warmup})", annotation_position="bottom left")
+    figure.add_trace(go.Scatter(x=ks, y=raw, name="f(k)", line=dict(dash="dot", color="#888")))
+    figure.add_trace(go.Scatter(x=ks, y=budgets, name="n_k (layers run)", line=dict(shape="hv", color=CELL_COLOURS[3], width=3)))
+    for value, label in ((config.max_layers, "max"), (config.min_layers, "min"), (config.num_layers, "L")):
+        figure.add_hline(y=value, line=dict(dash="dash", color="#bbb", width=1), annotation_text=f"{label} = {value}",
+                         annotation_position="top right")
+    figure.add_vline(x=config.decay_length, line=dict(dash="dot", color="#bbb"), annotation_text="D")
+    figure.update_layout(
+        title=dict(text=f"{config.decay} decay: layer speedup {solved.layer_speedup:.2f}x, "
+                        f"cost-model {solved.cost_speedup:.2f}x", x=0.01),
+        xaxis_title="generated step k", yaxis=dict(title="layers", range=[0, config.num_layers + 1]),
+        margin=dict(l=50, r=10, t=40, b=40), height=300, legend=dict(orientation="h", y=-0.25),
+    )
+    return figure
+
+
+def depth_colour(layers: int, num_layers: int) -> str:
+    """Background for a token produced with ``layers`` of ``num_layers``: deeper = greener."""
+    share = max(0.0, min(1.0, layers / max(1, num_layers)))
+    light = int(235 - 120 * share)
+    return f"rgb({light - 40},{min(255, light + 10)},{light - 20})"
+
+
+def tokens_by_depth_html(tokens: Sequence[str], depths: Sequence[int], num_layers: int) -> str:
+    """Generated tokens as spans coloured by the depth that produced them (hover: the count)."""
+    spans = []
+    for token, depth in zip(tokens, depths):
+        text = html.escape(token).replace("\n", "<br>")
+        spans.append(f'<span class="tok" title="{depth}/{num_layers} layers" '
+                     f'style="background:{depth_colour(depth, num_layers)}">{text}</span>')
+    return '<div class="tokens">' + "".join(spans) + "</div>"
+
+
+def batch_exit_figure(rows: int, positions: int, num_layers: int, exits_per_token: Sequence[Sequence[int]],
+                      skip_exits: Sequence[int]) -> go.Figure:
+    """Two panels: per-token early exit (rows differ, the batch waits for the deepest) vs SkipDecode."""
+    from plotly.subplots import make_subplots  # noqa: PLC0415
+
+    figure = make_subplots(rows=1, cols=2, horizontal_spacing=0.08, subplot_titles=(
+        "Per-token early exit: each row exits at its own layer", "SkipDecode: one exit per position, falling"))
+    deepest = [max(exits_per_token[r][p] for r in range(rows)) for p in range(positions)]
+    wasted = sum(deepest[p] - exits_per_token[r][p] for r in range(rows) for p in range(positions))
+    text_left = [[f"{exits_per_token[r][p]}" for p in range(positions)] for r in range(rows)]
+    figure.add_trace(go.Heatmap(z=[list(row) for row in exits_per_token], text=text_left, texttemplate="%{text}",
+                                zmin=0, zmax=num_layers, colorscale="Greens", showscale=False,
+                                hovertemplate="row %{y}, position %{x}: exits after layer %{z}<extra></extra>"), 1, 1)
+    figure.add_trace(go.Heatmap(z=[list(skip_exits) for _ in range(rows)], texttemplate="%{z}", zmin=0, zmax=num_layers,
+                                colorscale="Greens", showscale=False,
+                                hovertemplate="row %{y}, position %{x}: runs %{z} layers<extra></extra>"), 1, 2)
+    figure.update_xaxes(title_text="position")
+    figure.update_yaxes(title_text="batch row", autorange="reversed")
+    figure.update_layout(
+        height=300, margin=dict(l=50, r=10, t=60, b=40),
+        annotations=list(figure.layout.annotations) + [dict(
+            text=f"the batch runs the deepest row at every position: {wasted} layer-steps of waiting; "
+                 "rows that exited early have no keys/values in the layers above their exit",
+            x=0.0, y=-0.28, xref="paper", yref="paper", showarrow=False, font=dict(size=11))],
+    )
+    return figure
+
+
+def quality_figure(report: dict) -> go.Figure:
+    """Agreement and perplexity ratio against layer speedup, with and without the adapter."""
+    from plotly.subplots import make_subplots  # noqa: PLC0415
+
+    figure = make_subplots(rows=1, cols=2, subplot_titles=("next-token agreement with the full model",
+                                                            "perplexity ratio (lower is better)"))
+    for variant, colour in (("adapter", CELL_COLOURS[3]), ("no adapter", "#c0504d")):
+        rows = [r for r in report.get("rows", []) if r["variant"] == variant]
+        if not rows:
+            continue
+        xs = [r["layer_speedup"] for r in rows]
+        figure.add_trace(go.Scatter(x=xs, y=[r["agreement"] for r in rows], name=variant, mode="lines+markers",
+                                    line=dict(color=colour)), 1, 1)
+        figure.add_trace(go.Scatter(x=xs, y=[r["perplexity_ratio"] for r in rows], name=variant, mode="lines+markers",
+                                    line=dict(color=colour), showlegend=False), 1, 2)
+    figure.update_xaxes(title_text="layer speedup")
+    figure.update_yaxes(range=[0, 1.02], row=1, col=1)
+    figure.update_yaxes(type="log", row=1, col=2)
+    figure.update_layout(height=320, margin=dict(l=50, r=10, t=50, b=40))
+    return figure
+
+
+def speed_figure(bench: dict) -> go.Figure:
+    """Measured speedup against target layer speedup, with the layer and cost-model limits."""
+    figure = go.Figure()
+    rows = [r for r in bench.get("rows", []) if r.get("mode") == "skipdecode"]
+    for batch in sorted({r["batch_size"] for r in rows}):
+        chosen = sorted((r for r in rows if r["batch_size"] == batch), key=lambda r: r["target_speedup"])
+        figure.add_trace(go.Scatter(x=[r["target_speedup"] for r in chosen], y=[r["measured_speedup"] for r in chosen],
+                                    mode="lines+markers", name=f"measured, batch {batch}"))
+    if rows:
+        targets = sorted({r["target_speedup"] for r in rows})
+        first_batch = min(r["batch_size"] for r in rows)
+        by_target = {r["target_speedup"]: r for r in rows if r["batch_size"] == first_batch}
+        figure.add_trace(go.Scatter(x=targets, y=[by_target[t]["layer_speedup"] for t in targets], name="layer speedup",
+                                    line=dict(dash="dash", color="#888")))
+        figure.add_trace(go.Scatter(x=targets, y=[by_target[t]["cost_speedup"] for t in targets], name="cost-model speedup",
+                                    line=dict(dash="dot", color="#333")))
+    figure.update_layout(title=dict(text=f"Measured speedup over the full model ({bench.get('hardware', {}).get('summary', '')})",
+                                    x=0.01), xaxis_title="target layer speedup", yaxis_title="speedup",
+                         height=340, margin=dict(l=50, r=10, t=50, b=40))
+    return figure
