@@ -154,6 +154,10 @@ class Playground:
                   f"{settings['decay']} decay.")
         yield from self.generate(*values, request=request, notice=notice)
 
+    def leave(self, request: gr.Request) -> None:
+        """A closed tab: cancel that session's run (the decoder stops at its next step)."""
+        self.runs.cancel(_session(request))
+
     def stop(self, request: gr.Request = None) -> str:
         self.runs.cancel(_session(request))
         return "⏹ Stopped."
@@ -414,7 +418,7 @@ def build_demo(get_generator: Callable[[], TextGenerator], limits: Limits | None
               queue=False, api_name="ui_schedule", api_visibility="private", trigger_mode="always_last")
         batch_btn.click(playground.batch_view, [speedup, decay], [batch_plot, batch_text], api_name="ui_batch_view",
                         api_visibility="private", **model_lane)
-        demo.unload(lambda request: playground.runs.cancel(_session(request)))
+        demo.unload(playground.leave)
         gr.api(playground.api_generate, api_name="generate", **model_lane)
     demo.playground = playground  # tests and the load script inspect active runs
     return demo

@@ -3,6 +3,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# The browser test drives Debian's Chromium (playwright's own browser download is not used).
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo -n"; fi
+  $SUDO apt-get install -y -q chromium >/dev/null 2>&1 \
+    || { $SUDO apt-get update -q >/dev/null 2>&1 && $SUDO apt-get install -y -q chromium >/dev/null 2>&1; } \
+    || echo "warning: could not install chromium; the browser test will be skipped" >&2
+fi
 . .venv/bin/activate
 export HF_HUB_OFFLINE=1
 exec python -m pytest -q "$@"

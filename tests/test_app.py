@@ -1,32 +1,148 @@
-"""The app through a real launched Gradio server and gradio_client."""
+"""The playground through a real launched Gradio server and gradio_client."""
+
+import threading
+import time
 
 import pytest
 from gradio_client import Client
 
-from app.ui import build_demo
-from model.generation import TextGenerator
+from app.playground import Limits
+from app.ui import build_demo, launch_options
+from model.generation import GenerationRequest, ScheduleRequest, TextGenerator
+
+
+class CountingGenerator(TextGenerator):
+    """A TextGenerator that counts decoder steps, to prove cancellation stops the decoder itself."""
+
+    def __init__(self, loaded):
+        super().__init__(loaded)
+        self.steps = 0
+        for decoder in (self.skip_decoder, self.full_decoder):
+            original = decoder.decode_step
+
+            def counted(*args, _original=original, **kwargs):
+                self.steps += 1
+                return _original(*args, **kwargs)
+
+            decoder.decode_step = counted
 
 
 @pytest.fixture(scope="module")
-def client(default_model):
-    generator = TextGenerator(default_model)
-    demo = build_demo(lambda: generator)
-    demo.queue()
-    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=None, quiet=True)
-    yield Client(demo.local_url, verbose=False)
+def server(default_model):
+    generator = CountingGenerator(default_model)
+    demo = build_demo(lambda: generator, Limits(max_new_tokens=256, max_batch_size=4, max_prompt_chars=60000))
+    demo.queue(max_size=16)
+    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, **launch_options())
+    yield demo, generator
     demo.close()
 
 
-def test_generate_endpoint_returns_both_outputs(client):
-    skip, full, summary = client.predict("Name three colours.", 2.0, "linear", 12, api_name="/generate")
-    assert skip and full
-    assert "measured speedup" in summary and "layer speedup" in summary
+@pytest.fixture()
+def client(server):
+    demo, _ = server
+    return Client(demo.local_url, verbose=False)
 
 
-def test_bad_input_is_a_clear_error_and_server_keeps_serving(client):
-    with pytest.raises(Exception, match="empty"):
-        client.predict("   ", 2.0, "linear", 12, api_name="/generate")
-    with pytest.raises(Exception, match="maximum"):
-        client.predict("hi", 40.0, "linear", 12, api_name="/generate")
-    skip, full, _ = client.predict("Say hi.", 1.5, "cosine", 8, api_name="/generate")
-    assert full
+def test_generate_api_has_the_documented_parameters(client):
+    info = client.view_api(return_format="dict", print_info=False)
+    names = [p["parameter_name"] for p in info["named_endpoints"]["/generate"]["parameters"]]
+    assert names[:3] == ["prompt", "target_speedup", "decay"]
+
+
+def test_stream_completes_and_agrees_with_the_decoder(client, server):
+    _, generator = server
+    job = client.submit(prompt="Name three colours.", target_speedup=2.0, decay="linear", max_new_tokens=12,
+                        api_name="/generate")
+    messages = list(job)
+    assert len(messages) > 5  # streamed, not one blob
+    final = messages[-1]
+    assert final["done"] is True
+    reference = generator.generate(GenerationRequest(
+        prompts=("Name three colours.",), schedule=ScheduleRequest(target_speedup=2.0, decay="linear"),
+        max_new_tokens=12))
+    assert final["skipdecode"][0] == reference.outputs[0]
+    assert final["layers_per_step"] == reference.layers_per_step
+    assert final["step_layers"] == [list(layers) for layers in reference.decode.step_layers]
+    assert final["prefill_layers"] == list(range(30))
+    full = generator.generate(GenerationRequest(prompts=("Name three colours.",), schedule=ScheduleRequest(full=True),
+                                                max_new_tokens=12))
+    assert final["full"][0] == full.outputs[0]
+    # partial messages grow monotonically
+    lengths = [len(m["skipdecode"][0]) + len(m["full"][0]) for m in messages]
+    assert lengths == sorted(lengths)
+
+
+def test_batch_rows_share_one_exit_per_step(client):
+    final = list(client.submit(prompt="Write a haiku about autumn.", target_speedup=3.0, decay="cosine", batch_size=3,
+                               max_new_tokens=8, api_name="/generate"))[-1]
+    assert len(final["skipdecode"]) == 3 and len(final["full"]) == 3
+    assert all(n <= 30 for n in final["layers_per_step"])
+
+
+def test_cancel_stops_the_decoder_and_frees_the_slot(client, server):
+    demo, generator = server
+    job = client.submit(prompt="Tell me a very long story about the sea.", target_speedup=1.5, decay="linear",
+                        max_new_tokens=256, temperature=0.7, seed=1, api_name="/generate")
+    started = generator.steps
+    deadline = time.time() + 60
+    while generator.steps < started + 3 and time.time() < deadline:
+        time.sleep(0.05)
+    assert demo.playground.runs.active_count() == 1
+    job.cancel()
+    deadline = time.time() + 20
+    while demo.playground.runs.active_count() > 0 and time.time() < deadline:
+        time.sleep(0.1)
+    assert demo.playground.runs.active_count() == 0
+    time.sleep(0.5)
+    settled = generator.steps
+    time.sleep(1.5)
+    assert generator.steps == settled, "the decoder kept stepping after cancel"
+    assert settled - started < 2 * 255  # it did not run to the end
+
+
+@pytest.mark.parametrize(
+    "kwargs,needle",
+    [
+        (dict(prompt=""), "empty"),
+        (dict(prompt=" \n\t "), "empty"),
+        (dict(prompt="word " * 13000), "limit"),
+        (dict(prompt="hi", target_speedup=40.0), "unreachable"),
+        (dict(prompt="hi", target_speedup=0.5), "target_speedup"),
+        (dict(prompt="hi", min_layers=20, max_layers=10), "min_layers"),
+        (dict(prompt="hi", decay="zigzag"), "decay"),
+        (dict(prompt="hi", max_new_tokens=100000), "max_new_tokens"),
+        (dict(prompt="hi", batch_size=50), "batch_size"),
+        (dict(prompt="hi", warmup=5, min_layers=3), "warmup"),
+    ],
+)
+def test_bad_input_gets_a_clear_message_and_the_server_keeps_serving(client, kwargs, needle):
+    with pytest.raises(Exception, match=needle):
+        client.predict(api_name="/generate", **kwargs)
+
+
+def test_prompt_over_the_context_is_refused_clearly(client):
+    with pytest.raises(Exception, match="context"):
+        client.predict(prompt="Summarise: " + "the quick brown fox " * 2100, max_new_tokens=256, api_name="/generate")
+
+
+def test_still_serving_after_bad_input(client):
+    final = client.predict(prompt="Say hi.", target_speedup=1.5, decay="power", max_new_tokens=4, api_name="/generate")
+    assert final["done"] and final["full"][0]
+
+
+def test_concurrent_sessions_get_their_own_outputs(server):
+    demo, _ = server
+    results = {}
+
+    def run(name, prompt):
+        client = Client(demo.local_url, verbose=False)
+        results[name] = client.predict(prompt=prompt, target_speedup=1.0, max_new_tokens=10, api_name="/generate")
+
+    threads = [threading.Thread(target=run, args=("a", "What is the capital of France?")),
+               threading.Thread(target=run, args=("b", "Write a Python function that adds two numbers."))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert "Paris" in results["a"]["full"][0]
+    assert "Paris" not in results["b"]["full"][0] and "def" in results["b"]["full"][0]

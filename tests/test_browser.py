@@ -1,0 +1,71 @@
+"""A real headless Chromium against the launched playground: click Generate, watch it stream."""
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from app.ui import build_demo, launch_options
+from model.generation import TextGenerator
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+playwright = pytest.importorskip("playwright.sync_api")
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium not installed (scripts/test.sh installs it)")
+BROWSER_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
+
+
+@pytest.fixture(scope="module")
+def page_url(default_model):
+    generator = TextGenerator(default_model)
+    demo = build_demo(lambda: generator)
+    demo.queue()
+    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, **launch_options())
+    yield demo.local_url
+    demo.close()
+
+
+def _token_count(page) -> int:
+    return page.evaluate("() => document.querySelectorAll('#skip-output .tok').length")
+
+
+def _full_length(page) -> int:
+    return page.evaluate("() => (document.querySelector('#full-output textarea') || {value: ''}).value.length")
+
+
+def test_generate_streams_both_outputs_and_renders_the_heatmap(page_url, tmp_path):
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1400})
+        errors = []
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        page.goto(page_url)
+        page.wait_for_selector("#generate-btn", timeout=60_000)
+        page.wait_for_selector("#schedule-plot .main-svg", timeout=30_000)  # the policy is drawn before any run
+        page.fill("#component-0 textarea, textarea", "Write a short story about a robot who learns to paint.")
+        page.click("#generate-btn")
+
+        samples = []
+        deadline = time.time() + 90
+        while time.time() < deadline:
+            samples.append((_token_count(page), _full_length(page)))
+            if "Done" in page.inner_text("#status"):
+                break
+            time.sleep(0.3)
+        assert "Done" in page.inner_text("#status"), page.inner_text("#status")
+        skip_counts = [s[0] for s in samples]
+        full_lengths = [s[1] for s in samples]
+        assert len({c for c in skip_counts if c > 0}) >= 3, "SkipDecode output did not grow step by step"
+        assert len({n for n in full_lengths if n > 0}) >= 3, "full-model output did not grow step by step"
+
+        page.wait_for_selector("#heatmap .main-svg", timeout=10_000)
+        updates = int(page.evaluate("() => document.querySelector('#heatmap .plotly-live').dataset.updates || 0"))
+        assert updates >= 2, "the heatmap was not updated in place while streaming"
+        assert "measured speedup" in page.inner_text("#stats")
+        shot = Path(os.environ.get("SKIPDECODE_SCREENSHOT", tmp_path / "playground.png"))
+        page.screenshot(path=str(shot), full_page=True)
+        assert shot.stat().st_size > 10_000
+        assert not errors, errors
+        browser.close()
