@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 import gradio as gr
 
 from app import explainer
-from app.figures import quality_figure, schedule_figure, speed_figure
+from app.figures import schedule_figure
 from app.live_plot import live_plot, static_paths
 from app.playground import (
     EXAMPLE_PROMPTS,
@@ -31,6 +31,7 @@ from app.playground import (
     stats_markdown,
 )
 from model.generation import TextGenerator
+from model.reporting import quality_figure, speed_figure
 from model.schedule import DECAY_DESCRIPTIONS, DECAY_FUNCTIONS, LAYER_ORDER_DESCRIPTIONS, LAYER_ORDERS, max_layer_speedup
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"

@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import sys
+from pathlib import Path
 from typing import Callable, Sequence
 
 from model.schedule import DECAY_FUNCTIONS, LAYER_ORDERS
@@ -107,7 +108,41 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--output", default=None, help="folder for eval.json and eval.md")
     ev.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
     ev.set_defaults(handler=run_eval)
+
+    be = commands.add_parser("bench", help="measured tokens/s: transformers generate vs our full decoder vs SkipDecode")
+    add_model_options(be)
+    be.add_argument("--batch-sizes", default=None, help="comma-separated (default: 1,8 on CPU; 1,8,32,64 on GPU)")
+    be.add_argument("--speedups", default="1.5,2,3,4", help="comma-separated target layer speedups")
+    be.add_argument("--decay", default="linear", choices=DECAY_FUNCTIONS)
+    be.add_argument("--tokens", type=int, default=64, help="generated tokens per row (fixed; EOS ignored)")
+    be.add_argument("--repeats", type=int, default=3)
+    be.add_argument("--no-hf", action="store_true", help="leave out transformers' generate")
+    be.add_argument("--quick", action="store_true", help="a tiny run (tests): batch 1 and 2, 8 tokens, 1 repeat")
+    be.add_argument("--output", default=None, help="folder for bench.json, bench.md and speedup.json")
+    be.add_argument("--json", default=None, help="also write the raw figures to this file")
+    be.set_defaults(handler=run_bench_command)
     return parser
+
+
+def run_bench_command(args: argparse.Namespace) -> int:
+    from model.bench import BenchConfig, run_bench, write_bench  # noqa: PLC0415
+
+    if args.tokens < 2 or args.repeats < 1:
+        raise ValueError("--tokens must be >= 2 and --repeats >= 1")
+    batch_sizes = tuple(int(b) for b in _float_list(args.batch_sizes, "--batch-sizes")) if args.batch_sizes else None
+    if batch_sizes and min(batch_sizes) < 1:
+        raise ValueError("--batch-sizes must be >= 1")
+    config = BenchConfig(model=args.model, adapter=None if args.no_adapter else args.adapter, device=args.device,
+                         dtype=args.dtype, batch_sizes=batch_sizes, speedups=_float_list(args.speedups, "--speedups"),
+                         decay=args.decay, new_tokens=args.tokens, repeats=args.repeats, include_hf=not args.no_hf,
+                         quick=args.quick)
+    report = run_bench(config, progress=lambda line: print(line, file=sys.stderr))
+    if args.output:
+        write_bench(report, args.output)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_json(), indent=2))
+    print(report.to_markdown())
+    return 0
 
 
 def _float_list(text: str, name: str) -> tuple[float, ...]:

@@ -1,0 +1,262 @@
+"""`python -m model bench`: measured wall-clock speed, side by side in one run.
+
+For each batch size, the same prompts and a FIXED generated length (EOS ignored) run through:
+  hf_generate   the original full model through transformers' generate (greedy)
+  full          the original full model through our decoder (n_k = L)
+  skip@S        SkipDecode at target layer speedup S (linear decay by default), on the model
+                users run: the skip-policy adapter merged into its weights
+Modes run interleaved (rotated order) and repeated; medians are reported and every ratio is
+taken between medians of the same run. Efficiency = measured speedup / cost-model speedup.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from model.decoder import SkipDecoder
+from model.schedule import ScheduleConfig, cost_speedup, full_schedule, solve_schedule
+
+BENCH_PROMPTS = [
+    "Write a short story about a lighthouse keeper.",
+    "Explain how a bicycle gear works.",
+    "List ten fruits and their colours.",
+    "Describe a busy market in the morning.",
+    "Give step-by-step instructions to plant a tree.",
+    "Write a letter to a friend about a trip to the mountains.",
+    "Explain why leaves change colour in autumn.",
+    "Write a poem about trains at night.",
+]
+
+
+@dataclass
+class BenchConfig:
+    model: str | None = None
+    adapter: str | None = "auto"
+    device: str = "auto"
+    dtype: str = "auto"
+    batch_sizes: tuple[int, ...] | None = None  # default: (1, 8) on CPU, (1, 8, 32, 64) on GPU
+    speedups: tuple[float, ...] = (1.5, 2.0, 3.0, 4.0)
+    decay: str = "linear"
+    new_tokens: int = 64
+    repeats: int = 3
+    include_hf: bool = True
+    quick: bool = False  # tiny run for tests: batch 1 and 2, 8 tokens, 1 repeat
+
+
+@dataclass
+class BenchRow:
+    mode: str  # "hf_generate", "full" or "skipdecode"
+    batch_size: int
+    target_speedup: float | None
+    tokens_per_second: float
+    step_latency_ms: float  # median decode-step wall time (prefill excluded)
+    seconds: float  # median wall time of one generation
+    layer_speedup: float = 1.0
+    cost_speedup: float = 1.0
+    measured_speedup: float = 1.0  # over our full decoder, same batch, same run
+    efficiency: float | None = None  # measured / cost-model
+    vs_hf_generate: float | None = None  # tokens/s over transformers' generate
+    peak_memory_mb: float | None = None
+    max_layers: int | None = None
+    min_layers: int | None = None
+
+
+@dataclass
+class BenchReport:
+    model: str
+    adapter: str | None
+    device: str
+    dtype: str
+    hardware: dict
+    new_tokens: int
+    repeats: int
+    decay: str
+    rows: list[BenchRow] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    def to_markdown(self) -> str:
+        lines = [
+            f"{self.model} ({'adapter merged' if self.adapter else 'no adapter'}), {self.dtype}, "
+            f"{self.hardware['summary']}; {self.new_tokens} new tokens per row, median of {self.repeats}, {self.decay} decay.",
+            "",
+            "| batch | mode | tokens/s | step ms | layer speedup | cost-model speedup | measured speedup | efficiency | vs HF generate |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in self.rows:
+            mode = r.mode if r.target_speedup is None else f"skip {r.target_speedup:g}x ({r.max_layers}→{r.min_layers})"
+            lines.append(
+                f"| {r.batch_size} | {mode} | {r.tokens_per_second:.1f} | {r.step_latency_ms:.1f} | {r.layer_speedup:.2f}x | "
+                f"{r.cost_speedup:.2f}x | {r.measured_speedup:.2f}x | {_fmt(r.efficiency)} | {_fmt(r.vs_hf_generate, 'x')} |"
+            )
+        return "\n".join(lines)
+
+
+def _fmt(value: float | None, suffix: str = "") -> str:
+    return "–" if value is None else f"{value:.2f}{suffix}"
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def hardware_info(device: torch.device) -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info = {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__}
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+        info["summary"] = f"{info['gpu']} (CUDA)"
+    else:
+        info["summary"] = f"{cpu}, {info['cores']} cores, {info['torch_threads']} torch threads"
+    return info
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # process high-water mark (KiB on Linux)
+
+
+@dataclass
+class Timing:
+    seconds: float
+    step_seconds: float
+
+
+def time_ours(decoder: SkipDecoder, ids, mask, schedule: ScheduleConfig, new_tokens: int) -> Timing:
+    device = decoder.device
+    _sync(device)
+    start = time.perf_counter()
+    result = decoder.generate(ids, mask, schedule, max_new_tokens=new_tokens)
+    _sync(device)
+    seconds = time.perf_counter() - start
+    steps = result.step_seconds
+    return Timing(seconds, statistics.median(steps) if steps else 0.0)
+
+
+def time_hf_generate(model, ids, mask, new_tokens: int, pad_id: int) -> Timing:
+    from transformers import GenerationConfig  # noqa: PLC0415
+
+    config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, pad_token_id=pad_id, eos_token_id=None)
+    device = ids.device
+    _sync(device)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+    _sync(device)
+    seconds = time.perf_counter() - start
+    if out.shape[1] - ids.shape[1] != new_tokens:
+        raise RuntimeError("transformers' generate stopped early; the comparison needs a fixed length")
+    return Timing(seconds, seconds / new_tokens)  # generate exposes no per-step times: the mean
+
+
+# --- the run ---------------------------------------------------------------------------------
+
+
+def run_bench(config: BenchConfig, progress: Callable[[str], None] = print) -> BenchReport:
+    from model.generation import TextGenerator  # noqa: PLC0415
+    from model.loading import load_model  # noqa: PLC0415
+
+    loaded = load_model(config.model, device=config.device, dtype=config.dtype, adapter=config.adapter)
+    generator = TextGenerator(loaded)
+    device, num_layers, cost = loaded.device, generator.num_layers, generator.cost
+    if config.quick:
+        config.batch_sizes, config.new_tokens, config.repeats = (1, 2), 8, 1
+    batch_sizes = config.batch_sizes or ((1, 8, 32, 64) if device.type == "cuda" else (1, 8))
+    # Fixed length: no EOS. Both decoders see the same prompts.
+    full_decoder = SkipDecoder(loaded.model, eos_token_ids=(), pad_token_id=loaded.pad_token_id)
+    skip_decoder = SkipDecoder(loaded.skip_model, eos_token_ids=(), pad_token_id=loaded.pad_token_id)
+    steps = max(1, config.new_tokens - 1)
+    schedules = {s: solve_schedule(num_layers, s, decay=config.decay, decay_length=config.new_tokens, num_steps=steps,
+                                   cost=cost) for s in config.speedups}
+    report = BenchReport(model=loaded.name, adapter=loaded.adapter_path, device=str(device),
+                         dtype=str(loaded.dtype).replace("torch.", ""), hardware=hardware_info(device),
+                         new_tokens=config.new_tokens, repeats=config.repeats, decay=config.decay)
+
+    for batch in batch_sizes:
+        prompts = [BENCH_PROMPTS[i % len(BENCH_PROMPTS)] for i in range(batch)]
+        ids, mask = generator.encode(prompts)
+        ids, mask = ids.to(device), mask.to(device)
+        modes: dict[str, Callable[[], Timing]] = {}
+        if config.include_hf:
+            modes["hf_generate"] = lambda: time_hf_generate(loaded.model, ids, mask, config.new_tokens, loaded.pad_token_id)
+        modes["full"] = lambda: time_ours(full_decoder, ids, mask, full_schedule(num_layers), config.new_tokens)
+        for s, solved in schedules.items():
+            modes[f"skip@{s:g}"] = lambda solved=solved: time_ours(skip_decoder, ids, mask, solved.config, config.new_tokens)
+        timings: dict[str, list[Timing]] = {name: [] for name in modes}
+        peaks: dict[str, float] = {}
+        for name, run in modes.items():  # warm-up: first-call allocations and kernel selection
+            run()
+        names = list(modes)
+        for repeat in range(config.repeats):
+            rotated = names[repeat % len(names):] + names[: repeat % len(names)]
+            for name in rotated:
+                if device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(device)
+                timings[name].append(modes[name]())
+                peaks[name] = max(peaks.get(name, 0.0), _peak_memory_mb(device))
+        report.rows.extend(_rows(batch, timings, peaks, schedules, num_layers, cost, config.new_tokens))
+        progress(f"batch {batch}: " + ", ".join(f"{r.mode if r.target_speedup is None else f'skip {r.target_speedup:g}x'} "
+                                                 f"{r.tokens_per_second:.1f} tok/s" for r in report.rows if r.batch_size == batch))
+    return report
+
+
+def _rows(batch, timings, peaks, schedules, num_layers, cost, new_tokens) -> list[BenchRow]:
+    def median(name: str, attr: str) -> float:
+        return statistics.median(getattr(t, attr) for t in timings[name])
+
+    tokens = batch * new_tokens
+    full_tps = tokens / median("full", "seconds")
+    hf_tps = tokens / median("hf_generate", "seconds") if "hf_generate" in timings else None
+    rows = []
+    for name in timings:
+        tps = tokens / median(name, "seconds")
+        row = BenchRow(mode="skipdecode" if name.startswith("skip@") else name, batch_size=batch, target_speedup=None,
+                       tokens_per_second=round(tps, 3), step_latency_ms=round(1000 * median(name, "step_seconds"), 3),
+                       seconds=round(median(name, "seconds"), 4), measured_speedup=round(tps / full_tps, 4),
+                       vs_hf_generate=round(tps / hf_tps, 4) if hf_tps else None,
+                       peak_memory_mb=round(peaks.get(name, 0.0), 1))
+        if name.startswith("skip@"):
+            solved = schedules[float(name[5:])]
+            row.target_speedup = solved.target_speedup
+            row.layer_speedup = round(solved.layer_speedup, 4)
+            row.cost_speedup = round(cost_speedup(num_layers, solved.budgets, cost), 4)
+            row.max_layers, row.min_layers = solved.config.max_layers, solved.config.min_layers
+        row.efficiency = round(row.measured_speedup / row.cost_speedup, 4)
+        rows.append(row)
+    return rows
+
+
+def write_bench(report: BenchReport, folder: str | Path) -> list[Path]:
+    """bench.json (raw), bench.md (table) and speedup.json (the Plotly figure) under ``folder``."""
+    from model.reporting import speed_figure  # noqa: PLC0415
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = [folder / "bench.json", folder / "bench.md", folder / "speedup.json"]
+    paths[0].write_text(json.dumps(report.to_json(), indent=2))
+    paths[1].write_text(report.to_markdown() + "\n")
+    paths[2].write_text(speed_figure(report.to_json()).to_json())
+    return paths

@@ -1,0 +1,51 @@
+"""Figures of measured results (eval and bench): written by the commands, shown by the app."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+SKIP_COLOUR, NO_ADAPTER_COLOUR = "#3f9c6d", "#c0504d"
+
+
+def quality_figure(report: dict) -> go.Figure:
+    """Agreement and perplexity ratio against layer speedup, with and without the adapter."""
+    from plotly.subplots import make_subplots  # noqa: PLC0415
+
+    figure = make_subplots(rows=1, cols=2, subplot_titles=("next-token agreement with the full model",
+                                                            "perplexity ratio (lower is better)"))
+    for variant, colour in (("adapter", SKIP_COLOUR), ("no adapter", NO_ADAPTER_COLOUR)):
+        rows = [r for r in report.get("rows", []) if r["variant"] == variant]
+        if not rows:
+            continue
+        xs = [r["layer_speedup"] for r in rows]
+        figure.add_trace(go.Scatter(x=xs, y=[r["agreement"] for r in rows], name=variant, mode="lines+markers",
+                                    line=dict(color=colour)), 1, 1)
+        figure.add_trace(go.Scatter(x=xs, y=[r["perplexity_ratio"] for r in rows], name=variant, mode="lines+markers",
+                                    line=dict(color=colour), showlegend=False), 1, 2)
+    figure.update_xaxes(title_text="layer speedup")
+    figure.update_yaxes(range=[0, 1.02], row=1, col=1)
+    figure.update_yaxes(type="log", row=1, col=2)
+    figure.update_layout(height=320, margin=dict(l=50, r=10, t=50, b=40))
+    return figure
+
+
+def speed_figure(bench: dict) -> go.Figure:
+    """Measured speedup against target layer speedup, with the layer and cost-model limits."""
+    figure = go.Figure()
+    rows = [r for r in bench.get("rows", []) if r.get("mode") == "skipdecode"]
+    for batch in sorted({r["batch_size"] for r in rows}):
+        chosen = sorted((r for r in rows if r["batch_size"] == batch), key=lambda r: r["target_speedup"])
+        figure.add_trace(go.Scatter(x=[r["target_speedup"] for r in chosen], y=[r["measured_speedup"] for r in chosen],
+                                    mode="lines+markers", name=f"measured, batch {batch}"))
+    if rows:
+        targets = sorted({r["target_speedup"] for r in rows})
+        first_batch = min(r["batch_size"] for r in rows)
+        by_target = {r["target_speedup"]: r for r in rows if r["batch_size"] == first_batch}
+        figure.add_trace(go.Scatter(x=targets, y=[by_target[t]["layer_speedup"] for t in targets], name="layer speedup",
+                                    line=dict(dash="dash", color="#888")))
+        figure.add_trace(go.Scatter(x=targets, y=[by_target[t]["cost_speedup"] for t in targets], name="cost-model speedup",
+                                    line=dict(dash="dot", color="#333")))
+    figure.update_layout(title=dict(text=f"Measured speedup over the full model ({bench.get('hardware', {}).get('summary', '')})",
+                                    x=0.01), xaxis_title="target layer speedup", yaxis_title="speedup",
+                         height=340, margin=dict(l=50, r=10, t=50, b=40))
+    return figure
