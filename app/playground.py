@@ -80,11 +80,11 @@ class PlaygroundSettings:
 def _number(name: str, value, *, integer: bool = False, low: float | None = None, high: float | None = None):
     """One parameter from the UI or the API: a finite number within bounds, or a clear ValueError."""
     if isinstance(value, bool) or value is None:
-        raise ValueError(f"{name} must be a number; got {value!r}")
+        raise ValueError(f"{name} must be a number; got {value!r}"[:300])
     try:
         number = float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number; got {value!r}") from None
+        raise ValueError(f"{name} must be a number; got {value!r}"[:300]) from None
     if not math.isfinite(number):
         raise ValueError(f"{name} must be a finite number; got {value!r}")
     if integer:
@@ -96,6 +96,11 @@ def _number(name: str, value, *, integer: bool = False, low: float | None = None
     if high is not None and number > high:
         raise ValueError(f"{name} must be <= {high:g}; got {value!r}")
     return number
+
+
+def _choice(name: str, value, options: tuple[str, ...]) -> None:
+    if not isinstance(value, str) or value not in options:
+        raise ValueError(f"{name} must be one of {', '.join(options)}; got {value!r}"[:300])
 
 
 def clean_prompt(prompt, limits: Limits) -> str:
@@ -115,10 +120,8 @@ def parse_settings(limits: Limits, prompt, target_speedup=2.0, decay="linear", w
                    min_layers=0, max_layers=0, order="warmup_top", batch_size=1, max_new_tokens=48,
                    temperature=0.0, top_p=1.0, seed=0, prompt_at_full_depth=True) -> PlaygroundSettings:
     """The same rules for the UI and the API."""
-    if decay not in DECAY_FUNCTIONS:
-        raise ValueError(f"decay must be one of {', '.join(DECAY_FUNCTIONS)}; got {decay!r}")
-    if order not in LAYER_ORDERS:
-        raise ValueError(f"layer order must be one of {', '.join(LAYER_ORDERS)}; got {order!r}")
+    _choice("decay", decay, DECAY_FUNCTIONS)
+    _choice("order", order, tuple(LAYER_ORDERS))
     return PlaygroundSettings(
         prompt=clean_prompt(prompt, limits),
         target_speedup=_number("target_speedup", target_speedup, low=1.0, high=1000.0),

@@ -6,6 +6,7 @@ Importing this module loads no model: app.py hands build_demo a generator factor
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -273,16 +274,17 @@ class Playground:
         handle = self.runs.start(session)
         try:
             for update in race(generator, settings, should_cancel=lambda: handle.cancelled):
-                yield _api_message(generator, update)
+                yield _api_message(generator, update, settings)
         except ValueError as error:
             raise gr.Error(str(error), print_exception=False) from None
         finally:
             self.runs.finish(session, handle)
 
 
-def _api_message(generator: TextGenerator, update: RaceUpdate) -> dict:
+def _api_message(generator: TextGenerator, update: RaceUpdate, settings: PlaygroundSettings) -> dict:
     skip, full, solved = update.skip, update.full, update.solved
     return {
+        "prompts": list(settings.prompts()),  # what these outputs answer (clients can check isolation)
         "skipdecode": [generator.decode_text(skip.ids(r)) for r in range(skip.rows)],
         "full": [generator.decode_text(full.ids(r)) for r in range(full.rows)],
         "prefill_layers": list(skip.prefill_layers),
@@ -313,6 +315,17 @@ def _ranges(layers) -> str:
     if run:
         parts.append(f"{run[0]}–{run[-1]}" if len(run) > 1 else str(run[0]))
     return "[" + ", ".join(parts) + "]"
+
+
+def gpu_handler(fn: Callable) -> Callable:
+    """spaces.GPU on a ZeroGPU Space (the GPU is attached per call); the function itself elsewhere."""
+    if not os.environ.get("SPACES_ZERO_GPU"):
+        return fn
+    try:
+        import spaces  # noqa: PLC0415
+    except ImportError:
+        return fn
+    return spaces.GPU(fn)
 
 
 def launch_options() -> dict:
@@ -400,16 +413,16 @@ def build_demo(get_generator: Callable[[], TextGenerator], limits: Limits | None
         stream_outputs = [status, skip_out, full_out, stats, heatmap]
         model_lane = dict(concurrency_id="model", concurrency_limit=concurrency_limit)
 
-        gen_event = run.click(playground.generate, settings_inputs, stream_outputs, api_name="ui_generate",
+        gen_event = run.click(gpu_handler(playground.generate), settings_inputs, stream_outputs, api_name="ui_generate",
                               api_visibility="private", **model_lane)
         restart_events = [
-            control_event(playground.restart_if_running, settings_inputs, stream_outputs, api_name=f"ui_restart_{i}",
+            control_event(gpu_handler(playground.restart_if_running), settings_inputs, stream_outputs, api_name=f"ui_restart_{i}",
                           api_visibility="private", trigger_mode="always_last", **model_lane)
             for i, control_event in enumerate((speedup.release, decay.change))
         ]
         stop.click(playground.stop, None, [status], cancels=[gen_event, *restart_events], queue=False,
                    api_name="ui_stop", api_visibility="private")
-        step_btn.click(playground.step, settings_inputs, stream_outputs, api_name="ui_step", api_visibility="private",
+        step_btn.click(gpu_handler(playground.step), settings_inputs, stream_outputs, api_name="ui_step", api_visibility="private",
                        **model_lane)
         step_reset.click(playground.reset_steps, None, [status], queue=False, api_name="ui_reset_steps",
                          api_visibility="private")
@@ -417,10 +430,10 @@ def build_demo(get_generator: Callable[[], TextGenerator], limits: Limits | None
                             max_layers.change, order.change, max_new_tokens.change, demo.load]
         gr.on(preview_triggers, playground.schedule_preview, settings_inputs, [schedule_plot, schedule_note],
               queue=False, api_name="ui_schedule", api_visibility="private", trigger_mode="always_last")
-        batch_btn.click(playground.batch_view, [speedup, decay], [batch_plot, batch_text], api_name="ui_batch_view",
+        batch_btn.click(gpu_handler(playground.batch_view), [speedup, decay], [batch_plot, batch_text], api_name="ui_batch_view",
                         api_visibility="private", **model_lane)
         demo.unload(playground.leave)
-        gr.api(playground.api_generate, api_name="generate", **model_lane)
+        gr.api(gpu_handler(playground.api_generate), api_name="generate", **model_lane)
     demo.playground = playground  # tests and the load script inspect active runs
     return demo
 
