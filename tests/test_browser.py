@@ -18,13 +18,35 @@ BROWSER_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-r
 
 
 @pytest.fixture(scope="module")
-def page_url(default_model):
+def server(default_model):
     generator = TextGenerator(default_model)
     demo = build_demo(lambda: generator)
     demo.queue()
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, **launch_options())
-    yield demo.local_url
+    yield demo
     demo.close()
+
+
+@pytest.fixture(scope="module")
+def page_url(server):
+    return server.local_url
+
+
+def _open(p, url):
+    browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+    page = browser.new_page(viewport={"width": 1400, "height": 1400})
+    page.goto(url)
+    page.wait_for_selector("#generate-btn", timeout=60_000)
+    return browser, page
+
+
+def _wait(condition, timeout: float) -> bool:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return False
 
 
 def _token_count(page) -> int:
@@ -69,3 +91,29 @@ def test_generate_streams_both_outputs_and_renders_the_heatmap(page_url, tmp_pat
         assert shot.stat().st_size > 10_000
         assert not errors, errors
         browser.close()
+
+
+@pytest.mark.parametrize("how", ["stop button", "closed tab"])
+def test_stop_and_closed_tab_end_the_generation(server, how):
+    runs = server.playground.runs
+    with playwright.sync_playwright() as p:
+        browser, page = _open(p, server.local_url)
+        page.fill("#component-0 textarea, textarea", "Tell me a very long story about the sea and its sailors.")
+        page.click("#generate-btn")
+        # the full model's pane: SkipDecode may legitimately stop early at EOS
+        if not _wait(lambda: _full_length(page) >= 10, 90):
+            page.screenshot(path="/tmp/stop-failure.png", full_page=True)
+            raise AssertionError(f"generation did not start: {page.inner_text('#status')!r}")
+        assert runs.active_count() == 1
+        if how == "stop button":
+            page.click("#stop-btn")
+            assert _wait(lambda: runs.active_count() == 0, 15)
+            assert _wait(lambda: "Stopped" in page.inner_text("#status"), 15)
+            length = _full_length(page)
+            time.sleep(1.0)
+            assert _full_length(page) == length, "tokens kept arriving after Stop"
+            browser.close()
+        else:
+            page.close()
+            assert _wait(lambda: runs.active_count() == 0, 20), "the run survived its closed tab"
+            browser.close()
