@@ -249,7 +249,7 @@ class Playground:
             raise gr.Error(str(error), print_exception=False) from None
         depths = [len(result.decode.prefill_layers)] + result.layers_per_step
         rows = [TokenTexts(generator).update(ids) for ids in result.decode.tokens]
-        lines = "\n".join(f"{i}. **{p}** → {o.strip()[:120]}" for i, (p, o) in enumerate(zip(result.prompts, result.outputs)))
+        lines = "\n".join(f"{i}. **{p}** → {_one_line(o)}" for i, (p, o) in enumerate(zip(result.prompts, result.outputs), 1))
         return explainer.batch_view_figure(rows, depths, generator.num_layers), lines
 
     # --- the public API ---------------------------------------------------------------------
@@ -300,6 +300,12 @@ def _api_message(generator: TextGenerator, update: RaceUpdate, settings: Playgro
                      "decay_length": solved.config.decay_length},
         "done": skip.done and full.done,
     }
+
+
+def _one_line(text: str, width: int = 120) -> str:
+    """Model output as one safe markdown line."""
+    flat = " ".join(text.split())[:width]
+    return "".join("\\" + ch if ch in "\\`*_[]<>#|" else ch for ch in flat)
 
 
 def _ranges(layers) -> str:

@@ -244,12 +244,7 @@ class SkipDecoder:
 
     def generate(self, *args, **kwargs) -> DecodeResult:
         """``stream`` run to the end; returns its DecodeResult."""
-        events = self.stream(*args, **kwargs)
-        while True:
-            try:
-                next(events)
-            except StopIteration as stop:
-                return stop.value
+        return run_to_end(self.stream(*args, **kwargs))
 
     def _record(
         self, next_ids: torch.Tensor, result: DecodeResult, finished: list[bool], stop_check: StopCheck | None
@@ -269,6 +264,15 @@ class SkipDecoder:
             if stop_check is not None and stop_check(row, result.tokens[row]):
                 finished[row], result.finish_reasons[row] = True, "stop"
         return new_tokens
+
+
+def run_to_end(events: Generator):
+    """Drain a step generator and return its return value (the result object)."""
+    while True:
+        try:
+            next(events)
+        except StopIteration as stop:
+            return stop.value
 
 
 def _make_generator(sampling: SamplingConfig, device: torch.device) -> torch.Generator | None:

@@ -12,7 +12,7 @@ from typing import Callable, Generator, Sequence
 
 import torch
 
-from model.decoder import DecodeResult, SamplingConfig, SkipDecoder, StepEvent
+from model.decoder import DecodeResult, SamplingConfig, SkipDecoder, StepEvent, run_to_end
 from model.loading import LoadedModel
 from model.schedule import (
     ScheduleConfig,
@@ -201,12 +201,7 @@ class TextGenerator:
         )
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
-        events = self.stream(request)
-        while True:
-            try:
-                next(events)
-            except StopIteration as stop:
-                return stop.value
+        return run_to_end(self.stream(request))
 
     def decode_text(self, token_ids: Sequence[int], stop: Sequence[str] = ()) -> str:
         text = self.loaded.tokenizer.decode(list(token_ids), skip_special_tokens=True)
