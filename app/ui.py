@@ -445,19 +445,17 @@ def build_demo(get_generator: Callable[[], TextGenerator], limits: Limits | None
 
 
 def _results_tab() -> None:
-    evaluation = _load_json(ASSETS / "eval" / "eval.json")
-    bench = _load_json(ASSETS / "bench" / "bench.json")
-    gr.Markdown("### Quality under skipping (held-out prompts; `python -m model eval`)")
-    if evaluation:
-        gr.Plot(quality_figure(evaluation), show_label=False)
-        table = (ASSETS / "eval" / "eval.md")
-        gr.Markdown(table.read_text() if table.is_file() else "")
-    else:
-        gr.Markdown("_No evaluation results under assets/eval yet: run `python -m model eval --output assets/eval`._")
-    gr.Markdown("### Measured speed (`python -m model bench`)")
-    if bench:
-        gr.Plot(speed_figure(bench), show_label=False)
-        table = (ASSETS / "bench" / "bench.md")
-        gr.Markdown(table.read_text() if table.is_file() else "")
-    else:
-        gr.Markdown("_No benchmark results under assets/bench yet: run `python -m model bench --output assets/bench`._")
+    _results_section("Quality under skipping (held-out prompts)", "eval", "eval", quality_figure)
+    _results_section("Measured speed", "bench", "bench", speed_figure)
+
+
+def _results_section(title: str, folder: str, command: str, figure: Callable[[dict], object]) -> None:
+    """One results block from assets/<folder>/<folder>.json and .md, written by `python -m model <command>`."""
+    data = _load_json(ASSETS / folder / f"{folder}.json")
+    gr.Markdown(f"### {title} (`python -m model {command}`)")
+    if not data:
+        gr.Markdown(f"_No results under assets/{folder} yet: run `python -m model {command} --output assets/{folder}`._")
+        return
+    gr.Plot(figure(data), show_label=False)
+    table = ASSETS / folder / f"{folder}.md"
+    gr.Markdown(table.read_text() if table.is_file() else "")
