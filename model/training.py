@@ -27,7 +27,8 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from model.decoder import SkipDecoder, execution_mask, masked_forward
+from model.architectures import adapter_for
+from model.decoder import execution_mask, masked_forward
 from model.schedule import DECAY_FUNCTIONS, ScheduleConfig, full_schedule, max_layer_speedup, solve_schedule
 
 DEFAULT_TRAIN_PROMPTS = Path(__file__).resolve().parents[1] / "assets" / "prompts" / "train.jsonl"
@@ -276,11 +277,24 @@ def wrap_trainable(model, config: TrainConfig):
     return wrapped
 
 
-def teacher_context(model, config: TrainConfig):
-    """The ORIGINAL model for the teacher: LoRA disabled (full fine-tuning needs a frozen copy)."""
-    if config.full_finetune:
-        raise ValueError("self-distillation with full fine-tuning needs a frozen teacher copy; use LoRA")
-    return model.disable_adapter()
+class Teacher:
+    """The ORIGINAL model's logits for self-distillation: the LoRA student with its adapter
+    switched off (no second copy), or a frozen copy when all weights are trained."""
+
+    def __init__(self, student, config: TrainConfig) -> None:
+        import copy  # noqa: PLC0415
+
+        self.student = student
+        self.frozen = copy.deepcopy(student).eval().requires_grad_(False) if config.full_finetune else None
+
+    @torch.no_grad()
+    def logits(self, ids, mask, prompt_len: int) -> torch.Tensor:
+        model = self.frozen if self.frozen is not None else self.student
+        num_layers = adapter_for(model).num_layers
+        if self.frozen is not None:
+            return skip_policy_logits(model, ids, mask, full_schedule(num_layers), prompt_len)
+        with model.disable_adapter():
+            return skip_policy_logits(model, ids, mask, full_schedule(num_layers), prompt_len)
 
 
 def train(config: TrainConfig) -> TrainResult:
@@ -319,6 +333,7 @@ def train(config: TrainConfig) -> TrainResult:
         steps_hint = config.continuation_tokens
 
     lm = wrap_trainable(loaded.model, config)
+    teacher = None if config.data else Teacher(lm, config)
     trainable = [p for p in lm.parameters() if p.requires_grad]
     model = SkipPolicyModel(lm)
     optimizer = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=0.0)
@@ -346,9 +361,7 @@ def train(config: TrainConfig) -> TrainResult:
                 if config.data:
                     loss = cross_entropy_loss(student, ids, target_mask, prompt_len)
                 else:
-                    with torch.no_grad(), teacher_context(lm, config):
-                        teacher = skip_policy_logits(lm, ids, mask, full_schedule(num_layers), prompt_len)
-                    loss = distillation_loss(student, teacher, target_mask)
+                    loss = distillation_loss(student, teacher.logits(ids, mask, prompt_len), target_mask)
             accelerator.backward(loss)
             if accelerator.sync_gradients:
                 accelerator.clip_grad_norm_(trainable, 1.0)

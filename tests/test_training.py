@@ -153,3 +153,15 @@ def test_eval_runs_end_to_end_on_a_tiny_model(tiny_folder, tmp_path):
     json_path, md_path = write_report(report, tmp_path / "eval")
     assert json.loads(json_path.read_text())["rows"][1]["variant"] == "no adapter"
     assert "| no adapter | 2x |" in md_path.read_text()
+
+
+def test_full_finetune_self_distillation_uses_a_frozen_teacher(tiny_folder, tmp_path):
+    config = TrainConfig(model=str(tiny_folder), output_dir=str(tmp_path / "full"), prompts=str(_prompts_file(tmp_path)),
+                         max_steps=12, batch_size=4, learning_rate=1e-3, warmup_steps=1, continuation_tokens=8,
+                         fixed_speedup=2.0, full_finetune=True, save_every=12, device="cpu")
+    result = train(config)
+    assert sum(result.losses[-3:]) / 3 < sum(result.losses[:3]) / 3
+    from model.loading import load_model
+
+    loaded = load_model(str(tiny_folder), device="cpu", adapter=str(tmp_path / "full" / "adapter"))
+    assert loaded.skip_model is not loaded.model
