@@ -5,15 +5,17 @@ For each batch size, the same prompts and a FIXED generated length (EOS ignored)
   full          the original full model through our decoder (n_k = L)
   skip@S        SkipDecode at target layer speedup S (linear decay by default), on the model
                 users run: the skip-policy adapter merged into its weights
-Modes run interleaved (rotated order) and repeated; medians are reported and every ratio is
+Modes run interleaved (a fresh random order each round) and repeated; medians are reported and every ratio is
 taken between medians of the same run. Efficiency = measured speedup / cost-model speedup.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import platform
+import random
 import resource
 import statistics
 import time
@@ -210,9 +212,13 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None] = print) -> B
         for name, run in modes.items():  # warm-up: first-call allocations and kernel selection
             run()
         names = list(modes)
-        for repeat in range(config.repeats):
-            rotated = names[repeat % len(names):] + names[: repeat % len(names)]
-            for name in rotated:
+        order_rng = random.Random(batch)
+        for _ in range(config.repeats):
+            # A fresh random order every round: no mode always runs right after another
+            # (on CPU the previous run's allocations measurably change the next one's speed).
+            order_rng.shuffle(names)
+            for name in names:
+                gc.collect()
                 if device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats(device)
                 timings[name].append(modes[name]())
