@@ -45,6 +45,7 @@ def free_port() -> int:
 
 def start_server(port: int) -> subprocess.Popen:
     env = dict(os.environ, GRADIO_SERVER_NAME="127.0.0.1", GRADIO_SERVER_PORT=str(port), HF_HUB_OFFLINE="1")
+    env.setdefault("MALLOC_ARENA_MAX", "2")  # as scripts/start.sh runs the app
     process = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 180
