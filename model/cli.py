@@ -233,7 +233,8 @@ def run_generate(args: argparse.Namespace) -> int:
         print(text.strip())
     summary = result.to_json()
     print(
-        f"\n[{summary['model']} on {summary['device']}: layer speedup {summary['layer_speedup']:.2f}x, "
+        f"\n[{summary['model']} on {summary['device']}: layer speedup {summary['layer_speedup']:.2f}x "
+        f"(achieved {summary['achieved_layer_speedup']:.2f}x over the {len(result.layers_per_step)} steps that ran), "
         f"cost-model {summary['cost_model_speedup']:.2f}x, {summary['tokens_per_second']:.1f} tokens/s]",
         file=sys.stderr,
     )

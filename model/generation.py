@@ -80,9 +80,13 @@ class GenerationResult:
             "generated_tokens": [len(row) for row in self.decode.tokens],
             "prefill_layers": len(self.decode.prefill_layers),
             "layers_per_step": self.layers_per_step,
-            "layer_speedup": round(self.decode.layer_speedup, 4),  # over the steps that ran
-            "planned_layer_speedup": round(self.schedule.layer_speedup, 4),  # the schedule over max_new_tokens
-            "cost_model_speedup": round(self.cost_speedup, 4),
+            # The policy's figures (over max_new_tokens, what the solver targeted) ...
+            "layer_speedup": round(self.schedule.layer_speedup, 4),
+            "cost_model_speedup": round(self.schedule.cost_speedup, 4),
+            # ... and over the decode steps that actually ran (lower when every row stopped early at
+            # EOS: only the deeper first part of a decaying schedule ran).
+            "achieved_layer_speedup": round(self.decode.layer_speedup, 4),
+            "achieved_cost_model_speedup": round(self.cost_speedup, 4),
             "target_speedup": self.schedule.target_speedup,
             "schedule": {
                 "decay": config.decay,
