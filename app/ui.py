@@ -9,6 +9,7 @@ import json
 import os
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -53,10 +54,11 @@ class RunHandle:
     """One session's running generation; ``cancelled`` makes the decoder stop at its next step."""
 
     cancelled: bool = False
+    reason: str = ""
     started: float = field(default_factory=time.monotonic)
 
-    def cancel(self) -> None:
-        self.cancelled = True
+    def cancel(self, reason: str = "stop") -> None:
+        self.cancelled, self.reason = True, reason
 
 
 class SessionRuns:
@@ -87,12 +89,16 @@ class SessionRuns:
             if self._runs.get(session) is handle:
                 del self._runs[session]
 
-    def cancel(self, session: str) -> None:
+    def cancel(self, session: str, reason: str = "stop") -> None:
         with self._lock:
             handle = self._runs.pop(session, None)
             self.steppers.pop(session, None)
         if handle is not None:
-            handle.cancel()
+            handle.cancel(reason)
+
+    def sessions(self) -> list[str]:
+        with self._lock:
+            return list(self._runs)
 
     def active_count(self) -> int:
         with self._lock:
@@ -100,7 +106,8 @@ class SessionRuns:
 
 
 def _session(request: gr.Request | None) -> str:
-    return getattr(request, "session_hash", None) or "anonymous"
+    """The browser/API session's key. Without one, a key of its own: never share a run handle."""
+    return getattr(request, "session_hash", None) or f"no-session-{uuid.uuid4().hex}"
 
 
 def _load_json(path: Path) -> dict | None:
@@ -132,8 +139,18 @@ class Playground:
         return schedule_figure(solved), ""
 
     # --- streaming generation ---------------------------------------------------------------
-    def generate(self, *values, request: gr.Request = None, notice: str = "") -> Iterator[tuple]:
-        """Stream both outputs side by side: (status, skip html, full text, stats, heatmap json)."""
+    def generate(self, prompt, target_speedup, decay, warmup, decay_length, min_layers, max_layers, order, batch_size,
+                 max_new_tokens, temperature, top_p, seed, prompt_at_full_depth,
+                 request: gr.Request = None) -> Iterator[tuple]:
+        """Stream both outputs side by side: (status, skip html, full text, stats, heatmap json).
+
+        Every setting is a named parameter: gradio injects gr.Request only into a signature
+        without *args (with *args every session looked alike and cancelled each other's runs)."""
+        values = (prompt, target_speedup, decay, warmup, decay_length, min_layers, max_layers, order, batch_size,
+                  max_new_tokens, temperature, top_p, seed, prompt_at_full_depth)
+        yield from self._generate(values, request)
+
+    def _generate(self, values: tuple, request: gr.Request | None, notice: str = "") -> Iterator[tuple]:
         try:
             settings = self.settings(values)
             generator = self.get_generator()
@@ -147,14 +164,28 @@ class Playground:
         finally:
             self.runs.finish(session, handle)
 
-    def restart_if_running(self, *values, request: gr.Request = None) -> Iterator[tuple]:
-        """Speedup/decay moved: if this session is generating, restart both streams with the new setting."""
-        if not self.runs.is_running(_session(request)):
+    def request_restart(self, request: gr.Request = None) -> bool:
+        """Speedup/decay moved (runs outside the queue, at once): if this session is generating,
+        end that run at its next step, which frees the model lane for the restart."""
+        session = _session(request)
+        if not self.runs.is_running(session):
+            return False
+        self.runs.cancel(session, reason="restart")
+        return True
+
+    def restart_if_running(self, restart, prompt, target_speedup, decay, warmup, decay_length, min_layers, max_layers,
+                           order, batch_size, max_new_tokens, temperature, top_p, seed, prompt_at_full_depth,
+                           request: gr.Request = None) -> Iterator[tuple]:
+        """Second half of a settings change: restart both streams with the new setting."""
+        values = (prompt, target_speedup, decay, warmup, decay_length, min_layers, max_layers, order, batch_size,
+                  max_new_tokens, temperature, top_p, seed, prompt_at_full_depth)
+        if not restart:
+            yield (gr.skip(),) * 5  # nothing was running: leave the outputs as they are
             return
         settings = dict(zip(SETTING_NAMES, values))
         notice = (f"⟳ Settings changed while generating: restarted both streams at {settings['target_speedup']}x, "
                   f"{settings['decay']} decay.")
-        yield from self.generate(*values, request=request, notice=notice)
+        yield from self._generate(values, request, notice)
 
     def leave(self, request: gr.Request) -> None:
         """A closed tab: cancel that session's run (the decoder stops at its next step)."""
@@ -181,8 +212,8 @@ class Playground:
                        "".join(full_texts.update(update.full.ids(0))), stats_markdown(update, generator.num_layers, generator.cost), plot)
         except ValueError as error:  # e.g. a prompt over the context, found at encoding time
             raise gr.Error(str(error), print_exception=False) from None
-        if update is None:
-            return
+        if update is None or handle.reason == "restart":
+            return  # a restart's new run writes the status
         final = "⏹ Stopped." if handle.cancelled else (notice + " " if notice else "") + "✅ Done."
         yield (final, gr.skip(), gr.skip(), gr.skip(), gr.skip())
 
@@ -191,8 +222,11 @@ class Playground:
         return heatmap_for(generator, update.skip, settings, prompt_tokens, generated).to_json()
 
     # --- step mode --------------------------------------------------------------------------
-    def step(self, *values, request: gr.Request = None) -> tuple:
+    def step(self, prompt, target_speedup, decay, warmup, decay_length, min_layers, max_layers, order, batch_size,
+             max_new_tokens, temperature, top_p, seed, prompt_at_full_depth, request: gr.Request = None) -> tuple:
         """Advance SkipDecode and the full model by one token each; say which layers ran."""
+        values = (prompt, target_speedup, decay, warmup, decay_length, min_layers, max_layers, order, batch_size,
+                  max_new_tokens, temperature, top_p, seed, prompt_at_full_depth)
         session = _session(request)
         try:
             settings = self.settings(values)
@@ -421,9 +455,14 @@ def build_demo(get_generator: Callable[[], TextGenerator], limits: Limits | None
 
         gen_event = run.click(gpu_handler(playground.generate), settings_inputs, stream_outputs, api_name="ui_generate",
                               api_visibility="private", **model_lane)
+        # A settings change while generating: end the running stream at once (outside the queue),
+        # then restart in the model lane, which that ending has just freed.
+        restart_flag = gr.State(False)
         restart_events = [
-            control_event(gpu_handler(playground.restart_if_running), settings_inputs, stream_outputs, api_name=f"ui_restart_{i}",
-                          api_visibility="private", trigger_mode="always_last", **model_lane)
+            control_event(playground.request_restart, None, [restart_flag], queue=False, api_name=f"ui_request_restart_{i}",
+                          api_visibility="private").then(
+                gpu_handler(playground.restart_if_running), [restart_flag, *settings_inputs], stream_outputs,
+                api_name=f"ui_restart_{i}", api_visibility="private", **model_lane)
             for i, control_event in enumerate((speedup.release, decay.change))
         ]
         stop.click(playground.stop, None, [status], cancels=[gen_event, *restart_events], queue=False,

@@ -88,6 +88,7 @@ def test_cancel_stops_the_decoder_and_frees_the_slot(client, server):
     while generator.steps < started + 3 and time.time() < deadline:
         time.sleep(0.05)
     assert demo.playground.runs.active_count() == 1
+    assert not demo.playground.runs.sessions()[0].startswith("no-session")
     job.cancel()
     deadline = time.time() + 20
     while demo.playground.runs.active_count() > 0 and time.time() < deadline:

@@ -105,6 +105,7 @@ def test_stop_and_closed_tab_end_the_generation(server, how):
             page.screenshot(path="/tmp/stop-failure.png", full_page=True)
             raise AssertionError(f"generation did not start: {page.inner_text('#status')!r}")
         assert runs.active_count() == 1
+        assert not runs.sessions()[0].startswith("no-session"), "the UI run is not tied to its browser session"
         if how == "stop button":
             page.click("#stop-btn")
             assert _wait(lambda: runs.active_count() == 0, 15)
@@ -117,3 +118,24 @@ def test_stop_and_closed_tab_end_the_generation(server, how):
             page.close()
             assert _wait(lambda: runs.active_count() == 0, 20), "the run survived its closed tab"
             browser.close()
+
+
+def test_changing_the_decay_while_generating_restarts_both_streams(server):
+    with playwright.sync_playwright() as p:
+        browser, page = _open(p, server.local_url)
+        page.fill("textarea", "Tell me a very long story about the sea and its sailors.")
+        page.click("button:has-text('Advanced')")
+        tokens = page.locator("input[aria-label='number input for Max new tokens']")
+        tokens.fill("256")
+        tokens.press("Enter")
+        time.sleep(0.5)
+        page.click("#generate-btn")
+        assert _wait(lambda: _full_length(page) >= 10, 90), "generation did not start"
+        page.click("input[aria-label='Decay function']")
+        page.click("li[role=option]:has-text('cosine')")
+        assert _wait(lambda: "restarted" in page.inner_text("#status"), 30), page.inner_text("#status")
+        assert _wait(lambda: "cosine" in page.inner_text("#stats"), 30)
+        assert server.playground.runs.active_count() == 1  # the old run ended, the new one runs
+        page.click("#stop-btn")
+        assert _wait(lambda: server.playground.runs.active_count() == 0, 15)
+        browser.close()
