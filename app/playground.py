@@ -237,10 +237,6 @@ class TokenTexts:
         return self.texts[: len(ids)]
 
 
-def token_texts(generator: TextGenerator, ids: list[int]) -> list[str]:
-    return TokenTexts(generator).update(ids)
-
-
 def skip_output_html(generator: TextGenerator, view: StreamView, texts: TokenTexts, row: int = 0) -> str:
     ids = view.ids(row)
     return tokens_by_depth_html(texts.update(ids), view.depths[: len(ids)], generator.num_layers)

@@ -68,7 +68,7 @@ class SessionRuns:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._runs: dict[str, RunHandle] = {}
-        self.steppers: dict[str, tuple[PlaygroundSettings, Iterator]] = {}
+        self.steppers: dict[str, tuple[PlaygroundSettings, Iterator, "RaceView"]] = {}
 
     def start(self, session: str) -> RunHandle:
         handle = RunHandle()
@@ -105,6 +105,32 @@ class SessionRuns:
             return sum(not h.cancelled for h in self._runs.values())
 
 
+class RaceView:
+    """Turns race updates of one run into the playground's five outputs; token texts are
+    extended incrementally across updates."""
+
+    def __init__(self, generator: TextGenerator, settings: PlaygroundSettings) -> None:
+        self.generator, self.settings = generator, settings
+        self.prompt_tokens = prompt_token_texts(generator, settings)
+        self.skip_texts, self.full_texts = TokenTexts(generator), TokenTexts(generator)
+
+    def outputs(self, status: str, update: RaceUpdate, with_plot: bool) -> tuple:
+        """(status, SkipDecode html, full-model text, stats, heatmap json or gr.skip())."""
+        generator = self.generator
+        plot = gr.skip()
+        if with_plot:
+            generated = self.skip_texts.update(update.skip.ids(0))
+            plot = heatmap_for(generator, update.skip, self.settings, self.prompt_tokens, generated).to_json()
+        return (status, skip_output_html(generator, update.skip, self.skip_texts),
+                "".join(self.full_texts.update(update.full.ids(0))),
+                stats_markdown(update, generator.num_layers, generator.cost), plot)
+
+
+def _setting_values(scope: dict) -> tuple:
+    """A handler's settings parameters (named one by one for gradio) in SETTING_NAMES order."""
+    return tuple(scope[name] for name in SETTING_NAMES)
+
+
 def _session(request: gr.Request | None) -> str:
     """The browser/API session's key. Without one, a key of its own: never share a run handle."""
     return getattr(request, "session_hash", None) or f"no-session-{uuid.uuid4().hex}"
@@ -129,6 +155,16 @@ class Playground:
     def settings(self, values: tuple) -> PlaygroundSettings:
         return parse_settings(self.limits, **dict(zip(SETTING_NAMES, values)))
 
+    def _validated(self, values: tuple) -> tuple[PlaygroundSettings, TextGenerator]:
+        """Settings the solver accepts, or a gr.Error with the reason (before any run starts)."""
+        try:
+            settings = self.settings(values)
+            generator = self.get_generator()
+            generator.schedule_for(settings.schedule_request(), settings.max_new_tokens)
+        except (ValueError, TypeError) as error:
+            raise gr.Error(str(error), print_exception=False) from None
+        return settings, generator
+
     def schedule_preview(self, *values):
         """The schedule plot for the current controls (no model run)."""
         try:
@@ -146,17 +182,11 @@ class Playground:
 
         Every setting is a named parameter: gradio injects gr.Request only into a signature
         without *args (with *args every session looked alike and cancelled each other's runs)."""
-        values = (prompt, target_speedup, decay, warmup, decay_length, min_layers, max_layers, order, batch_size,
-                  max_new_tokens, temperature, top_p, seed, prompt_at_full_depth)
+        values = _setting_values(locals())
         yield from self._generate(values, request)
 
     def _generate(self, values: tuple, request: gr.Request | None, notice: str = "") -> Iterator[tuple]:
-        try:
-            settings = self.settings(values)
-            generator = self.get_generator()
-            generator.schedule_for(settings.schedule_request(), settings.max_new_tokens)
-        except ValueError as error:
-            raise gr.Error(str(error), print_exception=False) from None
+        settings, generator = self._validated(values)
         session = _session(request)
         handle = self.runs.start(session)
         try:
@@ -177,8 +207,7 @@ class Playground:
                            order, batch_size, max_new_tokens, temperature, top_p, seed, prompt_at_full_depth,
                            request: gr.Request = None) -> Iterator[tuple]:
         """Second half of a settings change: restart both streams with the new setting."""
-        values = (prompt, target_speedup, decay, warmup, decay_length, min_layers, max_layers, order, batch_size,
-                  max_new_tokens, temperature, top_p, seed, prompt_at_full_depth)
+        values = _setting_values(locals())
         if not restart:
             yield (gr.skip(),) * 5  # nothing was running: leave the outputs as they are
             return
@@ -196,8 +225,7 @@ class Playground:
         return "⏹ Stopped."
 
     def _stream(self, generator: TextGenerator, settings: PlaygroundSettings, handle: RunHandle, notice: str):
-        prompt_tokens = prompt_token_texts(generator, settings)
-        skip_texts, full_texts = TokenTexts(generator), TokenTexts(generator)
+        view = RaceView(generator, settings)
         last_plot = 0.0
         status = notice or "Generating… SkipDecode and the full model take turns; each advances by its own measured step time."
         update: RaceUpdate | None = None
@@ -205,11 +233,10 @@ class Playground:
             for update in race(generator, settings, should_cancel=lambda: handle.cancelled):
                 now = time.monotonic()
                 finished = update.skip.done and update.full.done
-                plot = gr.skip()
-                if finished or now - last_plot >= HEATMAP_EVERY_S:
-                    plot, last_plot = self._heatmap_json(generator, update, settings, prompt_tokens, skip_texts), now
-                yield (status, skip_output_html(generator, update.skip, skip_texts),
-                       "".join(full_texts.update(update.full.ids(0))), stats_markdown(update, generator.num_layers, generator.cost), plot)
+                with_plot = finished or now - last_plot >= HEATMAP_EVERY_S
+                if with_plot:
+                    last_plot = now
+                yield view.outputs(status, update, with_plot)
         except ValueError as error:  # e.g. a prompt over the context, found at encoding time
             raise gr.Error(str(error), print_exception=False) from None
         if update is None or handle.reason == "restart":
@@ -217,26 +244,20 @@ class Playground:
         final = "⏹ Stopped." if handle.cancelled else (notice + " " if notice else "") + "✅ Done."
         yield (final, gr.skip(), gr.skip(), gr.skip(), gr.skip())
 
-    def _heatmap_json(self, generator, update: RaceUpdate, settings, prompt_tokens, texts: TokenTexts) -> str:
-        generated = texts.update(update.skip.ids(0))
-        return heatmap_for(generator, update.skip, settings, prompt_tokens, generated).to_json()
-
     # --- step mode --------------------------------------------------------------------------
     def step(self, prompt, target_speedup, decay, warmup, decay_length, min_layers, max_layers, order, batch_size,
              max_new_tokens, temperature, top_p, seed, prompt_at_full_depth, request: gr.Request = None) -> tuple:
         """Advance SkipDecode and the full model by one token each; say which layers ran."""
-        values = (prompt, target_speedup, decay, warmup, decay_length, min_layers, max_layers, order, batch_size,
-                  max_new_tokens, temperature, top_p, seed, prompt_at_full_depth)
+        values = _setting_values(locals())
         session = _session(request)
         try:
             settings = self.settings(values)
             generator = self.get_generator()
             current = self.runs.steppers.get(session)
             if current is None or current[0] != settings:
-                iterator = self._lockstep(generator, settings)
-                self.runs.steppers[session] = (settings, iterator)
-            else:
-                iterator = current[1]
+                current = (settings, self._lockstep(generator, settings), RaceView(generator, settings))
+                self.runs.steppers[session] = current
+            _, iterator, view = current
             update = next(iterator, None)
         except ValueError as error:
             raise gr.Error(str(error), print_exception=False) from None
@@ -248,11 +269,7 @@ class Playground:
         which = "prefill (the prompt)" if not skip.step_layers else f"step {len(skip.step_layers) - 1}"
         status = (f"{which}: SkipDecode ran {len(layers)}/{generator.num_layers} layers "
                   f"{_ranges(layers)}; the full model ran all {generator.num_layers}.")
-        texts = TokenTexts(generator)
-        prompt_tokens = prompt_token_texts(generator, settings)
-        return (status, skip_output_html(generator, skip, texts), "".join(TokenTexts(generator).update(update.full.ids(0))),
-                stats_markdown(update, generator.num_layers, generator.cost),
-                heatmap_for(generator, skip, settings, prompt_tokens, texts.update(skip.ids(0))).to_json())
+        return view.outputs(status, update, with_plot=True)
 
     def reset_steps(self, request: gr.Request = None) -> str:
         self.runs.steppers.pop(_session(request), None)
@@ -294,16 +311,7 @@ class Playground:
                      request: gr.Request = None) -> Iterator[dict]:
         """Stream SkipDecode and the full model side by side. Each message: both texts so far,
         the layers each SkipDecode step ran, and the live figures. The last has "done": true."""
-        values = dict(prompt=prompt, target_speedup=target_speedup, decay=decay, warmup=warmup,
-                      decay_length=decay_length, min_layers=min_layers, max_layers=max_layers, order=order,
-                      batch_size=batch_size, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                      seed=seed, prompt_at_full_depth=prompt_at_full_depth)
-        try:
-            settings = parse_settings(self.limits, **values)
-            generator = self.get_generator()
-            generator.schedule_for(settings.schedule_request(), settings.max_new_tokens)
-        except (ValueError, TypeError) as error:
-            raise gr.Error(str(error), print_exception=False) from None
+        settings, generator = self._validated(_setting_values(locals()))
         session = _session(request)
         handle = self.runs.start(session)
         try:
