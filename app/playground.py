@@ -193,8 +193,9 @@ class RaceUpdate:
 
 
 def race(generator: TextGenerator, settings: PlaygroundSettings,
-         should_cancel: Callable[[], bool] | None = None) -> Iterator[RaceUpdate]:
-    """Advance SkipDecode and the full model step by step, the one with less compute time first."""
+         should_cancel: Callable[[], bool] | None = None, *, lockstep: bool = False) -> Iterator[RaceUpdate]:
+    """Advance SkipDecode and the full model step by step, the one with less compute time first
+    (``lockstep``: the one that has taken fewer steps first, so they alternate: step mode)."""
     skip_request, full_request = settings.request(full=False), settings.request(full=True)
     solved = generator.schedule_for(skip_request.schedule, settings.max_new_tokens)  # ValueError on bad settings
     rows = len(skip_request.prompts)
@@ -206,7 +207,8 @@ def race(generator: TextGenerator, settings: PlaygroundSettings,
             for stream in streams.values():
                 stream.close()
             return
-        key = min((k for k, v in views.items() if not v.done), key=lambda k: (views[k].seconds, k != "skip"))
+        progress = (lambda k: len(views[k].depths)) if lockstep else (lambda k: views[k].seconds)
+        key = min((k for k, v in views.items() if not v.done), key=lambda k: (progress(k), k != "skip"))
         try:
             views[key].apply(next(streams[key]), eos)
         except StopIteration as stop:

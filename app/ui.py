@@ -278,16 +278,9 @@ class Playground:
     @staticmethod
     def _lockstep(generator: TextGenerator, settings: PlaygroundSettings) -> Iterator[RaceUpdate]:
         """Yield once both streams made one more step (a finished stream just waits)."""
-        pending: RaceUpdate | None = None
-        moved: set[str] = set()
-        for update in race(generator, settings):
-            moved.add(update.moved)
-            pending = update
-            if {"skip", "full"} <= moved or update.skip.done or update.full.done:
+        for update in race(generator, settings, lockstep=True):
+            if update.moved == "full" or update.full.done:
                 yield update
-                moved, pending = set(), None
-        if pending is not None:
-            yield pending
 
     # --- batch view -------------------------------------------------------------------------
     def batch_view(self, target_speedup: float, decay: str, request: gr.Request = None):

@@ -147,3 +147,17 @@ def test_concurrent_sessions_get_their_own_outputs(server):
         t.join(120)
     assert "Paris" in results["a"]["full"][0]
     assert "Paris" not in results["b"]["full"][0] and "def" in results["b"]["full"][0]
+
+
+def test_step_mode_advances_both_streams_one_token_at_a_time(server):
+    demo, _ = server
+
+    class Session:
+        session_hash = "step-test"
+
+    args = ("Name three colours.", 2.0, "linear", 1, 0, 0, 0, "warmup_top", 1, 6, 0.0, 1.0, 0, True)
+    statuses = [demo.playground.step(*args, request=Session())[0] for _ in range(7)]
+    assert statuses[0].startswith("prefill (the prompt): SkipDecode ran 30/30 layers")
+    for k in range(5):
+        assert statuses[k + 1].startswith(f"step {k}: "), statuses
+    assert "complete" in statuses[6] or statuses[6].startswith("step 4")
