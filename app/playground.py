@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 from app.figures import layer_heatmap, tokens_by_depth_html
 from model.decoder import SamplingConfig, StepEvent
 from model.generation import GenerationRequest, GenerationResult, ScheduleRequest, TextGenerator
-from model.schedule import DECAY_FUNCTIONS, LAYER_ORDERS, CostModel, SolvedSchedule, cost_speedup
+from model.schedule import DECAY_FUNCTIONS, DEFAULT_WARMUP, LAYER_ORDERS, CostModel, SolvedSchedule, cost_speedup
 
 EXAMPLE_PROMPTS = [
     "Name three colours.",
@@ -45,7 +45,7 @@ class PlaygroundSettings:
     prompt: str
     target_speedup: float = 2.0
     decay: str = "linear"
-    warmup: int = 1
+    warmup: int = DEFAULT_WARMUP
     decay_length: int = 0  # 0 = max_new_tokens
     min_layers: int = 0  # 0 = chosen by the solver
     max_layers: int = 0
@@ -116,7 +116,7 @@ def clean_prompt(prompt, limits: Limits) -> str:
     return prompt
 
 
-def parse_settings(limits: Limits, prompt, target_speedup=2.0, decay="linear", warmup=1, decay_length=0,
+def parse_settings(limits: Limits, prompt, target_speedup=2.0, decay="linear", warmup=DEFAULT_WARMUP, decay_length=0,
                    min_layers=0, max_layers=0, order="warmup_top", batch_size=1, max_new_tokens=48,
                    temperature=0.0, top_p=1.0, seed=0, prompt_at_full_depth=True) -> PlaygroundSettings:
     """The same rules for the UI and the API."""

@@ -34,7 +34,7 @@ from app.playground import (
 )
 from model.generation import TextGenerator
 from model.reporting import quality_figure, speed_figure
-from model.schedule import DECAY_DESCRIPTIONS, DECAY_FUNCTIONS, LAYER_ORDER_DESCRIPTIONS, LAYER_ORDERS, max_layer_speedup
+from model.schedule import DECAY_DESCRIPTIONS, DECAY_FUNCTIONS, DEFAULT_WARMUP, LAYER_ORDER_DESCRIPTIONS, LAYER_ORDERS, max_layer_speedup
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 HEATMAP_EVERY_S = 0.25  # heatmap redraws at most 4x a second; text streams every step
@@ -297,7 +297,7 @@ class Playground:
         return explainer.batch_view_figure(rows, depths, generator.num_layers), lines
 
     # --- the public API ---------------------------------------------------------------------
-    def api_generate(self, prompt: str, target_speedup: float = 2.0, decay: str = "linear", warmup: int = 1,
+    def api_generate(self, prompt: str, target_speedup: float = 2.0, decay: str = "linear", warmup: int = DEFAULT_WARMUP,
                      max_new_tokens: int = 48, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
                      batch_size: int = 1, min_layers: int = 0, max_layers: int = 0, decay_length: int = 0,
                      order: str = "warmup_top", prompt_at_full_depth: bool = True,
@@ -403,7 +403,7 @@ def build_demo(get_generator: Callable[[], TextGenerator], limits: Limits | None
                                             info="1 = full model; the solver picks max/min layers")
                         decay = gr.Dropdown(list(DECAY_FUNCTIONS), value="linear", label="Decay function",
                                             info="; ".join(f"{k}: {v}" for k, v in list(DECAY_DESCRIPTIONS.items())[:2]))
-                        warmup = gr.Slider(0, num_layers - 2, value=1, step=1, label="Warmup layers (always run)")
+                        warmup = gr.Slider(0, num_layers - 2, value=min(DEFAULT_WARMUP, num_layers - 2), step=1, label="Warmup layers (always run)")
                         decay_length = gr.Slider(0, limits.max_new_tokens, value=0, step=1,
                                                  label="Decay length D (0 = max new tokens)")
                         with gr.Accordion("Advanced", open=False):

@@ -188,11 +188,11 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None] = print) -> B
         config.batch_sizes, config.new_tokens, config.repeats = (1, 2), 8, 1
     batch_sizes = config.batch_sizes or ((1, 8, 32, 64) if device.type == "cuda" else (1, 8))
     # Fixed length: no EOS. Both decoders see the same prompts.
-    full_decoder = SkipDecoder(loaded.model, eos_token_ids=(), pad_token_id=loaded.pad_token_id)
-    skip_decoder = SkipDecoder(loaded.skip_model, eos_token_ids=(), pad_token_id=loaded.pad_token_id)
+    full_decoder, skip_decoder = loaded.full_decoder(), loaded.skip_decoder()
+    full_decoder.eos_token_ids = skip_decoder.eos_token_ids = ()  # fixed-length runs: EOS ignored
     steps = max(1, config.new_tokens - 1)
     schedules = {s: solve_schedule(num_layers, s, decay=config.decay, decay_length=config.new_tokens, num_steps=steps,
-                                   cost=cost) for s in config.speedups}
+                                   warmup=generator.default_warmup, cost=cost) for s in config.speedups}
     report = BenchReport(model=loaded.name, adapter=loaded.adapter_path, device=str(device),
                          dtype=str(loaded.dtype).replace("torch.", ""), hardware=hardware_info(device),
                          new_tokens=config.new_tokens, repeats=config.repeats, decay=config.decay)

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
-from model.schedule import DECAY_FUNCTIONS, LAYER_ORDERS
+from model.schedule import DECAY_FUNCTIONS, DEFAULT_WARMUP, LAYER_ORDERS
 
 EXIT_BAD_INPUT = 2
 
@@ -39,7 +39,9 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
 def add_schedule_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--speedup", type=float, default=2.0, help="target LAYER speedup (default 2)")
     parser.add_argument("--decay", default="linear", choices=DECAY_FUNCTIONS)
-    parser.add_argument("--warmup", type=int, default=1, help="first layers that always run (default 1)")
+    parser.add_argument("--warmup", type=int, default=None,
+                        help=f"first layers that always run (default: the adapter's trained placement; "
+                             f"{DEFAULT_WARMUP} for the default model, the study's best)")
     parser.add_argument("--min-layers", type=int, default=None, help="override the solver's min layers")
     parser.add_argument("--max-layers", type=int, default=None, help="override the solver's max layers")
     parser.add_argument("--decay-length", type=int, default=None, help="steps to reach min layers (default max-new-tokens)")
@@ -67,32 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(handler=run_generate)
 
     tr = commands.add_parser("train", help="skip-policy fine-tuning (LoRA by default) with accelerate")
-    tr.add_argument("--model", default=None, help="HF model id or local folder (default: embedded SmolLM2-135M-Instruct)")
-    tr.add_argument("--device", default="auto")
-    tr.add_argument("--output-dir", default="runs/skipdecode")
-    tr.add_argument("--data", default=None, help="JSONL with prompt/completion or text records (default: self-distillation)")
-    tr.add_argument("--prompts", default=None, help="self-distillation prompt set (default: assets/prompts/train.jsonl)")
-    tr.add_argument("--max-prompts", type=int, default=None, help="use only the first N prompts")
-    tr.add_argument("--steps", type=int, default=200)
-    tr.add_argument("--batch-size", type=int, default=8)
-    tr.add_argument("--grad-accum", type=int, default=1)
-    tr.add_argument("--lr", type=float, default=3e-4)
-    tr.add_argument("--warmup-steps", type=int, default=10)
-    tr.add_argument("--continuation-tokens", type=int, default=64)
-    tr.add_argument("--speedup-min", type=float, default=1.5)
-    tr.add_argument("--speedup-max", type=float, default=4.0)
-    tr.add_argument("--decays", default=",".join(DECAY_FUNCTIONS), help="comma-separated decays to draw from")
-    tr.add_argument("--fixed-speedup", type=float, default=None, help="train one fixed schedule (the paper's way)")
-    tr.add_argument("--fixed-decay", default="linear", choices=DECAY_FUNCTIONS)
-    tr.add_argument("--warmup", type=int, default=1, help="warmup layers of the trained schedules")
-    tr.add_argument("--lora-rank", type=int, default=16)
-    tr.add_argument("--lora-alpha", type=int, default=32)
-    tr.add_argument("--full-finetune", action="store_true")
-    tr.add_argument("--seed", type=int, default=0)
-    tr.add_argument("--save-every", type=int, default=50)
-    tr.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --output-dir")
-    tr.add_argument("--mixed-precision", default="auto", choices=("auto", "no", "bf16", "fp16"))
-    tr.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+    add_dataclass_options(tr, "TrainConfig")
     tr.set_defaults(handler=run_train)
 
     ev = commands.add_parser("eval", help="quality under skipping on the held-out prompts, with and without the adapter")
@@ -100,14 +77,23 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--prompts", default=None, help="JSONL prompt set (default: assets/prompts/eval.jsonl)")
     ev.add_argument("--max-prompts", type=int, default=None)
     ev.add_argument("--tokens", type=int, default=48, help="continuation length")
-    ev.add_argument("--speedups", default="1.5,2,3,4", help="comma-separated target layer speedups")
+    ev.add_argument("--speedups", default="1,1.5,2,3,4", help="comma-separated target layer speedups")
     ev.add_argument("--decay", default="linear", choices=DECAY_FUNCTIONS)
-    ev.add_argument("--warmup", type=int, default=1)
+    ev.add_argument("--warmup", type=int, default=None, help="default: the adapter's trained placement")
+    ev.add_argument("--order", default=None, choices=(*LAYER_ORDERS, "ranked"), help="default: the adapter's trained order")
     ev.add_argument("--batch-size", type=int, default=16)
     ev.add_argument("--no-free-running", action="store_true", help="skip the ROUGE-L/BLEU generation runs")
     ev.add_argument("--output", default=None, help="folder for eval.json and eval.md")
     ev.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
     ev.set_defaults(handler=run_eval)
+
+    st = commands.add_parser("study", help="the skip-policy recipe study: every arm, same budget, same held-out set")
+    st.add_argument("--minutes", type=float, default=6.0, help="training wall time per arm (default 6)")
+    st.add_argument("--arms", default="", help="comma-separated arms (default: all)")
+    st.add_argument("--threads", type=int, default=1)
+    st.add_argument("--runs-dir", default="runs/study")
+    st.add_argument("--output", default="assets/study")
+    st.set_defaults(handler=run_study_command)
 
     be = commands.add_parser("bench", help="measured tokens/s: transformers generate vs our full decoder vs SkipDecode")
     add_model_options(be)
@@ -122,6 +108,17 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--json", default=None, help="also write the raw figures to this file")
     be.set_defaults(handler=run_bench_command)
     return parser
+
+
+def run_study_command(args: argparse.Namespace) -> int:
+    from model.study import StudyConfig, best_arm, run_study, study_markdown  # noqa: PLC0415
+
+    config = StudyConfig(minutes=args.minutes, arms=tuple(a.strip() for a in args.arms.split(",") if a.strip()),
+                         threads=args.threads, runs_dir=args.runs_dir, output=args.output)
+    study = run_study(config, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    print(study_markdown(study))
+    print(f"\nbest at 2x: {best_arm(study)}")
+    return 0
 
 
 def run_bench_command(args: argparse.Namespace) -> int:
@@ -156,13 +153,14 @@ def _float_list(text: str, name: str) -> tuple[float, ...]:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from model.evaluation import DEFAULT_EVAL_PROMPTS, EvalConfig, evaluate, write_report  # noqa: PLC0415
+    from model.data import DEFAULT_EVAL_PROMPTS  # noqa: PLC0415
+    from model.evaluation import EvalConfig, evaluate, write_report  # noqa: PLC0415
 
     config = EvalConfig(
         model=args.model, adapter=None if args.no_adapter else args.adapter, device=args.device,
         prompts=args.prompts or str(DEFAULT_EVAL_PROMPTS), max_prompts=args.max_prompts,
         continuation_tokens=args.tokens, speedups=_float_list(args.speedups, "--speedups"), decay=args.decay,
-        warmup=args.warmup, batch_size=args.batch_size, free_running=not args.no_free_running,
+        warmup=args.warmup, order=args.order, batch_size=args.batch_size, free_running=not args.no_free_running,
     )
     if config.continuation_tokens < 2:
         raise ValueError("--tokens must be >= 2")
@@ -173,21 +171,70 @@ def run_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_train(args: argparse.Namespace) -> int:
-    from model.training import DEFAULT_TRAIN_PROMPTS, TrainConfig, train  # noqa: PLC0415
+# Options whose CLI name differs from the TrainConfig field (kept from earlier releases).
+TRAIN_OPTION_NAMES = {"max_steps": "--steps", "learning_rate": "--lr", "warmup_layers": "--warmup"}
+TRAIN_OPTION_HELP = {
+    "model": "HF model id or local folder (default: embedded SmolLM2-135M-Instruct)",
+    "data": "JSONL with prompt/completion or text records (default: self-distillation)",
+    "prompts": "self-distillation prompt set",
+    "max_minutes": "stop after this much wall time (the learning rate decays over it)",
+    "samples_per_prompt": "sampled teacher continuations per prompt besides the greedy one",
+    "decays": "comma-separated decays to draw schedules from",
+    "schedule_mix": "broad: uniform 1.5-4x and decays; focused: 1.5-3x, linear 60%%",
+    "fixed_speedup": "train one fixed schedule (the paper's way)",
+    "warmup_layers": "warmup layers of the trained schedules",
+    "lora_modules": "comma-separated module names to adapt (default: every linear of the layers)",
+    "gate_lora": "LoRA only where a position bypasses layers, so full depth is the original model",
+    "bridge_rank": "rank of the learned entry bridge (0 = none)",
+    "hidden_weight": "weight of hidden-state matching (entry + final) next to the KL (0 = off)",
+    "eval_every": "held-out curve every N steps (0 = off)",
+    "resume": "continue from the newest checkpoint in --output-dir",
+    "threads": "CPU threads for torch",
+}
 
-    config = TrainConfig(
-        model=args.model, device=args.device, output_dir=args.output_dir, data=args.data,
-        prompts=args.prompts or str(DEFAULT_TRAIN_PROMPTS), max_prompts=args.max_prompts, max_steps=args.steps,
-        batch_size=args.batch_size, grad_accum=args.grad_accum, learning_rate=args.lr,
-        warmup_steps=args.warmup_steps, continuation_tokens=args.continuation_tokens,
-        speedup_range=(args.speedup_min, args.speedup_max),
-        decays=tuple(d.strip() for d in args.decays.split(",") if d.strip()),
-        fixed_speedup=args.fixed_speedup, fixed_decay=args.fixed_decay, warmup_layers=args.warmup,
-        lora_rank=args.lora_rank, lora_alpha=args.lora_alpha, full_finetune=args.full_finetune, seed=args.seed,
-        save_every=args.save_every, resume=args.resume, mixed_precision=args.mixed_precision, threads=args.threads,
-    )
-    result = train(config)
+
+def add_dataclass_options(parser: argparse.ArgumentParser, config_name: str) -> None:
+    """One option per TrainConfig field, its default and type taken from the dataclass."""
+    import dataclasses  # noqa: PLC0415
+
+    from model import training  # noqa: PLC0415
+
+    config_class = getattr(training, config_name)
+    for spec in dataclasses.fields(config_class):
+        flag = TRAIN_OPTION_NAMES.get(spec.name, "--" + spec.name.replace("_", "-"))
+        default = spec.default if spec.default is not dataclasses.MISSING else spec.default_factory()
+        kind = str(spec.type)
+        help_text = TRAIN_OPTION_HELP.get(spec.name, "")
+        help_text = f"{help_text} (default {default})".strip() if default not in (None, "", ()) else help_text
+        if kind == "bool":
+            parser.add_argument(flag, dest=spec.name, action=argparse.BooleanOptionalAction, default=default, help=help_text)
+        elif kind.startswith("tuple[float"):
+            parser.add_argument(flag, dest=spec.name, type=float, nargs=2, default=default, help=help_text)
+        elif kind.startswith("tuple[int"):
+            parser.add_argument(flag, dest=spec.name, default=default, help=help_text,
+                                type=lambda text: tuple(int(t) for t in text.split(",") if t.strip()))
+        elif kind.startswith("tuple[str"):
+            parser.add_argument(flag, dest=spec.name, default=default, help=help_text,
+                                type=lambda text: tuple(t.strip() for t in text.split(",") if t.strip()))
+        else:
+            cast = int if kind.startswith("int") else float if kind.startswith("float") else str
+            choices = {"order": (*LAYER_ORDERS, "ranked"), "fixed_decay": DECAY_FUNCTIONS}.get(spec.name)
+            parser.add_argument(flag, dest=spec.name, type=cast, default=default, choices=choices, help=help_text)
+    # earlier releases took the speedup range as two options
+    parser.add_argument("--speedup-min", type=float, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--speedup-max", type=float, default=None, help=argparse.SUPPRESS)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    import dataclasses  # noqa: PLC0415
+
+    from model.training import TrainConfig, train  # noqa: PLC0415
+
+    values = {spec.name: getattr(args, spec.name) for spec in dataclasses.fields(TrainConfig)}
+    low, high = values["speedup_range"]
+    values["speedup_range"] = (args.speedup_min if args.speedup_min is not None else low,
+                               args.speedup_max if args.speedup_max is not None else high)
+    result = train(TrainConfig(**values))
     print(f"trained {result.steps} steps in {result.seconds:.0f} s; adapter: {result.output_dir}/adapter")
     return 0
 

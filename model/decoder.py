@@ -23,6 +23,7 @@ from torch import nn
 
 from model.architectures import ArchitectureAdapter, LayerInputs, PrefixKVCache, adapter_for, position_ids_from_mask
 from model.schedule import ScheduleConfig
+from model.skip_policy import EntryBridge, entry_layers
 
 
 @dataclass(frozen=True)
@@ -111,13 +112,36 @@ StopCheck = Callable[[int, list[int]], bool]
 
 
 class SkipDecoder:
-    """SkipDecode for one loaded causal LM (any family that architectures.py adapts)."""
+    """SkipDecode for one loaded causal LM (any family that architectures.py adapts).
 
-    def __init__(self, model: nn.Module, *, eos_token_ids: Sequence[int] = (), pad_token_id: int = 0) -> None:
+    ``model`` runs every step that executes ALL layers (and a full-depth prefill), so a full
+    schedule is exactly the original model. ``skip_model`` (the same architecture with the
+    skip-policy LoRA merged in; default ``model``) runs the steps that bypass layers, and
+    ``bridge`` maps the hidden state where it jumps a gap. Both weight sets share one KV cache:
+    what each step writes equals the gated teacher-forced forward (model/skip_policy.py).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        skip_model: nn.Module | None = None,
+        bridge: EntryBridge | None = None,
+        eos_token_ids: Sequence[int] = (),
+        pad_token_id: int = 0,
+    ) -> None:
         self.model = model
         self.adapter: ArchitectureAdapter = adapter_for(model)
+        self.skip_adapter: ArchitectureAdapter = adapter_for(skip_model) if skip_model is not None else self.adapter
+        self.bridge = bridge
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
         self.pad_token_id = int(pad_token_id)
+
+    def _weights_for(self, layers: Sequence[int]) -> tuple[ArchitectureAdapter, frozenset[int]]:
+        """(the adapter whose layers run this layer set, the layers entered after a gap)."""
+        if len(layers) == self.num_layers:
+            return self.adapter, frozenset()
+        return self.skip_adapter, entry_layers(layers) if self.bridge is not None else frozenset()
 
     @property
     def num_layers(self) -> int:
@@ -141,8 +165,11 @@ class SkipDecoder:
         cache = PrefixKVCache(self.num_layers, capacity)
         hidden = self.adapter.embed(input_ids, positions)  # (B, P, C)
         inputs = self.adapter.layer_inputs(hidden, valid, positions)
+        weights, entries = self._weights_for(layers)
         for index in layers:
-            hidden = self.adapter.run_layer(index, hidden, inputs, cache)
+            if index in entries:
+                hidden = self.bridge(index, hidden)
+            hidden = weights.run_layer(index, hidden, inputs, cache)
         logits = self.adapter.logits(hidden[:, -1:])[:, -1]  # only the last position: (B, V)
         state = DecodeState(
             cache=cache,
@@ -164,6 +191,7 @@ class SkipDecoder:
         hidden = self.adapter.embed(token_ids[:, None], positions)  # (B, 1, C)
         extras = self.adapter.layer_extras(hidden, positions)
         inputs_by_length: dict[int, LayerInputs] = {}
+        weights, entries = self._weights_for(layers)
         for index in layers:
             cached = state.cache.lengths[index]
             inputs = inputs_by_length.get(cached)
@@ -173,7 +201,9 @@ class SkipDecoder:
                     key_valid = torch.cat([state.key_valid[:, :cached], state.key_valid.new_ones(len(token_ids), 1)], dim=1)
                     mask = self.adapter.layer_inputs(hidden, key_valid, positions).mask
                 inputs = inputs_by_length[cached] = LayerInputs(mask=mask, position_ids=positions, extra=extras)
-            hidden = self.adapter.run_layer(index, hidden, inputs, state.cache)
+            if index in entries:
+                hidden = self.bridge(index, hidden)
+            hidden = weights.run_layer(index, hidden, inputs, state.cache)
         state.next_position += 1
         state.length += 1
         return self.adapter.logits(hidden)[:, -1]
@@ -327,8 +357,15 @@ def masked_forward(
     executes: torch.Tensor,
     *,
     logits_from: int = 0,
+    bridge: EntryBridge | None = None,
+    hidden_states: list[torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Teacher-forced SkipDecode: h = where(executes[pos, i], layer_i(h), h) for every layer.
+
+    With ``bridge``, a position entering layer j after bypassing layer j - 1 gets
+    h = bridge(j, h) first (as the decoder does). The gated LoRA of a skip-policy model is
+    switched by the caller (skip_policy.gated). ``hidden_states``, when given, receives the
+    hidden state entering every layer (L tensors (B, T, C)) and then the final one (pre-norm).
 
     input_ids/attention_mask: (B, T). executes: (T, L) shared by the batch, or (B, T, L).
     Returns logits (B, T - logits_from, V) for positions >= ``logits_from`` (the LM head is a
@@ -345,6 +382,13 @@ def masked_forward(
     inputs = adapter.layer_inputs(hidden, attention_mask.bool(), positions)
     for index in range(adapter.num_layers):
         keep = executes[..., index]  # (T,) or (B, T)
+        if bridge is not None and index >= 1:
+            entering = keep & ~executes[..., index - 1]
+            if bool(entering.any()):
+                entering = entering if entering.ndim == 2 else entering[None]
+                hidden = torch.where(entering[..., None], bridge(index, hidden), hidden)
+        if hidden_states is not None:
+            hidden_states.append(hidden)
         prefix = _prefix_length(keep) if keep.ndim == 1 else None
         if prefix == 0:
             continue  # nobody runs this layer
@@ -355,6 +399,8 @@ def masked_forward(
             keep = keep if keep.ndim == 2 else keep[None]
             out = adapter.run_layer(index, hidden, inputs, None)
             hidden = torch.where(keep[..., None], out, hidden)
+    if hidden_states is not None:
+        hidden_states.append(hidden)
     return adapter.logits(hidden[:, logits_from:])
 
 

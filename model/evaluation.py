@@ -1,6 +1,7 @@
 """Quality under skipping, on the held-out prompt set (never trained on).
 
-For each layer speedup (linear decay by default), with and without the skip-policy adapter:
+For each layer speedup (linear decay by default), with and without the skip-policy adapter, plus a
+1.0x row (adapter loaded, nothing skipped: a gated adapter gives exactly the full model):
 * agreement: teacher-forced, the share of positions where SkipDecode's argmax equals the full
   model's next token (the full model's greedy continuation IS its argmax at each position);
 * perplexity of the full model's greedy continuation under the skipping model, and its ratio to
@@ -21,12 +22,12 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from model.data import DEFAULT_EVAL_PROMPTS, batches_of, read_prompts, teacher_continuations
 from model.decoder import SkipDecoder
-from model.schedule import ScheduleConfig, full_schedule, solve_schedule
-from model.training import Example, collate, read_jsonl, skip_policy_logits
+from model.schedule import ScheduleConfig, default_warmup, full_schedule, solve_schedule
+from model.training import skip_policy_logits
 
-DEFAULT_EVAL_PROMPTS = Path(__file__).resolve().parents[1] / "assets" / "prompts" / "eval.jsonl"
-EVAL_SPEEDUPS = (1.5, 2.0, 3.0, 4.0)
+EVAL_SPEEDUPS = (1.0, 1.5, 2.0, 3.0, 4.0)
 
 
 @dataclass
@@ -38,10 +39,13 @@ class EvalConfig:
     continuation_tokens: int = 48
     speedups: tuple[float, ...] = EVAL_SPEEDUPS
     decay: str = "linear"
-    warmup: int = 1
+    warmup: int | None = None  # None: the adapter's trained placement, else default_warmup(L)
+    order: str | None = None  # None: the adapter's trained order, else warmup_top
     batch_size: int = 16
     device: str = "auto"
     free_running: bool = True
+    free_running_speedups: tuple[float, ...] | None = None  # None: every speedup
+    include_no_adapter: bool = True
 
 
 @dataclass
@@ -67,6 +71,8 @@ class EvalReport:
     continuation_tokens: int
     decay: str
     full_perplexity: float
+    warmup: int = 1
+    order: str = "warmup_top"
     rows: list[EvalRow] = field(default_factory=list)
 
     def to_json(self) -> dict:
@@ -75,8 +81,8 @@ class EvalReport:
     def to_markdown(self) -> str:
         lines = [
             f"Held-out prompts: {self.num_prompts}, {self.continuation_tokens}-token greedy continuations of the "
-            f"full model ({self.model}, {self.device}); decay {self.decay}; full-model perplexity of its own "
-            f"continuations {self.full_perplexity:.3f}.",
+            f"full model ({self.model}, {self.device}); decay {self.decay}, warmup {self.warmup}, order {self.order}; "
+            f"full-model perplexity of its own continuations {self.full_perplexity:.3f}.",
             "",
             "| variant | target | layer speedup | max→min layers | agreement | perplexity | ppl ratio | ROUGE-L | BLEU |",
             "|---|---|---|---|---|---|---|---|---|",
@@ -118,13 +124,13 @@ def corpus_bleu(candidates: Sequence[str], references: Sequence[str]) -> float:
     return float(sacrebleu.corpus_bleu(list(candidates), [list(references)]).score)
 
 
-def teacher_forced_scores(model, batches, schedule_for_batch) -> tuple[float, float]:
+def teacher_forced_scores(model, batches, schedule_for_batch, bridge=None) -> tuple[float, float]:
     """(agreement, mean NLL) of ``model`` over batches of (ids, mask, target_mask, P)."""
     agree = nll = count = 0.0
     with torch.inference_mode():
         for ids, mask, target_mask, prompt_len in batches:
             schedule = schedule_for_batch(target_mask.shape[1])
-            logits = skip_policy_logits(model, ids, mask, schedule, prompt_len).float()  # (B, N, V)
+            logits = skip_policy_logits(model, ids, mask, schedule, prompt_len, bridge=bridge).float()  # (B, N, V)
             targets = ids[:, prompt_len:]
             losses = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
             agree += float(((logits.argmax(-1) == targets) & target_mask).sum())
@@ -138,57 +144,55 @@ def teacher_forced_scores(model, batches, schedule_for_batch) -> tuple[float, fl
 
 def evaluate(config: EvalConfig, progress=print) -> EvalReport:
     from model.generation import TextGenerator  # noqa: PLC0415
-    from model.loading import load_model  # noqa: PLC0415
+    from model.loading import gated_peft_copy, load_model  # noqa: PLC0415
 
     loaded = load_model(config.model, device=config.device, adapter=config.adapter)
     generator = TextGenerator(loaded)
     num_layers = generator.num_layers
-    prompts = [r["prompt"] for r in read_jsonl(config.prompts)][: config.max_prompts]
+    prompts = read_prompts(config.prompts, config.max_prompts)
     if not prompts:
         raise ValueError("the evaluation prompt set is empty")
     n = config.continuation_tokens
+    policy = loaded.skip_policy
+    warmup = config.warmup if config.warmup is not None else int(policy.get("warmup", default_warmup(num_layers)))
+    order = config.order or policy.get("order", "warmup_top")
+    ranking = tuple(policy.get("ranking", ())) if order == "ranked" else ()
 
     # 1. The full (original) model's greedy continuations: the reference for every metric.
-    examples, references, prompt_batches = [], [], []
-    tokenizer = loaded.tokenizer
-    for start in range(0, len(prompts), config.batch_size):
-        ids, mask = generator.encode(prompts[start:start + config.batch_size])
-        prompt_batches.append((ids, mask))
-        result = generator.full_decoder.generate(ids, mask, full_schedule(num_layers), max_new_tokens=n)
-        for row in range(ids.shape[0]):
-            target = list(result.tokens[row])
-            if result.finish_reasons[row] == "eos":
-                target.append(tokenizer.eos_token_id)
-            examples.append(Example(prompt=ids[row][mask[row].bool()].tolist(), target=target))
-            references.append(generator.decode_text(result.tokens[row]))
+    examples = teacher_continuations(generator, prompts, max_new_tokens=n, max_prompt_tokens=10**9,
+                                     batch_size=config.batch_size)
+    references = [generator.decode_text([t for t in e.target if t != loaded.tokenizer.eos_token_id]) for e in examples]
+    prompt_batches = [generator.encode(prompts[i:i + config.batch_size]) for i in range(0, len(prompts), config.batch_size)]
     device = loaded.device
-    batches = [
-        tuple(t.to(device) if isinstance(t, torch.Tensor) else t
-              for t in collate(examples[i:i + config.batch_size], loaded.pad_token_id))
-        for i in range(0, len(examples), config.batch_size)
-    ]
+    batches = batches_of(examples, config.batch_size, loaded.pad_token_id, device)
     _, full_nll = teacher_forced_scores(loaded.model, batches, lambda steps: full_schedule(num_layers))
-    report = EvalReport(model=loaded.name, adapter=loaded.adapter_path, device=str(device), num_prompts=len(prompts),
-                        continuation_tokens=n, decay=config.decay, full_perplexity=math.exp(full_nll))
+    report = EvalReport(model=loaded.name, adapter=_display_path(loaded.adapter_path), device=str(device),
+                        num_prompts=len(prompts), continuation_tokens=n, decay=config.decay,
+                        full_perplexity=math.exp(full_nll), warmup=warmup, order=order)
     progress(f"full model: perplexity {report.full_perplexity:.3f} on {len(prompts)} prompts")
 
-    variants = [("adapter", loaded.skip_model)] if loaded.adapter_path else []
-    variants.append(("no adapter", loaded.model))
-    for variant, model in variants:
+    # variant -> (teacher-forced model, bridge, free-running decoder)
+    variants = []
+    if loaded.adapter_path:
+        variants.append(("adapter", gated_peft_copy(loaded), loaded.bridge, generator.skip_decoder))
+    if config.include_no_adapter or not loaded.adapter_path:
+        variants.append(("no adapter", loaded.model, None, generator.full_decoder))
+    for variant, model, bridge, decoder in variants:
         for speedup in config.speedups:
-            solved = solve_schedule(num_layers, speedup, decay=config.decay, warmup=config.warmup,
-                                    decay_length=n, num_steps=max(1, n - 1))
-
-            def schedule_for(_steps: int, solved=solved) -> ScheduleConfig:
-                return solved.config
-
-            agreement, nll = teacher_forced_scores(model, batches, schedule_for)
-            row = EvalRow(variant=variant, target_speedup=speedup, layer_speedup=round(solved.layer_speedup, 4),
-                          max_layers=solved.config.max_layers, min_layers=solved.config.min_layers,
+            if speedup == 1.0:
+                solved_config, layer_speedup, bounds = full_schedule(num_layers, n), 1.0, (num_layers, num_layers)
+            else:
+                solved = solve_schedule(num_layers, speedup, decay=config.decay, warmup=warmup, order=order,
+                                        ranking=ranking, decay_length=n, num_steps=max(1, n - 1))
+                solved_config, layer_speedup = solved.config, solved.layer_speedup
+                bounds = (solved_config.max_layers, solved_config.min_layers)
+            agreement, nll = teacher_forced_scores(model, batches, lambda _steps, c=solved_config: c, bridge)
+            row = EvalRow(variant=variant, target_speedup=speedup, layer_speedup=round(layer_speedup, 4),
+                          max_layers=bounds[0], min_layers=bounds[1],
                           agreement=round(agreement, 4), perplexity=round(math.exp(nll), 4),
                           perplexity_ratio=round(math.exp(nll - full_nll), 4))
-            if config.free_running:
-                outputs = _free_running(generator, model, prompt_batches, solved.config, n)
+            if config.free_running and (config.free_running_speedups is None or speedup in config.free_running_speedups):
+                outputs = _free_running(generator, decoder, prompt_batches, solved_config, n)
                 row.rouge_l = round(sum(rouge_l(o, r) for o, r in zip(outputs, references)) / len(outputs), 4)
                 row.bleu = round(corpus_bleu(outputs, references), 2)
             report.rows.append(row)
@@ -197,14 +201,23 @@ def evaluate(config: EvalConfig, progress=print) -> EvalReport:
     return report
 
 
-def _free_running(generator, model, prompt_batches, schedule: ScheduleConfig, max_new_tokens: int) -> list[str]:
-    decoder = SkipDecoder(model, eos_token_ids=generator.loaded.eos_token_ids, pad_token_id=generator.loaded.pad_token_id)
+def _display_path(path: str | None) -> str | None:
+    """A path inside the repository as a relative path (reports carry no machine's absolute paths)."""
+    if not path:
+        return path
+    root = Path(__file__).resolve().parents[1]
+    try:
+        return str(Path(path).resolve().relative_to(root))
+    except ValueError:
+        return path
+
+
+def _free_running(generator, decoder: SkipDecoder, prompt_batches, schedule: ScheduleConfig, max_new_tokens: int) -> list[str]:
     outputs = []
     for ids, mask in prompt_batches:
         result = decoder.generate(ids, mask, schedule, max_new_tokens=max_new_tokens)
         outputs.extend(generator.decode_text(tokens) for tokens in result.tokens)
     return outputs
-
 
 def write_report(report: EvalReport, folder: str | Path) -> tuple[Path, Path]:
     folder = Path(folder)

@@ -18,6 +18,7 @@ from model.schedule import (
     ScheduleConfig,
     SolvedSchedule,
     cost_speedup,
+    default_warmup,
     evaluate_schedule,
     full_schedule,
     solve_schedule,
@@ -30,7 +31,7 @@ class ScheduleRequest:
 
     target_speedup: float = 2.0
     decay: str = "linear"
-    warmup: int = 1
+    warmup: int | None = None  # None: the adapter's trained placement (or default_warmup(L))
     min_layers: int | None = None
     max_layers: int | None = None
     decay_length: int | None = None  # default: max_new_tokens
@@ -108,15 +109,19 @@ class TextGenerator:
 
     def __init__(self, loaded: LoadedModel) -> None:
         self.loaded = loaded
-        tokens = dict(eos_token_ids=loaded.eos_token_ids, pad_token_id=loaded.pad_token_id)
-        # The full model is always the ORIGINAL weights; SkipDecode runs the adapted copy.
-        self.full_decoder = SkipDecoder(loaded.model, **tokens)
-        self.skip_decoder = SkipDecoder(loaded.skip_model, **tokens)
+        # The full model is always the ORIGINAL weights; SkipDecode runs the skip policy.
+        self.full_decoder = loaded.full_decoder()
+        self.skip_decoder = loaded.skip_decoder()
         self.cost = self.full_decoder.adapter.cost_model()
 
     @property
     def num_layers(self) -> int:
         return self.full_decoder.num_layers
+
+    @property
+    def default_warmup(self) -> int:
+        """The warmup the skip policy was trained with (the study's placement), else a default."""
+        return int(self.loaded.skip_policy.get("warmup", default_warmup(self.num_layers)))
 
     @property
     def max_context(self) -> int:
@@ -133,9 +138,10 @@ class TextGenerator:
         decay_length = request.decay_length if request.decay_length is not None else max_new_tokens
         if request.full:
             return evaluate_schedule(full_schedule(num_layers, decay_length), decode_steps, self.cost, 1.0)
+        warmup = request.warmup if request.warmup is not None else self.default_warmup
         common = dict(
             decay=request.decay,
-            warmup=request.warmup,
+            warmup=warmup,
             decay_length=decay_length,
             order=request.order,
             prompt_at_full_depth=request.prompt_at_full_depth,
@@ -144,7 +150,7 @@ class TextGenerator:
             config = ScheduleConfig(
                 num_layers=num_layers,
                 max_layers=request.max_layers if request.max_layers is not None else num_layers,
-                min_layers=request.min_layers if request.min_layers is not None else request.warmup + 1,
+                min_layers=request.min_layers if request.min_layers is not None else warmup + 1,
                 **common,
             )
             return evaluate_schedule(config, decode_steps, self.cost)

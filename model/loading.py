@@ -12,13 +12,15 @@ import importlib.util
 import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from model.architectures import ArchitectureAdapter, adapter_for
+from model.decoder import SkipDecoder
+from model.skip_policy import EntryBridge, install_lora_gate
 
 log = logging.getLogger(__name__)
 
@@ -92,10 +94,30 @@ class LoadedModel:
     dtype: torch.dtype
     skip_model: nn.Module | None = None
     adapter_path: str | None = None
+    bridge: EntryBridge | None = None  # the skip policy's entry bridge, when it has one
+    # How the adapter was trained (its training_info.json "skip_policy"): gated (LoRA only at
+    # positions that bypass layers), warmup, order, ranking. {} for no adapter.
+    skip_policy: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.skip_model is None:
             self.skip_model = self.model
+
+    @property
+    def gated(self) -> bool:
+        """True: full-depth steps run the ORIGINAL weights (the adapter acts only on a bypass)."""
+        return bool(self.skip_policy.get("gated", False))
+
+    def full_decoder(self) -> SkipDecoder:
+        """The full-model side of every comparison: the ORIGINAL weights."""
+        return SkipDecoder(self.model, eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id)
+
+    def skip_decoder(self) -> SkipDecoder:
+        """SkipDecode with this model's skip policy. Gated: full-depth steps run the original
+        weights, skipping steps the merged ones. An older, ungated adapter runs every step."""
+        base = self.model if self.gated else self.skip_model
+        return SkipDecoder(base, skip_model=self.skip_model, bridge=self.bridge,
+                           eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id)
 
     @property
     def adapter(self) -> ArchitectureAdapter:
@@ -156,10 +178,38 @@ def load_model(
     tokenizer = load_tokenizer(folder)
     adapter_path = resolve_adapter(adapter, name)
     skip_model = merged_copy(model, adapter_path) if adapter_path else None
+    bridge = EntryBridge.load(adapter_path, resolved_device, torch_dtype) if adapter_path else None
     return LoadedModel(
         name=name, model=model, tokenizer=tokenizer, device=resolved_device, dtype=torch_dtype,
         skip_model=skip_model, adapter_path=str(adapter_path) if adapter_path else None,
+        bridge=bridge, skip_policy=read_skip_policy(adapter_path) if adapter_path else {},
     )
+
+
+def read_skip_policy(adapter_path: Path) -> dict:
+    """The "skip_policy" of an adapter's training_info.json ({} for older adapters: ungated)."""
+    info = Path(adapter_path) / "training_info.json"
+    if not info.is_file():
+        return {}
+    try:
+        return dict(json.loads(info.read_text()).get("skip_policy", {}))
+    except (ValueError, AttributeError):
+        return {}
+
+
+def gated_peft_copy(loaded: LoadedModel) -> nn.Module:
+    """The adapter UNMERGED on a copy of the model, its LoRA gated per position: the
+    teacher-forced twin of the decoder's two weight sets (evaluation, tests)."""
+    import copy  # noqa: PLC0415
+
+    from peft import PeftModel  # noqa: PLC0415
+
+    if not loaded.adapter_path or not (Path(loaded.adapter_path) / "adapter_config.json").is_file():
+        return loaded.skip_model
+    wrapped = PeftModel.from_pretrained(copy.deepcopy(loaded.model), loaded.adapter_path).eval()
+    if loaded.gated:
+        install_lora_gate(wrapped)
+    return wrapped
 
 
 def resolve_adapter(adapter: str | None, model_name: str) -> Path | None:

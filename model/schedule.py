@@ -28,6 +28,16 @@ DECAY_DESCRIPTIONS: dict[str, str] = {
     "constant": "the same depth for every step (max = min)",
 }
 
+# Warmup layers of the default placement: the recipe study (python -m model study, assets/study)
+# measured SmolLM2-135M's early layers as the ones that must not be bypassed.
+DEFAULT_WARMUP = 4
+
+
+def default_warmup(num_layers: int) -> int:
+    """DEFAULT_WARMUP for a model as deep as SmolLM2 (30 layers); proportionally fewer for
+    shallower models, so every model keeps room to skip."""
+    return max(0, min(DEFAULT_WARMUP, num_layers // 6))
+
 # The solver accepts a schedule this close (relative) to the best achievable layer speedup when
 # it starts deeper: integer layer counts cannot hit every target exactly anyway.
 SOLVER_TOLERANCE = 0.015
@@ -95,6 +105,14 @@ LAYER_ORDER_DESCRIPTIONS: dict[str, str] = {
     "warmup_top": "warmup layers + the top layers; lower/middle layers bypassed (the paper)",
     "first_last": "first and last layers kept, the middle bypassed (D3-style)",
 }
+# An order given by ScheduleConfig.ranking rather than by a formula: the n most important layers
+# by a measured ranking (python -m model study measures one); nested by construction.
+RANKED = "ranked"
+
+
+def ranked_layers(ranking: Sequence[int], budget: int) -> tuple[int, ...]:
+    """The ``budget`` first layers of ``ranking`` (most important first), sorted."""
+    return tuple(sorted(ranking[:budget]))
 
 
 def check_nested(order: LayerOrder, num_layers: int, warmup: int, name: str = "order") -> None:
@@ -147,6 +165,7 @@ class ScheduleConfig:
     decay_length: int = 32
     order: str = "warmup_top"
     prompt_at_full_depth: bool = True
+    ranking: tuple[int, ...] = ()  # order "ranked": every layer, most important first
     _budgets: list[int] = field(default_factory=list, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -166,8 +185,14 @@ class ScheduleConfig:
             )
         if self.decay not in DECAY_FUNCTIONS:
             raise ValueError(f"decay must be one of {', '.join(DECAY_FUNCTIONS)}; got {self.decay!r}")
+        if self.order == RANKED:
+            if sorted(self.ranking) != list(range(self.num_layers)):
+                raise ValueError(f"order 'ranked' needs a ranking of all {self.num_layers} layers; got {self.ranking!r}")
+            if set(self.ranking[: self.warmup]) != set(range(self.warmup)):
+                raise ValueError("order 'ranked': the ranking must start with the warmup layers")
+            return
         if self.order not in LAYER_ORDERS:
-            raise ValueError(f"order must be one of {', '.join(LAYER_ORDERS)}; got {self.order!r}")
+            raise ValueError(f"order must be one of {', '.join(LAYER_ORDERS)}, {RANKED}; got {self.order!r}")
         check_nested(LAYER_ORDERS[self.order], self.num_layers, self.warmup, self.order)
 
     # -- budgets ----------------------------------------------------------------------------
@@ -194,6 +219,8 @@ class ScheduleConfig:
     def layers_for_budget(self, budget: int) -> tuple[int, ...]:
         if budget >= self.num_layers:
             return tuple(range(self.num_layers))
+        if self.order == RANKED:
+            return ranked_layers(self.ranking, budget)
         return LAYER_ORDERS[self.order](self.num_layers, budget, self.warmup)
 
     def step_layers(self, step: int) -> tuple[int, ...]:
@@ -276,6 +303,7 @@ def solve_schedule(
     order: str = "warmup_top",
     prompt_at_full_depth: bool = True,
     cost: CostModel | None = None,
+    ranking: tuple[int, ...] = (),
 ) -> SolvedSchedule:
     """Pick integer (max_layers, min_layers) whose layer speedup over ``num_steps`` steps
     (default: the decay length) is closest to ``target_speedup``.
@@ -304,7 +332,7 @@ def solve_schedule(
         )
     cost = cost or CostModel()
     common = dict(num_layers=num_layers, decay=decay, warmup=warmup, decay_length=decay_length,
-                  order=order, prompt_at_full_depth=prompt_at_full_depth)
+                  order=order, prompt_at_full_depth=prompt_at_full_depth, ranking=tuple(ranking))
 
     # Among schedules within SOLVER_TOLERANCE of the best achievable error, take the largest
     # max_layers (the deepest start: the paper's decaying policy, not a flat one), then the

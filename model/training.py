@@ -28,10 +28,35 @@ import torch
 import torch.nn.functional as F
 
 from model.architectures import adapter_for
+from model.data import (
+    DEFAULT_EVAL_PROMPTS,
+    DEFAULT_TRAIN_PROMPTS,
+    Example,
+    cached_examples,
+    collate,
+    read_jsonl,
+    read_prompts,
+    teacher_continuations,
+    user_examples,
+)
 from model.decoder import execution_mask, masked_forward
-from model.schedule import DECAY_FUNCTIONS, ScheduleConfig, full_schedule, max_layer_speedup, solve_schedule
+from model.schedule import (
+    DECAY_FUNCTIONS,
+    DEFAULT_WARMUP,
+    LAYER_ORDERS,
+    RANKED,
+    ScheduleConfig,
+    full_schedule,
+    max_layer_speedup,
+    solve_schedule,
+)
+from model.skip_policy import EntryBridge, entry_layers, gated, install_lora_gate
 
-DEFAULT_TRAIN_PROMPTS = Path(__file__).resolve().parents[1] / "assets" / "prompts" / "train.jsonl"
+__all__ = ["Example", "collate", "read_jsonl", "user_examples", "TrainConfig", "train", "draw_schedule",
+           "skip_policy_logits", "DEFAULT_TRAIN_PROMPTS"]
+
+SCHEDULE_MIXES = ("broad", "focused")
+HELDOUT_SPEEDUPS = (1.5, 2.0, 3.0)
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",  # Llama family
                 "out_proj", "fc1", "fc2",  # OPT
                 "c_attn", "c_proj", "c_fc")  # GPT-2
@@ -44,23 +69,36 @@ class TrainConfig:
     data: str | None = None  # JSONL prompt/completion or text; None = self-distillation
     prompts: str = str(DEFAULT_TRAIN_PROMPTS)  # self-distillation prompt set
     max_steps: int = 200
+    max_minutes: float | None = None  # stop after this much wall time (equal-budget study arms)
     batch_size: int = 8
     grad_accum: int = 1
     learning_rate: float = 3e-4
     warmup_steps: int = 10
     continuation_tokens: int = 64  # teacher continuation length (self-distillation)
+    samples_per_prompt: int = 0  # sampled teacher continuations per prompt, besides the greedy one
+    sample_temperature: float = 0.8
     max_prompt_tokens: int = 128
     max_length: int = 256  # user data: longest sequence kept
     speedup_range: tuple[float, float] = (1.5, 4.0)
     decays: tuple[str, ...] = DECAY_FUNCTIONS
+    schedule_mix: str = "broad"  # broad: uniform speedup and decay; focused: 1.5-3x, mostly linear
     fixed_speedup: float | None = None  # train ONE schedule (the paper) instead of random ones
     fixed_decay: str = "linear"
-    warmup_layers: int = 1
+    warmup_layers: int = DEFAULT_WARMUP
+    order: str = "warmup_top"
+    ranking: tuple[int, ...] = ()  # order "ranked": layers most important first (model.study measures it)
     lora_rank: int = 16
     lora_alpha: int = 32
+    lora_modules: tuple[str, ...] = ()  # () = every linear of the layers
+    gate_lora: bool = True  # LoRA acts only where a position bypasses layers (1x == the full model)
+    bridge_rank: int = 0  # > 0: a learned entry bridge of this rank
+    hidden_weight: float = 0.0  # > 0: add hidden-state matching (entry and final) to the KL
     full_finetune: bool = False
     seed: int = 0
     save_every: int = 50
+    eval_every: int = 50  # held-out curve every N steps (0 = off)
+    eval_prompts: int = 16  # first N prompts of the held-out set
+    eval_tokens: int = 48
     resume: bool = False
     device: str = "auto"
     mixed_precision: str = "auto"  # auto: bf16 on GPU, none on CPU
@@ -70,13 +108,22 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         positive = ("max_steps", "batch_size", "grad_accum", "continuation_tokens", "max_prompt_tokens",
-                    "max_length", "lora_rank", "lora_alpha", "save_every", "teacher_batch_size")
+                    "max_length", "lora_rank", "lora_alpha", "save_every", "teacher_batch_size", "eval_prompts",
+                    "eval_tokens")
         for name in positive:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1; got {value!r}")
+        for name in ("samples_per_prompt", "bridge_rank", "eval_every", "warmup_layers"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0; got {value!r}")
         if not (isinstance(self.learning_rate, (int, float)) and math.isfinite(self.learning_rate) and self.learning_rate > 0):
             raise ValueError(f"learning_rate must be a positive number; got {self.learning_rate!r}")
+        if not (math.isfinite(self.hidden_weight) and self.hidden_weight >= 0):
+            raise ValueError(f"hidden_weight must be >= 0; got {self.hidden_weight!r}")
+        if self.max_minutes is not None and not self.max_minutes > 0:
+            raise ValueError(f"max_minutes must be > 0; got {self.max_minutes!r}")
         low, high = self.speedup_range
         if not (1.0 <= low <= high):
             raise ValueError(f"speedup_range must satisfy 1 <= low <= high; got {self.speedup_range}")
@@ -87,139 +134,67 @@ class TrainConfig:
             raise ValueError(f"fixed_decay must be one of {', '.join(DECAY_FUNCTIONS)}; got {self.fixed_decay!r}")
         if self.fixed_speedup is not None and self.fixed_speedup < 1:
             raise ValueError(f"fixed_speedup must be >= 1; got {self.fixed_speedup}")
+        if self.schedule_mix not in SCHEDULE_MIXES:
+            raise ValueError(f"schedule_mix must be one of {', '.join(SCHEDULE_MIXES)}; got {self.schedule_mix!r}")
+        if self.order not in LAYER_ORDERS and self.order != RANKED:
+            raise ValueError(f"order must be one of {', '.join(LAYER_ORDERS)}, {RANKED}; got {self.order!r}")
+        self.ranking = tuple(int(i) for i in self.ranking)
 
 
 # --- data ----------------------------------------------------------------------------------
 
 
-@dataclass
-class Example:
-    """One training sequence: prompt ids (run at full depth) + target ids (run under skipping)."""
-
-    prompt: list[int]
-    target: list[int]
-
-
-def read_jsonl(path: str | Path) -> list[dict]:
-    """Records of a JSONL file; a malformed line is an error naming its line number."""
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"data file {str(path)!r} does not exist")
-    records = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path.name} line {number}: not valid JSON ({error.msg})") from None
-            if not isinstance(record, dict):
-                raise ValueError(f"{path.name} line {number}: expected a JSON object, got {type(record).__name__}")
-            records.append(record)
-    if not records:
-        raise ValueError(f"{path.name} has no records")
-    return records
-
-
-def user_examples(path: str | Path, tokenizer, formatter, max_length: int) -> list[Example]:
-    """prompt/completion records (loss on the completion) or text records (loss on all but the first token)."""
-    examples = []
-    for number, record in enumerate(read_jsonl(path), start=1):
-        if "prompt" in record and "completion" in record:
-            prompt, completion = record["prompt"], record["completion"]
-            if not isinstance(prompt, str) or not isinstance(completion, str) or not completion.strip():
-                raise ValueError(f"{Path(path).name} record {number}: prompt and completion must be non-empty text")
-            prompt_ids = tokenizer(formatter(prompt), add_special_tokens=False)["input_ids"]
-            target_ids = tokenizer(completion, add_special_tokens=False)["input_ids"]
-            if tokenizer.eos_token_id is not None:
-                target_ids.append(tokenizer.eos_token_id)
-        elif "text" in record:
-            text = record["text"]
-            if not isinstance(text, str) or len(text.strip()) == 0:
-                raise ValueError(f"{Path(path).name} record {number}: text must be non-empty")
-            ids = tokenizer(text)["input_ids"]
-            if len(ids) < 2:
-                raise ValueError(f"{Path(path).name} record {number}: text is too short to train on")
-            prompt_ids, target_ids = ids[:1], ids[1:]
-        else:
-            raise ValueError(f"{Path(path).name} record {number}: needs 'prompt' and 'completion', or 'text'")
-        target_ids = target_ids[: max(1, max_length - len(prompt_ids))]
-        examples.append(Example(prompt=prompt_ids[-max_length + 1:], target=target_ids))
-    return examples
-
-
 def distillation_examples(generator, prompts: Sequence[str], config: TrainConfig, cache_file: Path) -> list[Example]:
-    """The full model's greedy continuations of ``prompts`` (cached: the teacher is deterministic)."""
-    if cache_file.is_file():
-        cached = [Example(**record) for record in read_jsonl(cache_file)]
-        if len(cached) == len(prompts):
-            return cached
-    examples = []
-    tokenizer = generator.loaded.tokenizer
-    for start in range(0, len(prompts), config.teacher_batch_size):
-        batch = prompts[start:start + config.teacher_batch_size]
-        ids, mask = generator.encode(batch)
-        ids, mask = ids[:, -config.max_prompt_tokens:], mask[:, -config.max_prompt_tokens:]
-        result = generator.full_decoder.generate(ids, mask, full_schedule(generator.num_layers),
-                                                 max_new_tokens=config.continuation_tokens)
-        for row in range(len(batch)):
-            prompt_ids = ids[row][mask[row].bool()].tolist()
-            target = list(result.tokens[row])
-            if result.finish_reasons[row] == "eos":
-                target.append(tokenizer.eos_token_id)  # learn to stop where the full model stops
-            examples.append(Example(prompt=prompt_ids, target=target))
-    cache_file.parent.mkdir(parents=True, exist_ok=True)
-    cache_file.write_text("".join(json.dumps(asdict(e)) + "\n" for e in examples))
-    return examples
-
-
-def collate(examples: Sequence[Example], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
-    """Prompts LEFT padded to end together at P; targets RIGHT padded after them.
-
-    Returns ids (B, P + N), attention mask (B, P + N), target mask (B, N) and P. Generated
-    position P + k is decode step k for every row, exactly as in the lock-step decoder.
-    """
-    prompt_len = max(len(e.prompt) for e in examples)
-    target_len = max(len(e.target) for e in examples)
-    batch = len(examples)
-    ids = torch.full((batch, prompt_len + target_len), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    target_mask = torch.zeros(batch, target_len, dtype=torch.bool)
-    for row, example in enumerate(examples):
-        ids[row, prompt_len - len(example.prompt):prompt_len] = torch.tensor(example.prompt)
-        mask[row, prompt_len - len(example.prompt):prompt_len + len(example.target)] = 1
-        ids[row, prompt_len:prompt_len + len(example.target)] = torch.tensor(example.target)
-        target_mask[row, : len(example.target)] = True
-    return ids, mask, target_mask, prompt_len
+    """The full model's continuations of ``prompts`` (greedy + ``samples_per_prompt`` sampled),
+    computed once and cached: the teacher is deterministic for a given seed."""
+    return cached_examples(cache_file, lambda: teacher_continuations(
+        generator, prompts, max_new_tokens=config.continuation_tokens, max_prompt_tokens=config.max_prompt_tokens,
+        batch_size=config.teacher_batch_size, samples=config.samples_per_prompt,
+        temperature=config.sample_temperature, seed=config.seed))
 
 
 # --- schedules -------------------------------------------------------------------------------
 
 
 def draw_schedule(num_layers: int, num_steps: int, config: TrainConfig, rng: random.Random) -> ScheduleConfig:
-    """The schedule of one batch: fixed, or a random speedup and decay from the app's range."""
+    """The schedule of one batch: fixed, or a random speedup and decay from the app's range.
+
+    ``focused`` weights the draw towards what visitors use most: 1.5-3x, linear 60% of the time.
+    """
     warmup = config.warmup_layers
+    common = dict(warmup=warmup, order=config.order, ranking=config.ranking)
     if config.fixed_speedup is not None:
-        return solve_schedule(num_layers, config.fixed_speedup, decay=config.fixed_decay, warmup=warmup,
-                              decay_length=max(1, num_steps)).config
+        return solve_schedule(num_layers, config.fixed_speedup, decay=config.fixed_decay,
+                              decay_length=max(1, num_steps), **common).config
     low, high = config.speedup_range
+    if config.schedule_mix == "focused":
+        high = min(high, 3.0)
     high = min(high, max_layer_speedup(num_layers, warmup))
     speedup = rng.uniform(min(low, high), high)
-    decay = rng.choice(config.decays)
+    if config.schedule_mix == "focused" and "linear" in config.decays and rng.random() < 0.6:
+        decay = "linear"
+    else:
+        decay = rng.choice(config.decays)
     # The app's decay length is max_new_tokens; generations are often shorter or longer.
     decay_length = max(1, int(num_steps * rng.uniform(0.5, 1.5)))
-    return solve_schedule(num_layers, speedup, decay=decay, warmup=warmup, decay_length=decay_length,
-                          num_steps=max(1, num_steps)).config
+    return solve_schedule(num_layers, speedup, decay=decay, decay_length=decay_length,
+                          num_steps=max(1, num_steps), **common).config
 
 
 # --- losses ----------------------------------------------------------------------------------
 
 
-def skip_policy_logits(model, ids, mask, schedule: ScheduleConfig, prompt_len: int) -> torch.Tensor:
-    """Logits (B, N, V) predicting target token k at position P - 1 + k, under ``schedule``."""
+def skip_policy_logits(model, ids, mask, schedule: ScheduleConfig, prompt_len: int, *,
+                       bridge: EntryBridge | None = None, hidden_states: list | None = None) -> torch.Tensor:
+    """Logits (B, N, V) predicting target token k at position P - 1 + k, under ``schedule``.
+
+    A gated LoRA (skip_policy.install_lora_gate) acts only at positions that bypass layers.
+    """
     executes = execution_mask(schedule, prompt_len, ids.shape[1])
-    return masked_forward(model, ids, mask, executes, logits_from=prompt_len - 1)[:, :-1]
+    with gated(model, executes, ids.shape[0]):
+        logits = masked_forward(model, ids, mask, executes, logits_from=prompt_len - 1, bridge=bridge,
+                                hidden_states=hidden_states)
+    return logits[:, :-1]
 
 
 def distillation_loss(student_logits, teacher_logits, target_mask) -> torch.Tensor:
@@ -236,6 +211,33 @@ def cross_entropy_loss(student_logits, ids, target_mask, prompt_len: int) -> tor
     return (losses * target_mask).sum() / target_mask.sum().clamp(min=1)
 
 
+def _relative_error(student: torch.Tensor, teacher: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Mean over weighted positions of ||s - t||^2 / ||t||^2. student/teacher (B, T, C), weight (B, T)."""
+    error = (student.float() - teacher.float()).pow(2).sum(-1) / teacher.float().pow(2).sum(-1).clamp(min=1e-6)
+    return (error * weight).sum() / weight.sum().clamp(min=1)
+
+
+def hidden_matching_loss(student_states: list, teacher_states: list, schedule: ScheduleConfig,
+                         prompt_len: int, target_mask: torch.Tensor) -> torch.Tensor:
+    """Relative error of the hidden state where a generated position ENTERS the upper block
+    (after the bridge) and of the final hidden state, against the full model's at the same layer.
+
+    states: L + 1 tensors (B, T, C), the input of every layer then the final output.
+    """
+    weight = target_mask.float()  # generated positions P .. P + N - 1
+    generated = slice(prompt_len, prompt_len + target_mask.shape[1])
+    loss = _relative_error(student_states[-1][:, generated], teacher_states[-1][:, generated], weight)
+    by_entry: dict[int, list[int]] = {}
+    for k in range(target_mask.shape[1]):
+        for layer in entry_layers(schedule.step_layers(k)):
+            by_entry.setdefault(layer, []).append(k)
+    for layer, steps in by_entry.items():
+        columns = torch.tensor([prompt_len + k for k in steps], device=target_mask.device)
+        loss = loss + _relative_error(student_states[layer][:, columns], teacher_states[layer][:, columns],
+                                      weight[:, steps]) * len(steps) / target_mask.shape[1]
+    return loss
+
+
 # --- the run ---------------------------------------------------------------------------------
 
 
@@ -245,34 +247,40 @@ class TrainResult:
     steps: int
     seconds: float
     losses: list[float] = field(default_factory=list)
+    heldout: list[dict] = field(default_factory=list)
 
 
 class SkipPolicyModel(torch.nn.Module):
-    """The student as one module, so accelerate/DDP see the masked forward as its forward
-    (gradients of a multi-GPU run are then synchronised as usual)."""
+    """The student as one module (LoRA'd model + optional bridge), so accelerate/DDP see the
+    masked forward as its forward and checkpoint the bridge with the rest."""
 
-    def __init__(self, lm: torch.nn.Module) -> None:
+    def __init__(self, lm: torch.nn.Module, bridge: EntryBridge | None = None) -> None:
         super().__init__()
         self.lm = lm
+        self.bridge = bridge
 
-    def forward(self, ids, mask, schedule: ScheduleConfig, prompt_len: int) -> torch.Tensor:
-        return skip_policy_logits(self.lm, ids, mask, schedule, prompt_len)
+    def forward(self, ids, mask, schedule: ScheduleConfig, prompt_len: int, hidden_states: list | None = None) -> torch.Tensor:
+        return skip_policy_logits(self.lm, ids, mask, schedule, prompt_len, bridge=self.bridge,
+                                  hidden_states=hidden_states)
 
 
 def wrap_trainable(model, config: TrainConfig):
-    """LoRA (peft) on every linear of the layers, or the whole model for full fine-tuning."""
+    """LoRA (peft) on the layers' linears (all, or ``lora_modules``), or the whole model."""
     if config.full_finetune:
         model.train()
         return model
     from peft import LoraConfig, get_peft_model  # noqa: PLC0415
 
     names = {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
-    targets = sorted(names & set(LORA_TARGETS))
+    wanted = set(config.lora_modules) if config.lora_modules else set(LORA_TARGETS)
+    targets = sorted(names & wanted)
     if not targets:
         raise ValueError(f"no LoRA target modules found among {sorted(names)}")
     lora = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, lora_dropout=0.0,
                       target_modules=targets, task_type="CAUSAL_LM")
     wrapped = get_peft_model(model, lora)
+    if config.gate_lora:
+        install_lora_gate(wrapped)
     wrapped.train()
     return wrapped
 
@@ -288,18 +296,80 @@ class Teacher:
         self.frozen = copy.deepcopy(student).eval().requires_grad_(False) if config.full_finetune else None
 
     @torch.no_grad()
-    def logits(self, ids, mask, prompt_len: int) -> torch.Tensor:
+    def logits(self, ids, mask, prompt_len: int, hidden_states: list | None = None) -> torch.Tensor:
         model = self.frozen if self.frozen is not None else self.student
-        num_layers = adapter_for(model).num_layers
+        schedule = full_schedule(adapter_for(model).num_layers)
         if self.frozen is not None:
-            return skip_policy_logits(model, ids, mask, full_schedule(num_layers), prompt_len)
+            return skip_policy_logits(model, ids, mask, schedule, prompt_len, hidden_states=hidden_states)
         with model.disable_adapter():
-            return skip_policy_logits(model, ids, mask, full_schedule(num_layers), prompt_len)
+            return skip_policy_logits(model, ids, mask, schedule, prompt_len, hidden_states=hidden_states)
+
+
+@dataclass
+class HeldOut:
+    """A fixed held-out subset: the full model's greedy continuations and its logits on them."""
+
+    batches: list[tuple]
+    teacher_logits: list[torch.Tensor]  # (B, N, V) per batch
+    tokens: int
+
+
+def heldout_set(generator, config: TrainConfig, cache_file: Path) -> HeldOut | None:
+    if not config.eval_every or config.data:
+        return None
+    from model.data import batches_of  # noqa: PLC0415
+
+    prompts = read_prompts(DEFAULT_EVAL_PROMPTS, config.eval_prompts)
+    examples = cached_examples(cache_file, lambda: teacher_continuations(
+        generator, prompts, max_new_tokens=config.eval_tokens, batch_size=config.teacher_batch_size))
+    batches = batches_of(examples, 8, generator.loaded.pad_token_id, generator.loaded.device)
+    model = generator.loaded.model
+    num_layers = generator.num_layers
+    with torch.inference_mode():
+        teacher = [skip_policy_logits(model, ids, mask, full_schedule(num_layers), p).float()
+                   for ids, mask, _, p in batches]
+    return HeldOut(batches=batches, teacher_logits=teacher, tokens=config.eval_tokens)
+
+
+def heldout_scores(model, bridge, heldout: HeldOut, config: TrainConfig, num_layers: int) -> dict:
+    """Teacher-forced agreement, KL and perplexity ratio at 1.5x, 2x and 3x (linear decay over
+    the held-out continuation length, the app's default placement), plus 1.0x agreement."""
+    scores: dict = {}
+    was_training = model.training
+    model.eval()
+    speedups = (1.0,) + HELDOUT_SPEEDUPS
+    try:
+        with torch.no_grad():
+            for speedup in speedups:
+                if speedup > max_layer_speedup(num_layers, config.warmup_layers):
+                    continue  # unreachable on a shallow model
+                if speedup == 1.0:
+                    schedule = full_schedule(num_layers)
+                else:
+                    schedule = solve_schedule(num_layers, speedup, decay="linear", warmup=config.warmup_layers,
+                                              order=config.order, ranking=config.ranking, decay_length=heldout.tokens,
+                                              num_steps=max(1, heldout.tokens - 1)).config
+                agree = kl = nll = teacher_nll = count = 0.0
+                for (ids, mask, target_mask, p), teacher in zip(heldout.batches, heldout.teacher_logits):
+                    logits = skip_policy_logits(model, ids, mask, schedule, p, bridge=bridge).float()
+                    targets = ids[:, p:]
+                    weight = target_mask.float()
+                    agree += float(((logits.argmax(-1) == targets).float() * weight).sum())
+                    kl += float(distillation_loss(logits, teacher, target_mask)) * float(weight.sum())
+                    nll += float((F.cross_entropy(logits.transpose(1, 2), targets, reduction="none") * weight).sum())
+                    teacher_nll += float((F.cross_entropy(teacher.transpose(1, 2), targets, reduction="none") * weight).sum())
+                    count += float(weight.sum())
+                key = f"{speedup:g}x"
+                scores[key] = {"agreement": round(agree / count, 4), "kl": round(kl / count, 4),
+                               "perplexity_ratio": round(math.exp((nll - teacher_nll) / count), 4)}
+    finally:
+        model.train(was_training)
+    return scores
 
 
 def train(config: TrainConfig) -> TrainResult:
     from accelerate import Accelerator  # noqa: PLC0415
-    from accelerate.utils import set_seed  # noqa: PLC0415
+    from accelerate.utils import DistributedDataParallelKwargs, set_seed  # noqa: PLC0415
     from tqdm.auto import tqdm  # noqa: PLC0415
 
     from model.generation import TextGenerator  # noqa: PLC0415
@@ -311,7 +381,6 @@ def train(config: TrainConfig) -> TrainResult:
     precision = config.mixed_precision
     if precision == "auto":
         precision = "bf16" if device.type == "cuda" else "no"
-    from accelerate.utils import DistributedDataParallelKwargs  # noqa: PLC0415
 
     # Bypassed layers get no gradient in a batch: DDP must not wait for them.
     accelerator = Accelerator(gradient_accumulation_steps=config.grad_accum, mixed_precision=precision,
@@ -327,28 +396,52 @@ def train(config: TrainConfig) -> TrainResult:
         examples = user_examples(config.data, loaded.tokenizer, generator.format_prompt, config.max_length)
         steps_hint = int(sum(len(e.target) for e in examples) / len(examples))
     else:
-        prompts = [r["prompt"] for r in read_jsonl(config.prompts)][: config.max_prompts]
+        prompts = read_prompts(config.prompts, config.max_prompts)
+        cache = output / f"teacher_continuations-{config.continuation_tokens}-s{config.samples_per_prompt}.jsonl"
         with accelerator.main_process_first():  # the main process writes the teacher cache
-            examples = distillation_examples(generator, prompts, config, output / "teacher_continuations.jsonl")
+            examples = distillation_examples(generator, prompts, config, cache)
         steps_hint = config.continuation_tokens
+    heldout = heldout_set(generator, config, output / f"heldout-{config.eval_prompts}-{config.eval_tokens}.jsonl")
+    num_layers = generator.num_layers
 
     lm = wrap_trainable(loaded.model, config)
+    hidden_size = int(getattr(loaded.model.config, "hidden_size", 0) or loaded.model.config.n_embd)
+    bridge = EntryBridge(num_layers, hidden_size, config.bridge_rank).to(accelerator.device) if config.bridge_rank else None
     teacher = None if config.data else Teacher(lm, config)
-    trainable = [p for p in lm.parameters() if p.requires_grad]
-    model = SkipPolicyModel(lm)
+    model = SkipPolicyModel(lm, bridge)
+    trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=0.0)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_factor(s, config))
-    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    model, optimizer = accelerator.prepare(model, optimizer)
 
-    start_step = _resume(accelerator, output) if config.resume else 0
-    num_layers = generator.num_layers
+    start_step, spent = _resume(accelerator, output) if config.resume else (0, 0.0)
     pad_id = loaded.pad_token_id
     losses: list[float] = []
-    started = time.perf_counter()
+    curve: list[dict] = []
+    started = time.perf_counter() - spent
     progress = tqdm(range(start_step, config.max_steps), initial=start_step, total=config.max_steps,
                     disable=not accelerator.is_local_main_process, desc="skip-policy training")
     tokens_seen = 0
+    step = start_step
+    eval_seconds = 0.0  # held-out evaluation does not count against a time budget
+
+    def evaluate_heldout() -> dict:
+        nonlocal eval_seconds
+        begun = time.perf_counter()
+        unwrapped = accelerator.unwrap_model(model)
+        scores = heldout_scores(unwrapped.lm, unwrapped.bridge, heldout, config, num_layers)
+        eval_seconds += time.perf_counter() - begun
+        return scores
+
+    if heldout is not None and start_step == 0:
+        curve.append({"step": 0, "seconds": 0.0, **evaluate_heldout()})
+        progress.write("untrained held-out: " + ", ".join(
+            f"{k} agree {v['agreement']:.3f}" for k, v in curve[0].items() if isinstance(v, dict)))
     for step in progress:
+        elapsed = time.perf_counter() - started - eval_seconds
+        if config.max_minutes is not None and elapsed > config.max_minutes * 60:
+            break
+        for group in optimizer.param_groups:
+            group["lr"] = config.learning_rate * _lr_factor(step, elapsed, config)
         # Per-step RNG from (seed, step, rank): resuming replays the same batches and schedules.
         rng = random.Random(hash((config.seed, step, accelerator.process_index)))
         batch = [examples[rng.randrange(len(examples))] for _ in range(config.batch_size)]
@@ -357,66 +450,107 @@ def train(config: TrainConfig) -> TrainResult:
         schedule = draw_schedule(num_layers, target_mask.shape[1], config, rng)
         with accelerator.accumulate(model):
             with accelerator.autocast():
-                student = model(ids, mask, schedule, prompt_len)
+                student_states = [] if config.hidden_weight and teacher else None
+                student = model(ids, mask, schedule, prompt_len, student_states)
                 if config.data:
                     loss = cross_entropy_loss(student, ids, target_mask, prompt_len)
                 else:
-                    loss = distillation_loss(student, teacher.logits(ids, mask, prompt_len), target_mask)
+                    teacher_states = [] if student_states is not None else None
+                    loss = distillation_loss(student, teacher.logits(ids, mask, prompt_len, teacher_states), target_mask)
+                    if student_states is not None:
+                        loss = loss + config.hidden_weight * hidden_matching_loss(
+                            student_states, teacher_states, schedule, prompt_len, target_mask)
             accelerator.backward(loss)
             if accelerator.sync_gradients:
                 accelerator.clip_grad_norm_(trainable, 1.0)
             optimizer.step()
-            scheduler.step()
             optimizer.zero_grad()
         losses.append(float(loss.detach()))
         tokens_seen += int(mask.sum())
-        elapsed = time.perf_counter() - started
-        progress.set_postfix(loss=f"{sum(losses[-10:]) / len(losses[-10:]):.4f}", tok_s=f"{tokens_seen / elapsed:.0f}",
-                             speedup=f"{schedule.num_layers / max(1, sum(schedule.budgets(steps_hint)) / steps_hint):.1f}x")
-        _log_step(output, step, losses[-1], schedule, tokens_seen / elapsed, accelerator)
-        if (step + 1) % config.save_every == 0 or step + 1 == config.max_steps:
-            _checkpoint(accelerator, model, output, step + 1, config, time.perf_counter() - started)
-    return TrainResult(output_dir=str(output), steps=config.max_steps, seconds=time.perf_counter() - started,
-                       losses=losses)
+        elapsed = time.perf_counter() - started - eval_seconds
+        postfix = {"loss": f"{sum(losses[-10:]) / len(losses[-10:]):.4f}", "tok_s": f"{tokens_seen / max(elapsed - spent, 1e-9):.0f}",
+                   "speedup": f"{schedule.num_layers / max(1, sum(schedule.budgets(steps_hint)) / steps_hint):.1f}x"}
+        record = {"step": step + 1, "loss": round(losses[-1], 5), "decay": schedule.decay,
+                  "max_layers": schedule.max_layers, "min_layers": schedule.min_layers,
+                  "seconds": round(elapsed, 1)}
+        done = step + 1 == config.max_steps or (config.max_minutes is not None and elapsed > config.max_minutes * 60)
+        if heldout is not None and ((step + 1) % config.eval_every == 0 or done):
+            record["heldout"] = evaluate_heldout()
+            curve.append({"step": step + 1, "seconds": round(elapsed, 1), **record["heldout"]})
+            postfix["agree@2x"] = record["heldout"].get("2x", {}).get("agreement")
+            progress.write(f"step {step + 1} ({elapsed / 60:.1f} min) held-out: " + ", ".join(
+                f"{k} agree {v['agreement']:.3f} KL {v['kl']:.3f}" for k, v in record["heldout"].items()))
+        progress.set_postfix(postfix)
+        if accelerator.is_main_process:
+            with (output / "train_log.jsonl").open("a") as handle:
+                handle.write(json.dumps(record) + "\n")
+        if (step + 1) % config.save_every == 0 or done:
+            _checkpoint(accelerator, model, output, step + 1, config, elapsed)
+        if done:
+            break
+    return TrainResult(output_dir=str(output), steps=step + 1, seconds=time.perf_counter() - started,
+                       losses=losses, heldout=curve)
 
 
-def _lr_factor(step: int, config: TrainConfig) -> float:
-    """Linear warmup, then cosine decay to 10%."""
+def _lr_factor(step: int, elapsed: float, config: TrainConfig) -> float:
+    """Linear warmup, then cosine decay to 10% over the steps or the time budget, whichever ends first."""
     if step < config.warmup_steps:
         return (step + 1) / config.warmup_steps
     progress = (step - config.warmup_steps) / max(1, config.max_steps - config.warmup_steps)
+    if config.max_minutes is not None:
+        progress = max(progress, elapsed / (config.max_minutes * 60))
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-
-
-def _log_step(output: Path, step: int, loss: float, schedule: ScheduleConfig, tokens_per_second: float, accelerator) -> None:
-    if not accelerator.is_main_process:
-        return
-    record = {"step": step + 1, "loss": round(loss, 5), "decay": schedule.decay, "max_layers": schedule.max_layers,
-              "min_layers": schedule.min_layers, "tokens_per_second": round(tokens_per_second, 1)}
-    with (output / "train_log.jsonl").open("a") as handle:
-        handle.write(json.dumps(record) + "\n")
 
 
 def _checkpoint(accelerator, model, output: Path, step: int, config: TrainConfig, seconds: float) -> None:
     """accelerate state (resume) + the adapter itself (what the app loads)."""
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(output / "checkpoints" / f"step-{step:06d}"))
+    folder = output / "checkpoints" / f"step-{step:06d}"
+    accelerator.save_state(str(folder))
     if accelerator.is_main_process:
-        save_adapter(accelerator.unwrap_model(model).lm, output / "adapter", config, step, seconds)
+        import shutil  # noqa: PLC0415
+
+        for old in sorted((output / "checkpoints").glob("step-*"))[:-2]:  # full states are large: keep two
+            shutil.rmtree(old, ignore_errors=True)
+        (folder / "progress.json").write_text(json.dumps({"step": step, "seconds": seconds}))
+        unwrapped = accelerator.unwrap_model(model)
+        save_adapter(unwrapped.lm, output / "adapter", config, step, seconds, bridge=unwrapped.bridge)
 
 
-def save_adapter(model, folder: Path, config: TrainConfig, step: int, seconds: float) -> None:
-    """The adapter (peft format, float32: a reload gives bit-identical logits) + how it was made."""
+def save_adapter(model, folder: Path, config: TrainConfig, step: int, seconds: float,
+                 bridge: EntryBridge | None = None) -> None:
+    """The adapter (peft format, float32: a reload gives bit-identical logits), the bridge, and
+    how they were made (paths relative to the repository, no machine-specific absolute paths)."""
     model.save_pretrained(folder)
-    info = {"step": step, "seconds": round(seconds, 1), "config": asdict(config),
+    if bridge is not None:
+        bridge.save(folder)
+    settings = asdict(config)
+    for key in ("prompts", "data", "output_dir", "model"):
+        settings[key] = _portable_path(settings[key])
+    info = {"step": step, "seconds": round(seconds, 1), "config": settings,
+            "skip_policy": {"gated": config.gate_lora, "bridge_rank": config.bridge_rank,
+                            "warmup": config.warmup_layers, "order": config.order, "ranking": list(config.ranking)},
             "hardware": {"machine": platform.machine(), "processor": platform.processor(),
                          "cpus": torch.get_num_threads(), "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}}
     (folder / "training_info.json").write_text(json.dumps(info, indent=2, default=str))
 
 
-def _resume(accelerator, output: Path) -> int:
+def _portable_path(value):
+    """A path inside the repository as a relative path; anything else unchanged."""
+    if not isinstance(value, str) or not value:
+        return value
+    root = Path(__file__).resolve().parents[1]
+    try:
+        return str(Path(value).resolve().relative_to(root))
+    except ValueError:
+        return value
+
+
+def _resume(accelerator, output: Path) -> tuple[int, float]:
     checkpoints = sorted((output / "checkpoints").glob("step-*"))
     if not checkpoints:
         raise ValueError(f"--resume: no checkpoint under {output / 'checkpoints'}")
     accelerator.load_state(str(checkpoints[-1]))
-    return int(checkpoints[-1].name.split("-")[1])
+    progress = checkpoints[-1] / "progress.json"
+    seconds = json.loads(progress.read_text())["seconds"] if progress.is_file() else 0.0
+    return int(checkpoints[-1].name.split("-")[1]), float(seconds)

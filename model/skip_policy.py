@@ -1,0 +1,148 @@
+"""The learned parts of a skip policy, built so that they act ONLY where layers are bypassed.
+
+A position that runs every layer must give exactly the original model (so "1x" in the app IS
+the full model). Two pieces respect that by construction:
+
+* gated LoRA: the LoRA delta of every adapted linear is multiplied by a per-position gate,
+  1 where the position bypasses at least one layer, 0 where it runs them all. In the cached
+  decoder the same thing is two weight sets: full-depth steps (and a full-depth prefill) run the
+  original weights, skipping steps run the merged ones; the KV cache each step writes is exactly
+  what the gated teacher-forced forward computes at that position.
+* the entry bridge: a small identity-initialised low-rank residual map, one per entry layer,
+  applied to the hidden state where it jumps over bypassed layers (before the first layer that
+  runs after a gap). At full depth there is no gap, so it never runs.
+
+Files: an adapter folder holds peft's adapter (adapter_config.json, adapter_model.safetensors)
+and, when trained with a bridge, bridge.safetensors + bridge.json.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import torch
+from torch import nn
+
+BRIDGE_WEIGHTS = "bridge.safetensors"
+BRIDGE_CONFIG = "bridge.json"
+
+
+class EntryBridge(nn.Module):
+    """h -> h + up_j(down_j(rms(h))) for entry layer j; up is zero-initialised (identity at start).
+
+    The input is RMS-normalised first because residual streams of pre-norm models carry large
+    outlier dimensions; the map then learns a correction in the residual's own scale.
+    """
+
+    def __init__(self, num_layers: int, hidden_size: int, rank: int = 16) -> None:
+        super().__init__()
+        self.num_layers, self.hidden_size, self.rank = num_layers, hidden_size, rank
+        self.down = nn.Parameter(torch.randn(num_layers, hidden_size, rank) * hidden_size ** -0.5)  # (L, C, r)
+        self.up = nn.Parameter(torch.zeros(num_layers, rank, hidden_size))  # (L, r, C)
+
+    def forward(self, layer: int, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden (..., C) entering ``layer`` after a gap -> bridged hidden (..., C)."""
+        normed = hidden * torch.rsqrt(hidden.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(hidden.dtype)
+        return hidden + (normed @ self.down[layer].to(hidden.dtype)) @ self.up[layer].to(hidden.dtype)
+
+    def save(self, folder: str | Path) -> None:
+        from safetensors.torch import save_file  # noqa: PLC0415
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        save_file({"down": self.down.detach().float().cpu().contiguous(),
+                   "up": self.up.detach().float().cpu().contiguous()}, str(folder / BRIDGE_WEIGHTS))
+        (folder / BRIDGE_CONFIG).write_text(json.dumps(
+            {"num_layers": self.num_layers, "hidden_size": self.hidden_size, "rank": self.rank}, indent=2))
+
+    @classmethod
+    def load(cls, folder: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> "EntryBridge | None":
+        """The bridge saved in ``folder``, or None when the folder has none."""
+        from safetensors.torch import load_file  # noqa: PLC0415
+
+        folder = Path(folder)
+        if not (folder / BRIDGE_WEIGHTS).is_file():
+            return None
+        config = json.loads((folder / BRIDGE_CONFIG).read_text())
+        bridge = cls(config["num_layers"], config["hidden_size"], config["rank"])
+        weights = load_file(str(folder / BRIDGE_WEIGHTS))
+        bridge.load_state_dict(weights)
+        return bridge.to(device=device, dtype=dtype).eval().requires_grad_(False)
+
+
+def entry_layers(layers: Sequence[int]) -> frozenset[int]:
+    """Layers of one position's (sorted) layer set that are entered after a gap: run j, bypass j - 1."""
+    executed = set(layers)
+    return frozenset(j for j in executed if j >= 1 and j - 1 not in executed)
+
+
+def bypasses(executes: torch.Tensor) -> torch.Tensor:
+    """(..., T, L) execution mask -> (..., T) float gate: 1 where a position bypasses any layer."""
+    return (~executes.all(dim=-1)).float()
+
+
+# --- gated LoRA (peft) -------------------------------------------------------------------------
+
+
+class _Gate:
+    """The per-position gate the LoRA hooks read: (B, T) or (T,) float, or None for 'always on'."""
+
+    def __init__(self) -> None:
+        self.value: torch.Tensor | None = None
+
+
+def _lora_b_modules(model: nn.Module) -> list[nn.Module]:
+    found = []
+    for module in model.modules():
+        lora_b = getattr(module, "lora_B", None)
+        if isinstance(lora_b, nn.ModuleDict):
+            found.extend(lora_b.values())
+    return found
+
+
+def install_lora_gate(model: nn.Module) -> _Gate:
+    """Hook every peft lora_B so its output (the LoRA delta before scaling) is multiplied by the
+    gate of its position. Idempotent; returns the model's gate holder."""
+    gate = getattr(model, "_skipdecode_gate", None)
+    if gate is not None:
+        return gate
+    gate = _Gate()
+
+    def hook(_module, _inputs, output):
+        value = gate.value
+        if value is None:
+            return output
+        # value (B, T). Layers may run on a prefix of the positions (masked_forward's shortcut):
+        # slice the gate. Some families (OPT's feed-forward) flatten (B, T, C) to (B * T, C).
+        if output.dim() == 2:
+            length = output.shape[0] // value.shape[0]
+            return output * value[:, :length].reshape(-1, 1).to(output.dtype)
+        return output * value[:, : output.shape[-2], None].to(output.dtype)
+
+    modules = _lora_b_modules(model)
+    if not modules:
+        raise ValueError("install_lora_gate: the model has no peft LoRA layers")
+    for module in modules:
+        module.register_forward_hook(hook)
+    object.__setattr__(model, "_skipdecode_gate", gate)
+    return gate
+
+
+@contextlib.contextmanager
+def gated(model: nn.Module, executes: torch.Tensor | None, batch_size: int = 1) -> Iterator[None]:
+    """Within the block, LoRA acts only at positions of ``executes`` (T, L) shared by a batch of
+    ``batch_size``, or (B, T, L), that bypass layers. A model without LoRA is left as it is."""
+    gate = getattr(model, "_skipdecode_gate", None)
+    if gate is None or executes is None:
+        yield
+        return
+    previous = gate.value
+    value = bypasses(executes)  # (T,) or (B, T)
+    gate.value = value.expand(batch_size, -1) if value.dim() == 1 else value
+    try:
+        yield
+    finally:
+        gate.value = previous

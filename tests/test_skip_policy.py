@@ -1,0 +1,166 @@
+"""The skip policy's learned parts act only where layers are bypassed, and the cached decoder
+(original + merged weights, bridge) equals the gated teacher-forced forward that training uses."""
+
+import copy
+
+import pytest
+import torch
+
+from conftest import NUM_LAYERS, left_padded_batch, tiny_model
+from model.decoder import SkipDecoder, execution_mask, masked_forward
+from model.schedule import ScheduleConfig, full_schedule, ranked_layers
+from model.skip_policy import EntryBridge, bypasses, entry_layers, gated, install_lora_gate
+from model.training import hidden_matching_loss, skip_policy_logits
+
+LENGTHS = [6, 3, 8]
+NEW_TOKENS = 10
+LORA_TARGETS = {"llama": ["q_proj", "v_proj", "down_proj"], "opt": ["q_proj", "fc1"], "gpt2": ["c_attn", "c_fc"]}
+
+
+def _policy(family: str):
+    """A tiny model, its gated LoRA with NON-zero weights, the merged copy, and a non-identity bridge."""
+    from peft import LoraConfig, get_peft_model
+
+    base = tiny_model(family)
+    peft_model = get_peft_model(copy.deepcopy(base), LoraConfig(r=4, lora_alpha=8, target_modules=LORA_TARGETS[family],
+                                                               fan_in_fan_out=family == "gpt2"))
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for name, parameter in peft_model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.2)  # peft starts B at zero: make the adapter really act
+    peft_model.eval()
+    install_lora_gate(peft_model)
+    merged = copy.deepcopy(peft_model).merge_and_unload().eval()
+    hidden = base.config.hidden_size if family != "gpt2" else base.config.n_embd
+    bridge = EntryBridge(NUM_LAYERS, hidden, rank=4)
+    with torch.no_grad():
+        bridge.up.normal_(0, 0.3)
+    return base.eval(), peft_model, merged, bridge.eval()
+
+
+SCHEDULES = {
+    "linear-warmup1": ScheduleConfig(NUM_LAYERS, 6, 2, decay="linear", warmup=1, decay_length=7),
+    "first_last": ScheduleConfig(NUM_LAYERS, 5, 3, decay="cosine", warmup=1, decay_length=6, order="first_last"),
+    "prompt_at_budget": ScheduleConfig(NUM_LAYERS, 5, 2, decay="linear", warmup=1, decay_length=8,
+                                       prompt_at_full_depth=False),
+    "ranked": ScheduleConfig(NUM_LAYERS, 6, 2, warmup=0, decay_length=8, order="ranked", ranking=(0, 5, 2, 4, 1, 3)),
+}
+
+
+@pytest.mark.parametrize("family", ["llama", "opt", "gpt2"])
+@pytest.mark.parametrize("name", list(SCHEDULES))
+def test_cached_decoder_with_two_weight_sets_equals_gated_teacher_forced(family, name):
+    schedule = SCHEDULES[name]
+    base, peft_model, merged, bridge = _policy(family)
+    ids, mask = left_padded_batch(LENGTHS)
+    decoder = SkipDecoder(base, skip_model=merged, bridge=bridge)
+    generated = torch.tensor(decoder.generate(ids, mask, schedule, max_new_tokens=NEW_TOKENS).tokens)
+
+    state, logits = decoder.prefill(ids, mask, schedule.prefill_layers(), ids.shape[1] + NEW_TOKENS)
+    cached = [logits]
+    for step in range(NEW_TOKENS - 1):
+        cached.append(decoder.decode_step(state, generated[:, step], schedule.step_layers(step)))
+    cached = torch.stack(cached, dim=1)  # (B, N, V)
+
+    sequence = torch.cat([ids, generated], dim=1)
+    full_mask = torch.cat([mask, torch.ones_like(generated)], dim=1)
+    with torch.no_grad():
+        forced = skip_policy_logits(peft_model, sequence, full_mask, schedule, ids.shape[1], bridge=bridge)
+        without_policy = skip_policy_logits(base, sequence, full_mask, schedule, ids.shape[1])
+    torch.testing.assert_close(cached, forced, atol=3e-4, rtol=1e-4)
+    # and the policy really changes what skipping steps compute (the test could fail)
+    assert (cached - without_policy).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_full_depth_with_the_policy_is_exactly_the_original_model(family):
+    base, peft_model, merged, bridge = _policy(family)
+    ids, mask = left_padded_batch(LENGTHS)
+    schedule = full_schedule(NUM_LAYERS)
+    original = SkipDecoder(base).generate(ids, mask, schedule, max_new_tokens=NEW_TOKENS)
+    with_policy = SkipDecoder(base, skip_model=merged, bridge=bridge).generate(ids, mask, schedule,
+                                                                               max_new_tokens=NEW_TOKENS)
+    assert with_policy.tokens == original.tokens
+    sequence = torch.cat([ids, torch.tensor(original.tokens)], 1)
+    full_mask = torch.cat([mask, torch.ones(len(LENGTHS), NEW_TOKENS, dtype=mask.dtype)], 1)
+    with torch.no_grad():
+        gated_logits = skip_policy_logits(peft_model, sequence, full_mask, schedule, ids.shape[1], bridge=bridge)
+        original_logits = skip_policy_logits(base, sequence, full_mask, schedule, ids.shape[1])
+    assert torch.equal(gated_logits, original_logits)  # bit for bit: the LoRA delta is multiplied by 0
+
+
+def test_gate_is_one_exactly_where_a_position_bypasses_layers():
+    schedule = ScheduleConfig(NUM_LAYERS, 6, 3, decay="linear", warmup=1, decay_length=4)
+    executes = execution_mask(schedule, 3, 9)
+    gate = bypasses(executes)
+    assert gate.tolist() == [0.0, 0.0, 0.0] + [0.0 if schedule.budget(k) == NUM_LAYERS else 1.0 for k in range(6)]
+    assert gate[3] == 0.0 and gate[-1] == 1.0
+
+
+def test_gate_context_restores_and_ignores_models_without_lora():
+    base, peft_model, _, _ = _policy("llama")
+    executes = torch.ones(5, NUM_LAYERS, dtype=torch.bool)
+    with gated(base, executes):  # no LoRA: nothing to gate, no error
+        pass
+    holder = peft_model._skipdecode_gate
+    with gated(peft_model, executes):
+        assert holder.value is not None and float(holder.value.sum()) == 0.0
+    assert holder.value is None
+
+
+def test_entry_layers_are_the_first_layers_after_each_gap():
+    assert entry_layers((0, 4, 5)) == {4}
+    assert entry_layers((0, 1, 2, 3, 4, 5)) == set()
+    assert entry_layers((0, 2, 5)) == {2, 5}
+    assert entry_layers((3, 4)) == {3}  # entered straight from the embedding
+
+
+def test_bridge_starts_as_identity_and_round_trips(tmp_path):
+    bridge = EntryBridge(NUM_LAYERS, 16, rank=4)
+    hidden = torch.randn(2, 3, 16)
+    assert torch.equal(bridge(2, hidden), hidden)
+    with torch.no_grad():
+        bridge.up.normal_()
+    bridge.save(tmp_path)
+    loaded = EntryBridge.load(tmp_path)
+    torch.testing.assert_close(loaded(2, hidden), bridge(2, hidden))
+    assert not torch.allclose(loaded(2, hidden), hidden)
+    assert EntryBridge.load(tmp_path / "nothing-here") is None
+
+
+def test_masked_forward_applies_the_bridge_only_at_entries():
+    model = tiny_model("llama")
+    bridge = EntryBridge(NUM_LAYERS, 64, rank=4)
+    with torch.no_grad():
+        bridge.up.normal_(0, 0.3)
+    ids, mask = left_padded_batch([5])
+    executes = torch.ones(5, NUM_LAYERS, dtype=torch.bool)
+    with torch.no_grad():
+        plain = masked_forward(model, ids, mask, executes)
+        bridged = masked_forward(model, ids, mask, executes, bridge=bridge)
+        executes[4, 1:4] = False
+        skipping = masked_forward(model, ids, mask, executes, bridge=bridge)
+        skipping_plain = masked_forward(model, ids, mask, executes)
+    assert torch.equal(plain, bridged)  # full depth everywhere: the bridge never runs
+    torch.testing.assert_close(skipping[:, :4], plain[:, :4])  # positions before the bypass are unchanged
+    assert (skipping[:, 4] - skipping_plain[:, 4]).abs().max() > 1e-3
+
+
+def test_hidden_matching_loss_is_zero_for_identical_states_and_positive_otherwise():
+    schedule = ScheduleConfig(NUM_LAYERS, 6, 2, decay="linear", warmup=1, decay_length=4)
+    states = [torch.randn(2, 9, 8) for _ in range(NUM_LAYERS + 1)]
+    target_mask = torch.ones(2, 5, dtype=torch.bool)
+    assert float(hidden_matching_loss(states, states, schedule, 4, target_mask)) == 0.0
+    moved = [s + 0.5 for s in states]
+    assert float(hidden_matching_loss(moved, states, schedule, 4, target_mask)) > 0.01
+
+
+def test_ranked_order_is_nested_and_validated():
+    ranking = (0, 5, 2, 4, 1, 3)
+    sets = [set(ranked_layers(ranking, n)) for n in range(1, 7)]
+    assert all(a < b for a, b in zip(sets, sets[1:]))
+    with pytest.raises(ValueError, match="ranking of all"):
+        ScheduleConfig(NUM_LAYERS, 6, 2, warmup=0, order="ranked", ranking=(0, 1, 2))
+    with pytest.raises(ValueError, match="start with the warmup"):
+        ScheduleConfig(NUM_LAYERS, 6, 2, warmup=1, order="ranked", ranking=(5, 0, 1, 2, 3, 4))
