@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 
-from app.playground import Limits
+from app.settings import Limits
 
 
 def _env_int(name: str, default: int) -> int:

@@ -7,7 +7,7 @@ from typing import Sequence
 
 import plotly.graph_objects as go
 
-from model.schedule import ScheduleConfig, SolvedSchedule, decay_value
+from model.schedule import SolvedSchedule, decay_value
 
 # One colour per cell kind of the layer heatmap (z value = index).
 CELL_KINDS = ("bypassed", "prompt", "warmup layer", "upper layer")
@@ -79,7 +79,7 @@ def schedule_figure(solved: SolvedSchedule, show_steps: int | None = None) -> go
     steps = show_steps or max(len(solved.budgets), config.decay_length + 4)
     ks = list(range(steps))
     budgets = config.budgets(steps)
-    raw = [decay_value(config.decay, k, config.max_layers, config.min_layers, config.decay_length) for k in ks]
+    raw = [float(decay_value(config.decay, k, config.max_layers, config.min_layers, config.decay_length)) for k in ks]
     figure = go.Figure()
     figure.add_hrect(y0=0, y1=config.warmup, fillcolor=CELL_COLOURS[2], opacity=0.25, line_width=0,
                      annotation_text=f"warmup ({config.warmup})", annotation_position="bottom left")

@@ -28,7 +28,7 @@ class PrefixKVCache:
     """A preallocated KV cache whose layers may hold DIFFERENT lengths.
 
     SkipDecode bypasses some layers at some steps, so layer i holds keys for a prefix of the
-    sequence whose length is its own (DESIGN.md §1). Buffers are allocated once at full
+    sequence whose length is its own (docs/DESIGN.md, "The method"). Buffers are allocated once at full
     capacity (B, H, capacity, D) on first use, so a step writes in place instead of
     re-allocating with torch.cat as transformers' DynamicCache does. Duck-types the one
     method the attention modules call: ``update(keys, values, layer_idx)``.

@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.set_defaults(handler=run_eval)
 
     st = commands.add_parser("study", help="the skip-policy recipe study: every arm, same budget, same held-out set")
-    st.add_argument("--minutes", type=float, default=6.0, help="training wall time per arm (default 6)")
+    st.add_argument("--minutes", type=float, default=6.0, help="training CPU minutes per arm (default 6)")
     st.add_argument("--arms", default="", help="comma-separated arms (default: all)")
     st.add_argument("--threads", type=int, default=1)
     st.add_argument("--runs-dir", default="runs/study")
@@ -177,7 +177,7 @@ TRAIN_OPTION_HELP = {
     "model": "HF model id or local folder (default: embedded SmolLM2-135M-Instruct)",
     "data": "JSONL with prompt/completion or text records (default: self-distillation)",
     "prompts": "self-distillation prompt set",
-    "max_minutes": "stop after this much wall time (the learning rate decays over it)",
+    "max_minutes": "stop after this much CPU time of the process (the learning rate decays over it)",
     "samples_per_prompt": "sampled teacher continuations per prompt besides the greedy one",
     "decays": "comma-separated decays to draw schedules from",
     "schedule_mix": "broad: uniform 1.5-4x and decays; focused: 1.5-3x, linear 60%%",

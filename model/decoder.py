@@ -1,4 +1,4 @@
-"""Batched, KV-cached SkipDecode (DESIGN.md §1), as small named steps:
+"""Batched, KV-cached SkipDecode (docs/DESIGN.md, "The method"), as small named steps:
 
     prefill      prompt positions through the prefill layer set, filling each layer's cache
     decode_step  one new position through the layer set of step k (one exit for the whole batch)

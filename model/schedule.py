@@ -3,10 +3,11 @@
 Pure Python on purpose (no torch): the UI draws the schedule before any model is loaded, and
 the solver runs on every slider move.
 
-Vocabulary (DESIGN.md §1):
+Vocabulary (docs/DESIGN.md, "The method"):
 * step k = 0, 1, 2, ...: the k-th generated token fed back as input; step k runs n_k layers.
-* n_k = round(f(k)) for a decay function f from ``max_layers`` (k = 0) to ``min_layers``
+* n_k = round_half_up(f(k)) for a decay function f from ``max_layers`` (k = 0) to ``min_layers``
   (k >= decay_length), clamped to [min, max] and made monotone with a running minimum.
+  Linear, step and constant decays are evaluated exactly (Fractions), so x.5 always rounds up.
 * A layer ORDER maps a budget n to the set of layers that run. Orders must be NESTED
   (S(n) is a subset of S(n + 1)): with a non-increasing n_k, the steps that run any layer then
   form a prefix of the sequence, so every layer's KV cache is a prefix and nothing is recomputed.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Callable, Sequence
 
 DECAY_FUNCTIONS: tuple[str, ...] = ("linear", "exponential", "cosine", "power", "step", "constant")
@@ -66,12 +68,31 @@ def _unit_decay(decay: str, progress: float, step: int, decay_length: int) -> fl
     raise ValueError(f"decay must be one of {', '.join(DECAY_FUNCTIONS)}; got {decay!r}")
 
 
-def decay_value(decay: str, step: int, max_layers: int, min_layers: int, decay_length: int) -> float:
-    """The un-rounded decay function f(step)."""
+def decay_value(decay: str, step: int, max_layers: int, min_layers: int, decay_length: int) -> float | Fraction:
+    """The un-rounded decay function f(step).
+
+    Linear, step and constant are computed EXACTLY (Fractions): their values at the integer grid
+    often land on x.5, where float error would push the rounding either way.
+    """
     if step >= decay_length:
-        return float(min_layers) if decay != "constant" else float(max_layers)
+        return Fraction(min_layers if decay != "constant" else max_layers)
+    if decay == "linear":
+        return min_layers + Fraction((max_layers - min_layers) * (decay_length - step), decay_length)
+    if decay in ("step", "constant"):
+        return Fraction(max_layers if decay == "constant" or 2 * step < decay_length else min_layers)
     progress = step / decay_length
     return min_layers + (max_layers - min_layers) * _unit_decay(decay, progress, step, decay_length)
+
+
+def round_half_up(value: float | Fraction) -> int:
+    """The rounding rule of every schedule: nearest integer, exact halves go UP (more layers).
+
+    Fractions are exact; for the transcendental decays a float within 1e-9 of a half counts
+    as that half (cos(pi/2) is 6e-17, not 0).
+    """
+    if isinstance(value, Fraction):
+        return math.floor(value + Fraction(1, 2))
+    return math.floor(value + 0.5 + 1e-9)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -203,7 +224,7 @@ class ScheduleConfig:
         budgets = self._budgets
         while len(budgets) <= min(step, self.decay_length):
             k = len(budgets)
-            raw = round(decay_value(self.decay, k, self.max_layers, self.min_layers, self.decay_length))
+            raw = round_half_up(decay_value(self.decay, k, self.max_layers, self.min_layers, self.decay_length))
             clamped = min(self.max_layers, max(self.min_layers, raw))
             budgets.append(clamped if not budgets else min(budgets[-1], clamped))  # running minimum
         return budgets[min(step, self.decay_length)]

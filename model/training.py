@@ -69,12 +69,13 @@ class TrainConfig:
     data: str | None = None  # JSONL prompt/completion or text; None = self-distillation
     prompts: str = str(DEFAULT_TRAIN_PROMPTS)  # self-distillation prompt set
     max_steps: int = 200
-    max_minutes: float | None = None  # stop after this much wall time (equal-budget study arms)
+    max_minutes: float | None = None  # stop after this much CPU time of this process (equal-budget study arms)
     batch_size: int = 8
     grad_accum: int = 1
     learning_rate: float = 3e-4
     warmup_steps: int = 10
     continuation_tokens: int = 64  # teacher continuation length (self-distillation)
+    max_target_tokens: int | None = None  # train on only the first N target tokens (cheaper steps)
     samples_per_prompt: int = 0  # sampled teacher continuations per prompt, besides the greedy one
     sample_temperature: float = 0.8
     max_prompt_tokens: int = 128
@@ -401,6 +402,9 @@ def train(config: TrainConfig) -> TrainResult:
         with accelerator.main_process_first():  # the main process writes the teacher cache
             examples = distillation_examples(generator, prompts, config, cache)
         steps_hint = config.continuation_tokens
+    if config.max_target_tokens:
+        examples = [Example(prompt=e.prompt, target=e.target[: config.max_target_tokens]) for e in examples]
+        steps_hint = min(steps_hint, config.max_target_tokens)
     heldout = heldout_set(generator, config, output / f"heldout-{config.eval_prompts}-{config.eval_tokens}.jsonl")
     num_layers = generator.num_layers
 
@@ -414,6 +418,9 @@ def train(config: TrainConfig) -> TrainResult:
     model, optimizer = accelerator.prepare(model, optimizer)
 
     start_step, spent = _resume(accelerator, output) if config.resume else (0, 0.0)
+    # A time budget counts this process's CPU time, not wall time: arms of a study stay
+    # comparable while other work shares the machine.
+    cpu_started = time.process_time() - spent
     pad_id = loaded.pad_token_id
     losses: list[float] = []
     curve: list[dict] = []
@@ -422,26 +429,30 @@ def train(config: TrainConfig) -> TrainResult:
                     disable=not accelerator.is_local_main_process, desc="skip-policy training")
     tokens_seen = 0
     step = start_step
-    eval_seconds = 0.0  # held-out evaluation does not count against a time budget
+    eval_seconds = eval_cpu_seconds = 0.0  # held-out evaluation does not count against a time budget
 
     def evaluate_heldout() -> dict:
-        nonlocal eval_seconds
-        begun = time.perf_counter()
+        nonlocal eval_seconds, eval_cpu_seconds
+        begun, cpu_begun = time.perf_counter(), time.process_time()
         unwrapped = accelerator.unwrap_model(model)
         scores = heldout_scores(unwrapped.lm, unwrapped.bridge, heldout, config, num_layers)
         eval_seconds += time.perf_counter() - begun
+        eval_cpu_seconds += time.process_time() - cpu_begun
         return scores
 
     if heldout is not None and start_step == 0:
-        curve.append({"step": 0, "seconds": 0.0, **evaluate_heldout()})
+        curve.append({"step": 0, "seconds": 0.0, "cpu_minutes": 0.0, **evaluate_heldout()})
         progress.write("untrained held-out: " + ", ".join(
             f"{k} agree {v['agreement']:.3f}" for k, v in curve[0].items() if isinstance(v, dict)))
+    def cpu_minutes() -> float:
+        return (time.process_time() - cpu_started - eval_cpu_seconds) / 60
+
     for step in progress:
         elapsed = time.perf_counter() - started - eval_seconds
-        if config.max_minutes is not None and elapsed > config.max_minutes * 60:
+        if config.max_minutes is not None and cpu_minutes() > config.max_minutes:
             break
         for group in optimizer.param_groups:
-            group["lr"] = config.learning_rate * _lr_factor(step, elapsed, config)
+            group["lr"] = config.learning_rate * _lr_factor(step, cpu_minutes() * 60, config)
         # Per-step RNG from (seed, step, rank): resuming replays the same batches and schedules.
         rng = random.Random(hash((config.seed, step, accelerator.process_index)))
         batch = [examples[rng.randrange(len(examples))] for _ in range(config.batch_size)]
@@ -472,11 +483,12 @@ def train(config: TrainConfig) -> TrainResult:
                    "speedup": f"{schedule.num_layers / max(1, sum(schedule.budgets(steps_hint)) / steps_hint):.1f}x"}
         record = {"step": step + 1, "loss": round(losses[-1], 5), "decay": schedule.decay,
                   "max_layers": schedule.max_layers, "min_layers": schedule.min_layers,
-                  "seconds": round(elapsed, 1)}
-        done = step + 1 == config.max_steps or (config.max_minutes is not None and elapsed > config.max_minutes * 60)
+                  "seconds": round(elapsed, 1), "cpu_minutes": round(cpu_minutes(), 2)}
+        done = step + 1 == config.max_steps or (config.max_minutes is not None and cpu_minutes() > config.max_minutes)
         if heldout is not None and ((step + 1) % config.eval_every == 0 or done):
             record["heldout"] = evaluate_heldout()
-            curve.append({"step": step + 1, "seconds": round(elapsed, 1), **record["heldout"]})
+            curve.append({"step": step + 1, "seconds": round(elapsed, 1), "cpu_minutes": round(cpu_minutes(), 2),
+                          **record["heldout"]})
             postfix["agree@2x"] = record["heldout"].get("2x", {}).get("agreement")
             progress.write(f"step {step + 1} ({elapsed / 60:.1f} min) held-out: " + ", ".join(
                 f"{k} agree {v['agreement']:.3f} KL {v['kl']:.3f}" for k, v in record["heldout"].items()))

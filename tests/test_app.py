@@ -6,9 +6,11 @@ import time
 import pytest
 from gradio_client import Client
 
-from app.playground import Limits
+from app.settings import Limits
 from app.ui import build_demo, launch_options
 from model.generation import GenerationRequest, ScheduleRequest, TextGenerator
+
+pytestmark = pytest.mark.server
 
 
 class CountingGenerator(TextGenerator):
@@ -116,6 +118,7 @@ def test_cancel_stops_the_decoder_and_frees_the_slot(client, server):
         (dict(prompt="hi", warmup=5, min_layers=3), "warmup"),
     ],
 )
+
 def test_bad_input_gets_a_clear_message_and_the_server_keeps_serving(client, kwargs, needle):
     with pytest.raises(Exception, match=needle):
         client.predict(api_name="/generate", **kwargs)
@@ -155,8 +158,8 @@ def test_step_mode_advances_both_streams_one_token_at_a_time(server):
     class Session:
         session_hash = "step-test"
 
-    args = ("Name three colours.", 2.0, "linear", 1, 0, 0, 0, "warmup_top", 1, 6, 0.0, 1.0, 0, True)
-    statuses = [demo.playground.step(*args, request=Session())[0] for _ in range(7)]
+    values = dict(prompt="Name three colours.", target_speedup=2.0, decay="linear", warmup=1, max_new_tokens=6)
+    statuses = [demo.playground.step(values, request=Session())[0] for _ in range(7)]
     assert statuses[0].startswith("prefill (the prompt): SkipDecode ran 30/30 layers")
     for k in range(5):
         assert statuses[k + 1].startswith(f"step {k}: "), statuses

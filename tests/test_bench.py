@@ -11,6 +11,8 @@ import pytest
 from model.bench import BenchRow, Timing, _rows
 from model.schedule import CostModel, solve_schedule
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

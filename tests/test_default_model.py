@@ -8,6 +8,8 @@ import torch
 from model.generation import GenerationRequest, ScheduleRequest, TextGenerator
 from model.loading import DEFAULT_GGUF_FILE, cache_root, locate_default_gguf
 
+pytestmark = pytest.mark.slow
+
 NEW_TOKENS = 24
 
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.playground import Limits, PlaygroundSettings, clean_prompt, parse_settings
+from app.settings import Limits, PlaygroundSettings, clean_prompt, parse_settings
 
 LIMITS = Limits(max_new_tokens=64, max_batch_size=4, max_prompt_chars=500)
 
@@ -43,6 +43,7 @@ def test_any_parameter_mix_is_either_accepted_or_a_clear_value_error(**kwargs):
     assert 0 <= settings_.temperature and 0 < settings_.top_p <= 1
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(target_speedup=st.floats(min_value=1.0, max_value=20.0), warmup=st.integers(0, 31),
        min_layers=st.integers(0, 32), max_layers=st.integers(0, 32),
@@ -91,7 +92,10 @@ def test_prompt_limit_is_named():
 def test_the_api_cannot_choose_a_model_or_remote_code():
     import inspect
 
-    from app.ui import Playground
+    from app.handlers import Playground
+    from app.settings import Limits
+    from app.ui import api_function
 
-    parameters = set(inspect.signature(Playground.api_generate).parameters)
+    parameters = set(inspect.signature(api_function(Playground(lambda: None, Limits()))).parameters)
+    assert {"prompt", "target_speedup", "decay", "request"} <= parameters
     assert not parameters & {"model", "adapter", "trust_remote_code", "path", "device"}

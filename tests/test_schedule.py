@@ -135,3 +135,25 @@ def test_solver_rejects_bad_settings(target, kwargs, needle):
 def test_schedule_imports_without_torch():
     code = "import sys, model.schedule; assert 'torch' not in sys.modules, 'schedule pulled in torch'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _exact_linear_budget(max_layers: int, min_layers: int, decay_length: int, step: int) -> int:
+    """floor(f + 1/2) of f = min + (max - min)(D - k)/D in integers: half up, no floats."""
+    k = min(step, decay_length)
+    numerator = 2 * min_layers * decay_length + 2 * (max_layers - min_layers) * (decay_length - k) + decay_length
+    return numerator // (2 * decay_length)
+
+
+def test_linear_budgets_equal_exact_arithmetic_with_halves_rounded_up():
+    assert ScheduleConfig(30, 30, 3, decay="linear", warmup=1, decay_length=6).budgets(6) == [30, 26, 21, 17, 12, 8]
+    for max_layers in range(2, 31):
+        for min_layers in range(2, max_layers + 1):
+            for decay_length in (1, 2, 3, 4, 5, 6, 7, 10, 16, 33, 64, 100, 128):
+                config = ScheduleConfig(30, max_layers, min_layers, decay="linear", warmup=1, decay_length=decay_length)
+                expected = [_exact_linear_budget(max_layers, min_layers, decay_length, k) for k in range(decay_length + 2)]
+                assert config.budgets(decay_length + 2) == expected, (max_layers, min_layers, decay_length)
+
+
+def test_step_decay_switches_at_half_the_decay_length_exactly():
+    config = ScheduleConfig(12, 10, 4, decay="step", warmup=1, decay_length=6)
+    assert config.budgets(8) == [10, 10, 10, 4, 4, 4, 4, 4]

@@ -21,6 +21,8 @@ from model.training import (
     user_examples,
 )
 
+pytestmark = pytest.mark.slow
+
 
 def test_training_forward_equals_the_decoders_cached_logits():
     model = tiny_model("llama")
@@ -134,6 +136,7 @@ def test_user_jsonl_trains_with_cross_entropy(tiny_folder, tmp_path):
         ("", "no records"),
     ],
 )
+
 def test_bad_jsonl_names_the_line(tmp_path, default_model, content, needle):
     path = tmp_path / "bad.jsonl"
     path.write_text(content)

@@ -1,0 +1,177 @@
+"""Event handlers: plain functions of the playground's settings (a dict keyed by field name).
+
+No layout here (app/ui.py wires these to controls) and no transformers internals (the library
+behind TextGenerator owns those). Every handler turns a bad setting into a gr.Error with the
+reason, before it waits for the model lane.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterator
+
+import gradio as gr
+
+from app import explainer
+from app.figures import schedule_figure
+from app.race import RaceUpdate, race
+from app.sessions import RunHandle, SessionRuns, session_key
+from app.settings import EXAMPLE_PROMPTS, Limits, PlaygroundSettings, parse_settings
+from app.views import RaceRenderer, TokenTexts, api_message, layer_ranges, one_line
+from model.generation import TextGenerator
+
+HEATMAP_EVERY_S = 0.25  # heatmap redraws at most 4x a second; text streams every step
+NO_CHANGE = (gr.skip(),) * 5  # the five stream outputs left as they are
+
+
+class Playground:
+    """Handlers bound to one TextGenerator factory (the model is shared; runs are per session)."""
+
+    def __init__(self, get_generator: Callable[[], TextGenerator], limits: Limits) -> None:
+        self.get_generator = get_generator
+        self.limits = limits
+        self.runs = SessionRuns()
+
+    # --- settings ---------------------------------------------------------------------------
+    def settings(self, values: dict) -> PlaygroundSettings:
+        return PlaygroundSettings.from_values(self.limits, **values)
+
+    def validated(self, values: dict) -> tuple[PlaygroundSettings, TextGenerator]:
+        """Settings the solver accepts, or a gr.Error with the reason (before any run starts)."""
+        try:
+            settings = self.settings(values)
+            generator = self.get_generator()
+            generator.schedule_for(settings.schedule_request(), settings.max_new_tokens)
+        except (ValueError, TypeError) as error:
+            raise gr.Error(str(error), print_exception=False) from None
+        return settings, generator
+
+    def schedule_preview(self, values: dict):
+        """The schedule plot for the current controls (no model run)."""
+        try:
+            settings = self.settings(values)
+            solved = self.get_generator().schedule_for(settings.schedule_request(), settings.max_new_tokens)
+        except ValueError as error:
+            return gr.skip(), f"⚠️ {error}"
+        return schedule_figure(solved), ""
+
+    # --- streaming generation ---------------------------------------------------------------
+    def generate(self, values: dict, request: gr.Request | None = None, notice: str = "") -> Iterator[tuple]:
+        """Stream both outputs side by side: (status, skip html, full text, stats, heatmap json)."""
+        settings, generator = self.validated(values)
+        session = session_key(request)
+        handle = self.runs.start(session)
+        try:
+            yield from self._stream(generator, settings, handle, notice)
+        finally:
+            self.runs.finish(session, handle)
+
+    def request_restart(self, request: gr.Request | None = None) -> bool:
+        """Speedup/decay moved (runs outside the queue, at once): if this session is generating,
+        end that run at its next step, which frees the model lane for the restart."""
+        session = session_key(request)
+        if not self.runs.is_running(session):
+            return False
+        self.runs.cancel(session, reason="restart")
+        return True
+
+    def restart_if_running(self, restart: bool, values: dict, request: gr.Request | None = None) -> Iterator[tuple]:
+        """Second half of a settings change: restart both streams with the new setting."""
+        if not restart:
+            yield NO_CHANGE  # nothing was running: leave the outputs as they are
+            return
+        notice = (f"⟳ Settings changed while generating: restarted both streams at {values['target_speedup']}x, "
+                  f"{values['decay']} decay.")
+        yield from self.generate(values, request, notice)
+
+    def leave(self, request: gr.Request) -> None:
+        """A closed tab: cancel that session's run (the decoder stops at its next step)."""
+        self.runs.cancel(session_key(request))
+
+    def stop(self, request: gr.Request | None = None) -> str:
+        self.runs.cancel(session_key(request))
+        return "⏹ Stopped."
+
+    def _stream(self, generator: TextGenerator, settings: PlaygroundSettings, handle: RunHandle, notice: str):
+        renderer = RaceRenderer(generator, settings)
+        last_plot = 0.0
+        status = notice or "Generating… SkipDecode and the full model take turns; each advances by its own measured step time."
+        update: RaceUpdate | None = None
+        try:
+            for update in race(generator, settings, should_cancel=lambda: handle.cancelled):
+                now = time.monotonic()
+                finished = update.skip.done and update.full.done
+                with_plot = finished or now - last_plot >= HEATMAP_EVERY_S
+                if with_plot:
+                    last_plot = now
+                yield renderer.outputs(status, update, with_plot)
+        except ValueError as error:  # e.g. a prompt over the context, found at encoding time
+            raise gr.Error(str(error), print_exception=False) from None
+        if update is None or handle.reason == "restart":
+            return  # a restart's new run writes the status
+        final = "⏹ Stopped." if handle.cancelled else (notice + " " if notice else "") + "✅ Done."
+        yield (final, gr.skip(), gr.skip(), gr.skip(), gr.skip())
+
+    # --- step mode --------------------------------------------------------------------------
+    def step(self, values: dict, request: gr.Request | None = None) -> tuple:
+        """Advance SkipDecode and the full model by one token each; say which layers ran."""
+        session = session_key(request)
+        try:
+            settings = self.settings(values)
+            generator = self.get_generator()
+            current = self.runs.steppers.get(session)
+            if current is None or current[0] != settings:
+                current = (settings, self._lockstep(generator, settings), RaceRenderer(generator, settings))
+                self.runs.steppers[session] = current
+            _, iterator, renderer = current
+            update = next(iterator, None)
+        except ValueError as error:
+            raise gr.Error(str(error), print_exception=False) from None
+        if update is None:
+            self.runs.steppers.pop(session, None)
+            return ("✅ Both outputs are complete. Press Step again to start over.",) + NO_CHANGE[1:]
+        skip = update.skip
+        layers = skip.step_layers[-1] if skip.step_layers else skip.prefill_layers
+        which = "prefill (the prompt)" if not skip.step_layers else f"step {len(skip.step_layers) - 1}"
+        status = (f"{which}: SkipDecode ran {len(layers)}/{generator.num_layers} layers "
+                  f"{layer_ranges(layers)}; the full model ran all {generator.num_layers}.")
+        return renderer.outputs(status, update, with_plot=True)
+
+    def reset_steps(self, request: gr.Request | None = None) -> str:
+        self.runs.steppers.pop(session_key(request), None)
+        return "Step mode reset."
+
+    @staticmethod
+    def _lockstep(generator: TextGenerator, settings: PlaygroundSettings) -> Iterator[RaceUpdate]:
+        """Yield once both streams made one more step (a finished stream just waits)."""
+        for update in race(generator, settings, lockstep=True):
+            if update.moved == "full" or update.full.done:
+                yield update
+
+    # --- batch view -------------------------------------------------------------------------
+    def batch_view(self, target_speedup: float, decay: str, request: gr.Request | None = None):
+        try:
+            settings = parse_settings(self.limits, EXAMPLE_PROMPTS[0], target_speedup=target_speedup, decay=decay,
+                                      batch_size=4, max_new_tokens=20)
+            generator = self.get_generator()
+            result = generator.generate(settings.request(full=False))
+        except ValueError as error:
+            raise gr.Error(str(error), print_exception=False) from None
+        depths = [len(result.decode.prefill_layers)] + result.layers_per_step
+        rows = [TokenTexts(generator).update(ids) for ids in result.decode.tokens]
+        lines = "\n".join(f"{i}. **{p}** → {one_line(o)}" for i, (p, o) in enumerate(zip(result.prompts, result.outputs), 1))
+        return explainer.batch_view_figure(rows, depths, generator.num_layers), lines
+
+    # --- the public API ---------------------------------------------------------------------
+    def api_stream(self, values: dict, request: gr.Request | None = None) -> Iterator[dict]:
+        """The API's stream: one message per step, the last with "done": true."""
+        settings, generator = self.validated(values)
+        session = session_key(request)
+        handle = self.runs.start(session)
+        try:
+            for update in race(generator, settings, should_cancel=lambda: handle.cancelled):
+                yield api_message(generator, update, settings)
+        except ValueError as error:
+            raise gr.Error(str(error), print_exception=False) from None
+        finally:
+            self.runs.finish(session, handle)

@@ -1,0 +1,90 @@
+"""The race: SkipDecode and the full model advanced side by side on one device.
+
+They cannot both run flat out at once without slowing each other, so they are interleaved step by
+step, and the stream that has used LESS measured compute time goes next. The race on screen
+therefore shows each at its own measured speed (the faster one pulls ahead), and the tokens/s
+figures are measured per stream. Step mode alternates them instead (``lockstep``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from app.settings import PlaygroundSettings
+from model.decoder import StepEvent
+from model.generation import GenerationResult, TextGenerator
+from model.schedule import SolvedSchedule
+
+
+@dataclass
+class StreamProgress:
+    """How far one stream (SkipDecode or full) has come: its tokens, depths and time."""
+
+    name: str
+    rows: int
+    tokens: list[list[int]] = field(default_factory=list)  # generated ids per row (EOS excluded)
+    depths: list[int] = field(default_factory=list)  # layers that produced each generated token
+    step_layers: list[tuple[int, ...]] = field(default_factory=list)  # decode step k -> layers
+    prefill_layers: tuple[int, ...] = ()
+    seconds: float = 0.0
+    done: bool = False
+    result: GenerationResult | None = None
+
+    def __post_init__(self) -> None:
+        self.tokens = [[] for _ in range(self.rows)]
+
+    def apply(self, event: StepEvent, eos_ids: tuple[int, ...]) -> None:
+        self.seconds += event.seconds
+        if event.step < 0:
+            self.prefill_layers = event.layers
+        else:
+            self.step_layers.append(event.layers)
+        self.depths.append(len(event.layers))
+        for row, token in enumerate(event.token_ids):
+            was_done = len(self.tokens[row]) and self.tokens[row][-1] is None
+            if not was_done:
+                self.tokens[row].append(None if token in eos_ids else token)
+
+    def ids(self, row: int) -> list[int]:
+        return [t for t in self.tokens[row] if t is not None]
+
+    @property
+    def generated(self) -> int:
+        return sum(len(self.ids(r)) for r in range(self.rows))
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.generated / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class RaceUpdate:
+    skip: StreamProgress
+    full: StreamProgress
+    solved: SolvedSchedule
+    moved: str  # which stream advanced ("skip" or "full")
+
+
+def race(generator: TextGenerator, settings: PlaygroundSettings,
+         should_cancel: Callable[[], bool] | None = None, *, lockstep: bool = False) -> Iterator[RaceUpdate]:
+    """Advance SkipDecode and the full model step by step, the one with less compute time first
+    (``lockstep``: the one that has taken fewer steps first, so they alternate: step mode)."""
+    skip_request, full_request = settings.request(full=False), settings.request(full=True)
+    solved = generator.schedule_for(skip_request.schedule, settings.max_new_tokens)  # ValueError on bad settings
+    rows = len(skip_request.prompts)
+    views = {"skip": StreamProgress("SkipDecode", rows), "full": StreamProgress("full model", rows)}
+    streams = {"skip": generator.stream(skip_request, should_cancel), "full": generator.stream(full_request, should_cancel)}
+    eos = generator.loaded.eos_token_ids
+    while not all(v.done for v in views.values()):
+        if should_cancel is not None and should_cancel():
+            for stream in streams.values():
+                stream.close()
+            return
+        progress = (lambda k: len(views[k].depths)) if lockstep else (lambda k: views[k].seconds)
+        key = min((k for k, v in views.items() if not v.done), key=lambda k: (progress(k), k != "skip"))
+        try:
+            views[key].apply(next(streams[key]), eos)
+        except StopIteration as stop:
+            views[key].done, views[key].result = True, stop.value
+        yield RaceUpdate(views["skip"], views["full"], solved, key)

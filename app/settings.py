@@ -1,0 +1,193 @@
+"""The playground's settings: ONE list of fields. Each field's metadata carries its label, range
+and help; validation, the UI controls, the event wiring and the API all read this list.
+
+Adding a control = one field here + at most one line of layout in app/ui.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from model.decoder import SamplingConfig
+from model.generation import GenerationRequest, ScheduleRequest
+from model.schedule import DECAY_FUNCTIONS, DEFAULT_WARMUP, LAYER_ORDERS
+
+EXAMPLE_PROMPTS = [
+    "Name three colours.",
+    "Explain why the sky is blue in two sentences.",
+    "Write a haiku about autumn.",
+    "Give me three tips for learning to cook.",
+    "What is the capital of France?",
+    "Write a short story about a robot who learns to paint.",
+    "Write a Python function that reverses a string.",
+    "List five animals that live in the ocean.",
+]
+
+MAX_SEED = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask for (deployers set these through app.py's environment)."""
+
+    max_new_tokens: int = 256
+    max_batch_size: int = 8
+    max_prompt_chars: int = 8000
+
+
+def setting(default: Any, *, label: str, help: str = "", kind: str = "number", low: float | None = None,
+            high: float | str | None = None, step: float | None = None, choices: tuple[str, ...] = (),
+            integer: bool = False):
+    """A settings field. ``high`` may name a Limits attribute (the deployer's limit)."""
+    return field(default=default, metadata=dict(label=label, help=help, kind=kind, low=low, high=high, step=step,
+                                                 choices=choices, integer=integer))
+
+
+@dataclass(frozen=True)
+class PlaygroundSettings:
+    """Every control of the playground, validated and normalised (build with ``from_values``).
+    Field order = the public API's parameter order (README documents it)."""
+
+    prompt: str = setting("", label="Prompt", kind="text")
+    target_speedup: float = setting(2.0, label="Target layer speedup", low=1.0, high=1000.0, step=0.1,
+                                    help="1 = full model; the solver picks max/min layers")
+    decay: str = setting("linear", label="Decay function", kind="choice", choices=DECAY_FUNCTIONS)
+    warmup: int = setting(DEFAULT_WARMUP, label="Warmup layers (always run)", low=0, high=1000, integer=True)
+    max_new_tokens: int = setting(48, label="Max new tokens", low=1, high="max_new_tokens", integer=True)
+    temperature: float = setting(0.0, label="Temperature (0 = greedy)", low=0.0, high=10.0, step=0.05)
+    top_p: float = setting(1.0, label="Top-p", low=1e-6, high=1.0, step=0.05)
+    seed: int = setting(0, label="Seed", low=0, high=MAX_SEED, integer=True)
+    batch_size: int = setting(1, label="Batch size (row 0 is your prompt, others are examples)", low=1,
+                              high="max_batch_size", integer=True)
+    min_layers: int = setting(0, label="Min layers (0 = solver)", low=0, high=1000, integer=True)
+    max_layers: int = setting(0, label="Max layers (0 = solver)", low=0, high=1000, integer=True)
+    decay_length: int = setting(0, label="Decay length D (0 = max new tokens)", low=0, high=100000, integer=True)
+    order: str = setting("warmup_top", label="Layer order", kind="choice", choices=tuple(LAYER_ORDERS))
+    prompt_at_full_depth: bool = setting(True, label="Prompt at full depth", kind="bool")
+
+    # --- the schema -------------------------------------------------------------------------
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def meta(cls, name: str) -> dict:
+        return next(f.metadata for f in dataclasses.fields(cls) if f.name == name)
+
+    @classmethod
+    def from_values(cls, limits: Limits, **values) -> "PlaygroundSettings":
+        """The same rules for the UI and the API: every value checked, or a ValueError naming it."""
+        unknown = sorted(set(values) - set(cls.names()))
+        if unknown:
+            raise ValueError(f"unknown setting(s): {', '.join(unknown)}; the settings are {', '.join(cls.names())}")
+        checked = {}
+        for spec in dataclasses.fields(cls):
+            value = values.get(spec.name, spec.default)
+            meta = spec.metadata
+            if meta["kind"] == "text":
+                checked[spec.name] = clean_prompt(value, limits)
+            elif meta["kind"] == "choice":
+                checked[spec.name] = _choice(spec.name, value, meta["choices"])
+            elif meta["kind"] == "bool":
+                checked[spec.name] = _boolean(spec.name, value)
+            else:
+                high = getattr(limits, meta["high"]) if isinstance(meta["high"], str) else meta["high"]
+                checked[spec.name] = _number(spec.name, value, integer=meta["integer"], low=meta["low"], high=high)
+        return cls(**checked)
+
+    # --- what the settings ask the library for ----------------------------------------------
+    def prompts(self) -> tuple[str, ...]:
+        """Row 0 is the user's prompt; further rows take example prompts (a real, mixed batch)."""
+        others = [p for p in EXAMPLE_PROMPTS if p != self.prompt]
+        return (self.prompt, *others[: self.batch_size - 1])
+
+    def schedule_request(self, full: bool = False) -> ScheduleRequest:
+        return ScheduleRequest(
+            target_speedup=self.target_speedup, decay=self.decay, warmup=self.warmup,
+            min_layers=self.min_layers or None, max_layers=self.max_layers or None,
+            decay_length=self.decay_length or None, order=self.order,
+            prompt_at_full_depth=self.prompt_at_full_depth, full=full,
+        )
+
+    def request(self, full: bool) -> GenerationRequest:
+        return GenerationRequest(
+            prompts=self.prompts(), schedule=self.schedule_request(full), max_new_tokens=self.max_new_tokens,
+            sampling=SamplingConfig(temperature=self.temperature, top_p=self.top_p, seed=self.seed),
+        )
+
+
+SETTING_NAMES = PlaygroundSettings.names()
+
+
+def parse_settings(limits: Limits, prompt, **values) -> PlaygroundSettings:
+    """PlaygroundSettings.from_values with the prompt first (the common call)."""
+    return PlaygroundSettings.from_values(limits, prompt=prompt, **values)
+
+
+# --- value checks ----------------------------------------------------------------------------
+
+
+def _number(name: str, value, *, integer: bool = False, low: float | None = None, high: float | None = None):
+    """One parameter from the UI or the API: a finite number within bounds, or a clear ValueError.
+    Whole numbers stay integers all the way (a seed near 2**63 must not pass through a float)."""
+    if isinstance(value, bool) or value is None:
+        raise ValueError(f"{name} must be a number; got {value!r}"[:300])
+    if integer and isinstance(value, int):
+        number = value
+    elif integer and isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+        number = int(value.strip())
+    else:
+        try:
+            number = float(value)
+        except (TypeError, ValueError, OverflowError):
+            raise ValueError(f"{name} must be a number; got {value!r}"[:300]) from None
+        if not math.isfinite(number):
+            raise ValueError(f"{name} must be a finite number; got {value!r}"[:300])
+        if integer:
+            if number != int(number):
+                raise ValueError(f"{name} must be a whole number; got {value!r}"[:300])
+            if abs(number) > 2**53:
+                raise ValueError(f"{name}: send whole numbers above 2**53 as integers, not floats; got {value!r}")
+            number = int(number)
+    if low is not None and number < low:
+        raise ValueError(f"{name} must be >= {_show(low)}; got {value!r}"[:300])
+    if high is not None and number > high:
+        raise ValueError(f"{name} must be <= {_show(high)}; got {value!r}"[:300])
+    return number
+
+
+def _show(bound: float) -> str:
+    return str(int(bound)) if float(bound).is_integer() else f"{bound:g}"
+
+
+def _choice(name: str, value, options: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in options:
+        raise ValueError(f"{name} must be one of {', '.join(options)}; got {value!r}"[:300])
+    return value
+
+
+def _boolean(name: str, value) -> bool:
+    """true/false only: a string like "no" must not read as True."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise ValueError(f"{name} must be true or false; got {value!r}"[:300])
+
+
+def clean_prompt(prompt, limits: Limits) -> str:
+    if not isinstance(prompt, str):
+        raise ValueError(f"prompt must be text; got {type(prompt).__name__}")
+    # Lone surrogates cannot be encoded; control characters (except newline/tab) are noise.
+    prompt = prompt.encode("utf-8", "replace").decode("utf-8")
+    prompt = "".join(ch for ch in prompt if ch in "\n\t" or ch.isprintable())
+    if not prompt.strip():
+        raise ValueError("the prompt is empty: type something for the model to continue")
+    if len(prompt) > limits.max_prompt_chars:
+        raise ValueError(f"the prompt is {len(prompt)} characters; the limit is {limits.max_prompt_chars}")
+    return prompt
