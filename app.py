@@ -6,6 +6,9 @@ Settings (environment variables, all optional):
   SKIPDECODE_MAX_NEW_TOKENS longest generation one request may ask for (default 256)
   SKIPDECODE_MAX_BATCH      largest batch one request may ask for (default 8)
   SKIPDECODE_MAX_PROMPT_CHARS  longest prompt in characters (default 8000)
+  SKIPDECODE_MAX_PROMPT_TOKENS longest prompt in tokens, chat template included (default 2048)
+  SKIPDECODE_MAX_REQUEST_TOKENS one request's compute: batch x (prompt + new tokens) (default 8192)
+  GRADIO_ANALYTICS_ENABLED  telemetry and gradio's version check (default False)
   SKIPDECODE_CONCURRENCY    generations running at once (default 1: one model, one CPU)
   SKIPDECODE_QUEUE_SIZE     requests waiting at most before new ones are turned away (default 32)
   GRADIO_SERVER_NAME / GRADIO_SERVER_PORT  where to listen (default 127.0.0.1:7860)
@@ -14,6 +17,9 @@ Settings (environment variables, all optional):
 from __future__ import annotations
 
 import os
+
+# Telemetry and gradio's package-version check stay off unless the deployer turns them on.
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 from functools import lru_cache
 
 from app.settings import Limits
@@ -32,6 +38,8 @@ def limits_from_env() -> Limits:
         max_new_tokens=_env_int("SKIPDECODE_MAX_NEW_TOKENS", 256),
         max_batch_size=_env_int("SKIPDECODE_MAX_BATCH", 8),
         max_prompt_chars=_env_int("SKIPDECODE_MAX_PROMPT_CHARS", 8000),
+        max_prompt_tokens=_env_int("SKIPDECODE_MAX_PROMPT_TOKENS", 2048),
+        max_request_tokens=_env_int("SKIPDECODE_MAX_REQUEST_TOKENS", 8192),
     )
 
 
@@ -70,8 +78,8 @@ def main() -> None:
     if not os.environ.get("SKIPDECODE_MODEL"):
         ensure_default_model()
     get_generator()  # load at start-up: the first visitor should not wait for it
-    demo = build_demo(get_generator, limits_from_env(), concurrency_limit=_env_int("SKIPDECODE_CONCURRENCY", 1))
-    demo.queue(max_size=_env_int("SKIPDECODE_QUEUE_SIZE", 32))
+    demo = build_demo(get_generator, limits_from_env(), concurrency_limit=_env_int("SKIPDECODE_CONCURRENCY", 1),
+                      queue_size=_env_int("SKIPDECODE_QUEUE_SIZE", 32))
     demo.launch(
         server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
         server_port=_env_int("GRADIO_SERVER_PORT", 7860),

@@ -7,7 +7,9 @@ reason, before it waits for the model lane.
 
 from __future__ import annotations
 
+import threading
 import time
+import uuid
 from typing import Callable, Iterator
 
 import gradio as gr
@@ -27,10 +29,13 @@ NO_CHANGE = (gr.skip(),) * 5  # the five stream outputs left as they are
 class Playground:
     """Handlers bound to one TextGenerator factory (the model is shared; runs are per session)."""
 
-    def __init__(self, get_generator: Callable[[], TextGenerator], limits: Limits) -> None:
+    def __init__(self, get_generator: Callable[[], TextGenerator], limits: Limits, concurrency: int = 1) -> None:
         self.get_generator = get_generator
         self.limits = limits
         self.runs = SessionRuns()
+        # Held for each model step of any run: a cancelled run's step that is still computing (a
+        # long prefill) keeps the model busy, so the next run waits for it instead of overlapping.
+        self.compute = threading.BoundedSemaphore(max(1, concurrency))
 
     # --- settings ---------------------------------------------------------------------------
     def settings(self, values: dict) -> PlaygroundSettings:
@@ -42,9 +47,24 @@ class Playground:
             settings = self.settings(values)
             generator = self.get_generator()
             generator.schedule_for(settings.schedule_request(), settings.max_new_tokens)
+            self.validated_size(settings, generator)
         except (ValueError, TypeError) as error:
             raise gr.Error(str(error), print_exception=False) from None
         return settings, generator
+
+    def validated_size(self, settings: PlaygroundSettings, generator: TextGenerator) -> None:
+        """Refuse, before waiting for the model, a request whose compute exceeds the limits:
+        prompt tokens per row, and (prompt + new tokens) x batch for the whole request."""
+        ids, mask = generator.encode(settings.prompts())
+        longest = int(mask.sum(-1).max())
+        if longest > self.limits.max_prompt_tokens:
+            raise ValueError(f"the prompt is {longest} tokens; the limit is {self.limits.max_prompt_tokens} tokens")
+        work = ids.shape[0] * (ids.shape[1] + settings.max_new_tokens)
+        if work > self.limits.max_request_tokens:
+            raise ValueError(
+                f"this request needs {work} token positions (batch {ids.shape[0]} x ({ids.shape[1]} prompt + "
+                f"{settings.max_new_tokens} new)); the limit per request is {self.limits.max_request_tokens}: "
+                "shorten the prompt, the batch or max new tokens")
 
     def schedule_preview(self, values: dict):
         """The schedule plot for the current controls (no model run)."""
@@ -98,7 +118,7 @@ class Playground:
         status = notice or "Generating… SkipDecode and the full model take turns; each advances by its own measured step time."
         update: RaceUpdate | None = None
         try:
-            for update in race(generator, settings, should_cancel=lambda: handle.cancelled):
+            for update in race(generator, settings, should_cancel=lambda: handle.cancelled, compute_lock=self.compute):
                 now = time.monotonic()
                 finished = update.skip.done and update.full.done
                 with_plot = finished or now - last_plot >= HEATMAP_EVERY_S
@@ -121,8 +141,9 @@ class Playground:
             generator = self.get_generator()
             current = self.runs.steppers.get(session)
             if current is None or current[0] != settings:
-                current = (settings, self._lockstep(generator, settings), RaceRenderer(generator, settings))
-                self.runs.steppers[session] = current
+                self.validated_size(settings, generator)
+                current = (settings, self._lockstep(generator, settings, self.compute), RaceRenderer(generator, settings))
+                self.runs.steppers.put(session, current)
             _, iterator, renderer = current
             update = next(iterator, None)
         except ValueError as error:
@@ -142,9 +163,9 @@ class Playground:
         return "Step mode reset."
 
     @staticmethod
-    def _lockstep(generator: TextGenerator, settings: PlaygroundSettings) -> Iterator[RaceUpdate]:
+    def _lockstep(generator: TextGenerator, settings: PlaygroundSettings, compute) -> Iterator[RaceUpdate]:
         """Yield once both streams made one more step (a finished stream just waits)."""
-        for update in race(generator, settings, lockstep=True):
+        for update in race(generator, settings, lockstep=True, compute_lock=compute):
             if update.moved == "full" or update.full.done:
                 yield update
 
@@ -164,14 +185,20 @@ class Playground:
 
     # --- the public API ---------------------------------------------------------------------
     def api_stream(self, values: dict, request: gr.Request | None = None) -> Iterator[dict]:
-        """The API's stream: one message per step, the last with "done": true."""
+        """The API's stream: one message per step, the last with "done": true. Every request is its
+        own run (two submits from one client never cancel each other); a run that was cancelled
+        ends with a message that says so ("cancelled": true and the reason)."""
         settings, generator = self.validated(values)
-        session = session_key(request)
-        handle = self.runs.start(session)
+        run_key = f"{session_key(request)}:api:{uuid.uuid4().hex}"
+        handle = self.runs.start(run_key)
+        message = None
         try:
-            for update in race(generator, settings, should_cancel=lambda: handle.cancelled):
-                yield api_message(generator, update, settings)
+            for update in race(generator, settings, should_cancel=lambda: handle.cancelled, compute_lock=self.compute):
+                message = api_message(generator, update, settings)
+                yield message
         except ValueError as error:
             raise gr.Error(str(error), print_exception=False) from None
         finally:
-            self.runs.finish(session, handle)
+            self.runs.finish(run_key, handle)
+        if handle.cancelled and message is not None and not message["done"]:
+            yield {**message, "cancelled": True, "error": f"the run was cancelled ({handle.reason})"}

@@ -8,6 +8,7 @@ figures are measured per stream. Step mode alternates them instead (``lockstep``
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -67,7 +68,8 @@ class RaceUpdate:
 
 
 def race(generator: TextGenerator, settings: PlaygroundSettings,
-         should_cancel: Callable[[], bool] | None = None, *, lockstep: bool = False) -> Iterator[RaceUpdate]:
+         should_cancel: Callable[[], bool] | None = None, *, lockstep: bool = False,
+         compute_lock=None) -> Iterator[RaceUpdate]:
     """Advance SkipDecode and the full model step by step, the one with less compute time first
     (``lockstep``: the one that has taken fewer steps first, so they alternate: step mode)."""
     skip_request, full_request = settings.request(full=False), settings.request(full=True)
@@ -84,7 +86,11 @@ def race(generator: TextGenerator, settings: PlaygroundSettings,
         progress = (lambda k: len(views[k].depths)) if lockstep else (lambda k: views[k].seconds)
         key = min((k for k, v in views.items() if not v.done), key=lambda k: (progress(k), k != "skip"))
         try:
-            views[key].apply(next(streams[key]), eos)
+            with compute_lock or contextlib.nullcontext():  # one model step at a time per lane
+                event = next(streams[key])
+            views[key].apply(event, eos)
         except StopIteration as stop:
             views[key].done, views[key].result = True, stop.value
+            if stop.value is not None and stop.value.decode.cancelled:
+                return  # cancelled inside a step (a long prefill): nothing more to show
         yield RaceUpdate(views["skip"], views["full"], solved, key)

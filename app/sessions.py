@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import gradio as gr
@@ -29,7 +30,7 @@ class SessionRuns:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._runs: dict[str, RunHandle] = {}
-        self.steppers: dict[str, tuple] = {}  # session -> (settings, lockstep iterator, RaceRenderer)
+        self.steppers = StepSessions()
 
     def start(self, session: str) -> RunHandle:
         handle = RunHandle()
@@ -64,6 +65,49 @@ class SessionRuns:
     def active_count(self) -> int:
         with self._lock:
             return sum(not h.cancelled for h in self._runs.values())
+
+
+class StepSessions:
+    """Step mode's live sessions (settings, lockstep iterator, renderer), BOUNDED: at most
+    ``max_sessions`` (the least recently used is dropped) and none idle for over ``idle_s``.
+    API clients never press Reset or close a tab, so nothing else would ever free them."""
+
+    def __init__(self, max_sessions: int = 16, idle_s: float = 600.0) -> None:
+        self.max_sessions, self.idle_s = max_sessions, idle_s
+        self._lock = threading.Lock()
+        self._sessions: OrderedDict[str, tuple[float, tuple]] = OrderedDict()
+
+    def get(self, session: str) -> tuple | None:
+        with self._lock:
+            self._expire()
+            entry = self._sessions.get(session)
+            if entry is None:
+                return None
+            self._sessions[session] = (time.monotonic(), entry[1])
+            self._sessions.move_to_end(session)
+            return entry[1]
+
+    def put(self, session: str, value: tuple) -> None:
+        with self._lock:
+            self._sessions[session] = (time.monotonic(), value)
+            self._sessions.move_to_end(session)
+            while len(self._sessions) > self.max_sessions:
+                self._sessions.popitem(last=False)
+
+    def pop(self, session: str, default=None):
+        with self._lock:
+            entry = self._sessions.pop(session, None)
+        return entry[1] if entry is not None else default
+
+    def __len__(self) -> int:
+        with self._lock:
+            self._expire()
+            return len(self._sessions)
+
+    def _expire(self) -> None:
+        deadline = time.monotonic() - self.idle_s
+        for key in [k for k, (seen, _) in self._sessions.items() if seen < deadline]:
+            del self._sessions[key]
 
 
 def session_key(request: gr.Request | None) -> str:

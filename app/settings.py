@@ -36,6 +36,8 @@ class Limits:
     max_new_tokens: int = 256
     max_batch_size: int = 8
     max_prompt_chars: int = 8000
+    max_prompt_tokens: int = 2048  # per row, after the chat template
+    max_request_tokens: int = 8192  # batch x (prompt + new tokens): one request's compute budget
 
 
 def setting(default: Any, *, label: str, help: str = "", kind: str = "number", low: float | None = None,

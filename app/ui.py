@@ -113,8 +113,15 @@ def gpu_handler(fn: Callable) -> Callable:
 
 
 def launch_options() -> dict:
-    """Keyword arguments for demo.launch() that the UI needs (CSS; plotly.js is served via static paths)."""
-    return {"css": CSS}
+    """Keyword arguments for demo.launch(): the CSS, no file uploads (the app takes none), no
+    unauthenticated monitoring dashboard."""
+    return {"css": CSS, "max_file_size": "1kb", "enable_monitoring": False}
+
+
+def analytics_enabled() -> bool:
+    """Telemetry and gradio's version check are OFF unless the deployer turns them on
+    (GRADIO_ANALYTICS_ENABLED=True): nothing is sent anywhere at run time by default."""
+    return os.environ.get("GRADIO_ANALYTICS_ENABLED", "False").strip().lower() in ("1", "true", "yes")
 
 
 def _load_json(path: Path) -> dict | None:
@@ -128,16 +135,19 @@ def _load_json(path: Path) -> dict | None:
 
 
 def build_demo(get_generator: Callable[[], TextGenerator], limits: Limits | None = None,
-               concurrency_limit: int = 1) -> gr.Blocks:
-    """The whole app. ``get_generator`` is called per request (app.py caches the loaded model)."""
+               concurrency_limit: int = 1, queue_size: int = 32) -> gr.Blocks:
+    """The whole app, its queue configured. ``get_generator`` is called per request (app.py
+    caches the loaded model). Only the queued, documented endpoints run generations: the REST
+    routes that bypass the queue are closed (api_open=False)."""
     limits = limits or Limits()
     gr.set_static_paths(static_paths())
-    playground = Playground(get_generator, limits)
+    playground = Playground(get_generator, limits, concurrency_limit)
     generator = get_generator()
     num_layers = generator.num_layers
     top_speedup = round(max_layer_speedup(num_layers, 1), 2)
 
-    with gr.Blocks(title="SkipDecode Playground") as demo:
+    with gr.Blocks(title="SkipDecode Playground", analytics_enabled=analytics_enabled(),
+                   delete_cache=(600, 600)) as demo:
         gr.Markdown(
             "# ⏭️ SkipDecode Playground\n"
             f"Layer-skipping decoding that keeps batching and the KV cache (arXiv 2307.02628), on "
@@ -231,6 +241,7 @@ def build_demo(get_generator: Callable[[], TextGenerator], limits: Limits | None
         demo.unload(playground.leave)
         gr.api(gpu_handler(api_function(playground)), api_name="generate", **model_lane)
     demo.playground = playground  # tests and the load script inspect active runs
+    demo.queue(api_open=False, max_size=queue_size)
     return demo
 
 

@@ -9,7 +9,7 @@ from app.figures import layer_heatmap, tokens_by_depth_html
 from app.race import RaceUpdate, StreamProgress
 from app.settings import PlaygroundSettings
 from model.generation import TextGenerator
-from model.schedule import CostModel, cost_speedup
+from model.schedule import CostModel, schedule_json, speedup_summary
 
 
 class TokenTexts:
@@ -46,21 +46,18 @@ def agreement(skip: StreamProgress, full: StreamProgress, row: int = 0) -> float
     return sum(x == y for x, y in zip(a[:common], b[:common])) / common
 
 
-def stats_markdown(update: RaceUpdate, num_layers: int, cost: CostModel | None = None) -> str:
+def stats_markdown(update: RaceUpdate, num_layers: int, cost: CostModel) -> str:
     skip, full, solved = update.skip, update.full, update.solved
     measured = skip.tokens_per_second / full.tokens_per_second if full.tokens_per_second and skip.tokens_per_second else None
-    ran = [len(layers) for layers in skip.step_layers]
-    layer_speedup = num_layers * len(ran) / sum(ran) if ran else solved.layer_speedup
-    skipped = 1 - sum(ran) / (num_layers * len(ran)) if ran else solved.skipped_fraction
+    figures = speedup_summary(solved, [len(layers) for layers in skip.step_layers], cost)
     agree = agreement(skip, full)
-    cost_so_far = cost_speedup(num_layers, ran, cost) if ran and cost else solved.cost_speedup
     cells = [
         ("SkipDecode", f"{skip.tokens_per_second:.1f} tok/s"),
         ("full model", f"{full.tokens_per_second:.1f} tok/s"),
         ("measured speedup", f"{measured:.2f}x" if measured else "…"),
-        ("layer speedup", f"{layer_speedup:.2f}x (planned {solved.layer_speedup:.2f}x)"),
-        ("cost-model speedup", f"{cost_so_far:.2f}x (planned {solved.cost_speedup:.2f}x)"),
-        ("layer computations skipped", f"{100 * skipped:.0f}%"),
+        ("layer speedup", f"{figures.achieved_layer_speedup:.2f}x (planned {figures.planned_layer_speedup:.2f}x)"),
+        ("cost-model speedup", f"{figures.achieved_cost_model_speedup:.2f}x (planned {figures.planned_cost_model_speedup:.2f}x)"),
+        ("layer computations skipped", f"{100 * figures.skipped_share:.0f}%"),
         ("agreement with full output", f"{100 * agree:.0f}%" if agree is not None else "…"),
         ("schedule", f"{solved.config.decay}, {solved.config.max_layers}→{solved.config.min_layers} layers, "
                      f"warmup {solved.config.warmup}, D = {solved.config.decay_length}"),
@@ -114,11 +111,8 @@ def api_message(generator: TextGenerator, update: RaceUpdate, settings: Playgrou
         "num_layers": generator.num_layers,
         "skipdecode_tokens_per_second": round(skip.tokens_per_second, 3),
         "full_tokens_per_second": round(full.tokens_per_second, 3),
-        "planned_layer_speedup": round(solved.layer_speedup, 4),
-        "cost_model_speedup": round(solved.cost_speedup, 4),
-        "schedule": {"decay": solved.config.decay, "max_layers": solved.config.max_layers,
-                     "min_layers": solved.config.min_layers, "warmup": solved.config.warmup,
-                     "decay_length": solved.config.decay_length},
+        **speedup_summary(solved, [len(layers) for layers in skip.step_layers], generator.cost).to_json(),
+        "schedule": schedule_json(solved.config),
         "done": skip.done and full.done,
     }
 

@@ -25,10 +25,17 @@ from model.architectures import ArchitectureAdapter, LayerInputs, PrefixKVCache,
 from model.schedule import ScheduleConfig
 from model.skip_policy import EntryBridge, entry_layers
 
+GREEDY_BELOW = 1e-4  # temperatures this small sample the argmax anyway
+
+
+class Cancelled(Exception):
+    """Raised inside a step when the caller asked to stop (checked between layers)."""
+
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """temperature 0 = greedy. top_k 0 and top_p 1 switch those filters off."""
+    """temperature 0 = greedy (so is any temperature below GREEDY_BELOW: dividing logits by a
+    subnormal overflows to inf). top_k 0 and top_p 1 switch those filters off."""
 
     temperature: float = 0.0
     top_k: int = 0
@@ -45,7 +52,7 @@ class SamplingConfig:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW
 
 
 @dataclass
@@ -154,9 +161,13 @@ class SkipDecoder:
     # --- steps ----------------------------------------------------------------------------
     @torch.inference_mode()
     def prefill(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int], capacity: int
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int], capacity: int,
+        should_cancel: Callable[[], bool] | None = None,
     ) -> tuple[DecodeState, torch.Tensor]:
-        """Run the (B, P) prompt through ``layers``; return the state and last-position logits (B, V)."""
+        """Run the (B, P) prompt through ``layers``; return the state and last-position logits (B, V).
+
+        A long prompt's prefill is the longest step: ``should_cancel`` is checked between layers
+        (raises Cancelled), so Stop frees the CPU within one layer's time."""
         batch, prompt_len = input_ids.shape
         valid = attention_mask.bool()
         key_valid = torch.ones(batch, capacity, dtype=torch.bool, device=input_ids.device)
@@ -167,6 +178,8 @@ class SkipDecoder:
         inputs = self.adapter.layer_inputs(hidden, valid, positions)
         weights, entries = self._weights_for(layers)
         for index in layers:
+            if should_cancel is not None and should_cancel():
+                raise Cancelled
             if index in entries:
                 hidden = self.bridge(index, hidden)
             hidden = weights.run_layer(index, hidden, inputs, cache)
@@ -251,7 +264,11 @@ class SkipDecoder:
         finished = [False] * batch
 
         start = time.perf_counter()
-        state, logits = self.prefill(input_ids, attention_mask, result.prefill_layers, capacity)
+        try:
+            state, logits = self.prefill(input_ids, attention_mask, result.prefill_layers, capacity, should_cancel)
+        except Cancelled:
+            result.cancelled = True
+            return result
         next_ids = sample_next(logits, sampling, generator)
         new_tokens = self._record(next_ids, result, finished, stop_check)
         result.prefill_seconds = time.perf_counter() - start

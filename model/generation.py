@@ -17,11 +17,13 @@ from model.loading import LoadedModel
 from model.schedule import (
     ScheduleConfig,
     SolvedSchedule,
-    cost_speedup,
+    SpeedupSummary,
     default_warmup,
     evaluate_schedule,
     full_schedule,
+    schedule_json,
     solve_schedule,
+    speedup_summary,
 )
 
 
@@ -61,14 +63,13 @@ class GenerationResult:
     outputs: list[str]
     schedule: SolvedSchedule
     decode: DecodeResult
-    cost_speedup: float  # cost-model speedup of the steps that actually ran (early EOS shortens them)
+    speedups: SpeedupSummary  # planned and achieved (early EOS shortens the steps that ran)
 
     @property
     def layers_per_step(self) -> list[int]:
         return self.decode.layers_per_step
 
     def to_json(self) -> dict:
-        config = self.schedule.config
         return {
             "model": self.model,
             "device": self.device,
@@ -81,23 +82,12 @@ class GenerationResult:
             "generated_tokens": [len(row) for row in self.decode.tokens],
             "prefill_layers": len(self.decode.prefill_layers),
             "layers_per_step": self.layers_per_step,
-            # The policy's figures (over max_new_tokens, what the solver targeted) ...
+            **self.speedups.to_json(),
+            # Kept for scripts written against earlier releases (same values as planned_*).
             "layer_speedup": round(self.schedule.layer_speedup, 4),
             "cost_model_speedup": round(self.schedule.cost_speedup, 4),
-            # ... and over the decode steps that actually ran (lower when every row stopped early at
-            # EOS: only the deeper first part of a decaying schedule ran).
-            "achieved_layer_speedup": round(self.decode.layer_speedup, 4),
-            "achieved_cost_model_speedup": round(self.cost_speedup, 4),
             "target_speedup": self.schedule.target_speedup,
-            "schedule": {
-                "decay": config.decay,
-                "max_layers": config.max_layers,
-                "min_layers": config.min_layers,
-                "warmup": config.warmup,
-                "decay_length": config.decay_length,
-                "order": config.order,
-                "prompt_at_full_depth": config.prompt_at_full_depth,
-            },
+            "schedule": schedule_json(self.schedule.config),
             "tokens_per_second": round(self.decode.tokens_per_second, 3),
             "seconds": round(self.decode.total_seconds, 4),
             "prefill_seconds": round(self.decode.prefill_seconds, 4),
@@ -164,16 +154,43 @@ class TextGenerator:
         return self.loaded.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
     def encode(self, prompts: Sequence[str], raw: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """Left-padded (B, P) ids and mask."""
+        """Left-padded (B, P) ids and mask. Special-token strings a user types (``<|im_start|>``)
+        stay plain text: a prompt cannot forge system or assistant turns."""
         validate_prompts(prompts)
-        texts = [self.format_prompt(p, raw) for p in prompts]
+        rows = [self._encode_one(p, raw) for p in prompts]
+        if any(not row for row in rows):
+            raise ValueError("a prompt encodes to zero tokens")
+        width = max(len(row) for row in rows)
+        ids = torch.full((len(rows), width), self.loaded.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for index, row in enumerate(rows):
+            ids[index, width - len(row):] = torch.tensor(row)
+            mask[index, width - len(row):] = 1
+        return ids, mask
+
+    def _encode_one(self, prompt: str, raw: bool) -> list[int]:
+        tokenizer = self.loaded.tokenizer
         # Chat templates already carry the special tokens; raw text gets the tokenizer's default.
         add_special = raw or not self.loaded.has_chat_template
-        batch = self.loaded.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=add_special)
-        ids, mask = batch["input_ids"], batch["attention_mask"]
-        if ids.shape[1] == 0 or bool((mask.sum(-1) == 0).any()):
-            raise ValueError("a prompt encodes to zero tokens")
-        return ids, mask
+        if not self._mentions_special_token(prompt):
+            return tokenizer(self.format_prompt(prompt, raw), add_special_tokens=add_special)["input_ids"]
+        # The template's own parts keep their special tokens; the user's text is split plainly.
+        plain = tokenizer(prompt, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        if add_special:
+            return tokenizer.build_inputs_with_special_tokens(plain)
+        marker = "\ue000"
+        before, after = self.format_prompt(marker, raw).split(marker, 1)
+        return (tokenizer(before, add_special_tokens=False)["input_ids"] + plain
+                + tokenizer(after, add_special_tokens=False)["input_ids"])
+
+    def _mentions_special_token(self, text: str) -> bool:
+        special = getattr(self, "_special_strings", None)
+        if special is None:
+            tokenizer = self.loaded.tokenizer
+            decoder = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+            special = self._special_strings = tuple(
+                {str(getattr(t, "content", t)) for t in decoder.values()} | set(tokenizer.all_special_tokens))
+        return any(token and token in text for token in special)
 
     # --- generation -----------------------------------------------------------------------
     def stream(
@@ -207,7 +224,7 @@ class TextGenerator:
             outputs=[self.decode_text(row, request.stop) for row in decode.tokens],
             schedule=schedule,
             decode=decode,
-            cost_speedup=cost_speedup(self.num_layers, decode.layers_per_step, self.cost),
+            speedups=speedup_summary(schedule, decode.layers_per_step, self.cost),
         )
 
     def generate(self, request: GenerationRequest) -> GenerationResult:

@@ -397,3 +397,41 @@ def evaluate_schedule(
         cost_speedup=cost_speedup(config.num_layers, budgets, cost or CostModel()),
         budgets=budgets,
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# The figures every report shows (CLI JSON, API messages, the live stats): computed here only.
+
+
+@dataclass(frozen=True)
+class SpeedupSummary:
+    """Planned figures (the policy over the requested steps, what the solver targeted) and achieved
+    ones (over the decode steps that actually ran: lower when every row stopped early at EOS)."""
+
+    planned_layer_speedup: float
+    planned_cost_model_speedup: float
+    achieved_layer_speedup: float
+    achieved_cost_model_speedup: float
+    skipped_share: float  # of the layer computations of the steps that ran (planned when none ran)
+
+    def to_json(self) -> dict:
+        return {name: round(value, 4) for name, value in self.__dict__.items()}
+
+
+def speedup_summary(solved: SolvedSchedule, layers_ran: Sequence[int], cost: CostModel) -> SpeedupSummary:
+    num_layers = solved.config.num_layers
+    ran = list(layers_ran)
+    return SpeedupSummary(
+        planned_layer_speedup=solved.layer_speedup,
+        planned_cost_model_speedup=solved.cost_speedup,
+        achieved_layer_speedup=layer_speedup(num_layers, ran) if ran else solved.layer_speedup,
+        achieved_cost_model_speedup=cost_speedup(num_layers, ran, cost) if ran else solved.cost_speedup,
+        skipped_share=1 - sum(ran) / (num_layers * len(ran)) if ran else solved.skipped_fraction,
+    )
+
+
+def schedule_json(config: ScheduleConfig) -> dict:
+    """The schedule's settings as reported by the CLI JSON and the API."""
+    return {"decay": config.decay, "max_layers": config.max_layers, "min_layers": config.min_layers,
+            "warmup": config.warmup, "decay_length": config.decay_length, "order": config.order,
+            "prompt_at_full_depth": config.prompt_at_full_depth}

@@ -59,7 +59,7 @@ class StudyConfig:
     threads: int = 1
     eval_prompts: int = 16
     eval_tokens: int = 48
-    eval_every: int = 25
+    eval_every: int = 40
     batch_size: int = 4
     learning_rate: float = 1e-3
     max_target_tokens: int = 32

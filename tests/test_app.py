@@ -32,8 +32,8 @@ class CountingGenerator(TextGenerator):
 @pytest.fixture(scope="module")
 def server(default_model):
     generator = CountingGenerator(default_model)
-    demo = build_demo(lambda: generator, Limits(max_new_tokens=256, max_batch_size=4, max_prompt_chars=60000))
-    demo.queue(max_size=16)
+    demo = build_demo(lambda: generator, Limits(max_new_tokens=256, max_batch_size=4, max_prompt_chars=60000),
+                      queue_size=16)
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, **launch_options())
     yield demo, generator
     demo.close()
@@ -66,6 +66,9 @@ def test_stream_completes_and_agrees_with_the_decoder(client, server):
     assert final["layers_per_step"] == reference.layers_per_step
     assert final["step_layers"] == [list(layers) for layers in reference.decode.step_layers]
     assert final["prefill_layers"] == list(range(30))
+    cli_json = reference.to_json()  # one serializer: the API and the CLI JSON name and compute alike
+    for key in ("planned_layer_speedup", "planned_cost_model_speedup", "achieved_layer_speedup", "schedule"):
+        assert final[key] == cli_json[key], key
     full = generator.generate(GenerationRequest(prompts=("Name three colours.",), schedule=ScheduleRequest(full=True),
                                                 max_new_tokens=12))
     assert final["full"][0] == full.outputs[0]
@@ -116,16 +119,17 @@ def test_cancel_stops_the_decoder_and_frees_the_slot(client, server):
         (dict(prompt="hi", max_new_tokens=100000), "max_new_tokens"),
         (dict(prompt="hi", batch_size=50), "batch_size"),
         (dict(prompt="hi", warmup=5, min_layers=3), "warmup"),
+        (dict(prompt="hi", prompt_at_full_depth="no"), "true or false"),
+        (dict(prompt="hi " * 1900, batch_size=4, max_new_tokens=256), "limit per request"),
     ],
 )
-
 def test_bad_input_gets_a_clear_message_and_the_server_keeps_serving(client, kwargs, needle):
     with pytest.raises(Exception, match=needle):
         client.predict(api_name="/generate", **kwargs)
 
 
-def test_prompt_over_the_context_is_refused_clearly(client):
-    with pytest.raises(Exception, match="context"):
+def test_prompt_over_the_token_limit_is_refused_clearly(client):
+    with pytest.raises(Exception, match="tokens; the limit is 2048 tokens"):
         client.predict(prompt="Summarise: " + "the quick brown fox " * 2100, max_new_tokens=256, api_name="/generate")
 
 
@@ -164,3 +168,76 @@ def test_step_mode_advances_both_streams_one_token_at_a_time(server):
     for k in range(5):
         assert statuses[k + 1].startswith(f"step {k}: "), statuses
     assert "complete" in statuses[6] or statuses[6].startswith("step 4")
+
+
+# --- hardening (issue: one hostile client must not tie the server up) ---------------------------
+
+
+def test_a_subnormal_temperature_is_greedy_not_a_crash(client):
+    final = client.predict(prompt="Name three colours.", temperature=1e-300, max_new_tokens=6, api_name="/generate")
+    greedy = client.predict(prompt="Name three colours.", temperature=0.0, max_new_tokens=6, api_name="/generate")
+    assert final["done"] and final["skipdecode"] == greedy["skipdecode"]
+
+
+def test_the_largest_documented_seed_is_accepted(client):
+    final = client.predict(prompt="Hi", seed=2**63 - 1, temperature=0.7, max_new_tokens=3, api_name="/generate")
+    assert final["done"]
+
+
+def test_rest_routes_that_bypass_the_queue_are_closed(server):
+    import httpx
+
+    demo, _ = server
+    response = httpx.post(demo.local_url.rstrip("/") + "/gradio_api/run/generate", json={"data": ["hi"]}, timeout=30)
+    assert response.status_code >= 400, response.text[:200]
+
+
+def test_uploads_are_refused_and_nothing_leaks(server):
+    import httpx
+
+    demo, _ = server
+    base = demo.local_url.rstrip("/")
+    upload = httpx.post(base + "/gradio_api/upload", files={"files": ("big.bin", b"x" * 50_000)}, timeout=30)
+    assert upload.status_code >= 400
+    config = httpx.get(base + "/config", timeout=30)
+    page = httpx.get(base + "/", timeout=30)
+    assert config.json().get("analytics_enabled") is False
+    for text in (config.text, page.text):
+        assert ".venv" not in text and "site-packages" not in text
+    assert httpx.get(base + "/monitoring/summary", timeout=30).status_code >= 400
+    script = httpx.get(base + "/gradio_api/file=" + "app/../.venv/lib", timeout=30)
+    assert script.status_code >= 400  # the static path exposes one file, not plotly's package folder
+
+
+def test_two_api_runs_of_one_session_do_not_cancel_each_other(server):
+    demo, _ = server
+
+    class Session:
+        session_hash = "same-client"
+
+    values = dict(prompt="Name three colours.", max_new_tokens=5)
+    first = demo.playground.api_stream(values, Session())
+    second = demo.playground.api_stream(values, Session())
+    finals = {}
+    for name, stream in [("a", first), ("b", second), ("a", first), ("b", second)]:
+        finals[name] = next(stream)
+    for name, stream in (("a", first), ("b", second)):
+        for message in stream:
+            finals[name] = message
+    assert finals["a"]["done"] and finals["b"]["done"]
+    assert not finals["a"].get("cancelled") and not finals["b"].get("cancelled")
+
+
+def test_a_cancelled_api_run_says_so(server):
+    demo, _ = server
+
+    class Session:
+        session_hash = "cancel-me"
+
+    stream = demo.playground.api_stream(dict(prompt="Write a long story.", max_new_tokens=40), Session())
+    next(stream)
+    for key in demo.playground.runs.sessions():
+        if key.startswith("cancel-me"):
+            demo.playground.runs.cancel(key, reason="stop")
+    messages = list(stream)
+    assert messages[-1]["cancelled"] is True and "cancelled" in messages[-1]["error"] and not messages[-1]["done"]

@@ -21,7 +21,6 @@ BROWSER_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-r
 def server(default_model):
     generator = TextGenerator(default_model)
     demo = build_demo(lambda: generator)
-    demo.queue()
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, **launch_options())
     yield demo
     demo.close()

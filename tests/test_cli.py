@@ -28,9 +28,9 @@ def test_json_contract_on_the_default_model():
     assert out["num_layers"] == 30 and out["device"] == "cpu"
     steps = out["layers_per_step"]
     assert all(b <= a for a, b in zip(steps, steps[1:])) and max(steps) < 30
-    assert abs(out["layer_speedup"] - 2.0) <= 0.1  # the policy, solved for the target
+    assert abs(out["planned_layer_speedup"] - 2.0) <= 0.1  # the policy, solved for the target
     assert out["achieved_layer_speedup"] == pytest.approx(30 * len(steps) / sum(steps), rel=1e-3)
-    assert 1.0 < out["cost_model_speedup"] < out["layer_speedup"]
+    assert 1.0 < out["planned_cost_model_speedup"] < out["planned_layer_speedup"] == out["layer_speedup"]
     assert isinstance(out["outputs"][0], str) and out["tokens_per_second"] > 0
 
 

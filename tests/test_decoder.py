@@ -181,3 +181,22 @@ def test_unsupported_family_gets_a_clear_error():
     model = tf.BloomForCausalLM(tf.BloomConfig(vocab_size=50, hidden_size=32, n_layer=2, n_head=4))
     with pytest.raises(ValueError, match="not supported"):
         adapter_for(model)
+
+
+def test_cancel_during_prefill_stops_between_layers():
+    model = tiny_model("llama")
+    ids, mask = left_padded_batch([9, 5])
+    decoder = SkipDecoder(model)
+    layers_run = []
+    original = decoder.adapter.run_layer
+
+    def counting(index, *args, **kwargs):
+        layers_run.append(index)
+        return original(index, *args, **kwargs)
+
+    decoder.adapter.run_layer = counting
+    checks = iter([False, False, True])
+    result = decoder.generate(ids, mask, full_schedule(NUM_LAYERS), max_new_tokens=5,
+                              should_cancel=lambda: next(checks, True))
+    assert result.cancelled and result.tokens == [[], []]
+    assert layers_run == [0, 1]  # stopped inside the prefill, two layers in
