@@ -12,4 +12,6 @@ if ! command -v chromium >/dev/null 2>&1; then
 fi
 . .venv/bin/activate
 export HF_HUB_OFFLINE=1
+# Lint first (rules in ruff.toml): a second or two, and it names the line.
+ruff check .
 exec python -m pytest -q "$@"

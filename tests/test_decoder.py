@@ -124,10 +124,30 @@ def test_stop_check_and_cancel_end_generation():
     stopped = decoder.generate(ids, mask, full_schedule(NUM_LAYERS), max_new_tokens=NEW_TOKENS,
                                stop_check=lambda row, tokens: len(tokens) >= 4)
     assert len(stopped.tokens[0]) == 4 and stopped.finish_reasons == ["stop"]
-    calls = []
-    cancelled = decoder.generate(ids, mask, full_schedule(NUM_LAYERS), max_new_tokens=NEW_TOKENS,
-                                 should_cancel=lambda: calls.append(1) or len(calls) > 2)
-    assert len(cancelled.step_layers) == 2 and cancelled.cancelled
+    # Cancel once two decode steps have been seen: the run ends there and says so.
+    seen_steps = []
+    stream = decoder.stream(ids, mask, full_schedule(NUM_LAYERS), max_new_tokens=NEW_TOKENS,
+                            should_cancel=lambda: len(seen_steps) >= 2)
+    while True:
+        try:
+            event = next(stream)
+        except StopIteration as end:
+            cancelled = end.value
+            break
+        if event.step >= 0:
+            seen_steps.append(event)
+    assert len(seen_steps) == 2 and len(cancelled.step_layers) == 2 and cancelled.cancelled
+    assert len(cancelled.tokens[0]) == 3  # the prefill's token and two steps'
+
+
+def test_cancel_during_prefill_stops_between_layers_with_no_tokens():
+    model = tiny_model("llama")
+    ids, mask = left_padded_batch([5])
+    checks = []
+    cancelled = SkipDecoder(model).generate(ids, mask, full_schedule(NUM_LAYERS), max_new_tokens=NEW_TOKENS,
+                                            should_cancel=lambda: checks.append(1) or len(checks) > 2)
+    assert cancelled.cancelled and cancelled.tokens == [[]] and cancelled.step_layers == []
+    assert len(checks) == 3  # checked before each layer; the third check stopped the prefill
 
 
 def test_seeded_sampling_is_reproducible_and_top_k_1_is_greedy():
