@@ -105,14 +105,61 @@ def depth_colour(layers: int, num_layers: int) -> str:
     return f"rgb({light - 40},{min(255, light + 10)},{light - 20})"
 
 
-def tokens_by_depth_html(tokens: Sequence[str], depths: Sequence[int], num_layers: int) -> str:
-    """Generated tokens as spans coloured by the depth that produced them (hover: the count)."""
-    spans = []
+NEWLINE_MARK = "↵"
+
+
+def _newline_mark(count: int) -> str:
+    """A visible mark for a run of newlines, then ONE line break (a run of 30 newlines must not
+    push the pane down by 30 lines)."""
+    label = NEWLINE_MARK if count == 1 else f"{NEWLINE_MARK}×{count}"
+    return f'<span class="nl" title="{count} newline(s)">{label}</span><br>'
+
+
+def _text_html(text: str) -> str:
+    """Escaped text with each run of newlines drawn as one mark + one break."""
+    parts, index = [], 0
+    while index < len(text):
+        if text[index] == "\n":
+            end = index
+            while end < len(text) and text[end] == "\n":
+                end += 1
+            parts.append(_newline_mark(end - index))
+            index = end
+            continue
+        end = text.find("\n", index)
+        end = len(text) if end < 0 else end
+        parts.append(html.escape(text[index:end]))
+        index = end
+    return "".join(parts)
+
+
+def _merge_newline_runs(tokens: Sequence[str], depths: Sequence[int]) -> list[tuple[str, int, int]]:
+    """(text, depth, token count): consecutive newline-only tokens become one entry."""
+    merged: list[tuple[str, int, int]] = []
     for token, depth in zip(tokens, depths):
-        text = html.escape(token).replace("\n", "<br>")
-        spans.append(f'<span class="tok" title="{depth}/{num_layers} layers" '
-                     f'style="background:{depth_colour(depth, num_layers)}">{text}</span>')
+        newline_only = token != "" and set(token) == {"\n"}
+        if newline_only and merged and merged[-1][0] and set(merged[-1][0]) == {"\n"}:
+            text, first_depth, count = merged[-1]
+            merged[-1] = (text + token, first_depth, count + 1)
+        else:
+            merged.append((token, depth, 1))
+    return merged
+
+
+def tokens_by_depth_html(tokens: Sequence[str], depths: Sequence[int], num_layers: int) -> str:
+    """Generated tokens as spans coloured by the depth that produced them (hover: the count).
+    Newlines are drawn as marks; runs of them collapse into one mark."""
+    spans = []
+    for token, depth, count in _merge_newline_runs(tokens, depths):
+        title = f"{depth}/{num_layers} layers" + (f" (first of {count} tokens)" if count > 1 else "")
+        spans.append(f'<span class="tok" title="{title}" '
+                     f'style="background:{depth_colour(depth, num_layers)}">{_text_html(token)}</span>')
     return '<div class="tokens">' + "".join(spans) + "</div>"
+
+
+def plain_text_html(text: str) -> str:
+    """The full model's output in the same box style, newlines drawn like SkipDecode's."""
+    return '<div class="tokens">' + _text_html(text) + "</div>"
 
 
 def batch_exit_figure(rows: int, positions: int, num_layers: int, exits_per_token: Sequence[Sequence[int]],

@@ -18,7 +18,7 @@ from app import explainer
 from app.figures import schedule_figure
 from app.race import RaceUpdate, race
 from app.sessions import RunHandle, SessionRuns, session_key
-from app.settings import EXAMPLE_PROMPTS, Limits, PlaygroundSettings, parse_settings
+from app.settings import EXAMPLE_PROMPTS, Limits, PlaygroundSettings, trained_defaults
 from app.views import RaceRenderer, TokenTexts, api_message, layer_ranges, one_line
 from model.generation import TextGenerator
 
@@ -39,7 +39,8 @@ class Playground:
 
     # --- settings ---------------------------------------------------------------------------
     def settings(self, values: dict) -> PlaygroundSettings:
-        return PlaygroundSettings.from_values(self.limits, **values)
+        """Validated settings; a field the caller left out takes the loaded skip policy's default."""
+        return PlaygroundSettings.from_values(self.limits, **(trained_defaults(self.get_generator()) | values))
 
     def validated(self, values: dict) -> tuple[PlaygroundSettings, TextGenerator]:
         """Settings the solver accepts, or a gr.Error with the reason (before any run starts)."""
@@ -80,6 +81,7 @@ class Playground:
         """Stream both outputs side by side: (status, skip html, full text, stats, heatmap json)."""
         settings, generator = self.validated(values)
         session = session_key(request)
+        self.runs.steppers.pop(session, None)  # a Step after this run starts afresh
         handle = self.runs.start(session)
         try:
             yield from self._stream(generator, settings, handle, notice)
@@ -158,9 +160,10 @@ class Playground:
                   f"{layer_ranges(layers)}; the full model ran all {generator.num_layers}.")
         return renderer.outputs(status, update, with_plot=True)
 
-    def reset_steps(self, request: gr.Request | None = None) -> str:
+    def reset_steps(self, request: gr.Request | None = None) -> tuple:
+        """Forget this session's step run and clear the panes (status, both outputs, stats, heatmap)."""
         self.runs.steppers.pop(session_key(request), None)
-        return "Step mode reset."
+        return "Step mode reset: press Step to start again.", "", "", "", ""
 
     @staticmethod
     def _lockstep(generator: TextGenerator, settings: PlaygroundSettings, compute) -> Iterator[RaceUpdate]:
@@ -172,8 +175,8 @@ class Playground:
     # --- batch view -------------------------------------------------------------------------
     def batch_view(self, target_speedup: float, decay: str, request: gr.Request | None = None):
         try:
-            settings = parse_settings(self.limits, EXAMPLE_PROMPTS[0], target_speedup=target_speedup, decay=decay,
-                                      batch_size=4, max_new_tokens=20)
+            settings = self.settings(dict(prompt=EXAMPLE_PROMPTS[0], target_speedup=target_speedup, decay=decay,
+                                          batch_size=4, max_new_tokens=20))
             generator = self.get_generator()
             result = generator.generate(settings.request(full=False))
         except ValueError as error:

@@ -22,7 +22,11 @@ SERVED_JS = Path(__file__).resolve().parents[1] / ".cache" / "static" / "plotly.
 _JS_ON_LOAD = """
 const draw = () => {
   const target = element.querySelector('.plotly-live');
-  if (!target || !props.value) return;
+  if (!target) return;
+  if (!props.value) {  // an empty value clears the plot (Reset)
+    if (typeof Plotly !== 'undefined') Plotly.purge(target);
+    return;
+  }
   if (typeof Plotly === 'undefined') { setTimeout(draw, 100); return; }
   const figure = JSON.parse(props.value);
   Plotly.react(target, figure.data, figure.layout, {displayModeBar: false, responsive: true});

@@ -28,7 +28,9 @@ class StreamProgress:
     depths: list[int] = field(default_factory=list)  # layers that produced each generated token
     step_layers: list[tuple[int, ...]] = field(default_factory=list)  # decode step k -> layers
     prefill_layers: tuple[int, ...] = ()
-    seconds: float = 0.0
+    prefill_seconds: float = 0.0
+    step_seconds: list[float] = field(default_factory=list)  # decode step k -> seconds
+    seconds: float = 0.0  # prefill + decode steps
     done: bool = False
     result: GenerationResult | None = None
 
@@ -38,9 +40,10 @@ class StreamProgress:
     def apply(self, event: StepEvent, eos_ids: tuple[int, ...]) -> None:
         self.seconds += event.seconds
         if event.step < 0:
-            self.prefill_layers = event.layers
+            self.prefill_layers, self.prefill_seconds = event.layers, event.seconds
         else:
             self.step_layers.append(event.layers)
+            self.step_seconds.append(event.seconds)
         self.depths.append(len(event.layers))
         for row, token in enumerate(event.token_ids):
             was_done = len(self.tokens[row]) and self.tokens[row][-1] is None
@@ -56,7 +59,16 @@ class StreamProgress:
 
     @property
     def tokens_per_second(self) -> float:
+        """All generated tokens over all time, prefill included (what a user waits for)."""
         return self.generated / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        """Tokens of the decode steps over their time: the prefill (one token, however long the
+        prompt) is left out, so a long prompt does not make the figure meaningless."""
+        decoded = sum(max(0, len(self.ids(r)) - 1) for r in range(self.rows))
+        seconds = sum(self.step_seconds)
+        return decoded / seconds if seconds > 0 else 0.0
 
 
 @dataclass

@@ -13,17 +13,19 @@ from typing import Any
 
 from model.decoder import SamplingConfig
 from model.generation import GenerationRequest, ScheduleRequest
-from model.schedule import DECAY_FUNCTIONS, DEFAULT_WARMUP, LAYER_ORDERS
+from model.schedule import DECAY_FUNCTIONS, DEFAULT_WARMUP, LAYER_ORDERS, RANKED
 
+# Each checked with the full model (greedy, 48 tokens): a fluent answer, no loops
+# (tests/test_default_model.py guards this). The first is the default prompt.
 EXAMPLE_PROMPTS = [
-    "Name three colours.",
-    "Explain why the sky is blue in two sentences.",
-    "Write a haiku about autumn.",
-    "Give me three tips for learning to cook.",
-    "What is the capital of France?",
-    "Write a short story about a robot who learns to paint.",
+    "What is photosynthesis?",
+    "Why do we have seasons?",
+    "What are the benefits of exercise?",
+    "Explain what a computer does.",
     "Write a Python function that reverses a string.",
     "List five animals that live in the ocean.",
+    "Write a short story about a robot who learns to paint.",
+    "What is the capital of France?",
 ]
 
 MAX_SEED = 2**63 - 1
@@ -55,7 +57,7 @@ class PlaygroundSettings:
 
     prompt: str = setting("", label="Prompt", kind="text")
     target_speedup: float = setting(2.0, label="Target layer speedup", low=1.0, high=1000.0, step=0.1,
-                                    help="1 = full model; the solver picks max/min layers")
+                                    help="layers of the full model per layer SkipDecode runs; 1 = no skipping")
     decay: str = setting("linear", label="Decay function", kind="choice", choices=DECAY_FUNCTIONS)
     warmup: int = setting(DEFAULT_WARMUP, label="Warmup layers (always run)", low=0, high=1000, integer=True)
     max_new_tokens: int = setting(48, label="Max new tokens", low=1, high="max_new_tokens", integer=True)
@@ -67,8 +69,10 @@ class PlaygroundSettings:
     min_layers: int = setting(0, label="Min layers (0 = solver)", low=0, high=1000, integer=True)
     max_layers: int = setting(0, label="Max layers (0 = solver)", low=0, high=1000, integer=True)
     decay_length: int = setting(0, label="Decay length D (0 = max new tokens)", low=0, high=100000, integer=True)
-    order: str = setting("warmup_top", label="Layer order", kind="choice", choices=tuple(LAYER_ORDERS))
+    order: str = setting("warmup_top", label="Layer order", kind="choice", choices=(*LAYER_ORDERS, RANKED))
     prompt_at_full_depth: bool = setting(True, label="Prompt at full depth", kind="bool")
+    skip_policy: bool = setting(True, label="Skip-policy adapter on", kind="bool",
+                                help="off: the untouched model skips the same layers (see why fine-tuning matters)")
 
     # --- the schema -------------------------------------------------------------------------
     @classmethod
@@ -111,7 +115,7 @@ class PlaygroundSettings:
             target_speedup=self.target_speedup, decay=self.decay, warmup=self.warmup,
             min_layers=self.min_layers or None, max_layers=self.max_layers or None,
             decay_length=self.decay_length or None, order=self.order,
-            prompt_at_full_depth=self.prompt_at_full_depth, full=full,
+            prompt_at_full_depth=self.prompt_at_full_depth, full=full, skip_policy=self.skip_policy,
         )
 
     def request(self, full: bool) -> GenerationRequest:
@@ -122,6 +126,12 @@ class PlaygroundSettings:
 
 
 SETTING_NAMES = PlaygroundSettings.names()
+
+
+def trained_defaults(generator) -> dict:
+    """The defaults that depend on the loaded skip policy: the placement it was trained for
+    (warmup and layer order). The app's controls and the API start from these."""
+    return {"warmup": generator.default_warmup, "order": generator.default_order}
 
 
 def parse_settings(limits: Limits, prompt, **values) -> PlaygroundSettings:

@@ -18,17 +18,35 @@ import gradio as gr
 from app import explainer
 from app.handlers import Playground
 from app.live_plot import live_plot, static_paths
-from app.settings import EXAMPLE_PROMPTS, Limits, PlaygroundSettings
+from app.settings import EXAMPLE_PROMPTS, Limits, PlaygroundSettings, trained_defaults
 from model.generation import TextGenerator
 from model.reporting import quality_figure, speed_figure
-from model.schedule import DECAY_DESCRIPTIONS, DEFAULT_WARMUP, LAYER_ORDER_DESCRIPTIONS, max_layer_speedup
+from model.schedule import DECAY_DESCRIPTIONS, LAYER_ORDER_DESCRIPTIONS, max_layer_speedup
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 CSS = """
-.tokens { line-height: 1.9; font-size: 15px; white-space: pre-wrap; min-height: 120px; }
+.tokens { line-height: 1.9; font-size: 15px; white-space: pre-wrap; min-height: 120px; max-height: 340px;
+          overflow-y: auto; padding: 6px 8px; border: 1px solid var(--border-color-primary); border-radius: 6px; }
 .tok { border-radius: 3px; padding: 1px 0; }
+.nl { color: #8a8f98; font-size: 0.8em; padding: 0 2px; }
 #status { min-height: 1.5em; }
+#guide { font-size: 0.95em; }
 """
+SPEEDUP_PRESETS = (1.0, 1.5, 2.0, 3.0)
+GUIDE = (
+    "**What you are seeing.** SkipDecode (left) and the full model (right) answer the same prompt, taking turns "
+    "on one device: the faster one pulls ahead.  \n"
+    "Token colour = how many layers produced it; SkipDecode runs fewer layers as the answer goes on, the same "
+    "for every row of a batch.  \n"
+    "The heatmap shows which layers ran at each position (blank = bypassed). At 1x nothing is skipped: it is the full model."
+)
+# After Generate on a narrow screen the outputs sit below the controls: bring them into view.
+SCROLL_TO_OUTPUTS = """() => {
+  const target = document.querySelector('#status');
+  if (target && target.getBoundingClientRect().top > window.innerHeight * 0.6) {
+    target.scrollIntoView({behavior: 'smooth', block: 'start'});
+  }
+}"""
 PYTHON_TYPES = {"str": str, "float": float, "int": int, "bool": bool}
 
 
@@ -76,13 +94,15 @@ def with_settings(fn: Callable, controls: dict[str, gr.components.Component]) ->
     return plain
 
 
-def api_function(playground: Playground) -> Callable:
+def api_function(playground: Playground, defaults: dict | None = None) -> Callable:
     """The public ``generate`` endpoint: keyword parameters named and ordered like the settings
-    schema (gradio documents them from this signature); it delegates to the handler."""
+    schema (gradio documents them from this signature); it delegates to the handler.
+    ``defaults`` overrides schema defaults (the loaded skip policy's placement)."""
     fields = PlaygroundSettings.__dataclass_fields__
+    defaults = defaults or {}
     parameters = [
         inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=PYTHON_TYPES[str(spec.type)],
-                          default=inspect.Parameter.empty if name == "prompt" else spec.default)
+                          default=inspect.Parameter.empty if name == "prompt" else defaults.get(name, spec.default))
         for name, spec in fields.items()
     ]
     parameters.append(inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=gr.Request,
@@ -149,28 +169,51 @@ def build_demo(get_generator: Callable[[], TextGenerator], limits: Limits | None
     with gr.Blocks(title="SkipDecode Playground", analytics_enabled=analytics_enabled(),
                    delete_cache=(600, 600)) as demo:
         gr.Markdown(
-            "# ⏭️ SkipDecode Playground\n"
+            "# SkipDecode Playground\n"
             f"Layer-skipping decoding that keeps batching and the KV cache (arXiv 2307.02628), on "
             f"**{generator.loaded.name}** ({num_layers} layers, {generator.loaded.device}). "
             + ("SkipDecode runs with the skip-policy adapter; the full model is the original. "
                if generator.loaded.adapter_path else "No skip-policy adapter loaded: skipping will hurt quality. ")
         )
         c: dict[str, gr.components.Component] = {}
+        defaults = trained_defaults(generator)
         with gr.Tabs():
             with gr.Tab("Playground"):
+                gr.Markdown(GUIDE, elem_id="guide")
                 with gr.Row():
                     with gr.Column(scale=2, min_width=320):
-                        c["prompt"] = control("prompt", value=EXAMPLE_PROMPTS[0], lines=3, max_lines=12)
+                        c["prompt"] = control("prompt", value=EXAMPLE_PROMPTS[0], lines=2, max_lines=12)
+                        with gr.Row():
+                            run = gr.Button("Generate", variant="primary", elem_id="generate-btn", min_width=100)
+                            stop = gr.Button("Stop", variant="stop", elem_id="stop-btn", min_width=80)
+                        c["target_speedup"] = control("target_speedup", 1.0, min(4.0, top_speedup))
+                        with gr.Row():
+                            presets = {value: gr.Button(f"{value:g}x", size="sm", min_width=50,
+                                                        elem_id=f"speedup-{str(value).replace('.', '-')}")
+                                       for value in SPEEDUP_PRESETS}
+                        c["skip_policy"] = control("skip_policy", interactive=bool(generator.loaded.adapter_path))
                         gr.Examples([[p] for p in EXAMPLE_PROMPTS], inputs=[c["prompt"]], label="Example prompts",
                                     cache_examples=False)
-                        c["target_speedup"] = control("target_speedup", 1.0, top_speedup)
+                    with gr.Column(scale=3):
+                        status = gr.Markdown(elem_id="status")
+                        with gr.Row(equal_height=True):
+                            with gr.Column(min_width=160):
+                                gr.Markdown("**SkipDecode** (colour = layers run; darker = more)")
+                                skip_out = gr.HTML(elem_id="skip-output")
+                            with gr.Column(min_width=160):
+                                gr.Markdown("**Full model** (original, every layer)")
+                                full_out = gr.HTML(elem_id="full-output")
+                        stats = gr.Markdown(elem_id="stats")
+                with gr.Row():
+                    with gr.Column(scale=2, min_width=320):
                         c["decay"] = control("decay", info="; ".join(f"{k}: {v}" for k, v in DECAY_DESCRIPTIONS.items()))
-                        c["warmup"] = control("warmup", 0, num_layers - 2, value=min(DEFAULT_WARMUP, num_layers - 2))
+                        c["warmup"] = control("warmup", 0, num_layers - 2, value=min(defaults["warmup"], num_layers - 2))
                         c["decay_length"] = control("decay_length", 0, limits.max_new_tokens)
                         with gr.Accordion("Advanced", open=False):
                             c["min_layers"] = control("min_layers", 0, num_layers)
                             c["max_layers"] = control("max_layers", 0, num_layers)
-                            c["order"] = gr.Radio(list(LAYER_ORDER_DESCRIPTIONS), value="warmup_top", label="Layer order",
+                            c["order"] = gr.Radio(list(LAYER_ORDER_DESCRIPTIONS), value=defaults["order"],
+                                                  label="Layer order", elem_id="setting-order",
                                                   info=" · ".join(f"{k}: {v}" for k, v in LAYER_ORDER_DESCRIPTIONS.items()))
                             c["batch_size"] = control("batch_size", 1, limits.max_batch_size)
                             c["max_new_tokens"] = control("max_new_tokens", 1, limits.max_new_tokens)
@@ -179,24 +222,11 @@ def build_demo(get_generator: Callable[[], TextGenerator], limits: Limits | None
                             c["seed"] = gr.Number(value=0, precision=0, label="Seed", minimum=0)
                             c["prompt_at_full_depth"] = control("prompt_at_full_depth")
                         with gr.Row():
-                            run = gr.Button("Generate", variant="primary", elem_id="generate-btn")
-                            stop = gr.Button("Stop", variant="stop", elem_id="stop-btn")
-                        with gr.Row():
                             step_btn = gr.Button("Step ▶ (one token)", elem_id="step-btn")
-                            step_reset = gr.Button("Reset steps")
+                            step_reset = gr.Button("Reset steps", elem_id="step-reset-btn")
                         schedule_plot = gr.Plot(label="Schedule: layers per generated step", elem_id="schedule-plot")
                         schedule_note = gr.Markdown()
                     with gr.Column(scale=3):
-                        status = gr.Markdown(elem_id="status")
-                        with gr.Row(equal_height=True):
-                            with gr.Column():
-                                gr.Markdown("**SkipDecode** (tokens coloured by the depth that produced them; "
-                                            "darker = more layers)")
-                                skip_out = gr.HTML(elem_id="skip-output", min_height=140)
-                            with gr.Column():
-                                gr.Markdown("**Full model** (original, every layer)")
-                                full_out = gr.Textbox(show_label=False, lines=7, max_lines=20, elem_id="full-output")
-                        stats = gr.Markdown(elem_id="stats")
                         heatmap = live_plot("heatmap", height=380)
             with gr.Tab("How it works"):
                 gr.Markdown(explainer.INTRO)
@@ -215,23 +245,28 @@ def build_demo(get_generator: Callable[[], TextGenerator], limits: Limits | None
         model_lane = dict(concurrency_id="model", concurrency_limit=concurrency_limit)
         private = dict(api_visibility="private")
 
+        run.click(None, None, None, js=SCROLL_TO_OUTPUTS, queue=False, **private)
         generate_event = run.click(gpu_handler(with_settings(playground.generate, c)), settings, stream_outputs,
                                    api_name="ui_generate", **private, **model_lane)
         # A settings change while generating: end the running stream at once (outside the queue),
         # then restart in the model lane, which that ending has just freed.
         restart_flag = gr.State(False)
+        preset_events = [button.click(lambda value=value: value, None, [c["target_speedup"]], queue=False,
+                                      api_name=f"ui_preset_{i}", **private)
+                         for i, (value, button) in enumerate(presets.items())]
         restart_events = [
             trigger(playground.request_restart, None, [restart_flag], queue=False, api_name=f"ui_request_restart_{i}",
                     **private).then(
                 gpu_handler(with_settings(playground.restart_if_running, c)), {restart_flag, *settings}, stream_outputs,
                 api_name=f"ui_restart_{i}", **private, **model_lane)
-            for i, trigger in enumerate((c["target_speedup"].release, c["decay"].change))
+            for i, trigger in enumerate((c["target_speedup"].release, c["decay"].change, c["skip_policy"].change,
+                                         *(event.then for event in preset_events)))
         ]
         stop.click(playground.stop, None, [status], cancels=[generate_event, *restart_events], queue=False,
                    api_name="ui_stop", **private)
         step_btn.click(gpu_handler(with_settings(playground.step, c)), settings, stream_outputs, api_name="ui_step",
                        **private, **model_lane)
-        step_reset.click(playground.reset_steps, None, [status], queue=False, api_name="ui_reset_steps", **private)
+        step_reset.click(playground.reset_steps, None, stream_outputs, queue=False, api_name="ui_reset_steps", **private)
         preview_triggers = [c[name].change for name in ("target_speedup", "decay", "warmup", "decay_length",
                                                          "min_layers", "max_layers", "order", "max_new_tokens")]
         gr.on([*preview_triggers, demo.load], with_settings(playground.schedule_preview, c), settings,
@@ -239,7 +274,7 @@ def build_demo(get_generator: Callable[[], TextGenerator], limits: Limits | None
         batch_btn.click(gpu_handler(playground.batch_view), [c["target_speedup"], c["decay"]], [batch_plot, batch_text],
                         api_name="ui_batch_view", **private, **model_lane)
         demo.unload(playground.leave)
-        gr.api(gpu_handler(api_function(playground)), api_name="generate", **model_lane)
+        gr.api(gpu_handler(api_function(playground, defaults)), api_name="generate", **model_lane)
     demo.playground = playground  # tests and the load script inspect active runs
     demo.queue(api_open=False, max_size=queue_size)
     return demo

@@ -3,9 +3,11 @@ API messages). No gradio state lives here; RaceRenderer only caches token texts 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import gradio as gr
 
-from app.figures import layer_heatmap, tokens_by_depth_html
+from app.figures import layer_heatmap, plain_text_html, tokens_by_depth_html
 from app.race import RaceUpdate, StreamProgress
 from app.settings import PlaygroundSettings
 from model.generation import TextGenerator
@@ -37,8 +39,10 @@ def skip_output_html(generator: TextGenerator, view: StreamProgress, texts: Toke
     return tokens_by_depth_html(texts.update(ids), view.depths[: len(ids)], generator.num_layers)
 
 
-def agreement(skip: StreamProgress, full: StreamProgress, row: int = 0) -> float | None:
-    """Share of positions where SkipDecode produced the full model's token (over the shorter output)."""
+def exact_token_match(skip: StreamProgress, full: StreamProgress, row: int = 0) -> float | None:
+    """Share of positions where SkipDecode produced the full model's token (free-running, by
+    position, over the shorter output). Not the Results tab's teacher-forced agreement: once
+    the two texts differ, later positions rarely line up again."""
     a, b = skip.ids(row), full.ids(row)
     common = min(len(a), len(b))
     if common == 0:
@@ -46,23 +50,76 @@ def agreement(skip: StreamProgress, full: StreamProgress, row: int = 0) -> float
     return sum(x == y for x, y in zip(a[:common], b[:common])) / common
 
 
-def stats_markdown(update: RaceUpdate, num_layers: int, cost: CostModel) -> str:
+MIN_STEPS_FOR_MEASURED = 8  # fewer decode steps than this: timer noise, no measured speedup yet
+
+
+@dataclass(frozen=True)
+class LiveFigures:
+    """The live panel's numbers, each over a stated span: decode-only tokens/s (the prefill is
+    shown apart), and measured vs layer vs cost-model speedup over the SAME decode steps."""
+
+    skip_decode_tps: float
+    full_decode_tps: float
+    skip_prefill_s: float
+    full_prefill_s: float
+    common_steps: int  # decode steps both streams have run
+    measured_speedup: float | None  # full / SkipDecode mean step time over the common steps
+    layer_speedup: float | None  # over the same common steps
+    cost_model_speedup: float | None
+    planned_layer_speedup: float
+    planned_cost_model_speedup: float
+    skipped_share: float
+    exact_match: float | None
+
+
+def live_figures(update: RaceUpdate, cost: CostModel) -> LiveFigures:
     skip, full, solved = update.skip, update.full, update.solved
-    measured = skip.tokens_per_second / full.tokens_per_second if full.tokens_per_second and skip.tokens_per_second else None
-    figures = speedup_summary(solved, [len(layers) for layers in skip.step_layers], cost)
-    agree = agreement(skip, full)
+    common = min(len(skip.step_seconds), len(full.step_seconds))
+    planned = speedup_summary(solved, [len(layers) for layers in skip.step_layers], cost)
+    measured = layer = cost_speed = None
+    if common >= MIN_STEPS_FOR_MEASURED:
+        skip_time, full_time = sum(skip.step_seconds[:common]), sum(full.step_seconds[:common])
+        measured = full_time / skip_time if skip_time > 0 else None
+        same_steps = speedup_summary(solved, [len(layers) for layers in skip.step_layers[:common]], cost)
+        layer, cost_speed = same_steps.achieved_layer_speedup, same_steps.achieved_cost_model_speedup
+    return LiveFigures(
+        skip_decode_tps=skip.decode_tokens_per_second, full_decode_tps=full.decode_tokens_per_second,
+        skip_prefill_s=skip.prefill_seconds, full_prefill_s=full.prefill_seconds, common_steps=common,
+        measured_speedup=measured, layer_speedup=layer, cost_model_speedup=cost_speed,
+        planned_layer_speedup=planned.planned_layer_speedup,
+        planned_cost_model_speedup=planned.planned_cost_model_speedup,
+        skipped_share=planned.skipped_share, exact_match=exact_token_match(skip, full),
+    )
+
+
+SPEEDUPS_EXPLAINED = (
+    "**layer speedup**: layers the full model runs per layer SkipDecode runs (the paper's figure). "
+    "**cost-model speedup**: the same for parameters touched per step, LM head included (the head "
+    "never skips, so this is lower). **measured speedup**: wall-clock decode step time, full model "
+    "over SkipDecode, on the same steps."
+)
+
+
+def stats_markdown(update: RaceUpdate, num_layers: int, cost: CostModel) -> str:
+    figures = live_figures(update, cost)
+    solved = update.solved
+    pending = f"… (after {MIN_STEPS_FOR_MEASURED} steps)"
+    over = f" over the {figures.common_steps} steps both ran" if figures.common_steps else ""
     cells = [
-        ("SkipDecode", f"{skip.tokens_per_second:.1f} tok/s"),
-        ("full model", f"{full.tokens_per_second:.1f} tok/s"),
-        ("measured speedup", f"{measured:.2f}x" if measured else "…"),
-        ("layer speedup", f"{figures.achieved_layer_speedup:.2f}x (planned {figures.planned_layer_speedup:.2f}x)"),
-        ("cost-model speedup", f"{figures.achieved_cost_model_speedup:.2f}x (planned {figures.planned_cost_model_speedup:.2f}x)"),
+        ("SkipDecode decode", f"{figures.skip_decode_tps:.1f} tok/s (prefill {figures.skip_prefill_s:.2f} s)"),
+        ("full model decode", f"{figures.full_decode_tps:.1f} tok/s (prefill {figures.full_prefill_s:.2f} s)"),
+        ("measured speedup", f"{figures.measured_speedup:.2f}x{over}" if figures.measured_speedup else pending),
+        ("layer speedup", (f"{figures.layer_speedup:.2f}x{over}" if figures.layer_speedup else pending)
+         + f" · planned {figures.planned_layer_speedup:.2f}x"),
+        ("cost-model speedup", (f"{figures.cost_model_speedup:.2f}x{over}" if figures.cost_model_speedup else pending)
+         + f" · planned {figures.planned_cost_model_speedup:.2f}x"),
         ("layer computations skipped", f"{100 * figures.skipped_share:.0f}%"),
-        ("agreement with full output", f"{100 * agree:.0f}%" if agree is not None else "…"),
+        ("exact token match (free-running)", f"{100 * figures.exact_match:.0f}%" if figures.exact_match is not None else "…"),
         ("schedule", f"{solved.config.decay}, {solved.config.max_layers}→{solved.config.min_layers} layers, "
-                     f"warmup {solved.config.warmup}, D = {solved.config.decay_length}"),
+                     f"warmup {solved.config.warmup}, {solved.config.order}, D = {solved.config.decay_length}"),
     ]
-    return "| figure | value |\n|---|---|\n" + "\n".join(f"| {k} | **{v}** |" for k, v in cells)
+    table = "| figure | value |\n|---|---|\n" + "\n".join(f"| {k} | **{v}** |" for k, v in cells)
+    return table + "\n\n" + SPEEDUPS_EXPLAINED
 
 
 def prompt_token_texts(generator: TextGenerator, settings: PlaygroundSettings, row: int = 0) -> list[str]:
@@ -95,12 +152,13 @@ class RaceRenderer:
             generated = self.skip_texts.update(update.skip.ids(0))
             plot = heatmap_for(generator, update.skip, self.settings, self.prompt_tokens, generated).to_json()
         return (status, skip_output_html(generator, update.skip, self.skip_texts),
-                "".join(self.full_texts.update(update.full.ids(0))),
+                plain_text_html("".join(self.full_texts.update(update.full.ids(0)))),
                 stats_markdown(update, generator.num_layers, generator.cost), plot)
 
 
 def api_message(generator: TextGenerator, update: RaceUpdate, settings: PlaygroundSettings) -> dict:
     skip, full, solved = update.skip, update.full, update.solved
+    figures = live_figures(update, generator.cost)
     return {
         "prompts": list(settings.prompts()),  # what these outputs answer (clients can check isolation)
         "skipdecode": [generator.decode_text(skip.ids(r)) for r in range(skip.rows)],
@@ -111,6 +169,13 @@ def api_message(generator: TextGenerator, update: RaceUpdate, settings: Playgrou
         "num_layers": generator.num_layers,
         "skipdecode_tokens_per_second": round(skip.tokens_per_second, 3),
         "full_tokens_per_second": round(full.tokens_per_second, 3),
+        "skipdecode_decode_tokens_per_second": round(figures.skip_decode_tps, 3),
+        "full_decode_tokens_per_second": round(figures.full_decode_tps, 3),
+        "skipdecode_prefill_seconds": round(skip.prefill_seconds, 4),
+        "full_prefill_seconds": round(full.prefill_seconds, 4),
+        "measured_speedup": None if figures.measured_speedup is None else round(figures.measured_speedup, 4),
+        "measured_over_steps": figures.common_steps,
+        "exact_token_match": None if figures.exact_match is None else round(figures.exact_match, 4),
         **speedup_summary(solved, [len(layers) for layers in skip.step_layers], generator.cost).to_json(),
         "schedule": schedule_json(solved.config),
         "done": skip.done and full.done,

@@ -192,7 +192,9 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None] = print) -> B
     full_decoder.eos_token_ids = skip_decoder.eos_token_ids = ()  # fixed-length runs: EOS ignored
     steps = max(1, config.new_tokens - 1)
     schedules = {s: solve_schedule(num_layers, s, decay=config.decay, decay_length=config.new_tokens, num_steps=steps,
-                                   warmup=generator.default_warmup, cost=cost) for s in config.speedups}
+                                   warmup=generator.default_warmup, order=generator.default_order,
+                                   ranking=generator.ranking_for(generator.default_order), cost=cost)
+                 for s in config.speedups}
     report = BenchReport(model=loaded.name, adapter=loaded.adapter_path, device=str(device),
                          dtype=str(loaded.dtype).replace("torch.", ""), hardware=hardware_info(device),
                          new_tokens=config.new_tokens, repeats=config.repeats, decay=config.decay)

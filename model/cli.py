@@ -45,7 +45,8 @@ def add_schedule_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-layers", type=int, default=None, help="override the solver's min layers")
     parser.add_argument("--max-layers", type=int, default=None, help="override the solver's max layers")
     parser.add_argument("--decay-length", type=int, default=None, help="steps to reach min layers (default max-new-tokens)")
-    parser.add_argument("--order", default="warmup_top", choices=tuple(LAYER_ORDERS), help="which layers a budget runs")
+    parser.add_argument("--order", default=None, choices=(*LAYER_ORDERS, "ranked"),
+                        help="which layers a budget runs (default: the adapter's trained order, else warmup_top)")
     parser.add_argument("--prompt-at-budget", action="store_true", help="run the prompt at the first budget, not full depth")
 
 
@@ -95,6 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--output", default="assets/study")
     st.set_defaults(handler=run_study_command)
 
+    ex = commands.add_parser("export-adapter", help="copy a trained adapter for shipping, weights cast to bfloat16")
+    ex.add_argument("source", help="the trained adapter folder (e.g. runs/NAME/adapter)")
+    ex.add_argument("destination", help="where to write it (e.g. assets/adapters/NAME)")
+    ex.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    ex.set_defaults(handler=run_export_adapter)
+
     be = commands.add_parser("bench", help="measured tokens/s: transformers generate vs our full decoder vs SkipDecode")
     add_model_options(be)
     be.add_argument("--batch-sizes", default=None, help="comma-separated (default: 1,8 on CPU; 1,8,32,64 on GPU)")
@@ -118,6 +125,18 @@ def run_study_command(args: argparse.Namespace) -> int:
     study = run_study(config, progress=lambda line: print(line, file=sys.stderr, flush=True))
     print(study_markdown(study))
     print(f"\nbest at 2x: {best_arm(study)}")
+    return 0
+
+
+def run_export_adapter(args: argparse.Namespace) -> int:
+    import torch  # noqa: PLC0415
+
+    from model.skip_policy import export_adapter  # noqa: PLC0415
+
+    written = export_adapter(args.source, args.destination, getattr(torch, args.dtype))
+    for path in written:
+        print(f"{path}  {path.stat().st_size / 1e6:.2f} MB")
+    print(f"total {sum(p.stat().st_size for p in written) / 1e6:.2f} MB")
     return 0
 
 

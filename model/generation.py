@@ -15,6 +15,7 @@ import torch
 from model.decoder import DecodeResult, SamplingConfig, SkipDecoder, StepEvent, run_to_end
 from model.loading import LoadedModel
 from model.schedule import (
+    RANKED,
     ScheduleConfig,
     SolvedSchedule,
     SpeedupSummary,
@@ -37,9 +38,10 @@ class ScheduleRequest:
     min_layers: int | None = None
     max_layers: int | None = None
     decay_length: int | None = None  # default: max_new_tokens
-    order: str = "warmup_top"
+    order: str | None = None  # None: the adapter's trained order (ranked ones bring their ranking)
     prompt_at_full_depth: bool = True
     full: bool = False  # the full model (n_k = L) through the same decoder
+    skip_policy: bool = True  # False: the untouched model skips layers (no adapter, no bridge)
 
 
 @dataclass(frozen=True)
@@ -114,11 +116,28 @@ class TextGenerator:
         return int(self.loaded.skip_policy.get("warmup", default_warmup(self.num_layers)))
 
     @property
+    def default_order(self) -> str:
+        """The layer order the skip policy was trained with, else warmup_top."""
+        return str(self.loaded.skip_policy.get("order", "warmup_top"))
+
+    def ranking_for(self, order: str) -> tuple[int, ...]:
+        """The adapter's layer ranking for order "ranked" (measured importance, most important
+        first); () for the other orders. A ranked order with no trained ranking is refused."""
+        if order != RANKED:
+            return ()
+        ranking = tuple(int(i) for i in self.loaded.skip_policy.get("ranking", ()))
+        if not ranking:
+            raise ValueError("order 'ranked' needs a layer ranking: use an adapter trained with --order ranked")
+        return ranking
+
+    @property
     def max_context(self) -> int:
         return self.full_decoder.adapter.max_context
 
     def decoder_for(self, request: ScheduleRequest) -> SkipDecoder:
-        return self.full_decoder if request.full else self.skip_decoder
+        """The original weights for the full model and for skipping without the skip policy;
+        the skip policy's weights (merged adapter, bridge) for SkipDecode."""
+        return self.full_decoder if request.full or not request.skip_policy else self.skip_decoder
 
     # --- schedule -------------------------------------------------------------------------
     def schedule_for(self, request: ScheduleRequest, max_new_tokens: int) -> SolvedSchedule:
@@ -129,11 +148,13 @@ class TextGenerator:
         if request.full:
             return evaluate_schedule(full_schedule(num_layers, decay_length), decode_steps, self.cost, 1.0)
         warmup = request.warmup if request.warmup is not None else self.default_warmup
+        order = request.order or self.default_order
         common = dict(
             decay=request.decay,
             warmup=warmup,
             decay_length=decay_length,
-            order=request.order,
+            order=order,
+            ranking=self.ranking_for(order),
             prompt_at_full_depth=request.prompt_at_full_depth,
         )
         if request.min_layers is not None or request.max_layers is not None:
@@ -218,7 +239,7 @@ class TextGenerator:
             model=loaded.name,
             device=str(loaded.device),
             dtype=str(loaded.dtype).replace("torch.", ""),
-            adapter=None if request.schedule.full else loaded.adapter_path,
+            adapter=loaded.adapter_path if not request.schedule.full and request.schedule.skip_policy else None,
             num_layers=self.num_layers,
             prompts=list(request.prompts),
             outputs=[self.decode_text(row, request.stop) for row in decode.tokens],

@@ -125,6 +125,7 @@ LAYER_ORDERS: dict[str, LayerOrder] = {
 LAYER_ORDER_DESCRIPTIONS: dict[str, str] = {
     "warmup_top": "warmup layers + the top layers; lower/middle layers bypassed (the paper)",
     "first_last": "first and last layers kept, the middle bypassed (D3-style)",
+    "ranked": "the most important layers by a measured ranking (the adapter's; python -m model study)",
 }
 # An order given by ScheduleConfig.ranking rather than by a formula: the n most important layers
 # by a measured ranking (python -m model study measures one); nested by construction.

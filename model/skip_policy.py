@@ -146,3 +146,32 @@ def gated(model: nn.Module, executes: torch.Tensor | None, batch_size: int = 1) 
         yield
     finally:
         gate.value = previous
+
+
+# --- shipping -------------------------------------------------------------------------------------
+
+ADAPTER_FILES = ("adapter_config.json", "training_info.json", BRIDGE_CONFIG)
+WEIGHT_FILES = ("adapter_model.safetensors", BRIDGE_WEIGHTS)
+
+
+def export_adapter(source: str | Path, destination: str | Path, dtype: torch.dtype = torch.bfloat16) -> list[Path]:
+    """Copy a trained adapter folder for shipping: its configs as they are, its weights cast to
+    ``dtype`` (bfloat16 halves the file; loading casts back to the model's dtype), and not peft's
+    auto-generated model card (the shipped folder carries its own README). Returns the files written."""
+    from safetensors.torch import load_file, save_file  # noqa: PLC0415
+
+    source, destination = Path(source), Path(destination)
+    if not (source / "adapter_config.json").is_file():
+        raise ValueError(f"{source} is not an adapter folder (no adapter_config.json)")
+    destination.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name in ADAPTER_FILES:
+        if (source / name).is_file():
+            (destination / name).write_bytes((source / name).read_bytes())
+            written.append(destination / name)
+    for name in WEIGHT_FILES:
+        if (source / name).is_file():
+            tensors = {key: value.to(dtype).contiguous() for key, value in load_file(str(source / name)).items()}
+            save_file(tensors, str(destination / name))
+            written.append(destination / name)
+    return written

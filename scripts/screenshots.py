@@ -23,6 +23,38 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--
         "--disable-component-update", "--disable-sync"]
 
 
+VIEWPORTS = {"desktop": (1440, 900), "phone": (390, 844)}
+
+
+def wait_done(page, seconds: float = 180) -> None:
+    deadline = time.time() + seconds
+    while time.time() < deadline and "Done" not in page.inner_text("#status"):
+        time.sleep(0.5)
+    time.sleep(1.0)
+
+
+def visitor_views(browser, port: int) -> list[Path]:
+    """What a visitor sees without scrolling, at desktop and phone size: on arrival, ~3 s after
+    pressing Generate on the default prompt, and when done."""
+    written = []
+    for name, (width, height) in VIEWPORTS.items():
+        page = browser.new_page(viewport={"width": width, "height": height})
+        page.goto(f"http://127.0.0.1:{port}/")
+        page.wait_for_selector("#generate-btn", timeout=120_000)
+        time.sleep(1.0)
+        shots = [("arrival", None), ("streaming", lambda: (page.click("#generate-btn"), time.sleep(3))),
+                 ("done", lambda: wait_done(page))]
+        for label, action in shots:
+            if action:
+                action()
+            path = OUT / "visitor" / f"{name}-{label}.png"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(path))
+            written.append(path)
+        page.close()
+    return written
+
+
 def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     port = free_port()
@@ -30,15 +62,13 @@ def main() -> int:
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=ARGS)
-            page = browser.new_page(viewport={"width": 1400, "height": 1300})
+            written = visitor_views(browser, port)
+            page = browser.new_page(viewport={"width": 1440, "height": 1300})
             page.goto(f"http://127.0.0.1:{port}/")
             page.wait_for_selector("#generate-btn", timeout=120_000)
             page.fill("textarea", "Write a short story about a robot who learns to paint.")
             page.click("#generate-btn")
-            deadline = time.time() + 180
-            while time.time() < deadline and "Done" not in page.inner_text("#status"):
-                time.sleep(0.5)
-            time.sleep(1.0)
+            wait_done(page)
             page.screenshot(path=str(OUT / "playground.png"), full_page=True)
             page.click("button[role=tab]:has-text('Results')")
             time.sleep(3)
@@ -47,7 +77,8 @@ def main() -> int:
     finally:
         server.terminate()
         server.wait(30)
-    print(f"wrote {OUT / 'playground.png'} and {OUT / 'results.png'}")
+    for path in [*written, OUT / "playground.png", OUT / "results.png"]:
+        print(f"wrote {path}")
     return 0
 
 

@@ -241,3 +241,28 @@ def test_a_cancelled_api_run_says_so(server):
             demo.playground.runs.cancel(key, reason="stop")
     messages = list(stream)
     assert messages[-1]["cancelled"] is True and "cancelled" in messages[-1]["error"] and not messages[-1]["done"]
+
+
+def test_skip_policy_off_is_the_untouched_model_skipping_and_1x_is_the_full_model(client, server):
+    _, generator = server
+    prompt = "Name three colours."
+    off = client.predict(prompt=prompt, target_speedup=2.0, max_new_tokens=10, skip_policy=False, api_name="/generate")
+    untouched = generator.generate(GenerationRequest(
+        prompts=(prompt,), schedule=ScheduleRequest(target_speedup=2.0, skip_policy=False), max_new_tokens=10))
+    assert off["skipdecode"][0] == untouched.outputs[0]
+    assert untouched.adapter is None
+    one_x = client.predict(prompt=prompt, target_speedup=1.0, max_new_tokens=10, api_name="/generate")
+    assert one_x["layers_per_step"] == [30] * len(one_x["layers_per_step"])
+    assert one_x["skipdecode"] == one_x["full"]  # the skip policy never acts at full depth
+
+
+def test_api_defaults_are_the_adapters_trained_placement(client, server):
+    _, generator = server
+    info = client.view_api(return_format="dict", print_info=False)
+    parameters = {p["parameter_name"]: p for p in info["named_endpoints"]["/generate"]["parameters"]}
+    assert parameters["warmup"]["parameter_default"] == generator.default_warmup
+    assert parameters["order"]["parameter_default"] == generator.default_order
+    final = client.predict(prompt="Hi", max_new_tokens=4, api_name="/generate")
+    assert final["schedule"]["warmup"] == generator.default_warmup
+    assert final["schedule"]["order"] == generator.default_order
+    assert final["skipdecode_decode_tokens_per_second"] > 0 and final["skipdecode_prefill_seconds"] > 0

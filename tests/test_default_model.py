@@ -63,3 +63,23 @@ def test_huge_prompt_is_rejected_with_the_context_size(default_model):
     request = GenerationRequest(prompts=("word " * 9000,), max_new_tokens=8)
     with pytest.raises(ValueError, match="context"):
         generator.generate(request)
+
+
+def _longest_repeat(words: list[str], size: int = 4) -> int:
+    """How often the most frequent run of ``size`` words occurs."""
+    grams = [tuple(words[i:i + size]) for i in range(len(words) - size + 1)]
+    return max((grams.count(g) for g in set(grams)), default=0)
+
+
+def test_every_example_prompt_gets_a_fluent_full_model_answer(default_model):
+    """The playground's first minute: the default prompt and the examples must not make the full
+    model itself loop or spew digits (SkipDecode is judged against it)."""
+    from app.settings import EXAMPLE_PROMPTS
+
+    result = TextGenerator(default_model).generate(GenerationRequest(
+        prompts=tuple(EXAMPLE_PROMPTS), schedule=ScheduleRequest(full=True), max_new_tokens=48))
+    for prompt, output in zip(EXAMPLE_PROMPTS, result.outputs):
+        words = output.split()
+        assert len(words) >= 4, (prompt, output)
+        assert _longest_repeat(words) <= 2, (prompt, output)
+        assert max((len(w) for w in words), default=0) < 30, (prompt, output)  # no "1011111111..." runs

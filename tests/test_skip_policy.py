@@ -164,3 +164,31 @@ def test_ranked_order_is_nested_and_validated():
         ScheduleConfig(NUM_LAYERS, 6, 2, warmup=0, order="ranked", ranking=(0, 1, 2))
     with pytest.raises(ValueError, match="start with the warmup"):
         ScheduleConfig(NUM_LAYERS, 6, 2, warmup=1, order="ranked", ranking=(5, 0, 1, 2, 3, 4))
+
+
+def test_exported_adapter_is_half_the_size_and_acts_like_the_trained_one(tmp_path):
+    from model.loading import merged_copy
+    from model.skip_policy import export_adapter
+
+    base, peft_model, _, bridge = _policy("llama")
+    trained = tmp_path / "trained"
+    peft_model.save_pretrained(trained)
+    bridge.save(trained)
+    (trained / "training_info.json").write_text('{"skip_policy": {"gated": true}}')
+    shipped = tmp_path / "shipped"
+    names = {path.name for path in export_adapter(trained, shipped)}
+    assert names == {"adapter_config.json", "training_info.json", "bridge.json",
+                     "adapter_model.safetensors", "bridge.safetensors"}
+    assert not (shipped / "README.md").exists()
+    for weights in ("adapter_model.safetensors", "bridge.safetensors"):
+        assert (shipped / weights).stat().st_size < 0.6 * (trained / weights).stat().st_size
+
+    ids = torch.randint(0, base.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        plain = base(ids).logits
+        full_precision = merged_copy(base, trained)(ids).logits
+        bf16 = merged_copy(base, shipped)(ids).logits
+    adapter_effect = (full_precision - plain).abs().max()
+    assert adapter_effect > 0.1
+    assert (bf16 - full_precision).abs().max() < 0.05 * adapter_effect  # bf16 rounding: ~0.4% of the weights
+    assert torch.equal(EntryBridge.load(shipped).up, bridge.up.to(torch.bfloat16).float())

@@ -1,0 +1,47 @@
+"""What the playground shows, as pure functions: newline marks and the live figures' spans."""
+
+from app.figures import NEWLINE_MARK, plain_text_html, tokens_by_depth_html
+from app.race import RaceUpdate, StreamProgress
+from app.views import MIN_STEPS_FOR_MEASURED, live_figures
+from model.decoder import StepEvent
+from model.schedule import CostModel, ScheduleConfig, evaluate_schedule
+
+
+def test_newline_runs_collapse_into_one_visible_mark_and_one_break():
+    page = tokens_by_depth_html(["Hi", "\n", "\n", "\n", " there", "\n\n", "end"], [30, 20, 20, 20, 10, 9, 9], 30)
+    assert page.count("<br>") == 2
+    assert f"{NEWLINE_MARK}×3" in page and f"{NEWLINE_MARK}×2" in page
+    assert "Hi" in page and " there" in page and "end" in page
+    plain = plain_text_html("a\n\n\n\nb<script>")
+    assert f"{NEWLINE_MARK}×4" in plain and plain.count("<br>") == 1 and "&lt;script&gt;" in plain
+
+
+def _progress(name: str, prefill_seconds: float, step_seconds: list[float], depth: int) -> StreamProgress:
+    progress = StreamProgress(name, rows=1)
+    progress.apply(StepEvent(-1, [1], [False], tuple(range(30)), prefill_seconds), eos_ids=())
+    for step, seconds in enumerate(step_seconds):
+        progress.apply(StepEvent(step, [2 + step], [False], tuple(range(30 - depth, 30)), seconds), eos_ids=())
+    return progress
+
+
+def test_live_figures_leave_out_the_prefill_and_compare_the_same_steps():
+    cost = CostModel(layer_cost=1.0, fixed_cost=0.0)
+    solved = evaluate_schedule(ScheduleConfig(30, 30, 15, warmup=0, decay="constant", decay_length=12), 12, cost)
+    # A 5 s prefill (a long prompt) must not drag the decode figure down.
+    skip = _progress("skip", 5.0, [0.05] * 12, depth=15)
+    full = _progress("full", 5.0, [0.10] * 10, depth=30)
+    figures = live_figures(RaceUpdate(skip, full, solved, "skip"), cost)
+    assert abs(figures.skip_decode_tps - 20.0) < 1e-6 and abs(figures.full_decode_tps - 10.0) < 1e-6
+    assert figures.common_steps == 10
+    assert abs(figures.measured_speedup - 2.0) < 1e-6  # over the 10 steps both ran, not 12 vs 10
+    assert abs(figures.layer_speedup - 2.0) < 1e-6
+    assert figures.exact_match is not None
+
+
+def test_no_measured_speedup_before_enough_steps():
+    cost = CostModel(layer_cost=1.0, fixed_cost=0.0)
+    solved = evaluate_schedule(ScheduleConfig(30, 30, 15, warmup=0, decay="constant", decay_length=12), 12, cost)
+    steps = MIN_STEPS_FOR_MEASURED - 1
+    figures = live_figures(RaceUpdate(_progress("s", 0.1, [0.05] * steps, 15), _progress("f", 0.1, [0.1] * steps, 30),
+                                      solved, "skip"), cost)
+    assert figures.measured_speedup is None and figures.layer_speedup is None
