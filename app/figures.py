@@ -32,40 +32,92 @@ def layer_heatmap(
     generated_tokens: Sequence[str],
     step_layers: Sequence[Sequence[int]],
     title: str = "Layers executed per position",
+    *,
+    hidden_prompt: int = 0,
+    lens: Sequence[Sequence] | None = None,
+    matches: Sequence[bool] | None = None,
 ) -> go.Figure:
     """x = position (prompt, then generated tokens fed back), y = layer (0 at the bottom).
 
     Column of generated token k shows the layers decode step k ran for it; the newest token
-    has not been fed yet, so it has no column until the next step.
+    has not been fed yet, so it has no column until the next step. ``prompt_tokens`` are the
+    prompt's LAST tokens shown (``hidden_prompt`` earlier ones, the chat template, are left out).
+    ``lens``: per generated token t, the logit-lens readings (layer, top-k) of the position that
+    produced t; hovering an executed cell shows them. ``matches``: per generated token, whether
+    it equals the full model's, drawn as a strip under layer 0 with the first difference marked.
+    On a narrow screen the page's script moves the legend under the plot (app/live_plot.py).
     """
     columns = [("prompt", token, list(prefill_layers)) for token in prompt_tokens]
     columns += [("generated", generated_tokens[k], list(layers)) for k, layers in enumerate(step_layers)
                 if k < len(generated_tokens)]
+    readings = _lens_by_column(lens, len(prompt_tokens), len(columns))
     z = [[0] * len(columns) for _ in range(num_layers)]
     hover = [[""] * len(columns) for _ in range(num_layers)]
     for x, (kind, token, layers) in enumerate(columns):
         ran = set(layers)
+        position = x + hidden_prompt
         for layer in range(num_layers):
             if layer in ran:
                 z[layer][x] = 1 if kind == "prompt" else (2 if layer < warmup else 3)
-            state = "ran" if layer in ran else "bypassed"
-            hover[layer][x] = f"pos {x} {html.escape(repr(token))} ({kind})<br>layer {layer}: {state}<br>{len(ran)}/{num_layers} layers"
+            state = "ran" if layer in ran else "BYPASSED (hidden state passes through unchanged)"
+            text = f"pos {position} {html.escape(repr(token))} ({kind})<br>layer {layer}: {state}<br>{len(ran)}/{num_layers} layers"
+            reading = readings[x].get(layer) if layer in ran else None
+            if reading is not None:
+                text += "<br>lens (next token if the model stopped here):<br>" + "<br>".join(
+                    f"  {html.escape(repr(t))} {p:.0%}" for t, p in zip(reading.tokens, reading.probs))
+            hover[layer][x] = text
+    colourbar = dict(tickvals=list(range(len(CELL_KINDS))), ticktext=list(CELL_KINDS), title="")
     figure = go.Figure(go.Heatmap(
         z=z, text=hover, hoverinfo="text", zmin=-0.5, zmax=len(CELL_KINDS) - 0.5,
-        colorscale=_discrete_colorscale(CELL_COLOURS), xgap=1, ygap=1,
-        colorbar=dict(tickvals=list(range(len(CELL_KINDS))), ticktext=list(CELL_KINDS), title=""),
+        colorscale=_discrete_colorscale(CELL_COLOURS), xgap=1, ygap=1, colorbar=colourbar,
     ))
+    if matches:
+        _add_match_strip(figure, matches, len(prompt_tokens), len(columns))
     labels = [token for _, token, _ in columns]
     xaxis = dict(title="position (prompt | generated)")
+    if hidden_prompt:
+        xaxis["title"] = f"position (last {len(prompt_tokens)} prompt tokens; {hidden_prompt} template tokens hidden | generated)"
     if 0 < len(labels) <= MAX_AXIS_LABELS:
         xaxis.update(tickmode="array", tickvals=list(range(len(labels))), ticktext=[_short(t) for t in labels], tickangle=-60)
     if prompt_tokens and step_layers:
         figure.add_vline(x=len(prompt_tokens) - 0.5, line=dict(color="#333", width=2, dash="dot"))
     figure.update_layout(
-        title=dict(text=title, x=0.01), xaxis=xaxis, yaxis=dict(title="layer", dtick=max(1, num_layers // 10)),
-        margin=dict(l=50, r=10, t=40, b=70), height=380, uirevision="heatmap",  # keep zoom across updates
+        title=dict(text=title, x=0.01), xaxis=xaxis,
+        yaxis=dict(title="layer", dtick=max(1, num_layers // 10), range=[-2.5 if matches else -0.5, num_layers - 0.5]),
+        margin=dict(l=50, r=10, t=40, b=70), height=380, uirevision="heatmap",
     )
     return figure
+
+
+def _lens_by_column(lens: Sequence[Sequence] | None, prompt_columns: int, columns: int) -> list[dict]:
+    """Column x -> {layer: reading}. The last prompt column produced generated token 0; the
+    column of generated token k produced token k + 1."""
+    by_column: list[dict] = [{} for _ in range(columns)]
+    if not lens or prompt_columns == 0:
+        return by_column
+    for token_index, readings in enumerate(lens):
+        x = prompt_columns - 1 + token_index
+        if x < columns:
+            by_column[x] = {reading.layer: reading for reading in readings}
+    return by_column
+
+
+def _add_match_strip(figure: go.Figure, matches: Sequence[bool], prompt_columns: int, columns: int) -> None:
+    """A strip under layer 0: green where SkipDecode's token equals the full model's, red where
+    not, at the column that produced the token; a line at the first difference."""
+    xs = [prompt_columns - 1 + t for t in range(len(matches)) if prompt_columns - 1 + t < columns]
+    colours = ["#2e9e5b" if matches[t] else "#d64545" for t in range(len(xs))]
+    figure.add_trace(go.Scatter(
+        x=xs, y=[-1.7] * len(xs), mode="markers", marker=dict(symbol="square", size=7, color=colours),
+        hovertext=[f"token {t}: {'same as' if matches[t] else 'differs from'} the full model" for t in range(len(xs))],
+        hoverinfo="text", showlegend=False,
+    ))
+    first = next((t for t, same in enumerate(matches) if not same), None)
+    if first is not None and prompt_columns - 1 + first < columns:
+        figure.add_vline(x=prompt_columns - 1 + first, line=dict(color="#d64545", width=1.5),
+                         annotation_text=f"first difference (token {first})", annotation_position="top left",
+                         annotation_font=dict(color="#d64545", size=11))
+    figure.add_annotation(x=-0.5, y=-1.7, text="= full?", showarrow=False, xanchor="right", font=dict(size=10))
 
 
 def _short(token: str, width: int = 8) -> str:

@@ -29,6 +29,16 @@ const draw = () => {
   }
   if (typeof Plotly === 'undefined') { setTimeout(draw, 100); return; }
   const figure = JSON.parse(props.value);
+  if (target.clientWidth < 520) {  // a phone: legend under the plot, fewer ticks, smaller title
+    for (const trace of figure.data) {
+      if (trace.type === 'heatmap' && trace.colorbar) {
+        Object.assign(trace.colorbar, {orientation: 'h', x: 0.5, xanchor: 'center', y: -0.55, thickness: 10, len: 1});
+      }
+    }
+    figure.layout.xaxis = Object.assign({}, figure.layout.xaxis, {tickmode: 'auto', nticks: 6, tickangle: 0});
+    figure.layout.margin = Object.assign({}, figure.layout.margin, {l: 40, r: 5, b: 130});
+    if (figure.layout.title) figure.layout.title.font = {size: 12};
+  }
   Plotly.react(target, figure.data, figure.layout, {displayModeBar: false, responsive: true});
   target.dataset.updates = String(Number(target.dataset.updates || 0) + 1);
 };

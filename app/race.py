@@ -14,7 +14,7 @@ from typing import Callable, Iterator
 
 from app.settings import PlaygroundSettings
 from model.decoder import StepEvent
-from model.generation import GenerationResult, TextGenerator
+from model.generation import GenerationResult, LensReading, TextGenerator
 from model.schedule import SolvedSchedule
 
 
@@ -33,6 +33,7 @@ class StreamProgress:
     seconds: float = 0.0  # prefill + decode steps
     done: bool = False
     result: GenerationResult | None = None
+    lens: list[list[LensReading]] = field(default_factory=list)  # per generated token of row 0 (lens on)
 
     def __post_init__(self) -> None:
         self.tokens = [[] for _ in range(self.rows)]
@@ -88,7 +89,8 @@ def race(generator: TextGenerator, settings: PlaygroundSettings,
     solved = generator.schedule_for(skip_request.schedule, settings.max_new_tokens)  # ValueError on bad settings
     rows = len(skip_request.prompts)
     views = {"skip": StreamProgress("SkipDecode", rows), "full": StreamProgress("full model", rows)}
-    streams = {"skip": generator.stream(skip_request, should_cancel), "full": generator.stream(full_request, should_cancel)}
+    streams = {"skip": generator.stream(skip_request, should_cancel, trace_row=0 if settings.lens else None),
+               "full": generator.stream(full_request, should_cancel)}
     eos = generator.loaded.eos_token_ids
     while not all(v.done for v in views.values()):
         if should_cancel is not None and should_cancel():
@@ -101,6 +103,8 @@ def race(generator: TextGenerator, settings: PlaygroundSettings,
             with compute_lock or contextlib.nullcontext():  # one model step at a time per lane
                 event = next(streams[key])
             views[key].apply(event, eos)
+            if event.trace:  # the lens runs here, outside the decoder's timed step
+                views[key].lens.append(generator.lens(event.trace, skip_request.schedule))
         except StopIteration as stop:
             views[key].done, views[key].result = True, stop.value
             if stop.value is not None and stop.value.decode.cancelled:

@@ -44,10 +44,11 @@ class Limits:
 
 def setting(default: Any, *, label: str, help: str = "", kind: str = "number", low: float | None = None,
             high: float | str | None = None, step: float | None = None, choices: tuple[str, ...] = (),
-            integer: bool = False):
-    """A settings field. ``high`` may name a Limits attribute (the deployer's limit)."""
+            integer: bool = False, api: bool = True):
+    """A settings field. ``high`` may name a Limits attribute (the deployer's limit); ``api=False``
+    for a view-only control the public API leaves out."""
     return field(default=default, metadata=dict(label=label, help=help, kind=kind, low=low, high=high, step=step,
-                                                 choices=choices, integer=integer))
+                                                 choices=choices, integer=integer, api=api))
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,9 @@ class PlaygroundSettings:
     prompt_at_full_depth: bool = setting(True, label="Prompt at full depth", kind="bool")
     skip_policy: bool = setting(True, label="Skip-policy adapter on", kind="bool",
                                 help="off: the untouched model skips the same layers (see why fine-tuning matters)")
+    show_template: bool = setting(False, label="Show the chat template in the heatmap", kind="bool", api=False)
+    lens: bool = setting(False, label="Logit lens (hover a heatmap cell: top-5 next tokens after that layer)",
+                         kind="bool", help="costs a little time between steps; not counted in tokens/s")
 
     # --- the schema -------------------------------------------------------------------------
     @classmethod

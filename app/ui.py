@@ -98,7 +98,7 @@ def api_function(playground: Playground, defaults: dict | None = None) -> Callab
     """The public ``generate`` endpoint: keyword parameters named and ordered like the settings
     schema (gradio documents them from this signature); it delegates to the handler.
     ``defaults`` overrides schema defaults (the loaded skip policy's placement)."""
-    fields = PlaygroundSettings.__dataclass_fields__
+    fields = {name: spec for name, spec in PlaygroundSettings.__dataclass_fields__.items() if spec.metadata["api"]}
     defaults = defaults or {}
     parameters = [
         inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=PYTHON_TYPES[str(spec.type)],
@@ -192,6 +192,7 @@ def build_demo(get_generator: Callable[[], TextGenerator], limits: Limits | None
                                                         elem_id=f"speedup-{str(value).replace('.', '-')}")
                                        for value in SPEEDUP_PRESETS}
                         c["skip_policy"] = control("skip_policy", interactive=bool(generator.loaded.adapter_path))
+                        c["lens"] = control("lens")
                         gr.Examples([[p] for p in EXAMPLE_PROMPTS], inputs=[c["prompt"]], label="Example prompts",
                                     cache_examples=False)
                     with gr.Column(scale=3):
@@ -221,6 +222,7 @@ def build_demo(get_generator: Callable[[], TextGenerator], limits: Limits | None
                             c["top_p"] = control("top_p", 0.05, 1.0)
                             c["seed"] = gr.Number(value=0, precision=0, label="Seed", minimum=0)
                             c["prompt_at_full_depth"] = control("prompt_at_full_depth")
+                            c["show_template"] = control("show_template")
                         with gr.Row():
                             step_btn = gr.Button("Step ▶ (one token)", elem_id="step-btn")
                             step_reset = gr.Button("Reset steps", elem_id="step-reset-btn")

@@ -122,16 +122,37 @@ def stats_markdown(update: RaceUpdate, num_layers: int, cost: CostModel) -> str:
     return table + "\n\n" + SPEEDUPS_EXPLAINED
 
 
-def prompt_token_texts(generator: TextGenerator, settings: PlaygroundSettings, row: int = 0) -> list[str]:
-    ids, _ = generator.encode([settings.prompts()[row]])
-    return [generator.loaded.tokenizer.decode([t]) for t in ids[0].tolist()]
+TEMPLATE_TAIL = 6  # tokens after the user's text in the chat template ("<|im_end|>", "assistant", ...)
 
 
-def heatmap_for(generator: TextGenerator, view: StreamProgress, settings: PlaygroundSettings, prompt_tokens: list[str],
-                generated: list[str], row: int = 0, title: str | None = None):
+def prompt_token_texts(generator: TextGenerator, settings: PlaygroundSettings, row: int = 0) -> tuple[list[str], int]:
+    """The prompt's tokens the heatmap shows and how many leading ones it hides: unless the user
+    asked for the chat template, only the user's text and the template's tail (the system prompt
+    would take most of the width)."""
+    prompt = settings.prompts()[row]
+    ids, _ = generator.encode([prompt])
+    texts = [generator.token_text(t) for t in ids[0].tolist()]
+    if settings.show_template:
+        return texts, 0
+    user_tokens = len(generator.loaded.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    shown = min(len(texts), user_tokens + TEMPLATE_TAIL)
+    return texts[len(texts) - shown:], len(texts) - shown
+
+
+def token_matches(skip: StreamProgress, full: StreamProgress, row: int = 0) -> list[bool]:
+    """Per generated token of SkipDecode (as far as the full model has got): the same token?"""
+    a, b = skip.ids(row), full.ids(row)
+    return [x == y for x, y in zip(a, b)]
+
+
+def heatmap_for(generator: TextGenerator, update: RaceUpdate, settings: PlaygroundSettings,
+                prompt_tokens: tuple[list[str], int], generated: list[str], row: int = 0, title: str | None = None):
+    view = update.skip
+    shown, hidden = prompt_tokens
     return layer_heatmap(
-        generator.num_layers, settings.warmup, prompt_tokens, view.prefill_layers, generated, view.step_layers,
+        generator.num_layers, update.solved.config.warmup, shown, view.prefill_layers, generated, view.step_layers,
         title=title or f"{view.name}: layers executed per position (row {row})",
+        hidden_prompt=hidden, lens=view.lens or None, matches=token_matches(update.skip, update.full, row),
     )
 
 
@@ -150,7 +171,7 @@ class RaceRenderer:
         plot = gr.skip()
         if with_plot:
             generated = self.skip_texts.update(update.skip.ids(0))
-            plot = heatmap_for(generator, update.skip, self.settings, self.prompt_tokens, generated).to_json()
+            plot = heatmap_for(generator, update, self.settings, self.prompt_tokens, generated).to_json()
         return (status, skip_output_html(generator, update.skip, self.skip_texts),
                 plain_text_html("".join(self.full_texts.update(update.full.ids(0)))),
                 stats_markdown(update, generator.num_layers, generator.cost), plot)
@@ -179,7 +200,13 @@ def api_message(generator: TextGenerator, update: RaceUpdate, settings: Playgrou
         **speedup_summary(solved, [len(layers) for layers in skip.step_layers], generator.cost).to_json(),
         "schedule": schedule_json(solved.config),
         "done": skip.done and full.done,
-    }
+    } | ({"lens": lens_json(skip)} if settings.lens else {})
+
+
+def lens_json(skip: StreamProgress) -> list[list[dict]]:
+    """One entry per generated token of row 0: the lens's top-1 after each executed layer of the
+    position that produced that token, in order."""
+    return [[reading.top1() for reading in readings] for readings in skip.lens[: len(skip.ids(0))]]
 
 
 def one_line(text: str, width: int = 120) -> str:

@@ -28,6 +28,23 @@ from model.skip_policy import EntryBridge, entry_layers
 GREEDY_BELOW = 1e-4  # temperatures this small sample the argmax anyway
 
 
+class Trace:
+    """Hidden states of one row at its newest position, after each layer that ran: what a logit
+    lens reads. Recording is a copy of one (C,) vector per layer; the lens itself runs elsewhere,
+    outside the decoder's timed step."""
+
+    def __init__(self, row: int) -> None:
+        self.row = row
+        self.records: list[tuple[int, torch.Tensor]] = []
+
+    def record(self, layer: int, hidden: torch.Tensor) -> None:
+        self.records.append((layer, hidden[self.row, -1].detach().clone()))  # hidden: (B, T, C)
+
+    def take(self) -> tuple[tuple[int, torch.Tensor], ...]:
+        records, self.records = tuple(self.records), []
+        return records
+
+
 class Cancelled(Exception):
     """Raised inside a step when the caller asked to stop (checked between layers)."""
 
@@ -65,6 +82,9 @@ class StepEvent:
     finished: list[bool]  # per row, after this step
     layers: tuple[int, ...]  # layer indices this step executed (the same for every row)
     seconds: float  # wall time of this step, device work included
+    # With stream(trace_row=r): (layer, hidden (C,)) after each executed layer, for row r at the
+    # position that produced this step's token (a logit lens reads these; see TextGenerator.lens).
+    trace: tuple[tuple[int, torch.Tensor], ...] = ()
 
 
 @dataclass
@@ -162,7 +182,7 @@ class SkipDecoder:
     @torch.inference_mode()
     def prefill(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int], capacity: int,
-        should_cancel: Callable[[], bool] | None = None,
+        should_cancel: Callable[[], bool] | None = None, trace: Trace | None = None,
     ) -> tuple[DecodeState, torch.Tensor]:
         """Run the (B, P) prompt through ``layers``; return the state and last-position logits (B, V).
 
@@ -183,6 +203,8 @@ class SkipDecoder:
             if index in entries:
                 hidden = self.bridge(index, hidden)
             hidden = weights.run_layer(index, hidden, inputs, cache)
+            if trace is not None:
+                trace.record(index, hidden)
         logits = self.adapter.logits(hidden[:, -1:])[:, -1]  # only the last position: (B, V)
         state = DecodeState(
             cache=cache,
@@ -194,7 +216,8 @@ class SkipDecoder:
         return state, logits
 
     @torch.inference_mode()
-    def decode_step(self, state: DecodeState, token_ids: torch.Tensor, layers: Sequence[int]) -> torch.Tensor:
+    def decode_step(self, state: DecodeState, token_ids: torch.Tensor, layers: Sequence[int],
+                    trace: Trace | None = None) -> torch.Tensor:
         """Feed one token per row (B,) through ``layers``; return next-token logits (B, V).
 
         A bypassed layer keeps its shorter cache; a layer that runs attends to its own cached
@@ -217,6 +240,8 @@ class SkipDecoder:
             if index in entries:
                 hidden = self.bridge(index, hidden)
             hidden = weights.run_layer(index, hidden, inputs, state.cache)
+            if trace is not None:
+                trace.record(index, hidden)
         state.next_position += 1
         state.length += 1
         return self.adapter.logits(hidden)[:, -1]
@@ -232,6 +257,7 @@ class SkipDecoder:
         sampling: SamplingConfig = SamplingConfig(),
         stop_check: StopCheck | None = None,
         should_cancel: Callable[[], bool] | None = None,
+        trace_row: int | None = None,
     ) -> Generator[StepEvent, None, DecodeResult]:
         """Generate up to ``max_new_tokens`` per row, yielding one StepEvent per step.
 
@@ -263,29 +289,34 @@ class SkipDecoder:
         )
         finished = [False] * batch
 
+        if trace_row is not None and not 0 <= trace_row < batch:
+            raise ValueError(f"trace_row must be a row of the batch (0..{batch - 1}); got {trace_row}")
+        trace = Trace(trace_row) if trace_row is not None else None
         start = time.perf_counter()
         try:
-            state, logits = self.prefill(input_ids, attention_mask, result.prefill_layers, capacity, should_cancel)
+            state, logits = self.prefill(input_ids, attention_mask, result.prefill_layers, capacity, should_cancel,
+                                         trace)
         except Cancelled:
             result.cancelled = True
             return result
         next_ids = sample_next(logits, sampling, generator)
         new_tokens = self._record(next_ids, result, finished, stop_check)
         result.prefill_seconds = time.perf_counter() - start
-        yield StepEvent(-1, new_tokens, list(finished), result.prefill_layers, result.prefill_seconds)
+        yield StepEvent(-1, new_tokens, list(finished), result.prefill_layers, result.prefill_seconds,
+                        trace.take() if trace else ())
 
         for step in range(max_new_tokens - 1):
             if all(finished) or (should_cancel is not None and should_cancel()):
                 break
             layers = schedule.step_layers(step)
             start = time.perf_counter()
-            logits = self.decode_step(state, next_ids, layers)
+            logits = self.decode_step(state, next_ids, layers, trace)
             next_ids = sample_next(logits, sampling, generator)
             new_tokens = self._record(next_ids, result, finished, stop_check)
             seconds = time.perf_counter() - start
             result.step_layers.append(layers)
             result.step_seconds.append(seconds)
-            yield StepEvent(step, new_tokens, list(finished), layers, seconds)
+            yield StepEvent(step, new_tokens, list(finished), layers, seconds, trace.take() if trace else ())
         result.cancelled = should_cancel is not None and not all(finished) and should_cancel()
         return result
 

@@ -45,6 +45,19 @@ class ScheduleRequest:
 
 
 @dataclass(frozen=True)
+class LensReading:
+    """What the hidden state after ``layer`` would predict through the final norm and head."""
+
+    layer: int
+    token_ids: list[int]  # top-k, most likely first
+    tokens: list[str]
+    probs: list[float]
+
+    def top1(self) -> dict:
+        return {"layer": self.layer, "token_id": self.token_ids[0], "token": self.tokens[0], "prob": self.probs[0]}
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     prompts: tuple[str, ...]
     schedule: ScheduleRequest = ScheduleRequest()
@@ -215,8 +228,11 @@ class TextGenerator:
 
     # --- generation -----------------------------------------------------------------------
     def stream(
-        self, request: GenerationRequest, should_cancel: Callable[[], bool] | None = None
+        self, request: GenerationRequest, should_cancel: Callable[[], bool] | None = None,
+        trace_row: int | None = None,
     ) -> Generator[StepEvent, None, GenerationResult]:
+        """One StepEvent per step (with ``trace_row``: that row's hidden states after each layer
+        that ran, for ``lens``); returns the GenerationResult."""
         validate_request(request)
         schedule = self.schedule_for(request.schedule, request.max_new_tokens)
         ids, mask = self.encode(request.prompts, request.raw)
@@ -233,6 +249,7 @@ class TextGenerator:
             sampling=request.sampling,
             stop_check=self._stop_check(request.stop),
             should_cancel=should_cancel,
+            trace_row=trace_row,
         )
         loaded = self.loaded
         return GenerationResult(
@@ -250,6 +267,24 @@ class TextGenerator:
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
         return run_to_end(self.stream(request))
+
+    @torch.inference_mode()
+    def lens(self, trace: Sequence[tuple[int, torch.Tensor]], request: ScheduleRequest, top_k: int = 5) -> list[LensReading]:
+        """A logit lens over the layers one position ran: each traced hidden state through the
+        final norm and the LM head of the weights that ran it -> its top-k next tokens."""
+        if not trace:
+            return []
+        hidden = torch.stack([h for _, h in trace])[:, None]  # (n_layers_run, 1, C)
+        probs = self.decoder_for(request).adapter.logits(hidden)[:, -1].float().softmax(-1)  # (n, V)
+        top = probs.topk(top_k, dim=-1)
+        readings = []
+        for (layer, _), values, ids in zip(trace, top.values.tolist(), top.indices.tolist()):
+            readings.append(LensReading(layer=layer, token_ids=ids, tokens=[self.token_text(i) for i in ids],
+                                        probs=[round(v, 4) for v in values]))
+        return readings
+
+    def token_text(self, token_id: int) -> str:
+        return self.loaded.tokenizer.decode([token_id])
 
     def decode_text(self, token_ids: Sequence[int], stop: Sequence[str] = ()) -> str:
         text = self.loaded.tokenizer.decode(list(token_ids), skip_special_tokens=True)

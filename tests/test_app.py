@@ -266,3 +266,21 @@ def test_api_defaults_are_the_adapters_trained_placement(client, server):
     assert final["schedule"]["warmup"] == generator.default_warmup
     assert final["schedule"]["order"] == generator.default_order
     assert final["skipdecode_decode_tokens_per_second"] > 0 and final["skipdecode_prefill_seconds"] > 0
+
+
+def test_lens_top1_at_the_last_layer_that_ran_is_the_generated_token(client, server):
+    _, generator = server
+    final = client.predict(prompt="What is photosynthesis?", target_speedup=2.0, max_new_tokens=8, lens=True,
+                           api_name="/generate")
+    lens = final["lens"]
+    ids = generator.loaded.tokenizer(final["skipdecode"][0], add_special_tokens=False)["input_ids"]
+    assert len(lens) == len(final["layers_per_step"]) + 1 == 8  # one entry per generated token
+    assert [entry["layer"] for entry in lens[0]] == final["prefill_layers"]
+    for entry, layers in zip(lens[1:], final["step_layers"]):
+        assert [reading["layer"] for reading in entry] == layers  # executed layers only, in order
+    generated = [entry[-1]["token_id"] for entry in lens]
+    assert generator.decode_text(generated) == final["skipdecode"][0]
+    assert ids == generated or generator.decode_text(ids) == generator.decode_text(generated)
+    assert all(0 < reading["prob"] <= 1 for entry in lens for reading in entry)
+    plain = client.predict(prompt="What is photosynthesis?", target_speedup=2.0, max_new_tokens=8, api_name="/generate")
+    assert "lens" not in plain and plain["skipdecode"] == final["skipdecode"]  # the lens changes nothing

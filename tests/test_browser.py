@@ -53,7 +53,7 @@ def _token_count(page) -> int:
 
 
 def _full_length(page) -> int:
-    return page.evaluate("() => (document.querySelector('#full-output textarea') || {value: ''}).value.length")
+    return page.evaluate("() => (document.querySelector('#full-output .tokens') || {innerText: ''}).innerText.length")
 
 
 def test_generate_streams_both_outputs_and_renders_the_heatmap(page_url, tmp_path):
@@ -137,4 +137,63 @@ def test_changing_the_decay_while_generating_restarts_both_streams(server):
         assert server.playground.runs.active_count() == 1  # the old run ended, the new one runs
         page.click("#stop-btn")
         assert _wait(lambda: server.playground.runs.active_count() == 0, 15)
+        browser.close()
+
+
+@pytest.mark.parametrize("width,height", [(1440, 900), (390, 844)])
+def test_both_outputs_are_in_view_after_generate(server, width, height):
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+        page = browser.new_page(viewport={"width": width, "height": height})
+        page.goto(server.local_url)
+        page.wait_for_selector("#generate-btn", timeout=60_000)
+        assert page.locator("#generate-btn").bounding_box()["y"] < height, "Generate is below the fold"
+        page.click("#generate-btn")
+        assert _wait(lambda: _full_length(page) >= 10, 90), "generation did not start"
+        time.sleep(1.0)  # the smooth scroll on a phone
+        for pane in ("#skip-output", "#full-output"):
+            box = page.locator(pane).bounding_box()
+            assert box["y"] < height - 40 and box["y"] + 40 > 0, (pane, box)
+        page.click("#stop-btn")
+        browser.close()
+
+
+def test_presets_set_the_speedup_and_lens_hover_names_the_top_tokens(server):
+    with playwright.sync_playwright() as p:
+        browser, page = _open(p, server.local_url)
+        page.fill("textarea", "What is the capital of France?")
+        page.click("#speedup-3-0")
+        slider = "input[aria-label='number input for Target layer speedup']"
+        assert _wait(lambda: page.input_value(slider) == "3", 10), page.input_value(slider)
+        page.click("#speedup-1-5")
+        assert _wait(lambda: page.input_value(slider) == "1.5", 10)
+        page.click("label:has-text('Logit lens')")
+        page.click("#generate-btn")
+        assert _wait(lambda: "Done" in page.inner_text("#status"), 120), page.inner_text("#status")
+        time.sleep(0.5)
+        # Hover the top layer of the last prompt column (it ran every layer and produced token 0).
+        point = page.evaluate("""() => {
+            const gd = document.querySelector('#heatmap .plotly-live');
+            const layout = gd._fullLayout, trace = gd._fullData[0];
+            const x = gd.data[1].x[0], y = trace.z.length - 1;
+            const box = gd.getBoundingClientRect();
+            return {x: box.left + layout.margin.l + layout.xaxis.l2p(x),
+                    y: box.top + layout.margin.t + layout.yaxis.l2p(y)};
+        }""")
+        page.mouse.move(point["x"], point["y"])
+        assert _wait(lambda: "lens" in (page.evaluate(
+            "() => Array.from(document.querySelectorAll('#heatmap .hovertext')).map(e => e.textContent).join(' ')") or ""), 10)
+        hover = page.evaluate("() => Array.from(document.querySelectorAll('#heatmap .hovertext')).map(e => e.textContent).join(' ')")
+        assert "layer 29: ran" in hover and "%" in hover, hover
+        browser.close()
+
+
+def test_newlines_are_drawn_as_marks(server):
+    with playwright.sync_playwright() as p:
+        browser, page = _open(p, server.local_url)
+        page.fill("textarea", "List five animals that live in the ocean.")
+        page.click("#generate-btn")
+        assert _wait(lambda: "Done" in page.inner_text("#status"), 120), page.inner_text("#status")
+        marks = page.evaluate("() => document.querySelectorAll('#full-output .nl').length")
+        assert marks >= 1  # the full model's list has line breaks; each run is one visible mark
         browser.close()

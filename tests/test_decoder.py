@@ -220,3 +220,29 @@ def test_cancel_during_prefill_stops_between_layers():
                               should_cancel=lambda: next(checks, True))
     assert result.cancelled and result.tokens == [[], []]
     assert layers_run == [0, 1]  # stopped inside the prefill, two layers in
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_trace_holds_the_row_after_every_layer_that_ran_and_its_last_entry_gives_the_token(family):
+    model = tiny_model(family)
+    ids, mask = left_padded_batch([4, 7])
+    decoder = SkipDecoder(model)
+    schedule = ScheduleConfig(NUM_LAYERS, NUM_LAYERS, 2, warmup=1, decay="linear", decay_length=6)
+    stream = decoder.stream(ids, mask, schedule, max_new_tokens=6, trace_row=0)
+    events = []
+    while True:
+        try:
+            events.append(next(stream))
+        except StopIteration:
+            break
+    assert len(events) == 6
+    for event in events:
+        assert [layer for layer, _ in event.trace] == list(event.layers)
+        last_hidden = event.trace[-1][1]
+        with torch.inference_mode():
+            logits = decoder.adapter.logits(last_hidden[None, None])[0, -1]
+        assert int(logits.argmax()) == event.token_ids[0]
+    untraced = decoder.generate(ids, mask, schedule, max_new_tokens=6)
+    assert untraced.tokens[0] == [e.token_ids[0] for e in events][: len(untraced.tokens[0])]  # tracing changes nothing
+    with pytest.raises(ValueError, match="trace_row"):
+        decoder.generate(ids, mask, schedule, max_new_tokens=2, trace_row=2)
