@@ -3,6 +3,7 @@
 Settings (environment variables, all optional):
   SKIPDECODE_MODEL          HF id or folder (default: the embedded SmolLM2-135M-Instruct)
   SKIPDECODE_ADAPTER        adapter folder, "none", or "auto" (default: the shipped adapter)
+  SKIPDECODE_QUANTIZE       "auto" (int8 weights on CPU, default), "int8" or "none" (float weights)
   SKIPDECODE_MAX_NEW_TOKENS longest generation one request may ask for (default 256)
   SKIPDECODE_MAX_BATCH      largest batch one request may ask for (default 8)
   SKIPDECODE_MAX_PROMPT_CHARS  longest prompt in characters (default 8000)
@@ -69,7 +70,8 @@ def get_generator():
     from model.loading import load_model  # noqa: PLC0415
 
     adapter = os.environ.get("SKIPDECODE_ADAPTER", "auto")
-    return TextGenerator(load_model(os.environ.get("SKIPDECODE_MODEL") or None, adapter=adapter))
+    return TextGenerator(load_model(os.environ.get("SKIPDECODE_MODEL") or None, adapter=adapter,
+                                    quantize=os.environ.get("SKIPDECODE_QUANTIZE", "auto")))
 
 
 def main() -> None:

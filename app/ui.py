@@ -171,7 +171,8 @@ def build_demo(get_generator: Callable[[], TextGenerator], limits: Limits | None
         gr.Markdown(
             "# SkipDecode Playground\n"
             f"Layer-skipping decoding that keeps batching and the KV cache (arXiv 2307.02628), on "
-            f"**{generator.loaded.name}** ({num_layers} layers, {generator.loaded.device}). "
+            f"**{generator.loaded.name}** ({num_layers} layers, {generator.loaded.device}"
+            f"{', int8 weights' if generator.loaded.quantize == 'int8' else ''}). "
             + ("SkipDecode runs with the skip-policy adapter; the full model is the original. "
                if generator.loaded.adapter_path else "No skip-policy adapter loaded: skipping will hurt quality. ")
         )

@@ -178,11 +178,17 @@ class ArchitectureAdapter(ABC):
 
     def cost_model(self) -> CostModel:
         """Parameter counts touched per token (the embedding is a lookup: C, not V * C)."""
-        layer_cost = sum(p.numel() for p in self.layers[0].parameters())
-        head_cost = sum(p.numel() for p in self.lm_head.parameters())
-        fixed = sum(p.numel() for m in self.fixed_modules() for p in m.parameters())
+        layer_cost = _weight_count(self.layers[0])
+        head_cost = _weight_count(self.lm_head)
+        fixed = sum(_weight_count(m) for m in self.fixed_modules())
         embed_cost = self.config.hidden_size
         return CostModel(layer_cost=float(layer_cost), fixed_cost=float(head_cost + fixed + embed_cost))
+
+
+def _weight_count(module: nn.Module) -> int:
+    """Weights a step touches: parameters, plus int8 weights stored as buffers (model/quantization.py)."""
+    return (sum(p.numel() for p in module.parameters())
+            + sum(b.numel() for name, b in module.named_buffers() if name.endswith("weight_int8")))
 
 
 class LlamaFamilyAdapter(ArchitectureAdapter):

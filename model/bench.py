@@ -53,6 +53,7 @@ class BenchConfig:
     repeats: int = 3
     include_hf: bool = True
     quick: bool = False  # tiny run for tests: batch 1 and 2, 8 tokens, 1 repeat
+    quantize: tuple[str, ...] | None = None  # weight modes side by side; default: none + int8 on CPU
 
 
 @dataclass
@@ -71,6 +72,8 @@ class BenchRow:
     peak_memory_mb: float | None = None
     max_layers: int | None = None
     min_layers: int | None = None
+    weights: str = "float"  # "float" (the report's dtype) or "int8" (model/quantization.py)
+    vs_float_full: float | None = None  # tokens/s over the float weights' full decoder, same batch
 
 
 @dataclass
@@ -91,16 +94,21 @@ class BenchReport:
     def to_markdown(self) -> str:
         lines = [
             f"{self.model} ({'adapter merged' if self.adapter else 'no adapter'}), {self.dtype}, "
-            f"{self.hardware['summary']}; {self.new_tokens} new tokens per row, median of {self.repeats}, {self.decay} decay.",
+            f"{self.hardware['summary']}; {self.new_tokens} new tokens per row, median of {self.repeats}, {self.decay} decay. "
+            "Measured speedup and vs HF generate compare within the same weights; vs float full compares with "
+            "the float weights' full decoder.",
             "",
-            "| batch | mode | tokens/s | step ms | layer speedup | cost-model speedup | measured speedup | efficiency | vs HF generate |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| batch | weights | mode | tokens/s | step ms | layer speedup | cost-model speedup | measured speedup | "
+            "efficiency | vs HF generate | vs float full |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in self.rows:
             mode = r.mode if r.target_speedup is None else f"skip {r.target_speedup:g}x ({r.max_layers}→{r.min_layers})"
+            weights = self.dtype if r.weights == "float" else r.weights
             lines.append(
-                f"| {r.batch_size} | {mode} | {r.tokens_per_second:.1f} | {r.step_latency_ms:.1f} | {r.layer_speedup:.2f}x | "
-                f"{r.cost_speedup:.2f}x | {r.measured_speedup:.2f}x | {_fmt(r.efficiency)} | {_fmt(r.vs_hf_generate, 'x')} |"
+                f"| {r.batch_size} | {weights} | {mode} | {r.tokens_per_second:.1f} | {r.step_latency_ms:.1f} | "
+                f"{r.layer_speedup:.2f}x | {r.cost_speedup:.2f}x | {r.measured_speedup:.2f}x | {_fmt(r.efficiency)} | "
+                f"{_fmt(r.vs_hf_generate, 'x')} | {_fmt(r.vs_float_full, 'x')} |"
             )
         return "\n".join(lines)
 
@@ -179,17 +187,22 @@ def time_hf_generate(model, ids, mask, new_tokens: int, pad_id: int) -> Timing:
 
 def run_bench(config: BenchConfig, progress: Callable[[str], None] = print) -> BenchReport:
     from model.generation import TextGenerator  # noqa: PLC0415
-    from model.loading import load_model  # noqa: PLC0415
+    from model.loading import load_model, resolve_device  # noqa: PLC0415
 
-    loaded = load_model(config.model, device=config.device, dtype=config.dtype, adapter=config.adapter)
-    generator = TextGenerator(loaded)
-    device, num_layers, cost = loaded.device, generator.num_layers, generator.cost
+    device = resolve_device(config.device)
+    weight_modes = config.quantize or (("none", "int8") if device.type == "cpu" else ("none",))
+    variants = {}  # weights label -> (loaded, generator, full decoder, skip decoder)
+    for quantize in weight_modes:
+        loaded = load_model(config.model, device=config.device, dtype=config.dtype, adapter=config.adapter,
+                            quantize=quantize)
+        full_decoder, skip_decoder = loaded.full_decoder(), loaded.skip_decoder()
+        full_decoder.eos_token_ids = skip_decoder.eos_token_ids = ()  # fixed-length runs: EOS ignored
+        variants["float" if quantize == "none" else quantize] = (loaded, TextGenerator(loaded), full_decoder, skip_decoder)
+    loaded, generator = next(iter(variants.values()))[:2]
+    num_layers, cost = generator.num_layers, generator.cost
     if config.quick:
         config.batch_sizes, config.new_tokens, config.repeats = (1, 2), 8, 1
     batch_sizes = config.batch_sizes or ((1, 8, 32, 64) if device.type == "cuda" else (1, 8))
-    # Fixed length: no EOS. Both decoders see the same prompts.
-    full_decoder, skip_decoder = loaded.full_decoder(), loaded.skip_decoder()
-    full_decoder.eos_token_ids = skip_decoder.eos_token_ids = ()  # fixed-length runs: EOS ignored
     steps = max(1, config.new_tokens - 1)
     schedules = {s: solve_schedule(num_layers, s, decay=config.decay, decay_length=config.new_tokens, num_steps=steps,
                                    warmup=generator.default_warmup, order=generator.default_order,
@@ -203,31 +216,45 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None] = print) -> B
         prompts = [BENCH_PROMPTS[i % len(BENCH_PROMPTS)] for i in range(batch)]
         ids, mask = generator.encode(prompts)
         ids, mask = ids.to(device), mask.to(device)
-        modes: dict[str, Callable[[], Timing]] = {}
-        if config.include_hf:
-            modes["hf_generate"] = lambda: time_hf_generate(loaded.model, ids, mask, config.new_tokens, loaded.pad_token_id)
-        modes["full"] = lambda: time_ours(full_decoder, ids, mask, full_schedule(num_layers), config.new_tokens)
-        for s, solved in schedules.items():
-            modes[f"skip@{s:g}"] = lambda solved=solved: time_ours(skip_decoder, ids, mask, solved.config, config.new_tokens)
-        timings: dict[str, list[Timing]] = {name: [] for name in modes}
-        peaks: dict[str, float] = {}
-        for name, run in modes.items():  # warm-up: first-call allocations and kernel selection
+        # Every mode of every weight variant, interleaved in one run: ratios are side by side.
+        modes: dict[tuple[str, str], Callable[[], Timing]] = {}
+        for weights, (variant, _, full_decoder, skip_decoder) in variants.items():
+            if config.include_hf:
+                modes[weights, "hf_generate"] = lambda m=variant.model, pad=variant.pad_token_id: time_hf_generate(
+                    m, ids, mask, config.new_tokens, pad)
+            modes[weights, "full"] = lambda d=full_decoder: time_ours(d, ids, mask, full_schedule(num_layers), config.new_tokens)
+            for s, solved in schedules.items():
+                modes[weights, f"skip@{s:g}"] = lambda d=skip_decoder, solved=solved: time_ours(
+                    d, ids, mask, solved.config, config.new_tokens)
+        timings: dict[tuple[str, str], list[Timing]] = {key: [] for key in modes}
+        peaks: dict[tuple[str, str], float] = {}
+        for run in modes.values():  # warm-up: first-call allocations and kernel selection
             run()
-        names = list(modes)
+        keys = list(modes)
         order_rng = random.Random(batch)
         for _ in range(config.repeats):
             # A fresh random order every round: no mode always runs right after another
             # (on CPU the previous run's allocations measurably change the next one's speed).
-            order_rng.shuffle(names)
-            for name in names:
+            order_rng.shuffle(keys)
+            for key in keys:
                 gc.collect()
                 if device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats(device)
-                timings[name].append(modes[name]())
-                peaks[name] = max(peaks.get(name, 0.0), _peak_memory_mb(device))
-        report.rows.extend(_rows(batch, timings, peaks, schedules, num_layers, cost, config.new_tokens))
-        progress(f"batch {batch}: " + ", ".join(f"{r.mode if r.target_speedup is None else f'skip {r.target_speedup:g}x'} "
-                                                 f"{r.tokens_per_second:.1f} tok/s" for r in report.rows if r.batch_size == batch))
+                timings[key].append(modes[key]())
+                peaks[key] = max(peaks.get(key, 0.0), _peak_memory_mb(device))
+        float_full = batch * config.new_tokens / statistics.median(t.seconds for t in timings["float", "full"]) \
+            if ("float", "full") in timings else None
+        for weights in variants:
+            rows = _rows(batch, {name: t for (w, name), t in timings.items() if w == weights},
+                         {name: p for (w, name), p in peaks.items() if w == weights}, schedules, num_layers, cost,
+                         config.new_tokens)
+            for row in rows:
+                row.weights = weights
+                row.vs_float_full = round(row.tokens_per_second / float_full, 4) if float_full else None
+            report.rows.extend(rows)
+        progress(f"batch {batch}: " + ", ".join(
+            f"{r.weights} {r.mode if r.target_speedup is None else f'skip {r.target_speedup:g}x'} "
+            f"{r.tokens_per_second:.1f} tok/s" for r in report.rows if r.batch_size == batch))
     return report
 
 

@@ -66,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--stop", action="append", default=[], help="stop string; repeatable")
     gen.add_argument("--raw", action="store_true", help="send the prompt as raw text (no chat template)")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    gen.add_argument("--quantize", default="auto", choices=("auto", "none", "int8"),
+                     help="int8 weights on CPU (auto: int8 on CPU, none on GPU; both models alike)")
     add_model_options(gen)
     gen.set_defaults(handler=run_generate)
 
@@ -83,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--warmup", type=int, default=None, help="default: the adapter's trained placement")
     ev.add_argument("--order", default=None, choices=(*LAYER_ORDERS, "ranked"), help="default: the adapter's trained order")
     ev.add_argument("--batch-size", type=int, default=16)
+    ev.add_argument("--quantize", default="", help="comma-separated weight modes (int8) to measure against the "
+                    "float full model (default: none)")
     ev.add_argument("--no-free-running", action="store_true", help="skip the ROUGE-L/BLEU generation runs")
     ev.add_argument("--output", default=None, help="folder for eval.json and eval.md")
     ev.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
@@ -111,6 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--repeats", type=int, default=3)
     be.add_argument("--no-hf", action="store_true", help="leave out transformers' generate")
     be.add_argument("--quick", action="store_true", help="a tiny run (tests): batch 1 and 2, 8 tokens, 1 repeat")
+    be.add_argument("--quantize", default=None,
+                    help="comma-separated weight modes side by side: none, int8 (default: none,int8 on CPU, none on GPU)")
     be.add_argument("--output", default=None, help="folder for bench.json, bench.md and speedup.json")
     be.add_argument("--json", default=None, help="also write the raw figures to this file")
     be.set_defaults(handler=run_bench_command)
@@ -140,6 +146,18 @@ def run_export_adapter(args: argparse.Namespace) -> int:
     return 0
 
 
+def _quantize_list(text: str | None) -> tuple[str, ...] | None:
+    from model.quantization import QUANTIZE_MODES  # noqa: PLC0415
+
+    if not text:
+        return None
+    modes = tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    unknown = [m for m in modes if m not in QUANTIZE_MODES]
+    if unknown or not modes:
+        raise ValueError(f"--quantize takes {', '.join(QUANTIZE_MODES)} (comma-separated); got {text!r}")
+    return modes
+
+
 def run_bench_command(args: argparse.Namespace) -> int:
     from model.bench import BenchConfig, run_bench, write_bench  # noqa: PLC0415
 
@@ -151,7 +169,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
     config = BenchConfig(model=args.model, adapter=None if args.no_adapter else args.adapter, device=args.device,
                          dtype=args.dtype, batch_sizes=batch_sizes, speedups=_float_list(args.speedups, "--speedups"),
                          decay=args.decay, new_tokens=args.tokens, repeats=args.repeats, include_hf=not args.no_hf,
-                         quick=args.quick)
+                         quick=args.quick, quantize=_quantize_list(args.quantize))
     report = run_bench(config, progress=lambda line: print(line, file=sys.stderr))
     if args.output:
         write_bench(report, args.output)
@@ -180,6 +198,7 @@ def run_eval(args: argparse.Namespace) -> int:
         prompts=args.prompts or str(DEFAULT_EVAL_PROMPTS), max_prompts=args.max_prompts,
         continuation_tokens=args.tokens, speedups=_float_list(args.speedups, "--speedups"), decay=args.decay,
         warmup=args.warmup, order=args.order, batch_size=args.batch_size, free_running=not args.no_free_running,
+        quantize=tuple(m for m in (_quantize_list(args.quantize) or ()) if m != "none"),
     )
     if config.continuation_tokens < 2:
         raise ValueError("--tokens must be >= 2")
@@ -262,7 +281,8 @@ def load_model_from_args(args: argparse.Namespace):
     from model.loading import load_model  # noqa: PLC0415
 
     adapter = None if args.no_adapter else args.adapter
-    return load_model(args.model, device=args.device, dtype=args.dtype, adapter=adapter)
+    return load_model(args.model, device=args.device, dtype=args.dtype, adapter=adapter,
+                      quantize=getattr(args, "quantize", "none"))
 
 
 def run_generate(args: argparse.Namespace) -> int:

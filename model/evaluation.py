@@ -46,6 +46,18 @@ class EvalConfig:
     free_running: bool = True
     free_running_speedups: tuple[float, ...] | None = None  # None: every speedup
     include_no_adapter: bool = True
+    quantize: tuple[str, ...] = ()  # weight modes to measure against the float full model (e.g. "int8")
+
+
+@dataclass
+class QuantizationRow:
+    """The quantised FULL model against the float one, on the same held-out continuations."""
+
+    weights: str
+    agreement: float  # teacher-forced next-token agreement with the float model's greedy text
+    perplexity_ratio: float  # perplexity of the float model's text, quantised over float
+    token_match: float  # free-running greedy: share of positions with the float model's token
+    identical_outputs: float  # share of prompts whose whole continuation is identical
 
 
 @dataclass
@@ -74,6 +86,7 @@ class EvalReport:
     warmup: int = 1
     order: str = "warmup_top"
     rows: list[EvalRow] = field(default_factory=list)
+    quantization: list[QuantizationRow] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -94,6 +107,12 @@ class EvalReport:
                 f"| {r.variant} | {r.target_speedup:g}x | {r.layer_speedup:.2f}x | {r.max_layers}→{r.min_layers} | "
                 f"{r.agreement:.3f} | {r.perplexity:.3f} | {r.perplexity_ratio:.2f} | {rouge} | {bleu} |"
             )
+        if self.quantization:
+            lines += ["", "Quantised weights, full model against the float full model (same prompts):", "",
+                      "| weights | teacher-forced agreement | ppl ratio | greedy token match | identical outputs |",
+                      "|---|---|---|---|---|"]
+            lines += [f"| {q.weights} | {q.agreement:.3f} | {q.perplexity_ratio:.3f} | {q.token_match:.3f} | "
+                      f"{q.identical_outputs:.3f} |" for q in self.quantization]
         return "\n".join(lines)
 
 
@@ -171,6 +190,12 @@ def evaluate(config: EvalConfig, progress=print) -> EvalReport:
                         full_perplexity=math.exp(full_nll), warmup=warmup, order=order)
     progress(f"full model: perplexity {report.full_perplexity:.3f} on {len(prompts)} prompts")
 
+    for weights in config.quantize:
+        report.quantization.append(_quantization_row(config, weights, prompts, examples, batches, full_nll, num_layers))
+        q = report.quantization[-1]
+        progress(f"{weights} full model vs float: agreement {q.agreement:.3f}, ppl ratio {q.perplexity_ratio:.3f}, "
+                 f"greedy token match {q.token_match:.3f}, identical outputs {q.identical_outputs:.3f}")
+
     # variant -> (teacher-forced model, bridge, free-running decoder)
     variants = []
     if loaded.adapter_path:
@@ -199,6 +224,28 @@ def evaluate(config: EvalConfig, progress=print) -> EvalReport:
             progress(f"{variant} {speedup}x: agreement {row.agreement:.3f}, ppl ratio {row.perplexity_ratio:.2f}, "
                      f"ROUGE-L {row.rouge_l}, BLEU {row.bleu}")
     return report
+
+
+def _quantization_row(config: EvalConfig, weights: str, prompts, examples, batches, full_nll: float,
+                      num_layers: int) -> QuantizationRow:
+    """Load the model again with ``weights`` and compare its full depth with the float reference."""
+    from model.generation import TextGenerator  # noqa: PLC0415
+    from model.loading import load_model  # noqa: PLC0415
+
+    quantized = load_model(config.model, device=config.device, adapter=None, quantize=weights)
+    agreement, nll = teacher_forced_scores(quantized.model, batches, lambda steps: full_schedule(num_layers))
+    mine = teacher_continuations(TextGenerator(quantized), prompts,
+                                 max_new_tokens=config.continuation_tokens, max_prompt_tokens=10**9,
+                                 batch_size=config.batch_size)
+    same = total = identical = 0
+    for reference, candidate in zip(examples, mine):
+        length = max(len(reference.target), len(candidate.target))
+        same += sum(a == b for a, b in zip(reference.target, candidate.target))
+        total += length
+        identical += reference.target == candidate.target
+    return QuantizationRow(weights=weights, agreement=round(agreement, 4),
+                           perplexity_ratio=round(math.exp(nll - full_nll), 4),
+                           token_match=round(same / max(1, total), 4), identical_outputs=round(identical / len(examples), 4))
 
 
 def _display_path(path: str | None) -> str | None:

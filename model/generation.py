@@ -73,6 +73,7 @@ class GenerationResult:
     device: str
     dtype: str
     adapter: str | None  # the skip-policy adapter SkipDecode ran with (None: untouched model)
+    weights: str  # "float" or "int8" (model/quantization.py)
     num_layers: int
     prompts: list[str]
     outputs: list[str]
@@ -89,6 +90,7 @@ class GenerationResult:
             "model": self.model,
             "device": self.device,
             "dtype": self.dtype,
+            "weights": self.weights,
             "adapter": self.adapter,
             "num_layers": self.num_layers,
             "prompts": self.prompts,
@@ -256,6 +258,7 @@ class TextGenerator:
             model=loaded.name,
             device=str(loaded.device),
             dtype=str(loaded.dtype).replace("torch.", ""),
+            weights="float" if loaded.quantize == "none" else loaded.quantize,
             adapter=loaded.adapter_path if not request.schedule.full and request.schedule.skip_policy else None,
             num_layers=self.num_layers,
             prompts=list(request.prompts),

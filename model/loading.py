@@ -20,6 +20,7 @@ from torch import nn
 
 from model.architectures import ArchitectureAdapter, adapter_for
 from model.decoder import SkipDecoder
+from model.quantization import quantize_weights, resolve_quantize
 from model.skip_policy import EntryBridge, install_lora_gate
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,7 @@ class LoadedModel:
     # How the adapter was trained (its training_info.json "skip_policy"): gated (LoRA only at
     # positions that bypass layers), warmup, order, ranking. {} for no adapter.
     skip_policy: dict = field(default_factory=dict)
+    quantize: str = "none"  # "int8": every Linear holds int8 weights (model/quantization.py)
 
     def __post_init__(self) -> None:
         if self.skip_model is None:
@@ -154,12 +156,15 @@ def load_model(
     dtype: str = "auto",
     attn_implementation: str = "sdpa",
     adapter: str | None = "auto",
+    quantize: str = "none",
 ) -> LoadedModel:
     """Load the default model (None or DEFAULT_MODEL) or any HF causal LM id / local folder.
 
     adapter: "auto" = the shipped skip-policy adapter for the default model (none for others),
     a folder with a peft adapter or full fine-tuned weights, or None for the untouched model.
     Never passes trust_remote_code: only architectures transformers ships are loaded.
+    quantize: "none", "int8" (CPU: int8 weights for the original AND the skip-policy weights, so
+    comparisons stay fair) or "auto" (int8 on CPU).
     """
     from transformers import AutoModelForCausalLM  # noqa: PLC0415 (keep `import model.loading` light)
     from transformers.utils import logging as hf_logging  # noqa: PLC0415
@@ -179,10 +184,14 @@ def load_model(
     adapter_path = resolve_adapter(adapter, name)
     skip_model = merged_copy(model, adapter_path) if adapter_path else None
     bridge = EntryBridge.load(adapter_path, resolved_device, torch_dtype) if adapter_path else None
+    quantize = resolve_quantize(quantize, resolved_device)
+    for weights in {id(model): model, id(skip_model): skip_model}.values():
+        if weights is not None:
+            quantize_weights(weights, quantize)
     return LoadedModel(
         name=name, model=model, tokenizer=tokenizer, device=resolved_device, dtype=torch_dtype,
         skip_model=skip_model, adapter_path=str(adapter_path) if adapter_path else None,
-        bridge=bridge, skip_policy=read_skip_policy(adapter_path) if adapter_path else {},
+        bridge=bridge, skip_policy=read_skip_policy(adapter_path) if adapter_path else {}, quantize=quantize,
     )
 
 
@@ -204,6 +213,8 @@ def gated_peft_copy(loaded: LoadedModel) -> nn.Module:
 
     from peft import PeftModel  # noqa: PLC0415
 
+    if loaded.quantize != "none":
+        raise ValueError("teacher-forced evaluation of the skip policy needs the float weights (no --quantize)")
     if not loaded.adapter_path or not (Path(loaded.adapter_path) / "adapter_config.json").is_file():
         return loaded.skip_model
     wrapped = PeftModel.from_pretrained(copy.deepcopy(loaded.model), loaded.adapter_path).eval()

@@ -33,10 +33,14 @@ def speed_figure(bench: dict) -> go.Figure:
     """Measured speedup against target layer speedup, with the layer and cost-model limits."""
     figure = go.Figure()
     rows = [r for r in bench.get("rows", []) if r.get("mode") == "skipdecode"]
-    for batch in sorted({r["batch_size"] for r in rows}):
-        chosen = sorted((r for r in rows if r["batch_size"] == batch), key=lambda r: r["target_speedup"])
-        figure.add_trace(go.Scatter(x=[r["target_speedup"] for r in chosen], y=[r["measured_speedup"] for r in chosen],
-                                    mode="lines+markers", name=f"measured, batch {batch}"))
+    for weights in sorted({r.get("weights", "float") for r in rows}):
+        for batch in sorted({r["batch_size"] for r in rows}):
+            chosen = sorted((r for r in rows if r["batch_size"] == batch and r.get("weights", "float") == weights),
+                            key=lambda r: r["target_speedup"])
+            name = f"measured, batch {batch}" + ("" if weights == "float" else f", {weights}")
+            figure.add_trace(go.Scatter(x=[r["target_speedup"] for r in chosen], y=[r["measured_speedup"] for r in chosen],
+                                        mode="lines+markers", name=name,
+                                        line=dict(dash="solid" if weights == "float" else "dashdot")))
     if rows:
         targets = sorted({r["target_speedup"] for r in rows})
         first_batch = min(r["batch_size"] for r in rows)

@@ -44,14 +44,18 @@ def test_bench_runs_end_to_end_and_writes_every_field(tiny_folder, tmp_path):
     assert done.returncode == 0, done.stderr
     report = json.loads(raw.read_text())
     assert report["hardware"]["summary"] and report["dtype"] == "float32"
-    modes = [(r["batch_size"], r["mode"], r["target_speedup"]) for r in report["rows"]]
-    assert modes == [(b, m, t) for b in (1, 2) for m, t in
+    modes = [(r["batch_size"], r["weights"], r["mode"], r["target_speedup"]) for r in report["rows"]]
+    assert modes == [(b, w, m, t) for b in (1, 2) for w in ("float", "int8") for m, t in
                      (("hf_generate", None), ("full", None), ("skipdecode", 1.5), ("skipdecode", 2.0))]
+    for row in report["rows"]:  # int8 rows compare with the float full decoder of the same batch
+        assert row["vs_float_full"] > 0
+        if row["weights"] == "float" and row["mode"] == "full":
+            assert row["vs_float_full"] == pytest.approx(1.0)
     fields = set(BenchRow.__dataclass_fields__)
     for row in report["rows"]:
         assert set(row) == fields
         assert row["tokens_per_second"] > 0 and row["efficiency"] > 0 and row["vs_hf_generate"] > 0
-    assert (tmp_path / "out" / "bench.md").read_text().count("| 2 |") == 4
+    assert (tmp_path / "out" / "bench.md").read_text().count("| 2 |") == 8
     figure = json.loads((tmp_path / "out" / "speedup.json").read_text())
     assert {trace["name"] for trace in figure["data"]} >= {"layer speedup", "cost-model speedup", "measured, batch 1"}
-    assert "| batch | mode |" in done.stdout
+    assert "| batch | weights | mode |" in done.stdout

@@ -164,7 +164,8 @@ def test_rouge_l():
 
 def test_eval_runs_end_to_end_on_a_tiny_model(tiny_folder, tmp_path):
     report = evaluate(EvalConfig(model=str(tiny_folder), adapter=None, prompts=str(_prompts_file(tmp_path, 5)),
-                                 continuation_tokens=8, speedups=(1.0, 2.0), batch_size=3, device="cpu"),
+                                 continuation_tokens=8, speedups=(1.0, 2.0), batch_size=3, device="cpu",
+                                 quantize=("int8",)),
                       progress=lambda line: None)
     assert [r.target_speedup for r in report.rows] == [1.0, 2.0]
     full_row = report.rows[0]
@@ -174,6 +175,9 @@ def test_eval_runs_end_to_end_on_a_tiny_model(tiny_folder, tmp_path):
     json_path, md_path = write_report(report, tmp_path / "eval")
     assert json.loads(json_path.read_text())["rows"][1]["variant"] == "no adapter"
     assert "| no adapter | 2x |" in md_path.read_text()
+    (quantized,) = report.quantization  # int8 weights against the float full model
+    assert quantized.weights == "int8" and 0.8 <= quantized.agreement <= 1.0 and quantized.token_match >= 0.5
+    assert "| int8 |" in md_path.read_text()
 
 
 def test_full_finetune_self_distillation_uses_a_frozen_teacher(tiny_folder, tmp_path):
