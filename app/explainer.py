@@ -27,25 +27,48 @@ SkipDecode (Del Corro et al., 2023) gives each **position** one exit for the who
 that exit only **fall** as generation goes on (right picture): n₀ ≥ n₁ ≥ n₂ ≥ … Every row does the
 same work, so batching works as usual.
 
-### Why bypass the LOWER layers instead of stopping early
+### Why the KV cache stays valid: depths only fall
 
 Each step runs the first *warmup* layers and then the **top** n_k − warmup layers, bypassing the
-middle. Since n_k never grows, the set of layers a step runs is always a subset of what every
-earlier step ran. So whenever a layer runs, every earlier position already has its keys and values
-in that layer: each layer's KV cache is a prefix of the sequence, **nothing is ever recomputed**.
-(Stopping early instead would skip the TOP layers, which produce the final prediction; bypassing
-the middle keeps the layers that shape the output.) The heatmap below shows it: read any layer
-row left to right, it runs on a prefix of positions and then stops for good.
+middle (or, with a ranked order, the layers a measurement found least important). What keeps the
+cache valid is not WHICH layers are bypassed but that **n_k never grows** and the layer sets are
+**nested**: the layers a step runs are a subset of what every earlier step ran. So whenever a
+layer runs, every earlier position already has its keys and values in that layer: each layer's KV
+cache is a prefix of the sequence and **nothing is ever recomputed**. The heatmap below shows it:
+read any layer row left to right, it runs on a prefix of positions and then stops for good.
 
-The catch: an untouched model does not expect its middle layers to vanish. The paper fine-tunes
-under the skip policy; this project ships a small LoRA adapter trained the same way (see the
-Results tab for what that buys).
+Why bypass low/middle layers rather than stop early? Stopping early drops the TOP layers, which
+turn the hidden state into the prediction; keeping them (and the first few, which SmolLM2 needs
+most, see the Results tab's layer importance) loses the least.
+
+### The schedule and the target speedup
+
+With decay length D, step k runs n_k = round(f(k)) layers, f falling from max to min over D steps
+(linear: f(k) = max − (max − min) · k / D; then min). The *target layer speedup* S asks for
+L / mean(n_k) = S over the generated steps; the solver picks max and min (the deepest start that
+reaches S), and you can override both under Advanced.
+
+### Why the measured speedup is lower than the layer speedup
+
+Every step also runs the embedding, the final norm and the **LM head**, which never skip. In
+SmolLM2-135M the head is 28M of 135M parameters, so 2x fewer layers is at most ~1.66x less work
+per step (the *cost-model* speedup); the measured wall-clock speedup tracks that, not the layer
+count.
+
+### The paper's setting and this demo
+
+The paper fine-tunes OPT models (1.3B and 2.7B) per task and reports 2-5x speedups with
+negligible loss on those tasks. This demo runs a 135M chat model on a CPU with one general skip
+policy trained on 370 prompts for about an hour of CPU time: the same mechanism, a much harder
+setting. An untouched model does not expect its middle layers to vanish; toggle "Skip-policy
+adapter" to see what the fine-tuning buys.
 """
 
 BATCH_VIEW = """
 ### Batch view
-Run a small batch below: different prompts, one shared exit per step. Each cell is the number of
-layers that row ran to produce that token; every column is the same colour, whatever the row.
+Run a small batch below at the speedup and decay set here: four different prompts, one shared
+exit per step. Each cell shows the token a row produced; its colour is the number of layers that
+produced it, and every column has one colour, whatever the row.
 """
 
 
@@ -72,11 +95,11 @@ def batch_view_figure(row_tokens: list[list[str]], depths: list[int], num_layers
     width = max((len(r) for r in row_tokens), default=0)
     z = [[depths[k] if k < len(row) else None for k in range(width)] for row in row_tokens]
     text = [[row[k] if k < len(row) else "" for k in range(width)] for row in row_tokens]
-    figure = go.Figure(go.Heatmap(z=z, text=text, texttemplate="%{text}", zmin=0, zmax=num_layers,
-                                  colorscale=[[0, "#eceff4"], [1, CELL_COLOURS[3]]],
-                                  colorbar=dict(title="layers"),
+    figure = go.Figure(go.Heatmap(z=z, text=text, texttemplate="%{text}", textfont=dict(size=15), zmin=0,
+                                  zmax=num_layers, colorscale=[[0, "#eceff4"], [1, CELL_COLOURS[3]]],
+                                  colorbar=dict(title="layers"), xgap=2, ygap=2,
                                   hovertemplate="row %{y}, token %{x}: %{z} layers<extra></extra>"))
-    figure.update_layout(title=dict(text="One exit per position for the whole batch", x=0.01), height=300,
+    figure.update_layout(title=dict(text="One exit per position for the whole batch", x=0.01), height=360,
                          xaxis_title="generated token", yaxis=dict(title="batch row", autorange="reversed"),
                          margin=dict(l=50, r=10, t=40, b=40))
     return figure

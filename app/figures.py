@@ -36,6 +36,7 @@ def layer_heatmap(
     hidden_prompt: int = 0,
     lens: Sequence[Sequence] | None = None,
     matches: Sequence[bool] | None = None,
+    highlight_last: bool = False,
 ) -> go.Figure:
     """x = position (prompt, then generated tokens fed back), y = layer (0 at the bottom).
 
@@ -81,6 +82,10 @@ def layer_heatmap(
         xaxis.update(tickmode="array", tickvals=list(range(len(labels))), ticktext=[_short(t) for t in labels], tickangle=-60)
     if prompt_tokens and step_layers:
         figure.add_vline(x=len(prompt_tokens) - 0.5, line=dict(color="#333", width=2, dash="dot"))
+    if highlight_last and columns:  # step mode: the column the last step ran
+        last = len(columns) - 1
+        figure.add_shape(type="rect", x0=last - 0.5, x1=last + 0.5, y0=-0.5, y1=num_layers - 0.5,
+                         line=dict(color="#d64545", width=2))
     figure.update_layout(
         title=dict(text=title, x=0.01), xaxis=xaxis,
         yaxis=dict(title="layer", dtick=max(1, num_layers // 10), range=[-2.5 if matches else -0.5, num_layers - 0.5]),
@@ -125,8 +130,9 @@ def _short(token: str, width: int = 8) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def schedule_figure(solved: SolvedSchedule, show_steps: int | None = None) -> go.Figure:
-    """n_k against step k: the rounded, monotone budget and the raw decay curve, with bounds."""
+def schedule_figure(solved: SolvedSchedule, show_steps: int | None = None, current_step: int | None = None) -> go.Figure:
+    """n_k against step k: the rounded, monotone budget and the raw decay curve, with bounds.
+    ``current_step`` (step mode): a marker on the step that just ran."""
     config = solved.config
     steps = show_steps or max(len(solved.budgets), config.decay_length + 4)
     ks = list(range(steps))
@@ -137,10 +143,15 @@ def schedule_figure(solved: SolvedSchedule, show_steps: int | None = None) -> go
                      annotation_text=f"warmup ({config.warmup})", annotation_position="bottom left")
     figure.add_trace(go.Scatter(x=ks, y=raw, name="f(k)", line=dict(dash="dot", color="#888")))
     figure.add_trace(go.Scatter(x=ks, y=budgets, name="n_k (layers run)", line=dict(shape="hv", color=CELL_COLOURS[3], width=3)))
-    for value, label in ((config.max_layers, "max"), (config.min_layers, "min"), (config.num_layers, "L")):
-        figure.add_hline(y=value, line=dict(dash="dash", color="#bbb", width=1), annotation_text=f"{label} = {value}",
-                         annotation_position="top right")
-    figure.add_vline(x=config.decay_length, line=dict(dash="dot", color="#bbb"), annotation_text="D")
+    for value, text, position in _bound_labels(config.num_layers, config.max_layers, config.min_layers):
+        figure.add_hline(y=value, line=dict(dash="dash", color="#bbb", width=1), annotation_text=text,
+                         annotation_position=position, annotation_font=dict(size=11))
+    figure.add_vline(x=config.decay_length, line=dict(dash="dot", color="#bbb"), annotation_text=f"D = {config.decay_length}",
+                     annotation_position="top left", annotation_font=dict(size=11))
+    if current_step is not None and 0 <= current_step < steps:
+        figure.add_vline(x=current_step, line=dict(color="#d64545", width=2))
+        figure.add_trace(go.Scatter(x=[current_step], y=[budgets[current_step]], mode="markers", name="this step",
+                                    marker=dict(color="#d64545", size=11)))
     figure.update_layout(
         title=dict(text=f"{config.decay} decay: layer speedup {solved.layer_speedup:.2f}x, "
                         f"cost-model {solved.cost_speedup:.2f}x", x=0.01),
@@ -148,6 +159,20 @@ def schedule_figure(solved: SolvedSchedule, show_steps: int | None = None) -> go
         margin=dict(l=50, r=10, t=40, b=40), height=300, legend=dict(orientation="h", y=-0.25),
     )
     return figure
+
+
+def _bound_labels(num_layers: int, max_layers: int, min_layers: int) -> list[tuple[int, str, str]]:
+    """Lines for L, max and min with labels that never sit on top of each other: equal values
+    share one label; max and L are labelled on opposite sides, min below its line."""
+    if max_layers == min_layers:
+        bounds = [(max_layers, f"max = min = {max_layers}", "bottom right")]
+    else:
+        bounds = [(max_layers, f"max = {max_layers}", "top right"), (min_layers, f"min = {min_layers}", "bottom right")]
+    if num_layers == max_layers:
+        bounds[0] = (num_layers, "L = " + bounds[0][1], bounds[0][2])
+    else:
+        bounds.append((num_layers, f"L = {num_layers}", "top left"))
+    return bounds
 
 
 def depth_colour(layers: int, num_layers: int) -> str:

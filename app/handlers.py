@@ -16,6 +16,7 @@ import gradio as gr
 
 from app import explainer
 from app.figures import schedule_figure
+from app.lessons import settings_from_query
 from app.race import RaceUpdate, race
 from app.sessions import RunHandle, SessionRuns, session_key
 from app.settings import EXAMPLE_PROMPTS, Limits, PlaygroundSettings, trained_defaults
@@ -75,6 +76,28 @@ class Playground:
         except ValueError as error:
             return gr.skip(), f"⚠️ {error}"
         return schedule_figure(solved), ""
+
+    def load_note(self, waiting: int) -> str:
+        """One line on how busy the server is, so a queued visitor knows what they wait for."""
+        running = self.runs.active_count()
+        typical = self.runs.typical_seconds()
+        if not running and not waiting:
+            return "Server free: a run starts at once."
+        line = f"Server busy: {running} run(s) generating, {waiting} waiting (one model serves everyone)"
+        if typical is not None:
+            line += f"; a run here takes ~{typical:.0f} s, so expect to wait ~{typical * (waiting + 1):.0f} s"
+        return line + "."
+
+    def from_link(self, request: gr.Request | None = None) -> list:
+        """On page load: settings named in the URL query (the API's names) set the controls;
+        a bad value is named in the status line and left out."""
+        names = [n for n in PlaygroundSettings.names() if PlaygroundSettings.meta(n)["api"]]
+        query = dict(request.query_params) if request is not None and request.query_params else {}
+        if not query:
+            return [gr.skip()] * (len(names) + 1)
+        values, problems = settings_from_query(query, self.limits, trained_defaults(self.get_generator()))
+        status = f"⚠️ Link: {problems}" if problems else "Settings loaded from the link."
+        return [values.get(name, gr.skip()) for name in names] + [status]
 
     # --- streaming generation ---------------------------------------------------------------
     def generate(self, values: dict, request: gr.Request | None = None, notice: str = "") -> Iterator[tuple]:
@@ -136,7 +159,8 @@ class Playground:
 
     # --- step mode --------------------------------------------------------------------------
     def step(self, values: dict, request: gr.Request | None = None) -> tuple:
-        """Advance SkipDecode and the full model by one token each; say which layers ran."""
+        """Advance SkipDecode and the full model by one token each; say which layers ran.
+        Returns the five stream outputs and the schedule plot with this step marked."""
         session = session_key(request)
         try:
             settings = self.settings(values)
@@ -152,13 +176,15 @@ class Playground:
             raise gr.Error(str(error), print_exception=False) from None
         if update is None:
             self.runs.steppers.pop(session, None)
-            return ("✅ Both outputs are complete. Press Step again to start over.",) + NO_CHANGE[1:]
+            return ("✅ Both outputs are complete. Press Step again to start over.",) + NO_CHANGE[1:] + (gr.skip(),)
         skip = update.skip
         layers = skip.step_layers[-1] if skip.step_layers else skip.prefill_layers
         which = "prefill (the prompt)" if not skip.step_layers else f"step {len(skip.step_layers) - 1}"
         status = (f"{which}: SkipDecode ran {len(layers)}/{generator.num_layers} layers "
                   f"{layer_ranges(layers)}; the full model ran all {generator.num_layers}.")
-        return renderer.outputs(status, update, with_plot=True)
+        schedule = schedule_figure(update.solved, show_steps=settings.max_new_tokens,
+                                   current_step=len(skip.step_layers) - 1 if skip.step_layers else None)
+        return renderer.outputs(status, update, with_plot=True, highlight_last=True) + (schedule,)
 
     def reset_steps(self, request: gr.Request | None = None) -> tuple:
         """Forget this session's step run and clear the panes (status, both outputs, stats, heatmap)."""
@@ -176,7 +202,7 @@ class Playground:
     def batch_view(self, target_speedup: float, decay: str, request: gr.Request | None = None):
         try:
             settings = self.settings(dict(prompt=EXAMPLE_PROMPTS[0], target_speedup=target_speedup, decay=decay,
-                                          batch_size=4, max_new_tokens=20))
+                                          batch_size=4, max_new_tokens=12))
             generator = self.get_generator()
             result = generator.generate(settings.request(full=False))
         except ValueError as error:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 import uuid
@@ -31,6 +32,7 @@ class SessionRuns:
         self._lock = threading.Lock()
         self._runs: dict[str, RunHandle] = {}
         self.steppers = StepSessions()
+        self.recent_seconds: collections.deque[float] = collections.deque(maxlen=20)  # finished runs' durations
 
     def start(self, session: str) -> RunHandle:
         handle = RunHandle()
@@ -50,6 +52,14 @@ class SessionRuns:
         with self._lock:
             if self._runs.get(session) is handle:
                 del self._runs[session]
+            if not handle.cancelled:
+                self.recent_seconds.append(time.monotonic() - handle.started)
+
+    def typical_seconds(self) -> float | None:
+        """Median duration of recent finished runs (None before the first)."""
+        with self._lock:
+            recent = sorted(self.recent_seconds)
+        return recent[len(recent) // 2] if recent else None
 
     def cancel(self, session: str, reason: str = "stop") -> None:
         with self._lock:
@@ -113,3 +123,29 @@ class StepSessions:
 def session_key(request: gr.Request | None) -> str:
     """The browser/API session's key. Without one, a key of its own: never share a run handle."""
     return getattr(request, "session_hash", None) or f"no-session-{uuid.uuid4().hex}"
+
+
+def cap_queued_per_session(queue, cap: int) -> None:
+    """Refuse a new job from a session that already has ``cap`` jobs waiting in gradio's queue
+    (one client must not fill the queue and lock everyone else out). Wraps the queue's ``push``
+    of this app instance; the refusal is gradio's "queue full" answer (HTTP 503) with a message
+    naming the limit."""
+    push = queue.push
+
+    async def capped_push(body, request, username):
+        session = getattr(body, "session_hash", None)
+        if session is not None:
+            waiting = sum(event.session_hash == session
+                          for event_queue in queue.event_queue_per_concurrency_id.values()
+                          for event in event_queue.queue)
+            if waiting >= cap:
+                return (False, f"this session already has {waiting} requests waiting (the limit per session is "
+                               f"{cap}); wait for one to finish", "queue_full")
+        return await push(body, request, username)
+
+    queue.push = capped_push
+
+
+def waiting_jobs(queue) -> int:
+    """Jobs waiting in gradio's queue (all sessions), not yet running."""
+    return sum(len(event_queue.queue) for event_queue in queue.event_queue_per_concurrency_id.values())

@@ -17,7 +17,9 @@ import gradio as gr
 
 from app import explainer
 from app.handlers import Playground
+from app.lessons import LESSON_BASE, LESSONS, lesson_values
 from app.live_plot import live_plot, static_paths
+from app.sessions import cap_queued_per_session, waiting_jobs
 from app.settings import EXAMPLE_PROMPTS, Limits, PlaygroundSettings, trained_defaults
 from model.generation import TextGenerator
 from model.reporting import quality_figure, speed_figure
@@ -121,15 +123,43 @@ def api_function(playground: Playground, defaults: dict | None = None) -> Callab
     return generate
 
 
+def share_link_js(names: list[str]) -> str:
+    """Browser-side: the page's URL with the given controls' values as its query, copied to the
+    clipboard where the browser allows it."""
+    return f"""(...values) => {{
+  const names = {json.dumps(names)};
+  const query = new URLSearchParams();
+  names.forEach((name, i) => query.set(name, String(values[i])));
+  const url = window.location.origin + window.location.pathname + '?' + query.toString();
+  if (navigator.clipboard) navigator.clipboard.writeText(url).catch(() => {{}});
+  return url;
+}}"""
+
+
+def gpu_seconds(*args, **_kwargs) -> int:
+    """ZeroGPU's per-call duration, from the request's size: the settings dict a handler gets
+    (batch x new tokens, two streams), bounded to 20-120 s."""
+    values = next((a for a in args if isinstance(a, dict)), {})
+    tokens = 0
+    for component_or_name, value in values.items():
+        name = getattr(component_or_name, "elem_id", component_or_name) or ""
+        if str(name).endswith(("max-new-tokens", "max_new_tokens")) and isinstance(value, (int, float)):
+            tokens = int(value)
+    batch = next((int(v) for k, v in values.items() if str(getattr(k, "elem_id", k)).endswith(("batch-size", "batch_size"))
+                  and isinstance(v, (int, float))), 1)
+    return int(min(120, max(20, 10 + 0.1 * batch * tokens)))
+
+
 def gpu_handler(fn: Callable) -> Callable:
-    """spaces.GPU on a ZeroGPU Space (the GPU is attached per call); the function itself elsewhere."""
+    """spaces.GPU on a ZeroGPU Space (the GPU is attached per call, for a duration estimated from
+    the request's size); the function itself elsewhere."""
     if not os.environ.get("SPACES_ZERO_GPU"):
         return fn
     try:
         import spaces  # noqa: PLC0415
     except ImportError:
         return fn
-    return spaces.GPU(fn)
+    return spaces.GPU(duration=gpu_seconds)(fn)
 
 
 def launch_options() -> dict:
@@ -155,7 +185,7 @@ def _load_json(path: Path) -> dict | None:
 
 
 def build_demo(get_generator: Callable[[], TextGenerator], limits: Limits | None = None,
-               concurrency_limit: int = 1, queue_size: int = 32) -> gr.Blocks:
+               concurrency_limit: int = 1, queue_size: int = 32, max_queued_per_session: int = 2) -> gr.Blocks:
     """The whole app, its queue configured. ``get_generator`` is called per request (app.py
     caches the loaded model). Only the queued, documented endpoints run generations: the REST
     routes that bypass the queue are closed (api_open=False)."""
@@ -187,6 +217,7 @@ def build_demo(get_generator: Callable[[], TextGenerator], limits: Limits | None
                         with gr.Row():
                             run = gr.Button("Generate", variant="primary", elem_id="generate-btn", min_width=100)
                             stop = gr.Button("Stop", variant="stop", elem_id="stop-btn", min_width=80)
+                        load_note = gr.Markdown(elem_id="load-note")
                         c["target_speedup"] = control("target_speedup", 1.0, min(4.0, top_speedup))
                         with gr.Row():
                             presets = {value: gr.Button(f"{value:g}x", size="sm", min_width=50,
@@ -206,6 +237,11 @@ def build_demo(get_generator: Callable[[], TextGenerator], limits: Limits | None
                                 gr.Markdown("**Full model** (original, every layer)")
                                 full_out = gr.HTML(elem_id="full-output")
                         stats = gr.Markdown(elem_id="stats")
+                with gr.Accordion("Lessons: six one-click experiments for a class", open=False, elem_id="lessons"):
+                    with gr.Row():
+                        lesson_buttons = [gr.Button(lesson.title, size="sm", elem_id=f"lesson-{i}")
+                                          for i, lesson in enumerate(LESSONS)]
+                    lesson_text = gr.Markdown(elem_id="lesson-text")
                 with gr.Row():
                     with gr.Column(scale=2, min_width=320):
                         c["decay"] = control("decay", info="; ".join(f"{k}: {v}" for k, v in DECAY_DESCRIPTIONS.items()))
@@ -229,6 +265,10 @@ def build_demo(get_generator: Callable[[], TextGenerator], limits: Limits | None
                             step_reset = gr.Button("Reset steps", elem_id="step-reset-btn")
                         schedule_plot = gr.Plot(label="Schedule: layers per generated step", elem_id="schedule-plot")
                         schedule_note = gr.Markdown()
+                        with gr.Row():
+                            share_btn = gr.Button("Copy a link to these settings", size="sm", elem_id="share-btn")
+                            share_link = gr.Textbox(show_label=False, placeholder="the link appears here",
+                                                    elem_id="share-link", interactive=False)
                     with gr.Column(scale=3):
                         heatmap = live_plot("heatmap", height=380)
             with gr.Tab("How it works"):
@@ -236,6 +276,10 @@ def build_demo(get_generator: Callable[[], TextGenerator], limits: Limits | None
                 gr.Plot(explainer.early_exit_vs_skipdecode(), show_label=False)
                 gr.Plot(explainer.kv_prefix_figure(), show_label=False)
                 gr.Markdown(explainer.BATCH_VIEW)
+                with gr.Row():
+                    batch_speedup = gr.Slider(1.0, 4.0, value=2.0, step=0.1, label="Batch view: target layer speedup",
+                                              elem_id="batch-speedup")
+                    batch_decay = gr.Dropdown(list(DECAY_DESCRIPTIONS), value="linear", label="Batch view: decay")
                 batch_btn = gr.Button("Run a batch of 4 prompts")
                 batch_plot = gr.Plot(show_label=False)
                 batch_text = gr.Markdown()
@@ -249,37 +293,51 @@ def build_demo(get_generator: Callable[[], TextGenerator], limits: Limits | None
         private = dict(api_visibility="private")
 
         run.click(None, None, None, js=SCROLL_TO_OUTPUTS, queue=False, **private)
-        generate_event = run.click(gpu_handler(with_settings(playground.generate, c)), settings, stream_outputs,
-                                   api_name="ui_generate", **private, **model_lane)
+        run.click(gpu_handler(with_settings(playground.generate, c)), settings, stream_outputs,
+                  api_name="ui_generate", **private, **model_lane)
         # A settings change while generating: end the running stream at once (outside the queue),
         # then restart in the model lane, which that ending has just freed.
         restart_flag = gr.State(False)
         preset_events = [button.click(lambda value=value: value, None, [c["target_speedup"]], queue=False,
                                       api_name=f"ui_preset_{i}", **private)
                          for i, (value, button) in enumerate(presets.items())]
-        restart_events = [
+        restart_triggers = (c["target_speedup"].release, c["decay"].change, c["skip_policy"].change,
+                            *(event.then for event in preset_events))
+        for i, trigger in enumerate(restart_triggers):
             trigger(playground.request_restart, None, [restart_flag], queue=False, api_name=f"ui_request_restart_{i}",
                     **private).then(
                 gpu_handler(with_settings(playground.restart_if_running, c)), {restart_flag, *settings}, stream_outputs,
                 api_name=f"ui_restart_{i}", **private, **model_lane)
-            for i, trigger in enumerate((c["target_speedup"].release, c["decay"].change, c["skip_policy"].change,
-                                         *(event.then for event in preset_events)))
-        ]
-        stop.click(playground.stop, None, [status], cancels=[generate_event, *restart_events], queue=False,
-                   api_name="ui_stop", **private)
-        step_btn.click(gpu_handler(with_settings(playground.step, c)), settings, stream_outputs, api_name="ui_step",
+        # Stop ends the run through its handle: the stream finishes at its next step and says
+        # "Stopped". (gradio's cancels= would kill the task mid-yield and paint every output
+        # with an "Error" badge.)
+        stop.click(playground.stop, None, [status], queue=False, api_name="ui_stop", **private)
+        step_btn.click(gpu_handler(with_settings(playground.step, c)), settings, [*stream_outputs, schedule_plot],
+                       api_name="ui_step",
                        **private, **model_lane)
         step_reset.click(playground.reset_steps, None, stream_outputs, queue=False, api_name="ui_reset_steps", **private)
         preview_triggers = [c[name].change for name in ("target_speedup", "decay", "warmup", "decay_length",
                                                          "min_layers", "max_layers", "order", "max_new_tokens")]
         gr.on([*preview_triggers, demo.load], with_settings(playground.schedule_preview, c), settings,
               [schedule_plot, schedule_note], queue=False, api_name="ui_schedule", trigger_mode="always_last", **private)
-        batch_btn.click(gpu_handler(playground.batch_view), [c["target_speedup"], c["decay"]], [batch_plot, batch_text],
+        batch_btn.click(gpu_handler(playground.batch_view), [batch_speedup, batch_decay], [batch_plot, batch_text],
                         api_name="ui_batch_view", **private, **model_lane)
+        lesson_controls = [c[name] for name in LESSON_BASE]
+        for lesson, button in zip(LESSONS, lesson_buttons):
+            button.click(lambda lesson=lesson: [lesson_values(lesson)[n] for n in LESSON_BASE] + [lesson.markdown()],
+                         None, [*lesson_controls, lesson_text], queue=False, api_name=False)
+        shared = [name for name in PlaygroundSettings.names() if PlaygroundSettings.meta(name)["api"]]  # schema order
+        share_btn.click(None, [c[name] for name in shared], [share_link], js=share_link_js(shared), **private)
+        demo.load(playground.from_link, None, [*(c[name] for name in shared), status], queue=False,
+                  api_name="ui_from_link", **private)
+        busy_timer = gr.Timer(4)
+        gr.on([busy_timer.tick, demo.load], lambda: playground.load_note(waiting_jobs(demo._queue)), None, [load_note],
+              queue=False, api_name="ui_load_note", **private)
         demo.unload(playground.leave)
         gr.api(gpu_handler(api_function(playground, defaults)), api_name="generate", **model_lane)
     demo.playground = playground  # tests and the load script inspect active runs
     demo.queue(api_open=False, max_size=queue_size)
+    cap_queued_per_session(demo._queue, max_queued_per_session)
     return demo
 
 

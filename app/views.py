@@ -146,13 +146,15 @@ def token_matches(skip: StreamProgress, full: StreamProgress, row: int = 0) -> l
 
 
 def heatmap_for(generator: TextGenerator, update: RaceUpdate, settings: PlaygroundSettings,
-                prompt_tokens: tuple[list[str], int], generated: list[str], row: int = 0, title: str | None = None):
+                prompt_tokens: tuple[list[str], int], generated: list[str], row: int = 0, title: str | None = None,
+                highlight_last: bool = False):
     view = update.skip
     shown, hidden = prompt_tokens
     return layer_heatmap(
         generator.num_layers, update.solved.config.warmup, shown, view.prefill_layers, generated, view.step_layers,
         title=title or f"{view.name}: layers executed per position (row {row})",
         hidden_prompt=hidden, lens=view.lens or None, matches=token_matches(update.skip, update.full, row),
+        highlight_last=highlight_last,
     )
 
 
@@ -165,13 +167,14 @@ class RaceRenderer:
         self.prompt_tokens = prompt_token_texts(generator, settings)
         self.skip_texts, self.full_texts = TokenTexts(generator), TokenTexts(generator)
 
-    def outputs(self, status: str, update: RaceUpdate, with_plot: bool) -> tuple:
+    def outputs(self, status: str, update: RaceUpdate, with_plot: bool, highlight_last: bool = False) -> tuple:
         """(status, SkipDecode html, full-model text, stats, heatmap json or gr.skip())."""
         generator = self.generator
         plot = gr.skip()
         if with_plot:
             generated = self.skip_texts.update(update.skip.ids(0))
-            plot = heatmap_for(generator, update, self.settings, self.prompt_tokens, generated).to_json()
+            plot = heatmap_for(generator, update, self.settings, self.prompt_tokens, generated,
+                               highlight_last=highlight_last).to_json()
         return (status, skip_output_html(generator, update.skip, self.skip_texts),
                 plain_text_html("".join(self.full_texts.update(update.full.ids(0)))),
                 stats_markdown(update, generator.num_layers, generator.cost), plot)

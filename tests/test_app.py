@@ -284,3 +284,27 @@ def test_lens_top1_at_the_last_layer_that_ran_is_the_generated_token(client, ser
     assert all(0 < reading["prob"] <= 1 for entry in lens for reading in entry)
     plain = client.predict(prompt="What is photosynthesis?", target_speedup=2.0, max_new_tokens=8, api_name="/generate")
     assert "lens" not in plain and plain["skipdecode"] == final["skipdecode"]  # the lens changes nothing
+
+
+def test_one_session_cannot_fill_the_queue(server):
+    demo, generator = server
+    hog = Client(demo.local_url, verbose=False)
+    running = hog.submit(prompt="Tell me a very long story about the sea.", max_new_tokens=256, temperature=0.7,
+                         api_name="/generate")
+    deadline = time.time() + 60
+    while demo.playground.runs.active_count() == 0 and time.time() < deadline:
+        time.sleep(0.05)
+    waiting = [hog.submit(prompt=f"Question {i}?", max_new_tokens=2, api_name="/generate") for i in range(4)]
+    refused = []
+    for job in waiting:
+        try:
+            job.result(timeout=1)
+        except Exception as error:  # noqa: BLE001 - gradio_client raises QueueError or a timeout
+            refused.append(type(error).__name__ + str(error))
+    queue_full = [r for r in refused if "Queue is full" in r]
+    assert len(queue_full) == 2, refused  # 2 may wait per session; the rest are turned away at once
+    other = Client(demo.local_url, verbose=False).submit(prompt="Hi", max_new_tokens=2, api_name="/generate")
+    running.cancel()
+    assert other.result(timeout=120)["done"] is True  # another visitor still gets in
+    for job in waiting:
+        job.cancel()

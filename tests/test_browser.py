@@ -197,3 +197,49 @@ def test_newlines_are_drawn_as_marks(server):
         marks = page.evaluate("() => document.querySelectorAll('#full-output .nl').length")
         assert marks >= 1  # the full model's list has line breaks; each run is one visible mark
         browser.close()
+
+
+def test_a_lesson_sets_the_controls_and_a_link_round_trips_them(server):
+    slider = "input[aria-label='number input for Target layer speedup']"
+    with playwright.sync_playwright() as p:
+        browser, page = _open(p, server.local_url)
+        page.click("button:has-text('Lessons')")
+        page.click("#lesson-3")  # linear vs cosine at 3x
+        assert _wait(lambda: page.input_value(slider) == "3", 10), page.input_value(slider)
+        assert "cosine" in page.input_value("input[aria-label='Decay function']")
+        assert "Look for" in page.inner_text("#lesson-text")
+        page.fill("textarea", "Why do we have seasons?")
+        page.click("#share-btn")
+        link = page.locator("#share-link textarea, #share-link input").first
+        assert _wait(lambda: "target_speedup=3" in link.input_value(), 10), link.input_value()
+        url = link.input_value()
+        assert "decay=cosine" in url and "prompt=Why+do+we+have+seasons" in url
+        fresh = browser.new_page(viewport={"width": 1400, "height": 1000})
+        fresh.goto(url)
+        fresh.wait_for_selector("#generate-btn", timeout=60_000)
+        assert _wait(lambda: fresh.input_value(slider) == "3", 15), fresh.input_value(slider)
+        assert _wait(lambda: "seasons" in fresh.input_value("#setting-prompt textarea"), 5)
+        assert "cosine" in fresh.input_value("input[aria-label='Decay function']")
+        bad = browser.new_page(viewport={"width": 1400, "height": 1000})
+        bad.goto(server.local_url.rstrip("/") + "/?decay=zigzag&target_speedup=2.5")
+        bad.wait_for_selector("#generate-btn", timeout=60_000)
+        assert _wait(lambda: "decay" in bad.inner_text("#status"), 15), bad.inner_text("#status")
+        assert _wait(lambda: bad.input_value(slider) == "2.5", 5)
+        browser.close()
+
+
+def test_stop_shows_no_error_badge(server):
+    with playwright.sync_playwright() as p:
+        browser, page = _open(p, server.local_url)
+        page.fill("textarea", "Tell me a very long story about the sea and its sailors.")
+        for _ in range(3):
+            page.click("#generate-btn")
+            assert _wait(lambda: _full_length(page) >= 5, 90), "generation did not start"
+            page.click("#stop-btn")
+            assert _wait(lambda: "Stopped" in page.inner_text("#status"), 15)
+            time.sleep(0.5)
+            errors = page.evaluate("() => Array.from(document.querySelectorAll('.error, [class*=error]'))"
+                                   ".filter(e => e.offsetParent !== null && /error/i.test(e.textContent))"
+                                   ".map(e => e.className + ' | ' + e.closest('[id]')?.id + ' | ' + e.textContent.slice(0, 80))")
+            assert not errors, f"an Error badge appeared after Stop: {errors}"
+        browser.close()

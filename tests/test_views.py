@@ -45,3 +45,27 @@ def test_no_measured_speedup_before_enough_steps():
     figures = live_figures(RaceUpdate(_progress("s", 0.1, [0.05] * steps, 15), _progress("f", 0.1, [0.1] * steps, 30),
                                       solved, "skip"), cost)
     assert figures.measured_speedup is None and figures.layer_speedup is None
+
+
+def test_schedule_labels_never_overprint_and_step_mode_marks_the_step():
+    from app.figures import _bound_labels, schedule_figure
+
+    assert _bound_labels(30, 15, 15) == [(15, "max = min = 15", "bottom right"), (30, "L = 30", "top left")]
+    assert _bound_labels(30, 30, 8) == [(30, "L = max = 30", "top right"), (8, "min = 8", "bottom right")]
+    labels = _bound_labels(30, 27, 5)
+    assert len({(value, position) for value, _, position in labels}) == len(labels) == 3
+    cost = CostModel(layer_cost=1.0, fixed_cost=0.0)
+    solved = evaluate_schedule(ScheduleConfig(30, 24, 5, warmup=4, decay="linear", decay_length=20), 20, cost)
+    figure = schedule_figure(solved, show_steps=24, current_step=7)
+    marker = [trace for trace in figure.data if trace.name == "this step"]
+    assert len(marker) == 1 and list(marker[0].x) == [7] and list(marker[0].y) == [solved.config.budgets(24)[7]]
+    assert not [trace for trace in schedule_figure(solved).data if trace.name == "this step"]
+
+
+def test_gpu_seconds_grow_with_the_request_and_stay_bounded():
+    from app.ui import gpu_seconds
+
+    assert gpu_seconds({"max_new_tokens": 48, "batch_size": 1}) == 20
+    assert gpu_seconds({"max_new_tokens": 256, "batch_size": 4}) == 112
+    assert gpu_seconds({"max_new_tokens": 256, "batch_size": 8}) == 120
+    assert gpu_seconds() == 20
