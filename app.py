@@ -12,6 +12,7 @@ Settings (environment variables, all optional):
   GRADIO_ANALYTICS_ENABLED  telemetry and gradio's version check (default False)
   SKIPDECODE_CONCURRENCY    generations running at once (default 1: one model, one CPU)
   SKIPDECODE_QUEUE_SIZE     requests waiting at most before new ones are turned away (default 32)
+  SKIPDECODE_MAX_QUEUED_PER_SESSION  requests one session may have waiting (default 2)
   GRADIO_SERVER_NAME / GRADIO_SERVER_PORT  where to listen (default 127.0.0.1:7860)
 """
 
@@ -81,7 +82,8 @@ def main() -> None:
         ensure_default_model()
     get_generator()  # load at start-up: the first visitor should not wait for it
     demo = build_demo(get_generator, limits_from_env(), concurrency_limit=_env_int("SKIPDECODE_CONCURRENCY", 1),
-                      queue_size=_env_int("SKIPDECODE_QUEUE_SIZE", 32))
+                      queue_size=_env_int("SKIPDECODE_QUEUE_SIZE", 32),
+                      max_queued_per_session=_env_int("SKIPDECODE_MAX_QUEUED_PER_SESSION", 2))
     demo.launch(
         server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
         server_port=_env_int("GRADIO_SERVER_PORT", 7860),

@@ -22,7 +22,8 @@ from app.live_plot import live_plot, static_paths
 from app.sessions import cap_queued_per_session, waiting_jobs
 from app.settings import EXAMPLE_PROMPTS, Limits, PlaygroundSettings, trained_defaults
 from model.generation import TextGenerator
-from model.reporting import quality_figure, speed_figure
+from model.loading import DEFAULT_ADAPTER
+from model.reporting import heldout_curve_figure, quality_figure, speed_figure, study_figure
 from model.schedule import DECAY_DESCRIPTIONS, LAYER_ORDER_DESCRIPTIONS, max_layer_speedup
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
@@ -343,7 +344,18 @@ def build_demo(get_generator: Callable[[], TextGenerator], limits: Limits | None
 
 def _results_tab() -> None:
     _results_section("Quality under skipping (held-out prompts)", "eval", "eval", quality_figure)
+    _training_curve()
+    _results_section("Which recipe: the skip-policy study", "study", "study", study_figure)
     _results_section("Measured speed", "bench", "bench", speed_figure)
+
+
+def _training_curve() -> None:
+    """The shipped adapter's held-out curve (its run's train_log.jsonl held-out rows, copied
+    next to the adapter as heldout_curve.json)."""
+    records = _load_json(DEFAULT_ADAPTER / "heldout_curve.json")
+    if records:
+        gr.Markdown("### The shipped skip policy's training run (held-out agreement every 100 steps)")
+        gr.Plot(heldout_curve_figure(records, "Shipped adapter: held-out agreement while training"), show_label=False)
 
 
 def _results_section(title: str, folder: str, command: str, figure: Callable[[dict], object]) -> None:

@@ -53,3 +53,40 @@ def speed_figure(bench: dict) -> go.Figure:
                                     x=0.01), xaxis_title="target layer speedup", yaxis_title="speedup",
                          height=340, margin=dict(l=50, r=10, t=50, b=40))
     return figure
+
+
+STUDY_SPEEDUP = "2x"
+
+
+def study_figure(study: dict) -> go.Figure:
+    """The recipe study: held-out teacher-forced agreement at 2x against training CPU minutes, one
+    line per arm (same budget, same held-out prompts), the best arm drawn thick."""
+    figure = go.Figure()
+    arms = study.get("arms", [])
+    best = max(arms, key=lambda a: a["heldout"][STUDY_SPEEDUP]["agreement"], default=None)
+    for arm in arms:
+        curve = arm.get("curve") or []
+        figure.add_trace(go.Scatter(
+            x=[point["cpu_minutes"] for point in curve], y=[point[STUDY_SPEEDUP]["agreement"] for point in curve],
+            mode="lines+markers", name=arm["arm"], hovertext=arm["description"],
+            line=dict(width=4 if arm is best else 1.5)))
+    figure.update_layout(title=dict(text=f"Recipe study: held-out agreement at {STUDY_SPEEDUP} per arm "
+                                         f"({study.get('budget_minutes', '?')} CPU min each)", x=0.01),
+                         xaxis_title="training CPU minutes", yaxis_title=f"agreement at {STUDY_SPEEDUP}",
+                         height=380, margin=dict(l=50, r=10, t=50, b=40))
+    return figure
+
+
+def heldout_curve_figure(records: list[dict], title: str) -> go.Figure:
+    """A training run's held-out curve (train_log.jsonl rows with "heldout"): agreement per
+    speedup against step, to see whether it still improves or has flattened."""
+    figure = go.Figure()
+    rows = [r for r in records if r.get("heldout")]
+    speedups = [s for s in (rows[0]["heldout"] if rows else {}) if s != "1x"]
+    for speedup in speedups:
+        figure.add_trace(go.Scatter(x=[r["step"] for r in rows], y=[r["heldout"][speedup]["agreement"] for r in rows],
+                                    mode="lines+markers", name=speedup))
+    figure.update_layout(title=dict(text=title, x=0.01), xaxis_title="training step",
+                         yaxis=dict(title="held-out agreement", range=[0, 1]), height=340,
+                         margin=dict(l=50, r=10, t=50, b=40))
+    return figure

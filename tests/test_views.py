@@ -69,3 +69,18 @@ def test_gpu_seconds_grow_with_the_request_and_stay_bounded():
     assert gpu_seconds({"max_new_tokens": 256, "batch_size": 4}) == 112
     assert gpu_seconds({"max_new_tokens": 256, "batch_size": 8}) == 120
     assert gpu_seconds() == 20
+
+
+def test_study_and_training_curve_figures_plot_every_arm_and_speedup():
+    from model.reporting import heldout_curve_figure, study_figure
+
+    curve = [{"cpu_minutes": m, "2x": {"agreement": a}} for m, a in ((0, 0.1), (2, 0.3), (4, 0.4))]
+    study = {"budget_minutes": 4, "arms": [
+        {"arm": "a", "description": "x", "curve": curve, "heldout": {"2x": {"agreement": 0.4}}},
+        {"arm": "b", "description": "y", "curve": curve[:2], "heldout": {"2x": {"agreement": 0.3}}}]}
+    figure = study_figure(study)
+    assert [trace.name for trace in figure.data] == ["a", "b"]
+    assert figure.data[0].line.width > figure.data[1].line.width  # the best arm stands out
+    records = [{"step": s, "heldout": {"1x": {"agreement": 1.0}, "2x": {"agreement": a}}} for s, a in ((100, 0.4), (200, 0.5))]
+    curve_figure = heldout_curve_figure(records + [{"step": 150, "loss": 1.0}], "run")
+    assert [trace.name for trace in curve_figure.data] == ["2x"] and list(curve_figure.data[0].y) == [0.4, 0.5]
