@@ -203,17 +203,10 @@ def _keep_teacher_cache(folder: Path, runs: Path) -> None:
 
 
 def _hardware() -> str:
-    import platform  # noqa: PLC0415
+    from model.bench import hardware_info  # noqa: PLC0415
 
-    model_name = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model_name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{model_name or platform.processor() or platform.machine()}, torch {torch.__version__}, CPU"
+    info = hardware_info(torch.device("cpu"))
+    return f"{info['cpu']}, torch {info['torch']}, CPU"
 
 
 def write_study(study: dict, folder: str | Path) -> tuple[Path, Path]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import platform
 import random
 import time
 from dataclasses import asdict, dataclass, field
@@ -28,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from model.architectures import adapter_for
+from model.bench import hardware_info
 from model.data import (
     DEFAULT_EVAL_PROMPTS,
     DEFAULT_TRAIN_PROMPTS,
@@ -542,8 +542,7 @@ def save_adapter(model, folder: Path, config: TrainConfig, step: int, seconds: f
     info = {"step": step, "seconds": round(seconds, 1), "config": settings,
             "skip_policy": {"gated": config.gate_lora, "bridge_rank": config.bridge_rank,
                             "warmup": config.warmup_layers, "order": config.order, "ranking": list(config.ranking)},
-            "hardware": {"machine": platform.machine(), "processor": platform.processor(),
-                         "cpus": torch.get_num_threads(), "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}}
+            "hardware": hardware_info(torch.device("cuda" if torch.cuda.is_available() else "cpu"))}
     (folder / "training_info.json").write_text(json.dumps(info, indent=2, default=str))
 
 
