@@ -10,8 +10,9 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from typing import Callable, Iterator
+from typing import AsyncIterator, Callable, Iterator
 
+import anyio
 import gradio as gr
 
 from app import explainer
@@ -213,13 +214,40 @@ class Playground:
         return explainer.batch_view_figure(rows, depths, generator.num_layers), lines
 
     # --- the public API ---------------------------------------------------------------------
-    def api_stream(self, values: dict, request: gr.Request | None = None) -> Iterator[dict]:
+    async def api_stream_async(self, values: dict, request: gr.Request | None = None) -> AsyncIterator[dict]:
+        """``api_stream`` for gradio: each step runs in a worker thread, and when the client
+        cancels the job (gradio cancels this coroutine) the run's handle is cancelled too, so the
+        decoder stops within one layer, even inside a long prefill, instead of running on
+        unseen."""
+        run_key = f"{session_key(request)}:api:{uuid.uuid4().hex}"
+        handle = self.runs.start(run_key)
+        stream = self.api_stream(values, request, run=(run_key, handle))
+        finished = object()
+        try:
+            while True:
+                message = await anyio.to_thread.run_sync(next, stream, finished)
+                if message is finished:
+                    return
+                yield message
+        finally:
+            if not handle.cancelled:
+                handle.cancel("the client cancelled the job")
+            self.runs.finish(run_key, handle)
+
+    def api_stream(self, values: dict, request: gr.Request | None = None,
+                   run: tuple[str, RunHandle] | None = None) -> Iterator[dict]:
         """The API's stream: one message per step, the last with "done": true. Every request is its
         own run (two submits from one client never cancel each other); a run that was cancelled
         ends with a message that says so ("cancelled": true and the reason)."""
-        settings, generator = self.validated(values)
-        run_key = f"{session_key(request)}:api:{uuid.uuid4().hex}"
-        handle = self.runs.start(run_key)
+        if run is None:
+            run_key = f"{session_key(request)}:api:{uuid.uuid4().hex}"
+            run = (run_key, self.runs.start(run_key))
+        run_key, handle = run
+        try:
+            settings, generator = self.validated(values)
+        except gr.Error:
+            self.runs.finish(run_key, handle)
+            raise
         message = None
         try:
             for update in race(generator, settings, should_cancel=lambda: handle.cancelled, compute_lock=self.compute):

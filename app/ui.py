@@ -11,7 +11,7 @@ import inspect
 import json
 import os
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import AsyncIterator, Callable, Iterator
 
 import gradio as gr
 
@@ -110,17 +110,18 @@ def api_function(playground: Playground, defaults: dict | None = None) -> Callab
     ]
     parameters.append(inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=gr.Request,
                                         default=None))
-    signature = inspect.Signature(parameters, return_annotation=Iterator[dict])
+    signature = inspect.Signature(parameters, return_annotation=AsyncIterator[dict])
 
-    def generate(*args, **kwargs) -> Iterator[dict]:
+    async def generate(*args, **kwargs) -> AsyncIterator[dict]:
         """Stream SkipDecode and the full model side by side. Each message: both texts so far,
         the layers each SkipDecode step ran, and the live figures. The last has "done": true."""
         bound = signature.bind_partial(*args, **kwargs)
         request = bound.arguments.pop("request", None)
-        yield from playground.api_stream(dict(bound.arguments), request)
+        async for message in playground.api_stream_async(dict(bound.arguments), request):
+            yield message
 
     generate.__signature__ = signature
-    generate.__annotations__ = {p.name: p.annotation for p in parameters} | {"return": Iterator[dict]}
+    generate.__annotations__ = {p.name: p.annotation for p in parameters} | {"return": AsyncIterator[dict]}
     return generate
 
 

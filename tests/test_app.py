@@ -308,3 +308,26 @@ def test_one_session_cannot_fill_the_queue(server):
     assert other.result(timeout=120)["done"] is True  # another visitor still gets in
     for job in waiting:
         job.cancel()
+
+
+def test_cancelling_an_api_job_stops_its_long_prefill(client, server):
+    demo, _ = server
+    playground = demo.playground
+    job = client.submit(prompt="sea " * 1500, max_new_tokens=64, api_name="/generate")  # ~1500-token prefill
+    deadline = time.time() + 60
+    while playground.runs.active_count() == 0 and time.time() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.3)  # inside the prefill
+    job.cancel()
+    cancelled_at = time.time()
+
+    def model_free() -> bool:
+        if playground.compute.acquire(blocking=False):
+            playground.compute.release()
+            return playground.runs.active_count() == 0
+        return False
+
+    while not model_free() and time.time() - cancelled_at < 30:
+        time.sleep(0.02)
+    # One layer of a 1500-token prefill is well under a second; the whole uncancelled run is many.
+    assert time.time() - cancelled_at < 1.5, "the cancelled job kept the model busy"
