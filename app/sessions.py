@@ -54,6 +54,9 @@ class SessionRuns:
                 del self._runs[session]
             if not handle.cancelled:
                 self.recent_seconds.append(time.monotonic() - handle.started)
+            idle = not self._runs
+        if idle:
+            release_free_memory()
 
     def typical_seconds(self) -> float | None:
         """Median duration of recent finished runs (None before the first)."""
@@ -149,3 +152,14 @@ def cap_queued_per_session(queue, cap: int) -> None:
 def waiting_jobs(queue) -> int:
     """Jobs waiting in gradio's queue (all sessions), not yet running."""
     return sum(len(event_queue.queue) for event_queue in queue.event_queue_per_concurrency_id.values())
+
+
+def release_free_memory() -> None:
+    """Hand memory the allocator keeps after a long prompt back to the system (glibc's
+    malloc_trim; a no-op elsewhere), so the server's RSS returns towards its baseline when idle."""
+    try:
+        import ctypes  # noqa: PLC0415
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
