@@ -19,6 +19,7 @@ from app import explainer
 from app.handlers import Playground
 from app.lessons import LESSON_BASE, LESSONS, lesson_values
 from app.live_plot import live_plot, static_paths
+from app.request_guard import RequestGuard
 from app.sessions import cap_queued_per_session, waiting_jobs
 from app.settings import EXAMPLE_PROMPTS, Limits, PlaygroundSettings, trained_defaults
 from model.generation import TextGenerator
@@ -166,8 +167,11 @@ def gpu_handler(fn: Callable) -> Callable:
 
 def launch_options() -> dict:
     """Keyword arguments for demo.launch(): the CSS, no file uploads (the app takes none), no
-    unauthenticated monitoring dashboard."""
-    return {"css": CSS, "max_file_size": "1kb", "enable_monitoring": False}
+    unauthenticated monitoring dashboard, and the request guard (malformed calls get a message)."""
+    from starlette.middleware import Middleware  # noqa: PLC0415
+
+    return {"css": CSS, "max_file_size": "1kb", "enable_monitoring": False,
+            "app_kwargs": {"middleware": [Middleware(RequestGuard)]}}
 
 
 def analytics_enabled() -> bool:

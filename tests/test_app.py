@@ -331,3 +331,29 @@ def test_cancelling_an_api_job_stops_its_long_prefill(client, server):
         time.sleep(0.02)
     # One layer of a 1500-token prefill is well under a second; the whole uncancelled run is many.
     assert time.time() - cancelled_at < 1.5, "the cancelled job kept the model busy"
+
+
+def test_malformed_calls_get_a_message_not_a_bare_500(server):
+    import httpx
+
+    demo, _ = server
+    base = demo.local_url.rstrip("/") + "/gradio_api"
+    unknown_fn = httpx.post(f"{base}/queue/join", json={"data": ["hi"], "fn_index": 99999, "session_hash": "x"})
+    assert unknown_fn.status_code == 400 and "fn_index" in unknown_fn.json()["detail"]
+    unknown_name = httpx.post(f"{base}/call/nonesuch", json={"data": ["hi"]})
+    assert unknown_name.status_code == 404 and "/generate" in unknown_name.json()["detail"]
+    too_few = httpx.post(f"{base}/call/generate", json={"data": ["hi"]})
+    assert too_few.status_code == 422 and "values" in too_few.json()["detail"]
+    not_json = httpx.post(f"{base}/call/generate", content=b"{", headers={"content-type": "application/json"})
+    assert not_json.status_code == 400 and "JSON" in not_json.json()["detail"]
+    # a well-formed call still joins the queue
+    info = Client(demo.local_url, verbose=False).view_api(return_format="dict", print_info=False)
+    values = [p["parameter_default"] if p["parameter_has_default"] else "Hi"
+              for p in info["named_endpoints"]["/generate"]["parameters"]]
+    values[info_index(info, "max_new_tokens")] = 2
+    started = httpx.post(f"{base}/call/generate", json={"data": values})
+    assert started.status_code == 200 and "event_id" in started.json()
+
+
+def info_index(info: dict, name: str) -> int:
+    return [p["parameter_name"] for p in info["named_endpoints"]["/generate"]["parameters"]].index(name)
