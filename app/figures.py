@@ -37,6 +37,7 @@ def layer_heatmap(
     lens: Sequence[Sequence] | None = None,
     matches: Sequence[bool] | None = None,
     highlight_last: bool = False,
+    lens_kl: Sequence[dict] | None = None,
 ) -> go.Figure:
     """x = position (prompt, then generated tokens fed back), y = layer (0 at the bottom).
 
@@ -52,6 +53,8 @@ def layer_heatmap(
     columns += [("generated", generated_tokens[k], list(layers)) for k, layers in enumerate(step_layers)
                 if k < len(generated_tokens)]
     readings = _lens_by_column(lens, len(prompt_tokens), len(columns))
+    kl_by_column = _lens_by_column([[_Kl(layer, value) for layer, value in entry.items()] for entry in lens_kl]
+                                   if lens_kl else None, len(prompt_tokens), len(columns))
     z = [[0] * len(columns) for _ in range(num_layers)]
     hover = [[""] * len(columns) for _ in range(num_layers)]
     for x, (kind, token, layers) in enumerate(columns):
@@ -62,6 +65,9 @@ def layer_heatmap(
                 z[layer][x] = 1 if kind == "prompt" else (2 if layer < warmup else 3)
             state = "ran" if layer in ran else "BYPASSED (hidden state passes through unchanged)"
             text = f"pos {position} {html.escape(repr(token))} ({kind})<br>layer {layer}: {state}<br>{len(ran)}/{num_layers} layers"
+            kl = kl_by_column[x].get(layer) if layer in ran else None
+            if kl is not None:
+                text += f"<br>lens KL to the full model: {kl.value:.3f}"
             reading = readings[x].get(layer) if layer in ran else None
             if reading is not None:
                 text += "<br>lens (next token if the model stopped here):<br>" + "<br>".join(
@@ -72,6 +78,12 @@ def layer_heatmap(
         z=z, text=hover, hoverinfo="text", zmin=-0.5, zmax=len(CELL_KINDS) - 0.5,
         colorscale=_discrete_colorscale(CELL_COLOURS), xgap=1, ygap=1, colorbar=colourbar,
     ))
+    if lens_kl:  # executed cells of the positions that produced tokens, coloured by KL; hover stays below
+        kl_z = [[(kl_by_column[x][layer].value if layer in kl_by_column[x] else None) for x in range(len(columns))]
+                for layer in range(num_layers)]
+        figure.update_traces(showscale=False, selector=dict(type="heatmap"))  # one legend: the KL's
+        figure.add_trace(go.Heatmap(z=kl_z, colorscale="Magma", reversescale=True, zmin=0, hoverinfo="skip",
+                                    xgap=1, ygap=1, colorbar=dict(title="lens KL")))
     if matches:
         _add_match_strip(figure, matches, len(prompt_tokens), len(columns))
     labels = [token for _, token, _ in columns]
@@ -92,6 +104,13 @@ def layer_heatmap(
         margin=dict(l=50, r=10, t=40, b=70), height=380, uirevision="heatmap",
     )
     return figure
+
+
+class _Kl:
+    """One layer's lens KL, shaped like a lens reading so both share _lens_by_column."""
+
+    def __init__(self, layer: int, value: float) -> None:
+        self.layer, self.value = layer, value
 
 
 def _lens_by_column(lens: Sequence[Sequence] | None, prompt_columns: int, columns: int) -> list[dict]:

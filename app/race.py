@@ -34,6 +34,7 @@ class StreamProgress:
     done: bool = False
     result: GenerationResult | None = None
     lens: list[list[LensReading]] = field(default_factory=list)  # per generated token of row 0 (lens on)
+    traces: list[tuple] = field(default_factory=list)  # per generated token of row 0: (layer, hidden) pairs
 
     def __post_init__(self) -> None:
         self.tokens = [[] for _ in range(self.rows)]
@@ -105,6 +106,7 @@ def race(generator: TextGenerator, settings: PlaygroundSettings,
             views[key].apply(event, eos)
             if event.trace:  # the lens runs here, outside the decoder's timed step
                 views[key].lens.append(generator.lens(event.trace, skip_request.schedule))
+                views[key].traces.append(event.trace)
         except StopIteration as stop:
             views[key].done, views[key].result = True, stop.value
             if stop.value is not None and stop.value.decode.cancelled:

@@ -77,6 +77,8 @@ class PlaygroundSettings:
     show_template: bool = setting(False, label="Show the chat template in the heatmap", kind="bool", api=False)
     lens: bool = setting(False, label="Logit lens (hover a heatmap cell: top-5 next tokens after that layer)",
                          kind="bool", help="costs a little time between steps; not counted in tokens/s")
+    lens_kl: bool = setting(False, label="Colour the heatmap by the lens's KL to the full model (with the lens; "
+                            "drawn when the run ends)", kind="bool", api=False)
 
     # --- the schema -------------------------------------------------------------------------
     @classmethod

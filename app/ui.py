@@ -231,6 +231,7 @@ def build_demo(get_generator: Callable[[], TextGenerator], limits: Limits | None
                                        for value in SPEEDUP_PRESETS}
                         c["skip_policy"] = control("skip_policy", interactive=bool(generator.loaded.adapter_path))
                         c["lens"] = control("lens")
+                        c["lens_kl"] = control("lens_kl")
                         gr.Examples([[p] for p in EXAMPLE_PROMPTS], inputs=[c["prompt"]], label="Example prompts",
                                     cache_examples=False)
                     with gr.Column(scale=3):

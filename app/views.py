@@ -147,14 +147,14 @@ def token_matches(skip: StreamProgress, full: StreamProgress, row: int = 0) -> l
 
 def heatmap_for(generator: TextGenerator, update: RaceUpdate, settings: PlaygroundSettings,
                 prompt_tokens: tuple[list[str], int], generated: list[str], row: int = 0, title: str | None = None,
-                highlight_last: bool = False):
+                highlight_last: bool = False, lens_kl: list[dict] | None = None):
     view = update.skip
     shown, hidden = prompt_tokens
     return layer_heatmap(
         generator.num_layers, update.solved.config.warmup, shown, view.prefill_layers, generated, view.step_layers,
         title=title or f"{view.name}: layers executed per position (row {row})",
         hidden_prompt=hidden, lens=view.lens or None, matches=token_matches(update.skip, update.full, row),
-        highlight_last=highlight_last,
+        highlight_last=highlight_last, lens_kl=lens_kl,
     )
 
 
@@ -166,6 +166,18 @@ class RaceRenderer:
         self.generator, self.settings = generator, settings
         self.prompt_tokens = prompt_token_texts(generator, settings)
         self.skip_texts, self.full_texts = TokenTexts(generator), TokenTexts(generator)
+        self.kl: list[dict] | None = None
+
+    def lens_kl(self, update: RaceUpdate) -> list[dict] | None:
+        """The lens's KL to the full model, once SkipDecode has finished (one full forward), when
+        asked for; computed once per run."""
+        skip = update.skip
+        if not (self.settings.lens_kl and self.settings.lens and skip.done and skip.traces):
+            return None
+        if self.kl is None:
+            self.kl = self.generator.lens_kl(self.settings.prompts()[0], skip.traces, skip.ids(0),
+                                             self.settings.schedule_request())
+        return self.kl
 
     def outputs(self, status: str, update: RaceUpdate, with_plot: bool, highlight_last: bool = False) -> tuple:
         """(status, SkipDecode html, full-model text, stats, heatmap json or gr.skip())."""
@@ -174,7 +186,7 @@ class RaceRenderer:
         if with_plot:
             generated = self.skip_texts.update(update.skip.ids(0))
             plot = heatmap_for(generator, update, self.settings, self.prompt_tokens, generated,
-                               highlight_last=highlight_last).to_json()
+                               highlight_last=highlight_last, lens_kl=self.lens_kl(update)).to_json()
         return (status, skip_output_html(generator, update.skip, self.skip_texts),
                 plain_text_html("".join(self.full_texts.update(update.full.ids(0)))),
                 stats_markdown(update, generator.num_layers, generator.cost), plot)

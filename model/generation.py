@@ -286,6 +286,29 @@ class TextGenerator:
                                         probs=[round(v, 4) for v in values]))
         return readings
 
+    @torch.inference_mode()
+    def lens_kl(self, prompt: str, traces: Sequence[Sequence[tuple[int, torch.Tensor]]], token_ids: Sequence[int],
+                request: ScheduleRequest) -> list[dict[int, float]]:
+        """Per generated token t (of one row): {layer: KL(full model || lens after that layer)} at
+        the position that produced t. The full model's distribution comes from one full-depth
+        forward of the ORIGINAL model over the prompt and SkipDecode's own tokens, so both sides
+        see the same prefix."""
+        count = min(len(traces), len(token_ids))
+        if count == 0:
+            return []
+        ids, _ = self.encode([prompt])
+        sequence = torch.cat([ids[0], torch.tensor(list(token_ids[: count - 1]), dtype=torch.long)])[None]
+        full_logits = self.loaded.model(sequence.to(self.loaded.device)).logits[0, ids.shape[1] - 1:]  # (count, V)
+        full = full_logits.float().log_softmax(-1)
+        head = self.decoder_for(request).adapter
+        result = []
+        for t in range(count):
+            hidden = torch.stack([h for _, h in traces[t]])[:, None].to(self.loaded.device)  # (layers run, 1, C)
+            lens = head.logits(hidden)[:, -1].float().log_softmax(-1)  # (layers run, V)
+            kl = (full[t].exp() * (full[t] - lens)).sum(-1).clamp(min=0.0)
+            result.append({layer: round(float(value), 4) for (layer, _), value in zip(traces[t], kl)})
+        return result
+
     def token_text(self, token_id: int) -> str:
         return self.loaded.tokenizer.decode([token_id])
 

@@ -357,3 +357,21 @@ def test_malformed_calls_get_a_message_not_a_bare_500(server):
 
 def info_index(info: dict, name: str) -> int:
     return [p["parameter_name"] for p in info["named_endpoints"]["/generate"]["parameters"]].index(name)
+
+
+def test_lens_kl_to_the_full_model_is_zero_after_the_last_layer_at_full_depth(server):
+    _, generator = server
+    request = GenerationRequest(prompts=("What is photosynthesis?",), schedule=ScheduleRequest(target_speedup=1.0),
+                                max_new_tokens=6)
+    stream = generator.stream(request, trace_row=0)
+    traces = []
+    while True:
+        try:
+            traces.append(next(stream).trace)
+        except StopIteration as end:
+            result = end.value
+            break
+    kl = generator.lens_kl("What is photosynthesis?", traces, result.decode.tokens[0], request.schedule)
+    assert len(kl) == 6 and all(set(entry) == set(range(30)) for entry in kl)
+    assert all(entry[29] < 1e-3 for entry in kl)  # the last layer's lens IS the full model at 1x
+    assert all(entry[5] > 0.1 for entry in kl)  # an early layer's guess is far from it

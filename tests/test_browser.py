@@ -168,6 +168,7 @@ def test_presets_set_the_speedup_and_lens_hover_names_the_top_tokens(server):
         page.click("#speedup-1-5")
         assert _wait(lambda: page.input_value(slider) == "1.5", 10)
         page.click("label:has-text('Logit lens')")
+        page.click("label:has-text('lens\\'s KL')")
         page.click("#generate-btn")
         assert _wait(lambda: "Done" in page.inner_text("#status"), 120), page.inner_text("#status")
         time.sleep(0.5)
@@ -175,7 +176,8 @@ def test_presets_set_the_speedup_and_lens_hover_names_the_top_tokens(server):
         point = page.evaluate("""() => {
             const gd = document.querySelector('#heatmap .plotly-live');
             const layout = gd._fullLayout, trace = gd._fullData[0];
-            const x = gd.data[1].x[0], y = trace.z.length - 1;
+            const strip = gd.data.find(t => t.type === 'scatter');
+            const x = strip.x[0], y = trace.z.length - 1;
             const box = gd.getBoundingClientRect();
             return {x: box.left + layout.margin.l + layout.xaxis.l2p(x),
                     y: box.top + layout.margin.t + layout.yaxis.l2p(y)};
@@ -185,6 +187,10 @@ def test_presets_set_the_speedup_and_lens_hover_names_the_top_tokens(server):
             "() => Array.from(document.querySelectorAll('#heatmap .hovertext')).map(e => e.textContent).join(' ')") or ""), 10)
         hover = page.evaluate("() => Array.from(document.querySelectorAll('#heatmap .hovertext')).map(e => e.textContent).join(' ')")
         assert "layer 29: ran" in hover and "%" in hover, hover
+        assert "lens KL to the full model" in hover
+        colourbars = page.evaluate("() => document.querySelector('#heatmap .plotly-live').data"
+                                   ".map(t => t.colorbar && t.colorbar.title && t.colorbar.title.text)")
+        assert "lens KL" in colourbars, colourbars
         browser.close()
 
 

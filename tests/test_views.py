@@ -84,3 +84,14 @@ def test_study_and_training_curve_figures_plot_every_arm_and_speedup():
     records = [{"step": s, "heldout": {"1x": {"agreement": 1.0}, "2x": {"agreement": a}}} for s, a in ((100, 0.4), (200, 0.5))]
     curve_figure = heldout_curve_figure(records + [{"step": 150, "loss": 1.0}], "run")
     assert [trace.name for trace in curve_figure.data] == ["2x"] and list(curve_figure.data[0].y) == [0.4, 0.5]
+
+
+def test_heatmap_coloured_by_lens_kl_keeps_the_hover_on_the_cells():
+    from app.figures import layer_heatmap
+
+    kl = [{0: 2.0, 5: 0.5}, {0: 1.5, 4: 0.25, 5: 0.1}]
+    figure = layer_heatmap(6, 1, ["a", "b"], range(6), ["x", "y"], [(0, 4, 5)], lens_kl=kl)
+    base, overlay = figure.data[0], figure.data[1]
+    assert overlay.hoverinfo == "skip" and overlay.colorbar.title.text == "lens KL"
+    assert overlay.z[5][1] == 0.5 and overlay.z[4][2] == 0.25 and overlay.z[3][2] is None  # bypassed: blank
+    assert "lens KL to the full model: 0.250" in base.text[4][2]
