@@ -155,6 +155,9 @@ def test_both_outputs_are_in_view_after_generate(server, width, height):
             box = page.locator(pane).bounding_box()
             assert box["y"] < height - 40 and box["y"] + 40 > 0, (pane, box)
         page.click("#stop-btn")
+        assert _wait(lambda: page.evaluate("() => !!document.querySelector('#heatmap .plotly-live').data"), 30)
+        legend = page.evaluate("() => document.querySelector('#heatmap .plotly-live').data[0].colorbar.orientation")
+        assert legend == "h" if width < 520 else legend in (None, "v"), legend  # phones: legend under the plot
         browser.close()
 
 
