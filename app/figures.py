@@ -52,9 +52,9 @@ def layer_heatmap(
     columns = [("prompt", token, list(prefill_layers)) for token in prompt_tokens]
     columns += [("generated", generated_tokens[k], list(layers)) for k, layers in enumerate(step_layers)
                 if k < len(generated_tokens)]
-    readings = _lens_by_column(lens, len(prompt_tokens), len(columns))
-    kl_by_column = _lens_by_column([[_Kl(layer, value) for layer, value in entry.items()] for entry in lens_kl]
-                                   if lens_kl else None, len(prompt_tokens), len(columns))
+    readings = _by_column([{r.layer: r for r in entry} for entry in lens] if lens else None,
+                          len(prompt_tokens), len(columns))
+    kl_by_column = _by_column(lens_kl, len(prompt_tokens), len(columns))
     z = [[0] * len(columns) for _ in range(num_layers)]
     hover = [[""] * len(columns) for _ in range(num_layers)]
     for x, (kind, token, layers) in enumerate(columns):
@@ -67,7 +67,7 @@ def layer_heatmap(
             text = f"pos {position} {html.escape(repr(token))} ({kind})<br>layer {layer}: {state}<br>{len(ran)}/{num_layers} layers"
             kl = kl_by_column[x].get(layer) if layer in ran else None
             if kl is not None:
-                text += f"<br>lens KL to the full model: {kl.value:.3f}"
+                text += f"<br>lens KL to the full model: {kl:.3f}"
             reading = readings[x].get(layer) if layer in ran else None
             if reading is not None:
                 text += "<br>lens (next token if the model stopped here):<br>" + "<br>".join(
@@ -79,8 +79,7 @@ def layer_heatmap(
         colorscale=_discrete_colorscale(CELL_COLOURS), xgap=1, ygap=1, colorbar=colourbar,
     ))
     if lens_kl:  # executed cells of the positions that produced tokens, coloured by KL; hover stays below
-        kl_z = [[(kl_by_column[x][layer].value if layer in kl_by_column[x] else None) for x in range(len(columns))]
-                for layer in range(num_layers)]
+        kl_z = [[kl_by_column[x].get(layer) for x in range(len(columns))] for layer in range(num_layers)]
         figure.update_traces(showscale=False, selector=dict(type="heatmap"))  # one legend: the KL's
         figure.add_trace(go.Heatmap(z=kl_z, colorscale="Magma", reversescale=True, zmin=0, hoverinfo="skip",
                                     xgap=1, ygap=1, colorbar=dict(title="lens KL")))
@@ -106,23 +105,16 @@ def layer_heatmap(
     return figure
 
 
-class _Kl:
-    """One layer's lens KL, shaped like a lens reading so both share _lens_by_column."""
-
-    def __init__(self, layer: int, value: float) -> None:
-        self.layer, self.value = layer, value
-
-
-def _lens_by_column(lens: Sequence[Sequence] | None, prompt_columns: int, columns: int) -> list[dict]:
-    """Column x -> {layer: reading}. The last prompt column produced generated token 0; the
-    column of generated token k produced token k + 1."""
+def _by_column(per_token: Sequence[dict] | None, prompt_columns: int, columns: int) -> list[dict]:
+    """Per generated token t a {layer: value} -> per heatmap column. The last prompt column
+    produced generated token 0; the column of generated token k produced token k + 1."""
     by_column: list[dict] = [{} for _ in range(columns)]
-    if not lens or prompt_columns == 0:
+    if not per_token or prompt_columns == 0:
         return by_column
-    for token_index, readings in enumerate(lens):
+    for token_index, values in enumerate(per_token):
         x = prompt_columns - 1 + token_index
         if x < columns:
-            by_column[x] = {reading.layer: reading for reading in readings}
+            by_column[x] = values
     return by_column
 
 

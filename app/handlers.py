@@ -92,7 +92,7 @@ class Playground:
     def from_link(self, request: gr.Request | None = None) -> list:
         """On page load: settings named in the URL query (the API's names) set the controls;
         a bad value is named in the status line and left out."""
-        names = [n for n in PlaygroundSettings.names() if PlaygroundSettings.meta(n)["api"]]
+        names = PlaygroundSettings.api_names()
         query = dict(request.query_params) if request is not None and request.query_params else {}
         if not query:
             return [gr.skip()] * (len(names) + 1)

@@ -55,7 +55,7 @@ def lesson_values(lesson: Lesson) -> dict:
 def settings_from_query(query: dict[str, str], limits: Limits, defaults: dict) -> tuple[dict, str]:
     """(values to set, message) from a URL query: known API parameter names only, each checked
     by the settings schema; a bad value is named in the message and left out."""
-    names = [n for n in PlaygroundSettings.names() if PlaygroundSettings.meta(n)["api"]]
+    names = PlaygroundSettings.api_names()
     values, problems = {}, []
     for name in names:
         if name not in query:

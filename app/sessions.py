@@ -138,9 +138,7 @@ def cap_queued_per_session(queue, cap: int) -> None:
     async def capped_push(body, request, username):
         session = getattr(body, "session_hash", None)
         if session is not None:
-            waiting = sum(event.session_hash == session
-                          for event_queue in queue.event_queue_per_concurrency_id.values()
-                          for event in event_queue.queue)
+            waiting = sum(event.session_hash == session for event in _waiting_events(queue))
             if waiting >= cap:
                 return (False, f"this session already has {waiting} requests waiting (the limit per session is "
                                f"{cap}); wait for one to finish", "queue_full")
@@ -151,7 +149,13 @@ def cap_queued_per_session(queue, cap: int) -> None:
 
 def waiting_jobs(queue) -> int:
     """Jobs waiting in gradio's queue (all sessions), not yet running."""
-    return sum(len(event_queue.queue) for event_queue in queue.event_queue_per_concurrency_id.values())
+    return sum(1 for _ in _waiting_events(queue))
+
+
+def _waiting_events(queue):
+    """Every event waiting in this app's gradio queue (all lanes), not yet running."""
+    for event_queue in queue.event_queue_per_concurrency_id.values():
+        yield from event_queue.queue
 
 
 def release_free_memory() -> None:

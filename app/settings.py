@@ -86,6 +86,11 @@ class PlaygroundSettings:
         return tuple(f.name for f in dataclasses.fields(cls))
 
     @classmethod
+    def api_names(cls) -> tuple[str, ...]:
+        """The public API's parameters, in schema order (view-only controls left out)."""
+        return tuple(f.name for f in dataclasses.fields(cls) if f.metadata["api"])
+
+    @classmethod
     def meta(cls, name: str) -> dict:
         return next(f.metadata for f in dataclasses.fields(cls) if f.name == name)
 

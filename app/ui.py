@@ -102,7 +102,7 @@ def api_function(playground: Playground, defaults: dict | None = None) -> Callab
     """The public ``generate`` endpoint: keyword parameters named and ordered like the settings
     schema (gradio documents them from this signature); it delegates to the handler.
     ``defaults`` overrides schema defaults (the loaded skip policy's placement)."""
-    fields = {name: spec for name, spec in PlaygroundSettings.__dataclass_fields__.items() if spec.metadata["api"]}
+    fields = {name: PlaygroundSettings.__dataclass_fields__[name] for name in PlaygroundSettings.api_names()}
     defaults = defaults or {}
     parameters = [
         inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=PYTHON_TYPES[str(spec.type)],
@@ -143,14 +143,19 @@ def gpu_seconds(*args, **_kwargs) -> int:
     """ZeroGPU's per-call duration, from the request's size: the settings dict a handler gets
     (batch x new tokens, two streams), bounded to 20-120 s."""
     values = next((a for a in args if isinstance(a, dict)), {})
-    tokens = 0
-    for component_or_name, value in values.items():
-        name = getattr(component_or_name, "elem_id", component_or_name) or ""
-        if str(name).endswith(("max-new-tokens", "max_new_tokens")) and isinstance(value, (int, float)):
-            tokens = int(value)
-    batch = next((int(v) for k, v in values.items() if str(getattr(k, "elem_id", k)).endswith(("batch-size", "batch_size"))
-                  and isinstance(v, (int, float))), 1)
+    tokens = _setting_value(values, "max_new_tokens", 0)
+    batch = _setting_value(values, "batch_size", 1)
     return int(min(120, max(20, 10 + 0.1 * batch * tokens)))
+
+
+def _setting_value(values: dict, name: str, default: int) -> int:
+    """A numeric setting from a handler's input dict, keyed by setting name or by the control
+    (whose elem_id is setting-<name with dashes>)."""
+    wanted = (name, f"setting-{name.replace('_', '-')}")
+    for key, value in values.items():
+        if getattr(key, "elem_id", key) in wanted and isinstance(value, (int, float)):
+            return int(value)
+    return default
 
 
 def gpu_handler(fn: Callable) -> Callable:
@@ -333,7 +338,7 @@ def build_demo(get_generator: Callable[[], TextGenerator], limits: Limits | None
         for lesson, button in zip(LESSONS, lesson_buttons):
             button.click(lambda lesson=lesson: [lesson_values(lesson)[n] for n in LESSON_BASE] + [lesson.markdown()],
                          None, [*lesson_controls, lesson_text], queue=False, api_name=False)
-        shared = [name for name in PlaygroundSettings.names() if PlaygroundSettings.meta(name)["api"]]  # schema order
+        shared = list(PlaygroundSettings.api_names())
         share_btn.click(None, [c[name] for name in shared], [share_link], js=share_link_js(shared), **private)
         demo.load(playground.from_link, None, [*(c[name] for name in shared), status], queue=False,
                   api_name="ui_from_link", **private)

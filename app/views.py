@@ -39,15 +39,18 @@ def skip_output_html(generator: TextGenerator, view: StreamProgress, texts: Toke
     return tokens_by_depth_html(texts.update(ids), view.depths[: len(ids)], generator.num_layers)
 
 
+def token_matches(skip: StreamProgress, full: StreamProgress, row: int = 0) -> list[bool]:
+    """Per generated token of SkipDecode (as far as the full model has got): the same token?"""
+    a, b = skip.ids(row), full.ids(row)
+    return [x == y for x, y in zip(a, b)]
+
+
 def exact_token_match(skip: StreamProgress, full: StreamProgress, row: int = 0) -> float | None:
     """Share of positions where SkipDecode produced the full model's token (free-running, by
     position, over the shorter output). Not the Results tab's teacher-forced agreement: once
     the two texts differ, later positions rarely line up again."""
-    a, b = skip.ids(row), full.ids(row)
-    common = min(len(a), len(b))
-    if common == 0:
-        return None
-    return sum(x == y for x, y in zip(a[:common], b[:common])) / common
+    matches = token_matches(skip, full, row)
+    return sum(matches) / len(matches) if matches else None
 
 
 MIN_STEPS_FOR_MEASURED = 8  # fewer decode steps than this: timer noise, no measured speedup yet
@@ -137,12 +140,6 @@ def prompt_token_texts(generator: TextGenerator, settings: PlaygroundSettings, r
     user_tokens = len(generator.loaded.tokenizer(prompt, add_special_tokens=False)["input_ids"])
     shown = min(len(texts), user_tokens + TEMPLATE_TAIL)
     return texts[len(texts) - shown:], len(texts) - shown
-
-
-def token_matches(skip: StreamProgress, full: StreamProgress, row: int = 0) -> list[bool]:
-    """Per generated token of SkipDecode (as far as the full model has got): the same token?"""
-    a, b = skip.ids(row), full.ids(row)
-    return [x == y for x, y in zip(a, b)]
 
 
 def heatmap_for(generator: TextGenerator, update: RaceUpdate, settings: PlaygroundSettings,

@@ -197,7 +197,7 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None] = print) -> B
                             quantize=quantize)
         full_decoder, skip_decoder = loaded.full_decoder(), loaded.skip_decoder()
         full_decoder.eos_token_ids = skip_decoder.eos_token_ids = ()  # fixed-length runs: EOS ignored
-        variants["float" if quantize == "none" else quantize] = (loaded, TextGenerator(loaded), full_decoder, skip_decoder)
+        variants[loaded.weights] = (loaded, TextGenerator(loaded), full_decoder, skip_decoder)
     loaded, generator = next(iter(variants.values()))[:2]
     num_layers, cost = generator.num_layers, generator.cost
     if config.quick:

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from model.data import DEFAULT_EVAL_PROMPTS, batches_of, read_prompts, teacher_continuations
 from model.decoder import SkipDecoder
-from model.schedule import ScheduleConfig, default_warmup, full_schedule, solve_schedule
+from model.schedule import ScheduleConfig, full_schedule, solve_schedule
 from model.training import skip_policy_logits
 
 EVAL_SPEEDUPS = (1.0, 1.5, 2.0, 3.0, 4.0)
@@ -172,10 +172,10 @@ def evaluate(config: EvalConfig, progress=print) -> EvalReport:
     if not prompts:
         raise ValueError("the evaluation prompt set is empty")
     n = config.continuation_tokens
-    policy = loaded.skip_policy
-    warmup = config.warmup if config.warmup is not None else int(policy.get("warmup", default_warmup(num_layers)))
-    order = config.order or policy.get("order", "warmup_top")
-    ranking = tuple(policy.get("ranking", ())) if order == "ranked" else ()
+    # The adapter's trained placement unless the caller chose one (the same defaults as generate).
+    warmup = config.warmup if config.warmup is not None else generator.default_warmup
+    order = config.order or generator.default_order
+    ranking = generator.ranking_for(order)
 
     # 1. The full (original) model's greedy continuations: the reference for every metric.
     examples = teacher_continuations(generator, prompts, max_new_tokens=n, max_prompt_tokens=10**9,

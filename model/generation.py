@@ -258,7 +258,7 @@ class TextGenerator:
             model=loaded.name,
             device=str(loaded.device),
             dtype=str(loaded.dtype).replace("torch.", ""),
-            weights="float" if loaded.quantize == "none" else loaded.quantize,
+            weights=loaded.weights,
             adapter=loaded.adapter_path if not request.schedule.full and request.schedule.skip_policy else None,
             num_layers=self.num_layers,
             prompts=list(request.prompts),
@@ -277,9 +277,7 @@ class TextGenerator:
         final norm and the LM head of the weights that ran it -> its top-k next tokens."""
         if not trace:
             return []
-        hidden = torch.stack([h for _, h in trace])[:, None]  # (n_layers_run, 1, C)
-        probs = self.decoder_for(request).adapter.logits(hidden)[:, -1].float().softmax(-1)  # (n, V)
-        top = probs.topk(top_k, dim=-1)
+        top = self._lens_log_probs(trace, request).exp().topk(top_k, dim=-1)
         readings = []
         for (layer, _), values, ids in zip(trace, top.values.tolist(), top.indices.tolist()):
             readings.append(LensReading(layer=layer, token_ids=ids, tokens=[self.token_text(i) for i in ids],
@@ -300,14 +298,18 @@ class TextGenerator:
         sequence = torch.cat([ids[0], torch.tensor(list(token_ids[: count - 1]), dtype=torch.long)])[None]
         full_logits = self.loaded.model(sequence.to(self.loaded.device)).logits[0, ids.shape[1] - 1:]  # (count, V)
         full = full_logits.float().log_softmax(-1)
-        head = self.decoder_for(request).adapter
         result = []
         for t in range(count):
-            hidden = torch.stack([h for _, h in traces[t]])[:, None].to(self.loaded.device)  # (layers run, 1, C)
-            lens = head.logits(hidden)[:, -1].float().log_softmax(-1)  # (layers run, V)
+            lens = self._lens_log_probs(traces[t], request)  # (layers run, V)
             kl = (full[t].exp() * (full[t] - lens)).sum(-1).clamp(min=0.0)
             result.append({layer: round(float(value), 4) for (layer, _), value in zip(traces[t], kl)})
         return result
+
+    def _lens_log_probs(self, trace: Sequence[tuple[int, torch.Tensor]], request: ScheduleRequest) -> torch.Tensor:
+        """(layers run, V) log-probabilities of each traced hidden state through the final norm
+        and the LM head of the weights that ran it."""
+        hidden = torch.stack([h for _, h in trace])[:, None].to(self.loaded.device)  # (layers run, 1, C)
+        return self.decoder_for(request).adapter.logits(hidden)[:, -1].float().log_softmax(-1)
 
     def token_text(self, token_id: int) -> str:
         return self.loaded.tokenizer.decode([token_id])

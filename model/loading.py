@@ -106,6 +106,11 @@ class LoadedModel:
             self.skip_model = self.model
 
     @property
+    def weights(self) -> str:
+        """How the weights are stored, as reports name it: "float" (the model's dtype) or "int8"."""
+        return "float" if self.quantize == "none" else self.quantize
+
+    @property
     def gated(self) -> bool:
         """True: full-depth steps run the ORIGINAL weights (the adapter acts only on a bypass)."""
         return bool(self.skip_policy.get("gated", False))

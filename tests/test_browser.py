@@ -31,12 +31,17 @@ def page_url(server):
     return server.local_url
 
 
-def _open(p, url):
+def _open(p, url, width: int = 1400, height: int = 1400):
     browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
-    page = browser.new_page(viewport={"width": 1400, "height": 1400})
+    return browser, _page(browser, url, width, height)
+
+
+def _page(browser, url, width: int = 1400, height: int = 1000):
+    """A new tab on ``url``, once the app has rendered."""
+    page = browser.new_page(viewport={"width": width, "height": height})
     page.goto(url)
     page.wait_for_selector("#generate-btn", timeout=60_000)
-    return browser, page
+    return page
 
 
 def _wait(condition, timeout: float) -> bool:
@@ -143,10 +148,7 @@ def test_changing_the_decay_while_generating_restarts_both_streams(server):
 @pytest.mark.parametrize("width,height", [(1440, 900), (390, 844)])
 def test_both_outputs_are_in_view_after_generate(server, width, height):
     with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
-        page = browser.new_page(viewport={"width": width, "height": height})
-        page.goto(server.local_url)
-        page.wait_for_selector("#generate-btn", timeout=60_000)
+        browser, page = _open(p, server.local_url, width, height)
         assert page.locator("#generate-btn").bounding_box()["y"] < height, "Generate is below the fold"
         page.click("#generate-btn")
         assert _wait(lambda: _full_length(page) >= 10, 90), "generation did not start"
@@ -223,15 +225,11 @@ def test_a_lesson_sets_the_controls_and_a_link_round_trips_them(server):
         assert _wait(lambda: "target_speedup=3" in link.input_value(), 10), link.input_value()
         url = link.input_value()
         assert "decay=cosine" in url and "prompt=Why+do+we+have+seasons" in url
-        fresh = browser.new_page(viewport={"width": 1400, "height": 1000})
-        fresh.goto(url)
-        fresh.wait_for_selector("#generate-btn", timeout=60_000)
+        fresh = _page(browser, url)
         assert _wait(lambda: fresh.input_value(slider) == "3", 15), fresh.input_value(slider)
         assert _wait(lambda: "seasons" in fresh.input_value("#setting-prompt textarea"), 5)
         assert "cosine" in fresh.input_value("input[aria-label='Decay function']")
-        bad = browser.new_page(viewport={"width": 1400, "height": 1000})
-        bad.goto(server.local_url.rstrip("/") + "/?decay=zigzag&target_speedup=2.5")
-        bad.wait_for_selector("#generate-btn", timeout=60_000)
+        bad = _page(browser, server.local_url.rstrip("/") + "/?decay=zigzag&target_speedup=2.5")
         assert _wait(lambda: "decay" in bad.inner_text("#status"), 15), bad.inner_text("#status")
         assert _wait(lambda: bad.input_value(slider) == "2.5", 5)
         browser.close()
