@@ -2,7 +2,7 @@
 # Set up (first run) and run the test suite (CPU, offline, tiny random models + the default model).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh --dev
 # The browser test drives Debian's Chromium (playwright's own browser download is not used).
 if ! command -v chromium >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo -n"; fi
