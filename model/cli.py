@@ -71,8 +71,20 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_options(gen)
     gen.set_defaults(handler=run_generate)
 
+    md = commands.add_parser("make-data", help="distillation data at scale, offline: prompts from four sources and "
+                             "the full model's greedy + sampled continuations (resumable)")
+    from model.make_data import MakeDataConfig  # noqa: PLC0415 (torch only when a command needs it)
+
+    add_dataclass_options(md, MakeDataConfig)
+    md.set_defaults(handler=run_make_data)
+
     tr = commands.add_parser("train", help="skip-policy fine-tuning (LoRA by default) with accelerate")
-    add_dataclass_options(tr, "TrainConfig")
+    from model.training import TrainConfig  # noqa: PLC0415
+
+    add_dataclass_options(tr, TrainConfig)
+    # earlier releases took the speedup range as two options
+    tr.add_argument("--speedup-min", type=float, default=None, help=argparse.SUPPRESS)
+    tr.add_argument("--speedup-max", type=float, default=None, help=argparse.SUPPRESS)
     tr.set_defaults(handler=run_train)
 
     ev = commands.add_parser("eval", help="quality under skipping on the held-out prompts, with and without the adapter")
@@ -231,13 +243,10 @@ TRAIN_OPTION_HELP = {
 }
 
 
-def add_dataclass_options(parser: argparse.ArgumentParser, config_name: str) -> None:
-    """One option per TrainConfig field, its default and type taken from the dataclass."""
+def add_dataclass_options(parser: argparse.ArgumentParser, config_class: type) -> None:
+    """One option per field of a config dataclass, its default and type taken from the dataclass."""
     import dataclasses  # noqa: PLC0415
 
-    from model import training  # noqa: PLC0415
-
-    config_class = getattr(training, config_name)
     for spec in dataclasses.fields(config_class):
         flag = TRAIN_OPTION_NAMES.get(spec.name, "--" + spec.name.replace("_", "-"))
         default = spec.default if spec.default is not dataclasses.MISSING else spec.default_factory()
@@ -258,9 +267,18 @@ def add_dataclass_options(parser: argparse.ArgumentParser, config_name: str) -> 
             cast = int if kind.startswith("int") else float if kind.startswith("float") else str
             choices = {"order": (*LAYER_ORDERS, "ranked"), "fixed_decay": DECAY_FUNCTIONS}.get(spec.name)
             parser.add_argument(flag, dest=spec.name, type=cast, default=default, choices=choices, help=help_text)
-    # earlier releases took the speedup range as two options
-    parser.add_argument("--speedup-min", type=float, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--speedup-max", type=float, default=None, help=argparse.SUPPRESS)
+
+
+def run_make_data(args: argparse.Namespace) -> int:
+    import dataclasses  # noqa: PLC0415
+
+    from model.make_data import MakeDataConfig, make_data  # noqa: PLC0415
+
+    config = MakeDataConfig(**{spec.name: getattr(args, spec.name) for spec in dataclasses.fields(MakeDataConfig)})
+    manifest = make_data(config)
+    print(f"{manifest.sequences} sequences ({manifest.target_tokens} target tokens) from {manifest.prompts_done} "
+          f"of {manifest.prompts} prompts in {config.output_dir}; by source: {manifest.prompts_by_source}")
+    return 0
 
 
 def run_train(args: argparse.Namespace) -> int:

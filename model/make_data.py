@@ -1,0 +1,448 @@
+"""Distillation data at scale, offline: ``python -m model make-data``.
+
+The skip policy learns to match the full model's next-token distribution on text the full
+model writes. More DISTINCT text is the lever (a few hundred prompts seen 13 times flatten the
+held-out curve), so this builds tens of thousands of unique sequences without any download:
+
+1. prompts from four offline sources, deduplicated and never overlapping the held-out sets:
+   * ``magpie``: user turns the model writes itself. The chat template is cut right after the
+     user header and the model samples what a user would ask (Magpie, arXiv 2406.08464);
+     kept if it ends its turn, has 3-60 words and is not a duplicate.
+   * ``templates``: committed task templates x committed topics (assets/prompts/).
+   * ``wordnet``: questions about WordNet lemmas (Debian's wordnet-base, installed by
+     scripts/make_data.sh; skipped with a note when absent).
+   * ``pydoc``: raw-text passages from the Python standard library's own docstrings (no chat
+     template: the playground also runs raw prompts).
+2. continuations from the full model: one greedy and ``samples`` sampled (temperature 0.8) per
+   prompt, up to ``max_new_tokens`` tokens. The text may be written with the fast int8 weights
+   (the KL targets are computed from the float original at train time, never stored here).
+
+Everything lands in one folder (default runs/data/default): user_turns.jsonl, prompts.jsonl,
+sequences.jsonl (one training sequence per line: prompt ids + target ids), manifest.json.
+Each stage appends whole batches and resumes where it stopped; running the command again only
+finishes what is missing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+import json
+import os
+import random
+import re
+import sys
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from model.data import ASSETS, DEFAULT_EVAL_PROMPTS, Example, read_jsonl
+from model.decoder import SamplingConfig
+from model.schedule import full_schedule
+
+PROMPTS_DIR = ASSETS / "prompts"
+FACTS_FILE = PROMPTS_DIR / "facts.jsonl"
+TOPICS_FILE = PROMPTS_DIR / "topics.txt"
+TEMPLATES_FILE = PROMPTS_DIR / "templates.txt"
+WORDNET_DIR = Path("/usr/share/wordnet")
+SOURCES = ("magpie", "templates", "wordnet", "pydoc")
+WORDNET_QUESTIONS = ("What does the word \"{word}\" mean?", "Use the word \"{word}\" in two example sentences.",
+                     "Explain what \"{word}\" means and give an example.")
+PYDOC_MODULES = ("os", "os.path", "pathlib", "json", "re", "string", "collections", "itertools", "functools",
+                 "math", "statistics", "random", "datetime", "calendar", "time", "textwrap", "difflib",
+                 "csv", "sqlite3", "shutil", "tempfile", "glob", "fnmatch", "argparse", "logging", "typing",
+                 "dataclasses", "enum", "decimal", "fractions", "heapq", "bisect", "array", "copy", "pprint",
+                 "io", "zipfile", "tarfile", "gzip", "hashlib", "hmac", "secrets", "base64", "struct", "codecs",
+                 "unicodedata", "locale", "gettext", "threading", "queue", "subprocess", "socket", "selectors",
+                 "asyncio", "urllib.parse", "http.client", "email", "html", "xml.etree.ElementTree", "unittest",
+                 "doctest", "inspect", "ast", "dis", "tokenize", "importlib", "pkgutil", "contextlib", "abc",
+                 "operator", "weakref", "types", "numbers", "cmath", "wave", "colorsys", "turtle", "tkinter",
+                 "configparser", "shelve", "pickle", "platform", "sys", "warnings", "traceback", "timeit")
+
+
+@dataclass
+class MakeDataConfig:
+    output_dir: str = "runs/data/default"
+    model: str | None = None  # None: the embedded default model
+    sources: tuple[str, ...] = SOURCES
+    magpie_turns: int = 4000  # user turns to sample (kept after filtering; fewer if duplicates abound)
+    template_prompts: int = 4000  # template x topic pairs (drawn without replacement)
+    wordnet_prompts: int = 1500
+    pydoc_prompts: int = 1000
+    samples: int = 1  # sampled continuations per prompt, besides the greedy one
+    temperature: float = 0.8
+    max_new_tokens: int = 128
+    max_prompt_tokens: int = 160
+    batch_size: int = 32
+    weights: str = "int8"  # weights that WRITE the text: int8 (fast on CPU) or float
+    threads: int | None = None
+    seed: int = 0
+    limit_prompts: int | None = None  # only the first N prompts get continuations (quick runs, tests)
+
+    def __post_init__(self) -> None:
+        for name in ("magpie_turns", "template_prompts", "wordnet_prompts", "pydoc_prompts", "samples"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0; got {getattr(self, name)}")
+        for name in ("max_new_tokens", "max_prompt_tokens", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1; got {getattr(self, name)}")
+        unknown = set(self.sources) - set(SOURCES)
+        if unknown:
+            raise ValueError(f"unknown sources {sorted(unknown)}; choose from {', '.join(SOURCES)}")
+        if self.weights not in ("int8", "float", "none", "int4"):
+            raise ValueError(f"weights must be int8, int4 or float; got {self.weights!r}")
+
+
+@dataclass
+class PromptRecord:
+    id: int
+    prompt: str
+    source: str
+    raw: bool = False  # True: no chat template (plain-text continuation)
+
+
+@dataclass
+class DataManifest:
+    config: dict
+    prompts: int = 0
+    prompts_by_source: dict = field(default_factory=dict)
+    prompts_done: int = 0
+    sequences: int = 0
+    target_tokens: int = 0
+    duplicates_dropped: int = 0
+
+
+# --- text hygiene ------------------------------------------------------------------------------
+
+
+def normalized(text: str) -> str:
+    """The dedup key: lower case, letters and digits only, single spaces."""
+    return " ".join(re.sub(r"[^0-9a-z]+", " ", text.lower()).split())
+
+
+def held_out_keys() -> set[str]:
+    """Normalised prompts that must never be trained on: the held-out eval set and the fact questions."""
+    keys = {normalized(r["prompt"]) for r in read_jsonl(DEFAULT_EVAL_PROMPTS)}
+    if FACTS_FILE.is_file():
+        keys |= {normalized(r["question"]) for r in read_jsonl(FACTS_FILE)}
+    return keys
+
+
+def good_user_turn(text: str) -> bool:
+    """A sampled user turn worth keeping: 3-60 words, mostly plain text, no role markers."""
+    words = text.split()
+    if not 3 <= len(words) <= 60 or "<|" in text or "assistant" in text.lower()[:20]:
+        return False
+    letters = sum(ch.isalpha() for ch in text)
+    return letters >= 0.6 * len(text.replace(" ", "")) and text.isprintable()
+
+
+def read_lines(path: Path) -> list[str]:
+    if not path.is_file():
+        raise ValueError(f"{path} is missing (it is committed with the repository)")
+    return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+# --- prompt sources ----------------------------------------------------------------------------
+
+
+def template_prompts(count: int, rng: random.Random) -> list[str]:
+    """``count`` distinct template x topic pairs, drawn without replacement."""
+    templates, topics = read_lines(TEMPLATES_FILE), read_lines(TOPICS_FILE)
+    pairs = [(t, p) for t in range(len(templates)) for p in range(len(topics))]
+    rng.shuffle(pairs)
+    return [templates[t].replace("{topic}", topics[p]) for t, p in pairs[:count]]
+
+
+def wordnet_lemmas(folder: Path = WORDNET_DIR) -> list[str]:
+    """Single-word noun, verb and adjective lemmas from WordNet's data files (empty if not installed)."""
+    lemmas: set[str] = set()
+    for part in ("noun", "verb", "adj"):
+        path = folder / f"data.{part}"
+        if not path.is_file():
+            continue
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith("  "):  # the licence header
+                continue
+            fields = line.split(" ")
+            if len(fields) > 4 and fields[4].isalpha() and fields[4].islower() and 4 <= len(fields[4]) <= 14:
+                lemmas.add(fields[4])
+    return sorted(lemmas)
+
+
+def wordnet_prompts(count: int, rng: random.Random) -> list[str]:
+    lemmas = wordnet_lemmas()
+    if not lemmas:
+        print("make-data: WordNet not installed (Debian wordnet-base; scripts/make_data.sh installs it): "
+              "skipping the wordnet source", file=sys.stderr)
+        return []
+    rng.shuffle(lemmas)
+    return [WORDNET_QUESTIONS[i % len(WORDNET_QUESTIONS)].format(word=w) for i, w in enumerate(lemmas[:count])]
+
+
+def docstring_passages() -> Iterator[str]:
+    """First paragraphs (>= 20 words) of the docstrings of standard-library modules and their members."""
+    for name in PYDOC_MODULES:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                module = importlib.import_module(name)
+        except (ImportError, RuntimeError, OSError):  # a module missing from this Python build (tkinter, turtle): skip it
+            continue
+        members = [module] + [value for _, value in inspect.getmembers(module)
+                              if inspect.isclass(value) or inspect.isfunction(value) or inspect.isbuiltin(value)]
+        for member in members:
+            for paragraph in (inspect.getdoc(member) or "").split("\n\n"):
+                text = " ".join(paragraph.split())
+                if len(text.split()) >= 20 and ">>>" not in text:
+                    yield text
+
+
+def pydoc_prompts(count: int, rng: random.Random) -> list[str]:
+    """Raw-text prompts: the first half (at most 40 words) of a docstring paragraph."""
+    passages = sorted(set(docstring_passages()))
+    rng.shuffle(passages)
+    prompts = []
+    for text in passages[:count]:
+        words = text.split()
+        prompts.append(" ".join(words[: min(40, max(12, len(words) // 2))]))
+    return prompts
+
+
+# --- stage 1: magpie user turns ----------------------------------------------------------------
+
+
+def user_header_ids(generator) -> list[int]:
+    """The chat template up to (and including) the user header: what the model sees right before a user writes."""
+    marker = "\ue000"
+    before, _ = generator.format_prompt(marker).split(marker, 1)
+    return generator.loaded.tokenizer(before, add_special_tokens=False)["input_ids"]
+
+
+def sample_user_turns(generator, config: MakeDataConfig, path: Path, progress) -> list[str]:
+    """Append sampled user turns to ``path`` batch by batch until ``magpie_turns`` good, unique ones exist."""
+    kept = [r["prompt"] for r in _read_if_exists(path)]
+    seen = {normalized(t) for t in kept} | held_out_keys()
+    header = torch.tensor([user_header_ids(generator)] * config.batch_size)
+    mask = torch.ones_like(header)
+    batch_index = len(list(_read_if_exists(path.with_suffix(".batches"))))
+    with progress(total=config.magpie_turns, initial=len(kept), desc="magpie user turns") as bar:
+        while len(kept) < config.magpie_turns and batch_index < 4 * config.magpie_turns // config.batch_size + 8:
+            sampling = SamplingConfig(temperature=1.0, top_p=0.95, seed=config.seed * 100_003 + batch_index)
+            result = generator.full_decoder.generate(header, mask, full_schedule(generator.num_layers),
+                                                     max_new_tokens=64, sampling=sampling)
+            fresh = []
+            for tokens, reason in zip(result.tokens, result.finish_reasons):
+                text = generator.decode_text([t for t in tokens if t != generator.loaded.tokenizer.eos_token_id]).strip()
+                key = normalized(text)
+                if reason == "eos" and good_user_turn(text) and key not in seen:
+                    seen.add(key)
+                    fresh.append(text)
+            fresh = fresh[: config.magpie_turns - len(kept)]
+            _append_jsonl(path, [{"prompt": t, "source": "magpie"} for t in fresh])
+            _append_jsonl(path.with_suffix(".batches"), [{"batch": batch_index, "kept": len(fresh)}])
+            kept += fresh
+            batch_index += 1
+            bar.update(len(fresh))
+    return kept
+
+
+# --- stage 2: the prompt list ------------------------------------------------------------------
+
+
+def build_prompt_list(config: MakeDataConfig, magpie: Sequence[str]) -> list[PromptRecord]:
+    """Every source, deduplicated against each other and the held-out sets, interleaved so that
+    any prefix of the list (a smaller data size in the scaling curve) mixes all sources."""
+    rng = random.Random(config.seed)
+    by_source = {
+        "magpie": list(magpie) if "magpie" in config.sources else [],
+        "templates": template_prompts(config.template_prompts, rng) if "templates" in config.sources else [],
+        "wordnet": wordnet_prompts(config.wordnet_prompts, rng) if "wordnet" in config.sources else [],
+        "pydoc": pydoc_prompts(config.pydoc_prompts, rng) if "pydoc" in config.sources else [],
+    }
+    seen = held_out_keys()
+    unique: dict[str, list[str]] = {}
+    for source, prompts in by_source.items():
+        unique[source] = []
+        for prompt in prompts:
+            key = normalized(prompt)
+            if key and key not in seen:
+                seen.add(key)
+                unique[source].append(prompt)
+    records = []
+    for prompt, source in _interleave(unique):
+        records.append(PromptRecord(id=len(records), prompt=prompt, source=source, raw=source == "pydoc"))
+    return records
+
+
+def _interleave(groups: dict[str, list[str]]) -> Iterator[tuple[str, str]]:
+    """Round-robin weighted by size: position i of a group of n lands near i/n of the whole list."""
+    keyed = [((i + 0.5) / len(items), source, item) for source, items in groups.items() for i, item in enumerate(items)]
+    for _, source, item in sorted(keyed, key=lambda k: k[0]):
+        yield item, source
+
+
+# --- stage 3: continuations --------------------------------------------------------------------
+
+
+def write_continuations(generator, prompts: Sequence[PromptRecord], config: MakeDataConfig, folder: Path,
+                        progress) -> DataManifest:
+    """Greedy + sampled continuations of every prompt not yet done, appended chunk by chunk."""
+    sequences_path, done_path = folder / "sequences.jsonl", folder / "prompts_done.jsonl"
+    done = {r["id"] for r in _read_if_exists(done_path)}
+    seen = {_sequence_key(r["prompt"], r["target"]) for r in _read_if_exists(sequences_path)}
+    manifest = _load_manifest(folder, config)
+    todo = [p for p in prompts if p.id not in done]
+    finished = len(prompts) - len(todo)
+    with progress(total=len(prompts), initial=len(prompts) - len(todo), desc="continuations (prompts)") as bar:
+        for batch in _length_sorted_batches(generator, todo, config):
+            records = [r for r in _continue_batch(generator, batch, config) if _is_new(r, seen, manifest)]
+            _append_jsonl(sequences_path, records)
+            _append_jsonl(done_path, [{"id": p.id} for p, _ in batch])
+            manifest.sequences += len(records)
+            manifest.target_tokens += sum(len(r["target"]) for r in records)
+            finished += len(batch)
+            manifest.prompts_done = finished
+            bar.update(len(batch))
+            bar.set_postfix(sequences=manifest.sequences, tokens=manifest.target_tokens)
+            _save_manifest(folder, manifest)
+    manifest.prompts_done = len(prompts)
+    _save_manifest(folder, manifest)
+    return manifest
+
+
+def _length_sorted_batches(generator, prompts: Sequence[PromptRecord], config: MakeDataConfig,
+                           chunk: int = 512) -> Iterator[list[tuple[PromptRecord, list[int]]]]:
+    """Batches of similar prompt length (less padding), sorted within chunks of the list so that
+    progress still moves through the list in order (a stopped run leaves a mixed prefix)."""
+    for start in range(0, len(prompts), chunk):
+        encoded = [(p, generator.encode([p.prompt], raw=p.raw)[0][0].tolist()[-config.max_prompt_tokens:])
+                   for p in prompts[start:start + chunk]]
+        encoded.sort(key=lambda item: len(item[1]))
+        for i in range(0, len(encoded), config.batch_size):
+            yield encoded[i:i + config.batch_size]
+
+
+def _continue_batch(generator, batch: Sequence[tuple[PromptRecord, list[int]]], config: MakeDataConfig) -> list[dict]:
+    width = max(len(ids) for _, ids in batch)
+    pad = generator.loaded.pad_token_id
+    ids = torch.tensor([[pad] * (width - len(row)) + row for _, row in batch])
+    mask = torch.tensor([[0] * (width - len(row)) + [1] * len(row) for _, row in batch])
+    eos = generator.loaded.tokenizer.eos_token_id
+    first_id = batch[0][0].id
+    kinds = [("greedy", SamplingConfig())] + [
+        (f"sampled{i}", SamplingConfig(temperature=config.temperature, seed=config.seed + 7919 * first_id + i))
+        for i in range(config.samples)]
+    records = []
+    for kind, sampling in kinds:
+        result = generator.full_decoder.generate(ids, mask, full_schedule(generator.num_layers),
+                                                 max_new_tokens=config.max_new_tokens, sampling=sampling)
+        for (prompt, prompt_ids), tokens, reason in zip(batch, result.tokens, result.finish_reasons):
+            target = [t for t in tokens if t != eos] + ([eos] if reason == "eos" and eos is not None else [])
+            if len(target) >= 2:
+                records.append({"prompt_id": prompt.id, "source": prompt.source, "kind": kind,
+                                "prompt": prompt_ids, "target": target})
+    return records
+
+
+def _sequence_key(prompt: Sequence[int], target: Sequence[int]) -> str:
+    return hashlib.sha1(json.dumps([list(prompt), list(target)]).encode()).hexdigest()
+
+
+def _is_new(record: dict, seen: set[str], manifest: DataManifest) -> bool:
+    key = _sequence_key(record["prompt"], record["target"])
+    if key in seen:
+        manifest.duplicates_dropped += 1
+        return False
+    seen.add(key)
+    return True
+
+
+# --- files -------------------------------------------------------------------------------------
+
+
+def _read_if_exists(path: Path) -> Iterable[dict]:
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:  # a line cut by a kill: the batch it belongs to is redone
+            break
+    return records
+
+
+def _append_jsonl(path: Path, records: Sequence[dict]) -> None:
+    """One write per batch, flushed to disk: a killed run loses at most the batch in flight."""
+    if not records:
+        return
+    with path.open("a", encoding="utf-8") as handle:
+        handle.write("".join(json.dumps(r) + "\n" for r in records))
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _load_manifest(folder: Path, config: MakeDataConfig) -> DataManifest:
+    path = folder / "manifest.json"
+    if path.is_file():
+        stored = json.loads(path.read_text())
+        return DataManifest(**{**stored, "config": asdict(config)})
+    return DataManifest(config=asdict(config))
+
+
+def _save_manifest(folder: Path, manifest: DataManifest) -> None:
+    (folder / "manifest.json").write_text(json.dumps(asdict(manifest), indent=2, default=str))
+
+
+def _tqdm(**kwargs):
+    return tqdm(**kwargs)
+
+
+# --- the command -------------------------------------------------------------------------------
+
+
+def make_data(config: MakeDataConfig, progress=_tqdm) -> DataManifest:
+    """Run (or resume) every stage; returns the manifest (counts) of the folder."""
+    from model.generation import TextGenerator  # noqa: PLC0415 (the parser imports this module: keep it light)
+    from model.loading import load_model  # noqa: PLC0415
+
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    folder = Path(config.output_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    weights = "none" if config.weights == "float" else config.weights
+    generator = TextGenerator(load_model(config.model, device="cpu", dtype="float32", adapter=None, quantize=weights))
+    torch.manual_seed(config.seed)
+    magpie = (sample_user_turns(generator, config, folder / "user_turns.jsonl", progress)
+              if "magpie" in config.sources and config.magpie_turns else [])
+    prompts_path = folder / "prompts.jsonl"
+    if prompts_path.is_file():  # the list is fixed once written: resuming must not reshuffle it
+        prompts = [PromptRecord(**r) for r in _read_if_exists(prompts_path)]
+    else:
+        prompts = build_prompt_list(config, magpie)
+        prompts_path.write_text("".join(json.dumps(asdict(p)) + "\n" for p in prompts), encoding="utf-8")
+    manifest = _load_manifest(folder, config)
+    manifest.prompts = len(prompts)
+    manifest.prompts_by_source = {s: sum(p.source == s for p in prompts) for s in SOURCES}
+    _save_manifest(folder, manifest)
+    limit = prompts[: config.limit_prompts] if config.limit_prompts else prompts
+    return write_continuations(generator, limit, config, folder, progress)
+
+
+def load_sequences(path: str | Path, limit: int | None = None):
+    """The first ``limit`` training sequences of a make-data folder (or its sequences.jsonl) as Examples."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "sequences.jsonl"
+    records = list(_read_if_exists(path))
+    if not records:
+        raise ValueError(f"{path} has no sequences: run `python -m model make-data` first")
+    if limit is not None:
+        records = records[:limit]
+    return [Example(prompt=r["prompt"], target=r["target"]) for r in records]
