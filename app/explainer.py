@@ -6,7 +6,7 @@ import random
 
 import plotly.graph_objects as go
 
-from app.figures import CELL_COLOURS, batch_exit_figure, layer_heatmap
+from app.figures import CELL_COLOURS, batch_exit_figure, heatmap_legend_html, layer_heatmap, waiting_layer_steps
 from model.schedule import ScheduleConfig
 
 INTRO = """
@@ -72,20 +72,33 @@ produced it, and every column has one colour, whatever the row.
 """
 
 
-def early_exit_vs_skipdecode(rows: int = 4, positions: int = 12, num_layers: int = 12, seed: int = 3) -> go.Figure:
-    """The two-panel teaching picture (deterministic: a fixed seed)."""
-    rng = random.Random(seed)
-    exits = [[rng.randint(3, num_layers) for _ in range(positions)] for _ in range(rows)]
+def _toy_exits(rows: int = 4, positions: int = 12, num_layers: int = 12, seed: int = 3) -> list[list[int]]:
+    rng = random.Random(seed)  # deterministic: the page always shows the same picture
+    return [[rng.randint(3, num_layers) for _ in range(positions)] for _ in range(rows)]
+
+
+def early_exit_vs_skipdecode(rows: int = 4, positions: int = 12, num_layers: int = 12) -> go.Figure:
+    """The two-panel teaching picture."""
     schedule = ScheduleConfig(num_layers, num_layers, 4, decay="linear", warmup=1, decay_length=positions)
-    return batch_exit_figure(rows, positions, num_layers, exits, schedule.budgets(positions))
+    return batch_exit_figure(rows, positions, num_layers, _toy_exits(rows, positions, num_layers),
+                             schedule.budgets(positions))
+
+
+EARLY_EXIT_CAPTION = (
+    f"Left: every number is the layer a row exits after; the batch still runs the deepest row at every position "
+    f"({waiting_layer_steps(_toy_exits())} layer-steps of waiting in this picture), and rows that exited early have "
+    "no keys/values in the layers above their exit. Right: SkipDecode, one exit per position for the whole batch, "
+    "falling as generation goes on."
+)
+KV_PREFIX_LEGEND = heatmap_legend_html(warmup=1, strip=False)
 
 
 def kv_prefix_figure(num_layers: int = 12, prompt: int = 5, steps: int = 14) -> go.Figure:
     """Layers x positions for a toy schedule: each layer's executed positions form a prefix."""
     schedule = ScheduleConfig(num_layers, 11, 4, decay="linear", warmup=1, decay_length=steps)
     figure = layer_heatmap(num_layers, 1, [f"p{i}" for i in range(prompt)], tuple(range(num_layers)),
-                           [f"g{k}" for k in range(steps)], [schedule.step_layers(k) for k in range(steps)],
-                           title="Every layer's KV cache is a prefix: no holes, nothing recomputed")
+                           [f"g{k}" for k in range(steps + 1)], [schedule.step_layers(k) for k in range(steps)],
+                           title="Each layer's KV cache is a prefix")
     figure.update_layout(height=320)
     return figure
 

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import html
+from dataclasses import dataclass
 from typing import Sequence
 
 import plotly.graph_objects as go
 
 from model.schedule import SolvedSchedule, decay_value
 
-# One colour per cell kind of the layer heatmap (z value = index).
+# One colour per cell kind of the layer heatmap (z value = index). The legend is HTML next to the
+# plot (heatmap_legend_html): a plotly colourbar lost entries on a phone.
 CELL_KINDS = ("bypassed", "prompt", "warmup layer", "upper layer")
 CELL_COLOURS = ("#eceff4", "#7aa6d8", "#f0a35e", "#3f9c6d")
 MAX_AXIS_LABELS = 48  # token text on the x axis only when it stays readable
+STRIP_Y = -1.7  # the match strip's row, under layer 0
 
 
 def _discrete_colorscale(colours: Sequence[str]) -> list[list]:
@@ -24,6 +27,14 @@ def _discrete_colorscale(colours: Sequence[str]) -> list[list]:
     return scale
 
 
+@dataclass(frozen=True)
+class Judged:
+    """One generated token judged by the full model on the same prefix: would it pick it too?"""
+
+    same: bool
+    full_choice: str  # the full model's own top next token there
+
+
 def layer_heatmap(
     num_layers: int,
     warmup: int,
@@ -31,78 +42,93 @@ def layer_heatmap(
     prefill_layers: Sequence[int],
     generated_tokens: Sequence[str],
     step_layers: Sequence[Sequence[int]],
-    title: str = "Layers executed per position",
+    title: str = "",
     *,
     hidden_prompt: int = 0,
     lens: Sequence[Sequence] | None = None,
-    matches: Sequence[bool] | None = None,
+    judged: Sequence[Judged] | None = None,
     highlight_last: bool = False,
     lens_kl: Sequence[dict] | None = None,
 ) -> go.Figure:
-    """x = position (prompt, then generated tokens fed back), y = layer (0 at the bottom).
+    """x = sequence position (the same number in the axis, the hover and the strip), y = layer.
 
-    Column of generated token k shows the layers decode step k ran for it; the newest token
-    has not been fed yet, so it has no column until the next step. ``prompt_tokens`` are the
-    prompt's LAST tokens shown (``hidden_prompt`` earlier ones, the chat template, are left out).
-    ``lens``: per generated token t, the logit-lens readings (layer, top-k) of the position that
-    produced t; hovering an executed cell shows them. ``matches``: per generated token, whether
-    it equals the full model's, drawn as a strip under layer 0 with the first difference marked.
-    On a narrow screen the page's script moves the legend under the plot (app/live_plot.py).
+    Column p is the token AT position p and the layers that ran on it (which predict position
+    p + 1). The newest token has not been fed back yet: its column is empty. ``prompt_tokens``
+    are the prompt's LAST tokens (``hidden_prompt`` earlier ones, the chat template, are left
+    out, but still counted in the positions). ``lens``: per generated token t, the logit-lens
+    readings of the position that produced t (hover). ``judged``: per generated token, the
+    full model's verdict, drawn as a strip under layer 0, each square under the token it judges.
     """
     columns = [("prompt", token, list(prefill_layers)) for token in prompt_tokens]
-    columns += [("generated", generated_tokens[k], list(layers)) for k, layers in enumerate(step_layers)
-                if k < len(generated_tokens)]
+    columns += [("generated", token, list(step_layers[k]) if k < len(step_layers) else None)
+                for k, token in enumerate(generated_tokens)]
+    first = hidden_prompt  # position of the first column
     readings = _by_column([{r.layer: r for r in entry} for entry in lens] if lens else None,
                           len(prompt_tokens), len(columns))
     kl_by_column = _by_column(lens_kl, len(prompt_tokens), len(columns))
-    z = [[0] * len(columns) for _ in range(num_layers)]
+    z = [[None] * len(columns) for _ in range(num_layers)]
     hover = [[""] * len(columns) for _ in range(num_layers)]
     for x, (kind, token, layers) in enumerate(columns):
-        ran = set(layers)
-        position = x + hidden_prompt
         for layer in range(num_layers):
-            if layer in ran:
-                z[layer][x] = 1 if kind == "prompt" else (2 if layer < warmup else 3)
-            state = "ran" if layer in ran else "BYPASSED (hidden state passes through unchanged)"
-            text = f"pos {position} {html.escape(repr(token))} ({kind})<br>layer {layer}: {state}<br>{len(ran)}/{num_layers} layers"
-            kl = kl_by_column[x].get(layer) if layer in ran else None
-            if kl is not None:
-                text += f"<br>lens KL to the full model: {kl:.3f}"
-            reading = readings[x].get(layer) if layer in ran else None
-            if reading is not None:
-                text += "<br>lens (next token if the model stopped here):<br>" + "<br>".join(
-                    f"  {html.escape(repr(t))} {p:.0%}" for t, p in zip(reading.tokens, reading.probs))
-            hover[layer][x] = text
-    colourbar = dict(tickvals=list(range(len(CELL_KINDS))), ticktext=list(CELL_KINDS), title="")
+            z[layer][x], hover[layer][x] = _cell(kind, token, layers, layer, warmup, num_layers, first + x,
+                                                 readings[x].get(layer), kl_by_column[x].get(layer))
+    xs = list(range(first, first + len(columns)))
     figure = go.Figure(go.Heatmap(
-        z=z, text=hover, hoverinfo="text", zmin=-0.5, zmax=len(CELL_KINDS) - 0.5,
-        colorscale=_discrete_colorscale(CELL_COLOURS), xgap=1, ygap=1, colorbar=colourbar,
+        x=xs, z=z, text=hover, hoverinfo="text", zmin=-0.5, zmax=len(CELL_KINDS) - 0.5,
+        colorscale=_discrete_colorscale(CELL_COLOURS), xgap=1, ygap=1, showscale=False,
     ))
     if lens_kl:  # executed cells of the positions that produced tokens, coloured by KL; hover stays below
         kl_z = [[kl_by_column[x].get(layer) for x in range(len(columns))] for layer in range(num_layers)]
-        figure.update_traces(showscale=False, selector=dict(type="heatmap"))  # one legend: the KL's
-        figure.add_trace(go.Heatmap(z=kl_z, colorscale="Magma", reversescale=True, zmin=0, hoverinfo="skip",
+        figure.add_trace(go.Heatmap(x=xs, z=kl_z, colorscale="Magma", reversescale=True, zmin=0, hoverinfo="skip",
                                     xgap=1, ygap=1, colorbar=dict(title="lens KL")))
-    if matches:
-        _add_match_strip(figure, matches, len(prompt_tokens), len(columns))
-    labels = [token for _, token, _ in columns]
-    xaxis = dict(title="position (prompt | generated)")
-    if hidden_prompt:
-        xaxis["title"] = f"position (last {len(prompt_tokens)} prompt tokens; {hidden_prompt} template tokens hidden | generated)"
-    if 0 < len(labels) <= MAX_AXIS_LABELS:
-        xaxis.update(tickmode="array", tickvals=list(range(len(labels))), ticktext=[_short(t) for t in labels], tickangle=-60)
-    if prompt_tokens and step_layers:
-        figure.add_vline(x=len(prompt_tokens) - 0.5, line=dict(color="#333", width=2, dash="dot"))
-    if highlight_last and columns:  # step mode: the column the last step ran
-        last = len(columns) - 1
+    if judged:
+        _add_match_strip(figure, judged, first + len(prompt_tokens), generated_tokens)
+    _heatmap_axes(figure, columns, first, len(prompt_tokens), hidden_prompt, num_layers, bool(judged), title)
+    if highlight_last and len(step_layers):  # step mode: the column the last step ran
+        last = first + len(prompt_tokens) + len(step_layers) - 1
         figure.add_shape(type="rect", x0=last - 0.5, x1=last + 0.5, y0=-0.5, y1=num_layers - 0.5,
                          line=dict(color="#d64545", width=2))
-    figure.update_layout(
-        title=dict(text=title, x=0.01), xaxis=xaxis,
-        yaxis=dict(title="layer", dtick=max(1, num_layers // 10), range=[-2.5 if matches else -0.5, num_layers - 0.5]),
-        margin=dict(l=50, r=10, t=40, b=70), height=380, uirevision="heatmap",
-    )
     return figure
+
+
+def _cell(kind: str, token: str, layers: list[int] | None, layer: int, warmup: int, num_layers: int, position: int,
+          reading, kl: float | None) -> tuple[int | None, str]:
+    """(z, hover text) of one heatmap cell."""
+    where = f"position {position} {html.escape(repr(token), quote=False)} ({kind})"
+    if layers is None:
+        return None, f"{where}<br>not fed back yet: no layer has run on it"
+    ran = layer in layers
+    z = (1 if kind == "prompt" else (2 if layer < warmup else 3)) if ran else 0
+    state = "ran" if ran else "BYPASSED (hidden state passes through unchanged)"
+    text = f"{where}<br>layer {layer}: {state}<br>{len(layers)}/{num_layers} layers ran here"
+    if ran and kl is not None:
+        text += f"<br>lens KL to the full model: {kl:.3f}"
+    if ran and reading is not None:
+        text += f"<br>lens: next token (position {position + 1}) if the model stopped here:<br>" + "<br>".join(
+            f"  {html.escape(repr(t), quote=False)} {p:.0%}" for t, p in zip(reading.tokens, reading.probs))
+    return z, text
+
+
+def _heatmap_axes(figure: go.Figure, columns: list, first: int, prompt_columns: int, hidden_prompt: int,
+                  num_layers: int, strip: bool, title: str) -> None:
+    labels = [token for _, token, _ in columns]
+    xaxis = dict(title="position (prompt | generated)", range=[first - 0.5, first + len(columns) - 0.5])
+    if hidden_prompt:
+        xaxis["title"] = f"position ({hidden_prompt} chat-template tokens hidden | prompt | generated)"
+    if 0 < len(labels) <= MAX_AXIS_LABELS:
+        xaxis.update(tickmode="array", tickvals=list(range(first, first + len(labels))),
+                     ticktext=[_short(t) for t in labels], tickangle=-60)
+    if prompt_columns and len(columns) > prompt_columns:
+        figure.add_vline(x=first + prompt_columns - 0.5, line=dict(color="#333", width=2, dash="dot"))
+    step = max(1, num_layers // 10)
+    ticks = list(range(0, num_layers, step))
+    yaxis = dict(title="layer", range=[(STRIP_Y - 0.8) if strip else -0.5, num_layers - 0.5],
+                 tickmode="array", tickvals=([STRIP_Y] if strip else []) + ticks,
+                 ticktext=(["match"] if strip else []) + [str(t) for t in ticks])
+    figure.update_layout(
+        title=dict(text=title, x=0.01) if title else None, xaxis=xaxis, yaxis=yaxis,
+        margin=dict(l=55, r=10, t=30 if title else 10, b=70), height=360, uirevision="heatmap",
+    )
 
 
 def _by_column(per_token: Sequence[dict] | None, prompt_columns: int, columns: int) -> list[dict]:
@@ -118,22 +144,36 @@ def _by_column(per_token: Sequence[dict] | None, prompt_columns: int, columns: i
     return by_column
 
 
-def _add_match_strip(figure: go.Figure, matches: Sequence[bool], prompt_columns: int, columns: int) -> None:
-    """A strip under layer 0: green where SkipDecode's token equals the full model's, red where
-    not, at the column that produced the token; a line at the first difference."""
-    xs = [prompt_columns - 1 + t for t in range(len(matches)) if prompt_columns - 1 + t < columns]
-    colours = ["#2e9e5b" if matches[t] else "#d64545" for t in range(len(xs))]
+def _add_match_strip(figure: go.Figure, judged: Sequence[Judged], first_generated: int,
+                     generated: Sequence[str]) -> None:
+    """A strip under layer 0, each square under the generated token it judges: green where the
+    full model, given the same prefix, picks that token too; red where it picks another (named
+    in the hover). A red line marks the first such position."""
+    count = min(len(judged), len(generated))
+    xs = [first_generated + t for t in range(count)]
     figure.add_trace(go.Scatter(
-        x=xs, y=[-1.7] * len(xs), mode="markers", marker=dict(symbol="square", size=7, color=colours),
-        hovertext=[f"token {t}: {'same as' if matches[t] else 'differs from'} the full model" for t in range(len(xs))],
-        hoverinfo="text", showlegend=False,
+        x=xs, y=[STRIP_Y] * count, mode="markers", showlegend=False, hoverinfo="text",
+        marker=dict(symbol="square", size=7, color=["#2e9e5b" if judged[t].same else "#d64545" for t in range(count)]),
+        hovertext=[f"position {xs[t]} {html.escape(repr(generated[t]), quote=False)}: " + (
+            "the full model picks it too" if judged[t].same else
+            f"the full model would pick {html.escape(repr(judged[t].full_choice), quote=False)} here") for t in range(count)],
     ))
-    first = next((t for t, same in enumerate(matches) if not same), None)
-    if first is not None and prompt_columns - 1 + first < columns:
-        figure.add_vline(x=prompt_columns - 1 + first, line=dict(color="#d64545", width=1.5),
-                         annotation_text=f"first difference (token {first})", annotation_position="top left",
-                         annotation_font=dict(color="#d64545", size=11))
-    figure.add_annotation(x=-0.5, y=-1.7, text="= full?", showarrow=False, xanchor="right", font=dict(size=10))
+    first_red = next((t for t in range(count) if not judged[t].same), None)
+    if first_red is not None:
+        figure.add_vline(x=first_generated + first_red, line=dict(color="#d64545", width=1.5))
+
+
+def heatmap_legend_html(warmup: int, lens_kl: bool = False, strip: bool = True) -> str:
+    """The cell kinds as coloured squares (only those the picture can show: no warmup swatch at
+    warmup 0), and the match strip's two colours."""
+    kinds = [(kind, colour) for kind, colour in zip(CELL_KINDS, CELL_COLOURS) if kind != "warmup layer" or warmup]
+    items = [f'<span class="swatch" style="background:{colour}"></span>{kind}' for kind, colour in kinds]
+    if lens_kl:
+        items[-1] = "executed layers coloured by the lens's KL (scale on the plot)"
+    if strip:
+        items += ['<span class="swatch" style="background:#2e9e5b"></span>match: the full model picks the same token',
+                  '<span class="swatch" style="background:#d64545"></span>it picks another']
+    return '<div class="legend">' + "".join(f"<span>{item}</span>" for item in items) + "</div>"
 
 
 def _short(token: str, width: int = 8) -> str:
@@ -143,122 +183,73 @@ def _short(token: str, width: int = 8) -> str:
 
 def schedule_figure(solved: SolvedSchedule, show_steps: int | None = None, current_step: int | None = None) -> go.Figure:
     """n_k against step k: the rounded, monotone budget and the raw decay curve, with bounds.
-    ``current_step`` (step mode): a marker on the step that just ran."""
+    ``current_step`` (step mode): a marker on the step that just ran. The bound labels sit in
+    the right margin, spread apart, so no label can land on another or on an axis title."""
     config = solved.config
     steps = show_steps or max(len(solved.budgets), config.decay_length + 4)
     ks = list(range(steps))
     budgets = config.budgets(steps)
     raw = [float(decay_value(config.decay, k, config.max_layers, config.min_layers, config.decay_length)) for k in ks]
     figure = go.Figure()
-    figure.add_hrect(y0=0, y1=config.warmup, fillcolor=CELL_COLOURS[2], opacity=0.25, line_width=0,
-                     annotation_text=f"warmup ({config.warmup})", annotation_position="bottom left")
+    if config.warmup:
+        figure.add_hrect(y0=0, y1=config.warmup, fillcolor=CELL_COLOURS[2], opacity=0.25, line_width=0)
+        figure.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=f"warmup ({config.warmup})",
+                                    marker=dict(symbol="square", size=10, color=CELL_COLOURS[2])))
     figure.add_trace(go.Scatter(x=ks, y=raw, name="f(k)", line=dict(dash="dot", color="#888")))
     figure.add_trace(go.Scatter(x=ks, y=budgets, name="n_k (layers run)", line=dict(shape="hv", color=CELL_COLOURS[3], width=3)))
-    for value, text, position in _bound_labels(config.num_layers, config.max_layers, config.min_layers):
-        figure.add_hline(y=value, line=dict(dash="dash", color="#bbb", width=1), annotation_text=text,
-                         annotation_position=position, annotation_font=dict(size=11))
-    figure.add_vline(x=config.decay_length, line=dict(dash="dot", color="#bbb"), annotation_text=f"D = {config.decay_length}",
-                     annotation_position="top left", annotation_font=dict(size=11))
+    labels = _bound_labels(config.num_layers, config.max_layers, config.min_layers)
+    for (value, text), y in zip(labels, _spread([v for v, _ in labels], gap=0.08 * (config.num_layers + 1))):
+        figure.add_hline(y=value, line=dict(dash="dash", color="#bbb", width=1))
+        figure.add_annotation(x=1.0, xref="paper", xanchor="left", y=y, text=text, showarrow=False,
+                              font=dict(size=11), xshift=4)
+    figure.add_vline(x=config.decay_length, line=dict(dash="dot", color="#bbb"))
+    figure.add_annotation(x=config.decay_length, y=1.0, yref="paper", yanchor="bottom", text=f"D = {config.decay_length}",
+                          showarrow=False, font=dict(size=11))
     if current_step is not None and 0 <= current_step < steps:
         figure.add_vline(x=current_step, line=dict(color="#d64545", width=2))
         figure.add_trace(go.Scatter(x=[current_step], y=[budgets[current_step]], mode="markers", name="this step",
                                     marker=dict(color="#d64545", size=11)))
     figure.update_layout(
-        title=dict(text=f"{config.decay} decay: layer speedup {solved.layer_speedup:.2f}x, "
-                        f"cost-model {solved.cost_speedup:.2f}x", x=0.01),
-        xaxis_title="generated step k", yaxis=dict(title="layers", range=[0, config.num_layers + 1]),
-        margin=dict(l=50, r=10, t=40, b=40), height=300, legend=dict(orientation="h", y=-0.25),
+        title=dict(text=f"{config.decay}: {solved.layer_speedup:.2f}x layers, {solved.cost_speedup:.2f}x cost model",
+                   x=0.01, y=0.98, yanchor="top", font=dict(size=14)),
+        xaxis=dict(title="generated step k", range=[-0.5, steps - 0.5]),
+        yaxis=dict(title="layers", range=[0, config.num_layers + 1]),
+        margin=dict(l=50, r=90, t=50, b=40), height=300, legend=dict(orientation="h", y=-0.25),
     )
     return figure
 
 
-def _bound_labels(num_layers: int, max_layers: int, min_layers: int) -> list[tuple[int, str, str]]:
-    """Lines for L, max and min with labels that never sit on top of each other: equal values
-    share one label; max and L are labelled on opposite sides, min below its line."""
-    if max_layers == min_layers:
-        bounds = [(max_layers, f"max = min = {max_layers}", "bottom right")]
-    else:
-        bounds = [(max_layers, f"max = {max_layers}", "top right"), (min_layers, f"min = {min_layers}", "bottom right")]
-    if num_layers == max_layers:
-        bounds[0] = (num_layers, "L = " + bounds[0][1], bounds[0][2])
-    else:
-        bounds.append((num_layers, f"L = {num_layers}", "top left"))
-    return bounds
+def _bound_labels(num_layers: int, max_layers: int, min_layers: int) -> list[tuple[int, str]]:
+    """(value, label) for the lines at L, max and min, lowest first; equal values share a label."""
+    names: dict[int, list[str]] = {}
+    for name, value in (("L", num_layers), ("max", max_layers), ("min", min_layers)):
+        names.setdefault(value, []).append(name)
+    return sorted((value, " = ".join(found) + f" = {value}") for value, found in names.items())
 
 
-def depth_colour(layers: int, num_layers: int) -> str:
-    """Background for a token produced with ``layers`` of ``num_layers``: deeper = greener."""
-    share = max(0.0, min(1.0, layers / max(1, num_layers)))
-    light = int(235 - 120 * share)
-    return f"rgb({light - 40},{min(255, light + 10)},{light - 20})"
+def _spread(values: Sequence[float], gap: float) -> list[float]:
+    """Label heights for ascending ``values``, each at least ``gap`` above the one below."""
+    placed: list[float] = []
+    for value in values:
+        placed.append(value if not placed else max(value, placed[-1] + gap))
+    return placed
 
 
-NEWLINE_MARK = "↵"
-
-
-def _newline_mark(count: int) -> str:
-    """A visible mark for a run of newlines, then ONE line break (a run of 30 newlines must not
-    push the pane down by 30 lines)."""
-    label = NEWLINE_MARK if count == 1 else f"{NEWLINE_MARK}×{count}"
-    return f'<span class="nl" title="{count} newline(s)">{label}</span><br>'
-
-
-def _text_html(text: str) -> str:
-    """Escaped text with each run of newlines drawn as one mark + one break."""
-    parts, index = [], 0
-    while index < len(text):
-        if text[index] == "\n":
-            end = index
-            while end < len(text) and text[end] == "\n":
-                end += 1
-            parts.append(_newline_mark(end - index))
-            index = end
-            continue
-        end = text.find("\n", index)
-        end = len(text) if end < 0 else end
-        parts.append(html.escape(text[index:end]))
-        index = end
-    return "".join(parts)
-
-
-def _merge_newline_runs(tokens: Sequence[str], depths: Sequence[int]) -> list[tuple[str, int, int]]:
-    """(text, depth, token count): consecutive newline-only tokens become one entry."""
-    merged: list[tuple[str, int, int]] = []
-    for token, depth in zip(tokens, depths):
-        newline_only = token != "" and set(token) == {"\n"}
-        if newline_only and merged and merged[-1][0] and set(merged[-1][0]) == {"\n"}:
-            text, first_depth, count = merged[-1]
-            merged[-1] = (text + token, first_depth, count + 1)
-        else:
-            merged.append((token, depth, 1))
-    return merged
-
-
-def tokens_by_depth_html(tokens: Sequence[str], depths: Sequence[int], num_layers: int) -> str:
-    """Generated tokens as spans coloured by the depth that produced them (hover: the count).
-    Newlines are drawn as marks; runs of them collapse into one mark."""
-    spans = []
-    for token, depth, count in _merge_newline_runs(tokens, depths):
-        title = f"{depth}/{num_layers} layers" + (f" (first of {count} tokens)" if count > 1 else "")
-        spans.append(f'<span class="tok" title="{title}" '
-                     f'style="background:{depth_colour(depth, num_layers)}">{_text_html(token)}</span>')
-    return '<div class="tokens">' + "".join(spans) + "</div>"
-
-
-def plain_text_html(text: str) -> str:
-    """The full model's output in the same box style, newlines drawn like SkipDecode's."""
-    return '<div class="tokens">' + _text_html(text) + "</div>"
+def waiting_layer_steps(exits_per_token: Sequence[Sequence[int]]) -> int:
+    """Layer-steps a batch with per-token exits spends waiting for its deepest row."""
+    positions = len(exits_per_token[0]) if exits_per_token else 0
+    deepest = [max(row[p] for row in exits_per_token) for p in range(positions)]
+    return sum(deepest[p] - row[p] for row in exits_per_token for p in range(positions))
 
 
 def batch_exit_figure(rows: int, positions: int, num_layers: int, exits_per_token: Sequence[Sequence[int]],
                       skip_exits: Sequence[int]) -> go.Figure:
-    """Two panels: per-token early exit (rows differ, the batch waits for the deepest) vs SkipDecode."""
+    """Two panels: per-token early exit (rows differ, the batch waits for the deepest) vs SkipDecode.
+    Short panel titles (they sit side by side on a phone); the explanation is the page's text."""
     from plotly.subplots import make_subplots  # noqa: PLC0415
 
-    figure = make_subplots(rows=1, cols=2, horizontal_spacing=0.08, subplot_titles=(
-        "Per-token early exit: each row exits at its own layer", "SkipDecode: one exit per position, falling"))
-    deepest = [max(exits_per_token[r][p] for r in range(rows)) for p in range(positions)]
-    wasted = sum(deepest[p] - exits_per_token[r][p] for r in range(rows) for p in range(positions))
+    figure = make_subplots(rows=1, cols=2, horizontal_spacing=0.08,
+                           subplot_titles=("Per-token early exit", "SkipDecode"))
     text_left = [[f"{exits_per_token[r][p]}" for p in range(positions)] for r in range(rows)]
     figure.add_trace(go.Heatmap(z=[list(row) for row in exits_per_token], text=text_left, texttemplate="%{text}",
                                 zmin=0, zmax=num_layers, colorscale="Greens", showscale=False,
@@ -268,11 +259,5 @@ def batch_exit_figure(rows: int, positions: int, num_layers: int, exits_per_toke
                                 hovertemplate="row %{y}, position %{x}: runs %{z} layers<extra></extra>"), 1, 2)
     figure.update_xaxes(title_text="position")
     figure.update_yaxes(title_text="batch row", autorange="reversed")
-    figure.update_layout(
-        height=300, margin=dict(l=50, r=10, t=60, b=40),
-        annotations=list(figure.layout.annotations) + [dict(
-            text=f"the batch runs the deepest row at every position: {wasted} layer-steps of waiting; "
-                 "rows that exited early have no keys/values in the layers above their exit",
-            x=0.0, y=-0.28, xref="paper", yref="paper", showarrow=False, font=dict(size=11))],
-    )
+    figure.update_layout(height=300, margin=dict(l=50, r=10, t=40, b=40))
     return figure

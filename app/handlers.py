@@ -17,15 +17,15 @@ import gradio as gr
 
 from app import explainer
 from app.figures import schedule_figure
-from app.lessons import settings_from_query
 from app.race import RaceUpdate, race
 from app.sessions import RunHandle, SessionRuns, session_key
-from app.settings import EXAMPLE_PROMPTS, Limits, PlaygroundSettings, trained_defaults
-from app.views import RaceRenderer, TokenTexts, api_message, layer_ranges, one_line
+from app.settings import EXAMPLE_PROMPTS, Limits, PlaygroundSettings, control_ranges, page_defaults, trained_defaults
+from app.share import qr_html, settings_from_query, share_link
+from app.views import NO_CHANGE, STREAM_OUTPUTS, RaceRenderer, TokenTexts, api_message, layer_ranges, one_line
 from model.generation import TextGenerator
+from model.schedule import max_layer_speedup
 
 HEATMAP_EVERY_S = 0.25  # heatmap redraws at most 4x a second; text streams every step
-NO_CHANGE = (gr.skip(),) * 5  # the five stream outputs left as they are
 
 
 class Playground:
@@ -75,15 +75,16 @@ class Playground:
             settings = self.settings(values)
             solved = self.get_generator().schedule_for(settings.schedule_request(), settings.max_new_tokens)
         except ValueError as error:
-            return gr.skip(), f"⚠️ {error}"
+            return gr.skip(), f"**Check the settings:** {error}"
         return schedule_figure(solved), ""
 
     def load_note(self, waiting: int) -> str:
-        """One line on how busy the server is, so a queued visitor knows what they wait for."""
+        """One line on how busy the server is, so a queued visitor knows what they wait for; the
+        wait only while someone waits (a finished run leaves no stale estimate behind)."""
         running = self.runs.active_count()
         typical = self.runs.typical_seconds()
-        if not running and not waiting:
-            return "Server free: a run starts at once."
+        if not waiting:
+            return "Server free: a run starts at once." if not running else f"{running} run(s) generating, nobody waiting."
         line = f"Server busy: {running} run(s) generating, {waiting} waiting (one model serves everyone)"
         if typical is not None:
             line += f"; a run here takes ~{typical:.0f} s, so expect to wait ~{typical * (waiting + 1):.0f} s"
@@ -96,9 +97,20 @@ class Playground:
         query = dict(request.query_params) if request is not None and request.query_params else {}
         if not query:
             return [gr.skip()] * (len(names) + 1)
-        values, problems = settings_from_query(query, self.limits, trained_defaults(self.get_generator()))
-        status = f"⚠️ Link: {problems}" if problems else "Settings loaded from the link."
+        generator = self.get_generator()
+        ranges = control_ranges(generator.num_layers, self.limits, max_layer_speedup(generator.num_layers, 1))
+        values, problems = settings_from_query(query, self.limits, page_defaults(generator), ranges)
+        status = f"**The link has a problem:** {problems}" if problems else "Settings loaded from the link."
         return [values.get(name, gr.skip()) for name in names] + [status]
+
+    def share(self, page: str, values: dict) -> tuple[str, str]:
+        """(link, QR code html) of the current settings: only those that differ from the page's
+        defaults, so the link stays short enough to type from a projector."""
+        try:
+            link = share_link(page, values, page_defaults(self.get_generator()), self.limits)
+        except ValueError as error:
+            raise gr.Error(f"cannot share these settings: {error}", print_exception=False) from None
+        return link, qr_html(link)
 
     # --- streaming generation ---------------------------------------------------------------
     def generate(self, values: dict, request: gr.Request | None = None, notice: str = "") -> Iterator[tuple]:
@@ -126,7 +138,7 @@ class Playground:
         if not restart:
             yield NO_CHANGE  # nothing was running: leave the outputs as they are
             return
-        notice = (f"⟳ Settings changed while generating: restarted both streams at {values['target_speedup']}x, "
+        notice = (f"Settings changed while generating: restarted both streams at {values['target_speedup']}x, "
                   f"{values['decay']} decay.")
         yield from self.generate(values, request, notice)
 
@@ -136,7 +148,7 @@ class Playground:
 
     def stop(self, request: gr.Request | None = None) -> str:
         self.runs.cancel(session_key(request))
-        return "⏹ Stopped."
+        return "Stopped."
 
     def _stream(self, generator: TextGenerator, settings: PlaygroundSettings, handle: RunHandle, notice: str):
         renderer = RaceRenderer(generator, settings)
@@ -155,8 +167,8 @@ class Playground:
             raise gr.Error(str(error), print_exception=False) from None
         if update is None or handle.reason == "restart":
             return  # a restart's new run writes the status
-        final = "⏹ Stopped." if handle.cancelled else (notice + " " if notice else "") + "✅ Done."
-        yield (final, gr.skip(), gr.skip(), gr.skip(), gr.skip())
+        final = "Stopped." if handle.cancelled else (notice + " " if notice else "") + "**Done.**"
+        yield (final,) + NO_CHANGE[1:]
 
     # --- step mode --------------------------------------------------------------------------
     def step(self, values: dict, request: gr.Request | None = None) -> tuple:
@@ -177,20 +189,22 @@ class Playground:
             raise gr.Error(str(error), print_exception=False) from None
         if update is None:
             self.runs.steppers.pop(session, None)
-            return ("✅ Both outputs are complete. Press Step again to start over.",) + NO_CHANGE[1:] + (gr.skip(),)
+            return ("**Both outputs are complete.** Press Step again to start over.",) + NO_CHANGE[1:] + (gr.skip(),)
         skip = update.skip
         layers = skip.step_layers[-1] if skip.step_layers else skip.prefill_layers
-        which = "prefill (the prompt)" if not skip.step_layers else f"step {len(skip.step_layers) - 1}"
+        position = len(renderer.prompt_tokens[0]) + renderer.prompt_tokens[1] + max(0, len(skip.step_layers) - 1)
+        which = (f"prefill (the prompt, up to position {position - 1})" if not skip.step_layers
+                 else f"step {len(skip.step_layers) - 1} (position {position})")
         status = (f"{which}: SkipDecode ran {len(layers)}/{generator.num_layers} layers "
                   f"{layer_ranges(layers)}; the full model ran all {generator.num_layers}.")
         schedule = schedule_figure(update.solved, show_steps=settings.max_new_tokens,
                                    current_step=len(skip.step_layers) - 1 if skip.step_layers else None)
-        return renderer.outputs(status, update, with_plot=True, highlight_last=True) + (schedule,)
+        return renderer.outputs(status, update, with_plot=True, step_mode=True) + (schedule,)
 
     def reset_steps(self, request: gr.Request | None = None) -> tuple:
-        """Forget this session's step run and clear the panes (status, both outputs, stats, heatmap)."""
+        """Forget this session's step run and clear the panes, the figures and the heatmap."""
         self.runs.steppers.pop(session_key(request), None)
-        return "Step mode reset: press Step to start again.", "", "", "", ""
+        return ("Step mode reset: press Step to start again.",) + ("",) * (STREAM_OUTPUTS - 1)
 
     @staticmethod
     def _lockstep(generator: TextGenerator, settings: PlaygroundSettings, compute) -> Iterator[RaceUpdate]:

@@ -1,15 +1,15 @@
-"""One-click lessons for a classroom, and settings carried in a link.
+"""One-click lessons for a classroom.
 
-A lesson sets some controls (by settings name) and shows a question and what to look for. A
-shared link carries settings in the URL query, named exactly as the public API's parameters
-(e.g. ``/?target_speedup=3&decay=cosine&prompt=...``).
+A lesson sets the controls (by settings name), generates, and says what to look for; most have a
+second run ("then") that changes one thing, so the class compares two runs of the same prompt.
+Every lesson starts from the same base, so the order in which a class clicks them does not matter.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from app.settings import Limits, PlaygroundSettings
+from app.settings import EXAMPLE_PROMPTS
 
 
 @dataclass(frozen=True)
@@ -18,54 +18,70 @@ class Lesson:
     question: str
     look_for: str
     settings: dict = field(default_factory=dict)
+    then_label: str = ""  # the second run's button text ("" = none)
+    then: dict = field(default_factory=dict)  # what the second run changes
 
     def markdown(self) -> str:
-        return f"**{self.title}.** {self.question}  \nLook for: {self.look_for} Then press **Generate**."
+        title = self.title if self.title[-1] in "?!." else self.title + "."
+        then = f" Then press **{self.then_label}** and compare." if self.then_label else ""
+        return f"**{title}** {self.question}  \nLook for: {self.look_for}{then}"
 
 
-# Every lesson starts from the same base, so the order in which a class clicks them does not matter.
-LESSON_BASE = dict(target_speedup=2.0, decay="linear", batch_size=1, skip_policy=True, lens=False,
-                   prompt_at_full_depth=True, min_layers=0, max_layers=0, decay_length=0, temperature=0.0)
+# The base every lesson starts from. warmup and order come from the loaded skip policy
+# (lesson_values), the prompt is the page's default unless a lesson needs another.
+LESSON_BASE = dict(prompt=EXAMPLE_PROMPTS[0], target_speedup=2.0, decay="linear", batch_size=1, skip_policy=True,
+                   lens=False, lens_kl=False, prompt_at_full_depth=True, min_layers=0, max_layers=0, decay_length=0,
+                   temperature=0.0, max_new_tokens=48)
+# Prompts picked by running them (greedy, 48 tokens, int8 weights on CPU): with the skip policy
+# off at 2x the full model accepts far fewer of SkipDecode's tokens on EXERCISE; at 3x the
+# linear and cosine texts part early on SEASONS.
+TRAINED = "the loaded skip policy's placement"  # a then-value: back to the trained warmup/order
+EXERCISE = "What are the benefits of exercise?"
+SEASONS = "Why do we have seasons?"
 
 LESSONS = (
     Lesson("1x is the full model", "With no skipping, does SkipDecode give exactly the full model's text?",
-           "both panes identical, every heatmap column full height.", dict(target_speedup=1.0)),
+           "both panes identical, every heatmap column full height, every square of the match strip green.",
+           dict(target_speedup=1.0)),
     Lesson("One exit for the whole batch", "Why does SkipDecode keep batching working?",
-           "with 4 rows, every column of the heatmap (and of the How it works batch view) has one depth for all "
-           "rows: nobody waits for a deeper row.", dict(batch_size=4)),
+           "four rows in each pane; at every position all four SkipDecode rows have the same colour (the same "
+           "number of layers): nobody waits for a deeper row.", dict(batch_size=4)),
     Lesson("The skip policy off at 2x", "What does fine-tuning under the skip policy buy?",
-           "the text with the adapter off drifts within a few tokens; switch it back on and compare the match strip.",
-           dict(skip_policy=False)),
+           "the line under the panes: how often the full model would pick SkipDecode's next token, and the held-out "
+           "figures with the policy off (the untouched model was never trained to miss layers).",
+           dict(skip_policy=False, prompt=EXERCISE), "Run it with the skip policy on", dict(skip_policy=True)),
     Lesson("Linear vs cosine at 3x", "Same speedup, different decay: which keeps closer to the full model?",
-           "the schedule plot's shape, and where the match strip turns red; then try decay = linear.",
-           dict(target_speedup=3.0, decay="cosine")),
+           "the schedule plot's shape (cosine stays deep longer, then falls lower), the red line on the heatmap and "
+           "the share under the panes.", dict(target_speedup=3.0, decay="cosine", prompt=SEASONS),
+           "Run it with linear decay", dict(decay="linear")),
     Lesson("Prompt at the budget", "What if the prompt itself runs only the first step's layers?",
-           "the prompt columns of the heatmap lose their middle layers (the KV cache is still a prefix).",
-           dict(prompt_at_full_depth=False)),
-    Lesson("Where does the skip first diverge?", "At the first token that differs, which layers changed their mind?",
+           "the prompt columns of the heatmap lose some layers (the KV cache is still a prefix).",
+           dict(prompt_at_full_depth=False), "Run it with the prompt at full depth", dict(prompt_at_full_depth=True)),
+    Lesson("Where does the skip first diverge?", "At the first token the full model would write differently, "
+           "which layers changed their mind?",
            "the red line in the heatmap; hover its cells: the logit lens shows each layer's top-5 guesses.",
            dict(lens=True)),
+    Lesson("The paper's layer order", "The paper bypasses one block of lower/middle layers; this skip policy was "
+           "trained to keep the most important layers instead. What changes?",
+           "the heatmap's bypassed cells form one block under the top layers; the text usually gets worse, since "
+           "the skip policy learned the ranked placement.", dict(order="warmup_top", warmup=1),
+           "Run it with the trained placement", dict(order=TRAINED, warmup=TRAINED)),
 )
 
 
-def lesson_values(lesson: Lesson) -> dict:
-    return LESSON_BASE | lesson.settings
+def lesson_values(lesson: Lesson, defaults: dict, then: bool = False) -> dict:
+    """Every control a lesson touches: the base, the loaded skip policy's placement (``defaults``:
+    warmup and order), the lesson's own settings and, for its second run, ``then``."""
+    placement = {"warmup": defaults["warmup"], "order": defaults["order"]}
+    values = LESSON_BASE | placement | lesson.settings | (lesson.then if then else {})
+    return {name: placement[name] if value == TRAINED else value for name, value in values.items()}
 
 
-def settings_from_query(query: dict[str, str], limits: Limits, defaults: dict) -> tuple[dict, str]:
-    """(values to set, message) from a URL query: known API parameter names only, each checked
-    by the settings schema; a bad value is named in the message and left out."""
-    names = PlaygroundSettings.api_names()
-    values, problems = {}, []
-    for name in names:
-        if name not in query:
-            continue
-        try:
-            checked = PlaygroundSettings.from_values(limits, **(defaults | {"prompt": "x", name: query[name]}))
-            values[name] = getattr(checked, name)
-        except ValueError as error:
-            problems.append(str(error))
-    unknown = sorted(set(query) - set(names) - {"__theme", "view"})
-    if unknown:
-        problems.append(f"unknown link parameter(s): {', '.join(unknown)}")
-    return values, "; ".join(problems)
+def lesson_names() -> tuple[str, ...]:
+    """The controls any lesson sets (the same for every lesson)."""
+    return (*LESSON_BASE, "warmup", "order")
+
+
+def lesson_by_title(title: str) -> Lesson:
+    """The lesson of that title (the first one for an unknown title)."""
+    return next((lesson for lesson in LESSONS if lesson.title == title), LESSONS[0])

@@ -40,6 +40,7 @@ class Limits:
     max_prompt_chars: int = 8000
     max_prompt_tokens: int = 2048  # per row, after the chat template
     max_request_tokens: int = 8192  # batch x (prompt + new tokens): one request's compute budget
+    max_step_positions: int = 32768  # KV-cache positions all step-mode sessions keep together (both streams)
 
 
 def setting(default: Any, *, label: str, help: str = "", kind: str = "number", low: float | None = None,
@@ -143,6 +144,24 @@ def trained_defaults(generator) -> dict:
     """The defaults that depend on the loaded skip policy: the placement it was trained for
     (warmup and layer order). The app's controls and the API start from these."""
     return {"warmup": generator.default_warmup, "order": generator.default_order}
+
+
+def control_ranges(num_layers: int, limits: Limits, top_speedup: float) -> dict[str, tuple[float, float]]:
+    """Each slider's range on the page (narrower than what the API accepts). The controls are
+    built with these, and a shared link may only set a value inside them."""
+    return {
+        "target_speedup": (1.0, round(min(4.0, top_speedup), 2)), "warmup": (0, num_layers - 2),
+        "decay_length": (0, limits.max_new_tokens), "min_layers": (0, num_layers), "max_layers": (0, num_layers),
+        "batch_size": (1, limits.max_batch_size), "max_new_tokens": (1, limits.max_new_tokens),
+        "temperature": (0.0, 2.0), "top_p": (0.05, 1.0),
+    }
+
+
+def page_defaults(generator) -> dict:
+    """What the page shows before anyone touches it: the schema's defaults, the loaded skip
+    policy's placement, and the first example prompt. A shared link leaves these out."""
+    defaults = {spec.name: spec.default for spec in dataclasses.fields(PlaygroundSettings)}
+    return defaults | trained_defaults(generator) | {"prompt": EXAMPLE_PROMPTS[0]}
 
 
 def parse_settings(limits: Limits, prompt, **values) -> PlaygroundSettings:

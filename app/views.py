@@ -3,15 +3,18 @@ API messages). No gradio state lives here; RaceRenderer only caches token texts 
 
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass
 
 import gradio as gr
 
-from app.figures import layer_heatmap, plain_text_html, tokens_by_depth_html
+from app.figures import Judged, heatmap_legend_html, layer_heatmap
 from app.race import RaceUpdate, StreamProgress
+from app.results import eval_row
 from app.settings import PlaygroundSettings
+from app.token_html import plain_text_html, tokens_by_depth_html
 from model.generation import TextGenerator
-from model.schedule import CostModel, schedule_json, speedup_summary
+from model.schedule import RANKED, CostModel, schedule_json, speedup_summary
 
 
 class TokenTexts:
@@ -34,9 +37,20 @@ class TokenTexts:
         return self.texts[: len(ids)]
 
 
-def skip_output_html(generator: TextGenerator, view: StreamProgress, texts: TokenTexts, row: int = 0) -> str:
-    ids = view.ids(row)
-    return tokens_by_depth_html(texts.update(ids), view.depths[: len(ids)], generator.num_layers)
+def rows_html(panes: list[str], prompts: tuple[str, ...]) -> str:
+    """One pane's rows: a lone row as it is; a batch with each row under its prompt."""
+    if len(panes) == 1:
+        return panes[0]
+    return "".join(f'<div class="row-label">row {r + 1}: {html.escape(prompts[r])}</div>{pane}'
+                   for r, pane in enumerate(panes))
+
+
+def pane_note(settings: PlaygroundSettings, solved) -> str:
+    """Above SkipDecode's text: the skip policy's state and the schedule this run used."""
+    policy = ("skip policy ON (the fine-tuned adapter)" if settings.skip_policy
+              else "skip policy OFF: the untouched model skips the same layers")
+    return (f'<div class="pane-note">{policy} · {settings.target_speedup:g}x target, {solved.config.decay}, '
+            f'{solved.config.order}</div>')
 
 
 def token_matches(skip: StreamProgress, full: StreamProgress, row: int = 0) -> list[bool]:
@@ -99,30 +113,92 @@ SPEEDUPS_EXPLAINED = (
     "**layer speedup**: layers the full model runs per layer SkipDecode runs (the paper's figure). "
     "**cost-model speedup**: the same for parameters touched per step, LM head included (the head "
     "never skips, so this is lower). **measured speedup**: wall-clock decode step time, full model "
-    "over SkipDecode, on the same steps."
+    "over SkipDecode, on the same steps. **exact token match**: share of positions where the two "
+    "free-running texts hold the same token; once they part, later positions rarely line up again, "
+    "so the headline judges SkipDecode's text with the full model on the same prefix instead."
 )
 
 
-def stats_markdown(update: RaceUpdate, num_layers: int, cost: CostModel) -> str:
+def details_markdown(update: RaceUpdate, cost: CostModel, step_mode: bool = False) -> str:
+    """The expander's table. In step mode the two streams take strict turns and wait for the
+    button, so tokens/s and the measured speedup would mean nothing: they are left out."""
     figures = live_figures(update, cost)
-    solved = update.solved
+    config = update.solved.config
     pending = f"… (after {MIN_STEPS_FOR_MEASURED} steps)"
     over = f" over the {figures.common_steps} steps both ran" if figures.common_steps else ""
-    cells = [
+    cells = [] if step_mode else [
         ("SkipDecode decode", f"{figures.skip_decode_tps:.1f} tok/s (prefill {figures.skip_prefill_s:.2f} s)"),
         ("full model decode", f"{figures.full_decode_tps:.1f} tok/s (prefill {figures.full_prefill_s:.2f} s)"),
         ("measured speedup", f"{figures.measured_speedup:.2f}x{over}" if figures.measured_speedup else pending),
+    ]
+    cells += [
         ("layer speedup", (f"{figures.layer_speedup:.2f}x{over}" if figures.layer_speedup else pending)
          + f" · planned {figures.planned_layer_speedup:.2f}x"),
         ("cost-model speedup", (f"{figures.cost_model_speedup:.2f}x{over}" if figures.cost_model_speedup else pending)
          + f" · planned {figures.planned_cost_model_speedup:.2f}x"),
         ("layer computations skipped", f"{100 * figures.skipped_share:.0f}%"),
-        ("exact token match (free-running)", f"{100 * figures.exact_match:.0f}%" if figures.exact_match is not None else "…"),
-        ("schedule", f"{solved.config.decay}, {solved.config.max_layers}→{solved.config.min_layers} layers, "
-                     f"warmup {solved.config.warmup}, {solved.config.order}, D = {solved.config.decay_length}"),
+        ("exact token match (free-running, by position)",
+         f"{100 * figures.exact_match:.0f}%" if figures.exact_match is not None else "…"),
+        ("schedule", f"{config.decay}, {config.max_layers}→{config.min_layers} layers, "
+                     f"warmup {config.warmup}, {config.order}, D = {config.decay_length}"),
     ]
     table = "| figure | value |\n|---|---|\n" + "\n".join(f"| {k} | **{v}** |" for k, v in cells)
     return table + "\n\n" + SPEEDUPS_EXPLAINED
+
+
+def headline_html(update: RaceUpdate, cost: CostModel, settings: PlaygroundSettings,
+                  judged: list[Judged] | None, step_mode: bool = False) -> str:
+    """The one honest line under the panes: measured speedup, the share of SkipDecode's positions
+    where the full model (on the same prefix) picks the same token, and the regression eval
+    measured at this setting, with the reason and a link to the Results tab."""
+    figures = live_figures(update, cost)
+    if step_mode:
+        speed = "Step mode: speeds are not measured (both models wait for the button)"
+    elif figures.measured_speedup:
+        speed = (f"<b>{figures.measured_speedup:.2f}x faster</b> than the full model, measured over "
+                 f"{figures.common_steps} decode steps")
+    else:
+        speed = f"measured speedup after {MIN_STEPS_FOR_MEASURED} decode steps"
+    if judged:
+        same = sum(j.same for j in judged)
+        share = (f"the full model, given SkipDecode's own text so far, picks the same next token at "
+                 f"<b>{same / len(judged):.0%}</b> of its {len(judged)} positions")
+    else:
+        share = "the full model's verdict on SkipDecode's text comes when SkipDecode finishes"
+    return (f'<div class="headline">{speed} · {share}. {regression_note(settings, update.solved)} '
+            f'<a href="#results" class="to-results">Results</a></div>')
+
+
+def regression_note(settings: PlaygroundSettings, solved) -> str:
+    """What quality loss remains at this setting, from eval's held-out figures, and why."""
+    if solved.layer_speedup <= 1.0 + 1e-9:
+        return "1x runs every layer: this IS the full model, no regression."
+    row, count = eval_row(settings.target_speedup, settings.skip_policy)
+    if row is None:
+        return ""
+    who = "with the skip policy" if settings.skip_policy else "with the skip policy OFF"
+    why = ("a 135M model and one skip policy trained on a CPU do not fully make up for the bypassed layers"
+           if settings.skip_policy else "the untouched model was never trained to run with layers missing")
+    return (f"Regression remains: on {count} held-out prompts at {row['target_speedup']:g}x {who}, next-token "
+            f"agreement with the full model is {row['agreement']:.2f} and the perplexity ratio "
+            f"{row['perplexity_ratio']:.1f} (1.0 = no loss), because {why}.")
+
+
+def heatmap_note_html(settings: PlaygroundSettings, solved, judged: list[Judged] | None, first_generated: int,
+                      ranking: tuple[int, ...]) -> str:
+    """Under the heatmap: its legend, the first position the full model would have written
+    differently, and why the ranked order scatters the bypassed cells."""
+    parts = [heatmap_legend_html(solved.config.warmup, settings.lens_kl and settings.lens)]
+    first_red = next((t for t, j in enumerate(judged or []) if not j.same), None)
+    if first_red is not None:
+        parts.append(f"<p>Red line: position {first_generated + first_red}, the first token the full model "
+                     f"would have chosen differently ({html.escape(repr(judged[first_red].full_choice))}).</p>")
+    if solved.config.order == RANKED and ranking:
+        parts.append("<p><b>Why the bypassed cells are scattered:</b> layer order <i>ranked</i> keeps the layers "
+                     "a measurement found most important first (" + ", ".join(map(str, ranking[:6])) + ", …), not one "
+                     "top block as in the paper's picture (How it works; the lesson <i>The paper's layer order</i> "
+                     "runs it). The sets are still nested, so every layer's KV cache is still a prefix.</p>")
+    return "".join(parts)
 
 
 TEMPLATE_TAIL = 6  # tokens after the user's text in the chat template ("<|im_end|>", "assistant", ...)
@@ -142,51 +218,69 @@ def prompt_token_texts(generator: TextGenerator, settings: PlaygroundSettings, r
     return texts[len(texts) - shown:], len(texts) - shown
 
 
-def heatmap_for(generator: TextGenerator, update: RaceUpdate, settings: PlaygroundSettings,
-                prompt_tokens: tuple[list[str], int], generated: list[str], row: int = 0, title: str | None = None,
-                highlight_last: bool = False, lens_kl: list[dict] | None = None):
-    view = update.skip
-    shown, hidden = prompt_tokens
-    return layer_heatmap(
-        generator.num_layers, update.solved.config.warmup, shown, view.prefill_layers, generated, view.step_layers,
-        title=title or f"{view.name}: layers executed per position (row {row})",
-        hidden_prompt=hidden, lens=view.lens or None, matches=token_matches(update.skip, update.full, row),
-        highlight_last=highlight_last, lens_kl=lens_kl,
-    )
-
-
 class RaceRenderer:
-    """Turns race updates of one run into the playground's five outputs; token texts are
-    extended incrementally across updates."""
+    """Turns race updates of one run into the playground's stream outputs (STREAM_OUTPUTS of
+    them); token texts are extended incrementally across updates."""
 
     def __init__(self, generator: TextGenerator, settings: PlaygroundSettings) -> None:
         self.generator, self.settings = generator, settings
         self.prompt_tokens = prompt_token_texts(generator, settings)
-        self.skip_texts, self.full_texts = TokenTexts(generator), TokenTexts(generator)
+        rows = len(settings.prompts())
+        self.skip_texts = [TokenTexts(generator) for _ in range(rows)]
+        self.full_texts = [TokenTexts(generator) for _ in range(rows)]
+        self.judged_ids: list[int] | None = None
+        self.judged: list[Judged] | None = None
         self.kl: list[dict] | None = None
 
-    def lens_kl(self, update: RaceUpdate) -> list[dict] | None:
-        """The lens's KL to the full model, once SkipDecode has finished (one full forward), when
-        asked for; computed once per run."""
+    def judge(self, update: RaceUpdate, step_mode: bool) -> list[Judged] | None:
+        """The full model's verdict on SkipDecode's row 0: one full-depth forward over the prompt
+        and SkipDecode's own tokens, once it has finished (every step in step mode, where no
+        timing can suffer). The same pass gives the lens's KL when asked for."""
         skip = update.skip
-        if not (self.settings.lens_kl and self.settings.lens and skip.done and skip.traces):
-            return None
-        if self.kl is None:
-            self.kl = self.generator.lens_kl(self.settings.prompts()[0], skip.traces, skip.ids(0),
-                                             self.settings.schedule_request())
-        return self.kl
-
-    def outputs(self, status: str, update: RaceUpdate, with_plot: bool, highlight_last: bool = False) -> tuple:
-        """(status, SkipDecode html, full-model text, stats, heatmap json or gr.skip())."""
+        ids = skip.ids(0)
+        if not ids or not (skip.done or step_mode) or ids == self.judged_ids:
+            return self.judged
         generator = self.generator
-        plot = gr.skip()
+        full = generator.full_model_log_probs(self.settings.prompts()[0], ids)
+        self.judged_ids = ids
+        self.judged = [Judged(choice == token, generator.token_text(choice))
+                       for choice, token in zip(generator.full_model_choices(full), ids)]
+        if self.settings.lens_kl and self.settings.lens and skip.traces:
+            self.kl = generator.lens_kl(skip.traces, full, self.settings.schedule_request())
+        return self.judged
+
+    def heatmap(self, update: RaceUpdate, judged: list[Judged] | None, highlight_last: bool) -> str:
+        view = update.skip
+        shown, hidden = self.prompt_tokens
+        generated = self.skip_texts[0].update(view.ids(0))
+        return layer_heatmap(
+            self.generator.num_layers, update.solved.config.warmup, shown, view.prefill_layers, generated,
+            view.step_layers, hidden_prompt=hidden, lens=view.lens or None, judged=judged,
+            highlight_last=highlight_last, lens_kl=self.kl if self.judged_ids else None,
+        ).to_json()
+
+    def outputs(self, status: str, update: RaceUpdate, with_plot: bool, step_mode: bool = False) -> tuple:
+        """(status, SkipDecode html, full-model html, headline, details, heatmap json or gr.skip(),
+        heatmap note)."""
+        generator, settings = self.generator, self.settings
+        judged = self.judge(update, step_mode)
+        skip, full = update.skip, update.full
+        prompts = settings.prompts()
+        skip_panes = [tokens_by_depth_html(self.skip_texts[r].update(skip.ids(r)), skip.depths[: len(skip.ids(r))],
+                                           generator.num_layers) for r in range(skip.rows)]
+        full_panes = [plain_text_html("".join(self.full_texts[r].update(full.ids(r)))) for r in range(full.rows)]
+        plot = note = gr.skip()
         if with_plot:
-            generated = self.skip_texts.update(update.skip.ids(0))
-            plot = heatmap_for(generator, update, self.settings, self.prompt_tokens, generated,
-                               highlight_last=highlight_last, lens_kl=self.lens_kl(update)).to_json()
-        return (status, skip_output_html(generator, update.skip, self.skip_texts),
-                plain_text_html("".join(self.full_texts.update(update.full.ids(0)))),
-                stats_markdown(update, generator.num_layers, generator.cost), plot)
+            plot = self.heatmap(update, judged, highlight_last=step_mode)
+            first_generated = self.prompt_tokens[1] + len(self.prompt_tokens[0])
+            note = heatmap_note_html(settings, update.solved, judged, first_generated, update.solved.config.ranking)
+        return (status, pane_note(settings, update.solved) + rows_html(skip_panes, prompts), rows_html(full_panes, prompts),
+                headline_html(update, generator.cost, settings, judged, step_mode),
+                details_markdown(update, generator.cost, step_mode), plot, note)
+
+
+STREAM_OUTPUTS = 7  # status, SkipDecode, full model, headline, details, heatmap, heatmap note
+NO_CHANGE = (gr.skip(),) * STREAM_OUTPUTS
 
 
 def api_message(generator: TextGenerator, update: RaceUpdate, settings: PlaygroundSettings) -> dict:
@@ -212,7 +306,18 @@ def api_message(generator: TextGenerator, update: RaceUpdate, settings: Playgrou
         **speedup_summary(solved, [len(layers) for layers in skip.step_layers], generator.cost).to_json(),
         "schedule": schedule_json(solved.config),
         "done": skip.done and full.done,
-    } | ({"lens": lens_json(skip)} if settings.lens else {})
+    } | ({"lens": lens_json(skip)} if settings.lens else {}) | (
+        {"full_model_same_next_token": full_model_share(generator, settings, skip)} if skip.done and full.done else {})
+
+
+def full_model_share(generator: TextGenerator, settings: PlaygroundSettings, skip: StreamProgress) -> float | None:
+    """Share of SkipDecode's row-0 positions where the full model, on the same prefix, picks the
+    same next token (the page's headline; one full-depth forward)."""
+    ids = skip.ids(0)
+    if not ids:
+        return None
+    choices = generator.full_model_choices(generator.full_model_log_probs(settings.prompts()[0], ids))
+    return round(sum(c == t for c, t in zip(choices, ids)) / len(ids), 4)
 
 
 def lens_json(skip: StreamProgress) -> list[list[dict]]:

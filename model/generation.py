@@ -285,23 +285,32 @@ class TextGenerator:
         return readings
 
     @torch.inference_mode()
-    def lens_kl(self, prompt: str, traces: Sequence[Sequence[tuple[int, torch.Tensor]]], token_ids: Sequence[int],
+    def full_model_log_probs(self, prompt: str, token_ids: Sequence[int]) -> torch.Tensor:
+        """(len(token_ids), V) next-token log-probabilities of the ORIGINAL model at each position
+        that produced one of ``token_ids`` (SkipDecode's own output), from ONE full-depth forward
+        over the prompt and those tokens: the full model judged on SkipDecode's prefix."""
+        if not token_ids:
+            return torch.empty(0)
+        ids, _ = self.encode([prompt])
+        sequence = torch.cat([ids[0], torch.tensor(list(token_ids[:-1]), dtype=torch.long)])[None]
+        with torch.no_grad():
+            logits = self.loaded.model(sequence.to(self.loaded.device)).logits[0, ids.shape[1] - 1:]
+        return logits.float().log_softmax(-1)
+
+    def full_model_choices(self, full_log_probs: torch.Tensor) -> list[int]:
+        """The full model's top next token at each judged position (its greedy choice there)."""
+        return full_log_probs.argmax(-1).tolist() if full_log_probs.numel() else []
+
+    def lens_kl(self, traces: Sequence[Sequence[tuple[int, torch.Tensor]]], full_log_probs: torch.Tensor,
                 request: ScheduleRequest) -> list[dict[int, float]]:
         """Per generated token t (of one row): {layer: KL(full model || lens after that layer)} at
-        the position that produced t. The full model's distribution comes from one full-depth
-        forward of the ORIGINAL model over the prompt and SkipDecode's own tokens, so both sides
-        see the same prefix."""
-        count = min(len(traces), len(token_ids))
-        if count == 0:
-            return []
-        ids, _ = self.encode([prompt])
-        sequence = torch.cat([ids[0], torch.tensor(list(token_ids[: count - 1]), dtype=torch.long)])[None]
-        full_logits = self.loaded.model(sequence.to(self.loaded.device)).logits[0, ids.shape[1] - 1:]  # (count, V)
-        full = full_logits.float().log_softmax(-1)
+        the position that produced t; ``full_log_probs`` from full_model_log_probs over the same
+        tokens, so both sides see the same prefix."""
         result = []
-        for t in range(count):
+        for t in range(min(len(traces), full_log_probs.shape[0] if full_log_probs.numel() else 0)):
+            full = full_log_probs[t]
             lens = self._lens_log_probs(traces[t], request)  # (layers run, V)
-            kl = (full[t].exp() * (full[t] - lens)).sum(-1).clamp(min=0.0)
+            kl = (full.exp() * (full - lens)).sum(-1).clamp(min=0.0)
             result.append({layer: round(float(value), 4) for (layer, _), value in zip(traces[t], kl)})
         return result
 

@@ -164,9 +164,10 @@ def test_step_mode_advances_both_streams_one_token_at_a_time(server):
 
     values = dict(prompt="Name three colours.", target_speedup=2.0, decay="linear", warmup=1, max_new_tokens=6)
     statuses = [demo.playground.step(values, request=Session())[0] for _ in range(7)]
-    assert statuses[0].startswith("prefill (the prompt): SkipDecode ran 30/30 layers")
-    for k in range(5):
-        assert statuses[k + 1].startswith(f"step {k}: "), statuses
+    assert statuses[0].startswith("prefill (the prompt, up to position ") and "SkipDecode ran 30/30 layers" in statuses[0]
+    prompt_length = int(statuses[0].split("position ")[1].split(")")[0]) + 1
+    for k in range(5):  # decode step k feeds generated token k, at position prompt length + k
+        assert statuses[k + 1].startswith(f"step {k} (position {prompt_length + k}): "), statuses
     assert "complete" in statuses[6] or statuses[6].startswith("step 4")
 
 
@@ -254,6 +255,7 @@ def test_skip_policy_off_is_the_untouched_model_skipping_and_1x_is_the_full_mode
     one_x = client.predict(prompt=prompt, target_speedup=1.0, max_new_tokens=10, api_name="/generate")
     assert one_x["layers_per_step"] == [30] * len(one_x["layers_per_step"])
     assert one_x["skipdecode"] == one_x["full"]  # the skip policy never acts at full depth
+    assert one_x["full_model_same_next_token"] == 1.0  # on its own prefix the full model picks every token
 
 
 def test_api_defaults_are_the_adapters_trained_placement(client, server):
@@ -371,7 +373,10 @@ def test_lens_kl_to_the_full_model_is_zero_after_the_last_layer_at_full_depth(se
         except StopIteration as end:
             result = end.value
             break
-    kl = generator.lens_kl("What is photosynthesis?", traces, result.decode.tokens[0], request.schedule)
+    full = generator.full_model_log_probs("What is photosynthesis?", result.decode.tokens[0])
+    kl = generator.lens_kl(traces, full, request.schedule)
+    # At 1x SkipDecode IS the full model: on its own prefix the full model picks every one of its tokens.
+    assert generator.full_model_choices(full) == list(result.decode.tokens[0])
     assert len(kl) == 6 and all(set(entry) == set(range(30)) for entry in kl)
     assert all(entry[29] < 1e-3 for entry in kl)  # the last layer's lens IS the full model at 1x
     assert all(entry[5] > 0.1 for entry in kl)  # an early layer's guess is far from it

@@ -1,26 +1,53 @@
-"""Lessons and links: pure logic (the browser tests click them)."""
+"""Lessons and share links: pure logic (the browser tests click them)."""
 
-from app.lessons import LESSON_BASE, LESSONS, lesson_values, settings_from_query
+from app.lessons import LESSON_BASE, LESSONS, TRAINED, lesson_by_title, lesson_names, lesson_values
 from app.settings import Limits, PlaygroundSettings
+from app.share import qr_html, settings_from_query, share_link, share_query
 
-DEFAULTS = {"warmup": 4, "order": "warmup_top"}
+DEFAULTS = {"warmup": 0, "order": "ranked"}
+PAGE = {"prompt": "What is photosynthesis?", **DEFAULTS}
+RANGES = {"target_speedup": (1.0, 4.0), "batch_size": (1, 8)}
 
 
-def test_every_lesson_is_a_valid_setting_and_says_what_to_look_for():
-    assert 4 <= len(LESSONS) <= 6
+def test_every_lesson_and_its_second_run_are_valid_settings_that_say_what_to_look_for():
+    assert len(LESSONS) == 7 and len({lesson.title for lesson in LESSONS}) == 7
     for lesson in LESSONS:
-        values = lesson_values(lesson)
-        assert set(values) == set(LESSON_BASE)
-        PlaygroundSettings.from_values(Limits(), prompt="hi", **DEFAULTS, **values)  # raises if invalid
-        assert lesson.question.endswith("?") and "Generate" in lesson.markdown()
+        for then in (False, True):
+            values = lesson_values(lesson, DEFAULTS, then)
+            assert set(values) == set(lesson_names()) and TRAINED not in values.values()
+            PlaygroundSettings.from_values(Limits(), **values)  # raises if invalid
+        assert lesson.question.endswith("?") and "?." not in lesson.markdown() and "Look for" in lesson.markdown()
+        if lesson.then_label:
+            assert lesson_values(lesson, DEFAULTS, True) != lesson_values(lesson, DEFAULTS)  # it changes something
+    paper = lesson_by_title("The paper's layer order")
+    assert lesson_values(paper, DEFAULTS)["order"] == "warmup_top"
+    assert lesson_values(paper, DEFAULTS, then=True)["order"] == "ranked"  # back to the trained placement
+    assert lesson_values(lesson_by_title("The skip policy off at 2x"), DEFAULTS)["skip_policy"] is False
+    assert set(LESSON_BASE) < set(lesson_names())
 
 
-def test_a_link_sets_known_settings_and_names_bad_or_unknown_ones():
+def test_a_link_sets_known_settings_and_names_bad_out_of_range_or_unknown_ones():
     values, message = settings_from_query({"target_speedup": "3", "decay": "cosine", "prompt": "Hi there",
-                                           "lens": "true"}, Limits(), DEFAULTS)
+                                           "lens": "true"}, Limits(), DEFAULTS, RANGES)
     assert values == {"target_speedup": 3.0, "decay": "cosine", "prompt": "Hi there", "lens": True}
     assert message == ""
-    values, message = settings_from_query({"decay": "zigzag", "batch_size": "99", "evil": "1", "seed": "5"},
-                                          Limits(), DEFAULTS)
+    values, message = settings_from_query({"decay": "zigzag", "batch_size": "99", "evil": "1", "seed": "5",
+                                           "target_speedup": "9"}, Limits(), PAGE | {"target_speedup": 2.0}, RANGES)
     assert values == {"seed": 5}
     assert "decay" in message and "batch_size" in message and "evil" in message
+    assert "target_speedup=9 is outside this page's range 1-4 (kept 2)" in message
+
+
+def test_a_share_link_carries_only_what_differs_from_the_page_and_round_trips():
+    assert share_query({}, PAGE, Limits()) == ""
+    assert share_link("http://h/", {"target_speedup": 2.0, "prompt": PAGE["prompt"]}, PAGE, Limits()) == "http://h/"
+    link = share_link("http://h/", {"target_speedup": 3.0, "decay": "cosine", "prompt": "Why?", "seed": 0,
+                                    "skip_policy": False}, PAGE, Limits())
+    assert link == "http://h/?prompt=Why%3F&target_speedup=3&decay=cosine&skip_policy=false"
+    from urllib.parse import parse_qsl, urlsplit
+
+    values, message = settings_from_query(dict(parse_qsl(urlsplit(link).query)), Limits(), PAGE, RANGES)
+    assert message == "" and values == {"prompt": "Why?", "target_speedup": 3.0, "decay": "cosine",
+                                        "skip_policy": False}
+    qr = qr_html(link)
+    assert qr.count("<svg") == 1 and "Scan" in qr

@@ -1,7 +1,11 @@
-"""What the playground shows, as pure functions: newline marks and the live figures' spans."""
+"""What the playground shows, as pure functions: newline marks, token contrast, the live figures'
+spans, the heatmap's one position number, the schedule's labels and the honest headline."""
 
-from app.figures import NEWLINE_MARK, plain_text_html, tokens_by_depth_html
+import re
+
+from app.figures import Judged, heatmap_legend_html, layer_heatmap
 from app.race import RaceUpdate, StreamProgress
+from app.token_html import NEWLINE_MARK, TOKEN_TEXT, depth_colour, plain_text_html, tokens_by_depth_html
 from app.views import MIN_STEPS_FOR_MEASURED, live_figures
 from model.decoder import StepEvent
 from model.schedule import CostModel, ScheduleConfig, evaluate_schedule
@@ -47,14 +51,21 @@ def test_no_measured_speedup_before_enough_steps():
     assert figures.measured_speedup is None and figures.layer_speedup is None
 
 
-def test_schedule_labels_never_overprint_and_step_mode_marks_the_step():
+def test_schedule_labels_sit_apart_and_step_mode_marks_the_step():
     from app.figures import _bound_labels, schedule_figure
 
-    assert _bound_labels(30, 15, 15) == [(15, "max = min = 15", "bottom right"), (30, "L = 30", "top left")]
-    assert _bound_labels(30, 30, 8) == [(30, "L = max = 30", "top right"), (8, "min = 8", "bottom right")]
-    labels = _bound_labels(30, 27, 5)
-    assert len({(value, position) for value, _, position in labels}) == len(labels) == 3
+    assert _bound_labels(30, 15, 15) == [(15, "max = min = 15"), (30, "L = 30")]
+    assert _bound_labels(30, 30, 8) == [(8, "min = 8"), (30, "L = max = 30")]
     cost = CostModel(layer_cost=1.0, fixed_cost=0.0)
+    for max_layers, min_layers, warmup in ((28, 1, 0), (30, 29, 2), (24, 5, 4)):
+        config = ScheduleConfig(30, max_layers, min_layers, warmup=warmup, decay="linear", decay_length=48)
+        figure = schedule_figure(evaluate_schedule(config, 48, cost))
+        bounds = sorted(a.y for a in figure.layout.annotations if a.xref == "paper")
+        assert len(bounds) == len({30, max_layers, min_layers})
+        assert all(high - low >= 0.08 * 31 - 1e-9 for low, high in zip(bounds, bounds[1:])), bounds  # no overprint
+        assert all(a.xanchor == "left" and a.x == 1.0 for a in figure.layout.annotations if a.xref == "paper")
+        names = [trace.name for trace in figure.data]
+        assert ("warmup (0)" in names) is False and (f"warmup ({warmup})" in names) == bool(warmup)
     solved = evaluate_schedule(ScheduleConfig(30, 24, 5, warmup=4, decay="linear", decay_length=20), 20, cost)
     figure = schedule_figure(solved, show_steps=24, current_step=7)
     marker = [trace for trace in figure.data if trace.name == "this step"]
@@ -63,12 +74,53 @@ def test_schedule_labels_never_overprint_and_step_mode_marks_the_step():
 
 
 def test_gpu_seconds_grow_with_the_request_and_stay_bounded():
-    from app.ui import gpu_seconds
+    from app.gpu import gpu_seconds
 
     assert gpu_seconds({"max_new_tokens": 48, "batch_size": 1}) == 20
     assert gpu_seconds({"max_new_tokens": 256, "batch_size": 4}) == 112
     assert gpu_seconds({"max_new_tokens": 256, "batch_size": 8}) == 120
     assert gpu_seconds() == 20
+
+
+def _luminance(rgb: tuple[int, int, int]) -> float:
+    channels = [c / 255 for c in rgb]
+    linear = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in channels]
+    return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+
+
+def contrast(a: tuple[int, int, int], b: tuple[int, int, int]) -> float:
+    high, low = sorted((_luminance(a), _luminance(b)), reverse=True)
+    return (high + 0.05) / (low + 0.05)
+
+
+def test_token_text_keeps_wcag_aa_contrast_at_every_depth():
+    text = tuple(int(TOKEN_TEXT[i:i + 2], 16) for i in (1, 3, 5))
+    ratios = [contrast(tuple(map(int, re.findall(r"\d+", depth_colour(depth, 30)))), text) for depth in range(31)]
+    assert min(ratios) >= 7.0, min(ratios)  # AA asks 4.5; a projector washes colours out
+    assert depth_colour(30, 30) != depth_colour(1, 30)  # the depth is still visible
+    assert f"color:{TOKEN_TEXT}" in tokens_by_depth_html(["a"], [30], 30)
+
+
+def test_heatmap_uses_one_position_number_and_judges_each_token_under_itself():
+    # 3 hidden template tokens, 2 prompt tokens shown, 3 generated tokens (the last not fed back yet).
+    judged = [Judged(True, "x"), Judged(False, "q"), Judged(True, "z")]
+    figure = layer_heatmap(6, 0, ["a", "b"], range(6), ["x", "y", "z"], [(0, 4, 5), (0, 5)],
+                           hidden_prompt=3, judged=judged)
+    cells, strip = figure.data[0], figure.data[1]
+    assert list(cells.x) == [3, 4, 5, 6, 7] and list(figure.layout.xaxis.range) == [2.5, 7.5]
+    assert list(strip.x) == [5, 6, 7]  # each square under the generated token it judges
+    assert "position 6 'y'" in strip.hovertext[1] and "'q'" in strip.hovertext[1]
+    assert cells.text[0][3].startswith("position 6 'y'")  # the hover names the same number
+    assert all(row[4] is None for row in cells.z) and "not fed back" in cells.text[0][4]
+    assert [shape.x0 for shape in figure.layout.shapes if shape.line.color == "#d64545"] == [6]
+    assert not figure.layout.annotations  # no label drawn over the cells
+    assert list(figure.layout.yaxis.ticktext)[0] == "match" and cells.showscale is False
+
+
+def test_the_legend_names_only_what_the_picture_can_show():
+    assert "warmup layer" not in heatmap_legend_html(0) and "warmup layer" in heatmap_legend_html(2)
+    assert "full model picks the same token" in heatmap_legend_html(0)
+    assert "full model" not in heatmap_legend_html(1, strip=False)
 
 
 def test_study_and_training_curve_figures_plot_every_arm_and_speedup():
@@ -95,3 +147,23 @@ def test_heatmap_coloured_by_lens_kl_keeps_the_hover_on_the_cells():
     assert overlay.hoverinfo == "skip" and overlay.colorbar.title.text == "lens KL"
     assert overlay.z[5][1] == 0.5 and overlay.z[4][2] == 0.25 and overlay.z[3][2] is None  # bypassed: blank
     assert "lens KL to the full model: 0.250" in base.text[4][2]
+
+
+def test_the_headline_says_what_each_number_means_and_step_mode_hides_speeds():
+    from app.settings import Limits, PlaygroundSettings
+    from app.views import details_markdown, headline_html
+
+    cost = CostModel(layer_cost=1.0, fixed_cost=0.0)
+    solved = evaluate_schedule(ScheduleConfig(30, 30, 15, warmup=0, decay="constant", decay_length=12), 12, cost)
+    update = RaceUpdate(_progress("s", 0.1, [0.05] * 12, 15), _progress("f", 0.1, [0.1] * 12, 30), solved, "skip")
+    settings = PlaygroundSettings.from_values(Limits(), prompt="hi", target_speedup=2.0)
+    judged = [Judged(True, "a"), Judged(True, "b"), Judged(False, "c")]
+    line = headline_html(update, cost, settings, judged)
+    assert "2.00x faster" in line and "<b>67%</b> of its 3 positions" in line and "to-results" in line
+    assert "faster" not in headline_html(update, cost, settings, judged, step_mode=True)
+    assert "comes when SkipDecode finishes" in headline_html(update, cost, settings, None)
+    assert "tok/s" in details_markdown(update, cost) and "tok/s" not in details_markdown(update, cost, step_mode=True)
+    assert "exact token match" in details_markdown(update, cost)
+    full_depth = evaluate_schedule(ScheduleConfig(30, 30, 30, warmup=0, decay="constant", decay_length=12), 12, cost)
+    assert "no regression" in headline_html(RaceUpdate(update.skip, update.full, full_depth, "skip"), cost,
+                                            settings, judged)

@@ -1,0 +1,38 @@
+"""GPU sizing for a ZeroGPU Space: spaces.GPU around the handlers, with a per-call duration
+estimated from the request's size. Elsewhere the handlers run as they are."""
+
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+
+def gpu_seconds(*args, **_kwargs) -> int:
+    """ZeroGPU's per-call duration, from the request's size: the settings dict a handler gets
+    (batch x new tokens, two streams), bounded to 20-120 s."""
+    values = next((a for a in args if isinstance(a, dict)), {})
+    tokens = _setting_value(values, "max_new_tokens", 0)
+    batch = _setting_value(values, "batch_size", 1)
+    return int(min(120, max(20, 10 + 0.1 * batch * tokens)))
+
+
+def _setting_value(values: dict, name: str, default: int) -> int:
+    """A numeric setting from a handler's input dict, keyed by setting name or by the control
+    (whose elem_id is setting-<name with dashes>)."""
+    wanted = (name, f"setting-{name.replace('_', '-')}")
+    for key, value in values.items():
+        if getattr(key, "elem_id", key) in wanted and isinstance(value, (int, float)):
+            return int(value)
+    return default
+
+
+def gpu_handler(fn: Callable) -> Callable:
+    """spaces.GPU on a ZeroGPU Space (the GPU is attached per call, for a duration estimated from
+    the request's size); the function itself elsewhere."""
+    if not os.environ.get("SPACES_ZERO_GPU"):
+        return fn
+    try:
+        import spaces  # noqa: PLC0415
+    except ImportError:
+        return fn
+    return spaces.GPU(duration=gpu_seconds)(fn)

@@ -1,0 +1,71 @@
+"""The Results tab (plots and tables from assets/, written by the library's commands) and the
+held-out figures the playground quotes under its panes."""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable
+
+import gradio as gr
+
+from model.loading import DEFAULT_ADAPTER
+from model.reporting import heldout_curve_figure, quality_figure, speed_figure, study_figure
+
+ASSETS = Path(__file__).resolve().parents[1] / "assets"
+
+
+def load_json(path: Path) -> dict | list | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+@lru_cache(maxsize=1)
+def _eval_results() -> dict | None:
+    data = load_json(ASSETS / "eval" / "eval.json")
+    return data if isinstance(data, dict) and isinstance(data.get("rows"), list) else None
+
+
+def eval_row(target_speedup: float, skip_policy: bool) -> tuple[dict | None, int]:
+    """(eval's row nearest this target speedup for this skip-policy state, held-out prompt count);
+    (None, 0) when there is no eval (python -m model eval --output assets/eval writes it)."""
+    data = _eval_results()
+    variant = "adapter" if skip_policy else "no adapter"
+    rows = [r for r in (data or {}).get("rows", []) if r.get("variant") == variant
+            and isinstance(r.get("agreement"), (int, float)) and isinstance(r.get("perplexity_ratio"), (int, float))]
+    if not rows:
+        return None, 0
+    return min(rows, key=lambda r: abs(r["target_speedup"] - target_speedup)), int(data.get("num_prompts", 0))
+
+
+def results_tab() -> None:
+    """Quality (eval), the shipped adapter's held-out curve, the recipe study, speed (bench).
+    Tables sit in a container that scrolls sideways on a phone (CSS class results-table)."""
+    _results_section("Quality under skipping (held-out prompts)", "eval", "eval", quality_figure)
+    _training_curve()
+    _results_section("Which recipe: the skip-policy study", "study", "study", study_figure)
+    _results_section("Measured speed", "bench", "bench", speed_figure)
+
+
+def _training_curve() -> None:
+    """The shipped adapter's held-out curve (its run's train_log.jsonl held-out rows, copied
+    next to the adapter as heldout_curve.json)."""
+    records = load_json(DEFAULT_ADAPTER / "heldout_curve.json")
+    if records:
+        gr.Markdown("### The shipped skip policy's training run (held-out agreement every 100 steps)")
+        gr.Plot(heldout_curve_figure(records, "Shipped adapter: held-out agreement while training"), show_label=False)
+
+
+def _results_section(title: str, folder: str, command: str, figure: Callable[[dict], object]) -> None:
+    """One results block from assets/<folder>/<folder>.json and .md, written by `python -m model <command>`."""
+    data = load_json(ASSETS / folder / f"{folder}.json")
+    gr.Markdown(f"### {title} (`python -m model {command}`)")
+    if not data:
+        gr.Markdown(f"_No results under assets/{folder} yet: run `python -m model {command} --output assets/{folder}`._")
+        return
+    gr.Plot(figure(data), show_label=False)
+    table = ASSETS / folder / f"{folder}.md"
+    gr.Markdown(table.read_text() if table.is_file() else "", elem_classes=["results-table"])

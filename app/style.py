@@ -1,0 +1,73 @@
+"""The page's look and its few browser-side scripts: CSS, the theme's font stack, the Results
+link, scrolling to the outputs, the share link's page address and its "copied" confirmation."""
+
+from __future__ import annotations
+
+import gradio as gr
+
+# System fonts only (nothing is downloaded at run time): gradio's bundled Source Sans Pro first,
+# then the platforms' own UI fonts, then CJK and emoji fonts for characters Source Sans lacks
+# (a Chinese or Japanese token would otherwise be drawn as empty boxes). On Debian/Ubuntu the
+# CJK glyphs come from fonts-noto-cjk.
+FONT_STACK = ("ui-sans-serif", "system-ui", "-apple-system", "Segoe UI", "Roboto", "Noto Sans", "DejaVu Sans",
+              "Noto Sans CJK SC", "Noto Sans CJK JP", "Noto Sans CJK KR", "Source Han Sans SC", "PingFang SC",
+              "Hiragino Sans", "Microsoft YaHei", "Malgun Gothic", "WenQuanYi Micro Hei", "sans-serif",
+              "Noto Color Emoji", "Apple Color Emoji", "Segoe UI Emoji")
+
+CSS = """
+.tokens { line-height: 1.9; font-size: 15px; white-space: pre-wrap; min-height: 120px; max-height: 340px;
+          overflow-y: auto; padding: 6px 8px; border: 1px solid var(--border-color-primary); border-radius: 6px; }
+.tok { border-radius: 3px; padding: 1px 0; }
+.nl { color: inherit; font-size: 0.8em; padding: 0 2px; }
+.pane-note { font-size: 0.85em; margin-bottom: 4px; }
+.row-label { font-size: 0.85em; font-weight: 600; margin: 6px 0 2px; }
+#status { min-height: 1.6em; }
+#load-note { min-height: 1.6em; font-size: 0.9em; }
+#guide { font-size: 0.95em; }
+.headline { padding: 6px 10px; border-left: 4px solid #3f9c6d; background: var(--background-fill-secondary);
+            line-height: 1.5; }
+.legend { display: flex; flex-wrap: wrap; gap: 4px 14px; font-size: 0.85em; }
+.legend .swatch { display: inline-block; width: 12px; height: 12px; margin-right: 4px; vertical-align: -1px;
+                  border: 1px solid #999; }
+#heatmap-note p { margin: 4px 0; font-size: 0.9em; }
+.results-table table { display: block; overflow-x: auto; max-width: 100%; }
+.results-table th, .results-table td { white-space: nowrap; }
+.qr svg { display: block; background: #ffffff; }
+.qr div { font-size: 0.85em; }
+"""
+
+# A click on the headline's "Results" link opens the Results tab (a link cannot select a tab).
+HEAD = """<script>
+document.addEventListener('click', (event) => {
+  if (!event.target.closest('a.to-results')) return;
+  event.preventDefault();
+  const tab = Array.from(document.querySelectorAll('button[role=tab]')).find(b => b.textContent.trim() === 'Results');
+  if (tab) { tab.click(); window.scrollTo({top: 0}); }
+});
+</script>"""
+
+# After Generate or a lesson: bring the outputs into view when they are not (a phone, where they
+# sit below the controls, or a page scrolled down to the lessons).
+SCROLL_TO_OUTPUTS = """() => {
+  const target = document.querySelector('#status');
+  if (!target) return;
+  const top = target.getBoundingClientRect().top;
+  if (top < 0 || top > window.innerHeight * 0.6) target.scrollIntoView({behavior: 'smooth', block: 'start'});
+}"""
+
+# The share button's first input is this page's address (the server cannot know it behind a proxy).
+PAGE_URL_JS = """(...values) => { values[0] = window.location.origin + window.location.pathname; return values; }"""
+
+COPY_JS = """async (link) => {
+  if (!link) return '';
+  try { await navigator.clipboard.writeText(link); return 'Copied to the clipboard.'; }
+  catch (error) { return 'Select the link above and copy it (this browser did not allow the clipboard).'; }
+}"""
+
+
+def theme() -> gr.themes.Base:
+    return gr.themes.Default(font=(gr.themes.LocalFont("Source Sans Pro"), *FONT_STACK))
+
+
+def launch_style() -> dict:
+    return {"css": CSS, "theme": theme(), "head": HEAD}

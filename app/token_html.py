@@ -1,0 +1,79 @@
+"""Generated text as HTML: tokens coloured by the depth that produced them, newline marks.
+
+Readable on a projector: token text is near-black (#111) on backgrounds no darker than a mid
+green, so every token keeps a contrast of at least 7:1 (WCAG AA asks 4.5:1), in light and dark
+page themes alike (the colours are set on the spans, not inherited).
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Sequence
+
+TOKEN_TEXT = "#111111"
+LIGHTEST = (240, 247, 242)  # a token produced by very few layers
+DEEPEST = (118, 189, 140)  # a token produced by every layer
+
+
+def depth_colour(layers: int, num_layers: int) -> str:
+    """Background for a token produced with ``layers`` of ``num_layers``: deeper = greener."""
+    share = max(0.0, min(1.0, layers / max(1, num_layers)))
+    red, green, blue = (round(a + (b - a) * share) for a, b in zip(LIGHTEST, DEEPEST))
+    return f"rgb({red},{green},{blue})"
+
+
+NEWLINE_MARK = "↵"
+
+
+def _newline_mark(count: int) -> str:
+    """A visible mark for a run of newlines, then ONE line break (a run of 30 newlines must not
+    push the pane down by 30 lines)."""
+    label = NEWLINE_MARK if count == 1 else f"{NEWLINE_MARK}×{count}"
+    return f'<span class="nl" title="{count} newline(s)">{label}</span><br>'
+
+
+def _text_html(text: str) -> str:
+    """Escaped text with each run of newlines drawn as one mark + one break."""
+    parts, index = [], 0
+    while index < len(text):
+        if text[index] == "\n":
+            end = index
+            while end < len(text) and text[end] == "\n":
+                end += 1
+            parts.append(_newline_mark(end - index))
+            index = end
+            continue
+        end = text.find("\n", index)
+        end = len(text) if end < 0 else end
+        parts.append(html.escape(text[index:end]))
+        index = end
+    return "".join(parts)
+
+
+def _merge_newline_runs(tokens: Sequence[str], depths: Sequence[int]) -> list[tuple[str, int, int]]:
+    """(text, depth, token count): consecutive newline-only tokens become one entry."""
+    merged: list[tuple[str, int, int]] = []
+    for token, depth in zip(tokens, depths):
+        newline_only = token != "" and set(token) == {"\n"}
+        if newline_only and merged and merged[-1][0] and set(merged[-1][0]) == {"\n"}:
+            text, first_depth, count = merged[-1]
+            merged[-1] = (text + token, first_depth, count + 1)
+        else:
+            merged.append((token, depth, 1))
+    return merged
+
+
+def tokens_by_depth_html(tokens: Sequence[str], depths: Sequence[int], num_layers: int) -> str:
+    """Generated tokens as spans coloured by the depth that produced them (hover: the count).
+    Newlines are drawn as marks; runs of them collapse into one mark."""
+    spans = []
+    for token, depth, count in _merge_newline_runs(tokens, depths):
+        title = f"{depth}/{num_layers} layers" + (f" (first of {count} tokens)" if count > 1 else "")
+        spans.append(f'<span class="tok" title="{title}" '
+                     f'style="background:{depth_colour(depth, num_layers)};color:{TOKEN_TEXT}">{_text_html(token)}</span>')
+    return '<div class="tokens">' + "".join(spans) + "</div>"
+
+
+def plain_text_html(text: str) -> str:
+    """The full model's output in the same box style, newlines drawn like SkipDecode's."""
+    return '<div class="tokens">' + _text_html(text) + "</div>"
