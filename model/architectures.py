@@ -186,9 +186,9 @@ class ArchitectureAdapter(ABC):
 
 
 def _weight_count(module: nn.Module) -> int:
-    """Weights a step touches: parameters, plus int8 weights stored as buffers (model/quantization.py)."""
+    """Weights a step touches: parameters, plus low-bit weights held as buffers (model/quantization.py)."""
     return (sum(p.numel() for p in module.parameters())
-            + sum(b.numel() for name, b in module.named_buffers() if name.endswith("weight_int8")))
+            + sum(int(getattr(m, "quantized_weight_count", 0)) for m in module.modules()))
 
 
 class LlamaFamilyAdapter(ArchitectureAdapter):

@@ -66,8 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--stop", action="append", default=[], help="stop string; repeatable")
     gen.add_argument("--raw", action="store_true", help="send the prompt as raw text (no chat template)")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    gen.add_argument("--quantize", default="auto", choices=("auto", "none", "int8"),
-                     help="int8 weights on CPU (auto: int8 on CPU, none on GPU; both models alike)")
+    gen.add_argument("--quantize", default="auto", choices=("auto", "none", "int8", "int4"),
+                     help="low-bit weights on CPU (auto: the CPU default, none on GPU; both models alike)")
     add_model_options(gen)
     gen.set_defaults(handler=run_generate)
 
@@ -128,11 +128,38 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--no-hf", action="store_true", help="leave out transformers' generate")
     be.add_argument("--quick", action="store_true", help="a tiny run (tests): batch 1 and 2, 8 tokens, 1 repeat")
     be.add_argument("--quantize", default=None,
-                    help="comma-separated weight modes side by side: none, int8 (default: none,int8 on CPU, none on GPU)")
+                    help="comma-separated weight modes side by side: none, int8, int4 "
+                         "(default: none,int8,int4 on CPU, none on GPU)")
     be.add_argument("--output", default=None, help="folder for bench.json, bench.md and speedup.json")
     be.add_argument("--json", default=None, help="also write the raw figures to this file")
     be.set_defaults(handler=run_bench_command)
+
+    lb = commands.add_parser("lowbit-check", help="low-bit vs float weights: teacher-forced agreement of the full "
+                             "model and of SkipDecode (adapter), through the cached decoder")
+    add_model_options(lb)
+    lb.add_argument("--quantize", default="int4", help="comma-separated low-bit modes (int4, int8)")
+    lb.add_argument("--speedups", default="1,2", help="comma-separated target layer speedups (1 = full model)")
+    lb.add_argument("--max-prompts", type=int, default=None)
+    lb.add_argument("--tokens", type=int, default=48)
+    lb.add_argument("--json", default=None, help="also write the report to this file")
+    lb.set_defaults(handler=run_lowbit_check_command)
     return parser
+
+
+def run_lowbit_check_command(args: argparse.Namespace) -> int:
+    from model.lowbit_check import LowBitCheckConfig, run_lowbit_check  # noqa: PLC0415
+
+    modes = tuple(m for m in (_quantize_list(args.quantize) or ()) if m != "none")
+    if not modes or args.tokens < 2:
+        raise ValueError("--quantize needs a low-bit mode (int4, int8) and --tokens must be >= 2")
+    config = LowBitCheckConfig(quantize=modes, speedups=_float_list(args.speedups, "--speedups"),
+                               max_prompts=args.max_prompts, tokens=args.tokens, model=args.model,
+                               adapter=None if args.no_adapter else args.adapter)
+    report = run_lowbit_check(config, progress=lambda line: print(line, file=sys.stderr))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_json(), indent=2))
+    print(report.to_markdown())
+    return 0
 
 
 def run_study_command(args: argparse.Namespace) -> int:

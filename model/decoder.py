@@ -324,6 +324,21 @@ class SkipDecoder:
         """``stream`` run to the end; returns its DecodeResult."""
         return run_to_end(self.stream(*args, **kwargs))
 
+    @torch.inference_mode()
+    def forced_predictions(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, continuation: torch.Tensor,
+                           schedule: ScheduleConfig) -> torch.Tensor:
+        """Teacher forcing through the CACHED path: the (B, P) prompt, then the (B, N) given tokens
+        fed one step at a time under ``schedule``. Returns the argmax (B, N): at the prompt's last
+        position, then after each fed token but the last. Compares two weight sets (int4 vs float)
+        on the same inputs, whatever either would have generated."""
+        steps = continuation.shape[1]
+        state, logits = self.prefill(input_ids, attention_mask, schedule.prefill_layers(), input_ids.shape[1] + steps)
+        predictions = [logits.argmax(-1)]
+        for step in range(steps - 1):
+            logits = self.decode_step(state, continuation[:, step].to(self.device), schedule.step_layers(step))
+            predictions.append(logits.argmax(-1))
+        return torch.stack(predictions, dim=1)
+
     def _record(
         self, next_ids: torch.Tensor, result: DecodeResult, finished: list[bool], stop_check: StopCheck | None
     ) -> list[int]:

@@ -190,9 +190,11 @@ def load_model(
     skip_model = merged_copy(model, adapter_path) if adapter_path else None
     bridge = EntryBridge.load(adapter_path, resolved_device, torch_dtype) if adapter_path else None
     quantize = resolve_quantize(quantize, resolved_device)
-    for weights in {id(model): model, id(skip_model): skip_model}.values():
-        if weights is not None:
-            quantize_weights(weights, quantize)
+    # int4 of the default model: the GGUF's own 4-bit blocks for the original weights.
+    blocks = default_int4_blocks(model.config) if quantize == "int4" and name == DEFAULT_MODEL else None
+    quantize_weights(model, quantize, blocks)
+    if skip_model is not None and skip_model is not model:
+        quantize_weights(skip_model, quantize)  # merged weights: from float, group-wise
     return LoadedModel(
         name=name, model=model, tokenizer=tokenizer, device=resolved_device, dtype=torch_dtype,
         skip_model=skip_model, adapter_path=str(adapter_path) if adapter_path else None,
@@ -264,6 +266,13 @@ def load_tokenizer(folder: str | Path):
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def default_int4_blocks(config) -> dict:
+    """The default GGUF's own Q4_1 blocks by module name (model/gguf_weights.py)."""
+    from model.gguf_weights import q4_1_blocks  # noqa: PLC0415
+
+    return q4_1_blocks(locate_default_gguf(), config)
 
 
 def default_model_folder() -> Path:

@@ -1,4 +1,5 @@
-"""A low-bit weight path for CPU: int8 weights (per output channel), activations in bfloat16.
+"""Low-bit weight paths for CPU: int4 (group-wise, 32 weights a group) and int8 (per output
+channel) weights, activations in bfloat16.
 
 Why weight-only: batch-1 decoding on a CPU is bound by reading the weights (SmolLM2-135M moves
 540 MB of float32 per token); int8 weights move a quarter of that. Quantising the ACTIVATIONS
@@ -11,14 +12,31 @@ The matmul is torch's own CPU kernel for int8 weights with bfloat16 activations
 (``torch._weight_int8pack_mm``, the kernel behind gpt-fast's and torchao's int8 weight-only CPU
 path); everything else (norms, attention, the KV cache, the residual stream) stays in the model's
 dtype. Quantising is in place: each nn.Linear of the model becomes an Int8WeightLinear.
+
+int4 uses torch's group-wise 4-bit CPU kernel (``_weight_int4pack_mm_for_cpu``, the one gpt-fast
+and torchao use): each group of 32 weights along the input dimension holds codes q in 0..15 and
+w = (q - 8) * scale + zero, scale and zero in bfloat16. The default model's GGUF stores Q4_1
+blocks (32 weights, w = d * q + m), which map onto this exactly (scale = d, zero = m + 8 d) up to
+the bfloat16 rounding of scale and zero: ``Int4Blocks.from_q4_1``. Other weights (any other
+model, the LoRA-merged skip-policy weights, the default model's tied Q8_0 embedding used as LM
+head) are quantised group-wise from float (asymmetric min/max per group). Only the kernel's
+bfloat16 path is fast (float32 and float16 activations are ~30x slower on torch 2.13), and the
+kernel needs out_features % 16 == 0 and in_features % 32 == 0: a Linear that does not fit keeps
+int8 weights, and ``quantize_weights`` says which and why.
 """
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass, field
+
 import torch
 from torch import nn
 
-QUANTIZE_MODES = ("none", "int8")
+log = logging.getLogger(__name__)
+
+QUANTIZE_MODES = ("none", "int8", "int4")
+INT4_GROUP = 32  # weights per (scale, zero): the GGUF Q4_1 block size
 
 
 class Int8WeightLinear(nn.Module):
@@ -42,6 +60,11 @@ class Int8WeightLinear(nn.Module):
         y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
+    @property
+    def quantized_weight_count(self) -> int:
+        """Weights this module multiplies per token (the cost model counts them)."""
+        return self.out_features * self.in_features
+
     def dequantized_weight(self) -> torch.Tensor:
         return self.weight_int8.float() * self.scales.float()[:, None]
 
@@ -58,25 +81,175 @@ def int8_supported() -> bool:
         return False
 
 
-def quantize_weights(model: nn.Module, mode: str) -> int:
-    """Replace every nn.Linear of ``model`` (layers and LM head; GPT-2's Conv1D stays) by its int8
-    version, in place. Returns the number of replaced modules. CPU only."""
+@dataclass
+class Int4Blocks:
+    """One weight matrix as group-wise 4-bit: w[n, g*32 + j] = (codes[n, g*32 + j] - 8) * scales[n, g] + zeros[n, g].
+
+    codes: (N, K) uint8 in 0..15; scales, zeros: (N, K / 32) bfloat16 (what the kernel multiplies).
+    """
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor
+
+    @classmethod
+    def from_q4_1(cls, codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> "Int4Blocks":
+        """GGUF Q4_1 blocks (w = d * q + m, d and m float16 per 32 weights) in the kernel's form:
+        (q - 8) * d + (m + 8 d). Exact but for rounding d and m + 8 d to bfloat16."""
+        d32, m32 = d.float(), m.float()
+        return cls(codes.to(torch.uint8), d32.to(torch.bfloat16), (m32 + 8 * d32).to(torch.bfloat16))
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor) -> "Int4Blocks":
+        """Asymmetric min/max 4-bit per group of 32 input weights. weight: (N, K), K % 32 == 0."""
+        rows, cols = weight.shape
+        groups = weight.detach().float().reshape(rows, cols // INT4_GROUP, INT4_GROUP)
+        low, high = groups.amin(-1), groups.amax(-1)
+        # Round scale and zero to bfloat16 FIRST, then pick each code against the rounded values,
+        # so every weight is within about half a step of what the kernel multiplies back.
+        scales = ((high - low) / 15).clamp(min=1e-8).to(torch.bfloat16)
+        zeros = (low + 8 * scales.float()).to(torch.bfloat16)
+        codes = torch.round((groups - zeros.float()[..., None]) / scales.float()[..., None] + 8).clamp(0, 15)
+        return cls(codes.reshape(rows, cols).to(torch.uint8), scales, zeros)
+
+    def dequantize(self) -> torch.Tensor:
+        """(N, K) float32: the weights the kernel multiplies."""
+        rows, cols = self.codes.shape
+        codes = self.codes.float().reshape(rows, cols // INT4_GROUP, INT4_GROUP) - 8
+        return (codes * self.scales.float()[..., None] + self.zeros.float()[..., None]).reshape(rows, cols)
+
+    def nibbles(self) -> torch.Tensor:
+        """(N, K / 2) uint8, two codes a byte: the compact form the weight cache stores."""
+        return (self.codes[:, 0::2] | (self.codes[:, 1::2] << 4)).contiguous()
+
+    @classmethod
+    def from_nibbles(cls, nibbles: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> "Int4Blocks":
+        codes = torch.stack([nibbles & 0x0F, nibbles >> 4], dim=-1).reshape(nibbles.shape[0], -1)
+        return cls(codes, scales, zeros)
+
+
+def int4_misfit(linear: nn.Module) -> str | None:
+    """Why torch's int4 kernel cannot hold this Linear, or None when it can."""
+    out_features, in_features = linear.weight.shape
+    if out_features % 16:
+        return f"out_features {out_features} is not a multiple of 16"
+    if in_features % INT4_GROUP:
+        return f"in_features {in_features} is not a multiple of {INT4_GROUP}"
+    return None
+
+
+class Int4WeightLinear(nn.Module):
+    """y = x W^T + b with W group-wise 4-bit (Int4Blocks), packed for torch's CPU int4 kernel."""
+
+    def __init__(self, blocks: Int4Blocks, bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = blocks.codes.shape
+        # The packed layout is this CPU's (torch picks it by instruction set): never stored on disk.
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(blocks.codes.to(torch.int32), 1)
+        self.register_buffer("weight_int4pack", packed)
+        # (K / 32, N, 2): the kernel's scale-and-zero layout.
+        self.register_buffer("scales_and_zeros", torch.stack([blocks.scales.t(), blocks.zeros.t()], dim=-1).contiguous())
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> "Int4WeightLinear":
+        return cls(Int4Blocks.from_float(linear.weight), linear.bias)
+
+    @property
+    def quantized_weight_count(self) -> int:
+        """Weights this module multiplies per token (the cost model counts them)."""
+        return self.out_features * self.in_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (N, in)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.weight_int4pack, INT4_GROUP, self.scales_and_zeros)
+        y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """(out, in) float32, read back through the kernel itself (identity activations)."""
+        eye = torch.eye(self.in_features, dtype=torch.bfloat16)
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.weight_int4pack, INT4_GROUP,
+                                                          self.scales_and_zeros).float().t()
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int4 weights (group {INT4_GROUP})"
+
+
+def int4_supported() -> bool:
+    """True where torch has the group-wise int4 CPU kernel (checked on a tiny matmul)."""
+    try:
+        probe = Int4WeightLinear.from_linear(nn.Linear(32, 16))
+        return probe(torch.ones(1, 32)).shape == (1, 16)
+    except (RuntimeError, NotImplementedError, AttributeError):
+        return False
+
+
+@dataclass
+class QuantizeReport:
+    """What ``quantize_weights`` did: module names by how they are stored now."""
+
+    mode: str
+    int4: list[str] = field(default_factory=list)
+    int8: list[str] = field(default_factory=list)
+    exact: list[str] = field(default_factory=list)  # int4 taken from the model file's own 4-bit blocks
+    fallbacks: dict[str, str] = field(default_factory=dict)  # name -> why it is int8, not int4
+
+    @property
+    def replaced(self) -> int:
+        return len(self.int4) + len(self.int8)
+
+    def summary(self) -> str:
+        text = f"{self.mode} weights: {len(self.int4)} int4 modules ({len(self.exact)} exact from the model file)"
+        if self.int8:
+            text += f", {len(self.int8)} int8"
+        if self.fallbacks:
+            reasons = sorted(set(self.fallbacks.values()))
+            text += f" (int4 kernel misfit: {'; '.join(reasons)})"
+        return text
+
+
+def quantize_weights(model: nn.Module, mode: str, blocks: dict[str, Int4Blocks] | None = None) -> QuantizeReport:
+    """Replace every nn.Linear of ``model`` (layers and LM head; GPT-2's Conv1D stays) by its
+    low-bit version, in place. CPU only.
+
+    int4: a Linear whose name is in ``blocks`` takes those blocks (the model file's own 4-bit
+    values), any other is quantised from its float weights; a Linear the int4 kernel cannot hold
+    becomes int8 (named with the reason in the report)."""
     if mode not in QUANTIZE_MODES:
         raise ValueError(f"quantize must be one of {', '.join(QUANTIZE_MODES)}; got {mode!r}")
+    report = QuantizeReport(mode)
     if mode == "none":
-        return 0
+        return report
     device = next(model.parameters()).device
     if device.type != "cpu":
-        raise ValueError(f"--quantize int8 is a CPU path; the model is on {device} (use bfloat16 there)")
-    if not int8_supported():
-        raise ValueError("this torch build has no int8-weight CPU kernel; run without --quantize")
-    replaced = 0
-    for module in list(model.modules()):
+        raise ValueError(f"--quantize {mode} is a CPU path; the model is on {device} (use bfloat16 there)")
+    if not int8_supported() or (mode == "int4" and not int4_supported()):
+        raise ValueError(f"this torch build has no {mode}-weight CPU kernel; run without --quantize")
+    blocks = blocks or {}
+    for module_name, module in list(model.named_modules()):
         for name, child in list(module.named_children()):
-            if isinstance(child, nn.Linear):
-                setattr(module, name, Int8WeightLinear(child))
-                replaced += 1
-    return replaced
+            if not isinstance(child, nn.Linear):
+                continue
+            full_name = f"{module_name}.{name}" if module_name else name
+            setattr(module, name, _low_bit(child, full_name, mode, blocks, report))
+    if report.fallbacks:
+        log.info(report.summary())
+    return report
+
+
+def _low_bit(linear: nn.Linear, name: str, mode: str, blocks: dict[str, Int4Blocks], report: QuantizeReport) -> nn.Module:
+    misfit = int4_misfit(linear) if mode == "int4" else "int8 asked for"
+    if misfit is None:
+        report.int4.append(name)
+        if name in blocks:
+            report.exact.append(name)
+            return Int4WeightLinear(blocks[name], linear.bias)
+        return Int4WeightLinear.from_linear(linear)
+    if mode == "int4":
+        report.fallbacks[name] = misfit
+    report.int8.append(name)
+    return Int8WeightLinear(linear)
 
 
 def resolve_quantize(mode: str, device: torch.device) -> str:
