@@ -12,7 +12,14 @@ Settings (environment variables, all optional):
   GRADIO_ANALYTICS_ENABLED  telemetry and gradio's version check (default False)
   SKIPDECODE_CONCURRENCY    generations running at once (default 1: one model, one CPU)
   SKIPDECODE_QUEUE_SIZE     requests waiting at most before new ones are turned away (default 32)
-  SKIPDECODE_MAX_QUEUED_PER_SESSION  requests one session may have waiting (default 2)
+  SKIPDECODE_MAX_QUEUED_PER_SESSION  requests one page session may have waiting (default 2)
+  SKIPDECODE_MAX_QUEUED_API_PER_ADDRESS  requests one address's API clients (REST calls, sessions
+                            without the page's heartbeat) may have waiting together (default 10% of the queue)
+  SKIPDECODE_MAX_QUEUED_PER_ADDRESS  requests one network address may have waiting (default half the queue)
+  SKIPDECODE_STREAM_GRACE_S  seconds a job may wait for its client to open its result stream (default 5)
+  SKIPDECODE_TRUST_FORWARDED_FOR  1: read the client address from X-Forwarded-For (behind a proxy that
+                            appends it; default: on a HuggingFace Space, else off)
+  SKIPDECODE_STEP_POSITIONS KV-cache positions all step-mode sessions keep together (default 32768)
   GRADIO_SERVER_NAME / GRADIO_SERVER_PORT  where to listen (default 127.0.0.1:7860)
 """
 
@@ -24,6 +31,7 @@ import os
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 from functools import lru_cache
 
+from app.fair_queue import ServingLimits
 from app.settings import Limits
 
 
@@ -42,7 +50,21 @@ def limits_from_env() -> Limits:
         max_prompt_chars=_env_int("SKIPDECODE_MAX_PROMPT_CHARS", 8000),
         max_prompt_tokens=_env_int("SKIPDECODE_MAX_PROMPT_TOKENS", 2048),
         max_request_tokens=_env_int("SKIPDECODE_MAX_REQUEST_TOKENS", 8192),
+        max_step_positions=_env_int("SKIPDECODE_STEP_POSITIONS", 32768),
     )
+
+
+def serving_from_env() -> ServingLimits:
+    """The fair queue's limits beyond the queue size and the per-session cap (app/fair_queue.py)."""
+    grace = os.environ.get("SKIPDECODE_STREAM_GRACE_S", "").strip()
+    try:
+        grace_s = float(grace) if grace else 5.0
+    except ValueError:
+        raise SystemExit(f"SKIPDECODE_STREAM_GRACE_S must be a number of seconds; got {grace!r}") from None
+    trust = os.environ.get("SKIPDECODE_TRUST_FORWARDED_FOR", "1" if os.environ.get("SPACE_ID") else "0")
+    return ServingLimits(per_address_api=_env_int("SKIPDECODE_MAX_QUEUED_API_PER_ADDRESS", 0),
+                         per_address=_env_int("SKIPDECODE_MAX_QUEUED_PER_ADDRESS", 0), stream_grace_s=grace_s,
+                         trust_forwarded_for=trust.strip().lower() in ("1", "true", "yes"))
 
 
 def ensure_default_model() -> None:
@@ -83,7 +105,8 @@ def main() -> None:
     get_generator()  # load at start-up: the first visitor should not wait for it
     demo = build_demo(get_generator, limits_from_env(), concurrency_limit=_env_int("SKIPDECODE_CONCURRENCY", 1),
                       queue_size=_env_int("SKIPDECODE_QUEUE_SIZE", 32),
-                      max_queued_per_session=_env_int("SKIPDECODE_MAX_QUEUED_PER_SESSION", 2))
+                      max_queued_per_session=_env_int("SKIPDECODE_MAX_QUEUED_PER_SESSION", 2),
+                      serving=serving_from_env())
     demo.launch(
         server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
         server_port=_env_int("GRADIO_SERVER_PORT", 7860),

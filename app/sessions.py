@@ -1,4 +1,5 @@
-"""Per-session bookkeeping: run handles (Stop, restart, closed tab) and step-mode sessions."""
+"""Per-session bookkeeping: run handles (Stop, restart, closed tab) and step-mode sessions (bounded in
+sessions, KV-cache positions and idle time)."""
 
 from __future__ import annotations
 
@@ -28,10 +29,10 @@ class SessionRuns:
     """Per-browser-session run handles: a new run, Stop, a settings restart or a closed tab
     cancels that session's previous run, never another session's."""
 
-    def __init__(self) -> None:
+    def __init__(self, step_positions: int = 32768) -> None:
         self._lock = threading.Lock()
         self._runs: dict[str, RunHandle] = {}
-        self.steppers = StepSessions()
+        self.steppers = StepSessions(max_positions=step_positions)
         self.recent_seconds: collections.deque[float] = collections.deque(maxlen=20)  # finished runs' durations
 
     def start(self, session: str) -> RunHandle:
@@ -82,80 +83,79 @@ class SessionRuns:
 
 class StepSessions:
     """Step mode's live sessions (settings, lockstep iterator, renderer), BOUNDED: at most
-    ``max_sessions`` (the least recently used is dropped) and none idle for over ``idle_s``.
-    API clients never press Reset or close a tab, so nothing else would ever free them."""
+    ``max_sessions``, at most ``max_positions`` KV-cache positions over all of them (a session costs
+    what ``put`` is told: both streams' batch x (prompt + new tokens)), and none idle for over
+    ``idle_s``; the least recently used go first. API clients never press Reset or close a tab, so
+    nothing else would ever free them. An evicted session's iterator is closed at once, so its KV
+    caches are freed now, not at the next garbage collection."""
 
-    def __init__(self, max_sessions: int = 16, idle_s: float = 600.0) -> None:
-        self.max_sessions, self.idle_s = max_sessions, idle_s
+    def __init__(self, max_sessions: int = 16, idle_s: float = 600.0, max_positions: int = 32768) -> None:
+        self.max_sessions, self.idle_s, self.max_positions = max_sessions, idle_s, max_positions
         self._lock = threading.Lock()
-        self._sessions: OrderedDict[str, tuple[float, tuple]] = OrderedDict()
+        self._sessions: OrderedDict[str, tuple[float, int, tuple]] = OrderedDict()
 
     def get(self, session: str) -> tuple | None:
         with self._lock:
-            self._expire()
+            evicted = self._expire()
             entry = self._sessions.get(session)
-            if entry is None:
-                return None
-            self._sessions[session] = (time.monotonic(), entry[1])
-            self._sessions.move_to_end(session)
-            return entry[1]
+            if entry is not None:
+                self._sessions[session] = (time.monotonic(), entry[1], entry[2])
+                self._sessions.move_to_end(session)
+        _free(evicted)
+        return entry[2] if entry is not None else None
 
-    def put(self, session: str, value: tuple) -> None:
+    def put(self, session: str, value: tuple, positions: int = 0) -> None:
+        """Keep ``value`` for ``session``; ``positions`` is its KV-cache size. One session over the
+        whole budget is refused with a ValueError naming the limit."""
+        if positions > self.max_positions:
+            raise ValueError(f"step mode would keep {positions} KV-cache positions for this request; the limit is "
+                             f"{self.max_positions}: shorten the prompt, the batch or max new tokens")
         with self._lock:
-            self._sessions[session] = (time.monotonic(), value)
-            self._sessions.move_to_end(session)
-            while len(self._sessions) > self.max_sessions:
-                self._sessions.popitem(last=False)
+            evicted = [entry[2] for entry in [self._sessions.pop(session, None)] if entry is not None]
+            self._sessions[session] = (time.monotonic(), positions, value)
+            while len(self._sessions) > self.max_sessions or self.positions() > self.max_positions:
+                evicted.append(self._sessions.popitem(last=False)[1][2])
+        _free(evicted)
 
     def pop(self, session: str, default=None):
         with self._lock:
             entry = self._sessions.pop(session, None)
-        return entry[1] if entry is not None else default
+        if entry is None:
+            return default
+        _free([entry[2]])
+        return entry[2]
+
+    def positions(self) -> int:
+        """KV-cache positions held by all sessions (the caller may hold the lock)."""
+        return sum(entry[1] for entry in self._sessions.values())
 
     def __len__(self) -> int:
         with self._lock:
-            self._expire()
-            return len(self._sessions)
+            evicted = self._expire()
+            count = len(self._sessions)
+        _free(evicted)
+        return count
 
-    def _expire(self) -> None:
+    def _expire(self) -> list[tuple]:
         deadline = time.monotonic() - self.idle_s
-        for key in [k for k, (seen, _) in self._sessions.items() if seen < deadline]:
-            del self._sessions[key]
+        return [self._sessions.pop(key)[2] for key in [k for k, (seen, _, _) in self._sessions.items() if seen < deadline]]
+
+
+def _free(values: list[tuple]) -> None:
+    """Close evicted sessions' iterators (their generator frames hold the KV caches)."""
+    for value in values:
+        iterator = value[1] if len(value) > 1 else None
+        try:
+            getattr(iterator, "close", lambda: None)()
+        except ValueError:  # stepping right now in another thread: it is freed when that step returns
+            pass
+    if values:
+        release_free_memory()
 
 
 def session_key(request: gr.Request | None) -> str:
     """The browser/API session's key. Without one, a key of its own: never share a run handle."""
     return getattr(request, "session_hash", None) or f"no-session-{uuid.uuid4().hex}"
-
-
-def cap_queued_per_session(queue, cap: int) -> None:
-    """Refuse a new job from a session that already has ``cap`` jobs waiting in gradio's queue
-    (one client must not fill the queue and lock everyone else out). Wraps the queue's ``push``
-    of this app instance; the refusal is gradio's "queue full" answer (HTTP 503) with a message
-    naming the limit."""
-    push = queue.push
-
-    async def capped_push(body, request, username):
-        session = getattr(body, "session_hash", None)
-        if session is not None:
-            waiting = sum(event.session_hash == session for event in _waiting_events(queue))
-            if waiting >= cap:
-                return (False, f"this session already has {waiting} requests waiting (the limit per session is "
-                               f"{cap}); wait for one to finish", "queue_full")
-        return await push(body, request, username)
-
-    queue.push = capped_push
-
-
-def waiting_jobs(queue) -> int:
-    """Jobs waiting in gradio's queue (all sessions), not yet running."""
-    return sum(1 for _ in _waiting_events(queue))
-
-
-def _waiting_events(queue):
-    """Every event waiting in this app's gradio queue (all lanes), not yet running."""
-    for event_queue in queue.event_queue_per_concurrency_id.values():
-        yield from event_queue.queue
 
 
 def release_free_memory() -> None:

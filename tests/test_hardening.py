@@ -1,6 +1,13 @@
 """Input validation at the API boundary: fuzzed parameters, limits, and what no input may do."""
 
+import collections
+import json
 import math
+import re
+import threading
+import time
+import uuid
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -8,6 +15,7 @@ from hypothesis import strategies as st
 
 from app.settings import Limits, PlaygroundSettings, clean_prompt, parse_settings
 
+ROOT = Path(__file__).resolve().parents[1]
 LIMITS = Limits(max_new_tokens=64, max_batch_size=4, max_prompt_chars=500)
 
 anything = st.one_of(
@@ -166,3 +174,361 @@ def test_typed_special_tokens_stay_plain_text(default_model):
     plain, _ = generator.encode(["Name three colours."])
     expected = default_model.tokenizer(generator.format_prompt("Name three colours."), add_special_tokens=False)
     assert plain[0].tolist() == expected["input_ids"]  # ordinary prompts tokenize exactly as before
+
+
+# --- a launched server under a hostile client (issue: one script can lock out the whole class) -------
+# A tiny random model whose layers sleep a fixed time: job durations are set by the test, not by
+# this CPU's speed, so the timing bounds below hold with real margins on any machine.
+
+PREFILL_LAYER_S = 0.05  # each layer of a prefill
+STEP_LAYER_S = 0.012  # each layer of a decode step
+QUEUE_SIZE = 10  # API share per address: 1 job; per address: 5; per page session: 2
+GRACE_S = 1.0
+
+
+class SlowGenerator:
+    """Wraps a TextGenerator's layer runner with fixed sleeps and counts the layers run."""
+
+    def __init__(self, generator) -> None:
+        self.generator, self.layer_calls = generator, 0
+        adapters = {id(a): a for d in (generator.skip_decoder, generator.full_decoder)
+                    for a in (d.adapter, d.skip_adapter)}
+        for adapter in adapters.values():
+            original = adapter.run_layer
+
+            def slow(index, hidden, *args, _original=original, **kwargs):
+                self.layer_calls += 1
+                time.sleep(PREFILL_LAYER_S if hidden.shape[1] > 1 else STEP_LAYER_S)
+                return _original(index, hidden, *args, **kwargs)
+
+            adapter.run_layer = slow
+
+
+@pytest.fixture(scope="module")
+def slow_server(tiny_folder):
+    from app.fair_queue import ServingLimits
+    from app.ui import build_demo, launch_options
+    from model.generation import TextGenerator
+    from model.loading import load_model
+
+    generator = TextGenerator(load_model(str(tiny_folder), device="cpu", adapter=None))
+    slow = SlowGenerator(generator)
+    limits = Limits(max_new_tokens=16, max_batch_size=2, max_prompt_chars=3000, max_prompt_tokens=400,
+                    max_request_tokens=700, max_step_positions=200)
+    demo = build_demo(lambda: generator, limits, queue_size=QUEUE_SIZE, max_queued_per_session=2,
+                      serving=ServingLimits(stream_grace_s=GRACE_S))
+    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, **launch_options())
+    yield demo, slow
+    demo.close()
+
+
+def api_values(base: str, **overrides) -> list:
+    """The /generate endpoint's values in order: its documented defaults, with ``overrides``."""
+    import httpx
+
+    info = httpx.get(f"{base}/gradio_api/info", timeout=30).json()["named_endpoints"]["/generate"]["parameters"]
+    values = {p["parameter_name"]: p["parameter_default"] if p["parameter_has_default"] else "Hi" for p in info}
+    return list((values | overrides).values())
+
+
+def page_client(demo):
+    """A gradio_client session once the server sees its heartbeat (as a page's session)."""
+    from gradio_client import Client
+
+    client = Client(demo.local_url, verbose=False)
+    deadline = time.time() + 10
+    while not demo.fair_queue.page_session(client.session_hash) and time.time() < deadline:
+        time.sleep(0.02)
+    return client
+
+
+def wait_idle(demo, timeout: float = 30) -> None:
+    deadline = time.time() + timeout
+    while (demo.playground.runs.active_count() or demo.fair_queue.waiting()) and time.time() < deadline:
+        time.sleep(0.05)
+
+
+def first_message_seconds(job, timeout: float = 60) -> float | None:
+    start = time.time()
+    while time.time() - start < timeout:
+        if job.outputs():
+            return time.time() - start
+        if job.done():
+            return None
+        time.sleep(0.01)
+    return None
+
+
+JOB = dict(prompt="Tell me about the sea.", target_speedup=1.5, max_new_tokens=16, temperature=0.0)
+
+
+@pytest.mark.server
+def test_a_rest_flood_cannot_lock_out_a_page_visitor(slow_server):
+    """One script floods by REST /call/ and by queue/join with made-up session ids, reading every
+    stream; a page visitor's first token still comes after the running job plus one per other client."""
+    import httpx
+
+    demo, _ = slow_server
+    base = demo.local_url.rstrip("/")
+    wait_idle(demo)
+    alone = page_client(demo).submit(**JOB, api_name="/generate")
+    started = time.time()
+    alone.result(timeout=60)
+    job_s = time.time() - started
+    fn_index = next(i for i, fn in demo.fns.items() if fn.api_name == "generate")
+    data = api_values(base, **JOB)
+    stop, tally, readers = threading.Event(), collections.Counter(), []
+    shares = []
+
+    def read(url: str) -> None:
+        with httpx.Client(timeout=120) as http, http.stream("GET", url) as response:
+            for _ in response.iter_lines():
+                if stop.is_set():
+                    return
+
+    def flood() -> None:
+        with httpx.Client(base_url=base + "/gradio_api", timeout=30) as http:
+            while not stop.is_set():
+                session = uuid.uuid4().hex[:12]
+                for route, body, stream in (
+                        ("call/generate", {"data": data}, "call/generate/{id}"),
+                        ("queue/join", {"data": data, "fn_index": fn_index, "session_hash": session},
+                         f"queue/data?session_hash={session}")):
+                    response = http.post(route, json=body)
+                    tally[(route, response.status_code)] += 1
+                    if response.status_code == 200:
+                        url = f"{base}/gradio_api/" + stream.format(id=response.json()["event_id"])
+                        readers.append(threading.Thread(target=read, args=(url,), daemon=True))
+                        readers[-1].start()
+                    else:
+                        assert response.json()["detail"], response.text  # every refusal says why
+                shares.append(demo.fair_queue.waiting_by_client().get("api@127.0.0.1", 0))
+                time.sleep(0.02)
+
+    flooder = threading.Thread(target=flood, daemon=True)
+    flooder.start()
+    try:
+        time.sleep(2 * job_s)  # the flood is in full swing: its jobs run and wait
+        victim = page_client(demo).submit(**JOB, api_name="/generate")
+        waited = first_message_seconds(victim)
+        assert victim.result(timeout=60)["done"]
+    finally:
+        stop.set()
+        flooder.join(30)
+    refused = sum(n for (route, status), n in tally.items() if status != 200)
+    assert refused > 10 and max(shares) <= 1, (tally, max(shares))  # the flood holds 10% of the queue
+    # ahead of the victim: the running job and one flood job; without the fair queue: ~10 jobs
+    assert waited is not None and waited < 3 * job_s + 1.0, (waited, job_s, tally)
+    wait_idle(demo, 60)
+
+
+@pytest.mark.server
+def test_an_unread_rest_job_is_dropped_and_stops_computing(slow_server):
+    import httpx
+
+    demo, slow = slow_server
+    base = demo.local_url.rstrip("/") + "/gradio_api"
+    wait_idle(demo)
+    first = httpx.post(f"{base}/call/generate", json={"data": api_values(demo.local_url.rstrip("/"), **JOB)})
+    second = httpx.post(f"{base}/call/generate", json={"data": api_values(demo.local_url.rstrip("/"), **JOB)})
+    assert first.status_code == 200, first.text
+    assert second.status_code in (200, 503), second.text  # the API share is one waiting job
+    deadline = time.time() + GRACE_S + 2.0
+    while (demo.playground.runs.active_count() or demo.fair_queue.waiting()) and time.time() < deadline:
+        time.sleep(0.05)
+    assert demo.playground.runs.active_count() == 0 and demo.fair_queue.waiting() == 0
+    settled = slow.layer_calls
+    time.sleep(0.5)
+    assert slow.layer_calls - settled <= 1, "the unread job kept computing"
+    late = httpx.get(f"{base}/call/generate/{first.json()['event_id']}", timeout=10).text
+    assert "cancelled" in late or "not opened" in late, late[-300:]
+
+
+@pytest.mark.server
+def test_the_readme_client_example_ends_on_a_refusal(slow_server):
+    """README's gradio_client loop, run as written against this server (max_new_tokens 48 is over
+    its limit of 16): it ends at once with the server's message instead of looping forever."""
+    demo, _ = slow_server
+    code = re.search(r"### API.*?```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
+    code = code.replace("http://127.0.0.1:7860", demo.local_url)
+    outcome = {}
+
+    def run() -> None:
+        try:
+            exec(compile(code, "README.md", "exec"), {})  # noqa: S102 - the README's own example
+        except Exception as error:  # noqa: BLE001 - the refusal is the expected outcome
+            outcome["error"] = str(error)
+
+    thread = threading.Thread(target=run, daemon=True)
+    started = time.time()
+    thread.start()
+    thread.join(20)
+    assert not thread.is_alive(), "the README loop did not end on a refused job"
+    assert time.time() - started < 10 and "max_new_tokens must be <= 16" in outcome.get("error", ""), outcome
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("overrides,needle", [
+    (dict(max_new_tokens=17), "max_new_tokens must be <= 16"),
+    (dict(batch_size=3), "batch_size must be <= 2"),
+    (dict(prompt="y" * 3001), "limit is 3000"),
+    (dict(prompt="sea " * 500), "the limit is 400 tokens"),
+    (dict(prompt="sea " * 340, batch_size=2), "the limit per request is 700"),
+    (dict(target_speedup=9.0), "unreachable"),
+])
+def test_over_limit_requests_are_refused_when_pushed_not_after_the_wait(slow_server, overrides, needle):
+    import httpx
+
+    demo, _ = slow_server
+    wait_idle(demo)
+    holder = page_client(demo).submit(**JOB, api_name="/generate")  # holds the model lane
+    while not holder.outputs() and not holder.done():
+        time.sleep(0.02)
+    client = page_client(demo)
+    started = time.time()
+    with pytest.raises(Exception, match=re.escape(needle)):
+        client.predict(**(JOB | overrides), api_name="/generate")
+    rest = httpx.post(f"{demo.local_url.rstrip('/')}/gradio_api/call/generate",
+                      json={"data": api_values(demo.local_url.rstrip("/"), **(JOB | overrides))})
+    elapsed = time.time() - started
+    assert rest.status_code == 422 and needle in rest.text, rest.text
+    assert elapsed < 1.5 and not holder.done(), elapsed  # refused while the lane is still busy
+    holder.result(timeout=60)
+
+
+@pytest.mark.server
+def test_closing_the_stream_mid_prefill_cancels_the_prefill(slow_server):
+    import httpx
+
+    demo, slow = slow_server
+    base = demo.local_url.rstrip("/") + "/gradio_api"
+    wait_idle(demo)
+    values = api_values(demo.local_url.rstrip("/"), **JOB)
+    with httpx.Client(timeout=30) as http:
+        event_id = http.post(f"{base}/call/generate", json={"data": values}).json()["event_id"]
+        with http.stream("GET", f"{base}/call/generate/{event_id}") as response:
+            deadline = time.time() + 10
+            while demo.playground.runs.active_count() == 0 and time.time() < deadline:
+                time.sleep(0.01)
+            time.sleep(1.5 * PREFILL_LAYER_S)  # inside the first prefill (4 layers of 0.05 s, two streams)
+            assert response.status_code == 200
+    closed = time.time()
+    while demo.playground.runs.active_count() and time.time() - closed < 5:
+        time.sleep(0.01)
+    settled = slow.layer_calls
+    time.sleep(4 * PREFILL_LAYER_S)
+    assert slow.layer_calls == settled, "layers kept running after the connection closed"
+    assert time.time() - closed < 2.0
+    assert settled < 8  # the two prefills alone are 8 layer calls: it stopped inside them
+
+
+@pytest.mark.server
+def test_side_doors_answer_with_a_status_and_a_message(slow_server):
+    import httpx
+
+    from app import handlers
+
+    demo, _ = slow_server
+    base = demo.local_url.rstrip("/") + "/gradio_api"
+    join = next(i for i, fn in demo.fns.items() if fn.api_name == "ui_generate")
+    batch_view = next(i for i, fn in demo.fns.items() if fn.api_name == "ui_batch_view")
+    deep = "[" * 5000 + "]" * 5000
+    cases = [
+        ("post", "call/v2/generate", {}, 422, "missing required parameter(s) prompt"),
+        ("post", "call/v2/generate", {"prompt": "hi", "colour": 1}, 422, "unknown parameter"),
+        ("post", "call/v2/nonesuch", {"prompt": "hi"}, 404, "unknown endpoint"),
+        ("post", "call/generate/extra", {"data": []}, 404, "unknown endpoint path"),
+        ("post", "call/v3/generate", {"data": []}, 404, "unknown endpoint path"),
+        ("post", "queue/join", {"data": [1], "fn_index": join, "session_hash": "abc"}, 422, "takes a list of"),
+        ("post", "queue/join", {"data": ["fast", "linear"], "fn_index": batch_view, "session_hash": "abc"}, 422,
+         "must be a number"),
+        ("post", "run/ui_schedule", {"data": [], "session_hash": "abc"}, 422, "takes a list of"),
+        ("post", "run/nonesuch", {"data": []}, 404, "unknown endpoint"),
+    ]
+    for method, path, body, status, needle in cases:
+        response = getattr(httpx, method)(f"{base}/{path}", json=body, timeout=30)
+        assert response.status_code == status and needle in response.json()["detail"], (path, response.text[:300])
+    for path in ("queue/join", "call/generate", "call/v2/generate", "run/ui_stop", "cancel"):
+        response = httpx.post(f"{base}/{path}", content=deep, headers={"content-type": "application/json"})
+        assert response.status_code == 400 and "nested" in response.json()["detail"], (path, response.text[:200])
+    typed = httpx.post(f"{base}/queue/join", json={"data": ["hi", "fast"] + [None] * 16, "fn_index": join,
+                                                    "session_hash": "abc"}).json()
+    assert typed["detail"], typed  # a setting of the wrong type is named when the job is pushed
+    before = handlers.preview_figure.cache_info().hits
+    values = [min(c.value, c.maximum) if getattr(c, "maximum", None) is not None else c.value
+              for c in demo.fns[join].inputs]  # the page's controls as they start (within their ranges)
+    for _ in range(3):
+        response = httpx.post(f"{base}/run/ui_schedule", json={"data": values, "session_hash": "abc"}, timeout=30)
+        assert response.status_code == 200, response.text[:300]
+    assert handlers.preview_figure.cache_info().hits >= before + 2  # repeated previews skip the solver
+
+
+@pytest.mark.server
+def test_uploads_and_long_session_ids_are_refused(slow_server, tmp_path):
+    import httpx
+
+    demo, _ = slow_server
+    base = demo.local_url.rstrip("/") + "/gradio_api"
+    upload = httpx.post(f"{base}/upload", files={"files": ("a.txt", b"x" * 100)})
+    assert upload.status_code == 415 and "no files" in upload.json()["detail"]
+    assert "/tmp" not in upload.text and "gradio" not in upload.text.lower()
+    long_id = "s" * 100_000
+    for response in (
+            httpx.post(f"{base}/queue/join", json={"data": [], "fn_index": 0, "session_hash": long_id}),
+            httpx.get(f"{base}/heartbeat/{'s' * 200}"),
+            httpx.get(f"{base}/queue/data", params={"session_hash": "bad id!"}),
+            httpx.post(f"{base}/queue/join", json={"data": [], "fn_index": 0, "session_hash": "s" * 1_000_000})):
+        assert response.status_code in (400, 413) and "limit" in response.text or "short token" in response.text, \
+            response.text[:200]
+
+
+@pytest.mark.server
+def test_api_messages_stream_deltas_and_send_the_lens_once(slow_server):
+    demo, _ = slow_server
+    wait_idle(demo)
+    job = page_client(demo).submit(**(JOB | dict(batch_size=2, lens=True)), api_name="/generate")
+    final = job.result(timeout=60)
+    messages = job.outputs()
+    partial = [m for m in messages if not m["done"]]
+    assert partial and all("lens" not in m and "step_layers" not in m for m in partial)
+    assert [layers for m in partial for layers in m["new_step_layers"]] == final["step_layers"][:len(
+        [layers for m in partial for layers in m["new_step_layers"]])]
+    assert len(final["lens"]) == len(final["layers_per_step"]) + 1
+    whole = len(json.dumps(final))
+    assert sum(len(json.dumps(m)) for m in partial) < 0.5 * whole * len(partial)
+
+
+def test_step_sessions_are_bounded_in_kv_positions_and_freed_on_eviction():
+    from app.sessions import StepSessions
+
+    closed = []
+
+    def iterator(name):
+        try:
+            yield name
+        finally:
+            closed.append(name)
+
+    sessions = StepSessions(max_sessions=10, max_positions=100)
+    for name in ("a", "b", "c"):
+        it = iterator(name)
+        next(it)
+        sessions.put(name, ("settings", it, "renderer"), positions=40)
+    assert sessions.positions() <= 100 and sessions.get("a") is None and closed == ["a"]
+    with pytest.raises(ValueError, match="the limit is 100"):
+        sessions.put("huge", ("settings", iter(()), "renderer"), positions=101)
+    sessions.pop("b")
+    assert closed == ["a", "b"]
+
+
+def test_fair_order_serves_one_job_per_client_per_round():
+    from app.fair_queue import Job, ServingLimits, admission, fair_ranks
+
+    jobs = [Job(f"f{i}", "api@1.2.3.4", "1.2.3.4", f"f{i}", seq=i) for i in range(3)]
+    jobs.append(Job("v", "session:v", "5.6.7.8", "v", seq=10))
+    order = sorted(jobs, key=lambda job: fair_ranks(jobs)[job.event_id])
+    assert [job.event_id for job in order].index("v") == 1  # after one job of the other client
+    limits = ServingLimits(queue_size=4, per_session=2)
+    assert admission(jobs, "session:w", "9.9.9.9", limits) == ("displace", jobs[2])  # full: the heaviest gives way
+    verdict, _ = admission(jobs[:1], "api@1.2.3.4", "1.2.3.4", limits)
+    assert verdict.startswith("refuse") and "share 1 waiting" in verdict

@@ -1,0 +1,285 @@
+"""A fair queue: one client's script cannot lock the class out of the model.
+
+Who is a client: a page (or gradio_client) session, known by its session id, while it holds the
+page's heartbeat connection open; everything else (REST ``/call/`` jobs, which carry no session,
+and made-up session ids with no heartbeat) is pooled per network address into ONE client,
+``api@<address>``. A classroom behind one NAT is one address but many page sessions, so it is not
+lumped together; a script inventing session ids is.
+
+Admission (when a job is pushed, in milliseconds):
+  * a page session may have ``per_session`` jobs waiting (default 2);
+  * an address's pooled API client ``per_address_api`` (default 10% of the queue);
+  * all clients of one address together ``per_address`` (default half the queue);
+  * when the queue is full, a client with fewer waiting jobs than the heaviest client takes the
+    heaviest client's newest job's place (that job ends with a message saying why); otherwise the
+    newcomer is told the queue is full.
+Place: the waiting jobs are served round-robin by client: a job's rank is how many jobs its client
+already has ahead of it, and the queue runs by (rank, arrival). So a newcomer's first job waits for
+the jobs already running plus at most one job per other client.
+Abandoned jobs: a job whose result stream is not opened within ``stream_grace_s`` is dropped while
+waiting, and cancelled (within a layer) if it already runs.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from app import gradio_internals as gi
+
+API_CLIENT = "api@"
+SESSION_CLIENT = "session:"
+
+
+@dataclass(frozen=True)
+class ServingLimits:
+    """The fair queue's limits (app.py reads them from the environment)."""
+
+    queue_size: int = 32
+    per_session: int = 2
+    per_address_api: int = 0  # 0: 10% of the queue (at least 1)
+    per_address: int = 0  # 0: half the queue (at least per_address_api)
+    stream_grace_s: float = 5.0
+    trust_forwarded_for: bool = False  # behind a proxy that appends the client's address (a Space)
+
+    def __post_init__(self) -> None:
+        for name in ("queue_size", "per_session"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1; got {getattr(self, name)}")
+        if self.stream_grace_s <= 0:
+            raise ValueError(f"stream_grace_s must be > 0; got {self.stream_grace_s}")
+
+    def sized(self, queue_size: int, per_session: int) -> ServingLimits:
+        """These limits for a queue of ``queue_size`` with ``per_session`` jobs per page session."""
+        return dataclasses.replace(self, queue_size=queue_size, per_session=per_session)
+
+    @property
+    def api_share(self) -> int:
+        return self.per_address_api or max(1, self.queue_size // 10)
+
+    @property
+    def address_share(self) -> int:
+        return self.per_address or max(self.api_share, self.queue_size // 2)
+
+
+@dataclass
+class Job:
+    event_id: str
+    client: str
+    address: str
+    session: str
+    seq: int
+    pushed: float = field(default_factory=time.monotonic)
+    stream_seen: bool = False
+
+
+# --- the policy (pure: no gradio) ----------------------------------------------------------------
+
+
+def client_key(session: str | None, address: str, page_session: bool) -> str:
+    return f"{SESSION_CLIENT}{session}" if session and page_session else f"{API_CLIENT}{address}"
+
+
+def admission(waiting: list[Job], client: str, address: str, limits: ServingLimits,
+              total: int | None = None) -> tuple[str, Job | None]:
+    """("admit", None), ("displace", the job to drop to make room) or ("refuse: <message>", None).
+    ``total``: every job waiting in the queue (default: ``waiting``, the ones this policy knows)."""
+    per_client = collections.Counter(job.client for job in waiting)
+    mine = per_client[client]
+    own_cap = limits.api_share if client.startswith(API_CLIENT) else limits.per_session
+    if mine >= own_cap:
+        who = (f"this address's API clients (REST calls and sessions without the page's heartbeat) share "
+               f"{own_cap} waiting jobs" if client.startswith(API_CLIENT)
+               else f"the limit per session is {own_cap} waiting jobs")
+        return f"refuse: {mine} of your jobs are already waiting; {who}. Wait for one to finish.", None
+    from_address = sum(job.address == address for job in waiting)
+    if from_address >= limits.address_share:
+        return (f"refuse: {from_address} jobs from your network address are already waiting; the limit per "
+                f"address is {limits.address_share} (half the queue). Wait for one to finish.", None)
+    total = len(waiting) if total is None else total
+    if total < limits.queue_size:
+        return "admit", None
+    heaviest, most = per_client.most_common(1)[0]
+    if most > mine + 1 and total <= limits.queue_size:
+        newest = max((job for job in waiting if job.client == heaviest), key=lambda job: job.seq)
+        return "displace", newest
+    return (f"refuse: the queue is full ({total} waiting, the limit is {limits.queue_size}) and no client "
+            f"holds more than its share; try again in a minute.", None)
+
+
+def fair_ranks(jobs: list[Job]) -> dict[str, tuple[int, int]]:
+    """event id -> (rank, seq): rank = how many jobs of the same client arrived before it."""
+    seen: collections.Counter[str] = collections.Counter()
+    ranks = {}
+    for job in sorted(jobs, key=lambda job: job.seq):
+        ranks[job.event_id] = (seen[job.client], job.seq)
+        seen[job.client] += 1
+    return ranks
+
+
+# --- the queue of one app ------------------------------------------------------------------------
+
+
+class FairQueue:
+    """Admission, order and abandoned-job dropping for one app's gradio queue (through
+    app/gradio_internals.py), plus the connection facts the request guard reports: which result
+    streams and page heartbeats are open."""
+
+    def __init__(self, limits: ServingLimits,
+                 validate: Callable[[str, dict], tuple[str, str] | None] = lambda name, values: None) -> None:
+        self.limits = limits
+        self.validate = validate  # (api_name, settings by name) -> (parameter, message) to refuse at push
+        self.queue = None
+        self.blocks = None
+        self._lock = threading.Lock()
+        self._jobs: dict[str, Job] = {}
+        self._seq = itertools.count()
+        self._streams: collections.Counter[str] = collections.Counter()  # open result streams by session/event id
+        self._heartbeats: collections.Counter[str] = collections.Counter()  # open page heartbeats by session
+        self.dropped_abandoned = 0
+        self.displaced = 0
+
+    def install(self, blocks) -> FairQueue:
+        gi.check_version()
+        self.blocks, self.queue = blocks, gi.queue_of(blocks)
+        gi.wrap_push(self.queue, self._before_push, self._after_push)
+        blocks.fair_queue = self  # the request guard finds it here
+        return self
+
+    # --- what the request guard reports -----------------------------------------------------
+    def stream_opened(self, key: str) -> None:
+        with self._lock:
+            self._streams[key] += 1
+            for job in self._jobs.values():
+                if key in (job.event_id, job.session):
+                    job.stream_seen = True
+
+    def stream_closed(self, key: str) -> None:
+        with self._lock:
+            self._streams[key] -= 1
+            if self._streams[key] <= 0:
+                del self._streams[key]
+
+    def heartbeat(self, session: str, is_open: bool) -> None:
+        with self._lock:
+            self._heartbeats[session] += 1 if is_open else -1
+            if self._heartbeats[session] <= 0:
+                del self._heartbeats[session]
+
+    def page_session(self, session: str | None) -> bool:
+        with self._lock:
+            return bool(session) and self._heartbeats.get(session, 0) > 0
+
+    # --- push -------------------------------------------------------------------------------
+    def _before_push(self, body, request) -> tuple[tuple | None, tuple[str, str] | None]:
+        """(refusal or None, the job's (client, address)) for a job being pushed."""
+        session = gi.body_session(body)
+        address = self.address_of(request)
+        client = client_key(session, address, self.page_session(session))
+        fn = gi.body_function(self.blocks, body)
+        if fn is None:
+            return None, (client, address)  # gradio answers an unknown fn_index itself (the guard already did)
+        refusal = self._invalid(fn, body)
+        if refusal is not None:
+            return refusal, None
+        self.drop_abandoned()
+        with self._lock:
+            waiting = self._waiting_jobs()
+        verdict, victim = admission(waiting, client, address, self.limits, total=gi.waiting_count(self.queue))
+        if verdict.startswith("refuse"):
+            return gi.queue_full(verdict.removeprefix("refuse: ")), None
+        if victim is not None:
+            self._drop(victim, "dropped to make room: the queue was full and your client had the most jobs waiting "
+                               "(the fair share goes to a visitor with fewer); try again later")
+            self.displaced += 1
+        return None, (client, address)
+
+    def _invalid(self, fn, body) -> tuple | None:
+        """Settings and sizes checked at push: a request over a limit is refused at once, not after
+        waiting for the model."""
+        specs = gi.input_specs(fn)
+        values = {name: value for (name, _), value in zip(specs, gi.body_data(body)) if name is not None}
+        problem = self.validate(gi.api_name_of(fn) or "", values)
+        return gi.invalid_value(*problem) if problem is not None else None
+
+    def _after_push(self, event_id: str, body, context: tuple[str, str]) -> None:
+        client, address = context
+        session = gi.body_session(body) or event_id  # gradio names a /call/ job's session by its event id
+        with self._lock:
+            job = Job(event_id, client, address, session, next(self._seq))
+            job.stream_seen = self._streams[session] > 0 or self._streams[event_id] > 0
+            self._jobs[event_id] = job
+        self._reorder()
+
+    def _reorder(self) -> None:
+        with self._lock:
+            ranks = fair_ranks(self._waiting_jobs())
+        gi.reorder(self.queue, lambda event: ranks.get(gi.event_id(event), (0, -1)))
+
+    # --- waiting and running jobs ----------------------------------------------------------
+    def _waiting_jobs(self) -> list[Job]:
+        """Our records of the jobs still waiting (forgetting finished ones). Caller holds the lock."""
+        waiting_ids = {gi.event_id(event) for event in gi.waiting_events(self.queue)}
+        for event_id in [e for e in self._jobs if e not in waiting_ids and gi.known_event(self.queue, e) is None]:
+            del self._jobs[event_id]
+        return [self._jobs[e] for e in waiting_ids if e in self._jobs]
+
+    def waiting(self) -> int:
+        """Jobs waiting in the queue (all clients), not yet running."""
+        return gi.waiting_count(self.queue) if self.queue is not None else 0
+
+    def waiting_by_client(self) -> dict[str, int]:
+        with self._lock:
+            return dict(collections.Counter(job.client for job in self._waiting_jobs()))
+
+    def _abandoned(self, job: Job, now: float) -> bool:
+        return not job.stream_seen and now - job.pushed > self.limits.stream_grace_s
+
+    def drop_abandoned(self) -> int:
+        """Drop waiting jobs whose result stream was never opened within the grace time."""
+        now = time.monotonic()
+        with self._lock:
+            stale = [job for job in self._waiting_jobs() if self._abandoned(job, now)]
+        for job in stale:
+            self._drop(job, f"dropped: its result stream was not opened within {self.limits.stream_grace_s:g} s")
+        self.dropped_abandoned += len(stale)
+        return len(stale)
+
+    def _drop(self, job: Job, message: str) -> None:
+        event = gi.known_event(self.queue, job.event_id)
+        if event is not None:
+            gi.drop_waiting(self.queue, event, message)
+        with self._lock:
+            self._jobs.pop(job.event_id, None)
+
+    def client_gone_check(self) -> Callable[[], bool]:
+        """For the handler running now: a function that says when its client is gone (the result
+        stream closed, or never opened within the grace time), read by the decoder's cancel check
+        between prefill layers and steps."""
+        event = gi.current_event(self.queue) if self.queue is not None else None
+        if event is None:
+            return lambda: False
+        event_id = gi.event_id(event)
+
+        def gone() -> bool:
+            if not gi.event_alive(event):
+                return True
+            with self._lock:
+                job = self._jobs.get(event_id)
+                return job is not None and self._abandoned(job, time.monotonic())
+        return gone
+
+    def address_of(self, request) -> str:
+        """The client's network address: the socket's peer, or behind a trusted proxy the last
+        address the proxy appended to X-Forwarded-For."""
+        if self.limits.trust_forwarded_for and request is not None:
+            forwarded = request.headers.get("x-forwarded-for", "")
+            if forwarded.strip():
+                return forwarded.split(",")[-1].strip()
+        client = getattr(request, "client", None)
+        return getattr(client, "host", None) or "unknown"

@@ -1,0 +1,206 @@
+"""The ONE place that touches gradio's private internals, checked against the version it was written for.
+
+The fair queue and the request guard need what gradio keeps private: the queue's ``push``, its
+per-lane event lists, the events' ids, sessions and liveness, ``blocks.fns`` and the function's
+input components, and the context variable naming the event a handler runs for. All of it moves
+between gradio releases, so it is read here only, and ``check_version`` refuses an untested gradio
+at start-up instead of failing on a visitor's request.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Awaitable, Callable, Iterator
+
+import gradio
+
+SUPPORTED_GRADIO = "6.31."  # requirements.txt pins gradio==6.31.0
+
+
+def check_version(version: str = gradio.__version__) -> None:
+    """Refuse to wire the fair queue into a gradio this module was not written for."""
+    if not version.startswith(SUPPORTED_GRADIO):
+        raise RuntimeError(
+            f"app/gradio_internals.py was written for gradio {SUPPORTED_GRADIO}x (the queue's push, its event "
+            f"lists, blocks.fns); the installed gradio is {version}. Install the pinned one (requirements.txt) "
+            "or re-check this module against the new release.")
+
+
+# --- blocks and their functions ----------------------------------------------------------------
+
+
+def queue_of(blocks) -> Any:
+    return blocks._queue
+
+
+def functions(blocks) -> dict[int, Any]:
+    """fn_index -> gradio's BlockFunction of every event of the app."""
+    return blocks.fns
+
+
+def function_named(blocks, api_name: str):
+    return next((fn for fn in blocks.fns.values() if fn.api_name == api_name), None)
+
+
+def public_functions(blocks) -> dict[str, Any]:
+    """api_name -> function of the documented (public) endpoints."""
+    return {fn.api_name: fn for fn in blocks.fns.values()
+            if fn.api_name and getattr(fn, "api_visibility", "public") == "public"}
+
+
+def api_name_of(fn) -> str | None:
+    return fn.api_name
+
+
+def is_queued(fn) -> bool:
+    return bool(fn.queue)
+
+
+def input_count(fn) -> int:
+    return len(fn.inputs)
+
+
+def input_specs(fn) -> list[tuple[str | None, str | None]]:
+    """(setting name, JSON type) of each input of ``fn``, in the order of its data list. A control
+    built from the settings schema has elem_id "setting-<name with dashes>"; a gr.api endpoint's
+    inputs are its function's parameters; anything else (a gr.State) has no name."""
+    parameters = [name for name, p in inspect.signature(fn.fn).parameters.items()
+                  if name != "request" and p.kind is p.POSITIONAL_OR_KEYWORD] if fn.fn else []
+    specs = []
+    for index, component in enumerate(fn.inputs):
+        elem_id = getattr(component, "elem_id", None) or ""
+        if elem_id.startswith("setting-"):
+            name = elem_id.removeprefix("setting-").replace("-", "_")
+        elif type(component).__name__ == "Api" and index < len(parameters):
+            name = parameters[index]
+        else:
+            name = None
+        try:
+            kind = component.api_info().get("type")
+        except Exception:  # noqa: BLE001 - a component without a JSON schema accepts anything
+            kind = None
+        specs.append((name, kind if isinstance(kind, str) else None))
+    return specs
+
+
+def api_parameters(fn) -> list[tuple[str, bool]]:
+    """(name, required) of a gr.api endpoint's parameters, in order (the /call/v2 body's keys)."""
+    if not fn.fn:
+        return []
+    return [(name, p.default is inspect.Parameter.empty) for name, p in inspect.signature(fn.fn).parameters.items()
+            if name != "request"]
+
+
+# --- the queue ---------------------------------------------------------------------------------
+
+
+def lanes(queue) -> list[list]:
+    """The waiting events of each concurrency lane, in the order gradio will start them (mutable)."""
+    return [event_queue.queue for event_queue in queue.event_queue_per_concurrency_id.values()]
+
+
+def waiting_events(queue) -> Iterator:
+    """Every event waiting in the queue (all lanes), not yet running."""
+    for lane in lanes(queue):
+        yield from lane
+
+
+def waiting_count(queue) -> int:
+    return sum(len(lane) for lane in lanes(queue))
+
+
+def known_event(queue, event_id: str):
+    """The event (waiting or running) with this id, or None once it has finished."""
+    return queue.event_ids_to_events.get(event_id)
+
+
+def event_id(event) -> str:
+    return event._id
+
+
+def event_session(event) -> str:
+    return event.session_hash
+
+
+def event_alive(event) -> bool:
+    """False once gradio saw the event's result stream close (its client went away)."""
+    return bool(event.alive)
+
+
+def current_event(queue):
+    """The event the calling handler runs for (gradio sets its id in a context variable around each
+    call of the handler), or None outside a queued call."""
+    from gradio.context import LocalContext  # noqa: PLC0415
+
+    current = LocalContext.event_id.get(None)
+    return queue.event_ids_to_events.get(current) if current else None
+
+
+def wrap_push(queue, before: Callable[[Any, Any], tuple[tuple | None, Any]],
+              after: Callable[[str, Any, Any], None]) -> None:
+    """Wrap this queue's ``push``: ``before(body, request)`` returns (push's refusal tuple or None,
+    a context); a refused job never reaches gradio; ``after(event_id, body, context)`` sees every
+    admitted one."""
+    push: Callable[..., Awaitable[tuple]] = queue.push
+
+    async def fair_push(body, request, username):
+        refusal, context = before(body, request)
+        if refusal is not None:
+            return refusal
+        admitted, event_id_, state = await push(body, request, username)
+        if admitted:
+            after(event_id_, body, context)
+        return admitted, event_id_, state
+
+    queue.push = fair_push
+
+
+def queue_full(message: str) -> tuple:
+    """push's refusal that gradio answers with HTTP 503 and ``message`` as the detail."""
+    return False, message, "queue_full"
+
+
+def invalid_value(parameter: str, message: str) -> tuple:
+    """push's refusal that gradio answers with HTTP 422 in its validator format, which gradio_client
+    raises as a ValidationError carrying ``message`` (a plain string detail would crash it)."""
+    return False, [{"__type__": "validate", "is_valid": False, "parameter_name": parameter, "message": message}], \
+        "validator_error"
+
+
+def body_session(body) -> str | None:
+    return body.session_hash
+
+
+def body_function(blocks, body):
+    """The function a pushed body asks for, or None."""
+    return blocks.fns.get(body.fn_index) if body.fn_index is not None else None
+
+
+def body_data(body) -> list:
+    return list(body.data or [])
+
+
+def drop_waiting(queue, event, message: str) -> bool:
+    """Take a waiting event out of the queue and end it with ``message`` (its client reads an error
+    event); False when it had already started or finished."""
+    from gradio.server_messages import ProcessCompletedMessage  # noqa: PLC0415
+
+    for lane in lanes(queue):
+        if event in lane:
+            lane.remove(event)
+            break
+    else:
+        return False
+    queue.event_ids_to_events.pop(event._id, None)
+    queue.send_message(event, ProcessCompletedMessage(output={"error": message}, success=False, title="Refused"))
+    return True
+
+
+def reorder(queue, key: Callable[[Any], Any]) -> None:
+    """Sort each lane's waiting events by ``key`` (the event that sorts first starts next)."""
+    for lane in lanes(queue):
+        lane.sort(key=key)
+
+
+def enqueued_at(event) -> float:
+    return event.enqueue_time
