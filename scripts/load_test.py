@@ -25,6 +25,12 @@ resident memory before and after (after the run and a short idle).
                    ("Queue is full"), its share of the queue (accepted waiting / queue size), then a
                    second client must still get a normal answer; the same flood through REST
                    /call/generate (no session) is measured too, and its accepted jobs cancelled
+  REST flood       one script floods /generate by /call/, /call/v2/ and queue/join with made-up
+                   session ids (reading every stream) while a page-like visitor submits one job:
+                   the visitor's first message against the job run alone (target: within the running
+                   job plus one per other client: 2 x the job + its first message)
+  preview storm    4 loops on the page's schedule preview (outside the queue), new settings each
+                   call, during one generation: its first message against alone
   messages         every answer and exception whose text is empty, "None", "Internal Server
                    Error" or a bare traceback counts as an error without a message (target 0)
 Also the server's RSS before (after a warm-up request), after the mix and after 10 s idle (target:
@@ -480,6 +486,153 @@ def queue_flood(url: str, observations: Observations, submissions: int, queue_si
             "rest_call_flood_no_session": {**rest, "max_queue_share": round(rest["accepted"] / queue_size, 3)}}
 
 
+VICTIM_JOB = dict(prompt=PROMPTS[0], target_speedup=2.0, max_new_tokens=32)
+
+
+def api_values(url: str, **overrides) -> list:
+    """/generate's values in the documented order: its defaults, with ``overrides``."""
+    info = httpx.get(url.rstrip("/") + "/gradio_api/info", timeout=30).json()["named_endpoints"]["/generate"]
+    values = {p["parameter_name"]: p["parameter_default"] if p["parameter_has_default"] else "Hi"
+              for p in info["parameters"]}
+    return list((values | overrides).values())
+
+
+def first_message_seconds(job: Job, timeout: float = 300) -> float | None:
+    """Seconds from now until the job's first message (its first token), None if it ended without one."""
+    start = time.time()
+    while time.time() - start < timeout:
+        if job.outputs():
+            return round(time.time() - start, 2)
+        if job.done():
+            return None
+        time.sleep(0.01)
+    return None
+
+
+def timed_job(url: str, observations: Observations, step: str) -> dict:
+    """One page-like session's job (gradio_client keeps the page's heartbeat open): seconds to its
+    first message and to its end."""
+    client = Client(url, verbose=False)
+    time.sleep(0.5)  # its heartbeat is open, as a page's is before its first click
+    start = time.time()
+    job = client.submit(**VICTIM_JOB, api_name="/generate")
+    first = first_message_seconds(job)
+    outcome = job_outcome(job, step, observations, 300)
+    return {"first_message_s": first, "total_s": round(time.time() - start, 1), "outcome": outcome}
+
+
+class RestFlood:
+    """One script flooding /generate by every route the server answers (REST /call/ and /call/v2/
+    without a session, queue/join with a made-up session id each time), reading every accepted
+    job's stream (the worst case: nothing is dropped as abandoned)."""
+
+    def __init__(self, url: str, observations: Observations) -> None:
+        self.base, self.observations = url.rstrip("/") + "/gradio_api", observations
+        self.stop, self.tally, self.lock = threading.Event(), collections.Counter(), threading.Lock()
+        self.values = api_values(url, **VICTIM_JOB)
+        with httpx.Client(base_url=url, timeout=30) as http:
+            self.fn_index = generate_fn_index(http)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _read(self, path: str) -> None:
+        try:
+            with httpx.Client(timeout=300) as http, http.stream("GET", f"{self.base}/{path}") as response:
+                for _ in response.iter_lines():
+                    if self.stop.is_set():
+                        return
+        except httpx.HTTPError:
+            pass
+
+    def _run(self) -> None:
+        with httpx.Client(base_url=self.base, timeout=30) as http:
+            while not self.stop.is_set():
+                session = os.urandom(6).hex()
+                for route, body, stream in (
+                        ("call/generate", {"data": self.values}, "call/generate/{id}"),
+                        ("call/v2/generate", dict(VICTIM_JOB), "call/v2/generate/{id}"),
+                        ("queue/join", {"data": self.values, "fn_index": self.fn_index, "session_hash": session},
+                         f"queue/data?session_hash={session}")):
+                    try:
+                        response = http.post(route, json=body)
+                    except httpx.HTTPError as error:
+                        with self.lock:
+                            self.tally[(route, type(error).__name__)] += 1
+                        continue
+                    with self.lock:
+                        self.tally[(route, response.status_code)] += 1
+                    if response.status_code == 200:
+                        path = stream.format(id=response.json()["event_id"])
+                        threading.Thread(target=self._read, args=(path,), daemon=True).start()
+                    else:
+                        self.observations.answer(f"REST flood {route}", message_of(response.text))
+                time.sleep(0.05)
+
+    def report(self) -> dict:
+        with self.lock:
+            tally = dict(self.tally)
+        accepted = sum(n for (_, status), n in tally.items() if status == 200)
+        return {"requests": sum(tally.values()), "accepted": accepted, "refused": sum(tally.values()) - accepted,
+                "by_route_and_status": {f"{route} {status}": n for (route, status), n in sorted(tally.items(),
+                                                                                              key=str)}}
+
+
+def rest_flood_victim(url: str, observations: Observations) -> dict:
+    """The issue's REST flood with a normal visitor beside it: the visitor's first message (its first
+    token) against the bound "the jobs running plus one per other client" (here: one running, one
+    of the flood's pooled client), measured in units of the same job run alone."""
+    alone = timed_job(url, observations, "victim alone")
+    flood = RestFlood(url, observations)
+    flood.thread.start()
+    try:
+        time.sleep(max(5.0, 2 * alone["total_s"]))  # the flood has the lane and its queue share
+        victim = timed_job(url, observations, "victim under the flood")
+    finally:
+        flood.stop.set()
+        flood.thread.join(60)
+    job_s = alone["total_s"]
+    bound = round(2 * job_s + alone["first_message_s"], 1)  # one running + one flood job, then its own prefill
+    return {"job": VICTIM_JOB, "alone": alone, "under_flood": victim, "flood": flood.report(),
+            "bound_s": bound, "victim_within_bound": victim["first_message_s"] is not None
+            and victim["first_message_s"] <= bound}
+
+
+def preview_storm(url: str, observations: Observations, loops: int = 4) -> dict:
+    """Four loops on the page's schedule preview (it runs outside the queue) with a new target
+    speedup each call, while one generation runs: that generation's first message against alone."""
+    config = httpx.get(url.rstrip("/") + "/config", timeout=30).json()
+    dependency = next(d for d in config["dependencies"] if d.get("api_name") == "ui_schedule")
+    components = {c["id"]: c for c in config["components"]}
+    names = [components[i].get("props", {}).get("elem_id") or "" for i in dependency["inputs"]]
+    base = [components[i].get("props", {}).get("value") for i in dependency["inputs"]]
+    speed = names.index("setting-target-speedup")
+    stop, calls, slowest = threading.Event(), collections.Counter(), [0.0]
+
+    def loop(seed: int) -> None:
+        rng = random.Random(seed)
+        with httpx.Client(base_url=url, timeout=60) as http:
+            while not stop.is_set():
+                data = list(base)
+                data[speed] = round(rng.uniform(1.0, 3.0), 3)
+                started = time.time()
+                response = http.post("gradio_api/run/ui_schedule", json={"data": data, "session_hash": f"p{seed}"})
+                slowest[0] = max(slowest[0], time.time() - started)
+                calls[response.status_code] += 1
+
+    alone = timed_job(url, observations, "preview storm (alone)")
+    threads = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(loops)]
+    for thread in threads:
+        thread.start()
+    try:
+        time.sleep(1.0)
+        during = timed_job(url, observations, "preview storm (during)")
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+    return {"loops": loops, "calls_by_status": dict(calls), "slowest_call_s": round(slowest[0], 2),
+            "first_message_s_alone": alone["first_message_s"], "first_message_s_during": during["first_message_s"]}
+
+
 def command_line() -> str:
     threads = os.environ.get("OMP_NUM_THREADS")
     prefix = f"OMP_NUM_THREADS={threads} " if threads else ""
@@ -506,6 +659,8 @@ def run_hostile(url: str, server: subprocess.Popen | None, args: argparse.Namesp
     sessions = long_sessions(url, observations, sessions=3, words=args.prompt_words, max_new_tokens=8)
     rest = rest_refusals(url, observations)
     flood = queue_flood(url, observations, submissions=20, queue_size=args.queue_size, words=args.prompt_words)
+    victim = rest_flood_victim(url, observations)
+    previews = preview_storm(url, observations)
     after = rss_mb(process)
     time.sleep(10)
     missing = observations.without_message()
@@ -513,6 +668,7 @@ def run_hostile(url: str, server: subprocess.Popen | None, args: argparse.Namesp
         "mode": "hostile", "command": command_line(), "url": url, "hardware": hardware(),
         "memory": memory_report(before, after, rss_mb(process)),
         "cancel_storm": storm, "long_sessions": sessions, "rest_refusals": rest, "queue_flood": flood,
+        "rest_flood_and_victim": victim, "preview_storm": previews,
         "errors_without_message": {"count": len(missing), "target": 0, "examples": missing[:10],
                                    "answers_checked": len(observations.items),
                                    "local_cancelled_errors_not_counted": observations.local_cancellations},
@@ -542,6 +698,10 @@ def missed_targets(report: dict) -> list[str]:
     second = report["queue_flood"]["second_client"]
     if not second.get("ok"):
         missed.append("the second client got no normal answer after the flood")
+    victim = report["rest_flood_and_victim"]
+    if not victim["victim_within_bound"]:
+        missed.append(f"the visitor's first message under the REST flood took {victim['under_flood']['first_message_s']}"
+                      f" s (bound {victim['bound_s']} s)")
     return missed
 
 
