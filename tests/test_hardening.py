@@ -190,7 +190,7 @@ class SlowGenerator:
     """Wraps a TextGenerator's layer runner with fixed sleeps and counts the layers run."""
 
     def __init__(self, generator) -> None:
-        self.generator, self.layer_calls = generator, 0
+        self.generator, self.layer_calls, self.prefill_s = generator, 0, PREFILL_LAYER_S
         adapters = {id(a): a for d in (generator.skip_decoder, generator.full_decoder)
                     for a in (d.adapter, d.skip_adapter)}
         for adapter in adapters.values():
@@ -198,7 +198,7 @@ class SlowGenerator:
 
             def slow(index, hidden, *args, _original=original, **kwargs):
                 self.layer_calls += 1
-                time.sleep(PREFILL_LAYER_S if hidden.shape[1] > 1 else STEP_LAYER_S)
+                time.sleep(self.prefill_s if hidden.shape[1] > 1 else STEP_LAYER_S)
                 return _original(index, hidden, *args, **kwargs)
 
             adapter.run_layer = slow
@@ -404,22 +404,28 @@ def test_closing_the_stream_mid_prefill_cancels_the_prefill(slow_server):
     base = demo.local_url.rstrip("/") + "/gradio_api"
     wait_idle(demo)
     values = api_values(demo.local_url.rstrip("/"), **JOB)
-    with httpx.Client(timeout=30) as http:
-        event_id = http.post(f"{base}/call/generate", json={"data": values}).json()["event_id"]
-        with http.stream("GET", f"{base}/call/generate/{event_id}") as response:
-            deadline = time.time() + 10
-            while demo.playground.runs.active_count() == 0 and time.time() < deadline:
-                time.sleep(0.01)
-            time.sleep(1.5 * PREFILL_LAYER_S)  # inside the first prefill (4 layers of 0.05 s, two streams)
-            assert response.status_code == 200
-    closed = time.time()
-    while demo.playground.runs.active_count() and time.time() - closed < 5:
-        time.sleep(0.01)
-    settled = slow.layer_calls
-    time.sleep(4 * PREFILL_LAYER_S)
+    slow.prefill_s = 0.25  # a long prefill: 4 layers of 0.25 s per stream
+    try:
+        with httpx.Client(timeout=30) as http:
+            event_id = http.post(f"{base}/call/generate", json={"data": values}).json()["event_id"]
+            with http.stream("GET", f"{base}/call/generate/{event_id}") as response:
+                deadline = time.time() + 10
+                while demo.playground.runs.active_count() == 0 and time.time() < deadline:
+                    time.sleep(0.01)
+                started = slow.layer_calls
+                time.sleep(1.5 * slow.prefill_s)  # inside the first prefill's second layer
+                assert response.status_code == 200
+        closed = time.time()
+        while demo.playground.runs.active_count() and time.time() - closed < 5:
+            time.sleep(0.01)
+        settled = slow.layer_calls
+        time.sleep(2 * slow.prefill_s)
+    finally:
+        slow.prefill_s = PREFILL_LAYER_S
     assert slow.layer_calls == settled, "layers kept running after the connection closed"
     assert time.time() - closed < 2.0
-    assert settled < 8  # the two prefills alone are 8 layer calls: it stopped inside them
+    # closed in the 2nd of the first prefill's 4 layers: it stopped after that layer, not at the end
+    assert settled - started <= 3, settled - started
 
 
 @pytest.mark.server
