@@ -13,9 +13,11 @@ Admission (when a job is pushed, in milliseconds):
   * when the queue is full, a client with fewer waiting jobs than the heaviest client takes the
     heaviest client's newest job's place (that job ends with a message saying why); otherwise the
     newcomer is told the queue is full.
-Place: the waiting jobs are served round-robin by client: a job's rank is how many jobs its client
-already has ahead of it, and the queue runs by (rank, arrival). So a newcomer's first job waits for
-the jobs already running plus at most one job per other client.
+Place: round-robin by client, with places that stay put. A job's round is fixed when it is pushed:
+one past its client's previous job, and never before the round now being served; the queue runs
+by (round, arrival). Each client has at most one job per round, so a newcomer's first job waits for
+the jobs already running plus at most one job per other client, and a flood's later jobs never
+overtake it.
 Abandoned jobs: a job whose result stream is not opened within ``stream_grace_s`` is dropped while
 waiting, and cancelled (within a layer) if it already runs.
 """
@@ -74,8 +76,10 @@ class Job:
     address: str
     session: str
     seq: int
+    round: int = 0
     pushed: float = field(default_factory=time.monotonic)
     stream_seen: bool = False
+    started: bool = False
 
 
 # --- the policy (pure: no gradio) ----------------------------------------------------------------
@@ -112,14 +116,30 @@ def admission(waiting: list[Job], client: str, address: str, limits: ServingLimi
             f"holds more than its share; try again in a minute.", None)
 
 
-def fair_ranks(jobs: list[Job]) -> dict[str, tuple[int, int]]:
-    """event id -> (rank, seq): rank = how many jobs of the same client arrived before it."""
-    seen: collections.Counter[str] = collections.Counter()
-    ranks = {}
-    for job in sorted(jobs, key=lambda job: job.seq):
-        ranks[job.event_id] = (seen[job.client], job.seq)
-        seen[job.client] += 1
-    return ranks
+class Rounds:
+    """Round numbers of the round-robin: a client's next job goes one round after its previous one,
+    but never before the round being served now (an idle client does not bank rounds)."""
+
+    def __init__(self) -> None:
+        self.current = 0
+        self._next: dict[str, int] = {}
+
+    def assign(self, client: str) -> int:
+        round_ = max(self._next.get(client, 0), self.current)
+        self._next[client] = round_ + 1
+        return round_
+
+    def started(self, round_: int) -> None:
+        """A job of ``round_`` left the queue to run: that round is being served."""
+        if round_ > self.current:
+            self.current = round_
+            for client in [c for c, n in self._next.items() if n <= self.current]:
+                del self._next[client]  # its next job would get the current round anyway
+
+
+def fair_key(job: Job) -> tuple[int, int]:
+    """The queue's order: by round, then by arrival."""
+    return job.round, job.seq
 
 
 # --- the queue of one app ------------------------------------------------------------------------
@@ -139,6 +159,7 @@ class FairQueue:
         self._lock = threading.Lock()
         self._jobs: dict[str, Job] = {}
         self._seq = itertools.count()
+        self._rounds = Rounds()
         self._streams: collections.Counter[str] = collections.Counter()  # open result streams by session/event id
         self._heartbeats: collections.Counter[str] = collections.Counter()  # open page heartbeats by session
         self.dropped_abandoned = 0
@@ -184,15 +205,16 @@ class FairQueue:
         fn = gi.body_function(self.blocks, body)
         if fn is None:
             return None, (client, address)  # gradio answers an unknown fn_index itself (the guard already did)
-        refusal = self._invalid(fn, body)
-        if refusal is not None:
-            return refusal, None
         self.drop_abandoned()
         with self._lock:
             waiting = self._waiting_jobs()
+        # The share first: refusing a flood's surplus costs microseconds, not a settings check.
         verdict, victim = admission(waiting, client, address, self.limits, total=gi.waiting_count(self.queue))
         if verdict.startswith("refuse"):
             return gi.queue_full(verdict.removeprefix("refuse: ")), None
+        refusal = self._invalid(fn, body)
+        if refusal is not None:
+            return refusal, None
         if victim is not None:
             self._drop(victim, "dropped to make room: the queue was full and your client had the most jobs waiting "
                                "(the fair share goes to a visitor with fewer); try again later")
@@ -211,21 +233,24 @@ class FairQueue:
         client, address = context
         session = gi.body_session(body) or event_id  # gradio names a /call/ job's session by its event id
         with self._lock:
-            job = Job(event_id, client, address, session, next(self._seq))
+            job = Job(event_id, client, address, session, next(self._seq), self._rounds.assign(client))
             job.stream_seen = self._streams[session] > 0 or self._streams[event_id] > 0
             self._jobs[event_id] = job
         self._reorder()
 
     def _reorder(self) -> None:
         with self._lock:
-            ranks = fair_ranks(self._waiting_jobs())
-        gi.reorder(self.queue, lambda event: ranks.get(gi.event_id(event), (0, -1)))
+            keys = {job.event_id: fair_key(job) for job in self._waiting_jobs()}
+        gi.reorder(self.queue, lambda event: keys.get(gi.event_id(event), (-1, -1)))
 
     # --- waiting and running jobs ----------------------------------------------------------
     def _waiting_jobs(self) -> list[Job]:
         """Our records of the jobs still waiting (forgetting finished ones). Caller holds the lock."""
         waiting_ids = {gi.event_id(event) for event in gi.waiting_events(self.queue)}
-        for event_id in [e for e in self._jobs if e not in waiting_ids and gi.known_event(self.queue, e) is None]:
+        for job in [job for job in self._jobs.values() if job.event_id not in waiting_ids and not job.started]:
+            job.started = True  # it left the queue to run (dropped jobs are forgotten when dropped)
+            self._rounds.started(job.round)
+        for event_id in [e for e, job in self._jobs.items() if job.started and gi.known_event(self.queue, e) is None]:
             del self._jobs[event_id]
         return [self._jobs[e] for e in waiting_ids if e in self._jobs]
 

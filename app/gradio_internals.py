@@ -60,10 +60,20 @@ def input_count(fn) -> int:
     return len(fn.inputs)
 
 
+_SPECS: dict[int, tuple[object, list]] = {}  # id(fn) -> (fn, its input specs): asked on every request
+
+
 def input_specs(fn) -> list[tuple[str | None, str | None]]:
     """(setting name, JSON type) of each input of ``fn``, in the order of its data list. A control
     built from the settings schema has elem_id "setting-<name with dashes>"; a gr.api endpoint's
     inputs are its function's parameters; anything else (a gr.State) has no name."""
+    cached = _SPECS.get(id(fn))
+    if cached is None or cached[0] is not fn:
+        cached = _SPECS[id(fn)] = (fn, _input_specs(fn))
+    return cached[1]
+
+
+def _input_specs(fn) -> list[tuple[str | None, str | None]]:
     parameters = [name for name, p in inspect.signature(fn.fn).parameters.items()
                   if name != "request" and p.kind is p.POSITIONAL_OR_KEYWORD] if fn.fn else []
     specs = []
