@@ -99,7 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--batch-size", type=int, default=16)
     ev.add_argument("--quantize", default="", help="comma-separated weight modes (int8) to measure against the "
                     "float full model (default: none)")
-    ev.add_argument("--no-free-running", action="store_true", help="skip the ROUGE-L/BLEU generation runs")
+    ev.add_argument("--no-free-running", action="store_true",
+                    help="skip the generation runs (ROUGE-L/BLEU, judged fluency, repetition, fact retention)")
+    ev.add_argument("--facts", default=None, help="JSONL fact questions with accepted answers "
+                    "(default: assets/prompts/facts.jsonl; 'none' to skip)")
+    ev.add_argument("--max-facts", type=int, default=None)
+    ev.add_argument("--fact-tokens", type=int, default=32, help="reply length for a fact question")
     ev.add_argument("--output", default=None, help="folder for eval.json and eval.md")
     ev.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
     ev.set_defaults(handler=run_eval)
@@ -229,7 +234,7 @@ def _float_list(text: str, name: str) -> tuple[float, ...]:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from model.data import DEFAULT_EVAL_PROMPTS  # noqa: PLC0415
+    from model.data import DEFAULT_EVAL_PROMPTS, DEFAULT_FACTS  # noqa: PLC0415
     from model.evaluation import EvalConfig, evaluate, write_report  # noqa: PLC0415
 
     config = EvalConfig(
@@ -238,9 +243,11 @@ def run_eval(args: argparse.Namespace) -> int:
         continuation_tokens=args.tokens, speedups=_float_list(args.speedups, "--speedups"), decay=args.decay,
         warmup=args.warmup, order=args.order, batch_size=args.batch_size, free_running=not args.no_free_running,
         quantize=tuple(m for m in (_quantize_list(args.quantize) or ()) if m != "none"),
+        facts=None if args.facts == "none" else args.facts or str(DEFAULT_FACTS), max_facts=args.max_facts,
+        fact_tokens=args.fact_tokens,
     )
-    if config.continuation_tokens < 2:
-        raise ValueError("--tokens must be >= 2")
+    if config.continuation_tokens < 2 or config.fact_tokens < 2:
+        raise ValueError("--tokens and --fact-tokens must be >= 2")
     report = evaluate(config, progress=lambda line: print(line, file=sys.stderr))
     if args.output:
         write_report(report, args.output)

@@ -16,6 +16,7 @@ from model.schedule import full_schedule
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 DEFAULT_TRAIN_PROMPTS = ASSETS / "prompts" / "train.jsonl"
 DEFAULT_EVAL_PROMPTS = ASSETS / "prompts" / "eval.jsonl"
+DEFAULT_FACTS = ASSETS / "prompts" / "facts.jsonl"  # short fact questions with accepted answers (held out)
 
 
 @dataclass

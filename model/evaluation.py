@@ -7,7 +7,13 @@ For each layer speedup (linear decay by default), with and without the skip-poli
 * perplexity of the full model's greedy continuation under the skipping model, and its ratio to
   the full model's own perplexity of that text;
 * free-running ROUGE-L (F1 over words) and BLEU (sacrebleu) of SkipDecode's greedy output
-  against the full model's output.
+  against the full model's output;
+* judged fluency: the ORIGINAL model's perplexity of SkipDecode's own free-running text given
+  the prompt, as a ratio to its perplexity of its own greedy text (a text the full model would
+  also have written scores 1.0; ROUGE punishes a good answer worded differently, this does not);
+* repetition: the share of word 4-grams that repeat an earlier 4-gram of the same output;
+* fact retention: of the short fact questions (assets/prompts/facts.jsonl) the full model
+  answers right, the share SkipDecode still answers right.
 The full model is always the ORIGINAL model (adapter off).
 """
 
@@ -15,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -22,7 +29,15 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from model.data import DEFAULT_EVAL_PROMPTS, batches_of, read_prompts, teacher_continuations
+from model.data import (
+    DEFAULT_EVAL_PROMPTS,
+    DEFAULT_FACTS,
+    Example,
+    batches_of,
+    read_jsonl,
+    read_prompts,
+    teacher_continuations,
+)
 from model.decoder import SkipDecoder
 from model.schedule import ScheduleConfig, full_schedule, solve_schedule
 from model.training import skip_policy_logits
@@ -47,6 +62,9 @@ class EvalConfig:
     free_running_speedups: tuple[float, ...] | None = None  # None: every speedup
     include_no_adapter: bool = True
     quantize: tuple[str, ...] = ()  # weight modes to measure against the float full model (e.g. "int8")
+    facts: str | None = str(DEFAULT_FACTS)  # None: no fact-retention measure
+    max_facts: int | None = None
+    fact_tokens: int = 32  # greedy reply length for a fact question (the schedule decays over it)
 
 
 @dataclass
@@ -72,6 +90,9 @@ class EvalRow:
     perplexity_ratio: float
     rouge_l: float | None = None
     bleu: float | None = None
+    judged_ppl_ratio: float | None = None  # original model's perplexity of this text / of its own text
+    repetition: float | None = None  # share of repeated word 4-grams
+    fact_retention: float | None = None  # of the facts the full model answers right, share kept
 
 
 @dataclass
@@ -85,6 +106,9 @@ class EvalReport:
     full_perplexity: float
     warmup: int = 1
     order: str = "warmup_top"
+    full_repetition: float | None = None
+    facts: int = 0  # fact questions asked
+    full_fact_accuracy: float | None = None  # share the full model answers right
     rows: list[EvalRow] = field(default_factory=list)
     quantization: list[QuantizationRow] = field(default_factory=list)
 
@@ -97,15 +121,23 @@ class EvalReport:
             f"full model ({self.model}, {self.device}); decay {self.decay}, warmup {self.warmup}, order {self.order}; "
             f"full-model perplexity of its own continuations {self.full_perplexity:.3f}.",
             "",
-            "| variant | target | layer speedup | max→min layers | agreement | perplexity | ppl ratio | ROUGE-L | BLEU |",
-            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        if self.full_repetition is not None:
+            lines += [f"Full model's own greedy text: repetition {self.full_repetition:.3f}.", ""]
+        if self.full_fact_accuracy is not None:
+            lines += [f"Fact questions: {self.facts}; the full model answers {self.full_fact_accuracy:.1%} right "
+                      f"(retention counts only those).", ""]
+        lines += [
+            "| variant | target | layer speedup | max→min layers | agreement | ppl ratio | judged ppl ratio | "
+            "repetition | fact retention | ROUGE-L | BLEU |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in self.rows:
-            rouge = "–" if r.rouge_l is None else f"{r.rouge_l:.3f}"
-            bleu = "–" if r.bleu is None else f"{r.bleu:.1f}"
             lines.append(
                 f"| {r.variant} | {r.target_speedup:g}x | {r.layer_speedup:.2f}x | {r.max_layers}→{r.min_layers} | "
-                f"{r.agreement:.3f} | {r.perplexity:.3f} | {r.perplexity_ratio:.2f} | {rouge} | {bleu} |"
+                f"{r.agreement:.3f} | {r.perplexity_ratio:.2f} | {_cell(r.judged_ppl_ratio, '.2f')} | "
+                f"{_cell(r.repetition, '.3f')} | {_cell(r.fact_retention, '.3f')} | {_cell(r.rouge_l, '.3f')} | "
+                f"{_cell(r.bleu, '.1f')} |"
             )
         if self.quantization:
             lines += ["", "Quantised weights, full model against the float full model (same prompts):", "",
@@ -114,6 +146,10 @@ class EvalReport:
             lines += [f"| {q.weights} | {q.agreement:.3f} | {q.perplexity_ratio:.3f} | {q.token_match:.3f} | "
                       f"{q.identical_outputs:.3f} |" for q in self.quantization]
         return "\n".join(lines)
+
+
+def _cell(value: float | None, spec: str) -> str:
+    return "–" if value is None else format(value, spec)
 
 
 # --- metrics -----------------------------------------------------------------------------------
@@ -158,12 +194,131 @@ def teacher_forced_scores(model, batches, schedule_for_batch, bridge=None) -> tu
     return agree / count, nll / count
 
 
+def repetition_rate(texts: Sequence[str], n: int = 4) -> float:
+    """Share of word n-grams (pooled over texts) that repeat an earlier n-gram of the same text."""
+    repeated = total = 0
+    for text in texts:
+        words = text.lower().split()
+        seen: set[tuple[str, ...]] = set()
+        for i in range(len(words) - n + 1):
+            gram = tuple(words[i:i + n])
+            repeated += gram in seen
+            seen.add(gram)
+            total += 1
+    return repeated / total if total else 0.0
+
+
+@dataclass(frozen=True)
+class FactQuestion:
+    question: str
+    answers: tuple[str, ...]
+
+
+def read_facts(path: str | Path, limit: int | None = None) -> list[FactQuestion]:
+    facts = []
+    for number, record in enumerate(read_jsonl(path), start=1):
+        answers = record.get("answers")
+        if not isinstance(record.get("question"), str) or not answers or not all(isinstance(a, str) and a for a in answers):
+            raise ValueError(f"{Path(path).name} record {number}: needs a question and a list of accepted answers")
+        facts.append(FactQuestion(record["question"], tuple(answers)))
+    return facts[:limit]
+
+
+def answers_right(reply: str, answers: Sequence[str]) -> bool:
+    """Any accepted answer as a whole word or phrase of the reply, ignoring case."""
+    return any(re.search(r"(?<![0-9a-z])" + re.escape(a.lower()) + r"(?![0-9a-z])", reply.lower()) for a in answers)
+
+
+@dataclass
+class FreeRun:
+    """Greedy outputs of one decoder under one schedule: texts, and prompt + output ids to score."""
+
+    texts: list[str]
+    examples: list[Example]
+
+
+def free_run(generator, decoder: SkipDecoder, prompt_batches, schedule: ScheduleConfig, max_new_tokens: int) -> FreeRun:
+    texts, examples = [], []
+    eos = generator.loaded.tokenizer.eos_token_id
+    for ids, mask in prompt_batches:
+        result = decoder.generate(ids, mask, schedule, max_new_tokens=max_new_tokens)
+        for row, (tokens, reason) in enumerate(zip(result.tokens, result.finish_reasons)):
+            texts.append(generator.decode_text(tokens))
+            target = list(tokens) + ([eos] if reason == "eos" and eos is not None else [])
+            examples.append(Example(prompt=ids[row][mask[row].bool()].tolist(), target=target or [eos]))
+    return FreeRun(texts=texts, examples=examples)
+
+
+def judged_nll(loaded, examples: Sequence[Example], batch_size: int, num_layers: int) -> float:
+    """The ORIGINAL model's mean NLL per token of ``examples``' targets given their prompts."""
+    batches = batches_of(examples, batch_size, loaded.pad_token_id, loaded.device)
+    return teacher_forced_scores(loaded.model, batches, lambda steps: full_schedule(num_layers))[1]
+
+
 # --- the run -------------------------------------------------------------------------------------
 
 
+@dataclass
+class _Context:
+    """What every row of a run shares: the model, placement, references and prompt batches."""
+
+    config: EvalConfig
+    generator: object
+    loaded: object
+    num_layers: int
+    warmup: int
+    order: str
+    ranking: tuple[int, ...]
+    prompts: list[str]
+    examples: list[Example]  # the full model's greedy continuations
+    batches: list  # the same, collated for teacher-forced scoring
+    full_nll: float  # the full model's mean NLL of them
+    prompt_batches: list
+    references: FreeRun  # the full model's own greedy text
+    reference_nll: float  # the original model's NLL of it
+    fact_batches: list
+    facts: list[FactQuestion]
+    full_facts_right: list[bool]
+
+    def schedule(self, speedup: float, tokens: int) -> tuple[ScheduleConfig, float]:
+        if speedup == 1.0:
+            return full_schedule(self.num_layers, tokens), 1.0
+        solved = solve_schedule(self.num_layers, speedup, decay=self.config.decay, warmup=self.warmup,
+                                order=self.order, ranking=self.ranking, decay_length=tokens,
+                                num_steps=max(1, tokens - 1))
+        return solved.config, solved.layer_speedup
+
+
 def evaluate(config: EvalConfig, progress=print) -> EvalReport:
+    from model.loading import gated_peft_copy  # noqa: PLC0415
+
+    context, report = _prepare(config, progress)
+    loaded = context.loaded
+    for weights in config.quantize:
+        report.quantization.append(_quantization_row(config, weights, context))
+        q = report.quantization[-1]
+        progress(f"{weights} full model vs float: agreement {q.agreement:.3f}, ppl ratio {q.perplexity_ratio:.3f}, "
+                 f"greedy token match {q.token_match:.3f}, identical outputs {q.identical_outputs:.3f}")
+    # variant -> (teacher-forced model, bridge, free-running decoder)
+    variants = []
+    if loaded.adapter_path:
+        variants.append(("adapter", gated_peft_copy(loaded), loaded.bridge, context.generator.skip_decoder))
+    if config.include_no_adapter or not loaded.adapter_path:
+        variants.append(("no adapter", loaded.model, None, context.generator.full_decoder))
+    for variant, model, bridge, decoder in variants:
+        for speedup in config.speedups:
+            row = _row(context, variant, speedup, model, bridge, decoder)
+            report.rows.append(row)
+            progress(f"{variant} {speedup}x: agreement {row.agreement:.3f}, ppl ratio {row.perplexity_ratio:.2f}, "
+                     f"judged ppl ratio {row.judged_ppl_ratio}, repetition {row.repetition}, "
+                     f"fact retention {row.fact_retention}, ROUGE-L {row.rouge_l}")
+    return report
+
+
+def _prepare(config: EvalConfig, progress) -> tuple[_Context, EvalReport]:
+    """Load the model; the full model's greedy continuations (the reference of every metric) and fact answers."""
     from model.generation import TextGenerator  # noqa: PLC0415
-    from model.loading import gated_peft_copy, load_model  # noqa: PLC0415
+    from model.loading import load_model  # noqa: PLC0415
 
     loaded = load_model(config.model, device=config.device, adapter=config.adapter)
     generator = TextGenerator(loaded)
@@ -175,77 +330,91 @@ def evaluate(config: EvalConfig, progress=print) -> EvalReport:
     # The adapter's trained placement unless the caller chose one (the same defaults as generate).
     warmup = config.warmup if config.warmup is not None else generator.default_warmup
     order = config.order or generator.default_order
-    ranking = generator.ranking_for(order)
-
-    # 1. The full (original) model's greedy continuations: the reference for every metric.
     examples = teacher_continuations(generator, prompts, max_new_tokens=n, max_prompt_tokens=10**9,
                                      batch_size=config.batch_size)
-    references = [generator.decode_text([t for t in e.target if t != loaded.tokenizer.eos_token_id]) for e in examples]
-    prompt_batches = [generator.encode(prompts[i:i + config.batch_size]) for i in range(0, len(prompts), config.batch_size)]
-    device = loaded.device
-    batches = batches_of(examples, config.batch_size, loaded.pad_token_id, device)
+    batches = batches_of(examples, config.batch_size, loaded.pad_token_id, loaded.device)
     _, full_nll = teacher_forced_scores(loaded.model, batches, lambda steps: full_schedule(num_layers))
-    report = EvalReport(model=loaded.name, adapter=_display_path(loaded.adapter_path), device=str(device),
+    prompt_batches = _encoded_batches(generator, prompts, config.batch_size)
+    references = free_run(generator, generator.full_decoder, prompt_batches, full_schedule(num_layers, n), n)
+    facts = read_facts(config.facts, config.max_facts) if config.facts else []
+    fact_batches = _encoded_batches(generator, [f.question for f in facts], config.batch_size)
+    full_replies = free_run(generator, generator.full_decoder, fact_batches,
+                            full_schedule(num_layers, config.fact_tokens), config.fact_tokens).texts if facts else []
+    context = _Context(config=config, generator=generator, loaded=loaded, num_layers=num_layers, warmup=warmup,
+                       order=order, ranking=generator.ranking_for(order), prompts=prompts, examples=examples,
+                       batches=batches, full_nll=full_nll,
+                       prompt_batches=prompt_batches, references=references,
+                       reference_nll=judged_nll(loaded, references.examples, config.batch_size, num_layers),
+                       fact_batches=fact_batches, facts=facts,
+                       full_facts_right=[answers_right(r, f.answers) for r, f in zip(full_replies, facts)])
+    report = EvalReport(model=loaded.name, adapter=_display_path(loaded.adapter_path), device=str(loaded.device),
                         num_prompts=len(prompts), continuation_tokens=n, decay=config.decay,
-                        full_perplexity=math.exp(full_nll), warmup=warmup, order=order)
-    progress(f"full model: perplexity {report.full_perplexity:.3f} on {len(prompts)} prompts")
-
-    for weights in config.quantize:
-        report.quantization.append(_quantization_row(config, weights, prompts, examples, batches, full_nll, num_layers))
-        q = report.quantization[-1]
-        progress(f"{weights} full model vs float: agreement {q.agreement:.3f}, ppl ratio {q.perplexity_ratio:.3f}, "
-                 f"greedy token match {q.token_match:.3f}, identical outputs {q.identical_outputs:.3f}")
-
-    # variant -> (teacher-forced model, bridge, free-running decoder)
-    variants = []
-    if loaded.adapter_path:
-        variants.append(("adapter", gated_peft_copy(loaded), loaded.bridge, generator.skip_decoder))
-    if config.include_no_adapter or not loaded.adapter_path:
-        variants.append(("no adapter", loaded.model, None, generator.full_decoder))
-    for variant, model, bridge, decoder in variants:
-        for speedup in config.speedups:
-            if speedup == 1.0:
-                solved_config, layer_speedup, bounds = full_schedule(num_layers, n), 1.0, (num_layers, num_layers)
-            else:
-                solved = solve_schedule(num_layers, speedup, decay=config.decay, warmup=warmup, order=order,
-                                        ranking=ranking, decay_length=n, num_steps=max(1, n - 1))
-                solved_config, layer_speedup = solved.config, solved.layer_speedup
-                bounds = (solved_config.max_layers, solved_config.min_layers)
-            agreement, nll = teacher_forced_scores(model, batches, lambda _steps, c=solved_config: c, bridge)
-            row = EvalRow(variant=variant, target_speedup=speedup, layer_speedup=round(layer_speedup, 4),
-                          max_layers=bounds[0], min_layers=bounds[1],
-                          agreement=round(agreement, 4), perplexity=round(math.exp(nll), 4),
-                          perplexity_ratio=round(math.exp(nll - full_nll), 4))
-            if config.free_running and (config.free_running_speedups is None or speedup in config.free_running_speedups):
-                outputs = _free_running(generator, decoder, prompt_batches, solved_config, n)
-                row.rouge_l = round(sum(rouge_l(o, r) for o, r in zip(outputs, references)) / len(outputs), 4)
-                row.bleu = round(corpus_bleu(outputs, references), 2)
-            report.rows.append(row)
-            progress(f"{variant} {speedup}x: agreement {row.agreement:.3f}, ppl ratio {row.perplexity_ratio:.2f}, "
-                     f"ROUGE-L {row.rouge_l}, BLEU {row.bleu}")
-    return report
+                        full_perplexity=math.exp(full_nll), warmup=warmup, order=order,
+                        full_repetition=round(repetition_rate(references.texts), 4), facts=len(facts),
+                        full_fact_accuracy=round(sum(context.full_facts_right) / len(facts), 4) if facts else None)
+    progress(f"full model: perplexity {report.full_perplexity:.3f} on {len(prompts)} prompts, repetition "
+             f"{report.full_repetition}, facts right {report.full_fact_accuracy}")
+    return context, report
 
 
-def _quantization_row(config: EvalConfig, weights: str, prompts, examples, batches, full_nll: float,
-                      num_layers: int) -> QuantizationRow:
+def _encoded_batches(generator, prompts: Sequence[str], batch_size: int) -> list:
+    return [generator.encode(prompts[i:i + batch_size]) for i in range(0, len(prompts), batch_size)]
+
+
+def _row(context: _Context, variant: str, speedup: float, model, bridge, decoder: SkipDecoder) -> EvalRow:
+    """Every measure of one variant at one speedup."""
+    config, n = context.config, context.config.continuation_tokens
+    schedule, layer_speedup = context.schedule(speedup, n)
+    agreement, nll = teacher_forced_scores(model, context.batches, lambda _steps: schedule, bridge)
+    full_nll = context.full_nll
+    row = EvalRow(variant=variant, target_speedup=speedup, layer_speedup=round(layer_speedup, 4),
+                  max_layers=schedule.max_layers, min_layers=schedule.min_layers,
+                  agreement=round(agreement, 4), perplexity=round(math.exp(nll), 4),
+                  perplexity_ratio=round(math.exp(nll - full_nll), 4))
+    if config.free_running and (config.free_running_speedups is None or speedup in config.free_running_speedups):
+        run = free_run(context.generator, decoder, context.prompt_batches, schedule, n)
+        references = context.references.texts
+        row.rouge_l = round(sum(rouge_l(o, r) for o, r in zip(run.texts, references)) / len(run.texts), 4)
+        row.bleu = round(corpus_bleu(run.texts, references), 2)
+        judged = judged_nll(context.loaded, run.examples, config.batch_size, context.num_layers)
+        row.judged_ppl_ratio = round(math.exp(judged - context.reference_nll), 4)
+        row.repetition = round(repetition_rate(run.texts), 4)
+        row.fact_retention = _fact_retention(context, decoder, speedup)
+    return row
+
+
+def _fact_retention(context: _Context, decoder: SkipDecoder, speedup: float) -> float | None:
+    """Of the fact questions the full model answers right, the share this decoder still answers right."""
+    if not context.facts or not any(context.full_facts_right):
+        return None
+    schedule, _ = context.schedule(speedup, context.config.fact_tokens)
+    replies = free_run(context.generator, decoder, context.fact_batches, schedule, context.config.fact_tokens).texts
+    kept = sum(right and answers_right(reply, fact.answers)
+               for reply, fact, right in zip(replies, context.facts, context.full_facts_right))
+    return round(kept / sum(context.full_facts_right), 4)
+
+
+def _quantization_row(config: EvalConfig, weights: str, context: _Context) -> QuantizationRow:
     """Load the model again with ``weights`` and compare its full depth with the float reference."""
     from model.generation import TextGenerator  # noqa: PLC0415
     from model.loading import load_model  # noqa: PLC0415
 
     quantized = load_model(config.model, device=config.device, adapter=None, quantize=weights)
-    agreement, nll = teacher_forced_scores(quantized.model, batches, lambda steps: full_schedule(num_layers))
-    mine = teacher_continuations(TextGenerator(quantized), prompts,
+    agreement, nll = teacher_forced_scores(quantized.model, context.batches,
+                                           lambda steps: full_schedule(context.num_layers))
+    mine = teacher_continuations(TextGenerator(quantized), context.prompts,
                                  max_new_tokens=config.continuation_tokens, max_prompt_tokens=10**9,
                                  batch_size=config.batch_size)
     same = total = identical = 0
-    for reference, candidate in zip(examples, mine):
+    for reference, candidate in zip(context.examples, mine):
         length = max(len(reference.target), len(candidate.target))
         same += sum(a == b for a, b in zip(reference.target, candidate.target))
         total += length
         identical += reference.target == candidate.target
     return QuantizationRow(weights=weights, agreement=round(agreement, 4),
-                           perplexity_ratio=round(math.exp(nll - full_nll), 4),
-                           token_match=round(same / max(1, total), 4), identical_outputs=round(identical / len(examples), 4))
+                           perplexity_ratio=round(math.exp(nll - context.full_nll), 4),
+                           token_match=round(same / max(1, total), 4),
+                           identical_outputs=round(identical / len(context.examples), 4))
 
 
 def _display_path(path: str | None) -> str | None:
@@ -258,13 +427,6 @@ def _display_path(path: str | None) -> str | None:
     except ValueError:
         return path
 
-
-def _free_running(generator, decoder: SkipDecoder, prompt_batches, schedule: ScheduleConfig, max_new_tokens: int) -> list[str]:
-    outputs = []
-    for ids, mask in prompt_batches:
-        result = decoder.generate(ids, mask, schedule, max_new_tokens=max_new_tokens)
-        outputs.extend(generator.decode_text(tokens) for tokens in result.tokens)
-    return outputs
 
 def write_report(report: EvalReport, folder: str | Path) -> tuple[Path, Path]:
     folder = Path(folder)

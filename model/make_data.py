@@ -41,12 +41,11 @@ from typing import Iterable, Iterator, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from model.data import ASSETS, DEFAULT_EVAL_PROMPTS, Example, read_jsonl
+from model.data import ASSETS, DEFAULT_EVAL_PROMPTS, DEFAULT_FACTS, Example, read_jsonl
 from model.decoder import SamplingConfig
 from model.schedule import full_schedule
 
 PROMPTS_DIR = ASSETS / "prompts"
-FACTS_FILE = PROMPTS_DIR / "facts.jsonl"
 TOPICS_FILE = PROMPTS_DIR / "topics.txt"
 TEMPLATES_FILE = PROMPTS_DIR / "templates.txt"
 WORDNET_DIR = Path("/usr/share/wordnet")
@@ -128,8 +127,8 @@ def normalized(text: str) -> str:
 def held_out_keys() -> set[str]:
     """Normalised prompts that must never be trained on: the held-out eval set and the fact questions."""
     keys = {normalized(r["prompt"]) for r in read_jsonl(DEFAULT_EVAL_PROMPTS)}
-    if FACTS_FILE.is_file():
-        keys |= {normalized(r["question"]) for r in read_jsonl(FACTS_FILE)}
+    if DEFAULT_FACTS.is_file():
+        keys |= {normalized(r["question"]) for r in read_jsonl(DEFAULT_FACTS)}
     return keys
 
 

@@ -68,6 +68,8 @@ class TrainConfig:
     output_dir: str = "runs/skipdecode"
     data: str | None = None  # JSONL prompt/completion or text; None = self-distillation
     prompts: str = str(DEFAULT_TRAIN_PROMPTS)  # self-distillation prompt set
+    sequences: str | None = None  # a make-data folder: its stored continuations replace --prompts
+    max_sequences: int | None = None  # use only the first N unique sequences (the data-scaling curve)
     max_steps: int = 200
     max_minutes: float | None = None  # stop after this much CPU time of this process (equal-budget study arms)
     batch_size: int = 8
@@ -396,6 +398,12 @@ def train(config: TrainConfig) -> TrainResult:
     if config.data:
         examples = user_examples(config.data, loaded.tokenizer, generator.format_prompt, config.max_length)
         steps_hint = int(sum(len(e.target) for e in examples) / len(examples))
+    elif config.sequences:
+        from model.make_data import load_sequences  # noqa: PLC0415
+
+        examples = load_sequences(config.sequences, config.max_sequences)
+        examples = [Example(prompt=e.prompt[-config.max_prompt_tokens:], target=e.target) for e in examples]
+        steps_hint = config.continuation_tokens
     else:
         prompts = read_prompts(config.prompts, config.max_prompts)
         cache = output / f"teacher_continuations-{config.continuation_tokens}-s{config.samples_per_prompt}.jsonl"

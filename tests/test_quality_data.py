@@ -1,0 +1,145 @@
+"""Distillation data at scale (model/make_data.py) and the quality measures a user cares about
+(judged fluency, repetition, fact retention in model/evaluation.py)."""
+
+import json
+
+import pytest
+
+from model.data import DEFAULT_EVAL_PROMPTS, DEFAULT_FACTS, DEFAULT_TRAIN_PROMPTS, read_jsonl
+from model.evaluation import EvalConfig, answers_right, evaluate, read_facts, repetition_rate
+from model.make_data import (
+    TEMPLATES_FILE,
+    TOPICS_FILE,
+    MakeDataConfig,
+    PromptRecord,
+    build_prompt_list,
+    good_user_turn,
+    held_out_keys,
+    load_sequences,
+    make_data,
+    normalized,
+    read_lines,
+)
+
+# --- the committed lists and the held-out rule ------------------------------------------------
+
+
+def test_fact_set_is_large_well_formed_and_unique():
+    facts = read_facts(DEFAULT_FACTS)
+    assert len(facts) >= 150
+    assert len({normalized(f.question) for f in facts}) == len(facts)
+    for fact in facts:  # an answer inside its own question would be "retained" by an echo
+        assert not answers_right(fact.question, fact.answers), fact.question
+
+
+def test_no_training_prompt_is_a_held_out_prompt():
+    """Eval prompts and fact questions are never trained on: not in train.jsonl, not a template x topic."""
+    held_out = held_out_keys()
+    assert len(held_out) >= 64 + 150
+    assert not held_out & {normalized(r["prompt"]) for r in read_jsonl(DEFAULT_TRAIN_PROMPTS)}
+    templates, topics = read_lines(TEMPLATES_FILE), read_lines(TOPICS_FILE)
+    assert len(templates) >= 60 and len(topics) >= 300
+    assert all(t.count("{topic}") == 1 for t in templates)
+    combos = {normalized(t.replace("{topic}", p)) for t in templates for p in topics}
+    assert not held_out & combos
+
+
+def test_prompt_list_drops_duplicates_and_held_out_prompts_and_mixes_sources(monkeypatch):
+    eval_prompt = read_jsonl(DEFAULT_EVAL_PROMPTS)[0]["prompt"]
+    fact = read_facts(DEFAULT_FACTS)[0].question
+    monkeypatch.setattr("model.make_data.template_prompts", lambda n, rng: [f"Explain topic {i}." for i in range(n)])
+    monkeypatch.setattr("model.make_data.wordnet_prompts", lambda n, rng: [])
+    monkeypatch.setattr("model.make_data.pydoc_prompts", lambda n, rng: [f"Raw passage number {i}" for i in range(n)])
+    magpie = ["How do I bake bread?", "how do I bake BREAD", eval_prompt.upper(), fact, "Tell me a joke."]
+    records = build_prompt_list(MakeDataConfig(template_prompts=40, pydoc_prompts=20), magpie)
+    keys = [normalized(r.prompt) for r in records]
+    assert len(keys) == len(set(keys)) == 2 + 40 + 20
+    assert normalized(eval_prompt) not in keys and normalized(fact) not in keys
+    assert [r.id for r in records] == list(range(len(records)))
+    first_half = {r.source for r in records[: len(records) // 2]}
+    assert first_half == {"magpie", "templates", "pydoc"}  # a prefix is a mixed subset
+    assert all(r.raw == (r.source == "pydoc") for r in records)
+
+
+@pytest.mark.parametrize("text, good", [
+    ("How do I keep basil alive on a windowsill?", True),
+    ("Hi", False),
+    ("<|im_start|>assistant hello there friend", False),
+    ("12345 67890 !!!! ???? ....", False),
+    (" ".join(["word"] * 80), False),
+])
+def test_user_turn_filter(text, good):
+    assert good_user_turn(text) is good
+
+
+# --- the command on a tiny model --------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_make_data_writes_unique_sequences_and_resumes(tiny_folder, tmp_path, monkeypatch):
+    monkeypatch.setattr("model.make_data.pydoc_prompts",
+                        lambda n, rng: [f"The module number {i} reads files and" for i in range(n)])
+    common = dict(output_dir=str(tmp_path / "data"), model=str(tiny_folder), sources=("magpie", "templates", "pydoc"),
+                  magpie_turns=6, template_prompts=10, pydoc_prompts=4, samples=1, max_new_tokens=6,
+                  batch_size=4, weights="float")
+    first = make_data(MakeDataConfig(**common, limit_prompts=8))
+    assert first.prompts_done == 8 and 8 <= first.sequences <= 16
+    lines = (tmp_path / "data" / "sequences.jsonl").read_text().splitlines()
+    again = make_data(MakeDataConfig(**common))  # resumes: the first 8 prompts are not redone
+    assert (tmp_path / "data" / "sequences.jsonl").read_text().splitlines()[: len(lines)] == lines
+    assert again.prompts_done == again.prompts and again.sequences > first.sequences
+    records = [json.loads(line) for line in (tmp_path / "data" / "sequences.jsonl").read_text().splitlines()]
+    assert len(records) == again.sequences
+    assert len({(tuple(r["prompt"]), tuple(r["target"])) for r in records}) == len(records)
+    assert {r["kind"] for r in records} == {"greedy", "sampled0"}
+    prompts = [PromptRecord(**json.loads(line)) for line in (tmp_path / "data" / "prompts.jsonl").read_text().splitlines()]
+    assert {p.source for p in prompts} == {"magpie", "templates", "pydoc"}
+    assert len(load_sequences(tmp_path / "data", limit=5)) == 5
+
+
+# --- the quality measures ---------------------------------------------------------------------
+
+
+def test_repetition_rate_counts_repeated_word_4grams():
+    assert repetition_rate(["the cat sat on the mat today"]) == 0.0
+    looping = "energy and energy to produce energy and energy to produce energy and energy"
+    assert repetition_rate([looping]) >= 0.5
+    assert repetition_rate(["a b c d a b c d"]) == pytest.approx(1 / 5)
+    assert repetition_rate(["too short"]) == 0.0
+
+
+@pytest.mark.parametrize("reply, answers, right", [
+    ("The capital of France is Paris.", ("Paris",), True),
+    ("It is twelve.", ("12", "twelve"), True),
+    ("Parisian food is great", ("Paris",), False),  # a whole word, not a prefix
+    ("Water is H2O!", ("h2o",), True),
+    ("I do not know.", ("Vienna",), False),
+])
+def test_answers_are_matched_as_whole_words(reply, answers, right):
+    assert answers_right(reply, answers) is right
+
+
+@pytest.mark.slow
+def test_eval_reports_judged_fluency_repetition_and_fact_retention(tiny_folder, tmp_path):
+    """At 1x SkipDecode IS the full model: judged ratio 1, same repetition, every right answer kept."""
+    from model.generation import GenerationRequest, ScheduleRequest, TextGenerator
+    from model.loading import load_model
+
+    questions = ["Name a colour.", "Which animal barks?", "Say a number."]
+    generator = TextGenerator(load_model(str(tiny_folder), device="cpu", adapter=None))
+    replies = generator.generate(GenerationRequest(prompts=tuple(questions), schedule=ScheduleRequest(full=True),
+                                                   max_new_tokens=8)).outputs
+    facts = tmp_path / "facts.jsonl"  # accepted answer = a word the full model says: it is "right" on all
+    facts.write_text("".join(json.dumps({"question": q, "answers": [r.split()[0]]}) + "\n"
+                             for q, r in zip(questions, replies) if r.split()))
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"Tell me about thing {i}."}) + "\n" for i in range(4)))
+    report = evaluate(EvalConfig(model=str(tiny_folder), adapter=None, prompts=str(prompts), continuation_tokens=8,
+                                 speedups=(1.0, 2.0), batch_size=4, device="cpu", facts=str(facts), fact_tokens=8),
+                      progress=lambda line: None)
+    full, skipping = report.rows
+    assert report.facts == len(facts.read_text().splitlines()) and report.full_fact_accuracy == 1.0
+    assert full.judged_ppl_ratio == pytest.approx(1.0, abs=1e-3)
+    assert full.repetition == report.full_repetition and full.fact_retention == 1.0
+    assert skipping.judged_ppl_ratio > 0 and 0.0 <= skipping.fact_retention <= 1.0
+    assert "judged ppl ratio" in report.to_markdown()
