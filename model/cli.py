@@ -117,6 +117,14 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--output", default="assets/study")
     st.set_defaults(handler=run_study_command)
 
+    sc = commands.add_parser("scaling", help="the data-scaling curve: the shipped recipe, same steps, on the first "
+                             "N unique make-data sequences (resumable)")
+    from model.scaling_study import ScalingConfig  # noqa: PLC0415
+
+    add_dataclass_options(sc, ScalingConfig)
+    sc.add_argument("--report-only", action="store_true", help="rewrite scaling.json/md from the arms' logs")
+    sc.set_defaults(handler=run_scaling_command)
+
     ex = commands.add_parser("export-adapter", help="copy a trained adapter for shipping, weights cast to bfloat16")
     ex.add_argument("source", help="the trained adapter folder (e.g. runs/NAME/adapter)")
     ex.add_argument("destination", help="where to write it (e.g. assets/adapters/NAME)")
@@ -175,6 +183,20 @@ def run_study_command(args: argparse.Namespace) -> int:
     study = run_study(config, progress=lambda line: print(line, file=sys.stderr, flush=True))
     print(study_markdown(study))
     print(f"\nbest at 2x: {best_arm(study)}")
+    return 0
+
+
+def run_scaling_command(args: argparse.Namespace) -> int:
+    import dataclasses  # noqa: PLC0415
+
+    from model.scaling_study import ScalingConfig, run_scaling, write_scaling  # noqa: PLC0415
+
+    config = ScalingConfig(**{spec.name: getattr(args, spec.name) for spec in dataclasses.fields(ScalingConfig)})
+    report = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    if args.report_only:
+        write_scaling(config, report)
+    else:
+        run_scaling(config, report)
     return 0
 
 

@@ -143,3 +143,31 @@ def test_eval_reports_judged_fluency_repetition_and_fact_retention(tiny_folder, 
     assert full.repetition == report.full_repetition and full.fact_retention == 1.0
     assert skipping.judged_ppl_ratio > 0 and 0.0 <= skipping.fact_retention <= 1.0
     assert "judged ppl ratio" in report.to_markdown()
+
+
+# --- the data-scaling curve -------------------------------------------------------------------
+
+
+def test_scaling_arms_train_the_shipped_recipe_and_report_from_their_logs(tmp_path):
+    from model.scaling_study import ScalingConfig, arm_config, run_scaling, scaling_markdown, write_scaling
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "sequences.jsonl").write_text('{"prompt": [1], "target": [2, 3]}\n' * 50)
+    config = ScalingConfig(sequences=str(data), sizes=(40, 400), steps=20, batch_size=4,
+                           runs_dir=str(tmp_path / "runs"), output=str(tmp_path / "out"))
+    arm = arm_config(config, 40)
+    assert arm.max_sequences == 40 and arm.max_steps == 20 and not arm.resume
+    assert arm.order == "ranked" and len(arm.ranking) == 30  # the shipped placement
+    log = tmp_path / "runs" / "data40" / "train_log.jsonl"
+    log.parent.mkdir(parents=True)
+    scores = {k: {"agreement": a, "kl": 1 - a, "perplexity_ratio": 2.0} for k, a in (("1.5x", .6), ("2x", .5), ("3x", .4))}
+    log.write_text(json.dumps({"step": 10, "loss": 1.0}) + "\n" + json.dumps({"step": 20, "heldout": scores}) + "\n")
+    messages = []
+    assert run_scaling(ScalingConfig(**{**config.__dict__, "sizes": (400,)}), messages.append) == []
+    assert "has 50 sequences" in messages[0]  # an arm larger than the data is not run
+    json_path, md_path = write_scaling(config, messages.append)
+    (row,) = json.loads(json_path.read_text())["arms"]
+    assert row["sequences"] == 40 and row["epochs"] == 2 and row["complete"]
+    assert "| 40 | 20 | 2 | 0.600 | 0.500 | 0.400 |" in md_path.read_text()
+    assert scaling_markdown(json.loads(json_path.read_text())).startswith("Data-scaling curve")
