@@ -513,7 +513,7 @@ def timed_job(url: str, observations: Observations, step: str) -> dict:
     """One page-like session's job (gradio_client keeps the page's heartbeat open): seconds to its
     first message and to its end."""
     client = Client(url, verbose=False)
-    time.sleep(0.5)  # its heartbeat is open, as a page's is before its first click
+    time.sleep(1.0)  # its heartbeat is open, as a page's is before its first click
     start = time.time()
     job = client.submit(**VICTIM_JOB, api_name="/generate")
     first = first_message_seconds(job)
