@@ -15,7 +15,7 @@ from model.schedule import SolvedSchedule, decay_value
 CELL_KINDS = ("bypassed", "prompt", "warmup layer", "upper layer")
 CELL_COLOURS = ("#eceff4", "#7aa6d8", "#f0a35e", "#3f9c6d")
 MAX_AXIS_LABELS = 48  # token text on the x axis only when it stays readable
-STRIP_Y = -1.7  # the match strip's row, under layer 0
+STRIP_Y = -2.8  # the match strip's row, under layer 0 (far enough for its "match" label to clear "0")
 
 
 def _discrete_colorscale(colours: Sequence[str]) -> list[list]:
@@ -122,12 +122,12 @@ def _heatmap_axes(figure: go.Figure, columns: list, first: int, prompt_columns: 
         figure.add_vline(x=first + prompt_columns - 0.5, line=dict(color="#333", width=2, dash="dot"))
     step = max(1, num_layers // 10)
     ticks = list(range(0, num_layers, step))
-    yaxis = dict(title="layer", range=[(STRIP_Y - 0.8) if strip else -0.5, num_layers - 0.5],
+    yaxis = dict(title="layer", range=[(STRIP_Y - 0.9) if strip else -0.5, num_layers - 0.5],
                  tickmode="array", tickvals=([STRIP_Y] if strip else []) + ticks,
                  ticktext=(["match"] if strip else []) + [str(t) for t in ticks])
     figure.update_layout(
         title=dict(text=title, x=0.01) if title else None, xaxis=xaxis, yaxis=yaxis,
-        margin=dict(l=55, r=10, t=30 if title else 10, b=70), height=360, uirevision="heatmap",
+        margin=dict(l=55, r=10, t=30 if title else 10, b=60), height=300, uirevision="heatmap",
     )
 
 
@@ -198,7 +198,7 @@ def schedule_figure(solved: SolvedSchedule, show_steps: int | None = None, curre
     figure.add_trace(go.Scatter(x=ks, y=raw, name="f(k)", line=dict(dash="dot", color="#888")))
     figure.add_trace(go.Scatter(x=ks, y=budgets, name="n_k (layers run)", line=dict(shape="hv", color=CELL_COLOURS[3], width=3)))
     labels = _bound_labels(config.num_layers, config.max_layers, config.min_layers)
-    for (value, text), y in zip(labels, _spread([v for v, _ in labels], gap=0.08 * (config.num_layers + 1))):
+    for (value, text), y in zip(labels, _spread([v for v, _ in labels], gap=0.11 * (config.num_layers + 1))):
         figure.add_hline(y=value, line=dict(dash="dash", color="#bbb", width=1))
         figure.add_annotation(x=1.0, xref="paper", xanchor="left", y=y, text=text, showarrow=False,
                               font=dict(size=11), xshift=4)
@@ -212,9 +212,10 @@ def schedule_figure(solved: SolvedSchedule, show_steps: int | None = None, curre
     figure.update_layout(
         title=dict(text=f"{config.decay}: {solved.layer_speedup:.2f}x layers, {solved.cost_speedup:.2f}x cost model",
                    x=0.01, y=0.98, yanchor="top", font=dict(size=14)),
-        xaxis=dict(title="generated step k", range=[-0.5, steps - 0.5]),
-        yaxis=dict(title="layers", range=[0, config.num_layers + 1]),
-        margin=dict(l=50, r=90, t=50, b=40), height=300, legend=dict(orientation="h", y=-0.25),
+        # No x-axis title (the plot's label names the axis): on a phone it sat under the legend.
+        xaxis=dict(range=[-0.5, steps - 0.5]), yaxis=dict(title="layers n_k", range=[0, config.num_layers + 1]),
+        margin=dict(l=50, r=90, t=50, b=60), height=300,
+        legend=dict(orientation="h", yanchor="top", y=-0.12, x=0),
     )
     return figure
 

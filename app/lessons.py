@@ -32,12 +32,15 @@ class Lesson:
 LESSON_BASE = dict(prompt=EXAMPLE_PROMPTS[0], target_speedup=2.0, decay="linear", batch_size=1, skip_policy=True,
                    lens=False, lens_kl=False, prompt_at_full_depth=True, min_layers=0, max_layers=0, decay_length=0,
                    temperature=0.0, max_new_tokens=48)
-# Prompts picked by running them (greedy, 48 tokens, int8 weights on CPU): with the skip policy
-# off at 2x the full model accepts far fewer of SkipDecode's tokens on EXERCISE; at 3x the
-# linear and cosine texts part early on SEASONS.
+# Prompts picked by running 14 prompts (greedy, 48 tokens, int8 weights, this repo's CPU): with the
+# skip policy off at 2x the exercise answer drifts and stops mid-sentence, and the full model picks
+# SkipDecode's next token at 35% of its positions against 65% with the policy on; at 3x cosine
+# answers the Romeo and Juliet question ("attributed to William Shakespeare.", 58%) where linear
+# wanders off (31%). One prompt is one sample: on most example prompts this share does not
+# separate the policy's states, which is why the lesson points at the held-out figures too.
 TRAINED = "the loaded skip policy's placement"  # a then-value: back to the trained warmup/order
 EXERCISE = "What are the benefits of exercise?"
-SEASONS = "Why do we have seasons?"
+ROMEO = "Who wrote Romeo and Juliet?"
 
 LESSONS = (
     Lesson("1x is the full model", "With no skipping, does SkipDecode give exactly the full model's text?",
@@ -47,12 +50,13 @@ LESSONS = (
            "four rows in each pane; at every position all four SkipDecode rows have the same colour (the same "
            "number of layers): nobody waits for a deeper row.", dict(batch_size=4)),
     Lesson("The skip policy off at 2x", "What does fine-tuning under the skip policy buy?",
-           "the line under the panes: how often the full model would pick SkipDecode's next token, and the held-out "
-           "figures with the policy off (the untouched model was never trained to miss layers).",
+           "the text drifting and stopping mid-sentence, the share under the panes (how often the full model would "
+           "pick SkipDecode's next token) and the held-out figures quoted there: one prompt is one sample, the "
+           "held-out prompts are the evidence (perplexity ratio, agreement with and without the policy).",
            dict(skip_policy=False, prompt=EXERCISE), "Run it with the skip policy on", dict(skip_policy=True)),
     Lesson("Linear vs cosine at 3x", "Same speedup, different decay: which keeps closer to the full model?",
-           "the schedule plot's shape (cosine stays deep longer, then falls lower), the red line on the heatmap and "
-           "the share under the panes.", dict(target_speedup=3.0, decay="cosine", prompt=SEASONS),
+           "whether the answer names Shakespeare, the schedule plot's shape (cosine stays deep longer, then falls "
+           "faster), the red line on the heatmap and the share under the panes.", dict(target_speedup=3.0, decay="cosine", prompt=ROMEO),
            "Run it with linear decay", dict(decay="linear")),
     Lesson("Prompt at the budget", "What if the prompt itself runs only the first step's layers?",
            "the prompt columns of the heatmap lose some layers (the KV cache is still a prefix).",

@@ -29,14 +29,17 @@ const draw = () => {
   }
   if (typeof Plotly === 'undefined') { setTimeout(draw, 100); return; }
   const figure = JSON.parse(props.value);
-  if (target.clientWidth < 520) {  // a phone: legend under the plot, fewer ticks, smaller title
+  if (target.clientWidth < 520) {  // a phone: a colour scale under the plot, fewer ticks, smaller title
+    let scale = false;
     for (const trace of figure.data) {
-      if (trace.type === 'heatmap' && trace.colorbar) {
-        Object.assign(trace.colorbar, {orientation: 'h', x: 0.5, xanchor: 'center', y: -0.55, thickness: 10, len: 1});
+      if (trace.type === 'heatmap' && trace.showscale !== false) {
+        trace.colorbar = Object.assign(trace.colorbar || {}, {orientation: 'h', x: 0.5, xanchor: 'center', y: -0.55,
+                                                               thickness: 10, len: 1});
+        scale = true;
       }
     }
     figure.layout.xaxis = Object.assign({}, figure.layout.xaxis, {tickmode: 'auto', nticks: 6, tickangle: 0});
-    figure.layout.margin = Object.assign({}, figure.layout.margin, {l: 40, r: 5, b: 130});
+    figure.layout.margin = Object.assign({}, figure.layout.margin, {l: 48, r: 5, b: scale ? 130 : 50});
     if (figure.layout.title) figure.layout.title.font = {size: 12};
   }
   Plotly.react(target, figure.data, figure.layout, {displayModeBar: false, responsive: true});

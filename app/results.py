@@ -50,13 +50,41 @@ def results_tab() -> None:
     _results_section("Measured speed", "bench", "bench", speed_figure)
 
 
+def narrow_safe(figure, width: int = 26):
+    """A Results figure that reads on a phone as well: titles and subplot titles wrapped onto short
+    lines (side by side they overprinted at 390 px), the legend in a row under the plot."""
+    title = figure.layout.title.text
+    if title:
+        figure.update_layout(title=dict(text=_wrap(title, width + 14), font=dict(size=14)))
+    for annotation in figure.layout.annotations or ():
+        if annotation.text and annotation.yref == "paper" and annotation.y is not None and annotation.y >= 1:
+            annotation.text = _wrap(annotation.text, width)
+            annotation.font = dict(size=12)
+    lines = max([1] + [(a.text or "").count("<br>") + 1 for a in figure.layout.annotations or ()])
+    figure.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.25, x=0),
+                         margin=dict(t=40 + 16 * lines + (20 if title else 0), b=90))
+    return figure
+
+
+def _wrap(text: str, width: int) -> str:
+    """Plotly text broken into lines of at most ``width`` characters at spaces."""
+    lines, line = [], ""
+    for word in text.split():
+        if line and len(line) + 1 + len(word) > width:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}".strip()
+    return "<br>".join(lines + [line])
+
+
 def _training_curve() -> None:
     """The shipped adapter's held-out curve (its run's train_log.jsonl held-out rows, copied
     next to the adapter as heldout_curve.json)."""
     records = load_json(DEFAULT_ADAPTER / "heldout_curve.json")
     if records:
         gr.Markdown("### The shipped skip policy's training run (held-out agreement every 100 steps)")
-        gr.Plot(heldout_curve_figure(records, "Shipped adapter: held-out agreement while training"), show_label=False)
+        gr.Plot(narrow_safe(heldout_curve_figure(records, "Shipped adapter: held-out agreement")), show_label=False)
 
 
 def _results_section(title: str, folder: str, command: str, figure: Callable[[dict], object]) -> None:
@@ -66,6 +94,6 @@ def _results_section(title: str, folder: str, command: str, figure: Callable[[di
     if not data:
         gr.Markdown(f"_No results under assets/{folder} yet: run `python -m model {command} --output assets/{folder}`._")
         return
-    gr.Plot(figure(data), show_label=False)
+    gr.Plot(narrow_safe(figure(data)), show_label=False)
     table = ASSETS / folder / f"{folder}.md"
     gr.Markdown(table.read_text() if table.is_file() else "", elem_classes=["results-table"])

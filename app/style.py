@@ -15,14 +15,15 @@ FONT_STACK = ("ui-sans-serif", "system-ui", "-apple-system", "Segoe UI", "Roboto
               "Noto Color Emoji", "Apple Color Emoji", "Segoe UI Emoji")
 
 CSS = """
-.tokens { line-height: 1.9; font-size: 15px; white-space: pre-wrap; min-height: 120px; max-height: 340px;
+.tokens { line-height: 1.75; font-size: 15px; white-space: pre-wrap; min-height: 90px; max-height: 210px;
           overflow-y: auto; padding: 6px 8px; border: 1px solid var(--border-color-primary); border-radius: 6px; }
 .tok { border-radius: 3px; padding: 1px 0; }
 .nl { color: inherit; font-size: 0.8em; padding: 0 2px; }
 .pane-note { font-size: 0.85em; margin-bottom: 4px; }
-.row-label { font-size: 0.85em; font-weight: 600; margin: 6px 0 2px; }
+.row-label { font-size: 0.85em; font-weight: 600; margin: 4px 0 1px; }
+.row-label + .tokens { min-height: 0; max-height: calc(3 * 1.75em + 14px); }
 #status { min-height: 1.6em; }
-#load-note { min-height: 1.6em; font-size: 0.9em; }
+#load-note { min-height: 26px; font-size: 0.9em; }  /* the same height with or without a line: nothing shifts */
 #guide { font-size: 0.95em; }
 .headline { padding: 6px 10px; border-left: 4px solid #3f9c6d; background: var(--background-fill-secondary);
             line-height: 1.5; }

@@ -16,13 +16,13 @@ import gradio as gr
 from app import explainer
 from app.api import api_function
 from app.controls import control, with_settings
-from app.fair_queue import FairQueue, ServingLimits
 from app.gpu import gpu_handler
 from app.handlers import Playground
 from app.lessons import LESSONS, lesson_by_title, lesson_names, lesson_values
 from app.live_plot import live_plot, static_paths
 from app.request_guard import RequestGuard
 from app.results import results_tab
+from app.sessions import cap_queued_per_session, waiting_jobs
 from app.settings import EXAMPLE_PROMPTS, Limits, PlaygroundSettings, control_ranges, trained_defaults
 from app.style import COPY_JS, PAGE_URL_JS, SCROLL_TO_OUTPUTS, launch_style
 from model.generation import TextGenerator
@@ -31,10 +31,9 @@ from model.schedule import DECAY_DESCRIPTIONS, LAYER_ORDER_DESCRIPTIONS, max_lay
 __all__ = ["api_function", "build_demo", "launch_options"]
 SPEEDUP_PRESETS = (1.0, 1.5, 2.0, 3.0)
 GUIDE = (
-    "**What you are seeing.** SkipDecode (coloured tokens) and the full model (plain text) answer the same prompt, "
-    "taking turns on one device: the faster one pulls ahead. A token's colour = how many layers produced it "
-    "(darker = more); SkipDecode runs fewer as the answer goes on, the same for every row of a batch. The heatmap "
-    "under the two answers shows which layers ran at each position. At 1x nothing is skipped: it is the full model."
+    "**What you are seeing.** SkipDecode (coloured tokens: darker = more layers ran) and the full model (plain "
+    "text) answer the same prompt, taking turns on one device; the heatmap under them shows which layers ran at each "
+    "position. **Step** advances one token at a time. At 1x nothing is skipped: it is the full model."
 )
 
 
@@ -56,8 +55,7 @@ def analytics_enabled() -> bool:
 
 # --- layout and wiring -----------------------------------------------------------------------
 def build_demo(get_generator: Callable[[], TextGenerator], limits: Limits | None = None,
-               concurrency_limit: int = 1, queue_size: int = 32, max_queued_per_session: int = 2,
-               serving: ServingLimits | None = None) -> gr.Blocks:
+               concurrency_limit: int = 1, queue_size: int = 32, max_queued_per_session: int = 2) -> gr.Blocks:
     """The whole app, its queue configured. ``get_generator`` is called per request (app.py
     caches the loaded model). Only the queued, documented endpoints run generations: the REST
     routes that bypass the queue are closed (api_open=False)."""
@@ -68,7 +66,7 @@ def build_demo(get_generator: Callable[[], TextGenerator], limits: Limits | None
     with gr.Blocks(title="SkipDecode Playground", analytics_enabled=analytics_enabled(),
                    delete_cache=(600, 600)) as demo:
         loaded = generator.loaded
-        gr.Markdown(f"# SkipDecode Playground\\nLayer-skipping decoding that keeps batching and the KV cache "
+        gr.Markdown(f"## SkipDecode Playground\nLayer-skipping decoding that keeps batching and the KV cache "
                     f"(arXiv 2307.02628) on **{loaded.name}** ({generator.num_layers} layers, {loaded.device}"
                     f"{', int8 weights' if loaded.quantize == 'int8' else ''}). "
                     + ("SkipDecode runs with the skip-policy adapter; the full model is the original."
@@ -83,10 +81,7 @@ def build_demo(get_generator: Callable[[], TextGenerator], limits: Limits | None
         _wire(demo, playground, ui, trained_defaults(generator), concurrency_limit)
     demo.playground = playground  # tests and the load script inspect active runs
     demo.queue(api_open=False, max_size=queue_size)
-    # The fair queue (app/fair_queue.py): admission and place by client; ``serving`` sets its other limits.
-    fair = FairQueue((serving or ServingLimits()).sized(queue_size, max_queued_per_session),
-                     playground.admission_problem).install(demo)
-    playground.client_gone = fair.client_gone_check
+    cap_queued_per_session(demo._queue, max_queued_per_session)
     return demo
 
 
@@ -105,7 +100,7 @@ def _playground_tab(generator: TextGenerator, limits: Limits) -> dict:
             with gr.Row():
                 ui["run"] = gr.Button("Generate", variant="primary", elem_id="generate-btn", min_width=80)
                 ui["stop"] = gr.Button("Stop", variant="stop", elem_id="stop-btn", min_width=60)
-                ui["step"] = gr.Button("Step (one token)", elem_id="step-btn", min_width=80)
+                ui["step"] = gr.Button("Step", elem_id="step-btn", min_width=60)
                 ui["reset"] = gr.Button("Reset", elem_id="step-reset-btn", min_width=60)
             ui["load_note"] = gr.Markdown(elem_id="load-note")
             c["target_speedup"] = control("target_speedup", *ranges["target_speedup"])
@@ -115,13 +110,14 @@ def _playground_tab(generator: TextGenerator, limits: Limits) -> dict:
                                  for value in SPEEDUP_PRESETS}
             c["skip_policy"] = control("skip_policy", interactive=bool(generator.loaded.adapter_path))
             with gr.Accordion("Lessons: seven experiments for a class", open=True, elem_id="lessons"):
-                ui["lesson"] = gr.Dropdown([lesson.title for lesson in LESSONS], value=LESSONS[0].title,
-                                           show_label=False, elem_id="lesson-choice")
+                with gr.Row(equal_height=True):
+                    ui["lesson"] = gr.Dropdown([lesson.title for lesson in LESSONS], value=LESSONS[0].title,
+                                               show_label=False, elem_id="lesson-choice", scale=3, container=False)
+                    ui["lesson_run"] = gr.Button("Run this lesson", variant="primary", elem_id="lesson-run", scale=1,
+                                                 min_width=110)
                 ui["lesson_text"] = gr.Markdown(LESSONS[0].markdown(), elem_id="lesson-text")
-                with gr.Row():
-                    ui["lesson_run"] = gr.Button("Run this lesson", variant="primary", size="sm", elem_id="lesson-run")
-                    ui["lesson_then"] = gr.Button(LESSONS[0].then_label or "Then", size="sm", elem_id="lesson-then",
-                                                  visible=bool(LESSONS[0].then_label))
+                ui["lesson_then"] = gr.Button(LESSONS[0].then_label or "Then", size="sm", elem_id="lesson-then",
+                                              visible=bool(LESSONS[0].then_label))
             c["lens"] = control("lens")
             c["lens_kl"] = control("lens_kl")
         with gr.Column(scale=3):
@@ -134,7 +130,7 @@ def _playground_tab(generator: TextGenerator, limits: Limits) -> dict:
                     gr.Markdown("**Full model** (the original, every layer)")
                     ui["full_out"] = gr.HTML(elem_id="full-output")
             ui["headline"] = gr.HTML(elem_id="headline")
-            ui["heatmap"] = live_plot("heatmap", height=360)
+            ui["heatmap"] = live_plot("heatmap", height=300)
             ui["heatmap_note"] = gr.HTML(elem_id="heatmap-note")
             with gr.Accordion("Details: speeds, skipped layers, exact token match, schedule", open=False,
                               elem_id="details"):
@@ -239,7 +235,7 @@ def _wire(demo: gr.Blocks, playground: Playground, ui: dict, defaults: dict, con
         None, [ui["share_link"]], [ui["share_note"]], js=COPY_JS, api_name=False)
     demo.load(playground.from_link, None, [*(c[name] for name in shared), ui["status"]], queue=False,
               api_name="ui_from_link", **private)
-    gr.on([gr.Timer(4).tick, demo.load], lambda: playground.load_note(demo.fair_queue.waiting()), None,
+    gr.on([gr.Timer(4).tick, demo.load], lambda: playground.load_note(waiting_jobs(demo._queue)), None,
           [ui["load_note"]], queue=False, api_name="ui_load_note", **private)
     demo.unload(playground.leave)
     gr.api(gpu_handler(api_function(playground, defaults)), api_name="generate", **lane)

@@ -155,13 +155,12 @@ def headline_html(update: RaceUpdate, cost: CostModel, settings: PlaygroundSetti
     if step_mode:
         speed = "Step mode: speeds are not measured (both models wait for the button)"
     elif figures.measured_speedup:
-        speed = (f"<b>{figures.measured_speedup:.2f}x faster</b> than the full model, measured over "
-                 f"{figures.common_steps} decode steps")
+        speed = f"<b>{figures.measured_speedup:.2f}x faster</b> (measured over {figures.common_steps} decode steps)"
     else:
         speed = f"measured speedup after {MIN_STEPS_FOR_MEASURED} decode steps"
     if judged:
         same = sum(j.same for j in judged)
-        share = (f"the full model, given SkipDecode's own text so far, picks the same next token at "
+        share = (f"given SkipDecode's own text, the full model picks the same next token at "
                  f"<b>{same / len(judged):.0%}</b> of its {len(judged)} positions")
     else:
         share = "the full model's verdict on SkipDecode's text comes when SkipDecode finishes"
@@ -176,12 +175,11 @@ def regression_note(settings: PlaygroundSettings, solved) -> str:
     row, count = eval_row(settings.target_speedup, settings.skip_policy)
     if row is None:
         return ""
-    who = "with the skip policy" if settings.skip_policy else "with the skip policy OFF"
-    why = ("a 135M model and one skip policy trained on a CPU do not fully make up for the bypassed layers"
+    who = "skip policy on" if settings.skip_policy else "skip policy OFF"
+    why = ("a 135M model and one skip policy trained on a CPU cannot fully replace the bypassed layers"
            if settings.skip_policy else "the untouched model was never trained to run with layers missing")
-    return (f"Regression remains: on {count} held-out prompts at {row['target_speedup']:g}x {who}, next-token "
-            f"agreement with the full model is {row['agreement']:.2f} and the perplexity ratio "
-            f"{row['perplexity_ratio']:.1f} (1.0 = no loss), because {why}.")
+    return (f"Regression remains ({count} held-out prompts, {row['target_speedup']:g}x, {who}): next-token agreement "
+            f"{row['agreement']:.2f}, perplexity ratio {row['perplexity_ratio']:.1f} (1 = no loss); {why}.")
 
 
 def heatmap_note_html(settings: PlaygroundSettings, solved, judged: list[Judged] | None, first_generated: int,

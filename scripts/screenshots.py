@@ -1,13 +1,16 @@
-"""Screenshots for the README: the playground after one generation, and the Results tab.
+"""Screenshots for the README and for reading the page as a visitor and a teacher would.
 
 Starts `python app.py` on a free loopback port, drives Debian's Chromium with playwright, and
-writes assets/images/playground.png and assets/images/results.png.
+writes, at desktop (1440x900) and phone (390x844) size, what the screen shows without scrolling:
+on arrival, ~3 s after Generate, when done, after running a lesson (the batch one), and the
+Results and How it works tabs; plus the README's assets/images/playground.png and results.png.
 
-    python scripts/screenshots.py
+    python scripts/screenshots.py [--only desktop|phone]
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -21,8 +24,6 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "assets" / "images"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
         "--disable-component-update", "--disable-sync"]
-
-
 VIEWPORTS = {"desktop": (1440, 900), "phone": (390, 844)}
 
 
@@ -30,54 +31,80 @@ def wait_done(page, seconds: float = 180) -> None:
     deadline = time.time() + seconds
     while time.time() < deadline and "Done" not in page.inner_text("#status"):
         time.sleep(0.5)
+    time.sleep(1.5)
+
+
+def run_lesson(page, title: str) -> None:
+    """Pick a lesson and press "Run this lesson" (it sets the controls, generates, scrolls)."""
+    page.click("#lesson-choice input")
+    page.click(f"li[role=option]:has-text(\"{title}\")")
+    time.sleep(0.5)
+    page.click("#lesson-run")
+    deadline = time.time() + 30
+    while time.time() < deadline and "Done" in page.inner_text("#status"):  # the previous run's status
+        time.sleep(0.2)
+    wait_done(page)
+
+
+def visitor_views(browser, port: int, name: str) -> list[Path]:
+    width, height = VIEWPORTS[name]
+    page = browser.new_page(viewport={"width": width, "height": height})
+    page.goto(f"http://127.0.0.1:{port}/")
+    page.wait_for_selector("#generate-btn", timeout=120_000)
     time.sleep(1.0)
-
-
-def visitor_views(browser, port: int) -> list[Path]:
-    """What a visitor sees without scrolling, at desktop and phone size: on arrival, ~3 s after
-    pressing Generate on the default prompt, and when done."""
+    shots = [("arrival", None), ("streaming", lambda: (page.click("#generate-btn"), time.sleep(3))),
+             ("done", lambda: wait_done(page)),
+             ("lesson-batch", lambda: (page.evaluate("window.scrollTo(0, 0)"), run_lesson(page, "One exit for the whole batch"))),
+             ("results", lambda: (page.click("button[role=tab]:has-text('Results')"), time.sleep(3))),
+             ("how-it-works", lambda: (page.click("button[role=tab]:has-text('How it works')"), time.sleep(3)))]
     written = []
-    for name, (width, height) in VIEWPORTS.items():
-        page = browser.new_page(viewport={"width": width, "height": height})
-        page.goto(f"http://127.0.0.1:{port}/")
-        page.wait_for_selector("#generate-btn", timeout=120_000)
-        time.sleep(1.0)
-        shots = [("arrival", None), ("streaming", lambda: (page.click("#generate-btn"), time.sleep(3))),
-                 ("done", lambda: wait_done(page))]
-        for label, action in shots:
-            if action:
-                action()
-            path = OUT / "visitor" / f"{name}-{label}.png"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(path))
-            written.append(path)
-        page.close()
+    for label, action in shots:
+        if action:
+            action()
+        path = OUT / "visitor" / f"{name}-{label}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(path), full_page=label in ("results", "how-it-works"))
+        written.append(path)
+    page.close()
     return written
 
 
+def readme_images(browser, port: int) -> list[Path]:
+    page = browser.new_page(viewport={"width": 1440, "height": 1300})
+    page.goto(f"http://127.0.0.1:{port}/")
+    page.wait_for_selector("#generate-btn", timeout=120_000)
+    page.fill("textarea", "Write a short story about a robot who learns to paint.")
+    page.click("#generate-btn")
+    wait_done(page)
+    page.screenshot(path=str(OUT / "playground.png"), full_page=True)
+    page.click("button[role=tab]:has-text('Results')")
+    time.sleep(3)
+    page.screenshot(path=str(OUT / "results.png"), full_page=True)
+    page.close()
+    return [OUT / "playground.png", OUT / "results.png"]
+
+
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=[*VIEWPORTS, "readme"], help="one set of screenshots")
+    args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     port = free_port()
     server = start_server(port)
+    written = []
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=ARGS)
-            written = visitor_views(browser, port)
-            page = browser.new_page(viewport={"width": 1440, "height": 1300})
-            page.goto(f"http://127.0.0.1:{port}/")
-            page.wait_for_selector("#generate-btn", timeout=120_000)
-            page.fill("textarea", "Write a short story about a robot who learns to paint.")
-            page.click("#generate-btn")
-            wait_done(page)
-            page.screenshot(path=str(OUT / "playground.png"), full_page=True)
-            page.click("button[role=tab]:has-text('Results')")
-            time.sleep(3)
-            page.screenshot(path=str(OUT / "results.png"), full_page=True)
+            for name in VIEWPORTS:
+                if args.only in (None, name):
+                    written += visitor_views(browser, port, name)
+            if args.only in (None, "readme"):
+                written += readme_images(browser, port)
             browser.close()
     finally:
         server.terminate()
         server.wait(30)
-    for path in [*written, OUT / "playground.png", OUT / "results.png"]:
+    for path in written:
         print(f"wrote {path}")
     return 0
 
