@@ -10,6 +10,8 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from dataclasses import replace
+from functools import lru_cache
 from typing import AsyncIterator, Callable, Iterator
 
 import anyio
@@ -34,7 +36,11 @@ class Playground:
     def __init__(self, get_generator: Callable[[], TextGenerator], limits: Limits, concurrency: int = 1) -> None:
         self.get_generator = get_generator
         self.limits = limits
-        self.runs = SessionRuns()
+        self.runs = SessionRuns(limits.max_step_positions)
+        # Set by the fair queue (app/fair_queue.py): called in a queued handler, it returns a check
+        # that says when that handler's client has gone (result stream closed or never opened).
+        self.client_gone: Callable[[], Callable[[], bool]] = lambda: (lambda: False)
+        self.previewing = threading.Semaphore(1)  # one schedule preview computes at a time (outside the queue)
         # Held for each model step of any run: a cancelled run's step that is still computing (a
         # long prefill) keeps the model busy, so the next run waits for it instead of overlapping.
         self.compute = threading.BoundedSemaphore(max(1, concurrency))
@@ -49,15 +55,16 @@ class Playground:
         try:
             settings = self.settings(values)
             generator = self.get_generator()
-            generator.schedule_for(settings.schedule_request(), settings.max_new_tokens)
+            solved_schedule(generator, settings.schedule_request(), settings.max_new_tokens)
             self.validated_size(settings, generator)
         except (ValueError, TypeError) as error:
             raise gr.Error(str(error), print_exception=False) from None
         return settings, generator
 
-    def validated_size(self, settings: PlaygroundSettings, generator: TextGenerator) -> None:
+    def validated_size(self, settings: PlaygroundSettings, generator: TextGenerator) -> int:
         """Refuse, before waiting for the model, a request whose compute exceeds the limits:
-        prompt tokens per row, and (prompt + new tokens) x batch for the whole request."""
+        prompt tokens per row, and (prompt + new tokens) x batch for the whole request, which
+        is returned (the KV-cache positions of one stream)."""
         ids, mask = generator.encode(settings.prompts())
         longest = int(mask.sum(-1).max())
         if longest > self.limits.max_prompt_tokens:
@@ -68,15 +75,27 @@ class Playground:
                 f"this request needs {work} token positions (batch {ids.shape[0]} x ({ids.shape[1]} prompt + "
                 f"{settings.max_new_tokens} new)); the limit per request is {self.limits.max_request_tokens}: "
                 "shorten the prompt, the batch or max new tokens")
+        return work
 
     def schedule_preview(self, values: dict):
         """The schedule plot for the current controls (no model run)."""
         try:
             settings = self.settings(values)
-            solved = self.get_generator().schedule_for(settings.schedule_request(), settings.max_new_tokens)
+            figure = self.preview(settings)
         except ValueError as error:
             return gr.skip(), f"**Check the settings:** {error}"
-        return schedule_figure(solved), ""
+        return figure, ""
+
+    def preview(self, settings: PlaygroundSettings):
+        """The schedule plot, outside the queue: cached on pure inputs, and one solve at a time so
+        a script looping on the preview cannot starve a generation of the CPU; a preview that cannot
+        start within 2 s is refused (ValueError) rather than piling up."""
+        if not self.previewing.acquire(timeout=2.0):
+            raise ValueError("the server is busy drawing other schedules; move a control again in a moment")
+        try:
+            return preview_figure(self.get_generator(), settings.schedule_request(), settings.max_new_tokens)
+        finally:
+            self.previewing.release()
 
     def load_note(self, waiting: int) -> str:
         """One line on how busy the server is, so a queued visitor knows what they wait for; the
@@ -119,8 +138,9 @@ class Playground:
         session = session_key(request)
         self.runs.steppers.pop(session, None)  # a Step after this run starts afresh
         handle = self.runs.start(session)
+        gone = self.client_gone()
         try:
-            yield from self._stream(generator, settings, handle, notice)
+            yield from self._stream(generator, settings, handle, notice, gone)
         finally:
             self.runs.finish(session, handle)
 
@@ -150,13 +170,15 @@ class Playground:
         self.runs.cancel(session_key(request))
         return "Stopped."
 
-    def _stream(self, generator: TextGenerator, settings: PlaygroundSettings, handle: RunHandle, notice: str):
+    def _stream(self, generator: TextGenerator, settings: PlaygroundSettings, handle: RunHandle, notice: str,
+                gone: Callable[[], bool] | None = None):
         renderer = RaceRenderer(generator, settings)
         last_plot = 0.0
         status = notice or "Generating… SkipDecode and the full model take turns; each advances by its own measured step time."
         update: RaceUpdate | None = None
         try:
-            for update in race(generator, settings, should_cancel=lambda: handle.cancelled, compute_lock=self.compute):
+            for update in race(generator, settings, should_cancel=cancel_when_gone(handle, gone),
+                               compute_lock=self.compute):
                 now = time.monotonic()
                 finished = update.skip.done and update.full.done
                 with_plot = finished or now - last_plot >= HEATMAP_EVERY_S
@@ -180,9 +202,9 @@ class Playground:
             generator = self.get_generator()
             current = self.runs.steppers.get(session)
             if current is None or current[0] != settings:
-                self.validated_size(settings, generator)
+                positions = 2 * self.validated_size(settings, generator)  # both streams keep a KV cache
                 current = (settings, self._lockstep(generator, settings, self.compute), RaceRenderer(generator, settings))
-                self.runs.steppers.put(session, current)
+                self.runs.steppers.put(session, current, positions)
             _, iterator, renderer = current
             update = next(iterator, None)
         except ValueError as error:
@@ -229,17 +251,18 @@ class Playground:
 
     # --- the public API ---------------------------------------------------------------------
     async def api_stream_async(self, values: dict, request: gr.Request | None = None) -> AsyncIterator[dict]:
-        """``api_stream`` for gradio: each step runs in a worker thread, and when the client
-        cancels the job (gradio cancels this coroutine) the run's handle is cancelled too, so the
-        decoder stops within one layer, even inside a long prefill, instead of running on
-        unseen."""
+        """``api_stream`` for gradio: each step runs in a worker thread. When the client cancels the
+        job (gradio cancels this coroutine) the run's handle is cancelled FIRST and the worker thread
+        is abandoned, not awaited: the decoder stops within one layer, even inside a long prefill,
+        and the next run waits for that layer on ``self.compute``. A dropped connection cancels the
+        run the same way (the decoder's cancel check reads the client's liveness)."""
         run_key = f"{session_key(request)}:api:{uuid.uuid4().hex}"
         handle = self.runs.start(run_key)
-        stream = self.api_stream(values, request, run=(run_key, handle))
+        stream = self.api_stream(values, request, run=(run_key, handle), gone=self.client_gone())
         finished = object()
         try:
             while True:
-                message = await anyio.to_thread.run_sync(next, stream, finished)
+                message = await anyio.to_thread.run_sync(next, stream, finished, abandon_on_cancel=True)
                 if message is finished:
                     return
                 yield message
@@ -249,10 +272,14 @@ class Playground:
             self.runs.finish(run_key, handle)
 
     def api_stream(self, values: dict, request: gr.Request | None = None,
-                   run: tuple[str, RunHandle] | None = None) -> Iterator[dict]:
-        """The API's stream: one message per step, the last with "done": true. Every request is its
-        own run (two submits from one client never cancel each other); a run that was cancelled
-        ends with a message that says so ("cancelled": true and the reason)."""
+                   run: tuple[str, RunHandle] | None = None, gone: Callable[[], bool] | None = None) -> Iterator[dict]:
+        """The API's stream: one message per step, the last with "done": true. Each message has the
+        texts so far and the live figures; the per-step lists come as deltas (``new_step_layers``:
+        the steps since the previous message) and whole (``step_layers``, ``layers_per_step``, and
+        with lens=true the ``lens``) in the last message only, so a long batch job streams a few
+        kilobytes per step, not its whole state. Every request is its own run (two submits from one
+        client never cancel each other); a cancelled run ends with a message that says so
+        ("cancelled": true and the reason)."""
         if run is None:
             run_key = f"{session_key(request)}:api:{uuid.uuid4().hex}"
             run = (run_key, self.runs.start(run_key))
@@ -262,14 +289,76 @@ class Playground:
         except gr.Error:
             self.runs.finish(run_key, handle)
             raise
-        message = None
+        light = replace(settings, lens=False)  # the lens is sent once, in the last message
+        update, sent = None, 0
         try:
-            for update in race(generator, settings, should_cancel=lambda: handle.cancelled, compute_lock=self.compute):
-                message = api_message(generator, update, settings)
-                yield message
+            for update in race(generator, settings, should_cancel=cancel_when_gone(handle, gone),
+                               compute_lock=self.compute):
+                if update.skip.done and update.full.done:
+                    yield api_message(generator, update, settings)
+                else:
+                    message, sent = delta_message(api_message(generator, update, light), sent)
+                    yield message
         except ValueError as error:
             raise gr.Error(str(error), print_exception=False) from None
         finally:
             self.runs.finish(run_key, handle)
-        if handle.cancelled and message is not None and not message["done"]:
-            yield {**message, "cancelled": True, "error": f"the run was cancelled ({handle.reason})"}
+        if handle.cancelled and update is not None and not (update.skip.done and update.full.done):
+            yield {**api_message(generator, update, settings), "cancelled": True,
+                   "error": f"the run was cancelled ({handle.reason})"}
+
+    # --- admission (the fair queue asks when a job is pushed) -------------------------------------
+    def admission_problem(self, api_name: str, values: dict) -> tuple[str, str] | None:
+        """(parameter, message) when a job that runs the model asks for settings or sizes over a
+        limit; None to admit it. Checked when the job is pushed, in milliseconds (parsing,
+        tokenizing, the solver over one step), so it is refused at once instead of after waiting
+        for the model; the full check runs again when the job starts."""
+        if not api_name.startswith(MODEL_RUNS):
+            return None
+        try:
+            settings = self.settings(values)
+            generator = self.get_generator()
+            request = settings.schedule_request()
+            generator.schedule_for(replace(request, decay_length=request.decay_length or settings.max_new_tokens), 2)
+            self.validated_size(settings, generator)
+        except (ValueError, TypeError) as error:
+            return parameter_named(str(error)), str(error)
+        return None
+
+
+MODEL_RUNS = ("generate", "ui_generate", "ui_step", "ui_restart_")  # api names (prefixes) of model runs
+
+
+@lru_cache(maxsize=256)
+def solved_schedule(generator: TextGenerator, request, max_new_tokens: int):
+    """The solver's answer for pure inputs, cached: solving scores every (max, min) layer pair in
+    pure Python (~0.25 s for 30 layers), and the page asks again on every control change."""
+    return generator.schedule_for(request, max_new_tokens)
+
+
+@lru_cache(maxsize=64)
+def preview_figure(generator: TextGenerator, request, max_new_tokens: int):
+    return schedule_figure(solved_schedule(generator, request, max_new_tokens))
+
+
+def cancel_when_gone(handle: RunHandle, gone: Callable[[], bool] | None) -> Callable[[], bool]:
+    """The decoder's cancel check: the run's handle, which the client going away also cancels."""
+    def should_cancel() -> bool:
+        if not handle.cancelled and gone is not None and gone():
+            handle.cancel("the client went away")
+        return handle.cancelled
+    return should_cancel
+
+
+def delta_message(message: dict, sent: int) -> tuple[dict, int]:
+    """An intermediate API message without the whole per-step lists, with the layers of the steps
+    not sent before as ``new_step_layers``; and the number of steps sent so far."""
+    steps = message.pop("step_layers")
+    message.pop("layers_per_step")
+    return {**message, "new_step_layers": steps[sent:]}, len(steps)
+
+
+def parameter_named(message: str) -> str:
+    """The setting a refusal names (the longest API name in it), for gradio_client's message."""
+    named = [name for name in PlaygroundSettings.api_names() if name in message]
+    return max(named, key=len) if named else "settings"

@@ -16,13 +16,13 @@ import gradio as gr
 from app import explainer
 from app.api import api_function
 from app.controls import control, with_settings
+from app.fair_queue import FairQueue, ServingLimits
 from app.gpu import gpu_handler
 from app.handlers import Playground
 from app.lessons import LESSONS, lesson_by_title, lesson_names, lesson_values
 from app.live_plot import live_plot, static_paths
 from app.request_guard import RequestGuard
 from app.results import results_tab
-from app.sessions import cap_queued_per_session, waiting_jobs
 from app.settings import EXAMPLE_PROMPTS, Limits, PlaygroundSettings, control_ranges, trained_defaults
 from app.style import COPY_JS, PAGE_URL_JS, SCROLL_TO_OUTPUTS, launch_style
 from model.generation import TextGenerator
@@ -55,7 +55,8 @@ def analytics_enabled() -> bool:
 
 # --- layout and wiring -----------------------------------------------------------------------
 def build_demo(get_generator: Callable[[], TextGenerator], limits: Limits | None = None,
-               concurrency_limit: int = 1, queue_size: int = 32, max_queued_per_session: int = 2) -> gr.Blocks:
+               concurrency_limit: int = 1, queue_size: int = 32, max_queued_per_session: int = 2,
+               serving: ServingLimits | None = None) -> gr.Blocks:
     """The whole app, its queue configured. ``get_generator`` is called per request (app.py
     caches the loaded model). Only the queued, documented endpoints run generations: the REST
     routes that bypass the queue are closed (api_open=False)."""
@@ -81,7 +82,10 @@ def build_demo(get_generator: Callable[[], TextGenerator], limits: Limits | None
         _wire(demo, playground, ui, trained_defaults(generator), concurrency_limit)
     demo.playground = playground  # tests and the load script inspect active runs
     demo.queue(api_open=False, max_size=queue_size)
-    cap_queued_per_session(demo._queue, max_queued_per_session)
+    # The fair queue (app/fair_queue.py): admission and place by client; ``serving`` sets its other limits.
+    fair = FairQueue((serving or ServingLimits()).sized(queue_size, max_queued_per_session),
+                     playground.admission_problem).install(demo)
+    playground.client_gone = fair.client_gone_check
     return demo
 
 
@@ -235,7 +239,7 @@ def _wire(demo: gr.Blocks, playground: Playground, ui: dict, defaults: dict, con
         None, [ui["share_link"]], [ui["share_note"]], js=COPY_JS, api_name=False)
     demo.load(playground.from_link, None, [*(c[name] for name in shared), ui["status"]], queue=False,
               api_name="ui_from_link", **private)
-    gr.on([gr.Timer(4).tick, demo.load], lambda: playground.load_note(waiting_jobs(demo._queue)), None,
+    gr.on([gr.Timer(4).tick, demo.load], lambda: playground.load_note(demo.fair_queue.waiting()), None,
           [ui["load_note"]], queue=False, api_name="ui_load_note", **private)
     demo.unload(playground.leave)
     gr.api(gpu_handler(api_function(playground, defaults)), api_name="generate", **lane)
