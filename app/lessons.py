@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import gradio as gr
+
 from app.settings import EXAMPLE_PROMPTS
 
 
@@ -89,3 +91,15 @@ def lesson_names() -> tuple[str, ...]:
 def lesson_by_title(title: str) -> Lesson:
     """The lesson of that title (the first one for an unknown title)."""
     return next((lesson for lesson in LESSONS if lesson.title == title), LESSONS[0])
+
+
+def lesson_text(title: str) -> tuple:
+    """What the page shows for a picked lesson: its text, and its second-run button (if any)."""
+    lesson = lesson_by_title(title)
+    return lesson.markdown(), gr.Button(lesson.then_label or "Then", visible=bool(lesson.then_label))
+
+
+def lesson_settings(title: str, defaults: dict, then: bool) -> list:
+    """The values of lesson_names() for a lesson's run (or its second run)."""
+    values = lesson_values(lesson_by_title(title), defaults, then)
+    return [values[name] for name in lesson_names()]

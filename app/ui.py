@@ -19,7 +19,7 @@ from app.controls import control, with_settings
 from app.fair_queue import FairQueue, ServingLimits
 from app.gpu import gpu_handler
 from app.handlers import Playground
-from app.lessons import LESSONS, lesson_by_title, lesson_names, lesson_values
+from app.lessons import LESSONS, lesson_names, lesson_settings, lesson_text
 from app.live_plot import live_plot, static_paths
 from app.request_guard import RequestGuard
 from app.results import results_tab
@@ -201,9 +201,9 @@ def _wire(demo: gr.Blocks, playground: Playground, ui: dict, defaults: dict, con
     lesson_controls = [c[name] for name in lesson_names()]
     for i, then in enumerate((False, True)):
         ui["lesson_then" if then else "lesson_run"].click(
-            lambda title, then=then: _lesson_settings(title, defaults, then), [ui["lesson"]], lesson_controls,
+            lambda title, then=then: lesson_settings(title, defaults, then), [ui["lesson"]], lesson_controls,
             queue=False, api_name=False).then(generate, settings, stream, api_name=f"ui_lesson_{i}", **private, **lane)
-    ui["lesson"].change(_lesson_text, [ui["lesson"]], [ui["lesson_text"], ui["lesson_then"]], queue=False,
+    ui["lesson"].change(lesson_text, [ui["lesson"]], [ui["lesson_text"], ui["lesson_then"]], queue=False,
                         api_name=False)
     # A settings change by hand while generating: end the running stream at once (outside the
     # queue), then restart in the model lane, which that ending has just freed. (.input, not
@@ -243,13 +243,3 @@ def _wire(demo: gr.Blocks, playground: Playground, ui: dict, defaults: dict, con
           [ui["load_note"]], queue=False, api_name="ui_load_note", **private)
     demo.unload(playground.leave)
     gr.api(gpu_handler(api_function(playground, defaults)), api_name="generate", **lane)
-
-
-def _lesson_text(title: str) -> tuple:
-    lesson = lesson_by_title(title)
-    return lesson.markdown(), gr.Button(lesson.then_label or "Then", visible=bool(lesson.then_label))
-
-
-def _lesson_settings(title: str, defaults: dict, then: bool) -> list:
-    values = lesson_values(lesson_by_title(title), defaults, then)
-    return [values[name] for name in lesson_names()]
