@@ -24,6 +24,7 @@ waiting, and cancelled (within a layer) if it already runs.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import dataclasses
 import itertools
@@ -35,6 +36,7 @@ from typing import Callable
 from app import gradio_internals as gi
 
 API_CLIENT = "api@"
+HEARTBEAT_WAIT_S = 0.5
 SESSION_CLIENT = "session:"
 
 
@@ -196,11 +198,20 @@ class FairQueue:
         with self._lock:
             return bool(session) and self._heartbeats.get(session, 0) > 0
 
+    async def _heartbeat_of(self, session: str) -> None:
+        """Wait up to HEARTBEAT_WAIT_S for a session's heartbeat: gradio_client opens it in a thread
+        when the Client is made, so a script's first submit can race it (a page opens it at load)."""
+        deadline = time.monotonic() + HEARTBEAT_WAIT_S
+        while not self.page_session(session) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+
     # --- push -------------------------------------------------------------------------------
-    def _before_push(self, body, request) -> tuple[tuple | None, tuple[str, str] | None]:
+    async def _before_push(self, body, request) -> tuple[tuple | None, tuple[str, str] | None]:
         """(refusal or None, the job's (client, address)) for a job being pushed."""
         session = gi.body_session(body)
         address = self.address_of(request)
+        if session and not self.page_session(session):
+            await self._heartbeat_of(session)
         client = client_key(session, address, self.page_session(session))
         fn = gi.body_function(self.blocks, body)
         if fn is None:

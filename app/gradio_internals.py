@@ -146,7 +146,7 @@ def current_event(queue):
     return queue.event_ids_to_events.get(current) if current else None
 
 
-def wrap_push(queue, before: Callable[[Any, Any], tuple[tuple | None, Any]],
+def wrap_push(queue, before: Callable[[Any, Any], Awaitable[tuple[tuple | None, Any]]],
               after: Callable[[str, Any, Any], None]) -> None:
     """Wrap this queue's ``push``: ``before(body, request)`` returns (push's refusal tuple or None,
     a context); a refused job never reaches gradio; ``after(event_id, body, context)`` sees every
@@ -154,7 +154,7 @@ def wrap_push(queue, before: Callable[[Any, Any], tuple[tuple | None, Any]],
     push: Callable[..., Awaitable[tuple]] = queue.push
 
     async def fair_push(body, request, username):
-        refusal, context = before(body, request)
+        refusal, context = await before(body, request)
         if refusal is not None:
             return refusal
         admitted, event_id_, state = await push(body, request, username)
