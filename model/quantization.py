@@ -91,13 +91,14 @@ class Int4Blocks:
     codes: torch.Tensor
     scales: torch.Tensor
     zeros: torch.Tensor
+    exact: bool = False  # True: the model file's own 4-bit values (not re-quantised from float)
 
     @classmethod
     def from_q4_1(cls, codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> "Int4Blocks":
         """GGUF Q4_1 blocks (w = d * q + m, d and m float16 per 32 weights) in the kernel's form:
         (q - 8) * d + (m + 8 d). Exact but for rounding d and m + 8 d to bfloat16."""
         d32, m32 = d.float(), m.float()
-        return cls(codes.to(torch.uint8), d32.to(torch.bfloat16), (m32 + 8 * d32).to(torch.bfloat16))
+        return cls(codes.to(torch.uint8), d32.to(torch.bfloat16), (m32 + 8 * d32).to(torch.bfloat16), exact=True)
 
     @classmethod
     def from_float(cls, weight: torch.Tensor) -> "Int4Blocks":
@@ -118,15 +119,6 @@ class Int4Blocks:
         codes = self.codes.float().reshape(rows, cols // INT4_GROUP, INT4_GROUP) - 8
         return (codes * self.scales.float()[..., None] + self.zeros.float()[..., None]).reshape(rows, cols)
 
-    def nibbles(self) -> torch.Tensor:
-        """(N, K / 2) uint8, two codes a byte: the compact form the weight cache stores."""
-        return (self.codes[:, 0::2] | (self.codes[:, 1::2] << 4)).contiguous()
-
-    @classmethod
-    def from_nibbles(cls, nibbles: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> "Int4Blocks":
-        codes = torch.stack([nibbles & 0x0F, nibbles >> 4], dim=-1).reshape(nibbles.shape[0], -1)
-        return cls(codes, scales, zeros)
-
 
 def int4_misfit(linear: nn.Module) -> str | None:
     """Why torch's int4 kernel cannot hold this Linear, or None when it can."""
@@ -138,18 +130,36 @@ def int4_misfit(linear: nn.Module) -> str | None:
     return None
 
 
+@dataclass
+class PackedInt4:
+    """Int4Blocks in torch's CPU kernel layout. The layout is this torch build's choice for this
+    CPU's instruction set, so a cache of it is keyed by both (model/loading.py)."""
+
+    weight: torch.Tensor  # (N, K / 2) uint8
+    scales_and_zeros: torch.Tensor  # (K / 32, N, 2) bfloat16
+    exact: bool = False
+
+    @classmethod
+    def from_blocks(cls, blocks: Int4Blocks) -> "PackedInt4":
+        weight = torch.ops.aten._convert_weight_to_int4pack_for_cpu(blocks.codes.to(torch.int32), 1)
+        scales_and_zeros = torch.stack([blocks.scales.t(), blocks.zeros.t()], dim=-1).contiguous()
+        return cls(weight, scales_and_zeros, blocks.exact)
+
+
 class Int4WeightLinear(nn.Module):
     """y = x W^T + b with W group-wise 4-bit (Int4Blocks), packed for torch's CPU int4 kernel."""
 
-    def __init__(self, blocks: Int4Blocks, bias: torch.Tensor | None = None) -> None:
+    def __init__(self, weights: Int4Blocks | PackedInt4, bias: torch.Tensor | None = None) -> None:
         super().__init__()
-        self.out_features, self.in_features = blocks.codes.shape
-        # The packed layout is this CPU's (torch picks it by instruction set): never stored on disk.
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(blocks.codes.to(torch.int32), 1)
-        self.register_buffer("weight_int4pack", packed)
-        # (K / 32, N, 2): the kernel's scale-and-zero layout.
-        self.register_buffer("scales_and_zeros", torch.stack([blocks.scales.t(), blocks.zeros.t()], dim=-1).contiguous())
+        packed = weights if isinstance(weights, PackedInt4) else PackedInt4.from_blocks(weights)
+        self.out_features, self.in_features = packed.weight.shape[0], packed.scales_and_zeros.shape[0] * INT4_GROUP
+        self.exact = packed.exact
+        self.register_buffer("weight_int4pack", packed.weight)
+        self.register_buffer("scales_and_zeros", packed.scales_and_zeros)
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+
+    def packed(self) -> PackedInt4:
+        return PackedInt4(self.weight_int4pack, self.scales_and_zeros, self.exact)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> "Int4WeightLinear":
@@ -209,7 +219,13 @@ class QuantizeReport:
         return text
 
 
-def quantize_weights(model: nn.Module, mode: str, blocks: dict[str, Int4Blocks] | None = None) -> QuantizeReport:
+def packed_int4_of(model: nn.Module) -> dict[str, PackedInt4]:
+    """The packed int4 weights of every Int4WeightLinear of ``model``, by module name (to cache them)."""
+    return {name: module.packed() for name, module in model.named_modules() if isinstance(module, Int4WeightLinear)}
+
+
+def quantize_weights(model: nn.Module, mode: str,
+                     blocks: dict[str, Int4Blocks | PackedInt4] | None = None) -> QuantizeReport:
     """Replace every nn.Linear of ``model`` (layers and LM head; GPT-2's Conv1D stays) by its
     low-bit version, in place. CPU only.
 
@@ -238,12 +254,14 @@ def quantize_weights(model: nn.Module, mode: str, blocks: dict[str, Int4Blocks] 
     return report
 
 
-def _low_bit(linear: nn.Linear, name: str, mode: str, blocks: dict[str, Int4Blocks], report: QuantizeReport) -> nn.Module:
+def _low_bit(linear: nn.Linear, name: str, mode: str, blocks: dict[str, Int4Blocks | PackedInt4],
+             report: QuantizeReport) -> nn.Module:
     misfit = int4_misfit(linear) if mode == "int4" else "int8 asked for"
     if misfit is None:
         report.int4.append(name)
         if name in blocks:
-            report.exact.append(name)
+            if blocks[name].exact:
+                report.exact.append(name)
             return Int4WeightLinear(blocks[name], linear.bias)
         return Int4WeightLinear.from_linear(linear)
     if mode == "int4":

@@ -98,7 +98,6 @@ def test_int4_from_float_is_within_half_a_step_and_the_kernel_multiplies_exactly
     step = blocks.scales.float().repeat_interleave(INT4_GROUP, dim=1)
     assert torch.all((blocks.dequantize() - weight).abs() <= 0.5 * step + 0.02 * step)
     assert int(blocks.codes.min()) >= 0 and int(blocks.codes.max()) <= 15
-    assert torch.equal(Int4Blocks.from_nibbles(blocks.nibbles(), blocks.scales, blocks.zeros).codes, blocks.codes)
     # The kernel computes x @ dequantize().T: compare with a float matmul of the same weights.
     linear = Int4WeightLinear(blocks)
     x = torch.randn(3, 96, generator=torch.Generator().manual_seed(1))
