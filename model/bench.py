@@ -5,8 +5,12 @@ For each batch size, the same prompts and a FIXED generated length (EOS ignored)
   full          the original full model through our decoder (n_k = L)
   skip@S        SkipDecode at target layer speedup S (linear decay by default), on the model
                 users run: the skip-policy adapter merged into its weights
+  llama.cpp     llama.cpp's own `llama-bench` on the SAME GGUF file (the default model only, batch 1, the
+                same thread count and token count), when scripts/build_llama_bench.sh has built it
 Modes run interleaved (a fresh random order each round) and repeated; medians are reported and every ratio is
-taken between medians of the same run. Efficiency = measured speedup / cost-model speedup.
+taken between medians of the same run. Efficiency = measured speedup / cost-model speedup. llama-bench's
+figure is pure decoding (its "tg" test), so our modes are compared with it on DECODE tokens/s (1 / median
+step time, prefill excluded).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import platform
 import random
 import resource
 import statistics
+import subprocess
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -53,7 +58,9 @@ class BenchConfig:
     repeats: int = 3
     include_hf: bool = True
     quick: bool = False  # tiny run for tests: batch 1 and 2, 8 tokens, 1 repeat
-    quantize: tuple[str, ...] | None = None  # weight modes side by side; default: none + int8 on CPU
+    quantize: tuple[str, ...] | None = None  # weight modes side by side; default: none, int8, int4 on CPU
+    threads: int | None = None  # torch threads (and llama-bench's -t); None: torch's default
+    llama_cpp: bool = True  # add llama-bench's row when its binary is there (default model, CPU, batch 1)
 
 
 @dataclass
@@ -72,8 +79,10 @@ class BenchRow:
     peak_memory_mb: float | None = None
     max_layers: int | None = None
     min_layers: int | None = None
-    weights: str = "float"  # "float" (the report's dtype) or "int8" (model/quantization.py)
+    weights: str = "float"  # "float" (the report's dtype), "int8" or "int4" (model/quantization.py), "Q4_1" (llama.cpp)
     vs_float_full: float | None = None  # tokens/s over the float weights' full decoder, same batch
+    decode_tokens_per_second: float | None = None  # batch / median step time (prefill excluded)
+    vs_llama_cpp: float | None = None  # decode tokens/s over llama.cpp's full model (same GGUF, same threads)
 
 
 @dataclass
@@ -87,6 +96,7 @@ class BenchReport:
     repeats: int
     decay: str
     rows: list[BenchRow] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # e.g. why there is no llama.cpp row
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -96,25 +106,29 @@ class BenchReport:
             f"{self.model} ({'adapter merged' if self.adapter else 'no adapter'}), {self.dtype}, "
             f"{self.hardware['summary']}; {self.new_tokens} new tokens per row, median of {self.repeats}, {self.decay} decay. "
             "Measured speedup and vs HF generate compare within the same weights; vs float full compares with "
-            "the float weights' full decoder.",
+            "the float weights' full decoder; vs llama.cpp compares decode tokens/s with llama-bench on the same GGUF, "
+            f"same threads. CPU flags: {', '.join(self.hardware.get('cpu_flags', [])) or 'n/a'}; torch CPU capability "
+            f"{self.hardware.get('torch_cpu_capability', 'n/a')}.",
+            *[f"Note: {note}" for note in self.notes],
             "",
-            "| batch | weights | mode | tokens/s | step ms | layer speedup | cost-model speedup | measured speedup | "
-            "efficiency | vs HF generate | vs float full |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            "| batch | weights | mode | tokens/s | decode tok/s | step ms | layer speedup | cost-model speedup | "
+            "measured speedup | efficiency | vs HF generate | vs float full | vs llama.cpp |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in self.rows:
             mode = r.mode if r.target_speedup is None else f"skip {r.target_speedup:g}x ({r.max_layers}→{r.min_layers})"
             weights = self.dtype if r.weights == "float" else r.weights
             lines.append(
-                f"| {r.batch_size} | {weights} | {mode} | {r.tokens_per_second:.1f} | {r.step_latency_ms:.1f} | "
-                f"{r.layer_speedup:.2f}x | {r.cost_speedup:.2f}x | {r.measured_speedup:.2f}x | {_fmt(r.efficiency)} | "
-                f"{_fmt(r.vs_hf_generate, 'x')} | {_fmt(r.vs_float_full, 'x')} |"
+                f"| {r.batch_size} | {weights} | {mode} | {r.tokens_per_second:.1f} | {_fmt(r.decode_tokens_per_second, '', 1)} | "
+                f"{r.step_latency_ms:.1f} | {r.layer_speedup:.2f}x | {r.cost_speedup:.2f}x | {r.measured_speedup:.2f}x | "
+                f"{_fmt(r.efficiency)} | {_fmt(r.vs_hf_generate, 'x')} | {_fmt(r.vs_float_full, 'x')} | "
+                f"{_fmt(r.vs_llama_cpp, 'x')} |"
             )
         return "\n".join(lines)
 
 
-def _fmt(value: float | None, suffix: str = "") -> str:
-    return "–" if value is None else f"{value:.2f}{suffix}"
+def _fmt(value: float | None, suffix: str = "", digits: int = 2) -> str:
+    return "–" if value is None else f"{value:.{digits}f}{suffix}"
 
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -129,13 +143,61 @@ def hardware_info(device: torch.device) -> dict:
                 break
     except OSError:
         pass
-    info = {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__}
+    info = {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+            "cpu_flags": cpu_flags(), "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
         info["summary"] = f"{info['gpu']} (CUDA)"
     else:
         info["summary"] = f"{cpu}, {info['cores']} cores, {info['torch_threads']} torch threads"
     return info
+
+
+def cpu_flags() -> list[str]:
+    """The vector-instruction flags that decide which kernels are fast (AVX2, AVX-512 incl. bf16/VNNI, AMX)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    flags = set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            flags.update(f for f in line.split(":", 1)[1].split() if f.startswith(("avx", "amx", "fma", "f16c")))
+    return sorted(flags)
+
+
+# --- llama.cpp (scripts/build_llama_bench.sh) -------------------------------------------------
+
+
+def llama_bench_binary() -> Path | None:
+    """llama-bench as scripts/build_llama_bench.sh caches it, or None when it has not been built."""
+    from model.loading import cache_root  # noqa: PLC0415
+
+    path = cache_root() / "llama.cpp" / "llama-bench"
+    return path if path.is_file() and os.access(path, os.X_OK) else None
+
+
+def parse_llama_bench(output: str, new_tokens: int) -> float:
+    """tokens/s of llama-bench's generation test ("tg", n_prompt 0) from its ``-o jsonl`` output."""
+    for line in output.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        record = json.loads(line)
+        if int(record.get("n_prompt", -1)) == 0 and int(record.get("n_gen", -1)) == new_tokens:
+            return float(record["avg_ts"])
+    raise RuntimeError(f"llama-bench printed no tg{new_tokens} result:\n{output[-2000:]}")
+
+
+def time_llama_cpp(binary: Path, gguf: Path, threads: int, new_tokens: int) -> Timing:
+    """One llama-bench run (its own warm-up, then one repetition): batch 1, pure decoding."""
+    command = [str(binary), "-m", str(gguf), "-t", str(threads), "-p", "0", "-n", str(new_tokens), "-r", "1",
+               "-o", "jsonl"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"llama-bench failed ({done.returncode}): {done.stderr[-2000:]}")
+    tokens_per_second = parse_llama_bench(done.stdout, new_tokens)
+    return Timing(new_tokens / tokens_per_second, 1.0 / tokens_per_second)
 
 
 def _sync(device: torch.device) -> None:
@@ -190,7 +252,9 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None] = print) -> B
     from model.loading import load_model, resolve_device  # noqa: PLC0415
 
     device = resolve_device(config.device)
-    weight_modes = config.quantize or (("none", "int8") if device.type == "cpu" else ("none",))
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    weight_modes = config.quantize or (("none", "int8", "int4") if device.type == "cpu" else ("none",))
     variants = {}  # weights label -> (loaded, generator, full decoder, skip decoder)
     for quantize in weight_modes:
         loaded = load_model(config.model, device=config.device, dtype=config.dtype, adapter=config.adapter,
@@ -211,6 +275,7 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None] = print) -> B
     report = BenchReport(model=loaded.name, adapter=loaded.adapter_path, device=str(device),
                          dtype=str(loaded.dtype).replace("torch.", ""), hardware=hardware_info(device),
                          new_tokens=config.new_tokens, repeats=config.repeats, decay=config.decay)
+    llama = _llama_cpp_mode(config, loaded, device, report.notes)
 
     for batch in batch_sizes:
         prompts = [BENCH_PROMPTS[i % len(BENCH_PROMPTS)] for i in range(batch)]
@@ -226,6 +291,8 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None] = print) -> B
             for s, solved in schedules.items():
                 modes[weights, f"skip@{s:g}"] = lambda d=skip_decoder, solved=solved: time_ours(
                     d, ids, mask, solved.config, config.new_tokens)
+        if llama is not None and batch == 1:
+            modes["Q4_1", "llama.cpp"] = llama
         timings: dict[tuple[str, str], list[Timing]] = {key: [] for key in modes}
         peaks: dict[tuple[str, str], float] = {}
         for run in modes.values():  # warm-up: first-call allocations and kernel selection
@@ -244,6 +311,7 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None] = print) -> B
                 peaks[key] = max(peaks.get(key, 0.0), _peak_memory_mb(device))
         float_full = batch * config.new_tokens / statistics.median(t.seconds for t in timings["float", "full"]) \
             if ("float", "full") in timings else None
+        llama_tps = _llama_row(report, timings, batch, config.new_tokens)
         for weights in variants:
             rows = _rows(batch, {name: t for (w, name), t in timings.items() if w == weights},
                          {name: p for (w, name), p in peaks.items() if w == weights}, schedules, num_layers, cost,
@@ -251,11 +319,50 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None] = print) -> B
             for row in rows:
                 row.weights = weights
                 row.vs_float_full = round(row.tokens_per_second / float_full, 4) if float_full else None
+                if llama_tps and row.decode_tokens_per_second:
+                    row.vs_llama_cpp = round(row.decode_tokens_per_second / llama_tps, 4)
             report.rows.extend(rows)
         progress(f"batch {batch}: " + ", ".join(
             f"{r.weights} {r.mode if r.target_speedup is None else f'skip {r.target_speedup:g}x'} "
             f"{r.tokens_per_second:.1f} tok/s" for r in report.rows if r.batch_size == batch))
     return report
+
+
+def _llama_cpp_mode(config: BenchConfig, loaded, device: torch.device, notes: list[str]) -> Callable[[], Timing] | None:
+    """llama-bench on the default model's GGUF, or None with a note saying why there is no row."""
+    from model.loading import DEFAULT_MODEL, locate_default_gguf  # noqa: PLC0415
+
+    if not config.llama_cpp or config.quick:
+        return None
+    if device.type != "cpu" or loaded.name != DEFAULT_MODEL:
+        notes.append("no llama.cpp row: it runs the default model's GGUF on CPU only")
+        return None
+    binary = llama_bench_binary()
+    if binary is None:
+        notes.append("no llama.cpp row: llama-bench is not built (bash scripts/build_llama_bench.sh builds it)")
+        return None
+    gguf, threads = locate_default_gguf(), torch.get_num_threads()
+    notes.append(f"llama.cpp: {binary} ({_llama_version(binary)}), {gguf.name}, {threads} threads, batch 1")
+    return lambda: time_llama_cpp(binary, gguf, threads, config.new_tokens)
+
+
+def _llama_version(binary: Path) -> str:
+    version = binary.parent / "VERSION"
+    return version.read_text().strip() if version.is_file() else "unknown version"
+
+
+def _llama_row(report: BenchReport, timings: dict, batch: int, new_tokens: int) -> float | None:
+    """Append llama.cpp's row (when it ran); return its tokens/s."""
+    runs = timings.get(("Q4_1", "llama.cpp"))
+    if not runs:
+        return None
+    seconds = statistics.median(t.seconds for t in runs)
+    tps = new_tokens / seconds
+    report.rows.append(BenchRow(mode="llama.cpp", batch_size=batch, target_speedup=None, tokens_per_second=round(tps, 3),
+                                step_latency_ms=round(1000 * statistics.median(t.step_seconds for t in runs), 3),
+                                seconds=round(seconds, 4), weights="Q4_1", decode_tokens_per_second=round(tps, 3),
+                                vs_llama_cpp=1.0, efficiency=None))
+    return tps
 
 
 def _rows(batch, timings, peaks, schedules, num_layers, cost, new_tokens) -> list[BenchRow]:
@@ -271,6 +378,8 @@ def _rows(batch, timings, peaks, schedules, num_layers, cost, new_tokens) -> lis
         row = BenchRow(mode="skipdecode" if name.startswith("skip@") else name, batch_size=batch, target_speedup=None,
                        tokens_per_second=round(tps, 3), step_latency_ms=round(1000 * median(name, "step_seconds"), 3),
                        seconds=round(median(name, "seconds"), 4), measured_speedup=round(tps / full_tps, 4),
+                       decode_tokens_per_second=round(batch / median(name, "step_seconds"), 3)
+                       if median(name, "step_seconds") > 0 else None,
                        vs_hf_generate=round(tps / hf_tps, 4) if hf_tps else None,
                        peak_memory_mb=round(peaks.get(name, 0.0), 1))
         if name.startswith("skip@"):

@@ -143,6 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--quantize", default=None,
                     help="comma-separated weight modes side by side: none, int8, int4 "
                          "(default: none,int8,int4 on CPU, none on GPU)")
+    be.add_argument("--threads", type=int, default=None, help="torch threads, and llama-bench's -t (default: torch's)")
+    be.add_argument("--no-llama-cpp", action="store_true", help="leave out the llama.cpp row (scripts/build_llama_bench.sh)")
     be.add_argument("--output", default=None, help="folder for bench.json, bench.md and speedup.json")
     be.add_argument("--json", default=None, help="also write the raw figures to this file")
     be.set_defaults(handler=run_bench_command)
@@ -227,15 +229,16 @@ def _quantize_list(text: str | None) -> tuple[str, ...] | None:
 def run_bench_command(args: argparse.Namespace) -> int:
     from model.bench import BenchConfig, run_bench, write_bench  # noqa: PLC0415
 
-    if args.tokens < 2 or args.repeats < 1:
-        raise ValueError("--tokens must be >= 2 and --repeats >= 1")
+    if args.tokens < 2 or args.repeats < 1 or (args.threads is not None and args.threads < 1):
+        raise ValueError("--tokens must be >= 2, --repeats and --threads >= 1")
     batch_sizes = tuple(int(b) for b in _float_list(args.batch_sizes, "--batch-sizes")) if args.batch_sizes else None
     if batch_sizes and min(batch_sizes) < 1:
         raise ValueError("--batch-sizes must be >= 1")
     config = BenchConfig(model=args.model, adapter=None if args.no_adapter else args.adapter, device=args.device,
                          dtype=args.dtype, batch_sizes=batch_sizes, speedups=_float_list(args.speedups, "--speedups"),
                          decay=args.decay, new_tokens=args.tokens, repeats=args.repeats, include_hf=not args.no_hf,
-                         quick=args.quick, quantize=_quantize_list(args.quantize))
+                         quick=args.quick, quantize=_quantize_list(args.quantize), threads=args.threads,
+                         llama_cpp=not args.no_llama_cpp)
     report = run_bench(config, progress=lambda line: print(line, file=sys.stderr))
     if args.output:
         write_bench(report, args.output)

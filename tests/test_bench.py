@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from model.bench import BenchRow, Timing, _rows
+from model.bench import BenchRow, Timing, _rows, parse_llama_bench
 from model.schedule import CostModel, solve_schedule
 
 pytestmark = pytest.mark.slow
@@ -35,6 +35,19 @@ def test_ratios_and_efficiency_are_taken_between_medians():
     assert skip.layer_speedup == pytest.approx(solved.layer_speedup, rel=1e-3)
 
 
+def test_llama_bench_output_is_parsed_for_the_generation_test():
+    # llama-bench -o jsonl prints one object per test; the tg row has n_prompt 0 (canned, abridged).
+    output = "\n".join([
+        "warming up",
+        json.dumps({"model_type": "llama ?B Q4_1", "n_threads": 2, "n_prompt": 512, "n_gen": 0, "avg_ts": 900.1}),
+        json.dumps({"model_type": "llama ?B Q4_1", "n_threads": 2, "n_prompt": 0, "n_gen": 64, "avg_ts": 160.25,
+                    "stddev_ts": 1.5}),
+    ])
+    assert parse_llama_bench(output, 64) == pytest.approx(160.25)
+    with pytest.raises(RuntimeError, match="tg128"):
+        parse_llama_bench(output, 128)
+
+
 def test_bench_runs_end_to_end_and_writes_every_field(tiny_folder, tmp_path):
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     raw = tmp_path / "raw.json"
@@ -45,7 +58,7 @@ def test_bench_runs_end_to_end_and_writes_every_field(tiny_folder, tmp_path):
     report = json.loads(raw.read_text())
     assert report["hardware"]["summary"] and report["dtype"] == "float32"
     modes = [(r["batch_size"], r["weights"], r["mode"], r["target_speedup"]) for r in report["rows"]]
-    assert modes == [(b, w, m, t) for b in (1, 2) for w in ("float", "int8") for m, t in
+    assert modes == [(b, w, m, t) for b in (1, 2) for w in ("float", "int8", "int4") for m, t in
                      (("hf_generate", None), ("full", None), ("skipdecode", 1.5), ("skipdecode", 2.0))]
     for row in report["rows"]:  # int8 rows compare with the float full decoder of the same batch
         assert row["vs_float_full"] > 0
@@ -55,7 +68,7 @@ def test_bench_runs_end_to_end_and_writes_every_field(tiny_folder, tmp_path):
     for row in report["rows"]:
         assert set(row) == fields
         assert row["tokens_per_second"] > 0 and row["efficiency"] > 0 and row["vs_hf_generate"] > 0
-    assert (tmp_path / "out" / "bench.md").read_text().count("| 2 |") == 8
+    assert (tmp_path / "out" / "bench.md").read_text().count("| 2 |") == 12
     figure = json.loads((tmp_path / "out" / "speedup.json").read_text())
     assert {trace["name"] for trace in figure["data"]} >= {"layer speedup", "cost-model speedup", "measured, batch 1"}
     assert "| batch | weights | mode |" in done.stdout
