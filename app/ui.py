@@ -206,13 +206,13 @@ def _wire(demo: gr.Blocks, playground: Playground, ui: dict, defaults: dict, con
     ui["lesson"].change(lesson_text, [ui["lesson"]], [ui["lesson_text"], ui["lesson_then"]], queue=False,
                         api_name=False)
     # A settings change by hand while generating: end the running stream at once (outside the
-    # queue), then restart in the model lane, which that ending has just freed. (.input, not
+    # queue), then restart in the model lane, which that ending has just freed. (.select, not
     # .change: a lesson or a link setting the controls must not restart anything.)
     restart_flag = gr.State(False)
     preset_events = [button.click(lambda value=value: value, None, [c["target_speedup"]], queue=False,
                                   api_name=f"ui_preset_{i}", **private)
                      for i, (value, button) in enumerate(ui["presets"].items())]
-    triggers = (c["target_speedup"].release, c["decay"].input, c["skip_policy"].input,
+    triggers = (c["target_speedup"].release, c["decay"].select, c["skip_policy"].select,
                 *(event.then for event in preset_events))
     for i, trigger in enumerate(triggers):
         trigger(playground.request_restart, None, [restart_flag], queue=False, api_name=f"ui_request_restart_{i}",

@@ -90,7 +90,8 @@ def test_generate_streams_both_outputs_and_renders_the_heatmap(page_url, tmp_pat
         updates = int(page.evaluate("() => document.querySelector('#heatmap .plotly-live').dataset.updates || 0"))
         assert updates >= 2, "the heatmap was not updated in place while streaming"
         assert "faster" in page.inner_text("#headline") and "positions" in page.inner_text("#headline")
-        assert "measured speedup" in page.evaluate("() => document.querySelector('#stats').textContent")
+        page.click("text=Details: speeds")  # the Details expander (rendered when opened)
+        assert _wait(lambda: "measured speedup" in page.inner_text("#stats"), 10)
         shot = Path(os.environ.get("SKIPDECODE_SCREENSHOT", tmp_path / "playground.png"))
         page.screenshot(path=str(shot), full_page=True)
         assert shot.stat().st_size > 10_000
