@@ -210,7 +210,8 @@ def schedule_figure(solved: SolvedSchedule, show_steps: int | None = None, curre
         figure.add_trace(go.Scatter(x=[current_step], y=[budgets[current_step]], mode="markers", name="this step",
                                     marker=dict(color="#d64545", size=11)))
     figure.update_layout(
-        title=dict(text=f"{config.decay}: {solved.layer_speedup:.2f}x layers, {solved.cost_speedup:.2f}x cost model",
+        title=dict(text=f"Schedule ({config.decay}): {solved.layer_speedup:.2f}x layers, "
+                        f"{solved.cost_speedup:.2f}x cost model",
                    x=0.01, y=0.98, yanchor="top", font=dict(size=14)),
         # No x-axis title (the plot's label names the axis): on a phone it sat under the legend.
         xaxis=dict(range=[-0.5, steps - 0.5]), yaxis=dict(title="layers n_k", range=[0, config.num_layers + 1]),
@@ -229,11 +230,12 @@ def _bound_labels(num_layers: int, max_layers: int, min_layers: int) -> list[tup
 
 
 def _spread(values: Sequence[float], gap: float) -> list[float]:
-    """Label heights for ascending ``values``, each at least ``gap`` above the one below."""
+    """Label heights for ascending ``values``, each at least ``gap`` below the one above, placed
+    from the top down (a label pushed above the axis range would not be drawn)."""
     placed: list[float] = []
-    for value in values:
-        placed.append(value if not placed else max(value, placed[-1] + gap))
-    return placed
+    for value in reversed(values):
+        placed.append(value if not placed else min(value, placed[-1] - gap))
+    return placed[::-1]
 
 
 def waiting_layer_steps(exits_per_token: Sequence[Sequence[int]]) -> int:
@@ -259,6 +261,7 @@ def batch_exit_figure(rows: int, positions: int, num_layers: int, exits_per_toke
                                 colorscale="Greens", showscale=False,
                                 hovertemplate="row %{y}, position %{x}: runs %{z} layers<extra></extra>"), 1, 2)
     figure.update_xaxes(title_text="position")
-    figure.update_yaxes(title_text="batch row", autorange="reversed")
+    figure.update_yaxes(autorange="reversed")
+    figure.update_yaxes(title_text="batch row", row=1, col=1)  # one title: a second one sat on the left panel
     figure.update_layout(height=300, margin=dict(l=50, r=10, t=40, b=40))
     return figure

@@ -67,11 +67,11 @@ def build_demo(get_generator: Callable[[], TextGenerator], limits: Limits | None
     with gr.Blocks(title="SkipDecode Playground", analytics_enabled=analytics_enabled(),
                    delete_cache=(600, 600)) as demo:
         loaded = generator.loaded
-        gr.Markdown(f"## SkipDecode Playground\nLayer-skipping decoding that keeps batching and the KV cache "
-                    f"(arXiv 2307.02628) on **{loaded.name}** ({generator.num_layers} layers, {loaded.device}"
-                    f"{', int8 weights' if loaded.quantize == 'int8' else ''}). "
-                    + ("SkipDecode runs with the skip-policy adapter; the full model is the original."
-                       if loaded.adapter_path else "No skip-policy adapter loaded: skipping will hurt quality."))
+        gr.Markdown(f"## SkipDecode Playground\nLayer skipping that keeps batching and the KV cache (arXiv 2307.02628)"
+                    f" · **{loaded.name}**, {generator.num_layers} layers, {loaded.device}"
+                    f"{', int8 weights' if loaded.quantize == 'int8' else ''} · "
+                    + ("SkipDecode with the skip-policy adapter, the full model original."
+                       if loaded.adapter_path else "no skip-policy adapter loaded: skipping will hurt quality."))
         with gr.Tabs():
             with gr.Tab("Playground"):
                 ui = _playground_tab(generator, limits)
@@ -102,10 +102,10 @@ def _playground_tab(generator: TextGenerator, limits: Limits) -> dict:
         with gr.Column(scale=2, min_width=320):
             c["prompt"] = control("prompt", value=EXAMPLE_PROMPTS[0], lines=2, max_lines=12)
             with gr.Row():
-                ui["run"] = gr.Button("Generate", variant="primary", elem_id="generate-btn", min_width=80)
-                ui["stop"] = gr.Button("Stop", variant="stop", elem_id="stop-btn", min_width=60)
-                ui["step"] = gr.Button("Step", elem_id="step-btn", min_width=60)
-                ui["reset"] = gr.Button("Reset", elem_id="step-reset-btn", min_width=60)
+                ui["run"] = gr.Button("Generate", variant="primary", size="md", elem_id="generate-btn", min_width=80)
+                ui["stop"] = gr.Button("Stop", variant="stop", size="md", elem_id="stop-btn", min_width=60)
+                ui["step"] = gr.Button("Step", size="md", elem_id="step-btn", min_width=60)
+                ui["reset"] = gr.Button("Reset", size="md", elem_id="step-reset-btn", min_width=60)
             ui["load_note"] = gr.Markdown(elem_id="load-note")
             c["target_speedup"] = control("target_speedup", *ranges["target_speedup"])
             with gr.Row():
@@ -117,8 +117,8 @@ def _playground_tab(generator: TextGenerator, limits: Limits) -> dict:
                 with gr.Row(equal_height=True):
                     ui["lesson"] = gr.Dropdown([lesson.title for lesson in LESSONS], value=LESSONS[0].title,
                                                show_label=False, elem_id="lesson-choice", scale=3, container=False)
-                    ui["lesson_run"] = gr.Button("Run this lesson", variant="primary", elem_id="lesson-run", scale=1,
-                                                 min_width=110)
+                    ui["lesson_run"] = gr.Button("Run this lesson", variant="primary", size="md", elem_id="lesson-run",
+                                                 scale=1, min_width=130)
                 ui["lesson_text"] = gr.Markdown(LESSONS[0].markdown(), elem_id="lesson-text")
                 ui["lesson_then"] = gr.Button(LESSONS[0].then_label or "Then", size="sm", elem_id="lesson-then",
                                               visible=bool(LESSONS[0].then_label))
@@ -158,7 +158,7 @@ def _playground_tab(generator: TextGenerator, limits: Limits) -> dict:
             gr.Examples([[p] for p in EXAMPLE_PROMPTS], inputs=[c["prompt"]], label="Example prompts",
                         cache_examples=False)
         with gr.Column(scale=3):
-            ui["schedule_plot"] = gr.Plot(label="Schedule: layers per generated step", elem_id="schedule-plot")
+            ui["schedule_plot"] = gr.Plot(show_label=False, elem_id="schedule-plot")  # the figure's title names it
             ui["schedule_note"] = gr.Markdown()
             with gr.Row():
                 ui["share_btn"] = gr.Button("Copy a link to these settings", size="sm", elem_id="share-btn")

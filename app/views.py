@@ -272,7 +272,9 @@ class RaceRenderer:
             plot = self.heatmap(update, judged, highlight_last=step_mode)
             first_generated = self.prompt_tokens[1] + len(self.prompt_tokens[0])
             note = heatmap_note_html(settings, update.solved, judged, first_generated, update.solved.config.ranking)
-        return (status, pane_note(settings, update.solved) + rows_html(skip_panes, prompts), rows_html(full_panes, prompts),
+        full_note = f'<div class="pane-note">the original model: all {generator.num_layers} layers at every position</div>'
+        return (status, pane_note(settings, update.solved) + rows_html(skip_panes, prompts),
+                full_note + rows_html(full_panes, prompts),
                 headline_html(update, generator.cost, settings, judged, step_mode),
                 details_markdown(update, generator.cost, step_mode), plot, note)
 

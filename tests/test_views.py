@@ -63,6 +63,7 @@ def test_schedule_labels_sit_apart_and_step_mode_marks_the_step():
         bounds = sorted(a.y for a in figure.layout.annotations if a.xref == "paper")
         assert len(bounds) == len({30, max_layers, min_layers})
         assert all(high - low >= 0.11 * 31 - 1e-9 for low, high in zip(bounds, bounds[1:])), bounds  # no overprint
+        assert all(0 <= y <= 31 for y in bounds), bounds  # inside the axis range: every label is drawn
         assert all(a.xanchor == "left" and a.x == 1.0 for a in figure.layout.annotations if a.xref == "paper")
         names = [trace.name for trace in figure.data]
         assert ("warmup (0)" in names) is False and (f"warmup ({warmup})" in names) == bool(warmup)
