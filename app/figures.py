@@ -177,7 +177,7 @@ def heatmap_legend_html(warmup: int, lens_kl: bool = False, strip: bool = True) 
 
 
 def _short(token: str, width: int = 8) -> str:
-    text = token.replace("\n", "⏎").replace(" ", "·")
+    text = token.replace("\n", "↵").replace(" ", "·")  # ↵ as in the panes (DejaVu Sans has it; ⏎ is rarer)
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
