@@ -102,8 +102,8 @@ class Playground:
         wait only while someone waits (a finished run leaves no stale estimate behind)."""
         running = self.runs.active_count()
         typical = self.runs.typical_seconds()
-        if not waiting:  # nothing to wait for: no line (its space is kept, so nothing shifts)
-            return "Server free: a run starts at once." if not running else ""
+        if not waiting:  # no wait to estimate: a finished run leaves no stale "busy" line behind
+            return "Server free: a run starts at once." if not running else "Generating; nobody is waiting."
         line = f"Server busy: {running} run(s) generating, {waiting} waiting (one model serves everyone)"
         if typical is not None:
             line += f"; a run here takes ~{typical:.0f} s, so expect to wait ~{typical * (waiting + 1):.0f} s"

@@ -196,13 +196,16 @@ def _wire(demo: gr.Blocks, playground: Playground, ui: dict, defaults: dict, con
 
     for button in (ui["run"], ui["lesson_run"], ui["lesson_then"]):
         button.click(None, None, None, js=SCROLL_TO_OUTPUTS, queue=False, api_name=False)
-    ui["run"].click(generate, settings, stream, api_name="ui_generate", **private, **lane)
+    note = dict(fn=lambda: playground.load_note(demo.fair_queue.waiting()), inputs=None, outputs=[ui["load_note"]],
+                queue=False, show_progress="hidden", api_name=False)
+    ui["run"].click(generate, settings, stream, api_name="ui_generate", **private, **lane).then(**note)
     # A lesson sets every control it names, then generates with them (its second run: "then").
     lesson_controls = [c[name] for name in lesson_names()]
     for i, then in enumerate((False, True)):
         ui["lesson_then" if then else "lesson_run"].click(
             lambda title, then=then: lesson_settings(title, defaults, then), [ui["lesson"]], lesson_controls,
-            queue=False, api_name=False).then(generate, settings, stream, api_name=f"ui_lesson_{i}", **private, **lane)
+            queue=False, api_name=False).then(generate, settings, stream, api_name=f"ui_lesson_{i}", **private,
+                                              **lane).then(**note)  # the busy line, fresh when the run ends
     ui["lesson"].change(lesson_text, [ui["lesson"]], [ui["lesson_text"], ui["lesson_then"]], queue=False,
                         api_name=False)
     # A settings change by hand while generating: end the running stream at once (outside the
@@ -239,7 +242,6 @@ def _wire(demo: gr.Blocks, playground: Playground, ui: dict, defaults: dict, con
         None, [ui["share_link"]], [ui["share_note"]], js=COPY_JS, api_name=False)
     demo.load(playground.from_link, None, [*(c[name] for name in shared), ui["status"]], queue=False,
               api_name="ui_from_link", **private)
-    gr.on([gr.Timer(4).tick, demo.load], lambda: playground.load_note(demo.fair_queue.waiting()), None,
-          [ui["load_note"]], queue=False, api_name="ui_load_note", **private)
+    gr.on([gr.Timer(4).tick, demo.load], **(note | dict(api_name="ui_load_note")), **private)
     demo.unload(playground.leave)
     gr.api(gpu_handler(api_function(playground, defaults)), api_name="generate", **lane)
