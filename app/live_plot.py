@@ -38,7 +38,8 @@ const draw = () => {
         scale = true;
       }
     }
-    figure.layout.xaxis = Object.assign({}, figure.layout.xaxis, {tickmode: 'auto', nticks: 6, tickangle: 0});
+    figure.layout.xaxis = Object.assign({}, figure.layout.xaxis, {tickmode: 'auto', nticks: 6, tickangle: 0,
+                                                                  title: {text: 'position'}});  // the long title was cut
     figure.layout.margin = Object.assign({}, figure.layout.margin, {l: 48, r: 5, b: scale ? 130 : 50});
     if (figure.layout.title) figure.layout.title.font = {size: 12};
   }

@@ -4,6 +4,7 @@ API messages). No gradio state lives here; RaceRenderer only caches token texts 
 from __future__ import annotations
 
 import html
+import os
 from dataclasses import dataclass
 
 import gradio as gr
@@ -16,10 +17,14 @@ from app.token_html import plain_text_html, tokens_by_depth_html
 from model.generation import TextGenerator
 from model.schedule import RANKED, CostModel, schedule_json, speedup_summary
 
+INCOMPLETE = "\ufffd"  # what decoding shows for a character whose bytes have not all arrived yet
+
 
 class TokenTexts:
     """Each token's text as it reads inside the whole output (byte-level BPE needs context),
-    extended incrementally: a streamed output of n tokens costs O(n) decodes, not O(n^2)."""
+    extended incrementally: one decode per new token. A character split over several tokens (a
+    CJK character is often 2-3 byte tokens) belongs to the token that completes it; the tokens
+    carrying its first bytes get "" (decoding them alone would show replacement marks)."""
 
     def __init__(self, generator: TextGenerator) -> None:
         self.generator = generator
@@ -28,12 +33,10 @@ class TokenTexts:
 
     def update(self, ids: list[int]) -> list[str]:
         for end in range(len(self.texts) + 1, len(ids) + 1):
-            current = self.generator.decode_text(ids[:end])
-            if current.startswith(self.decoded):
-                self.texts.append(current[len(self.decoded):])
-            else:  # a multi-byte character completed: re-split honestly
-                self.texts.append(self.generator.decode_text(ids[end - 1:end]))
-            self.decoded = current
+            stable = self.generator.decode_text(ids[:end]).rstrip(INCOMPLETE)
+            common = len(os.path.commonprefix([stable, self.decoded]))
+            self.texts.append(stable[common:])
+            self.decoded = stable
         return self.texts[: len(ids)]
 
 

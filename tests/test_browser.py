@@ -371,7 +371,8 @@ def test_a_share_link_is_short_has_a_qr_code_and_a_bad_value_is_named(server, wi
         assert _wait(lambda: fresh.input_value(SLIDER) == "3", 30), fresh.input_value(SLIDER)
         assert "cosine" in fresh.input_value("input[aria-label='Decay function']")
         bad = context.new_page()
-        bad.goto(server.local_url.rstrip("/") + "/?target_speedup=9&decay=zigzag&max_new_tokens=6")
+        cjk = "%E4%BB%80%E4%B9%88%E6%98%AF%E5%85%89%E5%90%88%E4%BD%9C%E7%94%A8%EF%BC%9F"  # 什么是光合作用？
+        bad.goto(server.local_url.rstrip("/") + f"/?target_speedup=9&decay=zigzag&max_new_tokens=8&prompt={cjk}")
         bad.wait_for_selector("#generate-btn", timeout=60_000)
         assert _wait(lambda: "target_speedup=9 is outside" in bad.inner_text("#status"), 20), bad.inner_text("#status")
         assert "decay" in bad.inner_text("#status") and bad.input_value(SLIDER) == "2"
@@ -380,6 +381,9 @@ def test_a_share_link_is_short_has_a_qr_code_and_a_bad_value_is_named(server, wi
         errors = bad.evaluate("() => Array.from(document.querySelectorAll('.error, [class*=error]'))"
                               ".filter(e => e.offsetParent !== null && /error/i.test(e.textContent)).length")
         assert errors == 0
+        for pane in ("#skip-output", "#full-output"):  # characters split over byte tokens arrive whole
+            text = bad.inner_text(pane)
+            assert "\ufffd" not in text and any("\u4e00" <= ch <= "\u9fff" for ch in text), text
         browser.close()
 
 

@@ -168,3 +168,20 @@ def test_the_headline_says_what_each_number_means_and_step_mode_hides_speeds():
     full_depth = evaluate_schedule(ScheduleConfig(30, 30, 30, warmup=0, decay="constant", decay_length=12), 12, cost)
     assert "no regression" in headline_html(RaceUpdate(update.skip, update.full, full_depth, "skip"), cost,
                                             settings, judged)
+
+
+def test_a_character_split_over_byte_tokens_is_shown_whole_never_as_replacement_marks():
+    from app.views import TokenTexts
+
+    class Bytes:  # a byte-level tokenizer: one token per UTF-8 byte
+        def decode_text(self, ids):
+            return bytes(ids).decode("utf-8", errors="replace")
+
+    text = "a是作b"
+    ids = list(text.encode())
+    texts = TokenTexts(Bytes()).update(ids)
+    assert texts == ["a", "", "", "是", "", "", "作", "b"] and "".join(texts) == text
+    streamed = TokenTexts(Bytes())
+    for end in range(1, len(ids) + 1):  # token by token, as the race streams them
+        parts = streamed.update(ids[:end])
+    assert parts == texts and "\ufffd" not in "".join(parts)
