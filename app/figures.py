@@ -15,6 +15,7 @@ from model.schedule import SolvedSchedule, decay_value
 CELL_KINDS = ("bypassed", "prompt", "warmup layer", "upper layer")
 CELL_COLOURS = ("#eceff4", "#7aa6d8", "#f0a35e", "#3f9c6d")
 MAX_AXIS_LABELS = 48  # token text on the x axis only when it stays readable
+SAME, OTHER = "#2058b5", "#d64545"  # the strip: blue and red, apart from the cells' greens and for colour-blind eyes
 STRIP_Y = -2.8  # the match strip's row, under layer 0 (far enough for its "match" label to clear "0")
 
 
@@ -146,21 +147,21 @@ def _by_column(per_token: Sequence[dict] | None, prompt_columns: int, columns: i
 
 def _add_match_strip(figure: go.Figure, judged: Sequence[Judged], first_generated: int,
                      generated: Sequence[str]) -> None:
-    """A strip under layer 0, each square under the generated token it judges: green where the
+    """A strip under layer 0, each square under the generated token it judges: blue where the
     full model, given the same prefix, picks that token too; red where it picks another (named
     in the hover). A red line marks the first such position."""
     count = min(len(judged), len(generated))
     xs = [first_generated + t for t in range(count)]
     figure.add_trace(go.Scatter(
         x=xs, y=[STRIP_Y] * count, mode="markers", showlegend=False, hoverinfo="text",
-        marker=dict(symbol="square", size=7, color=["#2e9e5b" if judged[t].same else "#d64545" for t in range(count)]),
+        marker=dict(symbol="square", size=7, color=[SAME if judged[t].same else OTHER for t in range(count)]),
         hovertext=[f"position {xs[t]} {html.escape(repr(generated[t]), quote=False)}: " + (
             "the full model picks it too" if judged[t].same else
             f"the full model would pick {html.escape(repr(judged[t].full_choice), quote=False)} here") for t in range(count)],
     ))
     first_red = next((t for t in range(count) if not judged[t].same), None)
     if first_red is not None:
-        figure.add_vline(x=first_generated + first_red, line=dict(color="#d64545", width=1.5))
+        figure.add_vline(x=first_generated + first_red, line=dict(color=OTHER, width=1.5))
 
 
 def heatmap_legend_html(warmup: int, lens_kl: bool = False, strip: bool = True) -> str:
@@ -171,8 +172,8 @@ def heatmap_legend_html(warmup: int, lens_kl: bool = False, strip: bool = True) 
     if lens_kl:
         items[-1] = "executed layers coloured by the lens's KL (scale on the plot)"
     if strip:
-        items += ['<span class="swatch" style="background:#2e9e5b"></span>match: the full model picks the same token',
-                  '<span class="swatch" style="background:#d64545"></span>it picks another']
+        items += [f'<span class="swatch" style="background:{SAME}"></span>match: the full model picks the same token',
+                  f'<span class="swatch" style="background:{OTHER}"></span>it picks another']
     return '<div class="legend">' + "".join(f"<span>{item}</span>" for item in items) + "</div>"
 
 

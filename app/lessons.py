@@ -46,7 +46,7 @@ ROMEO = "Who wrote Romeo and Juliet?"
 
 LESSONS = (
     Lesson("1x is the full model", "With no skipping, does SkipDecode give exactly the full model's text?",
-           "both panes identical, every heatmap column full height, every square of the match strip green.",
+           "both panes identical, every heatmap column full height, every square of the match strip blue.",
            dict(target_speedup=1.0)),
     Lesson("One exit for the whole batch", "Why does SkipDecode keep batching working?",
            "four rows in each pane; at every position all four SkipDecode rows have the same colour (the same "
