@@ -309,8 +309,9 @@ class TextGenerator:
         result = []
         for t in range(min(len(traces), full_log_probs.shape[0] if full_log_probs.numel() else 0)):
             full = full_log_probs[t]
-            lens = self._lens_log_probs(traces[t], request)  # (layers run, V)
-            kl = (full.exp() * (full - lens)).sum(-1).clamp(min=0.0)
+            with torch.no_grad():  # a reading, not training: no autograd graph kept
+                lens = self._lens_log_probs(traces[t], request)  # (layers run, V)
+                kl = (full.exp() * (full - lens)).sum(-1).clamp(min=0.0)
             result.append({layer: round(float(value), 4) for (layer, _), value in zip(traces[t], kl)})
         return result
 
