@@ -18,7 +18,6 @@ from __future__ import annotations
 import gc
 import json
 import os
-import platform
 import random
 import resource
 import statistics
@@ -31,6 +30,7 @@ from typing import Callable
 import torch
 
 from model.decoder import SkipDecoder
+from model.hardware import hardware_info
 from model.schedule import ScheduleConfig, cost_speedup, full_schedule, solve_schedule
 
 BENCH_PROMPTS = [
@@ -129,41 +129,6 @@ class BenchReport:
 
 def _fmt(value: float | None, suffix: str = "", digits: int = 2) -> str:
     return "–" if value is None else f"{value:.{digits}f}{suffix}"
-
-
-# --- helpers ---------------------------------------------------------------------------------
-
-
-def hardware_info(device: torch.device) -> dict:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    info = {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-            "cpu_flags": cpu_flags(), "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
-    if device.type == "cuda":
-        info["gpu"] = torch.cuda.get_device_name(device)
-        info["summary"] = f"{info['gpu']} (CUDA)"
-    else:
-        info["summary"] = f"{cpu}, {info['cores']} cores, {info['torch_threads']} torch threads"
-    return info
-
-
-def cpu_flags() -> list[str]:
-    """The vector-instruction flags that decide which kernels are fast (AVX2, AVX-512 incl. bf16/VNNI, AMX)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return []
-    flags = set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            flags.update(f for f in line.split(":", 1)[1].split() if f.startswith(("avx", "amx", "fma", "f16c")))
-    return sorted(flags)
 
 
 # --- llama.cpp (scripts/build_llama_bench.sh) -------------------------------------------------

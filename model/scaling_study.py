@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from model.data import ASSETS
+from model.hardware import cpu_summary
 from model.training import TrainConfig
 
 SCALING_SIZES = (370, 2000, 8000, 20000)
@@ -109,13 +110,11 @@ def read_arm(config: ScalingConfig, size: int) -> ScalingArm:
 
 
 def write_scaling(config: ScalingConfig, progress: Callable[[str], None] = print) -> tuple[Path, Path]:
-    from model.study import _hardware  # noqa: PLC0415
-
     arms = [read_arm(config, size) for size in config.sizes
             if (Path(config.runs_dir) / f"data{size}" / "train_log.jsonl").is_file()]
     study = {"config": asdict(config), "recipe": {k: list(v) if isinstance(v, tuple) else v
                                                   for k, v in shipped_recipe().items()},
-             "hardware": _hardware(), "arms": [asdict(a) for a in arms]}
+             "hardware": cpu_summary(), "arms": [asdict(a) for a in arms]}
     folder = Path(config.output)
     folder.mkdir(parents=True, exist_ok=True)
     json_path, md_path = folder / "scaling.json", folder / "scaling.md"

@@ -26,6 +26,7 @@ from typing import Callable
 
 import torch
 
+from model.hardware import cpu_summary
 from model.training import TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -178,7 +179,7 @@ def run_study(config: StudyConfig, progress: Callable[[str], None] = print) -> d
         shutil.rmtree(folder / "checkpoints", ignore_errors=True)  # full training states: hundreds of MB
 
     study = {"budget_minutes": config.minutes, "threads": config.threads, "eval_prompts": config.eval_prompts,
-             "eval_tokens": config.eval_tokens, "hardware": _hardware(), "layer_importance": importance,
+             "eval_tokens": config.eval_tokens, "hardware": cpu_summary(), "layer_importance": importance,
              "ranking": list(ranking), "arms": [asdict(r) for r in results]}
     write_study(study, config.output)
     return study
@@ -200,13 +201,6 @@ def _keep_teacher_cache(folder: Path, runs: Path) -> None:
     for cached in list(folder.glob("teacher_continuations-*.jsonl")) + list(folder.glob("heldout-*.jsonl")):
         if not (runs / cached.name).exists():
             shutil.copy(cached, runs / cached.name)
-
-
-def _hardware() -> str:
-    from model.bench import hardware_info  # noqa: PLC0415
-
-    info = hardware_info(torch.device("cpu"))
-    return f"{info['cpu']}, torch {info['torch']}, CPU"
 
 
 def write_study(study: dict, folder: str | Path) -> tuple[Path, Path]:
