@@ -26,9 +26,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-import torch
-import torch.nn.functional as F
-
 from model.data import (
     DEFAULT_EVAL_PROMPTS,
     DEFAULT_FACTS,
@@ -40,7 +37,7 @@ from model.data import (
 )
 from model.decoder import SkipDecoder
 from model.schedule import ScheduleConfig, full_schedule, solve_schedule
-from model.training import skip_policy_logits
+from model.scoring import teacher_forced_scores
 
 EVAL_SPEEDUPS = (1.0, 1.5, 2.0, 3.0, 4.0)
 
@@ -179,21 +176,6 @@ def corpus_bleu(candidates: Sequence[str], references: Sequence[str]) -> float:
     return float(sacrebleu.corpus_bleu(list(candidates), [list(references)]).score)
 
 
-def teacher_forced_scores(model, batches, schedule_for_batch, bridge=None) -> tuple[float, float]:
-    """(agreement, mean NLL) of ``model`` over batches of (ids, mask, target_mask, P)."""
-    agree = nll = count = 0.0
-    with torch.inference_mode():
-        for ids, mask, target_mask, prompt_len in batches:
-            schedule = schedule_for_batch(target_mask.shape[1])
-            logits = skip_policy_logits(model, ids, mask, schedule, prompt_len, bridge=bridge).float()  # (B, N, V)
-            targets = ids[:, prompt_len:]
-            losses = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
-            agree += float(((logits.argmax(-1) == targets) & target_mask).sum())
-            nll += float((losses * target_mask).sum())
-            count += float(target_mask.sum())
-    return agree / count, nll / count
-
-
 def repetition_rate(texts: Sequence[str], n: int = 4) -> float:
     """Share of word n-grams (pooled over texts) that repeat an earlier n-gram of the same text."""
     repeated = total = 0
@@ -252,7 +234,7 @@ def free_run(generator, decoder: SkipDecoder, prompt_batches, schedule: Schedule
 def judged_nll(loaded, examples: Sequence[Example], batch_size: int, num_layers: int) -> float:
     """The ORIGINAL model's mean NLL per token of ``examples``' targets given their prompts."""
     batches = batches_of(examples, batch_size, loaded.pad_token_id, loaded.device)
-    return teacher_forced_scores(loaded.model, batches, lambda steps: full_schedule(num_layers))[1]
+    return teacher_forced_scores(loaded.model, batches, lambda steps: full_schedule(num_layers)).nll
 
 
 # --- the run -------------------------------------------------------------------------------------
@@ -333,7 +315,7 @@ def _prepare(config: EvalConfig, progress) -> tuple[_Context, EvalReport]:
     examples = teacher_continuations(generator, prompts, max_new_tokens=n, max_prompt_tokens=10**9,
                                      batch_size=config.batch_size)
     batches = batches_of(examples, config.batch_size, loaded.pad_token_id, loaded.device)
-    _, full_nll = teacher_forced_scores(loaded.model, batches, lambda steps: full_schedule(num_layers))
+    full_nll = teacher_forced_scores(loaded.model, batches, lambda steps: full_schedule(num_layers)).nll
     prompt_batches = _encoded_batches(generator, prompts, config.batch_size)
     references = free_run(generator, generator.full_decoder, prompt_batches, full_schedule(num_layers, n), n)
     facts = read_facts(config.facts, config.max_facts) if config.facts else []
@@ -365,7 +347,8 @@ def _row(context: _Context, variant: str, speedup: float, model, bridge, decoder
     """Every measure of one variant at one speedup."""
     config, n = context.config, context.config.continuation_tokens
     schedule, layer_speedup = context.schedule(speedup, n)
-    agreement, nll = teacher_forced_scores(model, context.batches, lambda _steps: schedule, bridge)
+    scores = teacher_forced_scores(model, context.batches, lambda _steps: schedule, bridge)
+    agreement, nll = scores.agreement, scores.nll
     full_nll = context.full_nll
     row = EvalRow(variant=variant, target_speedup=speedup, layer_speedup=round(layer_speedup, 4),
                   max_layers=schedule.max_layers, min_layers=schedule.min_layers,
@@ -400,8 +383,8 @@ def _quantization_row(config: EvalConfig, weights: str, context: _Context) -> Qu
     from model.loading import load_model  # noqa: PLC0415
 
     quantized = load_model(config.model, device=config.device, adapter=None, quantize=weights)
-    agreement, nll = teacher_forced_scores(quantized.model, context.batches,
-                                           lambda steps: full_schedule(context.num_layers))
+    scores = teacher_forced_scores(quantized.model, context.batches, lambda steps: full_schedule(context.num_layers))
+    agreement, nll = scores.agreement, scores.nll
     mine = teacher_continuations(TextGenerator(quantized), context.prompts,
                                  max_new_tokens=config.continuation_tokens, max_prompt_tokens=10**9,
                                  batch_size=config.batch_size)

@@ -91,7 +91,7 @@ def measure_layer_importance(loaded, heldout_batches, teacher_logits) -> list[fl
     """KL to the full model when ONE layer is bypassed at every generated position (teacher
     forced, untrained model): how much each layer matters for the next token."""
     from model.decoder import masked_forward  # noqa: PLC0415
-    from model.training import distillation_loss  # noqa: PLC0415
+    from model.scoring import distillation_loss  # noqa: PLC0415
 
     num_layers = loaded.num_layers
     importance = []
@@ -117,8 +117,9 @@ def ranking_from_importance(importance: list[float]) -> tuple[int, ...]:
 def run_study(config: StudyConfig, progress: Callable[[str], None] = print) -> dict:
     from model.evaluation import EvalConfig, evaluate  # noqa: PLC0415
     from model.generation import TextGenerator  # noqa: PLC0415
+    from model.heldout import heldout_set  # noqa: PLC0415
     from model.loading import load_model  # noqa: PLC0415
-    from model.training import heldout_set, train  # noqa: PLC0415
+    from model.training import train  # noqa: PLC0415
 
     torch.set_num_threads(config.threads)
     runs = Path(config.runs_dir)

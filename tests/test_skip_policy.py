@@ -8,9 +8,10 @@ import torch
 
 from conftest import NUM_LAYERS, left_padded_batch, tiny_model
 from model.decoder import SkipDecoder, execution_mask, masked_forward
+from model.losses import hidden_matching_loss
 from model.schedule import ScheduleConfig, full_schedule, ranked_layers
+from model.scoring import skip_policy_logits
 from model.skip_policy import EntryBridge, bypasses, entry_layers, gated, install_lora_gate
-from model.training import hidden_matching_loss, skip_policy_logits
 
 LENGTHS = [6, 3, 8]
 NEW_TOKENS = 10

@@ -7,21 +7,12 @@ import pytest
 import torch
 
 from conftest import NUM_LAYERS, tiny_model
+from model.data import DEFAULT_TRAIN_PROMPTS, Example, collate, read_jsonl, user_examples
 from model.decoder import SkipDecoder
 from model.evaluation import EvalConfig, evaluate, rouge_l, write_report
 from model.schedule import ScheduleConfig, full_schedule
-from model.training import (
-    Example,
-    TrainConfig,
-    collate,
-    draw_schedule,
-    read_jsonl,
-    skip_policy_logits,
-    train,
-    user_examples,
-)
-
-pytestmark = pytest.mark.slow
+from model.scoring import distillation_loss, skip_policy_logits
+from model.training import Budget, TrainConfig, draw_schedule, train
 
 
 def test_training_forward_equals_the_decoders_cached_logits():
@@ -63,11 +54,11 @@ def _prompts_file(tmp_path, count=6):
     return path
 
 
+@pytest.mark.slow
 def test_tiny_model_self_distillation_learns_the_skip_policy_and_round_trips(tiny_folder, tmp_path):
     """Asserts on a quantity with a real margin: the KL to the full model on a FIXED batch under
     the trained schedule, before vs after training (the tiny teacher is peaked: see tiny_folder)."""
     from model.loading import gated_peft_copy, load_model
-    from model.training import distillation_loss
 
     out = tmp_path / "run"
     config = TrainConfig(model=str(tiny_folder), output_dir=str(out), prompts=str(_prompts_file(tmp_path)),
@@ -79,8 +70,8 @@ def test_tiny_model_self_distillation_learns_the_skip_policy_and_round_trips(tin
     assert (adapter / "adapter_config.json").is_file() and (adapter / "bridge.safetensors").is_file()
     info = json.loads((adapter / "training_info.json").read_text())
     assert info["skip_policy"]["gated"] is True
-    from model.training import DEFAULT_TRAIN_PROMPTS, _portable_path
-    assert _portable_path(str(DEFAULT_TRAIN_PROMPTS)) == "assets/prompts/train.jsonl"  # no machine paths
+    from model.checkpoints import portable_path
+    assert portable_path(str(DEFAULT_TRAIN_PROMPTS)) == "assets/prompts/train.jsonl"  # no machine paths
     assert len(list((out / "checkpoints").glob("step-*"))) == 2
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     assert len(log) == 40 and "heldout" in log[19] and "heldout" in log[39]
@@ -116,6 +107,7 @@ def test_tiny_model_self_distillation_learns_the_skip_policy_and_round_trips(tin
     assert len(train(more).losses) == 5
 
 
+@pytest.mark.slow
 def test_user_jsonl_trains_with_cross_entropy(tiny_folder, tmp_path):
     data = tmp_path / "data.jsonl"
     data.write_text(json.dumps({"prompt": "Say hi", "completion": "Hi there, friend!"}) + "\n"
@@ -126,6 +118,7 @@ def test_user_jsonl_trains_with_cross_entropy(tiny_folder, tmp_path):
     assert sum(result.losses[-5:]) / 5 < sum(result.losses[:5]) / 5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "content,needle",
     [
@@ -162,6 +155,7 @@ def test_rouge_l():
     assert rouge_l("x", "y") == 0.0
 
 
+@pytest.mark.slow
 def test_eval_runs_end_to_end_on_a_tiny_model(tiny_folder, tmp_path):
     report = evaluate(EvalConfig(model=str(tiny_folder), adapter=None, prompts=str(_prompts_file(tmp_path, 5)),
                                  continuation_tokens=8, speedups=(1.0, 2.0), batch_size=3, device="cpu",
@@ -180,6 +174,7 @@ def test_eval_runs_end_to_end_on_a_tiny_model(tiny_folder, tmp_path):
     assert "| int8 |" in md_path.read_text()
 
 
+@pytest.mark.slow
 def test_full_finetune_self_distillation_uses_a_frozen_teacher(tiny_folder, tmp_path):
     config = TrainConfig(model=str(tiny_folder), output_dir=str(tmp_path / "full"), prompts=str(_prompts_file(tmp_path)),
                          max_steps=12, batch_size=4, learning_rate=1e-3, warmup_steps=1, continuation_tokens=8,
@@ -191,3 +186,20 @@ def test_full_finetune_self_distillation_uses_a_frozen_teacher(tiny_folder, tmp_
 
     loaded = load_model(str(tiny_folder), device="cpu", adapter=str(tmp_path / "full" / "adapter"))
     assert loaded.skip_model is not loaded.model
+
+
+def test_budget_counts_training_time_only_and_resumes():
+    import time
+
+    budget = Budget(max_minutes=None, spent_seconds=30.0)
+    assert 30.0 <= budget.seconds < 31.0 and not budget.exhausted
+    with budget.paused():  # held-out evaluation is not training time
+        time.sleep(0.3)
+    assert budget.seconds < 30.25
+    spent = Budget(max_minutes=0.5, spent_seconds=0.0)
+    assert not spent.exhausted
+    end = time.process_time() + 0.2
+    while time.process_time() < end:  # burn CPU time: a budget counts CPU, not wall
+        pass
+    assert 0.2 / 60 <= spent.cpu_minutes < 0.5
+    assert Budget(max_minutes=0.001, spent_seconds=1.0).exhausted
