@@ -69,9 +69,11 @@ class MakeDataConfig:
     output_dir: str = "runs/data/default"
     model: str | None = None  # None: the embedded default model
     sources: tuple[str, ...] = SOURCES
-    magpie_turns: int = 4000  # user turns to sample (kept after filtering; fewer if duplicates abound)
-    template_prompts: int = 4000  # template x topic pairs (drawn without replacement)
-    wordnet_prompts: int = 1500
+    # ~10,000 prompts -> ~20,000 sequences. Magpie turns are the slowest source on a CPU
+    # (~30% of samples are filtered out); a GPU run can raise them.
+    magpie_turns: int = 500  # user turns to sample (kept after filtering; fewer if duplicates abound)
+    template_prompts: int = 6000  # template x topic pairs (drawn without replacement)
+    wordnet_prompts: int = 2500
     pydoc_prompts: int = 1000
     samples: int = 1  # sampled continuations per prompt, besides the greedy one
     temperature: float = 0.8
