@@ -6,14 +6,22 @@ from __future__ import annotations
 import os
 from typing import Callable
 
+# ZeroGPU bills the duration a call asks for and cuts the call off when it runs over: a fixed
+# allowance (model to GPU, prefill, page updates) plus a cost per generated token of the batch
+# (both streams, full and SkipDecode), within what a Space may ask for one call.
+GPU_BASE_SECONDS = 10
+GPU_SECONDS_PER_TOKEN = 0.1
+GPU_MIN_SECONDS, GPU_MAX_SECONDS = 20, 120
+
 
 def gpu_seconds(*args, **_kwargs) -> int:
     """ZeroGPU's per-call duration, from the request's size: the settings dict a handler gets
-    (batch x new tokens, two streams), bounded to 20-120 s."""
+    (batch x new tokens, two streams), bounded to GPU_MIN_SECONDS..GPU_MAX_SECONDS."""
     values = next((a for a in args if isinstance(a, dict)), {})
     tokens = _setting_value(values, "max_new_tokens", 0)
     batch = _setting_value(values, "batch_size", 1)
-    return int(min(120, max(20, 10 + 0.1 * batch * tokens)))
+    wanted = GPU_BASE_SECONDS + GPU_SECONDS_PER_TOKEN * batch * tokens
+    return int(min(GPU_MAX_SECONDS, max(GPU_MIN_SECONDS, wanted)))
 
 
 def _setting_value(values: dict, name: str, default: int) -> int:

@@ -137,9 +137,6 @@ class PlaygroundSettings:
         )
 
 
-SETTING_NAMES = PlaygroundSettings.names()
-
-
 def trained_defaults(generator) -> dict:
     """The defaults that depend on the loaded skip policy: the placement it was trained for
     (warmup and layer order). The app's controls and the API start from these."""

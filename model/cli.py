@@ -82,9 +82,6 @@ def build_parser() -> argparse.ArgumentParser:
     from model.training import TrainConfig  # noqa: PLC0415
 
     add_dataclass_options(tr, TrainConfig)
-    # earlier releases took the speedup range as two options
-    tr.add_argument("--speedup-min", type=float, default=None, help=argparse.SUPPRESS)
-    tr.add_argument("--speedup-max", type=float, default=None, help=argparse.SUPPRESS)
     tr.set_defaults(handler=run_train)
 
     ev = commands.add_parser("eval", help="quality under skipping on the held-out prompts, with and without the adapter")
@@ -346,9 +343,7 @@ def run_train(args: argparse.Namespace) -> int:
     from model.training import TrainConfig, train  # noqa: PLC0415
 
     values = {spec.name: getattr(args, spec.name) for spec in dataclasses.fields(TrainConfig)}
-    low, high = values["speedup_range"]
-    values["speedup_range"] = (args.speedup_min if args.speedup_min is not None else low,
-                               args.speedup_max if args.speedup_max is not None else high)
+    values["speedup_range"] = tuple(values["speedup_range"])  # argparse gives a list
     result = train(TrainConfig(**values))
     print(f"trained {result.steps} steps in {result.seconds:.0f} s; adapter: {result.output_dir}/adapter")
     return 0
@@ -396,9 +391,9 @@ def run_generate(args: argparse.Namespace) -> int:
         print(text.strip())
     summary = result.to_json()
     print(
-        f"\n[{summary['model']} on {summary['device']}: layer speedup {summary['layer_speedup']:.2f}x "
+        f"\n[{summary['model']} on {summary['device']}: layer speedup {summary['planned_layer_speedup']:.2f}x "
         f"(achieved {summary['achieved_layer_speedup']:.2f}x over the {len(result.layers_per_step)} steps that ran), "
-        f"cost-model {summary['cost_model_speedup']:.2f}x, {summary['tokens_per_second']:.1f} tokens/s]",
+        f"cost-model {summary['planned_cost_model_speedup']:.2f}x, {summary['tokens_per_second']:.1f} tokens/s]",
         file=sys.stderr,
     )
     return 0

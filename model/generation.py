@@ -6,6 +6,7 @@ stop strings and the choice of schedule; the decoder below it only sees token id
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Callable, Generator, Sequence
@@ -100,9 +101,6 @@ class GenerationResult:
             "prefill_layers": len(self.decode.prefill_layers),
             "layers_per_step": self.layers_per_step,
             **self.speedups.to_json(),
-            # Kept for scripts written against earlier releases (same values as planned_*).
-            "layer_speedup": round(self.schedule.layer_speedup, 4),
-            "cost_model_speedup": round(self.schedule.cost_speedup, 4),
             "target_speedup": self.schedule.target_speedup,
             "schedule": schedule_json(self.schedule.config),
             "tokens_per_second": round(self.decode.tokens_per_second, 3),
@@ -188,6 +186,17 @@ class TextGenerator:
             return prompt
         messages = [{"role": "user", "content": prompt}]
         return self.loaded.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    @functools.cached_property
+    def template_tail_tokens(self) -> int:
+        """How many tokens the chat template puts after the user's text (end of turn, the
+        assistant header): found by formatting a marker message, so it holds for any model's
+        template; 0 without one."""
+        if not self.loaded.has_chat_template:
+            return 0
+        marker = "\ue000"
+        after = self.format_prompt(marker).split(marker, 1)[1]
+        return len(self.loaded.tokenizer(after, add_special_tokens=False)["input_ids"])
 
     def encode(self, prompts: Sequence[str], raw: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Left-padded (B, P) ids and mask. Special-token strings a user types (``<|im_start|>``)

@@ -251,9 +251,6 @@ class ScheduleConfig:
     def prefill_layers(self) -> tuple[int, ...]:
         return self.layers_for_budget(self.prefill_budget)
 
-    def is_full(self) -> bool:
-        return self.min_layers == self.num_layers
-
 
 def full_schedule(num_layers: int, decay_length: int = 1) -> ScheduleConfig:
     """n_k = L for every step: the full model through the same decoder."""

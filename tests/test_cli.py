@@ -23,14 +23,14 @@ def test_json_contract_on_the_default_model():
     done = run_cli("generate", "--prompt", "Name three colours.", "--speedup", "2", "--max-new-tokens", "16", "--json")
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
-    for key in ("model", "device", "num_layers", "outputs", "layers_per_step", "layer_speedup", "tokens_per_second"):
+    for key in ("model", "device", "num_layers", "outputs", "layers_per_step", "planned_layer_speedup", "tokens_per_second"):
         assert key in out
     assert out["num_layers"] == 30 and out["device"] == "cpu"
     steps = out["layers_per_step"]
     assert all(b <= a for a, b in zip(steps, steps[1:])) and max(steps) < 30
     assert abs(out["planned_layer_speedup"] - 2.0) <= 0.1  # the policy, solved for the target
     assert out["achieved_layer_speedup"] == pytest.approx(30 * len(steps) / sum(steps), rel=1e-3)
-    assert 1.0 < out["planned_cost_model_speedup"] < out["planned_layer_speedup"] == out["layer_speedup"]
+    assert 1.0 < out["planned_cost_model_speedup"] < out["planned_layer_speedup"]
     assert isinstance(out["outputs"][0], str) and out["tokens_per_second"] > 0
 
 
@@ -40,7 +40,8 @@ def test_batch_full_and_plain_text_on_a_local_folder(tiny_folder):
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
     assert len(out["outputs"]) == 2 and out["num_layers"] == 4
-    assert set(out["layers_per_step"]) <= {4} and out["layer_speedup"] == out["achieved_layer_speedup"] == 1.0
+    assert set(out["layers_per_step"]) <= {4} and out["planned_layer_speedup"] == out["achieved_layer_speedup"] == 1.0
+    assert not {"layer_speedup", "cost_model_speedup"} & set(out)  # the legacy keys are gone
     plain = run_cli("generate", "--model", str(tiny_folder), "--prompt", "Hello", "--speedup", "1.5", "--max-new-tokens", "4")
     assert plain.returncode == 0, plain.stderr
     assert not plain.stdout.lstrip().startswith("{") and "layer speedup" in plain.stderr

@@ -83,3 +83,15 @@ def test_every_example_prompt_gets_a_fluent_full_model_answer(default_model):
         assert len(words) >= 4, (prompt, output)
         assert _longest_repeat(words) <= 2, (prompt, output)
         assert max((len(w) for w in words), default=0) < 30, (prompt, output)  # no "1011111111..." runs
+
+
+def test_template_tail_is_derived_from_the_chat_template(default_model):
+    """The prompt's ids are [template head] + the user's tokens + [template tail]: the derived tail
+    length cuts exactly at the end of the user's text (an off-by-one shows the wrong tokens)."""
+    generator = TextGenerator(default_model)
+    prompt = "Name three colours."
+    ids = generator.encode([prompt])[0][0].tolist()
+    user = default_model.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    tail = generator.template_tail_tokens
+    assert tail > 0 and ids[len(ids) - tail - len(user): len(ids) - tail] == user
+    assert generator.format_prompt(prompt).endswith(default_model.tokenizer.decode(ids[len(ids) - tail:]))
