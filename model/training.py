@@ -15,31 +15,31 @@ The same code runs on CPU, one GPU, or several through `accelerate launch -m mod
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
 import math
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
-import torch.nn.functional as F
 
 from model.architectures import adapter_for
-from model.bench import hardware_info
+from model.checkpoints import resume_checkpoint, save_checkpoint
 from model.data import (
-    DEFAULT_EVAL_PROMPTS,
     DEFAULT_TRAIN_PROMPTS,
     Example,
     cached_examples,
     collate,
-    read_jsonl,
     read_prompts,
     teacher_continuations,
     user_examples,
 )
-from model.decoder import execution_mask, masked_forward
+from model.heldout import heldout_scores, heldout_set
+from model.losses import cross_entropy_loss, hidden_matching_loss
 from model.schedule import (
     DECAY_FUNCTIONS,
     DEFAULT_WARMUP,
@@ -50,13 +50,10 @@ from model.schedule import (
     max_layer_speedup,
     solve_schedule,
 )
-from model.skip_policy import EntryBridge, entry_layers, gated, install_lora_gate
-
-__all__ = ["Example", "collate", "read_jsonl", "user_examples", "TrainConfig", "train", "draw_schedule",
-           "skip_policy_logits", "DEFAULT_TRAIN_PROMPTS"]
+from model.scoring import distillation_loss, skip_policy_logits
+from model.skip_policy import EntryBridge, install_lora_gate
 
 SCHEDULE_MIXES = ("broad", "focused")
-HELDOUT_SPEEDUPS = (1.5, 2.0, 3.0)
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",  # Llama family
                 "out_proj", "fc1", "fc2",  # OPT
                 "c_attn", "c_proj", "c_fc")  # GPT-2
@@ -189,63 +186,6 @@ def draw_schedule(num_layers: int, num_steps: int, config: TrainConfig, rng: ran
                           num_steps=max(1, num_steps), **common).config
 
 
-# --- losses ----------------------------------------------------------------------------------
-
-
-def skip_policy_logits(model, ids, mask, schedule: ScheduleConfig, prompt_len: int, *,
-                       bridge: EntryBridge | None = None, hidden_states: list | None = None) -> torch.Tensor:
-    """Logits (B, N, V) predicting target token k at position P - 1 + k, under ``schedule``.
-
-    A gated LoRA (skip_policy.install_lora_gate) acts only at positions that bypass layers.
-    """
-    executes = execution_mask(schedule, prompt_len, ids.shape[1])
-    with gated(model, executes, ids.shape[0]):
-        logits = masked_forward(model, ids, mask, executes, logits_from=prompt_len - 1, bridge=bridge,
-                                hidden_states=hidden_states)
-    return logits[:, :-1]
-
-
-def distillation_loss(student_logits, teacher_logits, target_mask) -> torch.Tensor:
-    """KL(teacher || student) per target position, averaged over real targets."""
-    teacher = F.log_softmax(teacher_logits.float(), dim=-1)
-    student = F.log_softmax(student_logits.float(), dim=-1)
-    kl = (teacher.exp() * (teacher - student)).sum(-1)  # (B, N)
-    return (kl * target_mask).sum() / target_mask.sum().clamp(min=1)
-
-
-def cross_entropy_loss(student_logits, ids, target_mask, prompt_len: int) -> torch.Tensor:
-    targets = ids[:, prompt_len:]
-    losses = F.cross_entropy(student_logits.float().transpose(1, 2), targets, reduction="none")
-    return (losses * target_mask).sum() / target_mask.sum().clamp(min=1)
-
-
-def _relative_error(student: torch.Tensor, teacher: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Mean over weighted positions of ||s - t||^2 / ||t||^2. student/teacher (B, T, C), weight (B, T)."""
-    error = (student.float() - teacher.float()).pow(2).sum(-1) / teacher.float().pow(2).sum(-1).clamp(min=1e-6)
-    return (error * weight).sum() / weight.sum().clamp(min=1)
-
-
-def hidden_matching_loss(student_states: list, teacher_states: list, schedule: ScheduleConfig,
-                         prompt_len: int, target_mask: torch.Tensor) -> torch.Tensor:
-    """Relative error of the hidden state where a generated position ENTERS the upper block
-    (after the bridge) and of the final hidden state, against the full model's at the same layer.
-
-    states: L + 1 tensors (B, T, C), the input of every layer then the final output.
-    """
-    weight = target_mask.float()  # generated positions P .. P + N - 1
-    generated = slice(prompt_len, prompt_len + target_mask.shape[1])
-    loss = _relative_error(student_states[-1][:, generated], teacher_states[-1][:, generated], weight)
-    by_entry: dict[int, list[int]] = {}
-    for k in range(target_mask.shape[1]):
-        for layer in entry_layers(schedule.step_layers(k)):
-            by_entry.setdefault(layer, []).append(k)
-    for layer, steps in by_entry.items():
-        columns = torch.tensor([prompt_len + k for k in steps], device=target_mask.device)
-        loss = loss + _relative_error(student_states[layer][:, columns], teacher_states[layer][:, columns],
-                                      weight[:, steps]) * len(steps) / target_mask.shape[1]
-    return loss
-
-
 # --- the run ---------------------------------------------------------------------------------
 
 
@@ -298,8 +238,6 @@ class Teacher:
     switched off (no second copy), or a frozen copy when all weights are trained."""
 
     def __init__(self, student, config: TrainConfig) -> None:
-        import copy  # noqa: PLC0415
-
         self.student = student
         self.frozen = copy.deepcopy(student).eval().requires_grad_(False) if config.full_finetune else None
 
@@ -313,101 +251,50 @@ class Teacher:
             return skip_policy_logits(model, ids, mask, schedule, prompt_len, hidden_states=hidden_states)
 
 
-@dataclass
-class HeldOut:
-    """A fixed held-out subset: the full model's greedy continuations and its logits on them."""
+class Budget:
+    """The run's clocks in one place: wall seconds and CPU minutes spent TRAINING (held-out
+    evaluation excluded), resumed from a checkpoint's seconds. A time budget counts this
+    process's CPU time, not wall time: study arms stay comparable while other work shares the machine."""
 
-    batches: list[tuple]
-    teacher_logits: list[torch.Tensor]  # (B, N, V) per batch
-    tokens: int
+    def __init__(self, max_minutes: float | None, spent_seconds: float = 0.0) -> None:
+        self.max_minutes = max_minutes
+        self.spent_before = spent_seconds
+        self._wall_start = time.perf_counter() - spent_seconds
+        self._cpu_start = time.process_time() - spent_seconds
+        self._paused_wall = self._paused_cpu = 0.0
 
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        wall, cpu = time.perf_counter(), time.process_time()
+        try:
+            yield
+        finally:
+            self._paused_wall += time.perf_counter() - wall
+            self._paused_cpu += time.process_time() - cpu
 
-def heldout_set(generator, config: TrainConfig, cache_file: Path) -> HeldOut | None:
-    if not config.eval_every or config.data:
-        return None
-    from model.data import batches_of  # noqa: PLC0415
+    @property
+    def seconds(self) -> float:
+        return time.perf_counter() - self._wall_start - self._paused_wall
 
-    prompts = read_prompts(DEFAULT_EVAL_PROMPTS, config.eval_prompts)
-    examples = cached_examples(cache_file, lambda: teacher_continuations(
-        generator, prompts, max_new_tokens=config.eval_tokens, batch_size=config.teacher_batch_size))
-    batches = batches_of(examples, 8, generator.loaded.pad_token_id, generator.loaded.device)
-    model = generator.loaded.model
-    num_layers = generator.num_layers
-    with torch.inference_mode():
-        teacher = [skip_policy_logits(model, ids, mask, full_schedule(num_layers), p).float()
-                   for ids, mask, _, p in batches]
-    return HeldOut(batches=batches, teacher_logits=teacher, tokens=config.eval_tokens)
+    @property
+    def cpu_minutes(self) -> float:
+        return (time.process_time() - self._cpu_start - self._paused_cpu) / 60
 
-
-def heldout_scores(model, bridge, heldout: HeldOut, config: TrainConfig, num_layers: int) -> dict:
-    """Teacher-forced agreement, KL and perplexity ratio at 1.5x, 2x and 3x (linear decay over
-    the held-out continuation length, the app's default placement), plus 1.0x agreement."""
-    scores: dict = {}
-    was_training = model.training
-    model.eval()
-    speedups = (1.0,) + HELDOUT_SPEEDUPS
-    try:
-        with torch.no_grad():
-            for speedup in speedups:
-                if speedup > max_layer_speedup(num_layers, config.warmup_layers):
-                    continue  # unreachable on a shallow model
-                if speedup == 1.0:
-                    schedule = full_schedule(num_layers)
-                else:
-                    schedule = solve_schedule(num_layers, speedup, decay="linear", warmup=config.warmup_layers,
-                                              order=config.order, ranking=config.ranking, decay_length=heldout.tokens,
-                                              num_steps=max(1, heldout.tokens - 1)).config
-                agree = kl = nll = teacher_nll = count = 0.0
-                for (ids, mask, target_mask, p), teacher in zip(heldout.batches, heldout.teacher_logits):
-                    logits = skip_policy_logits(model, ids, mask, schedule, p, bridge=bridge).float()
-                    targets = ids[:, p:]
-                    weight = target_mask.float()
-                    agree += float(((logits.argmax(-1) == targets).float() * weight).sum())
-                    kl += float(distillation_loss(logits, teacher, target_mask)) * float(weight.sum())
-                    nll += float((F.cross_entropy(logits.transpose(1, 2), targets, reduction="none") * weight).sum())
-                    teacher_nll += float((F.cross_entropy(teacher.transpose(1, 2), targets, reduction="none") * weight).sum())
-                    count += float(weight.sum())
-                key = f"{speedup:g}x"
-                scores[key] = {"agreement": round(agree / count, 4), "kl": round(kl / count, 4),
-                               "perplexity_ratio": round(math.exp((nll - teacher_nll) / count), 4)}
-    finally:
-        model.train(was_training)
-    return scores
+    @property
+    def exhausted(self) -> bool:
+        return self.max_minutes is not None and self.cpu_minutes > self.max_minutes
 
 
-def train(config: TrainConfig) -> TrainResult:
-    from accelerate import Accelerator  # noqa: PLC0415
-    from accelerate.utils import DistributedDataParallelKwargs, set_seed  # noqa: PLC0415
-    from tqdm.auto import tqdm  # noqa: PLC0415
-
-    from model.generation import TextGenerator  # noqa: PLC0415
-    from model.loading import load_model, resolve_device  # noqa: PLC0415
-
-    if config.threads:
-        torch.set_num_threads(config.threads)
-    device = resolve_device(config.device)
-    precision = config.mixed_precision
-    if precision == "auto":
-        precision = "bf16" if device.type == "cuda" else "no"
-
-    # Bypassed layers get no gradient in a batch: DDP must not wait for them.
-    accelerator = Accelerator(gradient_accumulation_steps=config.grad_accum, mixed_precision=precision,
-                              cpu=device.type == "cpu",
-                              kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
-    set_seed(config.seed)
-    output = Path(config.output_dir)
-    output.mkdir(parents=True, exist_ok=True)
-
-    loaded = load_model(config.model, device=str(accelerator.device), dtype="float32", adapter=None)
-    generator = TextGenerator(loaded)
+def training_examples(config: TrainConfig, generator, output: Path, accelerator) -> tuple[list[Example], int]:
+    """The sequences to train on and their typical target length (for the progress line)."""
     if config.data:
-        examples = user_examples(config.data, loaded.tokenizer, generator.format_prompt, config.max_length)
+        examples = user_examples(config.data, generator.loaded.tokenizer, generator.format_prompt, config.max_length)
         steps_hint = int(sum(len(e.target) for e in examples) / len(examples))
     elif config.sequences:
-        from model.make_data import load_sequences  # noqa: PLC0415
+        from model.make_data import load_sequences  # noqa: PLC0415 (make_data sits above training)
 
-        examples = load_sequences(config.sequences, config.max_sequences)
-        examples = [Example(prompt=e.prompt[-config.max_prompt_tokens:], target=e.target) for e in examples]
+        examples = [Example(prompt=e.prompt[-config.max_prompt_tokens:], target=e.target)
+                    for e in load_sequences(config.sequences, config.max_sequences)]
         steps_hint = config.continuation_tokens
     else:
         prompts = read_prompts(config.prompts, config.max_prompts)
@@ -418,6 +305,65 @@ def train(config: TrainConfig) -> TrainResult:
     if config.max_target_tokens:
         examples = [Example(prompt=e.prompt, target=e.target[: config.max_target_tokens]) for e in examples]
         steps_hint = min(steps_hint, config.max_target_tokens)
+    return examples, steps_hint
+
+
+def make_accelerator(config: TrainConfig):
+    from accelerate import Accelerator  # noqa: PLC0415
+    from accelerate.utils import DistributedDataParallelKwargs  # noqa: PLC0415
+
+    from model.loading import resolve_device  # noqa: PLC0415
+
+    device = resolve_device(config.device)
+    precision = config.mixed_precision
+    if precision == "auto":
+        precision = "bf16" if device.type == "cuda" else "no"
+    # Bypassed layers get no gradient in a batch: DDP must not wait for them.
+    return Accelerator(gradient_accumulation_steps=config.grad_accum, mixed_precision=precision,
+                       cpu=device.type == "cpu",
+                       kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
+
+
+def train_step(model, teacher: Teacher | None, optimizer, accelerator, batch: tuple, schedule: ScheduleConfig,
+               config: TrainConfig, trainable: list) -> float:
+    """One optimiser step on one collated batch under ``schedule``; returns the loss."""
+    ids, mask, target_mask, prompt_len = batch
+    with accelerator.accumulate(model):
+        with accelerator.autocast():
+            student_states = [] if config.hidden_weight and teacher else None
+            student = model(ids, mask, schedule, prompt_len, student_states)
+            if teacher is None:  # user data: the text itself is the target
+                loss = cross_entropy_loss(student, ids, target_mask, prompt_len)
+            else:
+                teacher_states = [] if student_states is not None else None
+                loss = distillation_loss(student, teacher.logits(ids, mask, prompt_len, teacher_states), target_mask)
+                if student_states is not None:
+                    loss = loss + config.hidden_weight * hidden_matching_loss(
+                        student_states, teacher_states, schedule, prompt_len, target_mask)
+        accelerator.backward(loss)
+        if accelerator.sync_gradients:
+            accelerator.clip_grad_norm_(trainable, 1.0)
+        optimizer.step()
+        optimizer.zero_grad()
+    return float(loss.detach())
+
+
+def train(config: TrainConfig) -> TrainResult:
+    from accelerate.utils import set_seed  # noqa: PLC0415
+    from tqdm.auto import tqdm  # noqa: PLC0415
+
+    from model.generation import TextGenerator  # noqa: PLC0415
+    from model.loading import load_model  # noqa: PLC0415
+
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    accelerator = make_accelerator(config)
+    set_seed(config.seed)
+    output = Path(config.output_dir)
+    output.mkdir(parents=True, exist_ok=True)
+    loaded = load_model(config.model, device=str(accelerator.device), dtype="float32", adapter=None)
+    generator = TextGenerator(loaded)
+    examples, steps_hint = training_examples(config, generator, output, accelerator)
     heldout = heldout_set(generator, config, output / f"heldout-{config.eval_prompts}-{config.eval_tokens}.jsonl")
     num_layers = generator.num_layers
 
@@ -430,91 +376,60 @@ def train(config: TrainConfig) -> TrainResult:
     optimizer = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=0.0)
     model, optimizer = accelerator.prepare(model, optimizer)
 
-    start_step, spent = _resume(accelerator, output) if config.resume else (0, 0.0)
-    # A time budget counts this process's CPU time, not wall time: arms of a study stay
-    # comparable while other work shares the machine.
-    cpu_started = time.process_time() - spent
-    pad_id = loaded.pad_token_id
+    start_step, spent = resume_checkpoint(accelerator, output) if config.resume else (0, 0.0)
+    budget = Budget(config.max_minutes, spent)
     losses: list[float] = []
     curve: list[dict] = []
-    started = time.perf_counter() - spent
     progress = tqdm(range(start_step, config.max_steps), initial=start_step, total=config.max_steps,
                     disable=not accelerator.is_local_main_process, desc="skip-policy training")
-    tokens_seen = 0
-    step = start_step
-    eval_seconds = eval_cpu_seconds = 0.0  # held-out evaluation does not count against a time budget
 
     def evaluate_heldout() -> dict:
-        nonlocal eval_seconds, eval_cpu_seconds
-        begun, cpu_begun = time.perf_counter(), time.process_time()
-        unwrapped = accelerator.unwrap_model(model)
-        scores = heldout_scores(unwrapped.lm, unwrapped.bridge, heldout, config, num_layers)
-        eval_seconds += time.perf_counter() - begun
-        eval_cpu_seconds += time.process_time() - cpu_begun
-        return scores
+        with budget.paused():  # held-out evaluation does not count against a time budget
+            unwrapped = accelerator.unwrap_model(model)
+            return heldout_scores(unwrapped.lm, unwrapped.bridge, heldout, config, num_layers)
 
     if heldout is not None and start_step == 0:
         curve.append({"step": 0, "seconds": 0.0, "cpu_minutes": 0.0, **evaluate_heldout()})
-        progress.write("untrained held-out: " + ", ".join(
-            f"{k} agree {v['agreement']:.3f}" for k, v in curve[0].items() if isinstance(v, dict)))
-    def cpu_minutes() -> float:
-        return (time.process_time() - cpu_started - eval_cpu_seconds) / 60
-
+        progress.write("untrained held-out: " + _heldout_line(curve[0]))
+    tokens_seen, step = 0, start_step
     for step in progress:
-        elapsed = time.perf_counter() - started - eval_seconds
-        if config.max_minutes is not None and cpu_minutes() > config.max_minutes:
+        if budget.exhausted:
             break
         for group in optimizer.param_groups:
-            group["lr"] = config.learning_rate * _lr_factor(step, cpu_minutes() * 60, config)
+            group["lr"] = config.learning_rate * _lr_factor(step, budget.cpu_minutes * 60, config)
         # Per-step RNG from (seed, step, rank): resuming replays the same batches and schedules.
         rng = random.Random(hash((config.seed, step, accelerator.process_index)))
-        batch = [examples[rng.randrange(len(examples))] for _ in range(config.batch_size)]
-        ids, mask, target_mask, prompt_len = (t if isinstance(t, int) else t.to(accelerator.device)
-                                              for t in collate(batch, pad_id))
-        schedule = draw_schedule(num_layers, target_mask.shape[1], config, rng)
-        with accelerator.accumulate(model):
-            with accelerator.autocast():
-                student_states = [] if config.hidden_weight and teacher else None
-                student = model(ids, mask, schedule, prompt_len, student_states)
-                if config.data:
-                    loss = cross_entropy_loss(student, ids, target_mask, prompt_len)
-                else:
-                    teacher_states = [] if student_states is not None else None
-                    loss = distillation_loss(student, teacher.logits(ids, mask, prompt_len, teacher_states), target_mask)
-                    if student_states is not None:
-                        loss = loss + config.hidden_weight * hidden_matching_loss(
-                            student_states, teacher_states, schedule, prompt_len, target_mask)
-            accelerator.backward(loss)
-            if accelerator.sync_gradients:
-                accelerator.clip_grad_norm_(trainable, 1.0)
-            optimizer.step()
-            optimizer.zero_grad()
-        losses.append(float(loss.detach()))
-        tokens_seen += int(mask.sum())
-        elapsed = time.perf_counter() - started - eval_seconds
-        postfix = {"loss": f"{sum(losses[-10:]) / len(losses[-10:]):.4f}", "tok_s": f"{tokens_seen / max(elapsed - spent, 1e-9):.0f}",
-                   "speedup": f"{schedule.num_layers / max(1, sum(schedule.budgets(steps_hint)) / steps_hint):.1f}x"}
+        batch = tuple(t if isinstance(t, int) else t.to(accelerator.device) for t in collate(
+            [examples[rng.randrange(len(examples))] for _ in range(config.batch_size)], loaded.pad_token_id))
+        schedule = draw_schedule(num_layers, batch[2].shape[1], config, rng)
+        losses.append(train_step(model, teacher, optimizer, accelerator, batch, schedule, config, trainable))
+        tokens_seen += int(batch[1].sum())
         record = {"step": step + 1, "loss": round(losses[-1], 5), "decay": schedule.decay,
                   "max_layers": schedule.max_layers, "min_layers": schedule.min_layers,
-                  "seconds": round(elapsed, 1), "cpu_minutes": round(cpu_minutes(), 2)}
-        done = step + 1 == config.max_steps or (config.max_minutes is not None and cpu_minutes() > config.max_minutes)
+                  "seconds": round(budget.seconds, 1), "cpu_minutes": round(budget.cpu_minutes, 2)}
+        done = step + 1 == config.max_steps or budget.exhausted
+        postfix = {"loss": f"{sum(losses[-10:]) / len(losses[-10:]):.4f}",
+                   "tok_s": f"{tokens_seen / max(budget.seconds - budget.spent_before, 1e-9):.0f}",
+                   "speedup": f"{num_layers / max(1, sum(schedule.budgets(steps_hint)) / steps_hint):.1f}x"}
         if heldout is not None and ((step + 1) % config.eval_every == 0 or done):
             record["heldout"] = evaluate_heldout()
-            curve.append({"step": step + 1, "seconds": round(elapsed, 1), "cpu_minutes": round(cpu_minutes(), 2),
+            curve.append({"step": step + 1, "seconds": record["seconds"], "cpu_minutes": record["cpu_minutes"],
                           **record["heldout"]})
             postfix["agree@2x"] = record["heldout"].get("2x", {}).get("agreement")
-            progress.write(f"step {step + 1} ({elapsed / 60:.1f} min) held-out: " + ", ".join(
-                f"{k} agree {v['agreement']:.3f} KL {v['kl']:.3f}" for k, v in record["heldout"].items()))
+            progress.write(f"step {step + 1} ({budget.seconds / 60:.1f} min) held-out: " + _heldout_line(record["heldout"]))
         progress.set_postfix(postfix)
         if accelerator.is_main_process:
             with (output / "train_log.jsonl").open("a") as handle:
                 handle.write(json.dumps(record) + "\n")
         if (step + 1) % config.save_every == 0 or done:
-            _checkpoint(accelerator, model, output, step + 1, config, elapsed)
+            save_checkpoint(accelerator, model, output, step + 1, config, budget.seconds)
         if done:
             break
-    return TrainResult(output_dir=str(output), steps=step + 1, seconds=time.perf_counter() - started,
-                       losses=losses, heldout=curve)
+    return TrainResult(output_dir=str(output), steps=step + 1, seconds=budget.seconds, losses=losses, heldout=curve)
+
+
+def _heldout_line(scores: dict) -> str:
+    return ", ".join(f"{k} agree {v['agreement']:.3f} KL {v['kl']:.3f}" for k, v in scores.items() if isinstance(v, dict))
 
 
 def _lr_factor(step: int, elapsed: float, config: TrainConfig) -> float:
@@ -527,54 +442,3 @@ def _lr_factor(step: int, elapsed: float, config: TrainConfig) -> float:
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def _checkpoint(accelerator, model, output: Path, step: int, config: TrainConfig, seconds: float) -> None:
-    """accelerate state (resume) + the adapter itself (what the app loads)."""
-    accelerator.wait_for_everyone()
-    folder = output / "checkpoints" / f"step-{step:06d}"
-    accelerator.save_state(str(folder))
-    if accelerator.is_main_process:
-        import shutil  # noqa: PLC0415
-
-        for old in sorted((output / "checkpoints").glob("step-*"))[:-2]:  # full states are large: keep two
-            shutil.rmtree(old, ignore_errors=True)
-        (folder / "progress.json").write_text(json.dumps({"step": step, "seconds": seconds}))
-        unwrapped = accelerator.unwrap_model(model)
-        save_adapter(unwrapped.lm, output / "adapter", config, step, seconds, bridge=unwrapped.bridge)
-
-
-def save_adapter(model, folder: Path, config: TrainConfig, step: int, seconds: float,
-                 bridge: EntryBridge | None = None) -> None:
-    """The adapter (peft format, float32: a reload gives bit-identical logits), the bridge, and
-    how they were made (paths relative to the repository, no machine-specific absolute paths)."""
-    model.save_pretrained(folder)
-    if bridge is not None:
-        bridge.save(folder)
-    settings = asdict(config)
-    for key in ("prompts", "data", "output_dir", "model"):
-        settings[key] = _portable_path(settings[key])
-    info = {"step": step, "seconds": round(seconds, 1), "config": settings,
-            "skip_policy": {"gated": config.gate_lora, "bridge_rank": config.bridge_rank,
-                            "warmup": config.warmup_layers, "order": config.order, "ranking": list(config.ranking)},
-            "hardware": hardware_info(torch.device("cuda" if torch.cuda.is_available() else "cpu"))}
-    (folder / "training_info.json").write_text(json.dumps(info, indent=2, default=str))
-
-
-def _portable_path(value):
-    """A path inside the repository as a relative path; anything else unchanged."""
-    if not isinstance(value, str) or not value:
-        return value
-    root = Path(__file__).resolve().parents[1]
-    try:
-        return str(Path(value).resolve().relative_to(root))
-    except ValueError:
-        return value
-
-
-def _resume(accelerator, output: Path) -> tuple[int, float]:
-    checkpoints = sorted((output / "checkpoints").glob("step-*"))
-    if not checkpoints:
-        raise ValueError(f"--resume: no checkpoint under {output / 'checkpoints'}")
-    accelerator.load_state(str(checkpoints[-1]))
-    progress = checkpoints[-1] / "progress.json"
-    seconds = json.loads(progress.read_text())["seconds"] if progress.is_file() else 0.0
-    return int(checkpoints[-1].name.split("-")[1]), float(seconds)
