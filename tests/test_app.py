@@ -1,12 +1,13 @@
 """The playground through a real launched Gradio server and gradio_client."""
 
+import dataclasses
 import threading
 import time
 
 import pytest
 from gradio_client import Client
 
-from app.settings import Limits
+from app.settings import Limits, PlaygroundSettings, trained_defaults
 from app.ui import build_demo, launch_options
 from model.generation import GenerationRequest, ScheduleRequest, TextGenerator
 
@@ -45,10 +46,17 @@ def client(server):
     return Client(demo.local_url, verbose=False)
 
 
-def test_generate_api_has_the_documented_parameters(client):
+def test_generate_api_parameters_are_the_settings_schema(client, server):
+    """Every API name of the schema, in order, with the schema's default (the loaded skip
+    policy's placement for warmup and order); only the prompt is required."""
+    _, generator = server
     info = client.view_api(return_format="dict", print_info=False)
-    names = [p["parameter_name"] for p in info["named_endpoints"]["/generate"]["parameters"]]
-    assert names[:3] == ["prompt", "target_speedup", "decay"]
+    params = {p["parameter_name"]: p for p in info["named_endpoints"]["/generate"]["parameters"]}
+    assert list(params) == list(PlaygroundSettings.api_names())
+    assert not params["prompt"]["parameter_has_default"]
+    defaults = {f.name: f.default for f in dataclasses.fields(PlaygroundSettings)} | trained_defaults(generator)
+    for name in list(params)[1:]:
+        assert params[name]["parameter_has_default"] and params[name]["parameter_default"] == defaults[name], name
 
 
 def test_stream_completes_and_agrees_with_the_decoder(client, server):
@@ -81,7 +89,9 @@ def test_batch_rows_share_one_exit_per_step(client):
     final = list(client.submit(prompt="Write a haiku about autumn.", target_speedup=3.0, decay="cosine", batch_size=3,
                                max_new_tokens=8, api_name="/generate"))[-1]
     assert len(final["skipdecode"]) == 3 and len(final["full"]) == 3
-    assert all(n <= 30 for n in final["layers_per_step"])
+    steps = final["layers_per_step"]  # one depth per step, shared by the rows: non-increasing, below L
+    assert steps and all(isinstance(n, int) for n in steps) and steps == sorted(steps, reverse=True)
+    assert max(steps) < 30 and final["achieved_layer_speedup"] == pytest.approx(30 * len(steps) / sum(steps), rel=1e-3)
 
 
 def test_cancel_stops_the_decoder_and_frees_the_slot(client, server):

@@ -11,8 +11,6 @@ import pytest
 from model.bench import BenchRow, Timing, _rows, parse_llama_bench
 from model.schedule import CostModel, solve_schedule
 
-pytestmark = pytest.mark.slow
-
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -48,6 +46,7 @@ def test_llama_bench_output_is_parsed_for_the_generation_test():
         parse_llama_bench(output, 128)
 
 
+@pytest.mark.slow  # spawns the CLI on a folder made from the default model
 def test_bench_runs_end_to_end_and_writes_every_field(tiny_folder, tmp_path):
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     raw = tmp_path / "raw.json"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow  # every test here spawns the CLI (most on a folder made from the default model)
 
 ROOT = Path(__file__).resolve().parents[1]
 

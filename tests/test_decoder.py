@@ -140,16 +140,6 @@ def test_stop_check_and_cancel_end_generation():
     assert len(cancelled.tokens[0]) == 3  # the prefill's token and two steps'
 
 
-def test_cancel_during_prefill_stops_between_layers_with_no_tokens():
-    model = tiny_model("llama")
-    ids, mask = left_padded_batch([5])
-    checks = []
-    cancelled = SkipDecoder(model).generate(ids, mask, full_schedule(NUM_LAYERS), max_new_tokens=NEW_TOKENS,
-                                            should_cancel=lambda: checks.append(1) or len(checks) > 2)
-    assert cancelled.cancelled and cancelled.tokens == [[]] and cancelled.step_layers == []
-    assert len(checks) == 3  # checked before each layer; the third check stopped the prefill
-
-
 def test_seeded_sampling_is_reproducible_and_top_k_1_is_greedy():
     model = tiny_model("qwen2")
     ids, mask = left_padded_batch(LENGTHS)
@@ -203,11 +193,13 @@ def test_unsupported_family_gets_a_clear_error():
         adapter_for(model)
 
 
-def test_cancel_during_prefill_stops_between_layers():
+def test_cancel_during_prefill_stops_between_layers_with_no_tokens():
+    """The cancel check runs before each prefill layer: the third check stops the run two layers
+    in, before any token or decode step, for every row of the batch."""
     model = tiny_model("llama")
     ids, mask = left_padded_batch([9, 5])
     decoder = SkipDecoder(model)
-    layers_run = []
+    layers_run, checks = [], []
     original = decoder.adapter.run_layer
 
     def counting(index, *args, **kwargs):
@@ -215,11 +207,10 @@ def test_cancel_during_prefill_stops_between_layers():
         return original(index, *args, **kwargs)
 
     decoder.adapter.run_layer = counting
-    checks = iter([False, False, True])
-    result = decoder.generate(ids, mask, full_schedule(NUM_LAYERS), max_new_tokens=5,
-                              should_cancel=lambda: next(checks, True))
-    assert result.cancelled and result.tokens == [[], []]
-    assert layers_run == [0, 1]  # stopped inside the prefill, two layers in
+    result = decoder.generate(ids, mask, full_schedule(NUM_LAYERS), max_new_tokens=NEW_TOKENS,
+                              should_cancel=lambda: checks.append(1) or len(checks) > 2)
+    assert result.cancelled and result.tokens == [[], []] and result.step_layers == []
+    assert len(checks) == 3 and layers_run == [0, 1]
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])

@@ -8,7 +8,7 @@ import torch
 from model.generation import GenerationRequest, ScheduleRequest, TextGenerator
 from model.loading import DEFAULT_GGUF_FILE, cache_root, locate_default_gguf
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow  # every test here loads the embedded default model
 
 NEW_TOKENS = 24
 
