@@ -1,7 +1,9 @@
 """The playground's settings: ONE list of fields. Each field's metadata carries its label, range
 and help; validation, the UI controls, the event wiring and the API all read this list.
 
-Adding a control = one field here + at most one line of layout in app/ui.py.
+Adding a control = one field here + one layout line in app/ui.py that calls controls.control(name).
+Two controls are still built by hand in ui.py (seed, a plain number box, and order, a radio whose
+choices carry their descriptions); their fields here still drive validation, wiring and the API.
 """
 
 from __future__ import annotations

@@ -137,6 +137,11 @@ class ArchitectureAdapter(ABC):
     def max_context(self) -> int:
         return int(getattr(self.config, "max_position_embeddings", 2048) or 2048)
 
+    @property
+    def hidden_size(self) -> int:
+        """The residual stream's width (GPT-2's config maps hidden_size to n_embd)."""
+        return int(self.config.hidden_size)
+
     # --- compute ---------------------------------------------------------------------------
     @abstractmethod
     def embed(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
@@ -310,6 +315,21 @@ def unwrap_peft(model: nn.Module) -> nn.Module:
     if base is not None and inner is not None and hasattr(inner, "config") and base is not model:
         return inner
     return model
+
+
+def attention_implementation(model: nn.Module) -> str:
+    """The attention kernel transformers chose for ``model`` ("sdpa", "eager", ...): a second copy
+    of the model (a full fine-tune's weights) must be loaded with the same one to match it."""
+    return unwrap_peft(model).config._attn_implementation
+
+
+def forget_gguf_quantization(model: nn.Module) -> None:
+    """A model loaded from a GGUF file holds plain float weights but still carries the GGUF
+    quantizer's markers, which stop save_pretrained: drop them."""
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.is_quantized = False
 
 
 def adapter_for(model: nn.Module) -> ArchitectureAdapter:

@@ -31,7 +31,7 @@ import torch
 
 from model.decoder import SkipDecoder
 from model.hardware import hardware_info
-from model.schedule import ScheduleConfig, cost_speedup, full_schedule, solve_schedule
+from model.schedule import ScheduleConfig, full_schedule, solve_schedule, speedup_summary
 
 BENCH_PROMPTS = [
     "Write a short story about a lighthouse keeper.",
@@ -350,8 +350,9 @@ def _rows(batch, timings, peaks, schedules, num_layers, cost, new_tokens) -> lis
         if name.startswith("skip@"):
             solved = schedules[float(name[5:])]
             row.target_speedup = solved.target_speedup
-            row.layer_speedup = round(solved.layer_speedup, 4)
-            row.cost_speedup = round(cost_speedup(num_layers, solved.budgets, cost), 4)
+            summary = speedup_summary(solved, solved.budgets, cost)  # EOS ignored: every planned step ran
+            row.layer_speedup = round(summary.achieved_layer_speedup, 4)
+            row.cost_speedup = round(summary.achieved_cost_model_speedup, 4)
             row.max_layers, row.min_layers = solved.config.max_layers, solved.config.min_layers
         row.efficiency = round(row.measured_speedup / row.cost_speedup, 4)
         rows.append(row)

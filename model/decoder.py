@@ -91,7 +91,9 @@ class StepEvent:
 class DecodeResult:
     num_layers: int
     prompt_lengths: list[int]
-    tokens: list[list[int]]  # generated ids per row, EOS/stop token excluded
+    # Generated ids per row. EOS is not in them; the token that completed a stop string is (a stop
+    # string can end inside a token, so the text is cut at the string: generation.truncate_at_stop).
+    tokens: list[list[int]]
     finish_reasons: list[str]  # "eos", "stop" or "length"
     prefill_layers: tuple[int, ...]
     step_layers: list[tuple[int, ...]] = field(default_factory=list)
@@ -342,7 +344,8 @@ class SkipDecoder:
     def _record(
         self, next_ids: torch.Tensor, result: DecodeResult, finished: list[bool], stop_check: StopCheck | None
     ) -> list[int]:
-        """Append each unfinished row's new token; mark rows that hit EOS or a stop."""
+        """Append each unfinished row's new token (not EOS: it ends the row unrecorded; a token
+        that completes a stop string is recorded, then ends the row); finished rows feed padding."""
         ids = next_ids.tolist()  # the one host sync per step: EOS and streaming need the ids
         new_tokens = []
         for row, token in enumerate(ids):

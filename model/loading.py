@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from model.architectures import ArchitectureAdapter, adapter_for
+from model.architectures import ArchitectureAdapter, adapter_for, attention_implementation, forget_gguf_quantization
 from model.decoder import SkipDecoder
 from model.quantization import PackedInt4, packed_int4_of, quantize_weights, resolve_quantize
 from model.skip_policy import EntryBridge, install_lora_gate
@@ -251,7 +251,7 @@ def merged_copy(model: nn.Module, adapter_path: Path) -> nn.Module:
         from transformers import AutoModelForCausalLM  # noqa: PLC0415 (full fine-tune: its own weights)
 
         tuned = AutoModelForCausalLM.from_pretrained(adapter_path, dtype=next(model.parameters()).dtype,
-                                                     attn_implementation=model.config._attn_implementation)
+                                                     attn_implementation=attention_implementation(model))
         return tuned.to(next(model.parameters()).device).eval()
     from peft import PeftModel  # noqa: PLC0415
 
@@ -378,11 +378,7 @@ def _convert_gguf(gguf: Path, folder: Path) -> None:
     say(f"one-time conversion: de-quantising {gguf.name} to float weights (about 20 s), cached in {folder}")
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    # The weights are plain float32 now; drop the GGUF quantizer marker so they can be saved.
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.is_quantized = False
+    forget_gguf_quantization(model)  # the weights are plain float32 now: let them be saved
     tmp = folder.with_name(folder.name + ".partial")
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)

@@ -237,3 +237,17 @@ def test_trace_holds_the_row_after_every_layer_that_ran_and_its_last_entry_gives
     assert untraced.tokens[0] == [e.token_ids[0] for e in events][: len(untraced.tokens[0])]  # tracing changes nothing
     with pytest.raises(ValueError, match="trace_row"):
         decoder.generate(ids, mask, schedule, max_new_tokens=2, trace_row=2)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_adapter_accessors_read_the_model_not_a_family_default(family):
+    """hidden_size is the embedding width of every family (GPT-2 names it n_embd); GGUF markers
+    go so the weights can be saved."""
+    from model.architectures import adapter_for, forget_gguf_quantization
+
+    model = tiny_model(family)
+    embedding = model.get_input_embeddings().weight
+    assert adapter_for(model).hidden_size == embedding.shape[1]
+    model.config.quantization_config, model.is_quantized = {"quant_method": "gguf"}, True
+    forget_gguf_quantization(model)
+    assert not hasattr(model.config, "quantization_config") and not model.is_quantized and model.hf_quantizer is None
