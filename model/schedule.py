@@ -305,7 +305,7 @@ class SolvedSchedule:
     budgets: list[int]
 
     @property
-    def skipped_fraction(self) -> float:
+    def skipped_share(self) -> float:
         """Share of the layer computations of the generated steps that were bypassed."""
         total = self.config.num_layers * len(self.budgets)
         return 1.0 - sum(self.budgets) / total if total else 0.0
@@ -424,7 +424,7 @@ def speedup_summary(solved: SolvedSchedule, layers_ran: Sequence[int], cost: Cos
         planned_cost_model_speedup=solved.cost_speedup,
         achieved_layer_speedup=layer_speedup(num_layers, ran) if ran else solved.layer_speedup,
         achieved_cost_model_speedup=cost_speedup(num_layers, ran, cost) if ran else solved.cost_speedup,
-        skipped_share=1 - sum(ran) / (num_layers * len(ran)) if ran else solved.skipped_fraction,
+        skipped_share=1 - sum(ran) / (num_layers * len(ran)) if ran else solved.skipped_share,
     )
 
 

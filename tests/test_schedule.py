@@ -95,7 +95,7 @@ def test_cost_model_speedup_is_below_layer_speedup_when_head_is_heavy():
 def test_evaluate_schedule_reports_skipped_share():
     solved = evaluate_schedule(ScheduleConfig(10, 10, 5, decay="step", decay_length=4), 4)
     assert solved.budgets == [10, 10, 5, 5]
-    assert solved.skipped_fraction == pytest.approx(10 / 40)
+    assert solved.skipped_share == pytest.approx(10 / 40)
 
 
 @pytest.mark.parametrize(
