@@ -84,27 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_dataclass_options(tr, TrainConfig)
     tr.set_defaults(handler=run_train)
 
-    ev = commands.add_parser("eval", help="quality under skipping on the held-out prompts, with and without the adapter")
-    add_model_options(ev)
-    ev.add_argument("--prompts", default=None, help="JSONL prompt set (default: assets/prompts/eval.jsonl)")
-    ev.add_argument("--max-prompts", type=int, default=None)
-    ev.add_argument("--tokens", type=int, default=48, help="continuation length")
-    ev.add_argument("--speedups", default="1,1.5,2,3,4", help="comma-separated target layer speedups")
-    ev.add_argument("--decay", default="linear", choices=DECAY_FUNCTIONS)
-    ev.add_argument("--warmup", type=int, default=None, help="default: the adapter's trained placement")
-    ev.add_argument("--order", default=None, choices=(*LAYER_ORDERS, "ranked"), help="default: the adapter's trained order")
-    ev.add_argument("--batch-size", type=int, default=16)
-    ev.add_argument("--quantize", default="", help="comma-separated weight modes (int8) to measure against the "
-                    "float full model (default: none)")
-    ev.add_argument("--no-free-running", action="store_true",
-                    help="skip the generation runs (ROUGE-L/BLEU, judged fluency, repetition, fact retention)")
-    ev.add_argument("--facts", default=None, help="JSONL fact questions with accepted answers "
-                    "(default: assets/prompts/facts.jsonl; 'none' to skip)")
-    ev.add_argument("--max-facts", type=int, default=None)
-    ev.add_argument("--fact-tokens", type=int, default=32, help="reply length for a fact question")
-    ev.add_argument("--output", default=None, help="folder for eval.json and eval.md")
-    ev.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
-    ev.set_defaults(handler=run_eval)
+    add_eval_command(commands)
 
     st = commands.add_parser("study", help="the skip-policy recipe study: every arm, same budget, same held-out set")
     st.add_argument("--minutes", type=float, default=6.0, help="training CPU minutes per arm (default 6)")
@@ -128,6 +108,22 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ex.set_defaults(handler=run_export_adapter)
 
+    add_bench_command(commands)
+
+    lb = commands.add_parser("lowbit-check", help="low-bit vs float weights: teacher-forced agreement of the full "
+                             "model and of SkipDecode (adapter), through the cached decoder")
+    add_model_options(lb)
+    lb.add_argument("--quantize", default="int4", help="comma-separated low-bit modes (int4, int8)")
+    lb.add_argument("--speedups", default="1,2", help="comma-separated target layer speedups (1 = full model)")
+    lb.add_argument("--max-prompts", type=int, default=None)
+    lb.add_argument("--tokens", type=int, default=48)
+    lb.add_argument("--json", default=None, help="also write the report to this file")
+    lb.set_defaults(handler=run_lowbit_check_command)
+    return parser
+
+
+def add_bench_command(commands) -> None:
+    """`bench`: measured speed, side by side, and its options."""
     be = commands.add_parser("bench", help="measured tokens/s: transformers generate vs our full decoder vs SkipDecode")
     add_model_options(be)
     be.add_argument("--batch-sizes", default=None, help="comma-separated (default: 1,8 on CPU; 1,8,32,64 on GPU)")
@@ -146,16 +142,30 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--json", default=None, help="also write the raw figures to this file")
     be.set_defaults(handler=run_bench_command)
 
-    lb = commands.add_parser("lowbit-check", help="low-bit vs float weights: teacher-forced agreement of the full "
-                             "model and of SkipDecode (adapter), through the cached decoder")
-    add_model_options(lb)
-    lb.add_argument("--quantize", default="int4", help="comma-separated low-bit modes (int4, int8)")
-    lb.add_argument("--speedups", default="1,2", help="comma-separated target layer speedups (1 = full model)")
-    lb.add_argument("--max-prompts", type=int, default=None)
-    lb.add_argument("--tokens", type=int, default=48)
-    lb.add_argument("--json", default=None, help="also write the report to this file")
-    lb.set_defaults(handler=run_lowbit_check_command)
-    return parser
+
+def add_eval_command(commands) -> None:
+    """`eval`: quality under skipping, and its options."""
+    ev = commands.add_parser("eval", help="quality under skipping on the held-out prompts, with and without the adapter")
+    add_model_options(ev)
+    ev.add_argument("--prompts", default=None, help="JSONL prompt set (default: assets/prompts/eval.jsonl)")
+    ev.add_argument("--max-prompts", type=int, default=None)
+    ev.add_argument("--tokens", type=int, default=48, help="continuation length")
+    ev.add_argument("--speedups", default="1,1.5,2,3,4", help="comma-separated target layer speedups")
+    ev.add_argument("--decay", default="linear", choices=DECAY_FUNCTIONS)
+    ev.add_argument("--warmup", type=int, default=None, help="default: the adapter's trained placement")
+    ev.add_argument("--order", default=None, choices=(*LAYER_ORDERS, "ranked"), help="default: the adapter's trained order")
+    ev.add_argument("--batch-size", type=int, default=16)
+    ev.add_argument("--quantize", default="", help="comma-separated weight modes (int8) to measure against the "
+                    "float full model (default: none)")
+    ev.add_argument("--no-free-running", action="store_true",
+                    help="skip the generation runs (ROUGE-L/BLEU, judged fluency, repetition, fact retention)")
+    ev.add_argument("--facts", default=None, help="JSONL fact questions with accepted answers "
+                    "(default: assets/prompts/facts.jsonl; 'none' to skip)")
+    ev.add_argument("--max-facts", type=int, default=None)
+    ev.add_argument("--fact-tokens", type=int, default=32, help="reply length for a fact question")
+    ev.add_argument("--output", default=None, help="folder for eval.json and eval.md")
+    ev.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
+    ev.set_defaults(handler=run_eval)
 
 
 def run_lowbit_check_command(args: argparse.Namespace) -> int:
