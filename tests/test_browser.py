@@ -100,6 +100,12 @@ def test_generate_streams_both_outputs_and_renders_the_heatmap(page_url, tmp_pat
 
 
 @pytest.mark.parametrize("how", ["stop button", "closed tab"])
+def _length_is_steady(page, seconds: float = 0.5) -> bool:
+    before = _full_length(page)
+    time.sleep(seconds)
+    return _full_length(page) == before
+
+
 def test_stop_and_closed_tab_end_the_generation(server, how):
     runs = server.playground.runs
     with playwright.sync_playwright() as p:
@@ -116,6 +122,9 @@ def test_stop_and_closed_tab_end_the_generation(server, how):
             page.click("#stop-btn")
             assert _wait(lambda: runs.active_count() == 0, 15)
             assert _wait(lambda: "Stopped" in page.inner_text("#status"), 15)
+            # Updates already sent before Stop may still be painting on a loaded machine: let the
+            # pane settle (a run that kept streaming would never settle), then it must stay put.
+            _wait(lambda: _length_is_steady(page), 5)
             length = _full_length(page)
             time.sleep(1.0)
             assert _full_length(page) == length, "tokens kept arriving after Stop"
