@@ -99,13 +99,13 @@ def test_generate_streams_both_outputs_and_renders_the_heatmap(page_url, tmp_pat
         browser.close()
 
 
-@pytest.mark.parametrize("how", ["stop button", "closed tab"])
 def _length_is_steady(page, seconds: float = 0.5) -> bool:
     before = _full_length(page)
     time.sleep(seconds)
     return _full_length(page) == before
 
 
+@pytest.mark.parametrize("how", ["stop button", "closed tab"])
 def test_stop_and_closed_tab_end_the_generation(server, how):
     runs = server.playground.runs
     with playwright.sync_playwright() as p:
