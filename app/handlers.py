@@ -55,7 +55,7 @@ class Playground:
         try:
             settings = self.settings(values)
             generator = self.get_generator()
-            solved_schedule(generator, settings.schedule_request(), settings.max_new_tokens)
+            generator.schedule_for(settings.schedule_request(), settings.max_new_tokens)
             self.validated_size(settings, generator)
         except (ValueError, TypeError) as error:
             raise gr.Error(str(error), print_exception=False) from None
@@ -329,16 +329,9 @@ class Playground:
 MODEL_RUNS = ("generate", "ui_generate", "ui_step", "ui_restart_")  # api names (prefixes) of model runs
 
 
-@lru_cache(maxsize=256)
-def solved_schedule(generator: TextGenerator, request, max_new_tokens: int):
-    """The solver's answer for pure inputs, cached: solving scores every (max, min) layer pair in
-    pure Python (~0.25 s for 30 layers), and the page asks again on every control change."""
-    return generator.schedule_for(request, max_new_tokens)
-
-
 @lru_cache(maxsize=64)
 def preview_figure(generator: TextGenerator, request, max_new_tokens: int):
-    return schedule_figure(solved_schedule(generator, request, max_new_tokens))
+    return schedule_figure(generator.schedule_for(request, max_new_tokens))
 
 
 def cancel_when_gone(handle: RunHandle, gone: Callable[[], bool] | None) -> Callable[[], bool]:

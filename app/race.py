@@ -25,6 +25,7 @@ class StreamProgress:
     name: str
     rows: int
     tokens: list[list[int]] = field(default_factory=list)  # generated ids per row (EOS excluded)
+    finished: list[bool] = field(default_factory=list)  # per row: ended (EOS, stop string or length)
     depths: list[int] = field(default_factory=list)  # layers that produced each generated token
     step_layers: list[tuple[int, ...]] = field(default_factory=list)  # decode step k -> layers
     prefill_layers: tuple[int, ...] = ()
@@ -38,6 +39,7 @@ class StreamProgress:
 
     def __post_init__(self) -> None:
         self.tokens = [[] for _ in range(self.rows)]
+        self.finished = [False] * self.rows
 
     def apply(self, event: StepEvent, eos_ids: tuple[int, ...]) -> None:
         self.seconds += event.seconds
@@ -47,13 +49,17 @@ class StreamProgress:
             self.step_layers.append(event.layers)
             self.step_seconds.append(event.seconds)
         self.depths.append(len(event.layers))
+        # The decoder says which rows are finished (EOS or a stop string); a finished row repeats
+        # the pad id. The token that ends a row is kept unless it is EOS, as in DecodeResult.
         for row, token in enumerate(event.token_ids):
-            was_done = len(self.tokens[row]) and self.tokens[row][-1] is None
-            if not was_done:
-                self.tokens[row].append(None if token in eos_ids else token)
+            if self.finished[row]:
+                continue
+            if not (event.finished[row] and token in eos_ids):
+                self.tokens[row].append(token)
+            self.finished[row] = event.finished[row]
 
     def ids(self, row: int) -> list[int]:
-        return [t for t in self.tokens[row] if t is not None]
+        return list(self.tokens[row])
 
     @property
     def generated(self) -> int:
@@ -86,12 +92,14 @@ def race(generator: TextGenerator, settings: PlaygroundSettings,
          compute_lock=None) -> Iterator[RaceUpdate]:
     """Advance SkipDecode and the full model step by step, the one with less compute time first
     (``lockstep``: the one that has taken fewer steps first, so they alternate: step mode)."""
-    skip_request, full_request = settings.request(full=False), settings.request(full=True)
-    solved = generator.schedule_for(skip_request.schedule, settings.max_new_tokens)  # ValueError on bad settings
+    skip_request = settings.request(full=False)
+    skip_run = generator.prepare(skip_request)  # ValueError on bad settings; tokenized and solved once
+    full_run = generator.with_schedule(skip_run, settings.request(full=True).schedule)
+    solved = skip_run.schedule
     rows = len(skip_request.prompts)
     views = {"skip": StreamProgress("SkipDecode", rows), "full": StreamProgress("full model", rows)}
-    streams = {"skip": generator.stream(skip_request, should_cancel, trace_row=0 if settings.lens else None),
-               "full": generator.stream(full_request, should_cancel)}
+    streams = {"skip": generator.stream(skip_run, should_cancel, trace_row=0 if settings.lens else None),
+               "full": generator.stream(full_run, should_cancel)}
     eos = generator.loaded.eos_token_ids
     while not all(v.done for v in views.values()):
         if should_cancel is not None and should_cancel():

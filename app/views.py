@@ -202,9 +202,6 @@ def heatmap_note_html(settings: PlaygroundSettings, solved, judged: list[Judged]
     return "".join(parts)
 
 
-TEMPLATE_TAIL = 6  # tokens after the user's text in the chat template ("<|im_end|>", "assistant", ...)
-
-
 def prompt_token_texts(generator: TextGenerator, settings: PlaygroundSettings, row: int = 0) -> tuple[list[str], int]:
     """The prompt's tokens the heatmap shows and how many leading ones it hides: unless the user
     asked for the chat template, only the user's text and the template's tail (the system prompt
@@ -215,7 +212,7 @@ def prompt_token_texts(generator: TextGenerator, settings: PlaygroundSettings, r
     if settings.show_template:
         return texts, 0
     user_tokens = len(generator.loaded.tokenizer(prompt, add_special_tokens=False)["input_ids"])
-    shown = min(len(texts), user_tokens + TEMPLATE_TAIL)
+    shown = min(len(texts), user_tokens + generator.template_tail_tokens)
     return texts[len(texts) - shown:], len(texts) - shown
 
 

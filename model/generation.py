@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Generator, Sequence
 
 import torch
@@ -28,6 +28,7 @@ from model.schedule import (
     speedup_summary,
 )
 
+SCHEDULE_CACHE_SIZE = 256  # solved schedules kept per generator (see TextGenerator.schedule_for)
 
 @dataclass(frozen=True)
 class ScheduleRequest:
@@ -66,6 +67,18 @@ class GenerationRequest:
     sampling: SamplingConfig = SamplingConfig()
     raw: bool = False  # True: no chat template
     stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PreparedRun:
+    """One request checked ONCE: its prompts tokenized (left padded), its schedule solved and the
+    context length checked. The stream, the race and the views read from it instead of
+    tokenizing and solving again."""
+
+    request: GenerationRequest
+    ids: torch.Tensor  # (B, P) left padded
+    mask: torch.Tensor  # (B, P)
+    schedule: SolvedSchedule
 
 
 @dataclass
@@ -118,6 +131,9 @@ class TextGenerator:
         self.full_decoder = loaded.full_decoder()
         self.skip_decoder = loaded.skip_decoder()
         self.cost = self.full_decoder.adapter.cost_model()
+        # The solver scores every (max, min) pair in pure Python (~0.25 s for 30 layers); the
+        # page asks again on every control change, so answers for the same inputs are kept.
+        self._schedules: dict[tuple[ScheduleRequest, int], SolvedSchedule] = {}
 
     @property
     def num_layers(self) -> int:
@@ -154,7 +170,18 @@ class TextGenerator:
 
     # --- schedule -------------------------------------------------------------------------
     def schedule_for(self, request: ScheduleRequest, max_new_tokens: int) -> SolvedSchedule:
-        """The SolvedSchedule a request asks for, evaluated over the decode steps that will run."""
+        """The SolvedSchedule a request asks for, evaluated over the decode steps that will run
+        (kept per (request, max_new_tokens): the inputs are frozen, the answer is pure)."""
+        key = (request, max_new_tokens)
+        solved = self._schedules.get(key)  # one lookup: request threads share the dict
+        if solved is None:
+            solved = self._solve(request, max_new_tokens)
+            if len(self._schedules) >= SCHEDULE_CACHE_SIZE:
+                self._schedules.clear()
+            self._schedules[key] = solved
+        return solved
+
+    def _solve(self, request: ScheduleRequest, max_new_tokens: int) -> SolvedSchedule:
         num_layers = self.num_layers
         decode_steps = max(1, max_new_tokens - 1)  # the prefill produces the first token
         decay_length = request.decay_length if request.decay_length is not None else max_new_tokens
@@ -238,12 +265,8 @@ class TextGenerator:
         return any(token and token in text for token in special)
 
     # --- generation -----------------------------------------------------------------------
-    def stream(
-        self, request: GenerationRequest, should_cancel: Callable[[], bool] | None = None,
-        trace_row: int | None = None,
-    ) -> Generator[StepEvent, None, GenerationResult]:
-        """One StepEvent per step (with ``trace_row``: that row's hidden states after each layer
-        that ran, for ``lens``); returns the GenerationResult."""
+    def prepare(self, request: GenerationRequest) -> PreparedRun:
+        """Validate, tokenize, solve and check the context once (ValueError names what is wrong)."""
         validate_request(request)
         schedule = self.schedule_for(request.schedule, request.max_new_tokens)
         ids, mask = self.encode(request.prompts, request.raw)
@@ -252,9 +275,24 @@ class TextGenerator:
                 f"the prompt is {ids.shape[1]} tokens; with max_new_tokens {request.max_new_tokens} that exceeds "
                 f"the model's context of {self.max_context} tokens"
             )
+        return PreparedRun(request=request, ids=ids, mask=mask, schedule=schedule)
+
+    def with_schedule(self, run: PreparedRun, schedule: ScheduleRequest) -> PreparedRun:
+        """The same prompts (no second tokenization) under another schedule: the full model beside SkipDecode."""
+        request = replace(run.request, schedule=schedule)
+        return replace(run, request=request, schedule=self.schedule_for(schedule, request.max_new_tokens))
+
+    def stream(
+        self, request: GenerationRequest | PreparedRun, should_cancel: Callable[[], bool] | None = None,
+        trace_row: int | None = None,
+    ) -> Generator[StepEvent, None, GenerationResult]:
+        """One StepEvent per step (with ``trace_row``: that row's hidden states after each layer
+        that ran, for ``lens``); returns the GenerationResult. A PreparedRun is not checked again."""
+        run = request if isinstance(request, PreparedRun) else self.prepare(request)
+        request, schedule = run.request, run.schedule
         decode = yield from self.decoder_for(request.schedule).stream(
-            ids,
-            mask,
+            run.ids,
+            run.mask,
             schedule.config,
             max_new_tokens=request.max_new_tokens,
             sampling=request.sampling,

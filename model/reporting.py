@@ -7,25 +7,39 @@ import plotly.graph_objects as go
 SKIP_COLOUR, NO_ADAPTER_COLOUR = "#3f9c6d", "#c0504d"
 
 
+QUALITY_PANELS = (  # (row key, subplot title, log scale): the last two judge SkipDecode's OWN text
+    ("agreement", "next-token agreement with the full model", False),
+    ("perplexity_ratio", "perplexity ratio of the full model's text (lower is better)", True),
+    ("judged_ppl_ratio", "judged perplexity ratio of its own text (lower is better)", True),
+    ("fact_retention", "fact answers kept", False),
+)
+
+
 def quality_figure(report: dict) -> go.Figure:
-    """Agreement and perplexity ratio against layer speedup, with and without the adapter."""
+    """Each quality measure against layer speedup, with and without the adapter: the
+    teacher-forced pair, and (when the eval measured them) judged fluency and fact retention."""
     from plotly.subplots import make_subplots  # noqa: PLC0415
 
-    figure = make_subplots(rows=1, cols=2, subplot_titles=("next-token agreement with the full model",
-                                                            "perplexity ratio (lower is better)"))
+    rows_all = report.get("rows", [])
+    panels = [p for p in QUALITY_PANELS if any(r.get(p[0]) is not None for r in rows_all)] or list(QUALITY_PANELS[:2])
+    grid_rows = (len(panels) + 1) // 2
+    figure = make_subplots(rows=grid_rows, cols=2, subplot_titles=[title for _, title, _ in panels],
+                           vertical_spacing=0.28 if grid_rows > 1 else 0.1)
     for variant, colour in (("adapter", SKIP_COLOUR), ("no adapter", NO_ADAPTER_COLOUR)):
-        rows = [r for r in report.get("rows", []) if r["variant"] == variant]
-        if not rows:
-            continue
-        xs = [r["layer_speedup"] for r in rows]
-        figure.add_trace(go.Scatter(x=xs, y=[r["agreement"] for r in rows], name=variant, mode="lines+markers",
-                                    line=dict(color=colour)), 1, 1)
-        figure.add_trace(go.Scatter(x=xs, y=[r["perplexity_ratio"] for r in rows], name=variant, mode="lines+markers",
-                                    line=dict(color=colour), showlegend=False), 1, 2)
+        rows = [r for r in rows_all if r["variant"] == variant]
+        for index, (key, _, log) in enumerate(panels):
+            measured = [r for r in rows if r.get(key) is not None]
+            if not measured:
+                continue
+            figure.add_trace(go.Scatter(x=[r["layer_speedup"] for r in measured], y=[r[key] for r in measured],
+                                        name=variant, mode="lines+markers", line=dict(color=colour),
+                                        showlegend=index == 0), index // 2 + 1, index % 2 + 1)
+            if log:
+                figure.update_yaxes(type="log", row=index // 2 + 1, col=index % 2 + 1)
+            elif key in ("agreement", "fact_retention"):
+                figure.update_yaxes(range=[0, 1.02], row=index // 2 + 1, col=index % 2 + 1)
     figure.update_xaxes(title_text="layer speedup")
-    figure.update_yaxes(range=[0, 1.02], row=1, col=1)
-    figure.update_yaxes(type="log", row=1, col=2)
-    figure.update_layout(height=320, margin=dict(l=50, r=10, t=50, b=40))
+    figure.update_layout(height=320 * grid_rows, margin=dict(l=50, r=10, t=50, b=40))
     return figure
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from conftest import FAMILIES, NUM_LAYERS, left_padded_batch, tiny_model
-from model.decoder import SamplingConfig, SkipDecoder, execution_mask, masked_forward, sample_next
+from model.decoder import SamplingConfig, SkipDecoder, execution_mask, masked_forward, run_to_end, sample_next
 from model.schedule import ScheduleConfig, full_schedule
 
 LENGTHS = [7, 4, 9]  # different prompt lengths -> left padding
@@ -251,3 +251,24 @@ def test_adapter_accessors_read_the_model_not_a_family_default(family):
     model.config.quantization_config, model.is_quantized = {"quant_method": "gguf"}, True
     forget_gguf_quantization(model)
     assert not hasattr(model.config, "quantization_config") and not model.is_quantized and model.hf_quantizer is None
+
+
+@pytest.mark.slow
+def test_a_prepared_run_is_tokenized_and_solved_once_and_streams_like_the_request(tiny_folder):
+    from model.generation import GenerationRequest, ScheduleRequest, TextGenerator
+    from model.loading import load_model
+
+    generator = TextGenerator(load_model(str(tiny_folder), device="cpu", adapter=None))
+    request = GenerationRequest(prompts=("Hello there", "Name a fruit"), schedule=ScheduleRequest(target_speedup=2.0),
+                                max_new_tokens=6)
+    run = generator.prepare(request)
+    assert run.ids.shape == run.mask.shape and run.ids.shape[0] == 2
+    assert generator.schedule_for(request.schedule, 6) is run.schedule  # solved once, then kept
+    full = generator.with_schedule(run, ScheduleRequest(full=True))
+    assert full.ids is run.ids and full.schedule.config.min_layers == generator.num_layers
+    encode, calls = generator.encode, []
+    generator.encode = lambda *args, **kwargs: calls.append(args) or encode(*args, **kwargs)
+    from_run = run_to_end(generator.stream(run))
+    assert calls == []  # streaming a prepared run does not tokenize again
+    assert from_run.decode.tokens == generator.generate(request).decode.tokens
+    assert len(calls) == 1  # a plain request is prepared on the way

@@ -185,3 +185,15 @@ def test_a_character_split_over_byte_tokens_is_shown_whole_never_as_replacement_
     for end in range(1, len(ids) + 1):  # token by token, as the race streams them
         parts = streamed.update(ids[:end])
     assert parts == texts and "\ufffd" not in "".join(parts)
+
+
+def test_progress_follows_the_decoders_finished_rows_eos_and_stop_alike():
+    """Row 0 ends at EOS (left out), row 1 at a stop string (its last token kept); neither
+    collects the pad ids the decoder repeats for finished rows afterwards."""
+    eos, pad = 9, 0
+    progress = StreamProgress("SkipDecode", rows=2)
+    progress.apply(StepEvent(-1, [5, 6], [False, False], (0, 1), 0.1), eos_ids=(eos,))
+    progress.apply(StepEvent(0, [eos, 7], [True, True], (0, 1), 0.1), eos_ids=(eos,))
+    progress.apply(StepEvent(1, [pad, pad], [True, True], (0, 1), 0.1), eos_ids=(eos,))
+    assert progress.ids(0) == [5] and progress.ids(1) == [6, 7]
+    assert progress.finished == [True, True] and progress.generated == 3
