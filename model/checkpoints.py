@@ -45,7 +45,8 @@ def save_adapter(model, folder: Path, config, step: int, seconds: float,
 
 
 def portable_path(value):
-    """A path inside the repository as a relative path; anything else unchanged."""
+    """A path inside the repository as a relative path; anything else unchanged (training info and
+    eval reports carry no machine's absolute paths)."""
     if not isinstance(value, str) or not value:
         return value
     root = Path(__file__).resolve().parents[1]

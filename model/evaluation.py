@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from model.checkpoints import portable_path
 from model.data import (
     DEFAULT_EVAL_PROMPTS,
     DEFAULT_FACTS,
@@ -329,7 +330,7 @@ def _prepare(config: EvalConfig, progress) -> tuple[_Context, EvalReport]:
                        reference_nll=judged_nll(loaded, references.examples, config.batch_size, num_layers),
                        fact_batches=fact_batches, facts=facts,
                        full_facts_right=[answers_right(r, f.answers) for r, f in zip(full_replies, facts)])
-    report = EvalReport(model=loaded.name, adapter=_display_path(loaded.adapter_path), device=str(loaded.device),
+    report = EvalReport(model=loaded.name, adapter=portable_path(loaded.adapter_path), device=str(loaded.device),
                         num_prompts=len(prompts), continuation_tokens=n, decay=config.decay,
                         full_perplexity=math.exp(full_nll), warmup=warmup, order=order,
                         full_repetition=round(repetition_rate(references.texts), 4), facts=len(facts),
@@ -398,17 +399,6 @@ def _quantization_row(config: EvalConfig, weights: str, context: _Context) -> Qu
                            perplexity_ratio=round(math.exp(nll - context.full_nll), 4),
                            token_match=round(same / max(1, total), 4),
                            identical_outputs=round(identical / len(context.examples), 4))
-
-
-def _display_path(path: str | None) -> str | None:
-    """A path inside the repository as a relative path (reports carry no machine's absolute paths)."""
-    if not path:
-        return path
-    root = Path(__file__).resolve().parents[1]
-    try:
-        return str(Path(path).resolve().relative_to(root))
-    except ValueError:
-        return path
 
 
 def write_report(report: EvalReport, folder: str | Path) -> tuple[Path, Path]:
