@@ -150,3 +150,16 @@ def batches_of(examples: Sequence[Example], batch_size: int, pad_id: int, device
         tuple(t.to(device) if isinstance(t, torch.Tensor) else t for t in collate(examples[i:i + batch_size], pad_id))
         for i in range(0, len(examples), batch_size)
     ]
+
+
+def load_sequences(path: str | Path, limit: int | None = None) -> list[Example]:
+    """The first ``limit`` training sequences of a make-data folder (or its sequences.jsonl) as Examples."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "sequences.jsonl"
+    records = read_jsonl(path) if path.is_file() else []
+    if not records:
+        raise ValueError(f"{path} has no sequences: run `python -m model make-data` first")
+    if limit is not None:
+        records = records[:limit]
+    return [Example(prompt=r["prompt"], target=r["target"]) for r in records]

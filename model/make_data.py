@@ -41,7 +41,7 @@ from typing import Iterable, Iterator, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from model.data import ASSETS, DEFAULT_EVAL_PROMPTS, DEFAULT_FACTS, Example, read_jsonl
+from model.data import ASSETS, DEFAULT_EVAL_PROMPTS, DEFAULT_FACTS, read_jsonl
 from model.decoder import SamplingConfig
 from model.schedule import full_schedule
 
@@ -368,14 +368,24 @@ def _is_new(record: dict, seen: set[str], manifest: DataManifest) -> bool:
 
 
 def _read_if_exists(path: Path) -> Iterable[dict]:
+    """The complete records of a JSONL file this command appends to. A last line cut by a kill is
+    removed from the file first: its batch is redone, and later appends start on a clean line."""
     if not path.is_file():
         return []
-    records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    text = path.read_text(encoding="utf-8")
+    records, kept = [], 0
+    for line in text.splitlines(keepends=True):
         try:
             records.append(json.loads(line))
-        except json.JSONDecodeError:  # a line cut by a kill: the batch it belongs to is redone
+        except json.JSONDecodeError:
             break
+        if not line.endswith("\n"):
+            break
+        kept += len(line.encode("utf-8"))
+    if kept < len(text.encode("utf-8")):
+        with path.open("rb+") as handle:
+            handle.truncate(kept)
+        records = records[: text.encode("utf-8")[:kept].count(b"\n")]
     return records
 
 
@@ -434,16 +444,3 @@ def make_data(config: MakeDataConfig, progress=_tqdm) -> DataManifest:
     _save_manifest(folder, manifest)
     limit = prompts[: config.limit_prompts] if config.limit_prompts else prompts
     return write_continuations(generator, limit, config, folder, progress)
-
-
-def load_sequences(path: str | Path, limit: int | None = None):
-    """The first ``limit`` training sequences of a make-data folder (or its sequences.jsonl) as Examples."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / "sequences.jsonl"
-    records = list(_read_if_exists(path))
-    if not records:
-        raise ValueError(f"{path} has no sequences: run `python -m model make-data` first")
-    if limit is not None:
-        records = records[:limit]
-    return [Example(prompt=r["prompt"], target=r["target"]) for r in records]

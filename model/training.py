@@ -34,6 +34,7 @@ from model.data import (
     Example,
     cached_examples,
     collate,
+    load_sequences,
     read_prompts,
     teacher_continuations,
     user_examples,
@@ -291,8 +292,6 @@ def training_examples(config: TrainConfig, generator, output: Path, accelerator)
         examples = user_examples(config.data, generator.loaded.tokenizer, generator.format_prompt, config.max_length)
         steps_hint = int(sum(len(e.target) for e in examples) / len(examples))
     elif config.sequences:
-        from model.make_data import load_sequences  # noqa: PLC0415 (make_data sits above training)
-
         examples = [Example(prompt=e.prompt[-config.max_prompt_tokens:], target=e.target)
                     for e in load_sequences(config.sequences, config.max_sequences)]
         steps_hint = config.continuation_tokens

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from model.data import DEFAULT_EVAL_PROMPTS, DEFAULT_FACTS, DEFAULT_TRAIN_PROMPTS, read_jsonl
+from model.data import DEFAULT_EVAL_PROMPTS, DEFAULT_FACTS, DEFAULT_TRAIN_PROMPTS, load_sequences, read_jsonl
 from model.evaluation import EvalConfig, answers_right, evaluate, read_facts, repetition_rate
 from model.make_data import (
     TEMPLATES_FILE,
@@ -15,7 +15,6 @@ from model.make_data import (
     build_prompt_list,
     good_user_turn,
     held_out_keys,
-    load_sequences,
     make_data,
     normalized,
     read_lines,
@@ -188,3 +187,13 @@ def test_results_figure_shows_the_new_measures_only_when_measured():
     assert "judged perplexity ratio of its own text (lower is better)" in titles and "fact answers kept" in titles
     assert len(new.data) == 8 and {t.name for t in new.data} == {"adapter", "no adapter"}
     assert sorted(t.y[0] for t in new.data if t.name == "no adapter")[-1] == 200.0
+
+
+def test_a_line_cut_by_a_kill_is_dropped_and_appends_start_clean(tmp_path):
+    from model.make_data import _append_jsonl, _read_if_exists
+
+    path = tmp_path / "sequences.jsonl"
+    path.write_text('{"id": 1}\n{"id": 2}\n{"id": 3, "tar')
+    assert [r["id"] for r in _read_if_exists(path)] == [1, 2]
+    _append_jsonl(path, [{"id": 3}])
+    assert path.read_text().splitlines() == ['{"id": 1}', '{"id": 2}', '{"id": 3}']
