@@ -80,7 +80,8 @@ class MakeDataConfig:
     max_new_tokens: int = 128
     max_prompt_tokens: int = 160
     batch_size: int = 32
-    weights: str = "int8"  # weights that WRITE the text: int8 (fast on CPU) or float
+    weights: str = "int8"  # weights that WRITE the text on a CPU: int8 (fast) or float (a GPU always runs float)
+    device: str = "auto"  # cuda when there is one, else cpu
     threads: int | None = None
     seed: int = 0
     limit_prompts: int | None = None  # only the first N prompts get continuations (quick runs, tests)
@@ -229,7 +230,7 @@ def sample_user_turns(generator, config: MakeDataConfig, path: Path, progress) -
     """Append sampled user turns to ``path`` batch by batch until ``magpie_turns`` good, unique ones exist."""
     kept = [r["prompt"] for r in _read_if_exists(path)]
     seen = {normalized(t) for t in kept} | held_out_keys()
-    header = torch.tensor([user_header_ids(generator)] * config.batch_size)
+    header = torch.tensor([user_header_ids(generator)] * config.batch_size, device=generator.loaded.device)
     mask = torch.ones_like(header)
     batch_index = len(list(_read_if_exists(path.with_suffix(".batches"))))
     with progress(total=config.magpie_turns, initial=len(kept), desc="magpie user turns") as bar:
@@ -332,8 +333,9 @@ def _length_sorted_batches(generator, prompts: Sequence[PromptRecord], config: M
 def _continue_batch(generator, batch: Sequence[tuple[PromptRecord, list[int]]], config: MakeDataConfig) -> list[dict]:
     width = max(len(ids) for _, ids in batch)
     pad = generator.loaded.pad_token_id
-    ids = torch.tensor([[pad] * (width - len(row)) + row for _, row in batch])
-    mask = torch.tensor([[0] * (width - len(row)) + [1] * len(row) for _, row in batch])
+    device = generator.loaded.device
+    ids = torch.tensor([[pad] * (width - len(row)) + row for _, row in batch], device=device)
+    mask = torch.tensor([[0] * (width - len(row)) + [1] * len(row) for _, row in batch], device=device)
     eos = generator.loaded.tokenizer.eos_token_id
     first_id = batch[0][0].id
     kinds = [("greedy", SamplingConfig())] + [
@@ -421,14 +423,16 @@ def _tqdm(**kwargs):
 def make_data(config: MakeDataConfig, progress=_tqdm) -> DataManifest:
     """Run (or resume) every stage; returns the manifest (counts) of the folder."""
     from model.generation import TextGenerator  # noqa: PLC0415 (the parser imports this module: keep it light)
-    from model.loading import load_model  # noqa: PLC0415
+    from model.loading import load_model, resolve_device  # noqa: PLC0415
 
     if config.threads:
         torch.set_num_threads(config.threads)
     folder = Path(config.output_dir)
     folder.mkdir(parents=True, exist_ok=True)
-    weights = "none" if config.weights == "float" else config.weights
-    generator = TextGenerator(load_model(config.model, device="cpu", dtype="float32", adapter=None, quantize=weights))
+    device = resolve_device(config.device)
+    weights = "none" if config.weights == "float" or device.type != "cpu" else config.weights
+    generator = TextGenerator(load_model(config.model, device=str(device), dtype="float32", adapter=None,
+                                         quantize=weights))
     torch.manual_seed(config.seed)
     magpie = (sample_user_turns(generator, config, folder / "user_turns.jsonl", progress)
               if "magpie" in config.sources and config.magpie_turns else [])
