@@ -57,7 +57,8 @@ def narrow_safe(figure, width: int = 26):
     if title:
         figure.update_layout(title=dict(text=_wrap(title, width + 14), font=dict(size=14)))
     for annotation in figure.layout.annotations or ():
-        if annotation.text and annotation.yref == "paper" and annotation.y is not None and annotation.y >= 1:
+        subplot_title = annotation.yref == "paper" and (annotation.yanchor == "bottom" or (annotation.y or 0) >= 1)
+        if annotation.text and subplot_title:  # every row's subplot titles (a 2x2 grid has them at y < 1)
             annotation.text = _wrap(annotation.text, width)
             annotation.font = dict(size=12)
     lines = max([1] + [(a.text or "").count("<br>") + 1 for a in figure.layout.annotations or ()])

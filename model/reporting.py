@@ -9,8 +9,8 @@ SKIP_COLOUR, NO_ADAPTER_COLOUR = "#3f9c6d", "#c0504d"
 
 QUALITY_PANELS = (  # (row key, subplot title, log scale): the last two judge SkipDecode's OWN text
     ("agreement", "next-token agreement with the full model", False),
-    ("perplexity_ratio", "perplexity ratio of the full model's text (lower is better)", True),
-    ("judged_ppl_ratio", "judged perplexity ratio of its own text (lower is better)", True),
+    ("perplexity_ratio", "perplexity ratio, full model's text (lower is better)", True),
+    ("judged_ppl_ratio", "judged perplexity ratio, its own text (lower is better)", True),
     ("fact_retention", "fact answers kept", False),
 )
 

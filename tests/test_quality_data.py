@@ -179,12 +179,12 @@ def test_results_figure_shows_the_new_measures_only_when_measured():
     row = dict(variant="adapter", layer_speedup=2.0, agreement=0.5, perplexity_ratio=6.0)
     old = quality_figure({"rows": [row]})
     assert [a.text for a in old.layout.annotations][:2] == ["next-token agreement with the full model",
-                                                           "perplexity ratio of the full model's text (lower is better)"]
+                                                           "perplexity ratio, full model's text (lower is better)"]
     assert len(old.data) == 2
     new = quality_figure({"rows": [{**row, "judged_ppl_ratio": 3.7, "fact_retention": 0.77},
                                    {**row, "variant": "no adapter", "judged_ppl_ratio": 200.0, "fact_retention": 0.02}]})
     titles = [a.text for a in new.layout.annotations]
-    assert "judged perplexity ratio of its own text (lower is better)" in titles and "fact answers kept" in titles
+    assert "judged perplexity ratio, its own text (lower is better)" in titles and "fact answers kept" in titles
     assert len(new.data) == 8 and {t.name for t in new.data} == {"adapter", "no adapter"}
     assert sorted(t.y[0] for t in new.data if t.name == "no adapter")[-1] == 200.0
 
