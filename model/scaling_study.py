@@ -130,7 +130,7 @@ def scaling_markdown(study: dict) -> str:
         f"Data-scaling curve: every arm trains the shipped recipe for {config['steps']} steps of batch "
         f"{config['batch_size']} (targets cut at {config['max_target_tokens']} tokens, lr {config['learning_rate']}) "
         f"on the first N unique sequences of `{config['sequences']}` ({study['hardware']}, {config['threads']} "
-        f"thread). Held-out: first {config['eval_prompts']} prompts of assets/prompts/eval.jsonl, never trained on.",
+        f"thread(s)). Held-out: first {config['eval_prompts']} prompts of assets/prompts/eval.jsonl, never trained on.",
         "",
         "| sequences | steps | epochs | agree 1.5x | agree 2x | agree 3x | KL 1.5x | KL 2x | KL 3x | status |",
         "|---|---|---|---|---|---|---|---|---|---|",
