@@ -80,6 +80,12 @@ def user_examples(path: str | Path, tokenizer, formatter, max_length: int) -> li
     return examples
 
 
+def continuation_target(tokens: Sequence[int], finish_reason: str, eos_id: int | None) -> list[int]:
+    """A generated continuation as a target: its tokens (the decoder leaves EOS out), then EOS
+    where the model stopped, so a student learns to stop."""
+    return list(tokens) + ([eos_id] if finish_reason == "eos" and eos_id is not None else [])
+
+
 def teacher_continuations(
     generator,
     prompts: Sequence[str],
@@ -106,9 +112,7 @@ def teacher_continuations(
             result = generator.full_decoder.generate(ids, mask, schedule, max_new_tokens=max_new_tokens,
                                                      sampling=sampling)
             for row in range(ids.shape[0]):
-                target = list(result.tokens[row])
-                if result.finish_reasons[row] == "eos" and eos is not None:
-                    target.append(eos)
+                target = continuation_target(result.tokens[row], result.finish_reasons[row], eos)
                 if target:
                     examples.append(Example(prompt=ids[row][mask[row].bool()].tolist(), target=target))
     return examples

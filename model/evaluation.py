@@ -32,6 +32,7 @@ from model.data import (
     DEFAULT_FACTS,
     Example,
     batches_of,
+    continuation_target,
     read_jsonl,
     read_prompts,
     teacher_continuations,
@@ -227,7 +228,7 @@ def free_run(generator, decoder: SkipDecoder, prompt_batches, schedule: Schedule
         result = decoder.generate(ids, mask, schedule, max_new_tokens=max_new_tokens)
         for row, (tokens, reason) in enumerate(zip(result.tokens, result.finish_reasons)):
             texts.append(generator.decode_text(tokens))
-            target = list(tokens) + ([eos] if reason == "eos" and eos is not None else [])
+            target = continuation_target(tokens, reason, eos)
             examples.append(Example(prompt=ids[row][mask[row].bool()].tolist(), target=target or [eos]))
     return FreeRun(texts=texts, examples=examples)
 
@@ -253,12 +254,10 @@ class _Context:
     order: str
     ranking: tuple[int, ...]
     prompts: list[str]
-    examples: list[Example]  # the full model's greedy continuations
-    batches: list  # the same, collated for teacher-forced scoring
-    full_nll: float  # the full model's mean NLL of them
     prompt_batches: list
-    references: FreeRun  # the full model's own greedy text
-    reference_nll: float  # the original model's NLL of it
+    references: FreeRun  # the full model's own greedy text and its examples (prompt + continuation ids)
+    batches: list  # the references' examples, collated for teacher-forced scoring
+    full_nll: float  # the original model's mean NLL of its own text
     fact_batches: list
     facts: list[FactQuestion]
     full_facts_right: list[bool]
@@ -313,21 +312,20 @@ def _prepare(config: EvalConfig, progress) -> tuple[_Context, EvalReport]:
     # The adapter's trained placement unless the caller chose one (the same defaults as generate).
     warmup = config.warmup if config.warmup is not None else generator.default_warmup
     order = config.order or generator.default_order
-    examples = teacher_continuations(generator, prompts, max_new_tokens=n, max_prompt_tokens=10**9,
-                                     batch_size=config.batch_size)
-    batches = batches_of(examples, config.batch_size, loaded.pad_token_id, loaded.device)
-    full_nll = teacher_forced_scores(loaded.model, batches, lambda steps: full_schedule(num_layers)).nll
+    # The full model's greedy text: the reference of every metric (teacher-forced targets, ROUGE,
+    # the judged ratio's denominator: the original model's NLL of its own text).
     prompt_batches = _encoded_batches(generator, prompts, config.batch_size)
     references = free_run(generator, generator.full_decoder, prompt_batches, full_schedule(num_layers, n), n)
+    batches = batches_of(references.examples, config.batch_size, loaded.pad_token_id, loaded.device)
+    full_nll = teacher_forced_scores(loaded.model, batches, lambda steps: full_schedule(num_layers)).nll
     facts = read_facts(config.facts, config.max_facts) if config.facts else []
     fact_batches = _encoded_batches(generator, [f.question for f in facts], config.batch_size)
     full_replies = free_run(generator, generator.full_decoder, fact_batches,
                             full_schedule(num_layers, config.fact_tokens), config.fact_tokens).texts if facts else []
     context = _Context(config=config, generator=generator, loaded=loaded, num_layers=num_layers, warmup=warmup,
-                       order=order, ranking=generator.ranking_for(order), prompts=prompts, examples=examples,
+                       order=order, ranking=generator.ranking_for(order), prompts=prompts,
                        batches=batches, full_nll=full_nll,
                        prompt_batches=prompt_batches, references=references,
-                       reference_nll=judged_nll(loaded, references.examples, config.batch_size, num_layers),
                        fact_batches=fact_batches, facts=facts,
                        full_facts_right=[answers_right(r, f.answers) for r, f in zip(full_replies, facts)])
     report = EvalReport(model=loaded.name, adapter=portable_path(loaded.adapter_path), device=str(loaded.device),
@@ -361,7 +359,7 @@ def _row(context: _Context, variant: str, speedup: float, model, bridge, decoder
         row.rouge_l = round(sum(rouge_l(o, r) for o, r in zip(run.texts, references)) / len(run.texts), 4)
         row.bleu = round(corpus_bleu(run.texts, references), 2)
         judged = judged_nll(context.loaded, run.examples, config.batch_size, context.num_layers)
-        row.judged_ppl_ratio = round(math.exp(judged - context.reference_nll), 4)
+        row.judged_ppl_ratio = round(math.exp(judged - context.full_nll), 4)
         row.repetition = round(repetition_rate(run.texts), 4)
         row.fact_retention = _fact_retention(context, decoder, speedup)
     return row
@@ -390,7 +388,7 @@ def _quantization_row(config: EvalConfig, weights: str, context: _Context) -> Qu
                                  max_new_tokens=config.continuation_tokens, max_prompt_tokens=10**9,
                                  batch_size=config.batch_size)
     same = total = identical = 0
-    for reference, candidate in zip(context.examples, mine):
+    for reference, candidate in zip(context.references.examples, mine):
         length = max(len(reference.target), len(candidate.target))
         same += sum(a == b for a, b in zip(reference.target, candidate.target))
         total += length
@@ -398,7 +396,7 @@ def _quantization_row(config: EvalConfig, weights: str, context: _Context) -> Qu
     return QuantizationRow(weights=weights, agreement=round(agreement, 4),
                            perplexity_ratio=round(math.exp(nll - context.full_nll), 4),
                            token_match=round(same / max(1, total), 4),
-                           identical_outputs=round(identical / len(context.examples), 4))
+                           identical_outputs=round(identical / len(context.references.examples), 4))
 
 
 def write_report(report: EvalReport, folder: str | Path) -> tuple[Path, Path]:

@@ -41,7 +41,7 @@ from typing import Iterable, Iterator, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from model.data import ASSETS, DEFAULT_EVAL_PROMPTS, DEFAULT_FACTS, read_jsonl
+from model.data import ASSETS, DEFAULT_EVAL_PROMPTS, DEFAULT_FACTS, continuation_target, read_jsonl
 from model.decoder import SamplingConfig
 from model.schedule import full_schedule
 
@@ -240,7 +240,7 @@ def sample_user_turns(generator, config: MakeDataConfig, path: Path, progress) -
                                                      max_new_tokens=64, sampling=sampling)
             fresh = []
             for tokens, reason in zip(result.tokens, result.finish_reasons):
-                text = generator.decode_text([t for t in tokens if t != generator.loaded.tokenizer.eos_token_id]).strip()
+                text = generator.decode_text(tokens).strip()  # the decoder leaves EOS out
                 key = normalized(text)
                 if reason == "eos" and good_user_turn(text) and key not in seen:
                     seen.add(key)
@@ -301,7 +301,7 @@ def write_continuations(generator, prompts: Sequence[PromptRecord], config: Make
     manifest = _load_manifest(folder, config)
     todo = [p for p in prompts if p.id not in done]
     finished = len(prompts) - len(todo)
-    with progress(total=len(prompts), initial=len(prompts) - len(todo), desc="continuations (prompts)") as bar:
+    with progress(total=len(prompts), initial=finished, desc="continuations (prompts)") as bar:
         for batch in _length_sorted_batches(generator, todo, config):
             records = [r for r in _continue_batch(generator, batch, config) if _is_new(r, seen, manifest)]
             _append_jsonl(sequences_path, records)
@@ -346,7 +346,7 @@ def _continue_batch(generator, batch: Sequence[tuple[PromptRecord, list[int]]], 
         result = generator.full_decoder.generate(ids, mask, full_schedule(generator.num_layers),
                                                  max_new_tokens=config.max_new_tokens, sampling=sampling)
         for (prompt, prompt_ids), tokens, reason in zip(batch, result.tokens, result.finish_reasons):
-            target = [t for t in tokens if t != eos] + ([eos] if reason == "eos" and eos is not None else [])
+            target = continuation_target(tokens, reason, eos)
             if len(target) >= 2:
                 records.append({"prompt_id": prompt.id, "source": prompt.source, "kind": kind,
                                 "prompt": prompt_ids, "target": target})
@@ -413,14 +413,10 @@ def _save_manifest(folder: Path, manifest: DataManifest) -> None:
     (folder / "manifest.json").write_text(json.dumps(asdict(manifest), indent=2, default=str))
 
 
-def _tqdm(**kwargs):
-    return tqdm(**kwargs)
-
-
 # --- the command -------------------------------------------------------------------------------
 
 
-def make_data(config: MakeDataConfig, progress=_tqdm) -> DataManifest:
+def make_data(config: MakeDataConfig, progress=tqdm) -> DataManifest:
     """Run (or resume) every stage; returns the manifest (counts) of the folder."""
     from model.generation import TextGenerator  # noqa: PLC0415 (the parser imports this module: keep it light)
     from model.loading import load_model, resolve_device  # noqa: PLC0415
