@@ -362,6 +362,19 @@ class SkipDecoder:
         return new_tokens
 
 
+def left_padded(rows: Sequence[Sequence[int]], pad_id: int, device: torch.device | str = "cpu"
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token rows as the decoder takes them: ids and mask (B, P), padded on the LEFT so that
+    every row's next token lands in the same column."""
+    width = max(len(row) for row in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for index, row in enumerate(rows):
+        ids[index, width - len(row):] = torch.tensor(list(row), dtype=torch.long)
+        mask[index, width - len(row):] = 1
+    return ids.to(device), mask.to(device)
+
+
 def run_to_end(events: Generator):
     """Drain a step generator and return its return value (the result object)."""
     while True:

@@ -13,7 +13,7 @@ from typing import Callable, Generator, Sequence
 
 import torch
 
-from model.decoder import DecodeResult, SamplingConfig, SkipDecoder, StepEvent, run_to_end
+from model.decoder import DecodeResult, SamplingConfig, SkipDecoder, StepEvent, left_padded, run_to_end
 from model.loading import LoadedModel
 from model.schedule import (
     RANKED,
@@ -215,15 +215,21 @@ class TextGenerator:
         return self.loaded.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
     @functools.cached_property
-    def template_tail_tokens(self) -> int:
-        """How many tokens the chat template puts after the user's text (end of turn, the
-        assistant header): found by formatting a marker message, so it holds for any model's
-        template; 0 without one."""
+    def template_around_user(self) -> tuple[list[int], list[int]]:
+        """The chat template's token ids before the user's text (system turn, user header) and
+        after it (end of turn, assistant header): found by formatting a marker message, so they
+        hold for any model's template; ([], []) without one."""
         if not self.loaded.has_chat_template:
-            return 0
+            return [], []
         marker = "\ue000"
-        after = self.format_prompt(marker).split(marker, 1)[1]
-        return len(self.loaded.tokenizer(after, add_special_tokens=False)["input_ids"])
+        before, after = self.format_prompt(marker).split(marker, 1)
+        tokenize = self.loaded.tokenizer
+        return tokenize(before, add_special_tokens=False)["input_ids"], tokenize(after, add_special_tokens=False)["input_ids"]
+
+    @property
+    def template_tail_tokens(self) -> int:
+        """How many tokens the chat template puts after the user's text."""
+        return len(self.template_around_user[1])
 
     def encode(self, prompts: Sequence[str], raw: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Left-padded (B, P) ids and mask. Special-token strings a user types (``<|im_start|>``)
@@ -232,13 +238,7 @@ class TextGenerator:
         rows = [self._encode_one(p, raw) for p in prompts]
         if any(not row for row in rows):
             raise ValueError("a prompt encodes to zero tokens")
-        width = max(len(row) for row in rows)
-        ids = torch.full((len(rows), width), self.loaded.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for index, row in enumerate(rows):
-            ids[index, width - len(row):] = torch.tensor(row)
-            mask[index, width - len(row):] = 1
-        return ids, mask
+        return left_padded(rows, self.loaded.pad_token_id)
 
     def _encode_one(self, prompt: str, raw: bool) -> list[int]:
         tokenizer = self.loaded.tokenizer
@@ -250,10 +250,8 @@ class TextGenerator:
         plain = tokenizer(prompt, add_special_tokens=False, split_special_tokens=True)["input_ids"]
         if add_special:
             return tokenizer.build_inputs_with_special_tokens(plain)
-        marker = "\ue000"
-        before, after = self.format_prompt(marker, raw).split(marker, 1)
-        return (tokenizer(before, add_special_tokens=False)["input_ids"] + plain
-                + tokenizer(after, add_special_tokens=False)["input_ids"])
+        before, after = self.template_around_user
+        return before + plain + after
 
     def _mentions_special_token(self, text: str) -> bool:
         special = getattr(self, "_special_strings", None)

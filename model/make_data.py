@@ -42,7 +42,7 @@ import torch
 from tqdm.auto import tqdm
 
 from model.data import ASSETS, DEFAULT_EVAL_PROMPTS, DEFAULT_FACTS, continuation_target, read_jsonl
-from model.decoder import SamplingConfig
+from model.decoder import SamplingConfig, left_padded
 from model.schedule import full_schedule
 
 PROMPTS_DIR = ASSETS / "prompts"
@@ -219,18 +219,15 @@ def pydoc_prompts(count: int, rng: random.Random) -> list[str]:
 # --- stage 1: magpie user turns ----------------------------------------------------------------
 
 
-def user_header_ids(generator) -> list[int]:
-    """The chat template up to (and including) the user header: what the model sees right before a user writes."""
-    marker = "\ue000"
-    before, _ = generator.format_prompt(marker).split(marker, 1)
-    return generator.loaded.tokenizer(before, add_special_tokens=False)["input_ids"]
-
-
 def sample_user_turns(generator, config: MakeDataConfig, path: Path, progress) -> list[str]:
     """Append sampled user turns to ``path`` batch by batch until ``magpie_turns`` good, unique ones exist."""
     kept = [r["prompt"] for r in _read_if_exists(path)]
     seen = {normalized(t) for t in kept} | held_out_keys()
-    header = torch.tensor([user_header_ids(generator)] * config.batch_size, device=generator.loaded.device)
+    # The chat template up to the user header: what the model sees right before a user writes.
+    header, _ = generator.template_around_user
+    if not header:
+        raise ValueError("Magpie user turns need a model with a chat template; leave out the magpie source")
+    header = torch.tensor([header] * config.batch_size, device=generator.loaded.device)
     mask = torch.ones_like(header)
     batch_index = len(list(_read_if_exists(path.with_suffix(".batches"))))
     with progress(total=config.magpie_turns, initial=len(kept), desc="magpie user turns") as bar:
@@ -331,11 +328,7 @@ def _length_sorted_batches(generator, prompts: Sequence[PromptRecord], config: M
 
 
 def _continue_batch(generator, batch: Sequence[tuple[PromptRecord, list[int]]], config: MakeDataConfig) -> list[dict]:
-    width = max(len(ids) for _, ids in batch)
-    pad = generator.loaded.pad_token_id
-    device = generator.loaded.device
-    ids = torch.tensor([[pad] * (width - len(row)) + row for _, row in batch], device=device)
-    mask = torch.tensor([[0] * (width - len(row)) + [1] * len(row) for _, row in batch], device=device)
+    ids, mask = left_padded([row for _, row in batch], generator.loaded.pad_token_id, generator.loaded.device)
     eos = generator.loaded.tokenizer.eos_token_id
     first_id = batch[0][0].id
     kinds = [("greedy", SamplingConfig())] + [
