@@ -367,7 +367,7 @@ def train(config: TrainConfig) -> TrainResult:
     num_layers = generator.num_layers
 
     lm = wrap_trainable(loaded.model, config)
-    hidden_size = int(getattr(loaded.model.config, "hidden_size", 0) or loaded.model.config.n_embd)
+    hidden_size = adapter_for(loaded.model).hidden_size  # architectures.py owns the config's names
     bridge = EntryBridge(num_layers, hidden_size, config.bridge_rank).to(accelerator.device) if config.bridge_rank else None
     teacher = None if config.data else Teacher(lm, config)
     model = SkipPolicyModel(lm, bridge)
