@@ -102,6 +102,13 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--report-only", action="store_true", help="rewrite scaling.json/md from the arms' logs")
     sc.set_defaults(handler=run_scaling_command)
 
+    sh = commands.add_parser("shape-study", help="the schedule's shape at a fixed speedup, judged by free-running "
+                             "fluency, repetition and fact retention (not ROUGE)")
+    from model.shape_study import ShapeConfig  # noqa: PLC0415
+
+    add_dataclass_options(sh, ShapeConfig)
+    sh.set_defaults(handler=run_shape_study_command)
+
     ex = commands.add_parser("export-adapter", help="copy a trained adapter for shipping, weights cast to bfloat16")
     ex.add_argument("source", help="the trained adapter folder (e.g. runs/NAME/adapter)")
     ex.add_argument("destination", help="where to write it (e.g. assets/adapters/NAME)")
@@ -192,6 +199,16 @@ def run_study_command(args: argparse.Namespace) -> int:
     study = run_study(config, progress=lambda line: print(line, file=sys.stderr, flush=True))
     print(study_markdown(study))
     print(f"\nbest at 2x: {best_arm(study)}")
+    return 0
+
+
+def run_shape_study_command(args: argparse.Namespace) -> int:
+    import dataclasses  # noqa: PLC0415
+
+    from model.shape_study import ShapeConfig, run_shape_study  # noqa: PLC0415
+
+    config = ShapeConfig(**{spec.name: getattr(args, spec.name) for spec in dataclasses.fields(ShapeConfig)})
+    run_shape_study(config, lambda line: print(line, file=sys.stderr, flush=True))
     return 0
 
 
@@ -321,6 +338,9 @@ def add_dataclass_options(parser: argparse.ArgumentParser, config_class: type) -
         help_text = f"{help_text} (default {default})".strip() if default not in (None, "", ()) else help_text
         if kind == "bool":
             parser.add_argument(flag, dest=spec.name, action=argparse.BooleanOptionalAction, default=default, help=help_text)
+        elif kind.startswith("tuple[float, ...]"):
+            parser.add_argument(flag, dest=spec.name, default=default, help=help_text,
+                                type=lambda text: tuple(float(t) for t in text.split(",") if t.strip()))
         elif kind.startswith("tuple[float"):
             parser.add_argument(flag, dest=spec.name, type=float, nargs=2, default=default, help=help_text)
         elif kind.startswith("tuple[int"):

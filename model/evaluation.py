@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -53,6 +53,7 @@ class EvalConfig:
     continuation_tokens: int = 48
     speedups: tuple[float, ...] = EVAL_SPEEDUPS
     decay: str = "linear"
+    min_layers_floor: int | None = None  # None: the solver may go down to warmup + 1 layers
     warmup: int | None = None  # None: the adapter's trained placement, else default_warmup(L)
     order: str | None = None  # None: the adapter's trained order, else warmup_top
     batch_size: int = 16
@@ -267,7 +268,7 @@ class _Context:
             return full_schedule(self.num_layers, tokens), 1.0
         solved = solve_schedule(self.num_layers, speedup, decay=self.config.decay, warmup=self.warmup,
                                 order=self.order, ranking=self.ranking, decay_length=tokens,
-                                num_steps=max(1, tokens - 1))
+                                num_steps=max(1, tokens - 1), min_layers_floor=self.config.min_layers_floor)
         return solved.config, solved.layer_speedup
 
 
@@ -294,6 +295,30 @@ def evaluate(config: EvalConfig, progress=print) -> EvalReport:
             progress(f"{variant} {speedup}x: agreement {row.agreement:.3f}, ppl ratio {row.perplexity_ratio:.2f}, "
                      f"judged ppl ratio {row.judged_ppl_ratio}, repetition {row.repetition}, "
                      f"fact retention {row.fact_retention}, ROUGE-L {row.rouge_l}")
+    return report
+
+
+def evaluate_shapes(config: EvalConfig, shapes: Sequence[tuple[str, int | None]], on_row, progress=print) -> EvalReport:
+    """The adapter (or the bare model when there is none) under each schedule SHAPE (decay, floor)
+    at every speedup of ``config``; the model, references and fact answers are prepared once.
+    ``on_row(decay, floor, row)`` sees each row as soon as it is measured."""
+    from model.loading import gated_peft_copy  # noqa: PLC0415
+
+    context, report = _prepare(config, progress)
+    loaded = context.loaded
+    if loaded.adapter_path:
+        variant, model, bridge, decoder = "adapter", gated_peft_copy(loaded), loaded.bridge, context.generator.skip_decoder
+    else:
+        variant, model, bridge, decoder = "no adapter", loaded.model, None, context.generator.full_decoder
+    for decay, floor in shapes:
+        context.config = replace(config, decay=decay, min_layers_floor=floor)
+        for speedup in config.speedups:
+            if floor is not None and floor * speedup > context.num_layers:
+                progress(f"{decay} floor {floor} at {speedup:g}x skipped: {floor} layers per step cannot reach it")
+                continue
+            row = _row(context, variant, speedup, model, bridge, decoder)
+            report.rows.append(row)
+            on_row(decay, floor, row)
     return report
 
 

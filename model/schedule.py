@@ -323,12 +323,14 @@ def solve_schedule(
     prompt_at_full_depth: bool = True,
     cost: CostModel | None = None,
     ranking: tuple[int, ...] = (),
+    min_layers_floor: int | None = None,
 ) -> SolvedSchedule:
     """Pick integer (max_layers, min_layers) whose layer speedup over ``num_steps`` steps
     (default: the decay length) is closest to ``target_speedup``.
 
     Ties go to the larger max_layers (more depth for the first tokens, as in the paper), then to
-    the larger min_layers.
+    the larger min_layers. ``min_layers_floor`` keeps every step at least that deep (the shape
+    study's lever: a 2x schedule 22 -> 8 instead of 28 -> 1); the target must stay reachable.
     """
     if isinstance(target_speedup, bool) or not isinstance(target_speedup, (int, float)) or not math.isfinite(target_speedup):
         raise ValueError(f"target_speedup must be a finite number; got {target_speedup!r}")
@@ -343,11 +345,12 @@ def solve_schedule(
         raise ValueError(f"decay must be one of {', '.join(DECAY_FUNCTIONS)}; got {decay!r}")
     if warmup >= num_layers:
         raise ValueError(f"warmup ({warmup}) must be smaller than the model's {num_layers} layers")
-    limit = max_layer_speedup(num_layers, warmup)
+    floor = _solver_floor(num_layers, warmup, min_layers_floor)
+    limit = num_layers / floor
     if target_speedup > limit + 1e-9:
         raise ValueError(
-            f"target_speedup {target_speedup:g} is unreachable: with {num_layers} layers and warmup {warmup} "
-            f"the most is {limit:.2f}x (warmup + 1 layers per step)"
+            f"target_speedup {target_speedup:g} is unreachable: with {num_layers} layers, warmup {warmup} and at "
+            f"least {floor} layers per step the most is {limit:.2f}x"
         )
     cost = cost or CostModel()
     common = dict(num_layers=num_layers, decay=decay, warmup=warmup, decay_length=decay_length,
@@ -357,7 +360,7 @@ def solve_schedule(
     # max_layers (the deepest start: the paper's decaying policy, not a flat one), then the
     # smallest error, then the larger min_layers.
     scored = []
-    for max_layers, min_layers in _candidate_bounds(num_layers, warmup, decay):
+    for max_layers, min_layers in _candidate_bounds(num_layers, floor, decay):
         config = ScheduleConfig(max_layers=max_layers, min_layers=min_layers, **common)
         error = abs(layer_speedup(num_layers, config.budgets(steps)) - target_speedup)
         scored.append((error, config))
@@ -370,13 +373,23 @@ def solve_schedule(
     return evaluate_schedule(best, steps, cost, target_speedup)
 
 
-def _candidate_bounds(num_layers: int, warmup: int, decay: str):
-    """Every legal integer (max_layers, min_layers) pair; constant decay has max = min."""
-    for max_layers in range(warmup + 1, num_layers + 1):
+def _solver_floor(num_layers: int, warmup: int, min_layers_floor: int | None) -> int:
+    """The fewest layers a solved step may run: warmup + 1, or the caller's floor when higher."""
+    if min_layers_floor is None:
+        return warmup + 1
+    _require_int("min_layers_floor", min_layers_floor, 1)
+    if min_layers_floor > num_layers:
+        raise ValueError(f"min_layers_floor ({min_layers_floor}) must not exceed the model's {num_layers} layers")
+    return max(warmup + 1, min_layers_floor)
+
+
+def _candidate_bounds(num_layers: int, floor: int, decay: str):
+    """Every legal integer (max_layers, min_layers) pair with min_layers >= floor; constant decay has max = min."""
+    for max_layers in range(floor, num_layers + 1):
         if decay == "constant":
             yield max_layers, max_layers
             continue
-        for min_layers in range(warmup + 1, max_layers + 1):
+        for min_layers in range(floor, max_layers + 1):
             yield max_layers, min_layers
 
 

@@ -145,6 +145,34 @@ def test_eval_reports_judged_fluency_repetition_and_fact_retention(tiny_folder, 
     assert "judged ppl ratio" in report.to_markdown()
 
 
+@pytest.mark.slow
+def test_shape_study_spends_one_budget_on_each_shape_and_writes_its_table(tiny_folder, tmp_path):
+    from model.shape_study import ShapeConfig, run_shape_study
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"Tell me about thing {i}."}) + "\n" for i in range(3)))
+    config = ShapeConfig(speedups=(2.0,), floors=(1, 2, 3), decays=("linear", "constant"), tokens=6,
+                         model=str(tiny_folder), prompts=str(prompts), facts="none", device="cpu",
+                         output=str(tmp_path / "study"))
+    study = run_shape_study(config, progress=lambda line: None)
+    shapes = [(r["decay"], r["floor"]) for r in study["rows"]]
+    assert shapes == [("linear", 1), ("linear", 2), ("constant", 1)]  # 3 layers per step cannot average 2 of 4
+    for row in study["rows"]:  # tiny model: 4 layers, so 2x is 2 layers on average
+        assert row["min_layers"] >= row["floor"] and 1.6 <= row["layer_speedup"] <= 2.5
+        assert row["judged_ppl_ratio"] > 0 and row["repetition"] is not None
+    assert study["rows"][-1]["max_layers"] == study["rows"][-1]["min_layers"]  # constant: flat
+    table = (tmp_path / "study" / "shape.md").read_text()
+    assert table.count("| 2x |") == 3 and json.loads((tmp_path / "study" / "shape.json").read_text())["rows"]
+
+
+def test_shape_study_rejects_nonsense():
+    from model.shape_study import ShapeConfig
+
+    for bad in (dict(speedups=(1.0,)), dict(floors=(0,)), dict(decays=())):
+        with pytest.raises(ValueError):
+            ShapeConfig(**bad)
+
+
 # --- the data-scaling curve -------------------------------------------------------------------
 
 

@@ -125,11 +125,26 @@ def test_invalid_settings_name_the_setting(kwargs, needle):
         (2.0, dict(decay_length=0), "decay_length"),
         (2.0, dict(warmup=30), "warmup"),
         (2.0, dict(decay="nope"), "decay"),
+        (3.0, dict(min_layers_floor=12), "at least 12 layers per step"),
+        (2.0, dict(min_layers_floor=31), "min_layers_floor"),
+        (2.0, dict(min_layers_floor=0), "min_layers_floor"),
     ],
 )
 def test_solver_rejects_bad_settings(target, kwargs, needle):
     with pytest.raises(ValueError, match=needle):
         solve_schedule(30, target, **kwargs)
+
+
+@pytest.mark.parametrize("decay", ["linear", "cosine", "constant"])
+@pytest.mark.parametrize("floor", [4, 8, 12])
+def test_solver_floor_keeps_every_step_that_deep_at_the_same_budget(decay, floor):
+    default = solve_schedule(30, 2.0, decay=decay, decay_length=48, num_steps=47)
+    floored = solve_schedule(30, 2.0, decay=decay, decay_length=48, num_steps=47, min_layers_floor=floor)
+    assert min(floored.budgets) >= floor and floored.config.min_layers >= floor
+    assert floored.layer_speedup == pytest.approx(2.0, rel=0.04)
+    assert abs(floored.layer_speedup - 2.0) <= abs(default.layer_speedup - 2.0) + 0.06
+    if decay == "linear":  # the default decays to warmup + 1: the floor changes the shape, not the budget
+        assert default.config.min_layers < floor and floored.config.max_layers < default.config.max_layers
 
 
 def test_schedule_imports_without_torch():
