@@ -11,11 +11,14 @@ Shapes: B = batch, T = new positions this call, K = key positions, C = hidden si
 
 from __future__ import annotations
 
+import sys
+import weakref
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from model.schedule import CostModel
@@ -222,6 +225,9 @@ class LlamaFamilyAdapter(ArchitectureAdapter):
         return {"position_embeddings": self._backbone.rotary_emb(hidden, position_ids=position_ids)}
 
     def run_layer(self, index: int, hidden: torch.Tensor, inputs: LayerInputs, cache: PrefixKVCache | None) -> torch.Tensor:
+        lean = LeanLlamaLayer.of(self.layers[index], self.config)
+        if lean is not None:
+            return lean(hidden, inputs, cache)
         return self.layers[index](
             hidden,
             attention_mask=inputs.mask,
@@ -236,6 +242,82 @@ class LlamaFamilyAdapter(ArchitectureAdapter):
 
     def fixed_modules(self) -> list[nn.Module]:
         return [self._backbone.norm]
+
+
+class LeanLlamaLayer:
+    """A Llama-family decoder layer computed from its own modules without transformers' layer
+    code: the same math (pre-norm attention with rotary embeddings and GQA, SwiGLU MLP), fewer
+    ops per call, and low-bit q/k/v and gate/up projections fused into one kernel call each
+    (model/quantization.py). Decoding a small model on a CPU is a few hundred small matmuls per
+    token, so the per-op overhead of the module code is a large share of a step (measured in
+    README, "Speed"). The parity tests hold it to transformers' generate for every family.
+
+    Built once per layer module (weakly keyed, shared by every decoder over the same weights);
+    ``of`` returns None for a layer it does not know how to run (other activations, extra
+    modules), which then runs transformers' own forward.
+    """
+
+    _built: "weakref.WeakKeyDictionary[nn.Module, LeanLlamaLayer | None]" = weakref.WeakKeyDictionary()
+
+    def __init__(self, layer: nn.Module, config: Any) -> None:
+        from model.quantization import fuse_low_bit  # noqa: PLC0415
+
+        attn, mlp = layer.self_attn, layer.mlp
+        self.layer, self.attn, self.mlp = layer, attn, mlp
+        self.head_dim = attn.head_dim
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.q_norm, self.k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)  # Qwen3
+        self.rotate: Callable = sys.modules[type(attn).__module__].apply_rotary_pos_emb
+        self.qkv = fuse_low_bit([attn.q_proj, attn.k_proj, attn.v_proj])
+        self.gate_up = fuse_low_bit([mlp.gate_proj, mlp.up_proj])
+
+    @classmethod
+    def of(cls, layer: nn.Module, config: Any) -> "LeanLlamaLayer | None":
+        if layer not in cls._built:
+            cls._built[layer] = cls(layer, config) if cls.fits(layer, config) else None
+        return cls._built[layer]
+
+    @staticmethod
+    def fits(layer: nn.Module, config: Any) -> bool:
+        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        expected = ("q_proj", "k_proj", "v_proj", "o_proj")
+        return (attn is not None and mlp is not None and all(hasattr(attn, name) for name in expected)
+                and all(hasattr(mlp, name) for name in ("gate_proj", "up_proj", "down_proj"))
+                and getattr(config, "hidden_act", None) == "silu" and config._attn_implementation == "sdpa"
+                and hasattr(sys.modules[type(attn).__module__], "apply_rotary_pos_emb")
+                and getattr(config, "attn_logit_softcapping", None) is None)
+
+    def __call__(self, hidden: torch.Tensor, inputs: LayerInputs, cache: PrefixKVCache | None) -> torch.Tensor:
+        batch, length, _ = hidden.shape
+        attn = self.attn
+        x = self.layer.input_layernorm(hidden)
+        if self.qkv is not None:
+            q, k, v = self.qkv(x).split([attn.q_proj.out_features, attn.k_proj.out_features,
+                                         attn.v_proj.out_features], dim=-1)
+        else:
+            q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+        q, k, v = (t.view(batch, length, -1, self.head_dim) for t in (q, k, v))
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = inputs.extra["position_embeddings"]
+        q, k = self.rotate(q.transpose(1, 2), k.transpose(1, 2), cos, sin)  # (B, H, T, D)
+        v = v.transpose(1, 2)
+        if cache is not None:
+            k, v = cache.update(k, v, attn.layer_idx)
+        mask = inputs.mask
+        if mask is None and 1 < length < k.shape[2]:  # new queries after cached keys: causal, bottom-aligned
+            mask = attention_mask(torch.ones(batch, k.shape[2], dtype=torch.bool, device=k.device), length, always=True)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, scale=attn.scaling, is_causal=mask is None and length > 1,
+            enable_gqa=self.num_kv_heads != self.num_heads)
+        hidden = hidden + attn.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
+        x = self.layer.post_attention_layernorm(hidden)
+        if self.gate_up is not None:
+            gate, up = self.gate_up(x).chunk(2, dim=-1)
+        else:
+            gate, up = self.mlp.gate_proj(x), self.mlp.up_proj(x)
+        return hidden + self.mlp.down_proj(F.silu(gate) * up)
 
 
 class OPTAdapter(ArchitectureAdapter):
@@ -258,6 +340,9 @@ class OPTAdapter(ArchitectureAdapter):
         return hidden + positions
 
     def run_layer(self, index: int, hidden: torch.Tensor, inputs: LayerInputs, cache: PrefixKVCache | None) -> torch.Tensor:
+        lean = LeanLlamaLayer.of(self.layers[index], self.config)
+        if lean is not None:
+            return lean(hidden, inputs, cache)
         return self.layers[index](
             hidden,
             attention_mask=inputs.mask,

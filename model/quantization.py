@@ -289,3 +289,51 @@ def resolve_quantize(mode: str, device: torch.device) -> str:
     if mode not in QUANTIZE_MODES:
         raise ValueError(f"quantize must be auto or one of {', '.join(QUANTIZE_MODES)}; got {mode!r}")
     return mode
+
+
+# --- fused projections (the lean decode path, model/architectures.py) ---------------------------
+
+
+def fuse_low_bit(modules: list[nn.Module]) -> nn.Module | None:
+    """One low-bit Linear computing ``torch.cat([m(x) for m in modules], -1)`` with one kernel call
+    (q/k/v, gate/up), or None where they cannot be fused: not all int8 or all int4, biased, or a
+    packed int4 layout whose rows do not concatenate on this CPU (probed, as the layout is the
+    kernel's per-instruction-set choice). The originals are re-pointed at row slices of the fused
+    weights, so fusing costs no second copy of them."""
+    if len(modules) < 2 or any(getattr(m, "bias", None) is not None for m in modules):
+        return None
+    if all(isinstance(m, Int8WeightLinear) for m in modules):
+        return _fuse_int8(modules)
+    if all(isinstance(m, Int4WeightLinear) for m in modules):
+        return _fuse_int4(modules)
+    return None
+
+
+def _fuse_int8(modules: list[Int8WeightLinear]) -> Int8WeightLinear:
+    fused = Int8WeightLinear.__new__(Int8WeightLinear)
+    nn.Module.__init__(fused)
+    fused.register_buffer("weight_int8", torch.cat([m.weight_int8 for m in modules]))
+    fused.register_buffer("scales", torch.cat([m.scales for m in modules]))
+    fused.bias, fused.in_features, fused.out_features = None, modules[0].in_features, len(fused.scales)
+    start = 0
+    for m in modules:
+        end = start + m.out_features
+        m.weight_int8, m.scales = fused.weight_int8[start:end], fused.scales[start:end]
+        start = end
+    return fused
+
+
+def _fuse_int4(modules: list[Int4WeightLinear]) -> Int4WeightLinear | None:
+    packed = PackedInt4(torch.cat([m.weight_int4pack for m in modules]),
+                        torch.cat([m.scales_and_zeros for m in modules], dim=1), all(m.exact for m in modules))
+    fused = Int4WeightLinear(packed)
+    probe = torch.linspace(-1.0, 1.0, modules[0].in_features)[None]
+    with torch.no_grad():
+        if not torch.equal(fused(probe), torch.cat([m(probe) for m in modules], dim=-1)):
+            return None
+    start = 0
+    for m in modules:
+        end = start + m.out_features
+        m.weight_int4pack = fused.weight_int4pack[start:end]
+        start = end
+    return fused

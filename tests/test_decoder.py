@@ -272,3 +272,36 @@ def test_a_prepared_run_is_tokenized_and_solved_once_and_streams_like_the_reques
     assert calls == []  # streaming a prepared run does not tokenize again
     assert from_run.decode.tokens == generator.generate(request).decode.tokens
     assert len(calls) == 1  # a plain request is prepared on the way
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_llama_family_layers_run_the_lean_path_and_equal_transformers_layer(family):
+    from model.architectures import LeanLlamaLayer, PrefixKVCache, adapter_for, position_ids_from_mask
+
+    model = tiny_model(family)
+    adapter = adapter_for(model)
+    ids, mask = left_padded_batch(LENGTHS)
+    lean = LeanLlamaLayer.of(adapter.layers[1], model.config)
+    assert lean is not None
+    positions = position_ids_from_mask(mask)
+    with torch.no_grad():
+        hidden = adapter.embed(ids, positions)
+        inputs = adapter.layer_inputs(hidden, mask.bool(), positions)
+        ours, theirs = PrefixKVCache(NUM_LAYERS, 32), PrefixKVCache(NUM_LAYERS, 32)
+        out = lean(hidden, inputs, ours)
+        expected = adapter.layers[1](hidden, attention_mask=inputs.mask, position_ids=positions, past_key_values=theirs,
+                                     use_cache=True, position_embeddings=inputs.extra["position_embeddings"])
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    length = ids.shape[1]
+    assert ours.lengths == theirs.lengths and ours.lengths[1] == length  # the same keys and values were cached
+    for mine, reference in ((ours._keys[1], theirs._keys[1]), (ours._values[1], theirs._values[1])):
+        torch.testing.assert_close(mine[:, :, :length], reference[:, :, :length], atol=1e-5, rtol=1e-5)
+
+
+def test_a_layer_the_lean_path_does_not_know_runs_transformers_forward():
+    from model.architectures import LeanLlamaLayer
+
+    model = tiny_model("llama")
+    model.config.hidden_act = "gelu"
+    assert LeanLlamaLayer.fits(model.model.layers[0], model.config) is False
+    assert LeanLlamaLayer.of(model.model.layers[0], model.config) is None

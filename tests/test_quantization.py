@@ -179,3 +179,39 @@ def test_int4_model_equals_the_float_model_with_its_dequantised_weights():
         reference, low_bit = model(ids).logits, quantized(ids).logits
     relative = float((low_bit - reference).norm() / reference.norm())
     assert relative < 0.03, relative  # bf16 activations only (int4 vs the ORIGINAL float weights: ~15%)
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_fused_projections_equal_the_separate_ones_and_share_their_weights(mode):
+    from model.quantization import fuse_low_bit
+
+    if mode == "int4" and not int4_supported():
+        pytest.skip("no int4-weight CPU kernel in this torch build")
+    torch.manual_seed(0)
+    make = Int8WeightLinear if mode == "int8" else Int4WeightLinear.from_linear
+    parts = [make(torch.nn.Linear(128, n, bias=False)) for n in (128, 64, 64)]  # q, k, v of a 2-kv-head model
+    x = torch.randn(3, 1, 128)
+    with torch.no_grad():
+        separate = torch.cat([p(x) for p in parts], dim=-1)
+        fused = fuse_low_bit(parts)
+        assert fused is not None and fused.out_features == 256
+        assert torch.equal(fused(x), separate)
+        assert torch.equal(torch.cat([p(x) for p in parts], dim=-1), separate)  # the originals still compute the same
+    name = "weight_int8" if mode == "int8" else "weight_int4pack"
+    fused_storage = getattr(fused, name).untyped_storage().data_ptr()
+    assert all(getattr(p, name).untyped_storage().data_ptr() == fused_storage for p in parts)  # no second copy
+
+
+def test_projections_that_cannot_be_fused_are_left_alone():
+    from model.quantization import fuse_low_bit
+
+    torch.manual_seed(0)
+    mixed = [Int8WeightLinear(torch.nn.Linear(64, 64, bias=False)), torch.nn.Linear(64, 64, bias=False)]
+    biased = [Int8WeightLinear(torch.nn.Linear(64, 64)), Int8WeightLinear(torch.nn.Linear(64, 64))]
+    assert fuse_low_bit(mixed) is None and fuse_low_bit(biased) is None
+    if int4_supported():  # rows of 16: the packed layout interleaves rows in wider blocks on some CPUs
+        small = [Int4WeightLinear.from_linear(torch.nn.Linear(64, n, bias=False)) for n in (48, 16)]
+        before = [p.weight_int4pack.data_ptr() for p in small]
+        fused = fuse_low_bit(small)
+        if fused is None:
+            assert [p.weight_int4pack.data_ptr() for p in small] == before
