@@ -3,6 +3,7 @@ and lock-step collation. Shared by model/training.py and model/evaluation.py."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -157,13 +158,21 @@ def batches_of(examples: Sequence[Example], batch_size: int, pad_id: int, device
 
 
 def load_sequences(path: str | Path, limit: int | None = None) -> list[Example]:
-    """The first ``limit`` training sequences of a make-data folder (or its sequences.jsonl) as Examples."""
-    path = Path(path)
+    """The first ``limit`` training sequences of a make-data folder (or its sequences.jsonl) as
+    Examples. Several folders, comma-separated (the full model's data and an on-policy set), are
+    interleaved record by record, so any prefix mixes them."""
+    sources = [part for part in str(path).split(",") if part.strip()]
+    per_source = [_sequence_records(Path(part.strip())) for part in sources]
+    records = [r for group in itertools.zip_longest(*per_source) for r in group if r is not None]
+    if limit is not None:
+        records = records[:limit]
+    return [Example(prompt=r["prompt"], target=r["target"]) for r in records]
+
+
+def _sequence_records(path: Path) -> list[dict]:
     if path.is_dir():
         path = path / "sequences.jsonl"
     records = read_jsonl(path) if path.is_file() else []
     if not records:
         raise ValueError(f"{path} has no sequences: run `python -m model make-data` first")
-    if limit is not None:
-        records = records[:limit]
-    return [Example(prompt=r["prompt"], target=r["target"]) for r in records]
+    return records

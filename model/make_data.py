@@ -64,6 +64,9 @@ PYDOC_MODULES = ("os", "os.path", "pathlib", "json", "re", "string", "collection
                  "configparser", "shelve", "pickle", "platform", "sys", "warnings", "traceback", "timeit")
 
 
+WRITERS = ("full", "skipdecode")
+
+
 @dataclass
 class MakeDataConfig:
     output_dir: str = "runs/data/default"
@@ -85,6 +88,14 @@ class MakeDataConfig:
     threads: int | None = None
     seed: int = 0
     limit_prompts: int | None = None  # only the first N prompts get continuations (quick runs, tests)
+    # On-policy data (GKD / DistillSpec): "skipdecode" writes the continuations with SkipDecode
+    # itself (the adapter, at the speedups below in turn), so training sees the prefixes the
+    # policy drifts into when it runs free; the KL targets still come from the float full model
+    # at train time. "full" (default) writes them with the full model.
+    writer: str = "full"
+    writer_speedups: tuple[float, ...] = (1.5, 2.0, 3.0)
+    adapter: str = "auto"  # the skip policy an on-policy writer runs
+    prompts_from: str | None = None  # reuse another make-data folder's prompt list (same prompts, new writer)
 
     def __post_init__(self) -> None:
         for name in ("magpie_turns", "template_prompts", "wordnet_prompts", "pydoc_prompts", "samples"):
@@ -98,6 +109,10 @@ class MakeDataConfig:
             raise ValueError(f"unknown sources {sorted(unknown)}; choose from {', '.join(SOURCES)}")
         if self.weights not in ("int8", "float", "none", "int4"):
             raise ValueError(f"weights must be int8, int4 or float; got {self.weights!r}")
+        if self.writer not in WRITERS:
+            raise ValueError(f"writer must be one of {', '.join(WRITERS)}; got {self.writer!r}")
+        if self.writer == "skipdecode" and (not self.writer_speedups or min(self.writer_speedups) < 1.0):
+            raise ValueError(f"writer_speedups must be >= 1; got {self.writer_speedups}")
 
 
 @dataclass
@@ -334,16 +349,29 @@ def _continue_batch(generator, batch: Sequence[tuple[PromptRecord, list[int]]], 
     kinds = [("greedy", SamplingConfig())] + [
         (f"sampled{i}", SamplingConfig(temperature=config.temperature, seed=config.seed + 7919 * first_id + i))
         for i in range(config.samples)]
+    decoder, schedule, label = _writer(generator, config, first_id)
     records = []
     for kind, sampling in kinds:
-        result = generator.full_decoder.generate(ids, mask, full_schedule(generator.num_layers),
-                                                 max_new_tokens=config.max_new_tokens, sampling=sampling)
+        result = decoder.generate(ids, mask, schedule, max_new_tokens=config.max_new_tokens, sampling=sampling)
+        kind = f"{label}{kind}"
         for (prompt, prompt_ids), tokens, reason in zip(batch, result.tokens, result.finish_reasons):
             target = continuation_target(tokens, reason, eos)
             if len(target) >= 2:
                 records.append({"prompt_id": prompt.id, "source": prompt.source, "kind": kind,
                                 "prompt": prompt_ids, "target": target})
     return records
+
+
+def _writer(generator, config: MakeDataConfig, batch_id: int):
+    """(decoder, schedule, kind prefix) that writes a batch: the full model, or SkipDecode at the
+    next of the writer speedups (chosen by the batch's first prompt id: stable across resumes)."""
+    if config.writer == "full":
+        return generator.full_decoder, full_schedule(generator.num_layers), ""
+    from model.generation import ScheduleRequest  # noqa: PLC0415
+
+    speedup = config.writer_speedups[batch_id % len(config.writer_speedups)]
+    solved = generator.schedule_for(ScheduleRequest(target_speedup=speedup), config.max_new_tokens)
+    return generator.skip_decoder, solved.config, f"skip{speedup:g}x-"
 
 
 def _sequence_key(prompt: Sequence[int], target: Sequence[int]) -> str:
@@ -420,15 +448,21 @@ def make_data(config: MakeDataConfig, progress=tqdm) -> DataManifest:
     folder.mkdir(parents=True, exist_ok=True)
     device = resolve_device(config.device)
     weights = "none" if config.weights == "float" or device.type != "cpu" else config.weights
-    generator = TextGenerator(load_model(config.model, device=str(device), dtype="float32", adapter=None,
+    adapter = config.adapter if config.writer == "skipdecode" else None
+    generator = TextGenerator(load_model(config.model, device=str(device), dtype="float32", adapter=adapter,
                                          quantize=weights))
     torch.manual_seed(config.seed)
-    magpie = (sample_user_turns(generator, config, folder / "user_turns.jsonl", progress)
-              if "magpie" in config.sources and config.magpie_turns else [])
     prompts_path = folder / "prompts.jsonl"
+    if config.prompts_from and not prompts_path.is_file():
+        shared = Path(config.prompts_from) / "prompts.jsonl"
+        if not shared.is_file():
+            raise ValueError(f"--prompts-from {config.prompts_from}: no prompts.jsonl there (run make-data first)")
+        prompts_path.write_text(shared.read_text(encoding="utf-8"), encoding="utf-8")
     if prompts_path.is_file():  # the list is fixed once written: resuming must not reshuffle it
         prompts = [PromptRecord(**r) for r in _read_if_exists(prompts_path)]
     else:
+        magpie = (sample_user_turns(generator, config, folder / "user_turns.jsonl", progress)
+                  if "magpie" in config.sources and config.magpie_turns else [])
         prompts = build_prompt_list(config, magpie)
         prompts_path.write_text("".join(json.dumps(asdict(p)) + "\n" for p in prompts), encoding="utf-8")
     manifest = _load_manifest(folder, config)

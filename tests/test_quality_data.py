@@ -97,6 +97,38 @@ def test_make_data_writes_unique_sequences_and_resumes(tiny_folder, tmp_path, mo
     assert len(load_sequences(tmp_path / "data", limit=5)) == 5
 
 
+def test_on_policy_data_is_written_by_skipdecode_on_the_same_prompts_and_mixes_in(tiny_folder, tmp_path, monkeypatch):
+    monkeypatch.setattr("model.make_data.pydoc_prompts",
+                        lambda n, rng: [f"The module number {i} reads files and" for i in range(n)])
+    common = dict(model=str(tiny_folder), sources=("templates", "pydoc"), template_prompts=8, pydoc_prompts=4,
+                  samples=0, max_new_tokens=8, batch_size=4, weights="float")
+    make_data(MakeDataConfig(output_dir=str(tmp_path / "full"), **common))
+    make_data(MakeDataConfig(output_dir=str(tmp_path / "onpolicy"), writer="skipdecode", writer_speedups=(2.0,),
+                             prompts_from=str(tmp_path / "full"), **common))
+    assert (tmp_path / "onpolicy" / "prompts.jsonl").read_text() == (tmp_path / "full" / "prompts.jsonl").read_text()
+
+    def by_prompt(folder):
+        lines = (tmp_path / folder / "sequences.jsonl").read_text().splitlines()
+        return {r["prompt_id"]: r for r in map(json.loads, lines)}
+
+    full, onpolicy = by_prompt("full"), by_prompt("onpolicy")
+    assert {r["kind"] for r in onpolicy.values()} == {"skip2x-greedy"}
+    shared = full.keys() & onpolicy.keys()
+    assert all(full[i]["prompt"] == onpolicy[i]["prompt"] for i in shared)
+    assert any(full[i]["target"] != onpolicy[i]["target"] for i in shared)  # 2 of 4 layers: its own text
+    mixed = load_sequences(f"{tmp_path / 'full'},{tmp_path / 'onpolicy'}", limit=4)
+    first_full, first_onpolicy = [json.loads((tmp_path / f / "sequences.jsonl").read_text().splitlines()[0])
+                                  for f in ("full", "onpolicy")]
+    assert [mixed[0].target, mixed[1].target] == [first_full["target"], first_onpolicy["target"]]
+
+
+def test_bad_writer_settings_are_rejected():
+    with pytest.raises(ValueError, match="writer"):
+        MakeDataConfig(writer="student")
+    with pytest.raises(ValueError, match="writer_speedups"):
+        MakeDataConfig(writer="skipdecode", writer_speedups=(0.5,))
+
+
 # --- the quality measures ---------------------------------------------------------------------
 
 
