@@ -192,13 +192,10 @@ def load_model(
     adapter_path = resolve_adapter(adapter, name)
     quantize = resolve_quantize(quantize, resolved_device)
     bridge = EntryBridge.load(adapter_path, resolved_device, torch_dtype) if adapter_path else None
-    if quantize != "none" and name == DEFAULT_MODEL:
-        skip_model = _default_low_bit(model, adapter_path, quantize)
-    else:
+    if quantize == "none":
         skip_model = merged_copy(model, adapter_path) if adapter_path else None
-        quantize_weights(model, quantize)
-        if skip_model is not None:
-            quantize_weights(skip_model, skip_policy_weights(quantize))
+    else:
+        skip_model = _low_bit(model, name, adapter_path, quantize)
     return LoadedModel(
         name=name, model=model, tokenizer=tokenizer, device=resolved_device, dtype=torch_dtype,
         skip_model=skip_model, adapter_path=str(adapter_path) if adapter_path else None,
@@ -258,6 +255,51 @@ def merged_copy(model: nn.Module, adapter_path: Path) -> nn.Module:
     return wrapped.merge_and_unload().eval()
 
 
+def side_lora_config(adapter_path: Path | None) -> dict | None:
+    """The adapter's LoRA settings when it can run BESIDE low-bit weights (plain LoRA on Linear
+    layers: no DoRA, rsLoRA, bias or modules_to_save), else None (it is merged instead)."""
+    if adapter_path is None:
+        return None
+    config_file, weights = Path(adapter_path) / "adapter_config.json", Path(adapter_path) / "adapter_model.safetensors"
+    if not config_file.is_file() or not weights.is_file():
+        return None
+    config = json.loads(config_file.read_text())
+    plain = (config.get("peft_type") == "LORA" and not config.get("use_dora") and not config.get("use_rslora")
+             and config.get("bias", "none") == "none" and not config.get("lora_bias")
+             and not config.get("modules_to_save") and not config.get("fan_in_fan_out")
+             and not config.get("rank_pattern") and not config.get("alpha_pattern"))
+    return config if plain else None
+
+
+def lora_side_copy(model: nn.Module, adapter_path: Path) -> nn.Module:
+    """The skip-policy model for LOW-BIT weights: ``model``'s structure sharing every weight of it
+    (no second copy), each adapted Linear wrapped as LowBitLoraLinear(shared base, A, B * alpha / r)."""
+    from safetensors.torch import load_file  # noqa: PLC0415
+
+    from model.quantization import LowBitLoraLinear  # noqa: PLC0415
+
+    config = side_lora_config(adapter_path)
+    if config is None:
+        raise ValueError(f"{adapter_path}: not a plain LoRA adapter; merge it instead")
+    shared = {id(t): t for t in [*model.parameters(), *model.buffers(), *model.modules()]
+              if not isinstance(t, nn.Module) or not list(t.children())}  # leaves and tensors: shared
+    skip_model = copy.deepcopy(model, shared)
+    tensors = load_file(str(Path(adapter_path) / "adapter_model.safetensors"))
+    scale = float(config["lora_alpha"]) / float(config["r"])
+    dtype, device = next(model.parameters()).dtype, next(model.parameters()).device
+    for key, lora_a in tensors.items():
+        if not key.endswith(".lora_A.weight"):
+            continue
+        name = key.removeprefix("base_model.model.").removesuffix(".lora_A.weight")
+        lora_b = tensors[key.replace(".lora_A.", ".lora_B.")]
+        parent_name, _, child = name.rpartition(".")
+        parent = skip_model.get_submodule(parent_name)
+        wrapped = LowBitLoraLinear(getattr(parent, child), lora_a.to(device, dtype),
+                                   (lora_b.to(torch.float32) * scale).to(device, dtype))
+        setattr(parent, child, wrapped)
+    return skip_model.eval()
+
+
 def load_tokenizer(folder: str | Path):
     from transformers import AutoTokenizer  # noqa: PLC0415
 
@@ -268,43 +310,52 @@ def load_tokenizer(folder: str | Path):
     return tokenizer
 
 
-def _default_low_bit(model: nn.Module, adapter_path: Path | None, mode: str) -> nn.Module | None:
-    """The default model in a low-bit ``mode``, in place; returns the skip-policy model or None.
+def _low_bit(model: nn.Module, name: str, adapter_path: Path | None, mode: str) -> nn.Module | None:
+    """The model in a low-bit ``mode``, in place; returns the skip-policy model or None.
 
-    int4 takes the GGUF's own Q4_1 blocks for the original layers (the LM head stays int8); the
-    skip policy's merged weights are int8 in both modes (skip_policy_weights). The prepared
-    weights of both sets are cached (model/weight_cache.py), keyed by the GGUF's and the adapter's
-    content, the mode, torch's version and this CPU's instruction set: a warm start restores
-    them instead of merging, reading 4-bit blocks and quantising."""
+    A plain LoRA adapter runs BESIDE the low-bit weights (lora_side_copy: no second weight set,
+    its delta exact); any other adapter is merged into a float copy first, then quantised
+    (skip_policy_weights). For the default model the original's prepared low-bit weights are
+    cached (model/weight_cache.py): int4 takes the GGUF's own Q4_1 blocks (the LM head stays
+    int8), and a warm start restores them instead of reading blocks and quantising."""
+    side = side_lora_config(adapter_path) is not None
+    skip_model = merged_copy(model, adapter_path) if adapter_path and not side else None  # needs the float weights
+    if name == DEFAULT_MODEL:
+        _default_low_bit(model, mode)
+    else:
+        quantize_weights(model, mode)
+    if side:
+        return lora_side_copy(model, adapter_path)
+    if skip_model is not None:
+        quantize_weights(skip_model, skip_policy_weights(mode))
+    return skip_model
+
+
+def _default_low_bit(model: nn.Module, mode: str) -> None:
+    """The default model's original weights in ``mode``, restored from or written to the start-up cache."""
     from model.weight_cache import cache_file, restore_low_bit, save_low_bit  # noqa: PLC0415
 
     gguf = locate_default_gguf()
-    cached = cache_file(cache_root() / "lowbit", content_key(gguf), adapter_path, mode)
-    if cached is not None and cached.is_file():
+    cached = cache_file(cache_root() / "lowbit", content_key(gguf), mode)
+    if cached.is_file():
         say(f"loading the prepared {mode} weights from {cached}")
-        skip_model = copy.deepcopy(model) if adapter_path else None  # its Linears come from the cache
-        restore_low_bit(cached, {"original": model, "skip": skip_model})
-        return skip_model
-    say(f"one-time preparation: {mode} weights" + (" and the merged skip policy" if adapter_path else "")
-        + (f"; cached in {cached.parent}" if cached is not None else ""))
-    skip_model = merged_copy(model, adapter_path) if adapter_path else None  # from the float weights
+        restore_low_bit(cached, {"original": model})
+        return
+    say(f"one-time preparation: {mode} weights; cached in {cached.parent}")
     if mode == "int4":
         from model.gguf_weights import q4_1_blocks  # noqa: PLC0415
 
         quantize_weights(model, "int4", q4_1_blocks(gguf, model.config))
     else:
         quantize_weights(model, mode)
-    if skip_model is not None:
-        quantize_weights(skip_model, skip_policy_weights(mode))
-    if cached is not None:
-        save_low_bit(cached, {"original": model, "skip": skip_model})
-    return skip_model
+    save_low_bit(cached, {"original": model})
 
 
 def skip_policy_weights(mode: str) -> str:
-    """The low-bit mode of the skip policy's merged weights for the original weights' ``mode``.
-    int4 keeps them int8: the LoRA's merged deltas are small against a 4-bit step (measured on
-    32 held-out prompts at 2x, agreement with float: merged weights in int4 0.545, in int8 0.952)."""
+    """The low-bit mode of a MERGED skip policy's weights (an adapter that cannot run beside the
+    low-bit weights) for the original weights' ``mode``. int4 keeps them int8: merged deltas are
+    small against a 4-bit step (32 held-out prompts at 2x, agreement with float: merged weights in
+    int4 0.545, in int8 0.952)."""
     return "int8" if mode == "int4" else mode
 
 

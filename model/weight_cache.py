@@ -1,20 +1,17 @@
 """Start-up cache of the default model's PREPARED low-bit weights.
 
-A start on the CPU default (int8) or int4 used to redo the same work every time: merge the skip
-policy's LoRA into a copy of the float weights and quantise both weight sets (~4-5 s of a warm
-start on 2 cores). The result depends only on the model file, the adapter, the mode, torch's
-version and the CPU's instruction set (which pick int4's packed layout), so it is cached once
-under the cache folder, keyed by all five (the files by CONTENT: sha256 of size, first and last
-MiB), and a warm start restores the low-bit modules from one safetensors file instead.
-
-Only peft adapters whose merge changes nothing but Linear weights are cached (no
-``modules_to_save``); anything else is prepared at every start as before.
+A start on the CPU default (int8) or int4 used to redo the same work every time: quantise every
+Linear (int8) or read and pack the GGUF's 4-bit blocks (int4). The result depends only on the
+model file, the mode, torch's version and the CPU's instruction set (which picks int4's packed
+layout), so it is cached once under the cache folder, keyed by all four (the file by CONTENT:
+sha256 of its size, first and last MiB), and a warm start restores the low-bit modules from one
+safetensors file instead. The skip policy is not part of it: its LoRA runs beside these weights
+(model/quantization.py, LowBitLoraLinear) and is read from the adapter at every start.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
 import torch
@@ -22,7 +19,7 @@ from torch import nn
 
 from model.quantization import Int4WeightLinear, Int8WeightLinear, PackedInt4
 
-CACHE_FORMAT = "lowbit-v1"  # bump when the stored layout or a quantiser changes
+CACHE_FORMAT = "lowbit-v2"  # bump when the stored layout or a quantiser changes
 LOW_BIT_MODULES = (Int8WeightLinear, Int4WeightLinear)
 
 
@@ -37,28 +34,9 @@ def file_key(path: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def adapter_key(adapter_path: Path | None) -> str | None:
-    """The adapter's content key, "none" without one, or None where its merge is not cacheable."""
-    if adapter_path is None:
-        return "none"
-    config_file, weights = adapter_path / "adapter_config.json", adapter_path / "adapter_model.safetensors"
-    if not config_file.is_file() or not weights.is_file():
-        return None  # a full fine-tune (its own config.json) or an older .bin adapter
-    config = json.loads(config_file.read_text())
-    if config.get("modules_to_save"):
-        return None  # the merge replaces more than Linear weights
-    digest = hashlib.sha256(config_file.read_bytes())
-    digest.update(file_key(weights).encode())
-    return digest.hexdigest()[:16]
-
-
-def cache_file(folder: Path, model_key: str, adapter_path: Path | None, mode: str) -> Path | None:
-    """Where the prepared weights of (model, adapter, mode) live on this torch and CPU; None if not cacheable."""
-    adapter = adapter_key(adapter_path)
-    if adapter is None:
-        return None
-    parts = [model_key, adapter, mode, torch.__version__.split("+")[0], torch.backends.cpu.get_cpu_capability(),
-             CACHE_FORMAT]
+def cache_file(folder: Path, model_key: str, mode: str) -> Path:
+    """Where the prepared ``mode`` weights of the model with content ``model_key`` live on this torch and CPU."""
+    parts = [model_key, mode, torch.__version__.split("+")[0], torch.backends.cpu.get_cpu_capability(), CACHE_FORMAT]
     return folder / f"{mode}-{hashlib.sha256('-'.join(parts).encode()).hexdigest()[:20]}.safetensors"
 
 

@@ -243,25 +243,74 @@ def test_prepared_low_bit_weights_restore_from_the_start_up_cache_exactly(mode, 
     assert not torch.equal(original(input_ids=ids).logits, skip(input_ids=ids).logits)
 
 
-def test_start_up_cache_is_keyed_by_adapter_content_and_skips_what_it_cannot_hold(tmp_path):
-    import json
+def test_start_up_cache_is_keyed_by_model_content_and_mode(tmp_path):
+    from model.weight_cache import cache_file, file_key
 
-    from model.weight_cache import cache_file
+    model_file = tmp_path / "model.gguf"
+    model_file.write_bytes(b"a" * 5000)
+    first = cache_file(tmp_path, file_key(model_file), "int8")
+    assert first == cache_file(tmp_path, file_key(model_file), "int8")
+    assert cache_file(tmp_path, file_key(model_file), "int4") != first
+    model_file.write_bytes(b"b" * 5000)  # a new file, same size and path
+    assert cache_file(tmp_path, file_key(model_file), "int8") != first
 
-    adapter = tmp_path / "adapter"
-    adapter.mkdir()
-    (adapter / "adapter_config.json").write_text(json.dumps({"r": 8}))
-    (adapter / "adapter_model.safetensors").write_bytes(b"a" * 1000)
-    first = cache_file(tmp_path, "model-key", adapter, "int8")
-    assert first == cache_file(tmp_path, "model-key", adapter, "int8")
-    assert cache_file(tmp_path, "model-key", adapter, "int4") != first
-    assert cache_file(tmp_path, "other-model", adapter, "int8") != first
-    assert cache_file(tmp_path, "model-key", None, "int8") != first
-    (adapter / "adapter_model.safetensors").write_bytes(b"b" * 1000)  # retrained: same size, new content
-    assert cache_file(tmp_path, "model-key", adapter, "int8") != first
-    (adapter / "adapter_config.json").write_text(json.dumps({"r": 8, "modules_to_save": ["lm_head"]}))
-    assert cache_file(tmp_path, "model-key", adapter, "int8") is None
-    full_finetune = tmp_path / "tuned"
-    full_finetune.mkdir()
-    (full_finetune / "config.json").write_text("{}")
-    assert cache_file(tmp_path, "model-key", full_finetune, "int8") is None
+
+def _random_lora_adapter(model, folder, **extra):
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(1)
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                           "up_proj", "down_proj"], **extra)
+    wrapped = get_peft_model(copy.deepcopy(model), config)
+    with torch.no_grad():
+        for name, parameter in wrapped.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0.0, 0.05)  # a trained adapter's B is not zero
+    wrapped.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_lora_runs_beside_shared_low_bit_weights_with_its_exact_delta(mode, tmp_path):
+    from model.loading import lora_side_copy, merged_copy
+    from model.quantization import LowBitLoraLinear
+
+    if mode == "int4" and not int4_supported():
+        pytest.skip("no int4-weight CPU kernel in this torch build")
+    model = tiny_model("llama")
+    adapter = _random_lora_adapter(model, tmp_path / "adapter")
+    merged = merged_copy(model, adapter)
+    quantize_weights(model, mode)
+    side = lora_side_copy(model, adapter)
+    wrapped = side.model.layers[1].self_attn.q_proj
+    original = model.model.layers[1].self_attn.q_proj
+    assert isinstance(wrapped, LowBitLoraLinear) and wrapped.base is original  # shared, not copied
+    assert side.model.layers[1].input_layernorm is model.model.layers[1].input_layernorm
+    lowbit_tensors = {t.data_ptr() for t in model.buffers()}
+    assert all(t.data_ptr() in lowbit_tensors for name, t in side.named_buffers() if "lora" not in name)
+    x = torch.randn(2, 3, original.in_features)
+    with torch.no_grad():  # the delta is the adapter's own: merged float weights minus the original's
+        delta = merged.model.layers[1].self_attn.q_proj(x) - x @ tiny_model("llama").model.layers[1].self_attn.q_proj.weight.T
+        torch.testing.assert_close(wrapped(x) - original(x), delta, atol=1e-5, rtol=1e-4)
+    ids, mask = left_padded_batch([5, 8])
+    schedule = ScheduleConfig(NUM_LAYERS, NUM_LAYERS, 2, warmup=1, decay="linear", decay_length=5)
+    with_policy, without = SkipDecoder(model, skip_model=side), SkipDecoder(model)
+    state, _ = with_policy.prefill(ids, mask, schedule.prefill_layers(), ids.shape[1] + 2)
+    bare_state, _ = without.prefill(ids, mask, schedule.prefill_layers(), ids.shape[1] + 2)
+    token = torch.tensor([3, 5])
+    skipping = schedule.step_layers(1)
+    assert len(skipping) < NUM_LAYERS
+    assert not torch.allclose(with_policy.decode_step(state, token, skipping),
+                              without.decode_step(bare_state, token, skipping))  # the LoRA acts on a bypass
+    full = SkipDecoder(model, skip_model=side).generate(ids, mask, full_schedule(NUM_LAYERS), max_new_tokens=4)
+    assert full.tokens == SkipDecoder(model).generate(ids, mask, full_schedule(NUM_LAYERS), max_new_tokens=4).tokens
+
+
+def test_adapters_that_cannot_run_beside_low_bit_weights_are_merged(tmp_path):
+    from model.loading import side_lora_config
+
+    model = tiny_model("llama")
+    assert side_lora_config(_random_lora_adapter(model, tmp_path / "plain")) is not None
+    assert side_lora_config(_random_lora_adapter(model, tmp_path / "dora", use_dora=True)) is None
+    assert side_lora_config(_random_lora_adapter(model, tmp_path / "saved", modules_to_save=["lm_head"])) is None
+    assert side_lora_config(None) is None
