@@ -12,6 +12,7 @@ Shapes: B = batch, T = new positions this call, K = key positions, C = hidden si
 from __future__ import annotations
 
 import sys
+import threading
 import weakref
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -257,26 +258,41 @@ class LeanLlamaLayer:
     modules), which then runs transformers' own forward.
     """
 
-    _built: "weakref.WeakKeyDictionary[nn.Module, LeanLlamaLayer | None]" = weakref.WeakKeyDictionary()
+    # layer -> (the modules it was built from, the lean layer or None). The value must not hold
+    # the layer itself (a weak key its own value refers to is never freed); it holds the layer's
+    # children, so a projection replaced later (quantising, restoring) rebuilds it.
+    _built: "weakref.WeakKeyDictionary[nn.Module, tuple[tuple[nn.Module, ...], LeanLlamaLayer | None]]" = (
+        weakref.WeakKeyDictionary())
+    _lock = threading.Lock()
 
     def __init__(self, layer: nn.Module, config: Any) -> None:
         from model.quantization import fuse_low_bit  # noqa: PLC0415
 
         attn, mlp = layer.self_attn, layer.mlp
-        self.layer, self.attn, self.mlp = layer, attn, mlp
+        self.input_norm, self.post_norm = layer.input_layernorm, layer.post_attention_layernorm
+        self.attn, self.mlp = attn, mlp
         self.head_dim = attn.head_dim
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
         self.q_norm, self.k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)  # Qwen3
         self.rotate: Callable = sys.modules[type(attn).__module__].apply_rotary_pos_emb
-        self.qkv = fuse_low_bit([attn.q_proj, attn.k_proj, attn.v_proj])
-        self.gate_up = fuse_low_bit([mlp.gate_proj, mlp.up_proj])
+        # Built on the first call, often inside a request's inference_mode: the fused weights
+        # must be ordinary tensors all the same (the originals become views of them).
+        with torch.inference_mode(False), torch.no_grad():
+            self.qkv = fuse_low_bit([attn.q_proj, attn.k_proj, attn.v_proj])
+            self.gate_up = fuse_low_bit([mlp.gate_proj, mlp.up_proj])
 
     @classmethod
     def of(cls, layer: nn.Module, config: Any) -> "LeanLlamaLayer | None":
-        if layer not in cls._built:
-            cls._built[layer] = cls(layer, config) if cls.fits(layer, config) else None
-        return cls._built[layer]
+        """The lean layer of ``layer`` (built once, shared by every decoder on it), or None."""
+        parts = _layer_parts(layer)
+        entry = cls._built.get(layer)
+        if entry is None or not _same(entry[0], parts):
+            with cls._lock:  # concurrent first requests: build (and fuse) once
+                entry = cls._built.get(layer)
+                if entry is None or not _same(entry[0], parts):
+                    entry = cls._built[layer] = (parts, cls(layer, config) if cls.fits(layer, config) else None)
+        return entry[1]
 
     @staticmethod
     def fits(layer: nn.Module, config: Any) -> bool:
@@ -291,7 +307,7 @@ class LeanLlamaLayer:
     def __call__(self, hidden: torch.Tensor, inputs: LayerInputs, cache: PrefixKVCache | None) -> torch.Tensor:
         batch, length, _ = hidden.shape
         attn = self.attn
-        x = self.layer.input_layernorm(hidden)
+        x = self.input_norm(hidden)
         if self.qkv is not None:
             q, k, v = self.qkv(x).split([attn.q_proj.out_features, attn.k_proj.out_features,
                                          attn.v_proj.out_features], dim=-1)
@@ -312,12 +328,24 @@ class LeanLlamaLayer:
             q, k, v, attn_mask=mask, scale=attn.scaling, is_causal=mask is None and length > 1,
             enable_gqa=self.num_kv_heads != self.num_heads)
         hidden = hidden + attn.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
-        x = self.layer.post_attention_layernorm(hidden)
+        x = self.post_norm(hidden)
         if self.gate_up is not None:
             gate, up = self.gate_up(x).chunk(2, dim=-1)
         else:
             gate, up = self.mlp.gate_proj(x), self.mlp.up_proj(x)
         return hidden + self.mlp.down_proj(F.silu(gate) * up)
+
+
+def _layer_parts(layer: nn.Module) -> tuple[nn.Module, ...]:
+    """The submodules a lean layer reads (their identity says whether it is still current)."""
+    attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+    names = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    return (attn, mlp, getattr(layer, "input_layernorm", None), getattr(layer, "post_attention_layernorm", None),
+            *(getattr(attn, n, None) for n in names[:4]), *(getattr(mlp, n, None) for n in names[4:]))
+
+
+def _same(built: tuple[nn.Module, ...], now: tuple[nn.Module, ...]) -> bool:
+    return all(a is b for a, b in zip(built, now))
 
 
 class OPTAdapter(ArchitectureAdapter):
@@ -340,9 +368,6 @@ class OPTAdapter(ArchitectureAdapter):
         return hidden + positions
 
     def run_layer(self, index: int, hidden: torch.Tensor, inputs: LayerInputs, cache: PrefixKVCache | None) -> torch.Tensor:
-        lean = LeanLlamaLayer.of(self.layers[index], self.config)
-        if lean is not None:
-            return lean(hidden, inputs, cache)
         return self.layers[index](
             hidden,
             attention_mask=inputs.mask,

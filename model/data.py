@@ -163,7 +163,14 @@ def load_sequences(path: str | Path, limit: int | None = None) -> list[Example]:
     interleaved record by record, so any prefix mixes them."""
     sources = [part for part in str(path).split(",") if part.strip()]
     per_source = [_sequence_records(Path(part.strip())) for part in sources]
-    records = [r for group in itertools.zip_longest(*per_source) for r in group if r is not None]
+    # An on-policy writer often repeats the full model's text for the same prompt: keep it once.
+    seen: set[tuple] = set()
+    records = []
+    for record in (r for group in itertools.zip_longest(*per_source) for r in group if r is not None):
+        key = (tuple(record["prompt"]), tuple(record["target"]))
+        if key not in seen:
+            seen.add(key)
+            records.append(record)
     if limit is not None:
         records = records[:limit]
     return [Example(prompt=r["prompt"], target=r["target"]) for r in records]

@@ -313,7 +313,7 @@ def evaluate_shapes(config: EvalConfig, shapes: Sequence[tuple[str, int | None]]
     for decay, floor in shapes:
         context.config = replace(config, decay=decay, min_layers_floor=floor)
         for speedup in config.speedups:
-            if floor is not None and floor * speedup > context.num_layers:
+            if floor is not None and max(floor, context.warmup + 1) * speedup > context.num_layers:
                 progress(f"{decay} floor {floor} at {speedup:g}x skipped: {floor} layers per step cannot reach it")
                 continue
             row = _row(context, variant, speedup, model, bridge, decoder)

@@ -264,11 +264,15 @@ def side_lora_config(adapter_path: Path | None) -> dict | None:
     if not config_file.is_file() or not weights.is_file():
         return None
     config = json.loads(config_file.read_text())
-    plain = (config.get("peft_type") == "LORA" and not config.get("use_dora") and not config.get("use_rslora")
-             and config.get("bias", "none") == "none" and not config.get("lora_bias")
-             and not config.get("modules_to_save") and not config.get("fan_in_fan_out")
-             and not config.get("rank_pattern") and not config.get("alpha_pattern"))
+    plain = (config.get("peft_type") == "LORA" and config.get("bias", "none") == "none"
+             and not any(config.get(name) for name in NOT_PLAIN_LORA))
     return config if plain else None
+
+
+# peft LoRA options that change what the adapter computes beyond W x + s B A x on Linear layers.
+NOT_PLAIN_LORA = ("use_dora", "use_rslora", "lora_bias", "modules_to_save", "fan_in_fan_out", "rank_pattern",
+                  "alpha_pattern", "target_parameters", "trainable_token_indices", "layer_replication",
+                  "use_qalora", "use_bdlora", "alora_invocation_tokens", "layers_pattern")
 
 
 def lora_side_copy(model: nn.Module, adapter_path: Path) -> nn.Module:
@@ -287,16 +291,20 @@ def lora_side_copy(model: nn.Module, adapter_path: Path) -> nn.Module:
     tensors = load_file(str(Path(adapter_path) / "adapter_model.safetensors"))
     scale = float(config["lora_alpha"]) / float(config["r"])
     dtype, device = next(model.parameters()).dtype, next(model.parameters()).device
+    unused = set(tensors)
     for key, lora_a in tensors.items():
         if not key.endswith(".lora_A.weight"):
             continue
         name = key.removeprefix("base_model.model.").removesuffix(".lora_A.weight")
         lora_b = tensors[key.replace(".lora_A.", ".lora_B.")]
+        unused -= {key, key.replace(".lora_A.", ".lora_B.")}
         parent_name, _, child = name.rpartition(".")
         parent = skip_model.get_submodule(parent_name)
         wrapped = LowBitLoraLinear(getattr(parent, child), lora_a.to(device, dtype),
                                    (lora_b.to(torch.float32) * scale).to(device, dtype))
         setattr(parent, child, wrapped)
+    if unused:  # e.g. LoRA on an embedding: this wrapper would silently drop it
+        raise ValueError(f"{adapter_path}: tensors a LoRA beside Linear weights cannot hold: {sorted(unused)[:3]}")
     return skip_model.eval()
 
 
@@ -333,10 +341,12 @@ def _low_bit(model: nn.Module, name: str, adapter_path: Path | None, mode: str) 
 
 def _default_low_bit(model: nn.Module, mode: str) -> None:
     """The default model's original weights in ``mode``, restored from or written to the start-up cache."""
+    from model.quantization import check_low_bit_supported  # noqa: PLC0415
     from model.weight_cache import cache_file, restore_low_bit, save_low_bit  # noqa: PLC0415
 
+    check_low_bit_supported(model, mode)  # a clear error (GPU, no kernel) before any cache is read
     gguf = locate_default_gguf()
-    cached = cache_file(cache_root() / "lowbit", content_key(gguf), mode)
+    cached = cache_file(cache_root() / "lowbit", content_key(gguf), mode, next(model.parameters()).dtype)
     if cached.is_file():
         say(f"loading the prepared {mode} weights from {cached}")
         restore_low_bit(cached, {"original": model})

@@ -363,8 +363,8 @@ def _continue_batch(generator, batch: Sequence[tuple[PromptRecord, list[int]]], 
 
 
 def _writer(generator, config: MakeDataConfig, batch_id: int):
-    """(decoder, schedule, kind prefix) that writes a batch: the full model, or SkipDecode at the
-    next of the writer speedups (chosen by the batch's first prompt id: stable across resumes)."""
+    """(decoder, schedule, kind prefix) that writes a batch: the full model, or SkipDecode at one
+    of the writer speedups (picked by the batch's first prompt id, so the speedups take turns)."""
     if config.writer == "full":
         return generator.full_decoder, full_schedule(generator.num_layers), ""
     from model.generation import ScheduleRequest  # noqa: PLC0415
@@ -451,6 +451,9 @@ def make_data(config: MakeDataConfig, progress=tqdm) -> DataManifest:
     adapter = config.adapter if config.writer == "skipdecode" else None
     generator = TextGenerator(load_model(config.model, device=str(device), dtype="float32", adapter=adapter,
                                          quantize=weights))
+    if config.writer == "skipdecode" and not generator.loaded.adapter_path:
+        raise ValueError("--writer skipdecode needs the skip policy it puts on-policy: this model has no adapter "
+                         "(pass --adapter FOLDER)")
     torch.manual_seed(config.seed)
     prompts_path = folder / "prompts.jsonl"
     if config.prompts_from and not prompts_path.is_file():

@@ -235,6 +235,17 @@ class QuantizeReport:
 HEAD_STAYS_INT8 = "the LM head stays int8 (4-bit logits cost measurable agreement)"
 
 
+def check_low_bit_supported(model: nn.Module, mode: str) -> None:
+    """A clear error where ``mode`` cannot run: not on a CPU, or no kernel in this torch build."""
+    if mode not in QUANTIZE_MODES:
+        raise ValueError(f"quantize must be one of {', '.join(QUANTIZE_MODES)}; got {mode!r}")
+    device = next(model.parameters()).device
+    if device.type != "cpu":
+        raise ValueError(f"--quantize {mode} is a CPU path; the model is on {device} (use bfloat16 there)")
+    if not int8_supported() or (mode == "int4" and not int4_supported()):
+        raise ValueError(f"this torch build has no {mode}-weight CPU kernel; run without --quantize")
+
+
 def quantize_weights(model: nn.Module, mode: str,
                      blocks: dict[str, Int4Blocks | PackedInt4] | None = None) -> QuantizeReport:
     """Replace every nn.Linear of ``model`` (layers and LM head; GPT-2's Conv1D stays) by its
@@ -248,11 +259,7 @@ def quantize_weights(model: nn.Module, mode: str,
     report = QuantizeReport(mode)
     if mode == "none":
         return report
-    device = next(model.parameters()).device
-    if device.type != "cpu":
-        raise ValueError(f"--quantize {mode} is a CPU path; the model is on {device} (use bfloat16 there)")
-    if not int8_supported() or (mode == "int4" and not int4_supported()):
-        raise ValueError(f"this torch build has no {mode}-weight CPU kernel; run without --quantize")
+    check_low_bit_supported(model, mode)
     blocks = blocks or {}
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     for module_name, module in list(model.named_modules()):

@@ -12,6 +12,7 @@ safetensors file instead. The skip policy is not part of it: its LoRA runs besid
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 import torch
@@ -34,9 +35,11 @@ def file_key(path: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def cache_file(folder: Path, model_key: str, mode: str) -> Path:
-    """Where the prepared ``mode`` weights of the model with content ``model_key`` live on this torch and CPU."""
-    parts = [model_key, mode, torch.__version__.split("+")[0], torch.backends.cpu.get_cpu_capability(), CACHE_FORMAT]
+def cache_file(folder: Path, model_key: str, mode: str, dtype: torch.dtype = torch.float32) -> Path:
+    """Where the prepared ``mode`` weights of the model with content ``model_key``, quantised from
+    ``dtype`` weights, live on this torch and CPU."""
+    parts = [model_key, mode, str(dtype), torch.__version__.split("+")[0], torch.backends.cpu.get_cpu_capability(),
+             CACHE_FORMAT]
     return folder / f"{mode}-{hashlib.sha256('-'.join(parts).encode()).hexdigest()[:20]}.safetensors"
 
 
@@ -54,7 +57,7 @@ def save_low_bit(path: Path, weight_sets: dict[str, nn.Module | None]) -> None:
                 tensors[f"{prefix}/bias"] = module.bias.detach().contiguous()
             exact += [prefix] if getattr(module, "exact", False) else []
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".partial")
+    partial = path.with_suffix(f".{os.getpid()}.partial")  # two first starts at once write apart
     save_file(tensors, str(partial), metadata={"format": CACHE_FORMAT, "exact": ",".join(exact)})
     partial.replace(path)  # a killed first start never leaves half a cache
 

@@ -64,10 +64,23 @@ def main() -> int:
         print(f"{'cold' if args.cold else 'warm'} start: page served after {seconds:.1f} s ({url})", flush=True)
         return 0
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=30)
+        stop(process)
         if scratch:
             scratch.cleanup()
+
+
+def stop(process: subprocess.Popen) -> None:
+    """Terminate start.sh and the server it started (its whole process group)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=30)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 if __name__ == "__main__":

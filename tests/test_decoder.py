@@ -305,3 +305,26 @@ def test_a_layer_the_lean_path_does_not_know_runs_transformers_forward():
     model.config.hidden_act = "gelu"
     assert LeanLlamaLayer.fits(model.model.layers[0], model.config) is False
     assert LeanLlamaLayer.of(model.model.layers[0], model.config) is None
+
+
+def test_lean_layers_follow_replaced_projections_and_free_their_model():
+    import gc
+    import weakref
+
+    from model.architectures import LeanLlamaLayer
+    from model.quantization import int8_supported, quantize_weights
+
+    if not int8_supported():
+        pytest.skip("no int8-weight CPU kernel in this torch build")
+    model = tiny_model("llama")
+    ids, mask = left_padded_batch(LENGTHS)
+    SkipDecoder(model).generate(ids, mask, full_schedule(NUM_LAYERS), max_new_tokens=3)  # builds the lean layers
+    float_lean = LeanLlamaLayer.of(model.model.layers[0], model.config)
+    quantize_weights(model, "int8")  # every projection replaced: the lean layer must not run the old ones
+    int8_lean = LeanLlamaLayer.of(model.model.layers[0], model.config)
+    assert int8_lean is not float_lean and int8_lean.qkv is not None  # rebuilt, and fused now
+    SkipDecoder(model).generate(ids, mask, full_schedule(NUM_LAYERS), max_new_tokens=3)
+    alive = weakref.ref(model)
+    del model, float_lean, int8_lean
+    gc.collect()
+    assert alive() is None  # the lean-layer cache does not keep a model (and its weights) alive
