@@ -41,12 +41,18 @@ class ScalingConfig:
     save_every: int = 50
     runs_dir: str = "runs/scaling"
     output: str = "assets/study"
+    # The recipe study at scale (issue: capacity at the larger data size) changes ONE thing of the
+    # shipped recipe per runs_dir: 0 keeps the shipped value.
+    lora_rank: int = 0  # LoRA rank (alpha scales with it, keeping the shipped alpha / r)
+    bridge_rank: int = 0  # > 0: a learned module across each bypassed span (LLM-Streamline style)
 
     def __post_init__(self) -> None:
         if not self.sizes or min(self.sizes) < 1:
             raise ValueError(f"sizes must be positive sequence counts; got {self.sizes}")
         if self.steps < 1:
             raise ValueError(f"steps must be >= 1; got {self.steps}")
+        if self.lora_rank < 0 or self.bridge_rank < 0:
+            raise ValueError("lora_rank and bridge_rank must be >= 0 (0 = the shipped recipe's)")
 
 
 @dataclass
@@ -68,6 +74,17 @@ def shipped_recipe() -> dict:
                 lora_alpha=trained["lora_alpha"], gate_lora=trained["gate_lora"])
 
 
+def arm_recipe(config: ScalingConfig) -> dict:
+    """The shipped recipe with this study's overrides (LoRA rank, bridge)."""
+    recipe = shipped_recipe()
+    if config.lora_rank:
+        recipe["lora_alpha"] = recipe["lora_alpha"] * config.lora_rank // recipe["lora_rank"]
+        recipe["lora_rank"] = config.lora_rank
+    if config.bridge_rank:
+        recipe["bridge_rank"] = config.bridge_rank
+    return recipe
+
+
 def arm_config(config: ScalingConfig, size: int) -> TrainConfig:
     folder = Path(config.runs_dir) / f"data{size}"
     return TrainConfig(output_dir=str(folder), sequences=config.sequences, max_sequences=size,
@@ -75,12 +92,16 @@ def arm_config(config: ScalingConfig, size: int) -> TrainConfig:
                        max_target_tokens=config.max_target_tokens, threads=config.threads,
                        eval_every=config.eval_every, eval_prompts=config.eval_prompts, save_every=config.save_every,
                        resume=(folder / "checkpoints").is_dir() and any((folder / "checkpoints").glob("step-*")),
-                       device="cpu", **shipped_recipe())
+                       device="cpu", **arm_recipe(config))
 
 
-def available_sequences(folder: str) -> int:
-    path = Path(folder) / "sequences.jsonl"
-    return sum(1 for _ in path.open()) if path.is_file() else 0
+def available_sequences(folders: str) -> int:
+    """Sequences in a make-data folder (or several, comma-separated)."""
+    total = 0
+    for folder in (part.strip() for part in folders.split(",") if part.strip()):
+        path = Path(folder) / "sequences.jsonl"
+        total += sum(1 for _ in path.open()) if path.is_file() else 0
+    return total
 
 
 def run_scaling(config: ScalingConfig, progress: Callable[[str], None] = print) -> list[ScalingArm]:
@@ -113,7 +134,7 @@ def write_scaling(config: ScalingConfig, progress: Callable[[str], None] = print
     arms = [read_arm(config, size) for size in config.sizes
             if (Path(config.runs_dir) / f"data{size}" / "train_log.jsonl").is_file()]
     study = {"config": asdict(config), "recipe": {k: list(v) if isinstance(v, tuple) else v
-                                                  for k, v in shipped_recipe().items()},
+                                                  for k, v in arm_recipe(config).items()},
              "hardware": cpu_summary(), "arms": [asdict(a) for a in arms]}
     folder = Path(config.output)
     folder.mkdir(parents=True, exist_ok=True)
@@ -127,7 +148,7 @@ def write_scaling(config: ScalingConfig, progress: Callable[[str], None] = print
 def scaling_markdown(study: dict) -> str:
     config = study["config"]
     lines = [
-        f"Data-scaling curve: every arm trains the shipped recipe for {config['steps']} steps of batch "
+        f"Data-scaling curve: every arm trains the shipped recipe{_overrides(config)} for {config['steps']} steps of batch "
         f"{config['batch_size']} (targets cut at {config['max_target_tokens']} tokens, lr {config['learning_rate']}) "
         f"on the first N unique sequences of `{config['sequences']}` ({study['hardware']}, {config['threads']} "
         f"thread(s)). Held-out: first {config['eval_prompts']} prompts of assets/prompts/eval.jsonl, never trained on.",
@@ -143,3 +164,9 @@ def scaling_markdown(study: dict) -> str:
         lines.append(f"| {arm['sequences']} | {arm['steps']} | {arm['epochs']:g} | {' | '.join(agree)} | "
                      f"{' | '.join(kl)} | {status} |")
     return "\n".join(lines)
+
+
+def _overrides(config: dict) -> str:
+    changed = [f"LoRA rank {config['lora_rank']}" if config.get("lora_rank") else "",
+               f"bridge rank {config['bridge_rank']}" if config.get("bridge_rank") else ""]
+    return f" with {' and '.join(c for c in changed if c)}" if any(changed) else ""
