@@ -4,6 +4,7 @@
 import json
 
 import pytest
+import torch
 
 from model.data import DEFAULT_EVAL_PROMPTS, DEFAULT_FACTS, DEFAULT_TRAIN_PROMPTS, load_sequences, read_jsonl
 from model.evaluation import EvalConfig, answers_right, evaluate, read_facts, repetition_rate
@@ -103,8 +104,11 @@ def test_on_policy_data_is_written_by_skipdecode_on_the_same_prompts_and_mixes_i
     common = dict(model=str(tiny_folder), sources=("templates", "pydoc"), template_prompts=8, pydoc_prompts=4,
                   samples=0, max_new_tokens=8, batch_size=4, weights="float")
     make_data(MakeDataConfig(output_dir=str(tmp_path / "full"), **common))
+    with pytest.raises(ValueError, match="needs the skip policy"):  # the tiny model has no adapter of its own
+        make_data(MakeDataConfig(output_dir=str(tmp_path / "none"), writer="skipdecode", **common))
+    adapter = _tiny_lora_adapter(tiny_folder, tmp_path / "adapter")
     make_data(MakeDataConfig(output_dir=str(tmp_path / "onpolicy"), writer="skipdecode", writer_speedups=(2.0,),
-                             prompts_from=str(tmp_path / "full"), **common))
+                             prompts_from=str(tmp_path / "full"), adapter=str(adapter), **common))
     assert (tmp_path / "onpolicy" / "prompts.jsonl").read_text() == (tmp_path / "full" / "prompts.jsonl").read_text()
 
     def by_prompt(folder):
@@ -120,6 +124,21 @@ def test_on_policy_data_is_written_by_skipdecode_on_the_same_prompts_and_mixes_i
     first_full, first_onpolicy = [json.loads((tmp_path / f / "sequences.jsonl").read_text().splitlines()[0])
                                   for f in ("full", "onpolicy")]
     assert [mixed[0].target, mixed[1].target] == [first_full["target"], first_onpolicy["target"]]
+
+
+def _tiny_lora_adapter(model_folder, folder):
+    import transformers as tf
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(1)
+    wrapped = get_peft_model(tf.AutoModelForCausalLM.from_pretrained(model_folder),
+                             LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]))
+    with torch.no_grad():
+        for name, parameter in wrapped.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0.0, 0.05)
+    wrapped.save_pretrained(folder)
+    return folder
 
 
 def test_bad_writer_settings_are_rejected():
