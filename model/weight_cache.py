@@ -5,8 +5,10 @@ Linear (int8) or read and pack the GGUF's 4-bit blocks (int4). The result depend
 model file, the mode, torch's version and the CPU's instruction set (which picks int4's packed
 layout), so it is cached once under the cache folder, keyed by all four (the file by CONTENT:
 sha256 of its size, first and last MiB), and a warm start restores the low-bit modules from one
-safetensors file instead. The skip policy is not part of it: its LoRA runs beside these weights
-(model/quantization.py, LowBitLoraLinear) and is read from the adapter at every start.
+safetensors file instead. Where the skip policy is MERGED into its own low-bit copy (int8), that
+set is cached in a second file whose key adds the adapter's content; where its LoRA runs beside
+the low-bit weights (int4: model/quantization.py, LowBitLoraLinear) it is read from the adapter at
+every start (10 MB).
 """
 
 from __future__ import annotations
@@ -35,12 +37,23 @@ def file_key(path: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def cache_file(folder: Path, model_key: str, mode: str, dtype: torch.dtype = torch.float32) -> Path:
+def cache_file(folder: Path, model_key: str, mode: str, dtype: torch.dtype = torch.float32,
+               adapter: Path | None = None) -> Path:
     """Where the prepared ``mode`` weights of the model with content ``model_key``, quantised from
-    ``dtype`` weights, live on this torch and CPU."""
+    ``dtype`` weights (with ``adapter`` merged: the skip policy's set), live on this torch and CPU."""
     parts = [model_key, mode, str(dtype), torch.__version__.split("+")[0], torch.backends.cpu.get_cpu_capability(),
-             CACHE_FORMAT]
+             CACHE_FORMAT, adapter_key(adapter) if adapter is not None else "original"]
     return folder / f"{mode}-{hashlib.sha256('-'.join(parts).encode()).hexdigest()[:20]}.safetensors"
+
+
+def adapter_key(adapter: Path) -> str:
+    """An adapter folder's content key: its config and the content keys of its weight files."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(adapter).iterdir()):
+        if path.suffix in (".json", ".safetensors", ".bin", ".pt") and path.name != "README.md":
+            digest.update(path.name.encode())
+            digest.update(path.read_bytes() if path.suffix == ".json" else file_key(path).encode())
+    return digest.hexdigest()[:16]
 
 
 def save_low_bit(path: Path, weight_sets: dict[str, nn.Module | None]) -> None:

@@ -243,7 +243,7 @@ def test_prepared_low_bit_weights_restore_from_the_start_up_cache_exactly(mode, 
     assert not torch.equal(original(input_ids=ids).logits, skip(input_ids=ids).logits)
 
 
-def test_start_up_cache_is_keyed_by_model_content_and_mode(tmp_path):
+def test_start_up_cache_is_keyed_by_model_and_adapter_content_mode_and_dtype(tmp_path):
     from model.weight_cache import cache_file, file_key
 
     model_file = tmp_path / "model.gguf"
@@ -251,8 +251,36 @@ def test_start_up_cache_is_keyed_by_model_content_and_mode(tmp_path):
     first = cache_file(tmp_path, file_key(model_file), "int8")
     assert first == cache_file(tmp_path, file_key(model_file), "int8")
     assert cache_file(tmp_path, file_key(model_file), "int4") != first
+    assert cache_file(tmp_path, file_key(model_file), "int8", torch.bfloat16) != first
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text('{"r": 8}')
+    (adapter / "adapter_model.safetensors").write_bytes(b"x" * 3000)
+    skip = cache_file(tmp_path, file_key(model_file), "int8", adapter=adapter)
+    assert skip != first
+    (adapter / "adapter_model.safetensors").write_bytes(b"y" * 3000)  # retrained: same size, new content
+    assert cache_file(tmp_path, file_key(model_file), "int8", adapter=adapter) != skip
     model_file.write_bytes(b"b" * 5000)  # a new file, same size and path
     assert cache_file(tmp_path, file_key(model_file), "int8") != first
+
+
+@pytest.mark.parametrize("mode, beside", [("int8", False), ("int4", True)])
+def test_int4_runs_the_lora_beside_and_int8_merges_it(mode, beside, tiny_folder, tmp_path):
+    import transformers as tf
+
+    from model.loading import load_model
+    from model.quantization import LowBitLoraLinear
+
+    if mode == "int4" and not int4_supported():
+        pytest.skip("no int4-weight CPU kernel in this torch build")
+    adapter = _random_lora_adapter(tf.AutoModelForCausalLM.from_pretrained(tiny_folder), tmp_path / "adapter")
+    loaded = load_model(str(tiny_folder), device="cpu", adapter=str(adapter), quantize=mode)
+    projection = loaded.skip_model.model.layers[0].self_attn.q_proj
+    assert isinstance(projection, LowBitLoraLinear) is beside
+    if beside:
+        assert projection.base is loaded.model.model.layers[0].self_attn.q_proj
+    else:
+        assert isinstance(projection, Int8WeightLinear) and projection is not loaded.model.model.layers[0].self_attn.q_proj
 
 
 def _random_lora_adapter(model, folder, **extra):
