@@ -20,10 +20,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from model.quantization import Int4WeightLinear, Int8WeightLinear, PackedInt4
+from model.quantization import Int4WeightLinear, Int8WeightLinear, PackedInt4, TwoStageHead
 
-CACHE_FORMAT = "lowbit-v2"  # bump when the stored layout or a quantiser changes
-LOW_BIT_MODULES = (Int8WeightLinear, Int4WeightLinear)
+CACHE_FORMAT = "lowbit-v3"  # bump when the stored layout or a quantiser changes
+LOW_BIT_MODULES = (Int8WeightLinear, Int4WeightLinear, TwoStageHead)
 
 
 def file_key(path: Path) -> str:
@@ -64,7 +64,7 @@ def save_low_bit(path: Path, weight_sets: dict[str, nn.Module | None]) -> None:
     for set_name, model in weight_sets.items():
         for name, module in _low_bit_modules(model):
             prefix = f"{set_name}/{name}"
-            for buffer_name, buffer in module.named_buffers(recurse=False):
+            for buffer_name, buffer in module.named_buffers():
                 tensors[f"{prefix}/{buffer_name}"] = buffer.contiguous()
             if module.bias is not None:
                 tensors[f"{prefix}/bias"] = module.bias.detach().contiguous()
@@ -102,6 +102,9 @@ def restore_low_bit(path: Path, weight_sets: dict[str, nn.Module | None]) -> int
 
 def _low_bit_module(parts: dict[str, torch.Tensor], exact: bool) -> nn.Module:
     bias = parts.get("bias")
+    if "exact_int8" in parts:
+        scan = Int4WeightLinear(PackedInt4(parts["scan.weight_int4pack"], parts["scan.scales_and_zeros"]))
+        return TwoStageHead(scan, parts["exact_int8"], parts["exact_scales"])
     if "weight_int8" in parts:
         return Int8WeightLinear.from_tensors(parts["weight_int8"], parts["scales"], bias)
     return Int4WeightLinear(PackedInt4(parts["weight_int4pack"], parts["scales_and_zeros"], exact), bias)
@@ -110,4 +113,6 @@ def _low_bit_module(parts: dict[str, torch.Tensor], exact: bool) -> nn.Module:
 def _low_bit_modules(model: nn.Module | None):
     if model is None:
         return []
-    return [(name, module) for name, module in model.named_modules() if isinstance(module, LOW_BIT_MODULES)]
+    found = [(name, module) for name, module in model.named_modules() if isinstance(module, LOW_BIT_MODULES)]
+    heads = [name for name, module in found if isinstance(module, TwoStageHead)]
+    return [(name, module) for name, module in found if not any(name.startswith(head + ".") for head in heads)]

@@ -60,8 +60,10 @@ def test_decoder_on_low_bit_weights_matches_transformers_and_its_teacher_forced_
     with torch.no_grad():  # a PEAKED model: greedy choices have real margins on any CPU (no near-ties)
         model.get_output_embeddings().weight.mul_(40.0)
     report = quantize_weights(model, mode)
-    head_int8 = {"lm_head": HEAD_STAYS_INT8} if mode == "int4" else {}  # int4 layers, an int8 head
-    assert report.fallbacks == head_int8 and len(getattr(report, mode)) == report.replaced - len(head_int8)
+    two_stage = vocab % 16 == 0 and int4_supported()  # a 4-bit scan of the vocabulary fits the int4 kernel
+    assert report.two_stage_head == ("lm_head" if two_stage else None)
+    assert report.fallbacks == ({"lm_head": HEAD_STAYS_INT8} if mode == "int4" and not two_stage else {})
+    assert "lm_head" in report.int8 and len(getattr(report, mode)) == report.replaced - (mode == "int4")
     ids, mask = left_padded_batch([5, 8])
     decoder = SkipDecoder(model)
     ours = decoder.generate(ids, mask, full_schedule(NUM_LAYERS), max_new_tokens=6)
@@ -170,6 +172,8 @@ def test_int4_model_equals_the_float_model_with_its_dequantised_weights():
     model = tiny_model("llama", vocab=112)
     quantized = copy.deepcopy(model)
     quantize_weights(quantized, "int4")
+    head = quantized.lm_head  # its two stages are tested on their own (below): here the layers are
+    quantized.lm_head = Int8WeightLinear.from_tensors(head.exact_int8, head.exact_scales)
     with torch.no_grad():  # the float model with exactly the int4 values
         for (name, module), (_, low_bit) in zip(model.named_modules(), quantized.named_modules()):
             if isinstance(module, torch.nn.Linear):
@@ -342,3 +346,24 @@ def test_adapters_that_cannot_run_beside_low_bit_weights_are_merged(tmp_path):
     assert side_lora_config(_random_lora_adapter(model, tmp_path / "dora", use_dora=True)) is None
     assert side_lora_config(_random_lora_adapter(model, tmp_path / "saved", modules_to_save=["lm_head"])) is None
     assert side_lora_config(None) is None
+
+
+def test_two_stage_head_picks_the_int8_heads_winner_and_scores_it_exactly():
+    from model.quantization import TwoStageHead
+
+    if not int4_supported():
+        pytest.skip("no int4-weight CPU kernel in this torch build")
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 4096, bias=False)
+    head, int8 = TwoStageHead.from_linear(linear, candidates=16), Int8WeightLinear(linear)
+    x = torch.randn(200, 1, 64)
+    with torch.no_grad():
+        two_stage, reference = head(x), int8(x)
+        exact = x @ int8.dequantized_weight().T  # the int8 rows in float32 (the kernel rounds to bf16)
+    assert two_stage.shape == reference.shape
+    assert torch.equal(two_stage.argmax(-1), exact.argmax(-1))  # the winner: the int8 head's, at full precision
+    with torch.no_grad():
+        top = head.scan(x).topk(16, dim=-1).indices  # the candidates the 4-bit scan found
+    torch.testing.assert_close(two_stage.gather(-1, top), exact.gather(-1, top), atol=1e-4, rtol=1e-4)
+    tail = (two_stage - exact).abs().max()
+    assert 0 < tail < 0.25 * exact.abs().max()  # outside the candidates: 4-bit values, close
