@@ -153,17 +153,35 @@ def scaling_markdown(study: dict) -> str:
         f"on the first N unique sequences of `{config['sequences']}` ({study['hardware']}, {config['threads']} "
         f"thread(s)). Held-out: first {config['eval_prompts']} prompts of assets/prompts/eval.jsonl, never trained on.",
         "",
-        "| sequences | steps | epochs | agree 1.5x | agree 2x | agree 3x | KL 1.5x | KL 2x | KL 3x | status |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| sequences | steps | epochs | held-out at step | agree 1.5x | agree 2x | agree 3x | KL 1.5x | KL 2x | KL 3x "
+        "| status |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for arm in study["arms"]:
         h = arm["heldout"]
         agree = [f"{h[k]['agreement']:.3f}" if k in h else "–" for k in SPEEDUPS]
         kl = [f"{h[k]['kl']:.3f}" if k in h else "–" for k in SPEEDUPS]
         status = "complete" if arm["complete"] else f"running (step {arm['steps']})"
-        lines.append(f"| {arm['sequences']} | {arm['steps']} | {arm['epochs']:g} | {' | '.join(agree)} | "
-                     f"{' | '.join(kl)} | {status} |")
-    return "\n".join(lines)
+        lines.append(f"| {arm['sequences']} | {arm['steps']} | {arm['epochs']:g} | {h.get('step', '–')} | "
+                     f"{' | '.join(agree)} | {' | '.join(kl)} | {status} |")
+    return "\n".join(lines + _equal_steps(study["arms"]))
+
+
+def _equal_steps(arms: list[dict]) -> list[str]:
+    """The curve itself: each arm's held-out 2x agreement (KL) at the same steps."""
+    steps = sorted({point["step"] for arm in arms for point in arm["curve"]})
+    if not steps:
+        return []
+    lines = ["", "Held-out 2x agreement (KL) at equal steps:", "",
+             "| step | " + " | ".join(f"{arm['sequences']} sequences" for arm in arms) + " |",
+             "|---|" + "---|" * len(arms)]
+    for step in steps:
+        cells = []
+        for arm in arms:
+            point = next((p for p in arm["curve"] if p["step"] == step and "2x" in p), None)
+            cells.append(f"{point['2x']['agreement']:.3f} ({point['2x']['kl']:.2f})" if point else "–")
+        lines.append(f"| {step} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _overrides(config: dict) -> str:

@@ -248,7 +248,8 @@ def test_scaling_arms_train_the_shipped_recipe_and_report_from_their_logs(tmp_pa
     json_path, md_path = write_scaling(config, messages.append)
     (row,) = json.loads(json_path.read_text())["arms"]
     assert row["sequences"] == 40 and row["epochs"] == 2 and row["complete"]
-    assert "| 40 | 20 | 2 | 0.600 | 0.500 | 0.400 |" in md_path.read_text()
+    assert "| 40 | 20 | 2 | 20 | 0.600 | 0.500 | 0.400 |" in md_path.read_text()
+    assert "| 20 | 0.500 (0.50) |" in md_path.read_text()  # the equal-steps curve
     assert scaling_markdown(json.loads(json_path.read_text())).startswith("Data-scaling curve")
     bigger = arm_config(ScalingConfig(**{**config.__dict__, "lora_rank": 64, "bridge_rank": 32}), 40)
     assert (bigger.lora_rank, bigger.lora_alpha, bigger.bridge_rank) == (64, 4 * arm.lora_alpha, 32)
