@@ -19,7 +19,6 @@ The full model is always the ORIGINAL model (adapter off).
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import asdict, dataclass, field, replace
@@ -425,10 +424,7 @@ def _quantization_row(config: EvalConfig, weights: str, context: _Context) -> Qu
 
 
 def write_report(report: EvalReport, folder: str | Path) -> tuple[Path, Path]:
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    json_path, md_path = folder / "eval.json", folder / "eval.md"
-    json_path.write_text(json.dumps(report.to_json(), indent=2))
-    md_path.write_text(report.to_markdown() + "\n")
-    return json_path, md_path
+    from model.reporting import write_result_files  # noqa: PLC0415 (plotly: not at CLI start)
+
+    return write_result_files(folder, "eval", report.to_json(), report.to_markdown())
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import plotly.graph_objects as go
 
 SKIP_COLOUR, NO_ADAPTER_COLOUR = "#3f9c6d", "#c0504d"
@@ -104,3 +107,13 @@ def heldout_curve_figure(records: list[dict], title: str) -> go.Figure:
                          yaxis=dict(title="held-out agreement", range=[0, 1]), height=340,
                          margin=dict(l=50, r=10, t=50, b=40))
     return figure
+
+
+def write_result_files(folder: str | Path, name: str, data: dict, markdown: str) -> tuple[Path, Path]:
+    """A command's results as ``name``.json (the figures) and ``name``.md (the table), in ``folder``."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = folder / f"{name}.json", folder / f"{name}.md"
+    json_path.write_text(json.dumps(data, indent=2))
+    md_path.write_text(markdown + "\n")
+    return json_path, md_path

@@ -136,11 +136,9 @@ def write_scaling(config: ScalingConfig, progress: Callable[[str], None] = print
     study = {"config": asdict(config), "recipe": {k: list(v) if isinstance(v, tuple) else v
                                                   for k, v in arm_recipe(config).items()},
              "hardware": cpu_summary(), "arms": [asdict(a) for a in arms]}
-    folder = Path(config.output)
-    folder.mkdir(parents=True, exist_ok=True)
-    json_path, md_path = folder / "scaling.json", folder / "scaling.md"
-    json_path.write_text(json.dumps(study, indent=2))
-    md_path.write_text(scaling_markdown(study) + "\n")
+    from model.reporting import write_result_files  # noqa: PLC0415 (plotly: not at CLI start)
+
+    json_path, md_path = write_result_files(config.output, "scaling", study, scaling_markdown(study))
     progress(f"wrote {json_path} and {md_path}")
     return json_path, md_path
 

@@ -13,7 +13,6 @@ row so a long run can be read while it goes.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -86,12 +85,9 @@ def run_shape_study(config: ShapeConfig, progress: Callable[[str], None] = print
 
 
 def write_shape_study(study: dict, folder: str | Path) -> tuple[Path, Path]:
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    json_path, md_path = folder / "shape.json", folder / "shape.md"
-    json_path.write_text(json.dumps(study, indent=2))
-    md_path.write_text(shape_markdown(study) + "\n")
-    return json_path, md_path
+    from model.reporting import write_result_files  # noqa: PLC0415 (plotly: not at CLI start)
+
+    return write_result_files(folder, "shape", study, shape_markdown(study))
 
 
 def shape_markdown(study: dict) -> str:

@@ -205,12 +205,9 @@ def _keep_teacher_cache(folder: Path, runs: Path) -> None:
 
 
 def write_study(study: dict, folder: str | Path) -> tuple[Path, Path]:
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    json_path, md_path = folder / "study.json", folder / "study.md"
-    json_path.write_text(json.dumps(study, indent=2))
-    md_path.write_text(study_markdown(study) + "\n")
-    return json_path, md_path
+    from model.reporting import write_result_files  # noqa: PLC0415 (plotly: not at CLI start)
+
+    return write_result_files(folder, "study", study, study_markdown(study))
 
 
 def study_markdown(study: dict) -> str:
