@@ -62,7 +62,7 @@ def test_bench_runs_end_to_end_and_writes_every_field(tiny_folder, tmp_path):
     for row in report["rows"]:  # int8 rows compare with the float full decoder of the same batch
         assert row["vs_float_full"] > 0
         if row["weights"] == "float" and row["mode"] == "full":
-            assert row["vs_float_full"] == pytest.approx(1.0)
+            assert row["vs_float_full"] == pytest.approx(1.0, abs=1e-3)  # itself, up to the figures' rounding
     fields = set(BenchRow.__dataclass_fields__)
     for row in report["rows"]:
         assert set(row) == fields
