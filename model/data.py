@@ -3,6 +3,7 @@ and lock-step collation. Shared by model/training.py and model/evaluation.py."""
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 from dataclasses import asdict, dataclass
@@ -164,16 +165,22 @@ def load_sequences(path: str | Path, limit: int | None = None) -> list[Example]:
     sources = [part for part in str(path).split(",") if part.strip()]
     per_source = [_sequence_records(Path(part.strip())) for part in sources]
     # An on-policy writer often repeats the full model's text for the same prompt: keep it once.
-    seen: set[tuple] = set()
+    seen: set[str] = set()
     records = []
     for record in (r for group in itertools.zip_longest(*per_source) for r in group if r is not None):
-        key = (tuple(record["prompt"]), tuple(record["target"]))
+        key = sequence_key(record["prompt"], record["target"])
         if key not in seen:
             seen.add(key)
             records.append(record)
     if limit is not None:
         records = records[:limit]
     return [Example(prompt=r["prompt"], target=r["target"]) for r in records]
+
+
+def sequence_key(prompt: Sequence[int], target: Sequence[int]) -> str:
+    """One key per distinct training sequence (prompt ids + target ids): make-data's dedup and
+    the loader's, when it interleaves folders, agree on what "the same" means."""
+    return hashlib.sha1(json.dumps([list(prompt), list(target)]).encode()).hexdigest()
 
 
 def _sequence_records(path: Path) -> list[dict]:

@@ -272,22 +272,13 @@ class _Context:
 
 
 def evaluate(config: EvalConfig, progress=print) -> EvalReport:
-    from model.loading import gated_peft_copy  # noqa: PLC0415
-
     context, report = _prepare(config, progress)
-    loaded = context.loaded
     for weights in config.quantize:
         report.quantization.append(_quantization_row(config, weights, context))
         q = report.quantization[-1]
         progress(f"{weights} full model vs float: agreement {q.agreement:.3f}, ppl ratio {q.perplexity_ratio:.3f}, "
                  f"greedy token match {q.token_match:.3f}, identical outputs {q.identical_outputs:.3f}")
-    # variant -> (teacher-forced model, bridge, free-running decoder)
-    variants = []
-    if loaded.adapter_path:
-        variants.append(("adapter", gated_peft_copy(loaded), loaded.bridge, context.generator.skip_decoder))
-    if config.include_no_adapter or not loaded.adapter_path:
-        variants.append(("no adapter", loaded.model, None, context.generator.full_decoder))
-    for variant, model, bridge, decoder in variants:
+    for variant, model, bridge, decoder in _variants(context):
         for speedup in config.speedups:
             row = _row(context, variant, speedup, model, bridge, decoder)
             report.rows.append(row)
@@ -301,14 +292,8 @@ def evaluate_shapes(config: EvalConfig, shapes: Sequence[tuple[str, int | None]]
     """The adapter (or the bare model when there is none) under each schedule SHAPE (decay, floor)
     at every speedup of ``config``; the model, references and fact answers are prepared once.
     ``on_row(decay, floor, row)`` sees each row as soon as it is measured."""
-    from model.loading import gated_peft_copy  # noqa: PLC0415
-
     context, report = _prepare(config, progress)
-    loaded = context.loaded
-    if loaded.adapter_path:
-        variant, model, bridge, decoder = "adapter", gated_peft_copy(loaded), loaded.bridge, context.generator.skip_decoder
-    else:
-        variant, model, bridge, decoder = "no adapter", loaded.model, None, context.generator.full_decoder
+    variant, model, bridge, decoder = _variants(context)[0]  # the adapter, or the bare model without one
     for decay, floor in shapes:
         context.config = replace(config, decay=decay, min_layers_floor=floor)
         for speedup in config.speedups:
@@ -319,6 +304,20 @@ def evaluate_shapes(config: EvalConfig, shapes: Sequence[tuple[str, int | None]]
             report.rows.append(row)
             on_row(decay, floor, row)
     return report
+
+
+def _variants(context: _Context) -> list[tuple]:
+    """(name, teacher-forced model, bridge, free-running decoder) of each variant measured: the
+    adapter (when there is one) first, then the bare model (when asked for, or without an adapter)."""
+    from model.loading import gated_peft_copy  # noqa: PLC0415
+
+    loaded, generator = context.loaded, context.generator
+    variants = []
+    if loaded.adapter_path:
+        variants.append(("adapter", gated_peft_copy(loaded), loaded.bridge, generator.skip_decoder))
+    if context.config.include_no_adapter or not loaded.adapter_path:
+        variants.append(("no adapter", loaded.model, None, generator.full_decoder))
+    return variants
 
 
 def _prepare(config: EvalConfig, progress) -> tuple[_Context, EvalReport]:

@@ -25,7 +25,6 @@ finishes what is missing.
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import inspect
 import json
@@ -41,7 +40,7 @@ from typing import Iterable, Iterator, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from model.data import ASSETS, DEFAULT_EVAL_PROMPTS, DEFAULT_FACTS, continuation_target, read_jsonl
+from model.data import ASSETS, DEFAULT_EVAL_PROMPTS, DEFAULT_FACTS, continuation_target, read_jsonl, sequence_key
 from model.decoder import SamplingConfig, left_padded
 from model.schedule import full_schedule
 
@@ -309,7 +308,7 @@ def write_continuations(generator, prompts: Sequence[PromptRecord], config: Make
     """Greedy + sampled continuations of every prompt not yet done, appended chunk by chunk."""
     sequences_path, done_path = folder / "sequences.jsonl", folder / "prompts_done.jsonl"
     done = {r["id"] for r in _read_if_exists(done_path)}
-    seen = {_sequence_key(r["prompt"], r["target"]) for r in _read_if_exists(sequences_path)}
+    seen = {sequence_key(r["prompt"], r["target"]) for r in _read_if_exists(sequences_path)}
     manifest = _load_manifest(folder, config)
     todo = [p for p in prompts if p.id not in done]
     finished = len(prompts) - len(todo)
@@ -374,12 +373,8 @@ def _writer(generator, config: MakeDataConfig, batch_id: int):
     return generator.skip_decoder, solved.config, f"skip{speedup:g}x-"
 
 
-def _sequence_key(prompt: Sequence[int], target: Sequence[int]) -> str:
-    return hashlib.sha1(json.dumps([list(prompt), list(target)]).encode()).hexdigest()
-
-
 def _is_new(record: dict, seen: set[str], manifest: DataManifest) -> bool:
-    key = _sequence_key(record["prompt"], record["target"])
+    key = sequence_key(record["prompt"], record["target"])
     if key in seen:
         manifest.duplicates_dropped += 1
         return False

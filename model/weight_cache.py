@@ -50,7 +50,7 @@ def adapter_key(adapter: Path) -> str:
     """An adapter folder's content key: its config and the content keys of its weight files."""
     digest = hashlib.sha256()
     for path in sorted(Path(adapter).iterdir()):
-        if path.suffix in (".json", ".safetensors", ".bin", ".pt") and path.name != "README.md":
+        if path.suffix in (".json", ".safetensors", ".bin", ".pt"):
             digest.update(path.name.encode())
             digest.update(path.read_bytes() if path.suffix == ".json" else file_key(path).encode())
     return digest.hexdigest()[:16]
