@@ -45,6 +45,9 @@ class ScalingConfig:
     # shipped recipe per runs_dir: 0 keeps the shipped value.
     lora_rank: int = 0  # LoRA rank (alpha scales with it, keeping the shipped alpha / r)
     bridge_rank: int = 0  # > 0: a learned module across each bypassed span (LLM-Streamline style)
+    # Arms train in float32 wherever they run (no bf16 autocast on a GPU), so arms trained on a
+    # GPU and on a CPU sit on one curve.
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
         if not self.sizes or min(self.sizes) < 1:
@@ -92,7 +95,7 @@ def arm_config(config: ScalingConfig, size: int) -> TrainConfig:
                        max_target_tokens=config.max_target_tokens, threads=config.threads,
                        eval_every=config.eval_every, eval_prompts=config.eval_prompts, save_every=config.save_every,
                        resume=(folder / "checkpoints").is_dir() and any((folder / "checkpoints").glob("step-*")),
-                       device="cpu", **arm_recipe(config))
+                       device=config.device, mixed_precision="no", **arm_recipe(config))
 
 
 def available_sequences(folders: str) -> int:

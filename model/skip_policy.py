@@ -140,7 +140,9 @@ def gated(model: nn.Module, executes: torch.Tensor | None, batch_size: int = 1) 
         yield
         return
     previous = gate.value
-    value = bypasses(executes)  # (T,) or (B, T)
+    # The schedule is built on the CPU; the hooks multiply on the model's device (once here, not
+    # once per LoRA module).
+    value = bypasses(executes).to(next(model.parameters()).device)  # (T,) or (B, T)
     gate.value = value.expand(batch_size, -1) if value.dim() == 1 else value
     try:
         yield

@@ -110,6 +110,17 @@ def test_gate_context_restores_and_ignores_models_without_lora():
     assert holder.value is None
 
 
+def test_gate_lives_on_the_models_device():
+    """The schedule is built on the CPU; a model on another device (a GPU in training) must get its
+    gate there, or every LoRA hook fails with a device mismatch. 'meta' stands in for the GPU."""
+    _, peft_model, _, _ = _policy("llama")
+    peft_model.to("meta")
+    executes = torch.zeros(5, NUM_LAYERS, dtype=torch.bool)
+    with gated(peft_model, executes, batch_size=2):
+        value = peft_model._skipdecode_gate.value
+        assert value.device.type == "meta" and tuple(value.shape) == (2, 5)
+
+
 def test_entry_layers_are_the_first_layers_after_each_gap():
     assert entry_layers((0, 4, 5)) == {4}
     assert entry_layers((0, 1, 2, 3, 4, 5)) == set()
