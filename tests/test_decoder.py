@@ -298,6 +298,41 @@ def test_llama_family_layers_run_the_lean_path_and_equal_transformers_layer(fami
         torch.testing.assert_close(mine[:, :, :length], reference[:, :, :length], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_fused_rms_norm_is_the_modules_math_and_steps_aside_where_it_is_not(family):
+    from model.architectures import FusedRMSNorm, fused_rms_norm
+
+    norm = tiny_model(family).model.layers[0].input_layernorm
+    with torch.no_grad():
+        norm.weight.normal_()  # not the all-ones start: the weight must really be applied
+        x = torch.randn(2, 5, norm.weight.shape[0]) * 3
+        fused = fused_rms_norm(norm)
+        assert isinstance(fused, FusedRMSNorm)
+        torch.testing.assert_close(fused(x), norm(x), atol=1e-6, rtol=1e-5)
+        halves = x.to(torch.bfloat16)  # another dtype: the module itself, bit for bit
+        norm.to(torch.bfloat16)
+        assert torch.equal(fused(halves), norm(halves))
+    layer_norm = torch.nn.LayerNorm(8)
+    assert fused_rms_norm(layer_norm) is layer_norm
+
+
+@pytest.mark.parametrize("module", ["modeling_llama", "modeling_mistral", "modeling_qwen2", "modeling_qwen3"])
+def test_rotating_q_and_k_together_is_each_familys_own_rotary(module):
+    import importlib
+
+    from model.architectures import STANDARD_ROTARY_MODULES, rotate_together
+
+    family = importlib.import_module(f"transformers.models.{module.split('_', 1)[1]}.{module}")
+    assert module in STANDARD_ROTARY_MODULES
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 5, 8)  # GQA: 4 query heads, 2 key heads
+    angles = torch.randn(2, 5, 4).repeat(1, 1, 2)  # (B, T, D): the two halves share their angles
+    cos, sin = angles.cos(), angles.sin()
+    expected_q, expected_k = family.apply_rotary_pos_emb(q, k, cos, sin)
+    together = rotate_together(torch.cat([q, k], dim=1), cos, sin)
+    torch.testing.assert_close(together, torch.cat([expected_q, expected_k], dim=1), atol=1e-6, rtol=1e-6)
+
+
 def test_a_layer_the_lean_path_does_not_know_runs_transformers_forward():
     from model.architectures import LeanLlamaLayer
 
