@@ -271,6 +271,9 @@ class LeanLlamaLayer:
         attn, mlp = layer.self_attn, layer.mlp
         self.input_norm, self.post_norm = fused_rms_norm(layer.input_layernorm), fused_rms_norm(layer.post_attention_layernorm)
         self.attn, self.mlp = attn, mlp
+        # Read once: a replaced projection rebuilds this layer (``of`` checks the parts).
+        self.o_proj, self.down_proj = attn.o_proj, mlp.down_proj
+        self.layer_idx, self.scaling = attn.layer_idx, attn.scaling
         self.head_dim = attn.head_dim
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
@@ -330,20 +333,20 @@ class LeanLlamaLayer:
             q, k = self.rotate(q.transpose(1, 2), k.transpose(1, 2), cos, sin)  # (B, H, T, D)
             v = v.transpose(1, 2)
         if cache is not None:
-            k, v = cache.update(k, v, attn.layer_idx)
+            k, v = cache.update(k, v, self.layer_idx)
         mask = inputs.mask
         if mask is None and 1 < length < k.shape[2]:  # new queries after cached keys: causal, bottom-aligned
             mask = attention_mask(torch.ones(batch, k.shape[2], dtype=torch.bool, device=k.device), length, always=True)
         out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, scale=attn.scaling, is_causal=mask is None and length > 1,
+            q, k, v, attn_mask=mask, scale=self.scaling, is_causal=mask is None and length > 1,
             enable_gqa=self.num_kv_heads != self.num_heads)
-        hidden = hidden + attn.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
+        hidden = hidden + self.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
         x = self.post_norm(hidden)
         if self.gate_up is not None:
             gate, up = self.gate_up(x).chunk(2, dim=-1)
         else:
             gate, up = self.mlp.gate_proj(x), self.mlp.up_proj(x)
-        return hidden + self.mlp.down_proj(F.silu(gate) * up)
+        return hidden + self.down_proj(F.silu(gate) * up)
 
 
 # transformers modules whose apply_rotary_pos_emb is the plain Llama one (no partial rotary, no
@@ -386,11 +389,16 @@ def fused_rms_norm(norm: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
 
 
 def _layer_parts(layer: nn.Module) -> tuple[nn.Module, ...]:
-    """The submodules a lean layer reads (their identity says whether it is still current)."""
-    attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
-    names = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-    return (attn, mlp, getattr(layer, "input_layernorm", None), getattr(layer, "post_attention_layernorm", None),
-            *(getattr(attn, n, None) for n in names[:4]), *(getattr(mlp, n, None) for n in names[4:]))
+    """The submodules a lean layer reads (their identity says whether it is still current).
+    Read from the modules' own child dicts: this runs at every layer call, and nn.Module's
+    attribute lookup for children costs more than the check itself."""
+    children = layer._modules
+    attn, mlp = children.get("self_attn"), children.get("mlp")
+    attn_children = attn._modules if attn is not None else {}
+    mlp_children = mlp._modules if mlp is not None else {}
+    return (attn, mlp, children.get("input_layernorm"), children.get("post_attention_layernorm"),
+            *(attn_children.get(n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")),
+            *(mlp_children.get(n) for n in ("gate_proj", "up_proj", "down_proj")))
 
 
 def _same(built: tuple[nn.Module, ...], now: tuple[nn.Module, ...]) -> bool:
