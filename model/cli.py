@@ -312,6 +312,7 @@ TRAIN_OPTION_HELP = {
     "prompts": "self-distillation prompt set",
     "max_minutes": "stop after this much CPU time of the process (the learning rate decays over it)",
     "samples_per_prompt": "sampled teacher continuations per prompt besides the greedy one",
+    "trim_loops": "cut each target where it starts to loop (8 tokens in a row each repeating one of its 4-grams)",
     "decays": "comma-separated decays to draw schedules from",
     "schedule_mix": "broad: uniform 1.5-4x and decays; focused: 1.5-3x, linear 60%%",
     "fixed_speedup": "train one fixed schedule (the paper's way)",

@@ -177,6 +177,28 @@ def load_sequences(path: str | Path, limit: int | None = None) -> list[Example]:
     return [Example(prompt=r["prompt"], target=r["target"]) for r in records]
 
 
+LOOP_NGRAM, LOOP_RUN = 4, 8
+
+
+def trim_loop(target: Sequence[int], n: int = LOOP_NGRAM, run: int = LOOP_RUN) -> list[int]:
+    """``target`` up to where it starts to loop: at the first stretch of ``run`` consecutive
+    tokens that each complete an ``n``-gram already seen in the target (verbatim copying of
+    n + run - 1 tokens or more), the target is cut before that stretch; one that never loops is
+    returned whole. Why: the full model's greedy 128-token continuations loop — in the 28k-sequence
+    set, 47% of the greedy targets contain such a stretch and loops are a quarter of their tokens
+    (sampled ones: 8%, 4%) — and a skip policy distilled on them repeated itself more than the
+    shipped one (README, "Quality at scale")."""
+    seen: set[tuple[int, ...]] = set()
+    streak = 0
+    for end in range(n, len(target) + 1):
+        gram = tuple(target[end - n:end])
+        streak = streak + 1 if gram in seen else 0
+        if streak == run:
+            return list(target[: end - run])
+        seen.add(gram)
+    return list(target)
+
+
 def sequence_key(prompt: Sequence[int], target: Sequence[int]) -> str:
     """One key per distinct training sequence (prompt ids + target ids): make-data's dedup and
     the loader's, when it interleaves folders, agree on what "the same" means."""

@@ -37,6 +37,7 @@ from model.data import (
     load_sequences,
     read_prompts,
     teacher_continuations,
+    trim_loop,
     user_examples,
 )
 from model.heldout import heldout_scores, heldout_set
@@ -76,6 +77,7 @@ class TrainConfig:
     warmup_steps: int = 10
     continuation_tokens: int = 64  # teacher continuation length (self-distillation)
     max_target_tokens: int | None = None  # train on only the first N target tokens (cheaper steps)
+    trim_loops: bool = False  # cut each target where it starts to loop (model/data.py trim_loop)
     samples_per_prompt: int = 0  # sampled teacher continuations per prompt, besides the greedy one
     sample_temperature: float = 0.8
     max_prompt_tokens: int = 128
@@ -301,6 +303,9 @@ def training_examples(config: TrainConfig, generator, output: Path, accelerator)
         with accelerator.main_process_first():  # the main process writes the teacher cache
             examples = distillation_examples(generator, prompts, config, cache)
         steps_hint = config.continuation_tokens
+    if config.trim_loops:
+        trimmed = [Example(prompt=e.prompt, target=trim_loop(e.target)) for e in examples]
+        examples = [e for e in trimmed if e.target]  # a target that loops from its start teaches nothing
     if config.max_target_tokens:
         examples = [Example(prompt=e.prompt, target=e.target[: config.max_target_tokens]) for e in examples]
         steps_hint = min(steps_hint, config.max_target_tokens)

@@ -275,6 +275,33 @@ def test_results_figure_shows_the_new_measures_only_when_measured():
     assert sorted(t.y[0] for t in new.data if t.name == "no adapter")[-1] == 200.0
 
 
+def test_trim_loop_cuts_a_target_where_it_starts_copying_itself():
+    from model.data import trim_loop
+
+    loop = [5, 6, 7, 8, 9] + [1, 2, 3] * 10
+    # From the second cycle on every 4-gram was seen before; after 8 such tokens in a row the
+    # target is cut before that stretch: the text and the loop's first two cycles stay.
+    assert trim_loop(loop) == [5, 6, 7, 8, 9, 1, 2, 3, 1, 2, 3]
+    assert trim_loop(list(range(40))) == list(range(40))
+    once = [1, 2, 3, 4, 9, 1, 2, 3, 4, 10, 11, 12, 13]  # one repeated phrase is not a loop
+    assert trim_loop(once) == once
+    assert trim_loop([7] * 30) == [7] * 4  # looping from its first 4-gram: only that one stays
+
+
+def test_training_can_trim_looping_targets_and_drops_what_is_left_empty(tmp_path):
+    from model.training import TrainConfig, training_examples
+
+    data = tmp_path / "data"
+    data.mkdir()
+    records = [{"prompt": [1, 2], "target": [5, 6, 7, 8, 9] + [1, 2, 3] * 10},
+               {"prompt": [3], "target": list(range(20, 40))}]
+    (data / "sequences.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    plain, _ = training_examples(TrainConfig(sequences=str(data)), None, tmp_path, None)
+    trimmed, _ = training_examples(TrainConfig(sequences=str(data), trim_loops=True), None, tmp_path, None)
+    assert [len(e.target) for e in plain] == [35, 20]
+    assert [e.target for e in trimmed] == [[5, 6, 7, 8, 9, 1, 2, 3, 1, 2, 3], list(range(20, 40))]
+
+
 def test_a_line_cut_by_a_kill_is_dropped_and_appends_start_clean(tmp_path):
     from model.make_data import _append_jsonl, _read_if_exists
 
