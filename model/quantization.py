@@ -269,7 +269,7 @@ def quantize_weights(model: nn.Module, mode: str,
                 continue
             full_name = f"{module_name}.{name}" if module_name else name
             if child is head:
-                setattr(module, name, _low_bit_head(child, full_name, mode, report))
+                setattr(module, name, _low_bit_head(child, full_name, mode, report, tied_rows(model, child)))
                 continue
             setattr(module, name, _low_bit(child, full_name, mode, blocks, report))
     if report.fallbacks:
@@ -277,15 +277,24 @@ def quantize_weights(model: nn.Module, mode: str,
     return report
 
 
-def _low_bit_head(head: nn.Linear, name: str, mode: str, report: QuantizeReport) -> nn.Module:
-    """The LM head: two-stage (4-bit scan, int8 rescoring of the top candidates) where the int4
-    kernel holds it, else int8. The head turns the last hidden state into logits whose small
-    differences pick the token: at 4 bits alone the default model's agreement with float fell to
-    0.885, with int8 it is 0.977 (README, "int4 weights"); two-stage keeps int8's winners."""
+def tied_rows(model: nn.Module, head: nn.Linear) -> torch.Tensor | None:
+    """The input embedding's weight when the LM head shares it (tied embeddings), else None."""
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    weight = getattr(embeddings, "weight", None)
+    return weight if weight is not None and weight is head.weight else None
+
+
+def _low_bit_head(head: nn.Linear, name: str, mode: str, report: QuantizeReport,
+                  tied: torch.Tensor | None = None) -> nn.Module:
+    """The LM head: two-stage (4-bit scan, the top candidates rescored with the tied float rows
+    or int8 rows) where the int4 kernel holds it, else int8. The head turns the last hidden state
+    into logits whose small differences pick the token: at 4 bits alone the default model's
+    agreement with float fell to 0.885, with int8 it is 0.977 (README, "int4 weights");
+    two-stage keeps the rescoring head's winners."""
     report.int8.append(name)
     if head.bias is None and int4_misfit(head) is None and int4_supported():
         report.two_stage_head = name
-        return TwoStageHead.from_linear(head)
+        return TwoStageHead.from_linear(head, tied_rows=tied)
     if mode == "int4":
         report.fallbacks[name] = HEAD_STAYS_INT8
     return Int8WeightLinear(head)
@@ -421,27 +430,45 @@ def _fuse_lora(modules: list[LowBitLoraLinear]) -> LowBitLoraLinear | None:
 
 class TwoStageHead(nn.Module):
     """The LM head in two stages: a 4-bit scan of the whole vocabulary finds the ``candidates``
-    best tokens, and only those are rescored with int8 rows (the int8 head's values).
+    best tokens, and only those are rescored exactly: with the float32 rows of the input embedding
+    when the head is tied to it (SmolLM2's is: those rows are in memory anyway, so the winner is
+    the float head's), else with int8 rows (the int8 head's values).
 
     Why: the head is 28M of SmolLM2's 135M weights, a third of what a 2x step reads; in 4 bits it
     reads half as many bytes. A 4-bit head ALONE cost agreement (0.977 -> 0.885 with float): its
     logits are close, but the winner among near-equal top tokens moves. The rescoring gives the
-    top candidates int8 precision, so the argmax is the int8 head's whenever the int8 winner is
-    among the 4-bit scan's top ``candidates`` (32 of 49,152). Logits outside the candidates keep
-    their 4-bit values: a sampled tail token's probability moves by the 4-bit error."""
+    top candidates float (tied) or int8 precision, so the argmax is that head's whenever its
+    winner is among the 4-bit scan's top ``candidates`` (32 of 49,152). Logits outside the
+    candidates keep their 4-bit values: a sampled tail token's probability moves by the 4-bit error."""
 
-    def __init__(self, scan: "Int4WeightLinear", exact_int8: torch.Tensor, exact_scales: torch.Tensor,
-                 candidates: int = 32) -> None:
+    def __init__(self, scan: "Int4WeightLinear", exact_int8: torch.Tensor | None = None,
+                 exact_scales: torch.Tensor | None = None, candidates: int = 32,
+                 tied_rows: torch.Tensor | None = None) -> None:
         super().__init__()
+        if (tied_rows is None) == (exact_int8 is None):
+            raise ValueError("TwoStageHead rescores with tied float rows OR int8 rows (exactly one)")
         self.scan = scan
-        self.register_buffer("exact_int8", exact_int8)  # (V, C) int8 rows
-        self.register_buffer("exact_scales", exact_scales)  # (V,) bfloat16
+        # The embedding's own tensor, held in a tuple: not a parameter or buffer of the head (it
+        # belongs to the embedding, and the start-up cache must not store it twice).
+        self._tied = (tied_rows,) if tied_rows is not None else None  # (V, C) float
+        if exact_int8 is not None:
+            self.register_buffer("exact_int8", exact_int8)  # (V, C) int8 rows
+            self.register_buffer("exact_scales", exact_scales)  # (V,) bfloat16
         self.candidates = min(candidates, scan.out_features)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, candidates: int = 32) -> "TwoStageHead":
+    def from_linear(cls, linear: nn.Linear, candidates: int = 32,
+                    tied_rows: torch.Tensor | None = None) -> "TwoStageHead":
+        """``tied_rows``: the input embedding's weight when ``linear`` shares it (rescoring in float)."""
+        scan = Int4WeightLinear.from_linear(linear)
+        if tied_rows is not None:
+            return cls(scan, candidates=candidates, tied_rows=tied_rows)
         exact = Int8WeightLinear(linear)
-        return cls(Int4WeightLinear.from_linear(linear), exact.weight_int8, exact.scales, candidates)
+        return cls(scan, exact.weight_int8, exact.scales, candidates)
+
+    @property
+    def tied(self) -> bool:
+        return self._tied is not None
 
     @property
     def in_features(self) -> int:
@@ -456,14 +483,21 @@ class TwoStageHead(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits = self.scan(x)  # (..., V): 4-bit
         top = logits.topk(self.candidates, dim=-1).indices  # (..., K)
-        rows = self.exact_int8[top].to(x.dtype)  # (..., K, C)
-        exact = (rows @ x.unsqueeze(-1)).squeeze(-1) * self.exact_scales[top].to(x.dtype)  # (..., K)
+        if self._tied is not None:
+            rows = self._tied[0][top].to(x.dtype)  # (..., K, C) float
+            exact = (rows @ x.unsqueeze(-1)).squeeze(-1)  # (..., K)
+        else:
+            rows = self.exact_int8[top].to(x.dtype)  # (..., K, C)
+            exact = (rows @ x.unsqueeze(-1)).squeeze(-1) * self.exact_scales[top].to(x.dtype)  # (..., K)
         return logits.scatter(-1, top, exact)
 
     def dequantized_weight(self) -> torch.Tensor:
-        """(out, in) float32: the int8 rows, the values the winning candidates are scored with."""
+        """(out, in) float32: the rows the winning candidates are scored with."""
+        if self._tied is not None:
+            return self._tied[0].detach().float()
         return self.exact_int8.float() * self.exact_scales.float()[:, None]
 
     def extra_repr(self) -> str:
+        rows = "tied float rows" if self.tied else "int8 rows"
         return (f"in_features={self.in_features}, out_features={self.out_features}, 4-bit scan, "
-                f"top {self.candidates} rescored with int8 rows")
+                f"top {self.candidates} rescored with {rows}")

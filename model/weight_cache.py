@@ -16,13 +16,14 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import nn
 
 from model.quantization import Int4WeightLinear, Int8WeightLinear, PackedInt4, TwoStageHead
 
-CACHE_FORMAT = "lowbit-v3"  # bump when the stored layout or a quantiser changes
+CACHE_FORMAT = "lowbit-v4"  # bump when the stored layout or a quantiser changes
 LOW_BIT_MODULES = (Int8WeightLinear, Int4WeightLinear, TwoStageHead)
 
 
@@ -95,19 +96,26 @@ def restore_low_bit(path: Path, weight_sets: dict[str, nn.Module | None]) -> int
             continue
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, _low_bit_module(parts, exact=prefix in exact))
+        setattr(parent, child, _low_bit_module(parts, exact=prefix in exact, tied=lambda m=model: _input_rows(m)))
         restored += 1
     return restored
 
 
-def _low_bit_module(parts: dict[str, torch.Tensor], exact: bool) -> nn.Module:
+def _low_bit_module(parts: dict[str, torch.Tensor], exact: bool, tied: Callable[[], torch.Tensor]) -> nn.Module:
     bias = parts.get("bias")
-    if "exact_int8" in parts:
+    if "scan.weight_int4pack" in parts:  # a two-stage head: its int8 rows stored, or tied to the embedding
         scan = Int4WeightLinear(PackedInt4(parts["scan.weight_int4pack"], parts["scan.scales_and_zeros"]))
-        return TwoStageHead(scan, parts["exact_int8"], parts["exact_scales"])
+        if "exact_int8" in parts:
+            return TwoStageHead(scan, parts["exact_int8"], parts["exact_scales"])
+        return TwoStageHead(scan, tied_rows=tied())
     if "weight_int8" in parts:
         return Int8WeightLinear.from_tensors(parts["weight_int8"], parts["scales"], bias)
     return Int4WeightLinear(PackedInt4(parts["weight_int4pack"], parts["scales_and_zeros"], exact), bias)
+
+
+def _input_rows(model: nn.Module) -> torch.Tensor:
+    """The float rows a tied two-stage head rescores with: the model's input embedding."""
+    return model.get_input_embeddings().weight
 
 
 def _low_bit_modules(model: nn.Module | None):

@@ -367,3 +367,50 @@ def test_two_stage_head_picks_the_int8_heads_winner_and_scores_it_exactly():
     torch.testing.assert_close(two_stage.gather(-1, top), exact.gather(-1, top), atol=1e-4, rtol=1e-4)
     tail = (two_stage - exact).abs().max()
     assert 0 < tail < 0.25 * exact.abs().max()  # outside the candidates: 4-bit values, close
+
+
+def _tied(model):
+    """The model with its LM head sharing the input embedding's weight (as SmolLM2's does)."""
+    model.lm_head.weight = model.model.embed_tokens.weight
+    model.config.tie_word_embeddings = True
+    return model
+
+
+@int4_only
+def test_a_tied_head_is_rescored_with_the_embeddings_float_rows():
+    from model.quantization import TwoStageHead
+
+    model = _tied(tiny_model("llama", vocab=4096))
+    embedding = model.model.embed_tokens.weight
+    float_head = embedding.detach().clone()
+    report = quantize_weights(model, "int8")
+    head = model.lm_head
+    assert report.two_stage_head == "lm_head" and isinstance(head, TwoStageHead) and head.tied
+    assert head._tied[0] is embedding  # the embedding's own rows: no second copy
+    assert not any(name.endswith("exact_int8") for name, _ in head.named_buffers())
+    x = torch.randn(200, 1, 64, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        two_stage, exact = head(x), x @ float_head.T
+        top = head.scan(x).topk(head.candidates, dim=-1).indices
+    assert torch.equal(two_stage.argmax(-1), exact.argmax(-1))  # the winner: the FLOAT head's
+    torch.testing.assert_close(two_stage.gather(-1, top), exact.gather(-1, top), atol=1e-5, rtol=1e-5)
+    untied = quantize_weights(tiny_model("llama", vocab=4096), "int8")  # an untied head keeps int8 rows
+    assert untied.two_stage_head == "lm_head"
+
+
+@int4_only
+def test_a_tied_two_stage_head_restores_from_the_cache_onto_the_fresh_embedding(tmp_path):
+    from model.weight_cache import restore_low_bit, save_low_bit
+
+    original = _tied(tiny_model("llama", vocab=112))  # a vocabulary the 4-bit scan can hold
+    fresh = copy.deepcopy(original)
+    quantize_weights(original, "int4")
+    path = tmp_path / "prepared.safetensors"
+    save_low_bit(path, {"original": original})
+    restore_low_bit(path, {"original": fresh})
+    assert fresh.lm_head.tied and fresh.lm_head._tied[0] is fresh.model.embed_tokens.weight
+    ids, mask = left_padded_batch([5, 8])
+    ids = ids % 112
+    with torch.no_grad():
+        assert torch.equal(original(input_ids=ids, attention_mask=mask).logits,
+                           fresh(input_ids=ids, attention_mask=mask).logits)
