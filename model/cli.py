@@ -11,9 +11,12 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from model.schedule import DECAY_FUNCTIONS, DEFAULT_WARMUP, LAYER_ORDERS
+
+if TYPE_CHECKING:
+    from model.evaluation import EvalConfig
 
 EXIT_BAD_INPUT = 2
 
@@ -166,6 +169,8 @@ def add_eval_command(commands) -> None:
                     "float full model (default: none)")
     ev.add_argument("--no-free-running", action="store_true",
                     help="skip the generation runs (ROUGE-L/BLEU, judged fluency, repetition, fact retention)")
+    ev.add_argument("--adapter-only", action="store_true",
+                    help="leave out the no-adapter rows (comparing adapters: about half the time)")
     ev.add_argument("--facts", default=None, help="JSONL fact questions with accepted answers "
                     "(default: assets/prompts/facts.jsonl; 'none' to skip)")
     ev.add_argument("--max-facts", type=int, default=None)
@@ -282,19 +287,26 @@ def _float_list(text: str, name: str) -> tuple[float, ...]:
     return values
 
 
-def run_eval(args: argparse.Namespace) -> int:
+def eval_config(args: argparse.Namespace) -> EvalConfig:
+    """The EvalConfig an `eval` command line asks for."""
     from model.data import DEFAULT_EVAL_PROMPTS, DEFAULT_FACTS  # noqa: PLC0415
-    from model.evaluation import EvalConfig, evaluate, write_report  # noqa: PLC0415
+    from model.evaluation import EvalConfig  # noqa: PLC0415
 
-    config = EvalConfig(
+    return EvalConfig(
         model=args.model, adapter=None if args.no_adapter else args.adapter, device=args.device,
         prompts=args.prompts or str(DEFAULT_EVAL_PROMPTS), max_prompts=args.max_prompts,
         continuation_tokens=args.tokens, speedups=_float_list(args.speedups, "--speedups"), decay=args.decay,
         warmup=args.warmup, order=args.order, batch_size=args.batch_size, free_running=not args.no_free_running,
         quantize=tuple(m for m in (_quantize_list(args.quantize) or ()) if m != "none"),
         facts=None if args.facts == "none" else args.facts or str(DEFAULT_FACTS), max_facts=args.max_facts,
-        fact_tokens=args.fact_tokens,
+        fact_tokens=args.fact_tokens, include_no_adapter=not args.adapter_only,
     )
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from model.evaluation import evaluate, write_report  # noqa: PLC0415
+
+    config = eval_config(args)
     if config.continuation_tokens < 2 or config.fact_tokens < 2:
         raise ValueError("--tokens and --fact-tokens must be >= 2")
     report = evaluate(config, progress=lambda line: print(line, file=sys.stderr))

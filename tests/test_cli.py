@@ -74,3 +74,12 @@ def test_bad_input_exits_2_with_a_clear_message(tiny_folder, args, needle):
 def test_missing_model_is_a_clear_error_offline():
     done = run_cli("generate", "--model", "no-such-org/no-such-model", "--prompt", "x")
     assert done.returncode == 2 and "Traceback" not in done.stderr and "error:" in done.stderr
+
+
+def test_eval_can_leave_out_the_no_adapter_rows():
+    from model.cli import build_parser, eval_config
+
+    parser = build_parser()
+    assert eval_config(parser.parse_args(["eval"])).include_no_adapter is True
+    config = eval_config(parser.parse_args(["eval", "--adapter-only", "--speedups", "2"]))
+    assert config.include_no_adapter is False and config.speedups == (2.0,)
