@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch import nn
@@ -96,26 +95,21 @@ def restore_low_bit(path: Path, weight_sets: dict[str, nn.Module | None]) -> int
             continue
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, _low_bit_module(parts, exact=prefix in exact, tied=lambda m=model: _input_rows(m)))
+        setattr(parent, child, _low_bit_module(parts, exact=prefix in exact, model=model))
         restored += 1
     return restored
 
 
-def _low_bit_module(parts: dict[str, torch.Tensor], exact: bool, tied: Callable[[], torch.Tensor]) -> nn.Module:
+def _low_bit_module(parts: dict[str, torch.Tensor], exact: bool, model: nn.Module) -> nn.Module:
     bias = parts.get("bias")
     if "scan.weight_int4pack" in parts:  # a two-stage head: its int8 rows stored, or tied to the embedding
         scan = Int4WeightLinear(PackedInt4(parts["scan.weight_int4pack"], parts["scan.scales_and_zeros"]))
         if "exact_int8" in parts:
             return TwoStageHead(scan, parts["exact_int8"], parts["exact_scales"])
-        return TwoStageHead(scan, tied_rows=tied())
+        return TwoStageHead(scan, tied_rows=model.get_input_embeddings().weight)
     if "weight_int8" in parts:
         return Int8WeightLinear.from_tensors(parts["weight_int8"], parts["scales"], bias)
     return Int4WeightLinear(PackedInt4(parts["weight_int4pack"], parts["scales_and_zeros"], exact), bias)
-
-
-def _input_rows(model: nn.Module) -> torch.Tensor:
-    """The float rows a tied two-stage head rescores with: the model's input embedding."""
-    return model.get_input_embeddings().weight
 
 
 def _low_bit_modules(model: nn.Module | None):
