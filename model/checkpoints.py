@@ -56,6 +56,42 @@ def portable_path(value):
         return value
 
 
+def load_initial_adapter(model, bridge: EntryBridge | None, folder: str | Path, config) -> None:
+    """Start a run from a trained adapter's weights (LoRA, and the bridge when both have one):
+    a GPU run's exported adapter continues on another machine, with a new optimiser, schedule
+    mix or data. Its rank, alpha and target modules must be the run's, or it stops with why."""
+    from peft import set_peft_model_state_dict  # noqa: PLC0415
+    from safetensors.torch import load_file  # noqa: PLC0415
+
+    folder = Path(folder)
+    config_file, weights_file = folder / "adapter_config.json", folder / "adapter_model.safetensors"
+    if not (config_file.is_file() and weights_file.is_file()):
+        raise ValueError(f"--init-adapter: {folder} is not an adapter folder (adapter_config.json + adapter_model.safetensors)")
+    saved = json.loads(config_file.read_text())
+    run = model.peft_config["default"]
+    mismatched = [f"{name} {saved.get(name)!r} (the run: {mine!r})"
+                  for name, mine in (("r", run.r), ("lora_alpha", run.lora_alpha))
+                  if saved.get(name) != mine]
+    if sorted(saved.get("target_modules") or []) != sorted(run.target_modules):
+        mismatched.append(f"target_modules {sorted(saved.get('target_modules') or [])} (the run: {sorted(run.target_modules)})")
+    if mismatched:
+        raise ValueError(f"--init-adapter {folder} does not fit this run: " + "; ".join(mismatched)
+                         + " (set --lora-rank / --lora-alpha / --lora-modules to the adapter's)")
+    weights = load_file(str(weights_file))
+    parameter = next(model.parameters())
+    weights = {key: value.to(device=parameter.device, dtype=torch.float32) for key, value in weights.items()}
+    result = set_peft_model_state_dict(model, weights)
+    if result.unexpected_keys:
+        raise ValueError(f"--init-adapter {folder}: weights this run has no place for: {result.unexpected_keys[:3]}")
+    saved_bridge = EntryBridge.load(folder, device=parameter.device)
+    if bridge is not None and saved_bridge is not None:
+        if (saved_bridge.num_layers, saved_bridge.rank) != (bridge.num_layers, bridge.rank):
+            raise ValueError(f"--init-adapter {folder}: its bridge has rank {saved_bridge.rank}, the run's {bridge.rank}")
+        with torch.no_grad():
+            bridge.down.copy_(saved_bridge.down)
+            bridge.up.copy_(saved_bridge.up)
+
+
 def resume_checkpoint(accelerator, output: Path) -> tuple[int, float]:
     checkpoints = sorted((output / "checkpoints").glob("step-*"))
     if not checkpoints:

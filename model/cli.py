@@ -335,6 +335,7 @@ TRAIN_OPTION_HELP = {
     "hidden_weight": "weight of hidden-state matching (entry + final) next to the KL (0 = off)",
     "eval_every": "held-out curve every N steps (0 = off)",
     "resume": "continue from the newest checkpoint in --output-dir",
+    "init_adapter": "start from this trained adapter folder's weights (same rank, alpha, modules; new optimiser)",
     "threads": "CPU threads for torch",
 }
 

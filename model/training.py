@@ -28,7 +28,7 @@ from typing import Iterator, Sequence
 import torch
 
 from model.architectures import adapter_for
-from model.checkpoints import resume_checkpoint, save_checkpoint
+from model.checkpoints import load_initial_adapter, resume_checkpoint, save_checkpoint
 from model.data import (
     DEFAULT_TRAIN_PROMPTS,
     Example,
@@ -103,6 +103,7 @@ class TrainConfig:
     eval_prompts: int = 16  # first N prompts of the held-out set
     eval_tokens: int = 48
     resume: bool = False
+    init_adapter: str | None = None  # start from a trained adapter's weights (e.g. a GPU run's export)
     device: str = "auto"
     mixed_precision: str = "auto"  # auto: bf16 on GPU, none on CPU
     teacher_batch_size: int = 16
@@ -374,6 +375,8 @@ def train(config: TrainConfig) -> TrainResult:
     lm = wrap_trainable(loaded.model, config)
     hidden_size = adapter_for(loaded.model).hidden_size  # architectures.py owns the config's names
     bridge = EntryBridge(num_layers, hidden_size, config.bridge_rank).to(accelerator.device) if config.bridge_rank else None
+    if config.init_adapter and not config.resume:  # a resumed run's checkpoint already holds the weights
+        load_initial_adapter(lm, bridge, config.init_adapter, config)
     teacher = None if config.data else Teacher(lm, config)
     model = SkipPolicyModel(lm, bridge)
     trainable = [p for p in model.parameters() if p.requires_grad]

@@ -104,7 +104,20 @@ def test_tiny_model_self_distillation_learns_the_skip_policy_and_round_trips(tin
 
     # resume: picks up at the newest checkpoint and finishes the remaining steps
     more = TrainConfig(**{**config.__dict__, "max_steps": 45, "resume": True})
-    assert len(train(more).losses) == 5
+    resumed = train(more)
+    assert len(resumed.losses) == 5
+
+    # a warm start from the exported adapter (LoRA + bridge, a new optimiser) begins where it ended
+    warm = train(TrainConfig(**{**config.__dict__, "output_dir": str(tmp_path / "warm"), "max_steps": 1,
+                                "init_adapter": str(adapter)}))
+    for speedup, scores in resumed.heldout[-1].items():
+        if isinstance(scores, dict):
+            assert warm.heldout[0][speedup]["agreement"] == scores["agreement"], speedup
+            assert abs(warm.heldout[0][speedup]["kl"] - scores["kl"]) < 1e-4, speedup
+    assert abs(warm.heldout[0]["2x"]["kl"] - result.heldout[0]["2x"]["kl"]) > 0.1  # not the untrained start
+    with pytest.raises(ValueError, match="does not fit this run"):
+        train(TrainConfig(**{**config.__dict__, "output_dir": str(tmp_path / "misfit"), "lora_rank": 4,
+                             "init_adapter": str(adapter)}))
 
 
 @pytest.mark.slow
