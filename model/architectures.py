@@ -266,7 +266,7 @@ class LeanLlamaLayer:
     _lock = threading.Lock()
 
     def __init__(self, layer: nn.Module, config: Any) -> None:
-        from model.quantization import fuse_low_bit  # noqa: PLC0415
+        from model.quantization import fuse_low_bit, lean_lora  # noqa: PLC0415
 
         attn, mlp = layer.self_attn, layer.mlp
         self.input_norm, self.post_norm = fused_rms_norm(layer.input_layernorm), fused_rms_norm(layer.post_attention_layernorm)
@@ -287,6 +287,8 @@ class LeanLlamaLayer:
         with torch.inference_mode(False), torch.no_grad():
             self.qkv = fuse_low_bit([attn.q_proj, attn.k_proj, attn.v_proj])
             self.gate_up = fuse_low_bit([mlp.gate_proj, mlp.up_proj])
+            # A LoRA beside int4 weights: its A rides in the base's kernel call (quantization.py).
+            self.o_proj, self.down_proj = lean_lora(attn.o_proj), lean_lora(mlp.down_proj)
 
     @classmethod
     def of(cls, layer: nn.Module, config: Any) -> "LeanLlamaLayer | None":

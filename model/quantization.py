@@ -416,13 +416,80 @@ class LowBitLoraLinear(nn.Module):
         return self.base(x) + nn.functional.linear(nn.functional.linear(x, self.lora_a), self.lora_b)
 
 
-def _fuse_lora(modules: list[LowBitLoraLinear]) -> LowBitLoraLinear | None:
-    """q/k/v (gate/up) with their LoRAs: one fused low-bit base, the A's stacked, the B's block-diagonal."""
+def _fuse_lora(modules: list[LowBitLoraLinear]) -> nn.Module | None:
+    """q/k/v (gate/up) with their LoRAs: one fused low-bit base, the A's stacked, the B's
+    block-diagonal; over int4, A rides in the base's kernel call (``lean_lora``)."""
     base = fuse_low_bit([m.base for m in modules])
     if base is None:
         return None
-    return LowBitLoraLinear(base, torch.cat([m.lora_a for m in modules]),
-                            torch.block_diag(*[m.lora_b for m in modules]))
+    return lean_lora(LowBitLoraLinear(base, torch.cat([m.lora_a for m in modules]),
+                                      torch.block_diag(*[m.lora_b for m in modules])))
+
+
+class Int4LoraLinear(nn.Module):
+    """A LoRA beside int4 weights in ONE kernel call: A's rows, quantised group-wise to 4 bits,
+    are stacked under the base's rows, so the int4 matmul returns the base output and x A^T
+    together; then y = base + (x A^T) B^T with B in float (one addmm).
+
+    Why: on a CPU the skip policy's side matmuls were a large share of a skipping layer (decode,
+    1 thread, int4: 440 us a layer with the LoRA beside, 300 us without): each is a separate small
+    float matmul whose call overhead exceeds its arithmetic, and A in float32 reads more bytes
+    than the base's int4 rows. A's 4-bit rounding errs on the small delta, not on the base
+    weights, which stay the model file's own values (merging the LoRA into 4-bit weights instead
+    rounds the delta away: model/loading.py, skip_policy_weights)."""
+
+    def __init__(self, base: Int4WeightLinear, lora_a: torch.Tensor, lora_b: torch.Tensor) -> None:
+        super().__init__()
+        rank = lora_a.shape[0]
+        padded = -(-rank // 16) * 16  # the kernel takes rows in multiples of 16: zero rows pad A and B
+        lora_a = torch.cat([lora_a.float(), lora_a.new_zeros(padded - rank, lora_a.shape[1]).float()])
+        lora_b = torch.cat([lora_b.float(), lora_b.new_zeros(lora_b.shape[0], padded - rank).float()], dim=1)
+        self.padded_a = lora_a  # (r, in) float: what the stacked rows hold in 4 bits
+        side = PackedInt4.from_blocks(Int4Blocks.from_float(lora_a))
+        self.stacked = Int4WeightLinear(PackedInt4(torch.cat([base.weight_int4pack, side.weight]),
+                                                   torch.cat([base.scales_and_zeros, side.scales_and_zeros], dim=1),
+                                                   base.exact))
+        self.base = base
+        self.register_buffer("lora_bt", lora_b.to(torch.float32).t().contiguous())  # (r, out), scale folded in
+        self.in_features, self.out_features = base.in_features, base.out_features
+        self.bias = base.bias
+
+    @classmethod
+    def of(cls, module: LowBitLoraLinear) -> "Int4LoraLinear | None":
+        """``module`` with its A in the base's kernel call, or None where the stacked rows do not
+        give the base's own output bit for bit (the packed layout is this CPU's choice)."""
+        if not isinstance(module.base, Int4WeightLinear) or module.base.bias is not None:
+            return None
+        fused = cls(module.base, module.lora_a, module.lora_b)
+        side = Int4WeightLinear(Int4Blocks.from_float(fused.padded_a))
+        probe = torch.linspace(-1.0, 1.0, module.in_features)[None]
+        with torch.no_grad():
+            both = fused.stacked(probe)
+            if not (torch.equal(both[:, : module.out_features], module.base(probe))
+                    and torch.equal(both[:, module.out_features:], side(probe))):
+                return None
+        module.base.weight_int4pack = fused.stacked.weight_int4pack[: module.out_features]  # no second copy
+        return fused
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features)  # (N, in)
+        both = self.stacked(flat)  # (N, out + r): base output | x A^T
+        y = torch.addmm(both[:, : self.out_features], both[:, self.out_features:], self.lora_bt)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+
+def lean_lora(module: nn.Module) -> nn.Module:
+    """A LowBitLoraLinear over int4 weights as an Int4LoraLinear (built once per module), anything
+    else unchanged."""
+    if not isinstance(module, LowBitLoraLinear):
+        return module
+    known = _LEAN_LORA.get(module)
+    if known is None:
+        known = _LEAN_LORA[module] = (Int4LoraLinear.of(module) or module,)
+    return known[0]
+
+
+_LEAN_LORA: "weakref.WeakKeyDictionary[nn.Module, tuple[nn.Module]]" = weakref.WeakKeyDictionary()
 
 
 # --- the LM head ------------------------------------------------------------------------------------

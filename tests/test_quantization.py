@@ -414,3 +414,38 @@ def test_a_tied_two_stage_head_restores_from_the_cache_onto_the_fresh_embedding(
     with torch.no_grad():
         assert torch.equal(original(input_ids=ids, attention_mask=mask).logits,
                            fresh(input_ids=ids, attention_mask=mask).logits)
+
+
+def test_an_int4_lora_rides_in_its_base_kernel_call(tmp_path):
+    """The skip policy's A is stacked (4-bit) under the int4 base's rows: one kernel call gives the
+    base output (bit for bit the shared module's) and x A^T; the delta stays the adapter's within
+    A's 4-bit rounding, and the lean layer uses it for every projection."""
+    from model.architectures import LeanLlamaLayer
+    from model.loading import lora_side_copy
+    from model.quantization import Int4LoraLinear, LowBitLoraLinear
+
+    if not int4_supported():
+        pytest.skip("no int4-weight CPU kernel in this torch build")
+    model = tiny_model("llama")
+    adapter = _random_lora_adapter(model, tmp_path / "adapter")  # rank 4: padded to the kernel's 16 rows
+    quantize_weights(model, "int4")
+    side = lora_side_copy(model, adapter)
+    wrapped = side.model.layers[1].mlp.down_proj
+    original = model.model.layers[1].mlp.down_proj
+    x = torch.randn(3, 5, original.in_features)
+    with torch.no_grad():
+        base_before, beside = original(x), wrapped(x)
+        lean = Int4LoraLinear.of(wrapped)
+        assert lean is not None and lean.stacked.out_features == original.out_features + 16
+        assert torch.equal(original(x), base_before)  # re-pointed at the stacked rows: same values
+        assert original.weight_int4pack.data_ptr() == lean.stacked.weight_int4pack.data_ptr()  # no second copy
+        delta, error = beside - base_before, lean(x) - beside
+        assert delta.norm() > 0.1 * base_before.norm()  # a delta worth keeping ...
+        assert error.norm() < 0.1 * delta.norm(), (error.norm(), delta.norm())  # ... kept within 4-bit A's rounding
+    layer = LeanLlamaLayer.of(side.model.layers[1], side.config)
+    plain = LeanLlamaLayer.of(model.model.layers[1], model.config)
+    assert isinstance(plain.o_proj, Int4WeightLinear)
+    # q/k/v fuse where the packed rows concatenate on this CPU (probed; the tiny k/v rows may not)
+    projections = [layer.gate_up, layer.o_proj, layer.down_proj] + ([layer.qkv] if plain.qkv is not None else [])
+    assert all(isinstance(m, Int4LoraLinear) for m in projections)
+    assert isinstance(side.model.layers[1].self_attn.o_proj, LowBitLoraLinear)  # the model itself is untouched
