@@ -289,6 +289,8 @@ class LeanLlamaLayer:
             self.gate_up = fuse_low_bit([mlp.gate_proj, mlp.up_proj])
             # A LoRA beside int4 weights: its A rides in the base's kernel call (quantization.py).
             self.o_proj, self.down_proj = lean_lora(attn.o_proj), lean_lora(mlp.down_proj)
+        self.qkv, self.gate_up, self.o_proj, self.down_proj = (
+            direct_call(m) for m in (self.qkv, self.gate_up, self.o_proj, self.down_proj))
 
     @classmethod
     def of(cls, layer: nn.Module, config: Any) -> "LeanLlamaLayer | None":
@@ -349,6 +351,17 @@ class LeanLlamaLayer:
         else:
             gate, up = self.mlp.gate_proj(x), self.mlp.up_proj(x)
         return hidden + self.down_proj(F.silu(gate) * up)
+
+
+def direct_call(module: nn.Module | None) -> Callable | nn.Module | None:
+    """One of the project's own low-bit projections as its bound ``forward``: nn.Module's call
+    machinery (hook checks) costs ~3 us a call, four calls a layer, and the project registers no
+    hooks on these modules (a module from elsewhere keeps its full call)."""
+    from model.quantization import LOW_BIT_PROJECTIONS  # noqa: PLC0415
+
+    if isinstance(module, LOW_BIT_PROJECTIONS) and not (module._forward_hooks or module._forward_pre_hooks):
+        return module.forward
+    return module
 
 
 # transformers modules whose apply_rotary_pos_emb is the plain Llama one (no partial rotary, no

@@ -489,6 +489,10 @@ def lean_lora(module: nn.Module) -> nn.Module:
     return known[0]
 
 
+# The project's own projection modules (no hooks are ever registered on them): the lean layer
+# calls their forward directly (model/architectures.py, direct_call).
+LOW_BIT_PROJECTIONS = (Int8WeightLinear, Int4WeightLinear, LowBitLoraLinear, Int4LoraLinear)
+
 _LEAN_LORA: "weakref.WeakKeyDictionary[nn.Module, tuple[nn.Module]]" = weakref.WeakKeyDictionary()
 
 
