@@ -316,6 +316,8 @@ class LeanLlamaLayer:
 
     def __call__(self, hidden: torch.Tensor, inputs: LayerInputs, cache: PrefixKVCache | None) -> torch.Tensor:
         batch, length, _ = hidden.shape
+        if length == 1 and cache is not None and self.qkv is not None and self.q_norm is None and self.standard_rotary:
+            return self._decode_one(hidden, inputs, cache)
         attn = self.attn
         x = self.input_norm(hidden)
         cos, sin = inputs.extra["position_embeddings"]
@@ -352,6 +354,23 @@ class LeanLlamaLayer:
             gate, up = self.mlp.gate_proj(x), self.mlp.up_proj(x)
         return hidden + self.down_proj(F.silu(gate) * up)
 
+    def _decode_one(self, hidden: torch.Tensor, inputs: LayerInputs, cache: PrefixKVCache) -> torch.Tensor:
+        """One new position per row (a decode step): the same math as ``__call__`` with fewer
+        ops, the per-op cost being most of a small model's step on a CPU — rows kept 2-D (B, C),
+        so the projections need no reshapes, and q and k rotated by one matmul with the step's
+        rotation matrices (built once per step, shared by every layer)."""
+        batch = hidden.shape[0]
+        flat = hidden.view(batch, -1)  # (B, C)
+        heads = self.qkv(self.input_norm(flat)).view(batch, -1, 1, self.head_dim)  # (B, Hq + 2 Hkv, 1, D)
+        rotating = self.num_heads + self.num_kv_heads
+        q, k = torch.matmul(heads[:, :rotating], step_rotation(inputs)).split([self.num_heads, self.num_kv_heads], dim=1)
+        k, v = cache.update(k, heads[:, rotating:], self.layer_idx)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=inputs.mask, scale=self.scaling,
+                                             enable_gqa=self.num_kv_heads != self.num_heads)  # (B, Hq, 1, D)
+        flat = flat + self.o_proj(out.reshape(batch, -1))
+        gate, up = self.gate_up(self.post_norm(flat)).chunk(2, dim=-1)
+        return (flat + self.down_proj(F.silu(gate) * up)).view(batch, 1, -1)
+
 
 def direct_call(module: nn.Module | None) -> Callable | nn.Module | None:
     """One of the project's own low-bit projections as its bound ``forward``: nn.Module's call
@@ -362,6 +381,23 @@ def direct_call(module: nn.Module | None) -> Callable | nn.Module | None:
     if isinstance(module, LOW_BIT_PROJECTIONS) and not (module._forward_hooks or module._forward_pre_hooks):
         return module.forward
     return module
+
+
+def step_rotation(inputs: LayerInputs) -> torch.Tensor:
+    """(B, 1, D, D) matrices R with x @ R == x * cos + rotate_half(x) * sin for a decode step's
+    one position per row (the Llama rotary as a matmul: one op for q and k instead of nine), built
+    on first use and kept in the step's shared extras."""
+    rotation = inputs.extra.get("rotation")
+    if rotation is None:
+        cos, sin = inputs.extra["position_embeddings"]  # (B, 1, D)
+        size = cos.shape[-1]
+        half = size // 2
+        eye = torch.eye(size, dtype=cos.dtype, device=cos.device)
+        # rotate_half(x) = x @ swap: column j < D/2 takes -x[j + D/2], column j >= D/2 takes x[j - D/2]
+        swap = torch.cat([torch.cat([eye.new_zeros(half, half), eye[:half, :half]], 1),
+                          torch.cat([-eye[:half, :half], eye.new_zeros(half, half)], 1)], 0)
+        rotation = inputs.extra["rotation"] = eye * cos.unsqueeze(-2) + swap * sin.unsqueeze(-2)
+    return rotation
 
 
 # transformers modules whose apply_rotary_pos_emb is the plain Llama one (no partial rotary, no

@@ -68,6 +68,8 @@ class Int8WeightLinear(nn.Module):
         return module
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2 and self.bias is None:  # decode rows (N, in): no reshapes (the lean layer's path)
+            return torch._weight_int8pack_mm(x.to(torch.bfloat16), self.weight_int8, self.scales).to(x.dtype)
         flat = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (N, in)
         y = torch._weight_int8pack_mm(flat, self.weight_int8, self.scales)  # (N, out), bfloat16
         y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
@@ -184,6 +186,9 @@ class Int4WeightLinear(nn.Module):
         return self.out_features * self.in_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2 and self.bias is None:  # decode rows (N, in): no reshapes (the lean layer's path)
+            return torch.ops.aten._weight_int4pack_mm_for_cpu(
+                x.to(torch.bfloat16), self.weight_int4pack, INT4_GROUP, self.scales_and_zeros).to(x.dtype)
         flat = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (N, in)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.weight_int4pack, INT4_GROUP, self.scales_and_zeros)
         y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
@@ -472,10 +477,9 @@ class Int4LoraLinear(nn.Module):
         return fused
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features)  # (N, in)
-        both = self.stacked(flat)  # (N, out + r): base output | x A^T
+        both = self.stacked.forward(x if x.dim() == 2 else x.reshape(-1, self.in_features))  # (N, out + r): base | x A^T
         y = torch.addmm(both[:, : self.out_features], both[:, self.out_features:], self.lora_bt)
-        return y.reshape(*x.shape[:-1], self.out_features)
+        return y if x.dim() == 2 else y.reshape(*x.shape[:-1], self.out_features)
 
 
 def lean_lora(module: nn.Module) -> nn.Module:
