@@ -3,7 +3,8 @@
 Settings (environment variables, all optional):
   SKIPDECODE_MODEL          HF id or folder (default: the embedded SmolLM2-135M-Instruct)
   SKIPDECODE_ADAPTER        adapter folder, "none", or "auto" (default: the shipped adapter)
-  SKIPDECODE_QUANTIZE       "auto" (int8 weights on CPU, default), "int8" or "none" (float weights)
+  SKIPDECODE_QUANTIZE       "auto" (default: on CPU the default model's own 4-bit weights, int4; int8 for
+                            other models), "int4", "int8" or "none" (float weights)
   SKIPDECODE_MAX_NEW_TOKENS longest generation one request may ask for (default 256)
   SKIPDECODE_MAX_BATCH      largest batch one request may ask for (default 8)
   SKIPDECODE_MAX_PROMPT_CHARS  longest prompt in characters (default 8000)

@@ -69,7 +69,7 @@ def build_demo(get_generator: Callable[[], TextGenerator], limits: Limits | None
         loaded = generator.loaded
         gr.Markdown(f"## SkipDecode Playground\nLayer skipping that keeps batching and the KV cache (arXiv 2307.02628)"
                     f" · **{loaded.name}**, {generator.num_layers} layers, {loaded.device}"
-                    f"{', int8 weights' if loaded.quantize == 'int8' else ''} · "
+                    f"{f', {loaded.quantize} weights' if loaded.quantize != 'none' else ''} · "
                     + ("SkipDecode with the skip-policy adapter, the full model original."
                        if loaded.adapter_path else "no skip-policy adapter loaded: skipping will hurt quality."))
         with gr.Tabs():

@@ -190,7 +190,7 @@ def load_model(
     adapter_for(model)  # fail early, with the list of supported families
     tokenizer = load_tokenizer(folder)
     adapter_path = resolve_adapter(adapter, name)
-    quantize = resolve_quantize(quantize, resolved_device)
+    quantize = resolve_quantize(quantize, resolved_device, exact_4bit=name == DEFAULT_MODEL)
     bridge = EntryBridge.load(adapter_path, resolved_device, torch_dtype) if adapter_path else None
     if quantize == "none":
         skip_model = merged_copy(model, adapter_path) if adapter_path else None

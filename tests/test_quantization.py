@@ -86,7 +86,9 @@ def test_decoder_on_low_bit_weights_matches_transformers_and_its_teacher_forced_
 def test_quantize_modes_are_checked():
     with pytest.raises(ValueError, match="quantize"):
         quantize_weights(tiny_model("llama"), "int3")
-    assert resolve_quantize("auto", torch.device("cpu")) == "int8"
+    assert resolve_quantize("auto", torch.device("cpu")) == "int8"  # a float model: int8, not int4 from float
+    assert resolve_quantize("auto", torch.device("cpu"), exact_4bit=True) == ("int4" if int4_supported() else "int8")
+    assert resolve_quantize("auto", torch.device("meta"), exact_4bit=True) == "none"  # a GPU runs bf16
     assert resolve_quantize("none", torch.device("cpu")) == "none"
     with pytest.raises(ValueError, match="quantize"):
         resolve_quantize("fp8", torch.device("cpu"))
