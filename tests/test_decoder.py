@@ -333,6 +333,21 @@ def test_rotating_q_and_k_together_is_each_familys_own_rotary(module):
     torch.testing.assert_close(together, torch.cat([expected_q, expected_k], dim=1), atol=1e-6, rtol=1e-6)
 
 
+def test_a_decode_steps_rotation_matrices_are_the_llama_rotary_per_row():
+    """x @ R == x * cos + rotate_half(x) * sin, each row at its own position (left padding), built
+    once per step and shared."""
+    from model.architectures import LayerInputs, rotate_together, step_rotation
+
+    torch.manual_seed(0)
+    heads = torch.randn(2, 6, 1, 8)  # (B, Hq + Hkv, 1, D): one new position per row
+    angles = torch.randn(2, 1, 4).repeat(1, 1, 2)  # rows at different positions
+    cos, sin = angles.cos(), angles.sin()
+    inputs = LayerInputs(mask=None, position_ids=torch.tensor([[3], [7]]), extra={"position_embeddings": (cos, sin)})
+    rotation = step_rotation(inputs)
+    assert rotation.shape == (2, 1, 8, 8) and step_rotation(inputs) is rotation  # built once per step
+    torch.testing.assert_close(torch.matmul(heads, rotation), rotate_together(heads, cos, sin), atol=1e-6, rtol=1e-6)
+
+
 def test_a_layer_the_lean_path_does_not_know_runs_transformers_forward():
     from model.architectures import LeanLlamaLayer
 
