@@ -196,6 +196,8 @@ def load_model(
         skip_model = merged_copy(model, adapter_path) if adapter_path else None
     else:
         skip_model = _low_bit(model, name, adapter_path, quantize)
+    for prepared in {id(m): m for m in (model, skip_model) if m is not None}.values():
+        adapter_for(prepared).prepare_layers()
     return LoadedModel(
         name=name, model=model, tokenizer=tokenizer, device=resolved_device, dtype=torch_dtype,
         skip_model=skip_model, adapter_path=str(adapter_path) if adapter_path else None,
