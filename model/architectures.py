@@ -390,7 +390,7 @@ def direct_call(module: nn.Module | None) -> Callable | nn.Module | None:
     from model.quantization import LOW_BIT_PROJECTIONS  # noqa: PLC0415
 
     if isinstance(module, LOW_BIT_PROJECTIONS) and not (module._forward_hooks or module._forward_pre_hooks):
-        return module.forward
+        return module.decode_call() if hasattr(module, "decode_call") else module.forward
     return module
 
 

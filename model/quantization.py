@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import weakref
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 from torch import nn
@@ -66,6 +67,21 @@ class Int8WeightLinear(nn.Module):
         module.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
         module.out_features, module.in_features = weight_int8.shape
         return module
+
+    def decode_call(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``forward`` for the lean layer: 2-D decode rows go straight to the kernel with the
+        buffers read from the module's own buffer dict (current after fusing re-points them or
+        ``.to`` replaces them; nn.Module's attribute lookup costs ~1 us a buffer)."""
+        buffers, forward = self._buffers, self.forward
+        if self.bias is not None:
+            return forward
+
+        def call(x: torch.Tensor) -> torch.Tensor:
+            if x.dim() != 2:
+                return forward(x)
+            return torch._weight_int8pack_mm(x.to(torch.bfloat16), buffers["weight_int8"], buffers["scales"]).to(x.dtype)
+        call.module = self  # what it calls, for inspection
+        return call
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() == 2 and self.bias is None:  # decode rows (N, in): no reshapes (the lean layer's path)
@@ -184,6 +200,20 @@ class Int4WeightLinear(nn.Module):
     def quantized_weight_count(self) -> int:
         """Weights this module multiplies per token (the cost model counts them)."""
         return self.out_features * self.in_features
+
+    def decode_call(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``forward`` for the lean layer (as Int8WeightLinear.decode_call)."""
+        buffers, forward = self._buffers, self.forward
+        if self.bias is not None:
+            return forward
+
+        def call(x: torch.Tensor) -> torch.Tensor:
+            if x.dim() != 2:
+                return forward(x)
+            return torch.ops.aten._weight_int4pack_mm_for_cpu(
+                x.to(torch.bfloat16), buffers["weight_int4pack"], INT4_GROUP, buffers["scales_and_zeros"]).to(x.dtype)
+        call.module = self  # what it calls, for inspection
+        return call
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() == 2 and self.bias is None:  # decode rows (N, in): no reshapes (the lean layer's path)

@@ -446,9 +446,27 @@ def test_an_int4_lora_rides_in_its_base_kernel_call(tmp_path):
         assert error.norm() < 0.1 * delta.norm(), (error.norm(), delta.norm())  # ... kept within 4-bit A's rounding
     layer = LeanLlamaLayer.of(side.model.layers[1], side.config)
     plain = LeanLlamaLayer.of(model.model.layers[1], model.config)
-    module = lambda call: getattr(call, "__self__", call)  # noqa: E731 (the lean layer holds bound forwards)
+    module = lambda call: getattr(call, "module", getattr(call, "__self__", call))  # noqa: E731 (the lean layer holds calls)
     assert isinstance(module(plain.o_proj), Int4WeightLinear)
     # q/k/v fuse where the packed rows concatenate on this CPU (probed; the tiny k/v rows may not)
     projections = [layer.gate_up, layer.o_proj, layer.down_proj] + ([layer.qkv] if plain.qkv is not None else [])
     assert all(isinstance(module(m), Int4LoraLinear) for m in projections)
     assert isinstance(side.model.layers[1].self_attn.o_proj, LowBitLoraLinear)  # the model itself is untouched
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_a_projections_decode_call_reads_its_current_buffers(mode):
+    """The lean layer's call skips nn.Module's lookups but must follow a buffer re-pointed later
+    (fusing) or replaced (``.to``); 3-D input takes the module's own forward."""
+    if mode == "int4" and not int4_supported():
+        pytest.skip("no int4-weight CPU kernel in this torch build")
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 32, bias=False)
+    module = Int8WeightLinear(linear) if mode == "int8" else Int4WeightLinear.from_linear(linear)
+    call, x = module.decode_call(), torch.randn(3, 64)
+    assert call.module is module and torch.equal(call(x), module(x))
+    other = Int8WeightLinear(torch.nn.Linear(64, 32, bias=False)) if mode == "int8" else Int4WeightLinear.from_linear(torch.nn.Linear(64, 32, bias=False))
+    for name, tensor in other.named_buffers():
+        setattr(module, name, tensor)  # re-pointed after the call was built
+    assert torch.equal(call(x), other(x))
+    assert torch.equal(call(x[None]), other(x[None]))
