@@ -84,8 +84,6 @@ class Int8WeightLinear(nn.Module):
         return call
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 2 and self.bias is None:  # decode rows (N, in): no reshapes (the lean layer's path)
-            return torch._weight_int8pack_mm(x.to(torch.bfloat16), self.weight_int8, self.scales).to(x.dtype)
         flat = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (N, in)
         y = torch._weight_int8pack_mm(flat, self.weight_int8, self.scales)  # (N, out), bfloat16
         y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
@@ -216,9 +214,6 @@ class Int4WeightLinear(nn.Module):
         return call
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 2 and self.bias is None:  # decode rows (N, in): no reshapes (the lean layer's path)
-            return torch.ops.aten._weight_int4pack_mm_for_cpu(
-                x.to(torch.bfloat16), self.weight_int4pack, INT4_GROUP, self.scales_and_zeros).to(x.dtype)
         flat = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (N, in)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.weight_int4pack, INT4_GROUP, self.scales_and_zeros)
         y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
