@@ -69,19 +69,8 @@ class Int8WeightLinear(nn.Module):
         return module
 
     def decode_call(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        """``forward`` for the lean layer: 2-D decode rows go straight to the kernel with the
-        buffers read from the module's own buffer dict (current after fusing re-points them or
-        ``.to`` replaces them; nn.Module's attribute lookup costs ~1 us a buffer)."""
-        buffers, forward = self._buffers, self.forward
-        if self.bias is not None:
-            return forward
-
-        def call(x: torch.Tensor) -> torch.Tensor:
-            if x.dim() != 2:
-                return forward(x)
-            return torch._weight_int8pack_mm(x.to(torch.bfloat16), buffers["weight_int8"], buffers["scales"]).to(x.dtype)
-        call.module = self  # what it calls, for inspection
-        return call
+        """``forward`` for the lean layer (``decode_call`` below)."""
+        return decode_call(self, lambda x, b: torch._weight_int8pack_mm(x, b["weight_int8"], b["scales"]))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (N, in)
@@ -99,6 +88,23 @@ class Int8WeightLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights"
+
+
+def decode_call(module: nn.Module, kernel: Callable[[torch.Tensor, dict], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A bias-free low-bit Linear's call for the lean layer: 2-D decode rows (N, in) go straight to
+    ``kernel(rows in bfloat16, the module's buffer dict)`` — the dict is read at each call, so a
+    buffer re-pointed by fusing or replaced by ``.to`` is the one used, without nn.Module's
+    attribute lookups (~1 us a buffer) — anything else to the module's forward."""
+    buffers, forward = module._buffers, module.forward
+    if module.bias is not None:
+        return forward
+
+    def call(x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 2:
+            return forward(x)
+        return kernel(x.to(torch.bfloat16), buffers).to(x.dtype)
+    call.module = module  # what it calls, for inspection
+    return call
 
 
 def int8_supported() -> bool:
@@ -200,18 +206,9 @@ class Int4WeightLinear(nn.Module):
         return self.out_features * self.in_features
 
     def decode_call(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        """``forward`` for the lean layer (as Int8WeightLinear.decode_call)."""
-        buffers, forward = self._buffers, self.forward
-        if self.bias is not None:
-            return forward
-
-        def call(x: torch.Tensor) -> torch.Tensor:
-            if x.dim() != 2:
-                return forward(x)
-            return torch.ops.aten._weight_int4pack_mm_for_cpu(
-                x.to(torch.bfloat16), buffers["weight_int4pack"], INT4_GROUP, buffers["scales_and_zeros"]).to(x.dtype)
-        call.module = self  # what it calls, for inspection
-        return call
+        """``forward`` for the lean layer (``decode_call`` below)."""
+        return decode_call(self, lambda x, b: torch.ops.aten._weight_int4pack_mm_for_cpu(
+            x, b["weight_int4pack"], INT4_GROUP, b["scales_and_zeros"]))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (N, in)
