@@ -69,8 +69,8 @@ class Int8WeightLinear(nn.Module):
         return module
 
     def decode_call(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        """``forward`` for the lean layer (``decode_call`` below)."""
-        return decode_call(self, lambda x, b: torch._weight_int8pack_mm(x, b["weight_int8"], b["scales"]))
+        """``forward`` for the lean layer (``kernel_decode_call``)."""
+        return kernel_decode_call(self, lambda x, b: torch._weight_int8pack_mm(x, b["weight_int8"], b["scales"]))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (N, in)
@@ -90,7 +90,7 @@ class Int8WeightLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights"
 
 
-def decode_call(module: nn.Module, kernel: Callable[[torch.Tensor, dict], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+def kernel_decode_call(module: nn.Module, kernel: Callable[[torch.Tensor, dict], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
     """A bias-free low-bit Linear's call for the lean layer: 2-D decode rows (N, in) go straight to
     ``kernel(rows in bfloat16, the module's buffer dict)`` — the dict is read at each call, so a
     buffer re-pointed by fusing or replaced by ``.to`` is the one used, without nn.Module's
@@ -206,8 +206,8 @@ class Int4WeightLinear(nn.Module):
         return self.out_features * self.in_features
 
     def decode_call(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        """``forward`` for the lean layer (``decode_call`` below)."""
-        return decode_call(self, lambda x, b: torch.ops.aten._weight_int4pack_mm_for_cpu(
+        """``forward`` for the lean layer (``kernel_decode_call``)."""
+        return kernel_decode_call(self, lambda x, b: torch.ops.aten._weight_int4pack_mm_for_cpu(
             x, b["weight_int4pack"], INT4_GROUP, b["scales_and_zeros"]))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
