@@ -1,7 +1,9 @@
 """Load test of the playground's API on loopback (bounded in clients and time).
 
 Starts `python app.py` on a free 127.0.0.1 port (unless --url is given), then runs N concurrent
-gradio_client sessions for a fixed time. Each session loops over a mix of requests:
+gradio_client sessions for a fixed time, each one visitor with its own address (sent as
+X-Forwarded-For to a server started to trust it, as behind a Space's proxy: the fair queue limits
+each address). Each session loops over a mix of requests:
   normal     a short greedy generation: must finish, answer ITS prompt, and give the same text as
              every other session that asked the same prompt (greedy + same settings = same output;
              any difference would mean outputs crossed sessions)
@@ -75,8 +77,13 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_server(port: int) -> subprocess.Popen:
+def start_server(port: int, distinct_visitors: bool = False) -> subprocess.Popen:
+    """The app on loopback. ``distinct_visitors``: it reads each client's address from
+    X-Forwarded-For (as behind a Space's proxy), so sessions that send their own address count as
+    different visitors for the fair queue's per-address limits."""
     env = dict(os.environ, GRADIO_SERVER_NAME="127.0.0.1", GRADIO_SERVER_PORT=str(port), HF_HUB_OFFLINE="1")
+    if distinct_visitors:
+        env["SKIPDECODE_TRUST_FORWARDED_FOR"] = "1"
     env.setdefault("MALLOC_ARENA_MAX", "2")  # as scripts/start.sh runs the app
     process = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE, text=True)
@@ -114,7 +121,9 @@ class Tally:
 
 def session(url: str, stop_at: float, tally: Tally, seed: int, max_new_tokens: int) -> None:
     rng = random.Random(seed)
-    client = Client(url, verbose=False)
+    # One visitor per session: its own address (the fair queue limits each address; all sessions
+    # of this test come from loopback, so without it they would share one visitor's share).
+    client = Client(url, verbose=False, headers={"X-Forwarded-For": f"10.0.{seed // 250}.{seed % 250 + 1}"})
     while time.time() < stop_at:
         kind = rng.choices(["normal", "cancelled", "bad"], weights=[70, 15, 15])[0]
         start = time.time()
@@ -727,7 +736,7 @@ def main() -> int:
     url = args.url
     if url is None:
         port = free_port()
-        server = start_server(port)
+        server = start_server(port, distinct_visitors=not args.hostile)
         url = f"http://127.0.0.1:{port}/"
     if not url.startswith(("http://127.0.0.1", "http://localhost")):
         raise SystemExit("loopback only: --url must be http://127.0.0.1:... or http://localhost:...")
