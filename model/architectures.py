@@ -300,6 +300,9 @@ class LeanLlamaLayer:
             self.gate_up = fuse_low_bit([mlp.gate_proj, mlp.up_proj])
             # A LoRA beside int4 weights: its A rides in the base's kernel call (quantization.py).
             self.o_proj, self.down_proj = lean_lora(attn.o_proj), lean_lora(mlp.down_proj)
+        # One fused q/k/v output with the plain Llama rotary: q and k rotate together (and a
+        # decode step takes _decode_one); otherwise the family's own per-projection path.
+        self.rotates_fused = self.qkv is not None and self.q_norm is None and self.standard_rotary
         self.qkv, self.gate_up, self.o_proj, self.down_proj = (
             direct_call(m) for m in (self.qkv, self.gate_up, self.o_proj, self.down_proj))
 
@@ -327,13 +330,12 @@ class LeanLlamaLayer:
 
     def __call__(self, hidden: torch.Tensor, inputs: LayerInputs, cache: PrefixKVCache | None) -> torch.Tensor:
         batch, length, _ = hidden.shape
-        if length == 1 and cache is not None and self.qkv is not None and self.q_norm is None and self.standard_rotary:
+        if length == 1 and cache is not None and self.rotates_fused:
             return self._decode_one(hidden, inputs, cache)
         attn = self.attn
         x = self.input_norm(hidden)
         cos, sin = inputs.extra["position_embeddings"]
-        if self.qkv is not None and self.q_norm is None and self.standard_rotary:
-            # One fused q/k/v output: rotate q and k together (half the rotary ops), then split.
+        if self.rotates_fused:  # rotate q and k together (half the rotary ops), then split
             heads = self.qkv(x).view(batch, length, -1, self.head_dim).transpose(1, 2)  # (B, Hq + 2 Hkv, T, D)
             rotated = rotate_together(heads[:, : self.num_heads + self.num_kv_heads], cos, sin)
             q, k = rotated.split([self.num_heads, self.num_kv_heads], dim=1)
@@ -384,9 +386,10 @@ class LeanLlamaLayer:
 
 
 def direct_call(module: nn.Module | None) -> Callable | nn.Module | None:
-    """One of the project's own low-bit projections as its bound ``forward``: nn.Module's call
-    machinery (hook checks) costs ~3 us a call, four calls a layer, and the project registers no
-    hooks on these modules (a module from elsewhere keeps its full call)."""
+    """One of the project's own low-bit projections as a plain call — its ``decode_call`` where it
+    has one, else its bound ``forward``: nn.Module's call machinery (hook checks) costs ~3 us a
+    call, four calls a layer, and the project registers no hooks on these modules (a module from
+    elsewhere keeps its full call)."""
     from model.quantization import LOW_BIT_PROJECTIONS  # noqa: PLC0415
 
     if isinstance(module, LOW_BIT_PROJECTIONS) and not (module._forward_hooks or module._forward_pre_hooks):

@@ -478,13 +478,12 @@ class Int4LoraLinear(nn.Module):
         padded = -(-rank // 16) * 16  # the kernel takes rows in multiples of 16: zero rows pad A and B
         lora_a = torch.cat([lora_a.float(), lora_a.new_zeros(padded - rank, lora_a.shape[1]).float()])
         lora_b = torch.cat([lora_b.float(), lora_b.new_zeros(lora_b.shape[0], padded - rank).float()], dim=1)
-        self.padded_a = lora_a  # (r, in) float: what the stacked rows hold in 4 bits
-        side = PackedInt4.from_blocks(Int4Blocks.from_float(lora_a))
-        self.stacked = Int4WeightLinear(PackedInt4(torch.cat([base.weight_int4pack, side.weight]),
-                                                   torch.cat([base.scales_and_zeros, side.scales_and_zeros], dim=1),
+        self.side = Int4WeightLinear(Int4Blocks.from_float(lora_a))  # A alone in 4 bits: what the stacked rows hold
+        self.stacked = Int4WeightLinear(PackedInt4(torch.cat([base.weight_int4pack, self.side.weight_int4pack]),
+                                                   torch.cat([base.scales_and_zeros, self.side.scales_and_zeros], dim=1),
                                                    base.exact))
         self.base = base
-        self.register_buffer("lora_bt", lora_b.to(torch.float32).t().contiguous())  # (r, out), scale folded in
+        self.register_buffer("lora_bt", lora_b.t().contiguous())  # (r, out), scale folded in
         self.in_features, self.out_features = base.in_features, base.out_features
         self.bias = base.bias
         # The kernel's arguments as plain references for ``forward`` (nn.Module's attribute lookup of
@@ -499,12 +498,11 @@ class Int4LoraLinear(nn.Module):
         if not isinstance(module.base, Int4WeightLinear) or module.base.bias is not None:
             return None
         fused = cls(module.base, module.lora_a, module.lora_b)
-        side = Int4WeightLinear(Int4Blocks.from_float(fused.padded_a))
         probe = torch.linspace(-1.0, 1.0, module.in_features)[None]
         with torch.no_grad():
             both = fused.stacked(probe)
             if not (torch.equal(both[:, : module.out_features], module.base(probe))
-                    and torch.equal(both[:, module.out_features:], side(probe))):
+                    and torch.equal(both[:, module.out_features:], fused.side(probe))):
                 return None
         module.base.weight_int4pack = fused.stacked.weight_int4pack[: module.out_features]  # no second copy
         return fused
