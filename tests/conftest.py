@@ -1,4 +1,11 @@
-"""Shared fixtures: tiny random models of every supported family, built from configs (no downloads)."""
+"""Shared fixtures: tiny random models of every supported family, built from configs (no downloads).
+
+SKIPDECODE_TEST_DEVICE (default ``cpu``; e.g. ``cuda``) is the device the tests marked ``device``
+run on: parity with transformers, cache and batch equivalence, the skip policy's equivalence and the
+decoder's other tensor tests. The tiny models are built on the CPU (same seed, same weights) and
+moved. Everything else (int8/int4 CPU kernels, llama.cpp, threads, the app, the browser, the
+default model) stays on the CPU whatever it says. ``-m device`` selects the tests that follow it.
+"""
 
 from __future__ import annotations
 
@@ -14,9 +21,37 @@ VOCAB = 97
 NUM_LAYERS = 6
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "opt", "gpt2")
 
+_DEVICE_NAME = os.environ.get("SKIPDECODE_TEST_DEVICE", "").strip().lower() or "cpu"
+try:
+    TEST_DEVICE = torch.device(_DEVICE_NAME)
+except RuntimeError as error:
+    raise pytest.UsageError(f"SKIPDECODE_TEST_DEVICE={_DEVICE_NAME!r} is not a torch device ({error})") from None
+if TEST_DEVICE.type == "cuda":
+    # float32 comparisons against transformers stay tight: no TF32 matmuls or convolutions.
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
 
-def tiny_model(family: str, *, num_layers: int = NUM_LAYERS, vocab: int = VOCAB, seed: int = 0):
-    """A random causal LM of ``family`` with 6 small layers, in eval mode, float32, SDPA attention."""
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "device: runs on SKIPDECODE_TEST_DEVICE (default cpu; e.g. cuda)")
+    if TEST_DEVICE.type == "cpu":
+        return
+    try:  # a device asked for and not there is an error, never a silent run on the CPU
+        torch.zeros(1, device=TEST_DEVICE)
+    except (RuntimeError, AssertionError) as error:  # AssertionError: a torch built without CUDA
+        raise pytest.UsageError(f"SKIPDECODE_TEST_DEVICE={_DEVICE_NAME}: torch cannot use it ({error})") from None
+
+
+@pytest.fixture(scope="session")
+def test_device() -> torch.device:
+    """The device of the tests marked ``device`` (SKIPDECODE_TEST_DEVICE, default cpu)."""
+    return TEST_DEVICE
+
+
+def tiny_model(family: str, *, num_layers: int = NUM_LAYERS, vocab: int = VOCAB, seed: int = 0,
+               device: torch.device | str = "cpu"):
+    """A random causal LM of ``family`` with 6 small layers, in eval mode, float32, SDPA attention,
+    built on the CPU (the same weights on every device) and then moved to ``device``."""
     import transformers as tf
 
     torch.manual_seed(seed)
@@ -42,11 +77,13 @@ def tiny_model(family: str, *, num_layers: int = NUM_LAYERS, vocab: int = VOCAB,
     # token-for-token comparisons test the decoder, not float rounding.
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(8.0)
-    return model.eval()
+    return model.to(device).eval()
 
 
-def left_padded_batch(lengths: list[int], vocab: int = VOCAB, pad_id: int = 0, seed: int = 1):
-    """Random prompts of the given lengths, left padded: (ids, mask), both (B, max(lengths))."""
+def left_padded_batch(lengths: list[int], vocab: int = VOCAB, pad_id: int = 0, seed: int = 1,
+                      device: torch.device | str = "cpu"):
+    """Random prompts of the given lengths, left padded: (ids, mask), both (B, max(lengths)), drawn
+    on the CPU (the same prompts on every device) and then moved to ``device``."""
     generator = torch.Generator().manual_seed(seed)
     width = max(lengths)
     ids = torch.full((len(lengths), width), pad_id, dtype=torch.long)
@@ -54,7 +91,7 @@ def left_padded_batch(lengths: list[int], vocab: int = VOCAB, pad_id: int = 0, s
     for row, length in enumerate(lengths):
         ids[row, width - length:] = torch.randint(3, vocab, (length,), generator=generator)
         mask[row, width - length:] = 1
-    return ids, mask
+    return ids.to(device), mask.to(device)
 
 
 @pytest.fixture(scope="session")

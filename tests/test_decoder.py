@@ -1,9 +1,11 @@
-"""The heart of the suite: the decoder against transformers and against its teacher-forced twin."""
+"""The heart of the suite: the decoder against transformers and against its teacher-forced twin.
+
+Tests marked ``device`` run on SKIPDECODE_TEST_DEVICE (tests/conftest.py; default cpu)."""
 
 import pytest
 import torch
 
-from conftest import FAMILIES, NUM_LAYERS, left_padded_batch, tiny_model
+from conftest import FAMILIES, NUM_LAYERS, TEST_DEVICE, left_padded_batch, tiny_model
 from model.decoder import SamplingConfig, SkipDecoder, execution_mask, masked_forward, run_to_end, sample_next
 from model.schedule import ScheduleConfig, full_schedule
 
@@ -13,7 +15,7 @@ NEW_TOKENS = 12
 
 @pytest.fixture(scope="module", params=FAMILIES)
 def family_model(request):
-    return request.param, tiny_model(request.param)
+    return request.param, tiny_model(request.param, device=TEST_DEVICE)
 
 
 def skip_schedules():
@@ -22,9 +24,10 @@ def skip_schedules():
     yield ScheduleConfig(NUM_LAYERS, 5, 2, decay="power", warmup=1, decay_length=10, prompt_at_full_depth=False)
 
 
+@pytest.mark.device
 def test_full_schedule_greedy_equals_transformers_generate(family_model):
     family, model = family_model
-    ids, mask = left_padded_batch(LENGTHS)
+    ids, mask = left_padded_batch(LENGTHS, device=TEST_DEVICE)
     decoder = SkipDecoder(model, eos_token_ids=(), pad_token_id=0)
     ours = decoder.generate(ids, mask, full_schedule(NUM_LAYERS), max_new_tokens=NEW_TOKENS)
     with torch.no_grad():
@@ -46,12 +49,13 @@ def _cached_logits(decoder, ids, mask, schedule, tokens):
     return torch.stack(collected, dim=1)  # (B, N, V)
 
 
+@pytest.mark.device
 @pytest.mark.parametrize("schedule", list(skip_schedules()), ids=["linear", "cosine-first_last", "power-prompt_at_budget"])
 def test_cached_skipdecode_logits_equal_teacher_forced_masked_forward(family_model, schedule):
     family, model = family_model
-    ids, mask = left_padded_batch(LENGTHS)
+    ids, mask = left_padded_batch(LENGTHS, device=TEST_DEVICE)
     decoder = SkipDecoder(model)
-    generated = torch.tensor(decoder.generate(ids, mask, schedule, max_new_tokens=NEW_TOKENS).tokens)
+    generated = torch.tensor(decoder.generate(ids, mask, schedule, max_new_tokens=NEW_TOKENS).tokens, device=ids.device)
     cached = _cached_logits(decoder, ids, mask, schedule, generated)
 
     sequence = torch.cat([ids, generated], dim=1)
@@ -64,21 +68,23 @@ def test_cached_skipdecode_logits_equal_teacher_forced_masked_forward(family_mod
     torch.testing.assert_close(cached, forced, atol=2e-4, rtol=1e-4, msg=family)
 
 
+@pytest.mark.device
 def test_skipping_really_changes_the_output(family_model):
     """Guard against a decoder that ignores its schedule: skipping must change the logits."""
     _, model = family_model
-    ids, mask = left_padded_batch(LENGTHS)
+    ids, mask = left_padded_batch(LENGTHS, device=TEST_DEVICE)
     decoder = SkipDecoder(model)
-    tokens = torch.tensor(decoder.generate(ids, mask, full_schedule(NUM_LAYERS), max_new_tokens=6).tokens)
+    tokens = torch.tensor(decoder.generate(ids, mask, full_schedule(NUM_LAYERS), max_new_tokens=6).tokens, device=ids.device)
     full = _cached_logits(decoder, ids, mask, full_schedule(NUM_LAYERS), tokens)
     skipped = _cached_logits(decoder, ids, mask, ScheduleConfig(NUM_LAYERS, 3, 2, decay_length=4), tokens)
     assert not torch.allclose(full[:, 1:], skipped[:, 1:], atol=1e-3)
 
 
+@pytest.mark.device
 @pytest.mark.parametrize("schedule", list(skip_schedules())[:2], ids=["linear", "cosine-first_last"])
 def test_a_row_in_a_padded_batch_equals_the_row_alone(family_model, schedule):
     family, model = family_model
-    ids, mask = left_padded_batch(LENGTHS)
+    ids, mask = left_padded_batch(LENGTHS, device=TEST_DEVICE)
     decoder = SkipDecoder(model)
     batched = decoder.generate(ids, mask, schedule, max_new_tokens=NEW_TOKENS)
     for row, length in enumerate(LENGTHS):
@@ -88,9 +94,10 @@ def test_a_row_in_a_padded_batch_equals_the_row_alone(family_model, schedule):
         assert alone.layers_per_step == batched.layers_per_step
 
 
+@pytest.mark.device
 def test_every_row_gets_the_same_exit_and_events_stream(family_model):
     _, model = family_model
-    ids, mask = left_padded_batch(LENGTHS)
+    ids, mask = left_padded_batch(LENGTHS, device=TEST_DEVICE)
     schedule = ScheduleConfig(NUM_LAYERS, 6, 2, decay_length=8)
     events = list(SkipDecoder(model).stream(ids, mask, schedule, max_new_tokens=NEW_TOKENS))
     assert [e.step for e in events] == list(range(-1, NEW_TOKENS - 1))
@@ -100,9 +107,10 @@ def test_every_row_gets_the_same_exit_and_events_stream(family_model):
         assert len(event.token_ids) == len(LENGTHS) and event.seconds > 0
 
 
+@pytest.mark.device
 def test_eos_finishes_rows_independently_and_stops_when_all_done():
-    model = tiny_model("llama")
-    ids, mask = left_padded_batch(LENGTHS)
+    model = tiny_model("llama", device=TEST_DEVICE)
+    ids, mask = left_padded_batch(LENGTHS, device=TEST_DEVICE)
     free = SkipDecoder(model).generate(ids, mask, full_schedule(NUM_LAYERS), max_new_tokens=NEW_TOKENS)
     eos = free.tokens[0][3]  # row 0 emits this at step 3
     result = SkipDecoder(model, eos_token_ids=(eos,), pad_token_id=0).generate(
@@ -117,9 +125,10 @@ def test_eos_finishes_rows_independently_and_stops_when_all_done():
         assert result.tokens[row] == expected
 
 
+@pytest.mark.device
 def test_stop_check_and_cancel_end_generation():
-    model = tiny_model("llama")
-    ids, mask = left_padded_batch([5])
+    model = tiny_model("llama", device=TEST_DEVICE)
+    ids, mask = left_padded_batch([5], device=TEST_DEVICE)
     decoder = SkipDecoder(model)
     stopped = decoder.generate(ids, mask, full_schedule(NUM_LAYERS), max_new_tokens=NEW_TOKENS,
                                stop_check=lambda row, tokens: len(tokens) >= 4)
@@ -140,9 +149,10 @@ def test_stop_check_and_cancel_end_generation():
     assert len(cancelled.tokens[0]) == 3  # the prefill's token and two steps'
 
 
+@pytest.mark.device
 def test_seeded_sampling_is_reproducible_and_top_k_1_is_greedy():
-    model = tiny_model("qwen2")
-    ids, mask = left_padded_batch(LENGTHS)
+    model = tiny_model("qwen2", device=TEST_DEVICE)
+    ids, mask = left_padded_batch(LENGTHS, device=TEST_DEVICE)
     decoder = SkipDecoder(model)
     schedule = ScheduleConfig(NUM_LAYERS, 6, 3, decay_length=8)
     sampling = SamplingConfig(temperature=1.5, top_p=0.9, seed=7)
@@ -156,12 +166,13 @@ def test_seeded_sampling_is_reproducible_and_top_k_1_is_greedy():
     assert top1.tokens == greedy.tokens
 
 
+@pytest.mark.device
 def test_top_p_keeps_the_smallest_nucleus():
-    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]], device=TEST_DEVICE))
     counts = torch.zeros(4)
-    generator = torch.Generator().manual_seed(0)
+    generator = torch.Generator(device=TEST_DEVICE).manual_seed(0)
     for _ in range(400):
-        counts[sample_next(logits, SamplingConfig(temperature=1.0, top_p=0.75), generator)] += 1
+        counts[int(sample_next(logits, SamplingConfig(temperature=1.0, top_p=0.75), generator))] += 1
     assert counts[2] == 0 and counts[3] == 0 and counts[0] > counts[1] > 0
 
 
@@ -171,9 +182,10 @@ def test_bad_sampling_settings_are_rejected(bad):
         SamplingConfig(**bad)
 
 
+@pytest.mark.device
 def test_decoder_rejects_bad_lengths_and_foreign_schedules():
-    model = tiny_model("gpt2")
-    ids, mask = left_padded_batch([5])
+    model = tiny_model("gpt2", device=TEST_DEVICE)
+    ids, mask = left_padded_batch([5], device=TEST_DEVICE)
     decoder = SkipDecoder(model)
     with pytest.raises(ValueError, match="max_new_tokens"):
         decoder.generate(ids, mask, full_schedule(NUM_LAYERS), max_new_tokens=0)
@@ -193,11 +205,12 @@ def test_unsupported_family_gets_a_clear_error():
         adapter_for(model)
 
 
+@pytest.mark.device
 def test_cancel_during_prefill_stops_between_layers_with_no_tokens():
     """The cancel check runs before each prefill layer: the third check stops the run two layers
     in, before any token or decode step, for every row of the batch."""
-    model = tiny_model("llama")
-    ids, mask = left_padded_batch([9, 5])
+    model = tiny_model("llama", device=TEST_DEVICE)
+    ids, mask = left_padded_batch([9, 5], device=TEST_DEVICE)
     decoder = SkipDecoder(model)
     layers_run, checks = [], []
     original = decoder.adapter.run_layer
@@ -213,10 +226,11 @@ def test_cancel_during_prefill_stops_between_layers_with_no_tokens():
     assert len(checks) == 3 and layers_run == [0, 1]
 
 
+@pytest.mark.device
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_trace_holds_the_row_after_every_layer_that_ran_and_its_last_entry_gives_the_token(family):
-    model = tiny_model(family)
-    ids, mask = left_padded_batch([4, 7])
+    model = tiny_model(family, device=TEST_DEVICE)
+    ids, mask = left_padded_batch([4, 7], device=TEST_DEVICE)
     decoder = SkipDecoder(model)
     schedule = ScheduleConfig(NUM_LAYERS, NUM_LAYERS, 2, warmup=1, decay="linear", decay_length=6)
     stream = decoder.stream(ids, mask, schedule, max_new_tokens=6, trace_row=0)
@@ -274,13 +288,14 @@ def test_a_prepared_run_is_tokenized_and_solved_once_and_streams_like_the_reques
     assert len(calls) == 1  # a plain request is prepared on the way
 
 
+@pytest.mark.device
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_llama_family_layers_run_the_lean_path_and_equal_transformers_layer(family):
     from model.architectures import LeanLlamaLayer, PrefixKVCache, adapter_for, position_ids_from_mask
 
-    model = tiny_model(family)
+    model = tiny_model(family, device=TEST_DEVICE)
     adapter = adapter_for(model)
-    ids, mask = left_padded_batch(LENGTHS)
+    ids, mask = left_padded_batch(LENGTHS, device=TEST_DEVICE)
     lean = LeanLlamaLayer.of(adapter.layers[1], model.config)
     assert lean is not None
     positions = position_ids_from_mask(mask)
@@ -298,14 +313,15 @@ def test_llama_family_layers_run_the_lean_path_and_equal_transformers_layer(fami
         torch.testing.assert_close(mine[:, :, :length], reference[:, :, :length], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.device
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_fused_rms_norm_is_the_modules_math_and_steps_aside_where_it_is_not(family):
     from model.architectures import FusedRMSNorm, fused_rms_norm
 
-    norm = tiny_model(family).model.layers[0].input_layernorm
+    norm = tiny_model(family, device=TEST_DEVICE).model.layers[0].input_layernorm
     with torch.no_grad():
         norm.weight.normal_()  # not the all-ones start: the weight must really be applied
-        x = torch.randn(2, 5, norm.weight.shape[0]) * 3
+        x = torch.randn(2, 5, norm.weight.shape[0]).to(TEST_DEVICE) * 3
         fused = fused_rms_norm(norm)
         assert isinstance(fused, FusedRMSNorm)
         torch.testing.assert_close(fused(x), norm(x), atol=1e-6, rtol=1e-5)
@@ -316,6 +332,7 @@ def test_fused_rms_norm_is_the_modules_math_and_steps_aside_where_it_is_not(fami
     assert fused_rms_norm(layer_norm) is layer_norm
 
 
+@pytest.mark.device
 @pytest.mark.parametrize("module", ["modeling_llama", "modeling_mistral", "modeling_qwen2", "modeling_qwen3"])
 def test_rotating_q_and_k_together_is_each_familys_own_rotary(module):
     import importlib
@@ -325,24 +342,25 @@ def test_rotating_q_and_k_together_is_each_familys_own_rotary(module):
     family = importlib.import_module(f"transformers.models.{module.split('_', 1)[1]}.{module}")
     assert module in STANDARD_ROTARY_MODULES
     torch.manual_seed(0)
-    q, k = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 5, 8)  # GQA: 4 query heads, 2 key heads
-    angles = torch.randn(2, 5, 4).repeat(1, 1, 2)  # (B, T, D): the two halves share their angles
+    q, k = torch.randn(2, 4, 5, 8).to(TEST_DEVICE), torch.randn(2, 2, 5, 8).to(TEST_DEVICE)  # GQA: 4 query heads, 2 key heads
+    angles = torch.randn(2, 5, 4).to(TEST_DEVICE).repeat(1, 1, 2)  # (B, T, D): the two halves share their angles
     cos, sin = angles.cos(), angles.sin()
     expected_q, expected_k = family.apply_rotary_pos_emb(q, k, cos, sin)
     together = rotate_together(torch.cat([q, k], dim=1), cos, sin)
     torch.testing.assert_close(together, torch.cat([expected_q, expected_k], dim=1), atol=1e-6, rtol=1e-6)
 
 
+@pytest.mark.device
 def test_a_decode_steps_rotation_matrices_are_the_llama_rotary_per_row():
     """x @ R == x * cos + rotate_half(x) * sin, each row at its own position (left padding), built
     once per step and shared."""
     from model.architectures import LayerInputs, rotate_together, step_rotation
 
     torch.manual_seed(0)
-    heads = torch.randn(2, 6, 1, 8)  # (B, Hq + Hkv, 1, D): one new position per row
-    angles = torch.randn(2, 1, 4).repeat(1, 1, 2)  # rows at different positions
+    heads = torch.randn(2, 6, 1, 8).to(TEST_DEVICE)  # (B, Hq + Hkv, 1, D): one new position per row
+    angles = torch.randn(2, 1, 4).to(TEST_DEVICE).repeat(1, 1, 2)  # rows at different positions
     cos, sin = angles.cos(), angles.sin()
-    inputs = LayerInputs(mask=None, position_ids=torch.tensor([[3], [7]]), extra={"position_embeddings": (cos, sin)})
+    inputs = LayerInputs(mask=None, position_ids=torch.tensor([[3], [7]], device=TEST_DEVICE), extra={"position_embeddings": (cos, sin)})
     rotation = step_rotation(inputs)
     assert rotation.shape == (2, 1, 8, 8) and step_rotation(inputs) is rotation  # built once per step
     torch.testing.assert_close(torch.matmul(heads, rotation), rotate_together(heads, cos, sin), atol=1e-6, rtol=1e-6)

@@ -1,12 +1,14 @@
 """The skip policy's learned parts act only where layers are bypassed, and the cached decoder
-(original + merged weights, bridge) equals the gated teacher-forced forward that training uses."""
+(original + merged weights, bridge) equals the gated teacher-forced forward that training uses.
+
+Tests marked ``device`` run on SKIPDECODE_TEST_DEVICE (tests/conftest.py; default cpu)."""
 
 import copy
 
 import pytest
 import torch
 
-from conftest import NUM_LAYERS, left_padded_batch, tiny_model
+from conftest import NUM_LAYERS, TEST_DEVICE, left_padded_batch, tiny_model
 from model.decoder import SkipDecoder, execution_mask, masked_forward
 from model.losses import hidden_matching_loss
 from model.schedule import ScheduleConfig, full_schedule, ranked_layers
@@ -18,8 +20,9 @@ NEW_TOKENS = 10
 LORA_TARGETS = {"llama": ["q_proj", "v_proj", "down_proj"], "opt": ["q_proj", "fc1"], "gpt2": ["c_attn", "c_fc"]}
 
 
-def _policy(family: str):
-    """A tiny model, its gated LoRA with NON-zero weights, the merged copy, and a non-identity bridge."""
+def _policy(family: str, device: torch.device | str = "cpu"):
+    """A tiny model, its gated LoRA with NON-zero weights, the merged copy, and a non-identity bridge,
+    built on the CPU (the same weights on every device) and moved to ``device``."""
     from peft import LoraConfig, get_peft_model
 
     base = tiny_model(family)
@@ -37,7 +40,7 @@ def _policy(family: str):
     bridge = EntryBridge(NUM_LAYERS, hidden, rank=4)
     with torch.no_grad():
         bridge.up.normal_(0, 0.3)
-    return base.eval(), peft_model, merged, bridge.eval()
+    return base.to(device).eval(), peft_model.to(device), merged.to(device), bridge.to(device).eval()
 
 
 SCHEDULES = {
@@ -49,14 +52,15 @@ SCHEDULES = {
 }
 
 
+@pytest.mark.device
 @pytest.mark.parametrize("family", ["llama", "opt", "gpt2"])
 @pytest.mark.parametrize("name", list(SCHEDULES))
 def test_cached_decoder_with_two_weight_sets_equals_gated_teacher_forced(family, name):
     schedule = SCHEDULES[name]
-    base, peft_model, merged, bridge = _policy(family)
-    ids, mask = left_padded_batch(LENGTHS)
+    base, peft_model, merged, bridge = _policy(family, TEST_DEVICE)
+    ids, mask = left_padded_batch(LENGTHS, device=TEST_DEVICE)
     decoder = SkipDecoder(base, skip_model=merged, bridge=bridge)
-    generated = torch.tensor(decoder.generate(ids, mask, schedule, max_new_tokens=NEW_TOKENS).tokens)
+    generated = torch.tensor(decoder.generate(ids, mask, schedule, max_new_tokens=NEW_TOKENS).tokens, device=ids.device)
 
     state, logits = decoder.prefill(ids, mask, schedule.prefill_layers(), ids.shape[1] + NEW_TOKENS)
     cached = [logits]
@@ -74,17 +78,18 @@ def test_cached_decoder_with_two_weight_sets_equals_gated_teacher_forced(family,
     assert (cached - without_policy).abs().max() > 1e-2
 
 
+@pytest.mark.device
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_full_depth_with_the_policy_is_exactly_the_original_model(family):
-    base, peft_model, merged, bridge = _policy(family)
-    ids, mask = left_padded_batch(LENGTHS)
+    base, peft_model, merged, bridge = _policy(family, TEST_DEVICE)
+    ids, mask = left_padded_batch(LENGTHS, device=TEST_DEVICE)
     schedule = full_schedule(NUM_LAYERS)
     original = SkipDecoder(base).generate(ids, mask, schedule, max_new_tokens=NEW_TOKENS)
     with_policy = SkipDecoder(base, skip_model=merged, bridge=bridge).generate(ids, mask, schedule,
                                                                                max_new_tokens=NEW_TOKENS)
     assert with_policy.tokens == original.tokens
-    sequence = torch.cat([ids, torch.tensor(original.tokens)], 1)
-    full_mask = torch.cat([mask, torch.ones(len(LENGTHS), NEW_TOKENS, dtype=mask.dtype)], 1)
+    sequence = torch.cat([ids, torch.tensor(original.tokens, device=ids.device)], 1)
+    full_mask = torch.cat([mask, torch.ones(len(LENGTHS), NEW_TOKENS, dtype=mask.dtype, device=mask.device)], 1)
     with torch.no_grad():
         gated_logits = skip_policy_logits(peft_model, sequence, full_mask, schedule, ids.shape[1], bridge=bridge)
         original_logits = skip_policy_logits(base, sequence, full_mask, schedule, ids.shape[1])
@@ -99,8 +104,9 @@ def test_gate_is_one_exactly_where_a_position_bypasses_layers():
     assert gate[3] == 0.0 and gate[-1] == 1.0
 
 
+@pytest.mark.device
 def test_gate_context_restores_and_ignores_models_without_lora():
-    base, peft_model, _, _ = _policy("llama")
+    base, peft_model, _, _ = _policy("llama", TEST_DEVICE)
     executes = torch.ones(5, NUM_LAYERS, dtype=torch.bool)
     with gated(base, executes):  # no LoRA: nothing to gate, no error
         pass
@@ -128,25 +134,28 @@ def test_entry_layers_are_the_first_layers_after_each_gap():
     assert entry_layers((3, 4)) == {3}  # entered straight from the embedding
 
 
+@pytest.mark.device
 def test_bridge_starts_as_identity_and_round_trips(tmp_path):
-    bridge = EntryBridge(NUM_LAYERS, 16, rank=4)
-    hidden = torch.randn(2, 3, 16)
+    bridge = EntryBridge(NUM_LAYERS, 16, rank=4).to(TEST_DEVICE)
+    hidden = torch.randn(2, 3, 16).to(TEST_DEVICE)
     assert torch.equal(bridge(2, hidden), hidden)
     with torch.no_grad():
         bridge.up.normal_()
     bridge.save(tmp_path)
-    loaded = EntryBridge.load(tmp_path)
+    loaded = EntryBridge.load(tmp_path, device=TEST_DEVICE)
     torch.testing.assert_close(loaded(2, hidden), bridge(2, hidden))
     assert not torch.allclose(loaded(2, hidden), hidden)
     assert EntryBridge.load(tmp_path / "nothing-here") is None
 
 
+@pytest.mark.device
 def test_masked_forward_applies_the_bridge_only_at_entries():
-    model = tiny_model("llama")
+    model = tiny_model("llama", device=TEST_DEVICE)
     bridge = EntryBridge(NUM_LAYERS, 64, rank=4)
     with torch.no_grad():
         bridge.up.normal_(0, 0.3)
-    ids, mask = left_padded_batch([5])
+    bridge.to(TEST_DEVICE)
+    ids, mask = left_padded_batch([5], device=TEST_DEVICE)
     executes = torch.ones(5, NUM_LAYERS, dtype=torch.bool)
     with torch.no_grad():
         plain = masked_forward(model, ids, mask, executes)
@@ -159,10 +168,11 @@ def test_masked_forward_applies_the_bridge_only_at_entries():
     assert (skipping[:, 4] - skipping_plain[:, 4]).abs().max() > 1e-3
 
 
+@pytest.mark.device
 def test_hidden_matching_loss_is_zero_for_identical_states_and_positive_otherwise():
     schedule = ScheduleConfig(NUM_LAYERS, 6, 2, decay="linear", warmup=1, decay_length=4)
-    states = [torch.randn(2, 9, 8) for _ in range(NUM_LAYERS + 1)]
-    target_mask = torch.ones(2, 5, dtype=torch.bool)
+    states = [torch.randn(2, 9, 8).to(TEST_DEVICE) for _ in range(NUM_LAYERS + 1)]
+    target_mask = torch.ones(2, 5, dtype=torch.bool, device=TEST_DEVICE)
     assert float(hidden_matching_loss(states, states, schedule, 4, target_mask)) == 0.0
     moved = [s + 0.5 for s in states]
     assert float(hidden_matching_loss(moved, states, schedule, 4, target_mask)) > 0.01

@@ -1,4 +1,5 @@
-"""Skip-policy training and evaluation on tiny models (CPU, seconds)."""
+"""Skip-policy training and evaluation on tiny models (CPU, seconds). The test marked ``device``
+runs on SKIPDECODE_TEST_DEVICE (tests/conftest.py; default cpu); training itself stays on the CPU."""
 
 import json
 import random
@@ -6,7 +7,7 @@ import random
 import pytest
 import torch
 
-from conftest import NUM_LAYERS, tiny_model
+from conftest import NUM_LAYERS, TEST_DEVICE, tiny_model
 from model.data import DEFAULT_TRAIN_PROMPTS, Example, collate, read_jsonl, user_examples
 from model.decoder import SkipDecoder
 from model.evaluation import EvalConfig, evaluate, rouge_l, write_report
@@ -15,11 +16,13 @@ from model.scoring import distillation_loss, skip_policy_logits
 from model.training import Budget, TrainConfig, draw_schedule, train
 
 
+@pytest.mark.device
 def test_training_forward_equals_the_decoders_cached_logits():
-    model = tiny_model("llama")
+    model = tiny_model("llama", device=TEST_DEVICE)
     examples = [Example(prompt=[5, 6, 7, 8], target=[9, 10, 11, 12, 13, 14]),
                 Example(prompt=[20, 21], target=[22, 23, 24])]
     ids, mask, target_mask, prompt_len = collate(examples, pad_id=0)
+    ids, mask = ids.to(TEST_DEVICE), mask.to(TEST_DEVICE)
     schedule = ScheduleConfig(NUM_LAYERS, 6, 2, decay="linear", decay_length=5)
     with torch.no_grad():
         forced = skip_policy_logits(model, ids, mask, schedule, prompt_len)  # (B, N, V)
