@@ -140,9 +140,17 @@ class Playground:
         handle = self.runs.start(session)
         gone = self.client_gone()
         try:
+            if handle.cancelled:  # Stop was pressed while this run waited in the queue
+                yield ("Stopped.",) + NO_CHANGE[1:]
+                return
             yield from self._stream(generator, settings, handle, notice, gone)
         finally:
             self.runs.finish(session, handle)
+
+    def arm(self, request: gr.Request | None = None) -> None:
+        """A Generate click, before its run joins the queue (outside the queue, at once): a Stop
+        pressed while the run waits ends it as it starts."""
+        self.runs.arm(session_key(request))
 
     def request_restart(self, request: gr.Request | None = None) -> bool:
         """Speedup/decay moved (runs outside the queue, at once): if this session is generating,

@@ -29,18 +29,38 @@ class SessionRuns:
     """Per-browser-session run handles: a new run, Stop, a settings restart or a closed tab
     cancels that session's previous run, never another session's."""
 
+    # A Generate click that waits longer than this for its run to start no longer remembers a Stop.
+    ARMED_FOR_S = 3600.0
+
     def __init__(self, step_positions: int = 32768) -> None:
         self._lock = threading.Lock()
         self._runs: dict[str, RunHandle] = {}
+        # session -> (time of its Generate click, Stop pressed since): a run still waiting in the
+        # queue (or between the queue and its start) has no handle for Stop to cancel yet.
+        self._armed: dict[str, tuple[float, bool]] = {}
         self.steppers = StepSessions(max_positions=step_positions)
         self.recent_seconds: collections.deque[float] = collections.deque(maxlen=20)  # finished runs' durations
 
+    def arm(self, session: str) -> None:
+        """A Generate click, before its run waits in the queue: a Stop from now until the run
+        starts ends that run as it starts (``start`` returns it cancelled)."""
+        now = time.monotonic()
+        with self._lock:
+            for key in [key for key, (at, _) in self._armed.items() if now - at > self.ARMED_FOR_S]:
+                del self._armed[key]  # clicks whose run never started (dropped from the queue)
+            self._armed[session] = (now, False)
+
     def start(self, session: str) -> RunHandle:
+        """The session's new run (cancelling its previous one); already cancelled when Stop was
+        pressed after the Generate click that queued it."""
         handle = RunHandle()
         with self._lock:
             previous = self._runs.get(session)
             if previous is not None:
                 previous.cancel()
+            _, stopped = self._armed.pop(session, (0.0, False))
+            if stopped:
+                handle.cancel("stop")
             self._runs[session] = handle
         return handle
 
@@ -66,9 +86,13 @@ class SessionRuns:
         return recent[len(recent) // 2] if recent else None
 
     def cancel(self, session: str, reason: str = "stop") -> None:
+        """End the session's run; with none running yet, a Stop ends the run its last Generate
+        click queued (``arm``) as soon as it starts."""
         with self._lock:
             handle = self._runs.pop(session, None)
             self.steppers.pop(session, None)
+            if handle is None and reason == "stop" and session in self._armed:
+                self._armed[session] = (self._armed[session][0], True)
         if handle is not None:
             handle.cancel(reason)
 

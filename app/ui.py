@@ -198,11 +198,13 @@ def _wire(demo: gr.Blocks, playground: Playground, ui: dict, defaults: dict, con
         button.click(None, None, None, js=SCROLL_TO_OUTPUTS, queue=False, api_name=False)
     note = dict(fn=lambda: playground.load_note(demo.fair_queue.waiting()), inputs=None, outputs=[ui["load_note"]],
                 queue=False, show_progress="hidden", api_name=False)
-    ui["run"].click(generate, settings, stream, api_name="ui_generate", **private, **lane).then(**note)
+    # arm first (outside the queue): a Stop while the run waits in the queue ends it as it starts
+    ui["run"].click(playground.arm, None, None, queue=False, api_name=False).then(
+        generate, settings, stream, api_name="ui_generate", **private, **lane).then(**note)
     # A lesson sets every control it names, then generates with them (its second run: "then").
     lesson_controls = [c[name] for name in lesson_names()]
     for i, then in enumerate((False, True)):
-        ui["lesson_then" if then else "lesson_run"].click(
+        ui["lesson_then" if then else "lesson_run"].click(playground.arm, None, None, queue=False, api_name=False).then(
             lambda title, then=then: lesson_settings(title, defaults, then), [ui["lesson"]], lesson_controls,
             queue=False, api_name=False).then(generate, settings, stream, api_name=f"ui_lesson_{i}", **private,
                                               **lane).then(**note)  # the busy line, fresh when the run ends

@@ -390,3 +390,45 @@ def test_lens_kl_to_the_full_model_is_zero_after_the_last_layer_at_full_depth(se
     assert len(kl) == 6 and all(set(entry) == set(range(30)) for entry in kl)
     assert all(entry[29] < 1e-3 for entry in kl)  # the last layer's lens IS the full model at 1x
     assert all(entry[5] > 0.1 for entry in kl)  # an early layer's guess is far from it
+
+
+def test_stop_while_queued_ends_the_run_as_it_starts(server):
+    """A Stop pressed after the Generate click but before its run starts (it waits in the queue)
+    ends that run at once: one 'Stopped.' update, no decoder step, the panes left as they were."""
+    demo, generator = server
+
+    class Session:
+        session_hash = "stop-while-queued"
+
+    playground, key = demo.playground, "stop-while-queued"
+    playground.arm(Session())
+    playground.stop(Session())  # nothing runs yet: the Stop is remembered for the queued run
+    before = generator.steps
+    updates = list(playground.generate(dict(prompt="Write a long story.", max_new_tokens=40), Session()))
+    assert len(updates) == 1 and updates[0][0] == "Stopped."
+    assert generator.steps == before and not playground.runs.is_running(key)
+    # the Stop was for that run only: the next Generate click runs
+    playground.arm(Session())
+    updates = list(playground.generate(dict(prompt="Name three colours.", max_new_tokens=4), Session()))
+    assert "Done" in updates[-1][0] and generator.steps > before
+
+
+def test_a_stale_stop_does_not_cancel_a_later_run():
+    """Stop with nothing queued or running (after a run ended, say) is not held against the next run;
+    a run started without a Generate click (the API, a restart) is never cancelled by an old Stop."""
+    from app.sessions import SessionRuns
+
+    runs = SessionRuns()
+    runs.cancel("s")  # idle Stop
+    assert not runs.start("s").cancelled
+    runs.finish("s", runs._runs["s"])
+    runs.arm("s")
+    runs.cancel("s")  # Stop while queued...
+    runs.arm("s")  # ...then a new Generate click: that one must run
+    assert not runs.start("s").cancelled
+    runs.arm("s")
+    runs.cancel("s", reason="restart")  # a settings restart is not a Stop
+    assert not runs.start("s").cancelled
+    runs.arm("t")
+    runs.cancel("t")
+    assert runs.start("t").cancelled and not runs.start("t").cancelled  # once, for that run only

@@ -228,9 +228,12 @@ def test_stop_shows_no_error_badge(server):
         page.fill("textarea", "Tell me a very long story about the sea and its sailors.")
         for _ in range(3):
             page.click("#generate-btn")
-            assert _wait(lambda: _full_length(page) >= 5, 90), "generation did not start"
+            # this run's own tokens (the panes still hold the last run's until its first update)
+            assert _wait(lambda: "Generating" in page.inner_text("#status") and _full_length(page) >= 5, 90), \
+                "generation did not start"
             page.click("#stop-btn")
-            assert _wait(lambda: "Stopped" in page.inner_text("#status"), 15)
+            assert _wait(lambda: "Stopped" in page.inner_text("#status"), 15), \
+                f"no 'Stopped' after Stop: status {page.inner_text('#status')!r}, full {_full_length(page)} tokens"
             time.sleep(0.5)
             errors = page.evaluate("() => Array.from(document.querySelectorAll('.error, [class*=error]'))"
                                    ".filter(e => e.offsetParent !== null && /error/i.test(e.textContent))"
