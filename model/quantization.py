@@ -486,10 +486,10 @@ class Int4LoraLinear(nn.Module):
         self.register_buffer("lora_bt", lora_b.t().contiguous())  # (r, out), scale folded in
         self.in_features, self.out_features = base.in_features, base.out_features
         self.bias = base.bias
-        # The kernel's arguments as plain references for ``forward`` (nn.Module's attribute lookup of
-        # buffers costs ~1 us each, three a call): this module lives only inside a lean layer, is
-        # never moved or saved, and its stacked tensors are never re-pointed.
-        self._kernel_args = (self.stacked.weight_int4pack, self.stacked.scales_and_zeros, self.lora_bt, self.out_features)
+        # Plain references for ``forward`` (nn.Module's attribute lookup of a buffer costs ~1 us): the
+        # stacked rows' own decode call, and B; this module lives only inside a lean layer and is
+        # never moved or saved.
+        self._call_args = (self.stacked.decode_call(), self.lora_bt, self.out_features)
 
     @classmethod
     def of(cls, module: LowBitLoraLinear) -> "Int4LoraLinear | None":
@@ -508,10 +508,8 @@ class Int4LoraLinear(nn.Module):
         return fused
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight, scales_and_zeros, lora_bt, out = self._kernel_args
-        flat = x if x.dim() == 2 else x.reshape(-1, self.in_features)
-        both = torch.ops.aten._weight_int4pack_mm_for_cpu(flat.to(torch.bfloat16), weight, INT4_GROUP,
-                                                          scales_and_zeros).to(x.dtype)  # (N, out + r): base | x A^T
+        stacked, lora_bt, out = self._call_args
+        both = stacked(x if x.dim() == 2 else x.reshape(-1, self.in_features))  # (N, out + r): base | x A^T
         y = torch.addmm(both[:, :out], both[:, out:], lora_bt)
         return y if x.dim() == 2 else y.reshape(*x.shape[:-1], out)
 
