@@ -175,6 +175,9 @@ def add_eval_command(commands) -> None:
                     "(default: assets/prompts/facts.jsonl; 'none' to skip)")
     ev.add_argument("--max-facts", type=int, default=None)
     ev.add_argument("--fact-tokens", type=int, default=32, help="reply length for a fact question")
+    ev.add_argument("--candidate", default=None, help="a second adapter folder, measured on the same references "
+                    "and compared with --adapter per measure (paired bootstrap over prompts, 95%% intervals)")
+    ev.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples of --candidate's comparison")
     ev.add_argument("--output", default=None, help="folder for eval.json and eval.md")
     ev.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
     ev.set_defaults(handler=run_eval)
@@ -299,7 +302,8 @@ def eval_config(args: argparse.Namespace) -> EvalConfig:
         warmup=args.warmup, order=args.order, batch_size=args.batch_size, free_running=not args.no_free_running,
         quantize=tuple(m for m in (_quantize_list(args.quantize) or ()) if m != "none"),
         facts=None if args.facts == "none" else args.facts or str(DEFAULT_FACTS), max_facts=args.max_facts,
-        fact_tokens=args.fact_tokens, include_no_adapter=not args.adapter_only,
+        fact_tokens=args.fact_tokens, include_no_adapter=not args.adapter_only, candidate=args.candidate,
+        resamples=args.resamples,
     )
 
 
@@ -309,6 +313,10 @@ def run_eval(args: argparse.Namespace) -> int:
     config = eval_config(args)
     if config.continuation_tokens < 2 or config.fact_tokens < 2:
         raise ValueError("--tokens and --fact-tokens must be >= 2")
+    if config.candidate and not config.adapter:
+        raise ValueError("--candidate is compared with an adapter: leave out --no-adapter")
+    if config.resamples < 100:
+        raise ValueError("--resamples must be >= 100")
     report = evaluate(config, progress=lambda line: print(line, file=sys.stderr))
     if args.output:
         write_report(report, args.output)

@@ -38,7 +38,8 @@ from model.data import (
 )
 from model.decoder import SkipDecoder
 from model.schedule import ScheduleConfig, full_schedule, solve_schedule
-from model.scoring import teacher_forced_scores
+from model.paired import Comparison, compare_variants, comparison_markdown
+from model.scoring import Scores, teacher_forced_scores
 
 EVAL_SPEEDUPS = (1.0, 1.5, 2.0, 3.0, 4.0)
 
@@ -64,6 +65,8 @@ class EvalConfig:
     facts: str | None = str(DEFAULT_FACTS)  # None: no fact-retention measure
     max_facts: int | None = None
     fact_tokens: int = 32  # greedy reply length for a fact question (the schedule decays over it)
+    candidate: str | None = None  # a second adapter, measured on the same references and compared in pairs
+    resamples: int = 2000  # paired bootstrap resamples of the candidate's comparison
 
 
 @dataclass
@@ -110,6 +113,8 @@ class EvalReport:
     full_fact_accuracy: float | None = None  # share the full model answers right
     rows: list[EvalRow] = field(default_factory=list)
     quantization: list[QuantizationRow] = field(default_factory=list)
+    candidate: str | None = None
+    comparisons: list[Comparison] = field(default_factory=list)  # candidate − adapter, paired, per measure
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -144,6 +149,8 @@ class EvalReport:
                       "|---|---|---|---|---|"]
             lines += [f"| {q.weights} | {q.agreement:.3f} | {q.perplexity_ratio:.3f} | {q.token_match:.3f} | "
                       f"{q.identical_outputs:.3f} |" for q in self.quantization]
+        if self.comparisons:
+            lines += ["", comparison_markdown(self.comparisons, self.adapter, self.candidate)]
         return "\n".join(lines)
 
 
@@ -178,18 +185,23 @@ def corpus_bleu(candidates: Sequence[str], references: Sequence[str]) -> float:
     return float(sacrebleu.corpus_bleu(list(candidates), [list(references)]).score)
 
 
+def repetition_counts(text: str, n: int = 4) -> tuple[int, int]:
+    """(word n-grams that repeat an earlier n-gram of the text, all word n-grams of the text)."""
+    words = text.lower().split()
+    seen: set[tuple[str, ...]] = set()
+    repeated = 0
+    for i in range(len(words) - n + 1):
+        gram = tuple(words[i:i + n])
+        repeated += gram in seen
+        seen.add(gram)
+    return repeated, max(0, len(words) - n + 1)
+
+
 def repetition_rate(texts: Sequence[str], n: int = 4) -> float:
     """Share of word n-grams (pooled over texts) that repeat an earlier n-gram of the same text."""
-    repeated = total = 0
-    for text in texts:
-        words = text.lower().split()
-        seen: set[tuple[str, ...]] = set()
-        for i in range(len(words) - n + 1):
-            gram = tuple(words[i:i + n])
-            repeated += gram in seen
-            seen.add(gram)
-            total += 1
-    return repeated / total if total else 0.0
+    counts = [repetition_counts(text, n) for text in texts]
+    total = sum(t for _, t in counts)
+    return sum(r for r, _ in counts) / total if total else 0.0
 
 
 @dataclass(frozen=True)
@@ -233,10 +245,21 @@ def free_run(generator, decoder: SkipDecoder, prompt_batches, schedule: Schedule
     return FreeRun(texts=texts, examples=examples)
 
 
-def judged_nll(loaded, examples: Sequence[Example], batch_size: int, num_layers: int) -> float:
-    """The ORIGINAL model's mean NLL per token of ``examples``' targets given their prompts."""
+def judged_scores(loaded, examples: Sequence[Example], batch_size: int, num_layers: int) -> Scores:
+    """The ORIGINAL model's scores of ``examples``' targets given their prompts (``.nll``: mean per token)."""
     batches = batches_of(examples, batch_size, loaded.pad_token_id, loaded.device)
-    return teacher_forced_scores(loaded.model, batches, lambda steps: full_schedule(num_layers)).nll
+    return teacher_forced_scores(loaded.model, batches, lambda steps: full_schedule(num_layers))
+
+
+@dataclass
+class RowItems:
+    """The per-prompt (and per-question) counts one EvalRow pools: what a paired comparison of two
+    variants resamples. Lists follow the prompt (question) order of the run."""
+
+    teacher_forced: tuple[tuple[float, float, float], ...]  # (agreeing positions, NLL sum, positions)
+    judged: tuple[tuple[float, float, float], ...] = ()  # the original model on this variant's own text
+    repetition: tuple[tuple[int, int], ...] = ()  # (repeated word 4-grams, word 4-grams) per output
+    facts_kept: tuple[bool, ...] = ()  # per question the full model answers right: still answered right
 
 
 # --- the run -------------------------------------------------------------------------------------
@@ -257,34 +280,63 @@ class _Context:
     prompt_batches: list
     references: FreeRun  # the full model's own greedy text and its examples (prompt + continuation ids)
     batches: list  # the references' examples, collated for teacher-forced scoring
-    full_nll: float  # the original model's mean NLL of its own text
+    full_scores: Scores  # the original model on its own text (.nll: mean NLL per token)
     fact_batches: list
     facts: list[FactQuestion]
     full_facts_right: list[bool]
 
-    def schedule(self, speedup: float, tokens: int) -> tuple[ScheduleConfig, float]:
+    @property
+    def full_nll(self) -> float:
+        return self.full_scores.nll
+
+    def schedule(self, speedup: float, tokens: int, variant: _Variant | None = None) -> tuple[ScheduleConfig, float]:
+        """The schedule of ``speedup`` over ``tokens`` steps, in ``variant``'s placement (default: the run's)."""
         if speedup == 1.0:
             return full_schedule(self.num_layers, tokens), 1.0
-        solved = solve_schedule(self.num_layers, speedup, decay=self.config.decay, warmup=self.warmup,
-                                order=self.order, ranking=self.ranking, decay_length=tokens,
+        warmup, order, ranking = (variant.warmup, variant.order, variant.ranking) if variant else \
+            (self.warmup, self.order, self.ranking)
+        solved = solve_schedule(self.num_layers, speedup, decay=self.config.decay, warmup=warmup,
+                                order=order, ranking=ranking, decay_length=tokens,
                                 num_steps=max(1, tokens - 1), min_layers_floor=self.config.min_layers_floor)
         return solved.config, solved.layer_speedup
 
 
+@dataclass
+class _Variant:
+    """One model measured: its teacher-forced model, entry bridge, free-running decoder, placement."""
+
+    name: str  # "adapter", "candidate" or "no adapter"
+    model: object
+    bridge: object
+    decoder: SkipDecoder
+    warmup: int
+    order: str
+    ranking: tuple[int, ...]
+
+
 def evaluate(config: EvalConfig, progress=print) -> EvalReport:
     context, report = _prepare(config, progress)
+    if config.candidate and not context.loaded.adapter_path:
+        raise ValueError("a candidate adapter is compared with an adapter, and this run has none")
     for weights in config.quantize:
         report.quantization.append(_quantization_row(config, weights, context))
         q = report.quantization[-1]
         progress(f"{weights} full model vs float: agreement {q.agreement:.3f}, ppl ratio {q.perplexity_ratio:.3f}, "
                  f"greedy token match {q.token_match:.3f}, identical outputs {q.identical_outputs:.3f}")
-    for variant, model, bridge, decoder in _variants(context):
+    items: dict[tuple[str, float], RowItems] = {}
+    for variant in _variants(context):
         for speedup in config.speedups:
-            row = _row(context, variant, speedup, model, bridge, decoder)
+            row, items[variant.name, speedup] = _row(context, variant, speedup)
             report.rows.append(row)
-            progress(f"{variant} {speedup}x: agreement {row.agreement:.3f}, ppl ratio {row.perplexity_ratio:.2f}, "
+            progress(f"{variant.name} {speedup}x: agreement {row.agreement:.3f}, ppl ratio {row.perplexity_ratio:.2f}, "
                      f"judged ppl ratio {row.judged_ppl_ratio}, repetition {row.repetition}, "
                      f"fact retention {row.fact_retention}, ROUGE-L {row.rouge_l}")
+    if config.candidate:
+        report.comparisons = [
+            comparison for speedup in config.speedups if speedup != 1.0
+            for comparison in compare_variants(context.full_scores.per_example, items["adapter", speedup],
+                                               items["candidate", speedup], speedup, config.resamples)
+        ]
     return report
 
 
@@ -293,30 +345,40 @@ def evaluate_shapes(config: EvalConfig, shapes: Sequence[tuple[str, int | None]]
     at every speedup of ``config``; the model, references and fact answers are prepared once.
     ``on_row(decay, floor, row)`` sees each row as soon as it is measured."""
     context, report = _prepare(config, progress)
-    variant, model, bridge, decoder = _variants(context)[0]  # the adapter, or the bare model without one
+    variant = _variants(context)[0]  # the adapter, or the bare model without one
     for decay, floor in shapes:
         context.config = replace(config, decay=decay, min_layers_floor=floor)
         for speedup in config.speedups:
             if floor is not None and max(floor, context.warmup + 1) * speedup > context.num_layers:
                 progress(f"{decay} floor {floor} at {speedup:g}x skipped: {floor} layers per step cannot reach it")
                 continue
-            row = _row(context, variant, speedup, model, bridge, decoder)
+            row, _ = _row(context, variant, speedup)
             report.rows.append(row)
             on_row(decay, floor, row)
     return report
 
 
-def _variants(context: _Context) -> list[tuple]:
-    """(name, teacher-forced model, bridge, free-running decoder) of each variant measured: the
-    adapter (when there is one) first, then the bare model (when asked for, or without an adapter)."""
-    from model.loading import gated_peft_copy  # noqa: PLC0415
+def _variants(context: _Context) -> list[_Variant]:
+    """Each variant measured: the adapter (when there is one) first, then the candidate adapter
+    (when asked for; loaded beside, in its own trained placement), then the bare model (when asked
+    for, or without an adapter)."""
+    from model.generation import TextGenerator  # noqa: PLC0415
+    from model.loading import gated_peft_copy, load_model  # noqa: PLC0415
 
-    loaded, generator = context.loaded, context.generator
+    loaded, generator, config = context.loaded, context.generator, context.config
     variants = []
     if loaded.adapter_path:
-        variants.append(("adapter", gated_peft_copy(loaded), loaded.bridge, generator.skip_decoder))
-    if context.config.include_no_adapter or not loaded.adapter_path:
-        variants.append(("no adapter", loaded.model, None, generator.full_decoder))
+        variants.append(_Variant("adapter", gated_peft_copy(loaded), loaded.bridge, generator.skip_decoder,
+                                 context.warmup, context.order, context.ranking))
+    if config.candidate:
+        other = TextGenerator(load_model(config.model, device=config.device, adapter=config.candidate))
+        warmup = config.warmup if config.warmup is not None else other.default_warmup
+        order = config.order or other.default_order
+        variants.append(_Variant("candidate", gated_peft_copy(other.loaded), other.loaded.bridge, other.skip_decoder,
+                                 warmup, order, other.ranking_for(order)))
+    if config.include_no_adapter or not loaded.adapter_path:
+        variants.append(_Variant("no adapter", loaded.model, None, generator.full_decoder,
+                                 context.warmup, context.order, context.ranking))
     return variants
 
 
@@ -340,22 +402,23 @@ def _prepare(config: EvalConfig, progress) -> tuple[_Context, EvalReport]:
     prompt_batches = _encoded_batches(generator, prompts, config.batch_size)
     references = free_run(generator, generator.full_decoder, prompt_batches, full_schedule(num_layers, n), n)
     batches = batches_of(references.examples, config.batch_size, loaded.pad_token_id, loaded.device)
-    full_nll = teacher_forced_scores(loaded.model, batches, lambda steps: full_schedule(num_layers)).nll
+    full_scores = teacher_forced_scores(loaded.model, batches, lambda steps: full_schedule(num_layers))
     facts = read_facts(config.facts, config.max_facts) if config.facts else []
     fact_batches = _encoded_batches(generator, [f.question for f in facts], config.batch_size)
     full_replies = free_run(generator, generator.full_decoder, fact_batches,
                             full_schedule(num_layers, config.fact_tokens), config.fact_tokens).texts if facts else []
     context = _Context(config=config, generator=generator, loaded=loaded, num_layers=num_layers, warmup=warmup,
                        order=order, ranking=generator.ranking_for(order), prompts=prompts,
-                       batches=batches, full_nll=full_nll,
+                       batches=batches, full_scores=full_scores,
                        prompt_batches=prompt_batches, references=references,
                        fact_batches=fact_batches, facts=facts,
                        full_facts_right=[answers_right(r, f.answers) for r, f in zip(full_replies, facts)])
     report = EvalReport(model=loaded.name, adapter=portable_path(loaded.adapter_path), device=str(loaded.device),
                         num_prompts=len(prompts), continuation_tokens=n, decay=config.decay,
-                        full_perplexity=math.exp(full_nll), warmup=warmup, order=order,
+                        full_perplexity=math.exp(full_scores.nll), warmup=warmup, order=order,
                         full_repetition=round(repetition_rate(references.texts), 4), facts=len(facts),
-                        full_fact_accuracy=round(sum(context.full_facts_right) / len(facts), 4) if facts else None)
+                        full_fact_accuracy=round(sum(context.full_facts_right) / len(facts), 4) if facts else None,
+                        candidate=portable_path(config.candidate) if config.candidate else None)
     progress(f"full model: perplexity {report.full_perplexity:.3f} on {len(prompts)} prompts, repetition "
              f"{report.full_repetition}, facts right {report.full_fact_accuracy}")
     return context, report
@@ -365,38 +428,42 @@ def _encoded_batches(generator, prompts: Sequence[str], batch_size: int) -> list
     return [generator.encode(prompts[i:i + batch_size]) for i in range(0, len(prompts), batch_size)]
 
 
-def _row(context: _Context, variant: str, speedup: float, model, bridge, decoder: SkipDecoder) -> EvalRow:
-    """Every measure of one variant at one speedup."""
+def _row(context: _Context, variant: _Variant, speedup: float) -> tuple[EvalRow, RowItems]:
+    """Every measure of one variant at one speedup, and the per-prompt counts behind them."""
     config, n = context.config, context.config.continuation_tokens
-    schedule, layer_speedup = context.schedule(speedup, n)
-    scores = teacher_forced_scores(model, context.batches, lambda _steps: schedule, bridge)
-    agreement, nll = scores.agreement, scores.nll
+    schedule, layer_speedup = context.schedule(speedup, n, variant)
+    scores = teacher_forced_scores(variant.model, context.batches, lambda _steps: schedule, variant.bridge)
     full_nll = context.full_nll
-    row = EvalRow(variant=variant, target_speedup=speedup, layer_speedup=round(layer_speedup, 4),
+    row = EvalRow(variant=variant.name, target_speedup=speedup, layer_speedup=round(layer_speedup, 4),
                   max_layers=schedule.max_layers, min_layers=schedule.min_layers,
-                  agreement=round(agreement, 4), perplexity=round(math.exp(nll), 4),
-                  perplexity_ratio=round(math.exp(nll - full_nll), 4))
+                  agreement=round(scores.agreement, 4), perplexity=round(math.exp(scores.nll), 4),
+                  perplexity_ratio=round(math.exp(scores.nll - full_nll), 4))
+    items = RowItems(teacher_forced=scores.per_example)
     if config.free_running and (config.free_running_speedups is None or speedup in config.free_running_speedups):
-        run = free_run(context.generator, decoder, context.prompt_batches, schedule, n)
+        run = free_run(context.generator, variant.decoder, context.prompt_batches, schedule, n)
         references = context.references.texts
         row.rouge_l = round(sum(rouge_l(o, r) for o, r in zip(run.texts, references)) / len(run.texts), 4)
         row.bleu = round(corpus_bleu(run.texts, references), 2)
-        judged = judged_nll(context.loaded, run.examples, config.batch_size, context.num_layers)
-        row.judged_ppl_ratio = round(math.exp(judged - context.full_nll), 4)
+        judged = judged_scores(context.loaded, run.examples, config.batch_size, context.num_layers)
+        row.judged_ppl_ratio = round(math.exp(judged.nll - full_nll), 4)
         row.repetition = round(repetition_rate(run.texts), 4)
-        row.fact_retention = _fact_retention(context, decoder, speedup)
-    return row
+        items.judged = judged.per_example
+        items.repetition = tuple(repetition_counts(text) for text in run.texts)
+        items.facts_kept = _facts_kept(context, variant, speedup)
+        if items.facts_kept:
+            row.fact_retention = round(sum(items.facts_kept) / len(items.facts_kept), 4)
+    return row, items
 
 
-def _fact_retention(context: _Context, decoder: SkipDecoder, speedup: float) -> float | None:
-    """Of the fact questions the full model answers right, the share this decoder still answers right."""
+def _facts_kept(context: _Context, variant: _Variant, speedup: float) -> tuple[bool, ...]:
+    """For each fact question the full model answers right: does this variant still answer it right?"""
     if not context.facts or not any(context.full_facts_right):
-        return None
-    schedule, _ = context.schedule(speedup, context.config.fact_tokens)
-    replies = free_run(context.generator, decoder, context.fact_batches, schedule, context.config.fact_tokens).texts
-    kept = sum(right and answers_right(reply, fact.answers)
-               for reply, fact, right in zip(replies, context.facts, context.full_facts_right))
-    return round(kept / sum(context.full_facts_right), 4)
+        return ()
+    schedule, _ = context.schedule(speedup, context.config.fact_tokens, variant)
+    replies = free_run(context.generator, variant.decoder, context.fact_batches, schedule,
+                       context.config.fact_tokens).texts
+    return tuple(answers_right(reply, fact.answers)
+                 for reply, fact, right in zip(replies, context.facts, context.full_facts_right) if right)
 
 
 def _quantization_row(config: EvalConfig, weights: str, context: _Context) -> QuantizationRow:

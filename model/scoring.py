@@ -52,13 +52,17 @@ class Scores:
     agreement: float  # the student's argmax == the target token (the full model's greedy token)
     nll: float  # the target token's negative log-likelihood under the student
     kl: float | None  # KL(full model || student), when the full model's logits were given
+    # Per example, in batch order: (agreeing positions, NLL sum, real target positions); the
+    # means above pool these. A paired comparison of two models resamples them.
+    per_example: tuple[tuple[float, float, float], ...] = ()
 
 
 def teacher_forced_scores(model, batches: Sequence[tuple], schedule_for: Callable[[int], ScheduleConfig],
                           bridge: EntryBridge | None = None,
                           teacher_logits: Sequence[torch.Tensor] | None = None) -> Scores:
     """Score ``model`` under ``schedule_for(N)`` over ``batches``; KL needs the teacher's logits per batch."""
-    agree = nll = kl = count = 0.0
+    kl = 0.0
+    per_example: list[tuple[float, float, float]] = []
     # no_grad, not inference_mode: training calls this between steps, and inference tensors
     # left in a module's buffers would break the next backward.
     with torch.no_grad():
@@ -67,10 +71,11 @@ def teacher_forced_scores(model, batches: Sequence[tuple], schedule_for: Callabl
                                         bridge=bridge).float()  # (B, N, V)
             targets = ids[:, prompt_len:]
             weight = target_mask.float()
-            agree += float(((logits.argmax(-1) == targets).float() * weight).sum())
-            nll += float((F.cross_entropy(logits.transpose(1, 2), targets, reduction="none") * weight).sum())
+            agree = ((logits.argmax(-1) == targets).float() * weight).sum(1)  # (B,)
+            nll = (F.cross_entropy(logits.transpose(1, 2), targets, reduction="none") * weight).sum(1)  # (B,)
+            per_example += zip(agree.tolist(), nll.tolist(), weight.sum(1).tolist())
             if teacher_logits is not None:
                 kl += float((kl_per_position(logits, teacher_logits[index]) * weight).sum())
-            count += float(weight.sum())
-    count = max(count, 1.0)
-    return Scores(agreement=agree / count, nll=nll / count, kl=kl / count if teacher_logits is not None else None)
+    count = max(sum(row[2] for row in per_example), 1.0)
+    return Scores(agreement=sum(row[0] for row in per_example) / count, nll=sum(row[1] for row in per_example) / count,
+                  kl=kl / count if teacher_logits is not None else None, per_example=tuple(per_example))

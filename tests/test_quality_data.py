@@ -2,6 +2,7 @@
 (judged fluency, repetition, fact retention in model/evaluation.py)."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -310,3 +311,70 @@ def test_a_line_cut_by_a_kill_is_dropped_and_appends_start_clean(tmp_path):
     assert [r["id"] for r in _read_if_exists(path)] == [1, 2]
     _append_jsonl(path, [{"id": 3}])
     assert path.read_text().splitlines() == ['{"id": 1}', '{"id": 2}', '{"id": 3}']
+
+
+def _row_items(agree: list[tuple[int, int]], repeated: list[tuple[int, int]], kept: list[bool]):
+    from model.evaluation import RowItems
+
+    return RowItems(teacher_forced=tuple((a, 0.5 * n, n) for a, n in agree),
+                    judged=tuple((0.0, 1.0 * n, n) for _, n in agree),
+                    repetition=tuple(repeated), facts_kept=tuple(kept))
+
+
+def test_paired_comparison_separates_a_real_difference_from_noise():
+    from model.paired import compare_variants
+
+    full = [(0.0, 0.5 * 40, 40)] * 30
+    base = _row_items([(20, 40)] * 30, [(1, 40)] * 30, [True, False] * 20)
+    same = compare_variants(full, base, base, 2.0, resamples=200)
+    assert {c.measure for c in same} == {"agreement", "ppl_ratio", "judged_ppl_ratio", "repetition", "fact_retention"}
+    assert all(c.difference == 0 and c.low == 0 and c.high == 0 and c.verdict == "no clear difference" for c in same)
+
+    # better agreement on every prompt; more repetition on every prompt; facts: one more of 40
+    other = _row_items([(30, 40)] * 30, [(6, 40)] * 30, [True, False] * 19 + [True, True])
+    verdicts = {c.measure: c for c in compare_variants(full, base, other, 2.0, resamples=500)}
+    assert verdicts["agreement"].verdict == "candidate better" and verdicts["agreement"].difference == 0.25
+    assert verdicts["repetition"].verdict == "candidate worse" and verdicts["repetition"].low > 0.1
+    assert verdicts["fact_retention"].verdict == "no clear difference"
+    assert verdicts["fact_retention"].low == 0 < verdicts["fact_retention"].high  # drawn without that question: 0
+    # ratios against the full model's own NLL (0.5 a token): judged exp(1.0 - 0.5) for both
+    assert verdicts["judged_ppl_ratio"].adapter == pytest.approx(math.exp(0.5), abs=1e-4)
+
+    # a lower judged perplexity is the better one
+    fluent = _row_items([(20, 40)] * 30, [(1, 40)] * 30, [True, False] * 20)
+    fluent.judged = tuple((0.0, 0.6 * 40, 40) for _ in range(30))
+    judged = {c.measure: c for c in compare_variants(full, base, fluent, 2.0, resamples=200)}["judged_ppl_ratio"]
+    assert judged.verdict == "candidate better" and judged.difference < 0
+
+    with pytest.raises(ValueError, match="different item counts"):
+        compare_variants(full, base, _row_items([(1, 4)] * 29, [(0, 4)] * 29, [True] * 40), 2.0, resamples=100)
+
+
+@pytest.mark.slow
+def test_eval_compares_a_candidate_adapter_in_pairs(tiny_folder, tmp_path):
+    """The same adapter as its own candidate: every difference is exactly zero, and the pooled
+    per-prompt counts give back the rows' own figures."""
+    from model.training import TrainConfig, train
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"Tell me about thing {i}."}) + "\n" for i in range(6)))
+    train(TrainConfig(model=str(tiny_folder), output_dir=str(tmp_path / "run"), prompts=str(prompts), max_steps=2,
+                      batch_size=2, continuation_tokens=6, fixed_speedup=2.0, warmup_layers=1, lora_rank=4,
+                      lora_alpha=8, save_every=2, eval_every=0, device="cpu"))
+    adapter = str(tmp_path / "run" / "adapter")
+    report = evaluate(EvalConfig(model=str(tiny_folder), adapter=adapter, candidate=adapter, prompts=str(prompts),
+                                 continuation_tokens=8, speedups=(1.0, 2.0), batch_size=4, device="cpu", facts=None,
+                                 include_no_adapter=False, resamples=200), progress=lambda line: None)
+    assert [r.variant for r in report.rows] == ["adapter", "adapter", "candidate", "candidate"]
+    assert {c.measure for c in report.comparisons} == {"agreement", "ppl_ratio", "judged_ppl_ratio", "repetition"}
+    assert all(c.target_speedup == 2.0 and c.difference == 0 and c.low == c.high == 0 for c in report.comparisons)
+    row = report.rows[1]
+    pooled = {c.measure: c.adapter for c in report.comparisons}
+    assert pooled["agreement"] == pytest.approx(row.agreement, abs=1e-4)
+    assert pooled["ppl_ratio"] == pytest.approx(row.perplexity_ratio, rel=1e-3)
+    assert pooled["judged_ppl_ratio"] == pytest.approx(row.judged_ppl_ratio, rel=1e-3)
+    assert pooled["repetition"] == pytest.approx(row.repetition, abs=1e-4)
+    assert "paired over the same prompts" in report.to_markdown()
+    with pytest.raises(ValueError, match="has none"):
+        evaluate(EvalConfig(model=str(tiny_folder), adapter=None, candidate=adapter, prompts=str(prompts),
+                            continuation_tokens=8, speedups=(2.0,), device="cpu", facts=None), progress=lambda line: None)
