@@ -180,6 +180,28 @@ def load_sequences(path: str | Path, limit: int | None = None) -> list[Example]:
 LOOP_NGRAM, LOOP_RUN = 4, 8
 
 
+def repeated_ngram_ends(target: Sequence[int], n: int = LOOP_NGRAM) -> list[bool]:
+    """For each position of ``target``: does the token there complete an ``n``-gram already seen
+    earlier in the target? (The first n - 1 positions complete none.)"""
+    seen: set[tuple[int, ...]] = set()
+    flags = [False] * len(target)
+    for end in range(n, len(target) + 1):
+        gram = tuple(target[end - n:end])
+        flags[end - 1] = gram in seen
+        seen.add(gram)
+    return flags
+
+
+def loop_start(target: Sequence[int], n: int = LOOP_NGRAM, run: int = LOOP_RUN) -> int:
+    """Where ``target`` starts to loop (see trim_loop); its length when it never does."""
+    streak = 0
+    for position, repeated in enumerate(repeated_ngram_ends(target, n)):
+        streak = streak + 1 if repeated else 0
+        if streak == run:
+            return position + 1 - run
+    return len(target)
+
+
 def trim_loop(target: Sequence[int], n: int = LOOP_NGRAM, run: int = LOOP_RUN) -> list[int]:
     """``target`` up to where it starts to loop: at the first stretch of ``run`` consecutive
     tokens that each complete an ``n``-gram already seen in the target (verbatim copying of
@@ -188,15 +210,7 @@ def trim_loop(target: Sequence[int], n: int = LOOP_NGRAM, run: int = LOOP_RUN) -
     set, 47% of the greedy targets contain such a stretch and loops are a quarter of their tokens
     (sampled ones: 8%, 4%) — and a skip policy distilled on them repeated itself more than the
     shipped one (README, "Quality at scale")."""
-    seen: set[tuple[int, ...]] = set()
-    streak = 0
-    for end in range(n, len(target) + 1):
-        gram = tuple(target[end - n:end])
-        streak = streak + 1 if gram in seen else 0
-        if streak == run:
-            return list(target[: end - run])
-        seen.add(gram)
-    return list(target)
+    return list(target[: loop_start(target, n, run)])
 
 
 def sequence_key(prompt: Sequence[int], target: Sequence[int]) -> str:

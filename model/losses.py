@@ -1,11 +1,13 @@
 """Training losses of the skip policy (besides the KL in model.scoring): cross-entropy on user
-data and hidden-state matching where a generated position enters the upper block."""
+data, hidden-state matching where a generated position enters the upper block, and unlikelihood
+on the tokens that keep a loop going."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from model.data import loop_start, repeated_ngram_ends
 from model.schedule import ScheduleConfig
 from model.skip_policy import entry_layers
 
@@ -14,6 +16,35 @@ def cross_entropy_loss(student_logits, ids, target_mask, prompt_len: int) -> tor
     targets = ids[:, prompt_len:]
     losses = F.cross_entropy(student_logits.float().transpose(1, 2), targets, reduction="none")
     return (losses * target_mask).sum() / target_mask.sum().clamp(min=1)
+
+
+def loop_masks(targets: torch.Tensor, target_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(KL mask, negatives) of a batch's targets (B, N) and target mask (B, N): the KL covers each
+    target up to where it starts to loop (model.data.loop_start, as --trim-loops cuts it); the
+    negatives are the tokens from there on that complete a 4-gram the target already holds."""
+    kl_mask = torch.zeros_like(target_mask)
+    negatives = torch.zeros_like(target_mask)
+    for row, (tokens, length) in enumerate(zip(targets.tolist(), target_mask.sum(1).tolist())):
+        tokens = tokens[:length]
+        start = loop_start(tokens)
+        kl_mask[row, :start] = True
+        flags = repeated_ngram_ends(tokens)
+        negatives[row, start:length] = torch.tensor(flags[start:], dtype=torch.bool)
+    return kl_mask, negatives
+
+
+def unlikelihood_loss(student_logits, ids, negatives, prompt_len: int) -> torch.Tensor:
+    """Mean of -log(1 - p(token)) over the flagged positions (sequence-level unlikelihood, Welleck
+    et al. 2019): lowers the student's probability of each token that continues a loop, where the
+    KL to a teacher that loops too would keep it."""
+    targets = ids[:, prompt_len:].unsqueeze(-1)
+    logits = student_logits.float()
+    # log(1 - p) as the log-mass of every OTHER token: exact and with a gradient even where p
+    # rounds to 1 (a confident loop, the case that matters), unlike log(1 - exp(log p)).
+    log_rest = torch.logsumexp(logits.scatter(-1, targets, float("-inf")), -1) - torch.logsumexp(logits, -1)  # (B, N)
+    losses = -log_rest
+    weight = negatives.float()
+    return (losses * weight).sum() / weight.sum().clamp(min=1)
 
 
 def _relative_error(student: torch.Tensor, teacher: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

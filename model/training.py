@@ -41,7 +41,7 @@ from model.data import (
     user_examples,
 )
 from model.heldout import heldout_scores, heldout_set
-from model.losses import cross_entropy_loss, hidden_matching_loss
+from model.losses import cross_entropy_loss, hidden_matching_loss, loop_masks, unlikelihood_loss
 from model.schedule import (
     DECAY_FUNCTIONS,
     DEFAULT_WARMUP,
@@ -78,6 +78,9 @@ class TrainConfig:
     continuation_tokens: int = 64  # teacher continuation length (self-distillation)
     max_target_tokens: int | None = None  # train on only the first N target tokens (cheaper steps)
     trim_loops: bool = False  # cut each target where it starts to loop (model/data.py trim_loop)
+    # > 0: keep each target's loop, the KL stopping where it starts (as trim_loops), and push down
+    # the student's probability of every token there that repeats a 4-gram: weight x -log(1 - p)
+    unlikelihood: float = 0.0
     samples_per_prompt: int = 0  # sampled teacher continuations per prompt, besides the greedy one
     sample_temperature: float = 0.8
     max_prompt_tokens: int = 128
@@ -126,6 +129,11 @@ class TrainConfig:
             raise ValueError(f"learning_rate must be a positive number; got {self.learning_rate!r}")
         if not (math.isfinite(self.hidden_weight) and self.hidden_weight >= 0):
             raise ValueError(f"hidden_weight must be >= 0; got {self.hidden_weight!r}")
+        if not (isinstance(self.unlikelihood, (int, float)) and math.isfinite(self.unlikelihood)
+                and self.unlikelihood >= 0):
+            raise ValueError(f"unlikelihood must be >= 0; got {self.unlikelihood!r}")
+        if self.unlikelihood and (self.data or self.full_finetune):
+            raise ValueError("unlikelihood acts on distillation targets: leave out --data and --full-finetune")
         if self.max_minutes is not None and not self.max_minutes > 0:
             raise ValueError(f"max_minutes must be > 0; got {self.max_minutes!r}")
         low, high = self.speedup_range
@@ -304,7 +312,7 @@ def training_examples(config: TrainConfig, generator, output: Path, accelerator)
         with accelerator.main_process_first():  # the main process writes the teacher cache
             examples = distillation_examples(generator, prompts, config, cache)
         steps_hint = config.continuation_tokens
-    if config.trim_loops:
+    if config.trim_loops and not config.unlikelihood:  # unlikelihood keeps the loops for its own loss
         trimmed = [Example(prompt=e.prompt, target=trim_loop(e.target)) for e in examples]
         examples = [e for e in trimmed if e.target]  # a target that loops from its start teaches nothing
     if config.max_target_tokens:
@@ -333,6 +341,9 @@ def train_step(model, teacher: Teacher | None, optimizer, accelerator, batch: tu
                config: TrainConfig, trainable: list) -> float:
     """One optimiser step on one collated batch under ``schedule``; returns the loss."""
     ids, mask, target_mask, prompt_len = batch
+    negatives = None
+    if config.unlikelihood and teacher is not None:
+        target_mask, negatives = loop_masks(ids[:, prompt_len:], target_mask)
     with accelerator.accumulate(model):
         with accelerator.autocast():
             student_states = [] if config.hidden_weight and teacher else None
@@ -345,6 +356,8 @@ def train_step(model, teacher: Teacher | None, optimizer, accelerator, batch: tu
                 if student_states is not None:
                     loss = loss + config.hidden_weight * hidden_matching_loss(
                         student_states, teacher_states, schedule, prompt_len, target_mask)
+                if negatives is not None and bool(negatives.any()):
+                    loss = loss + config.unlikelihood * unlikelihood_loss(student, ids, negatives, prompt_len)
         accelerator.backward(loss)
         if accelerator.sync_gradients:
             accelerator.clip_grad_norm_(trainable, 1.0)

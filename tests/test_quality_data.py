@@ -3,6 +3,7 @@
 
 import json
 import math
+import random
 
 import pytest
 import torch
@@ -378,3 +379,104 @@ def test_eval_compares_a_candidate_adapter_in_pairs(tiny_folder, tmp_path):
     with pytest.raises(ValueError, match="has none"):
         evaluate(EvalConfig(model=str(tiny_folder), adapter=None, candidate=adapter, prompts=str(prompts),
                             continuation_tokens=8, speedups=(2.0,), device="cpu", facts=None), progress=lambda line: None)
+
+
+def test_loop_masks_stop_the_kl_where_a_loop_starts_and_flag_its_repeats():
+    from model.losses import loop_masks
+
+    loop = [5, 6, 7, 8, 9] + [1, 2, 3] * 10  # loop_start 11 (trim_loop keeps 11 tokens)
+    plain = list(range(20, 40))
+    targets = torch.zeros(2, 35, dtype=torch.long)
+    targets[0], targets[1, :20] = torch.tensor(loop), torch.tensor(plain)
+    target_mask = torch.zeros(2, 35, dtype=torch.bool)
+    target_mask[0], target_mask[1, :20] = True, True
+    kl_mask, negatives = loop_masks(targets, target_mask)
+    assert kl_mask[0].tolist() == [True] * 11 + [False] * 24
+    assert negatives[0].tolist() == [False] * 11 + [True] * 24  # every token of the loop repeats a 4-gram
+    assert kl_mask[1].tolist() == target_mask[1].tolist() and not negatives[1].any()
+
+
+def test_unlikelihood_loss_is_minus_log_one_minus_p_and_pushes_p_down():
+    from model.losses import unlikelihood_loss
+
+    logits = torch.tensor([[[2.0, 0.0, 0.0], [0.0, 3.0, 0.0]]], requires_grad=True)  # (1, 2, 3)
+    ids = torch.tensor([[9, 0, 1]])  # prompt of 1, targets 0 and 1
+    negatives = torch.tensor([[False, True]])
+    loss = unlikelihood_loss(logits, ids, negatives, prompt_len=1)
+    p = torch.softmax(logits[0, 1].detach(), -1)[1]
+    assert float(loss.detach()) == pytest.approx(-math.log(1 - float(p)), rel=1e-5)
+    loss.backward()
+    assert logits.grad[0, 1, 1] > 0 and float(logits.grad[0, 0].abs().sum()) == 0  # only the flagged position
+
+
+def test_unlikelihood_needs_distillation_targets():
+    from model.training import TrainConfig
+
+    with pytest.raises(ValueError, match="unlikelihood must be >= 0"):
+        TrainConfig(unlikelihood=-1.0)
+    with pytest.raises(ValueError, match="leave out --data"):
+        TrainConfig(unlikelihood=1.0, data="user.jsonl")
+
+
+def _looping_model(tiny_folder, folder, cycle: list[int]):
+    """The tiny model rewired so that its greedy text IS a loop: its layers add nothing (o_proj and
+    down_proj zero) and token cycle[i] predicts cycle[i + 1] with a peaked head."""
+    import shutil
+
+    import transformers as tf
+
+    model = tf.AutoModelForCausalLM.from_pretrained(str(tiny_folder))
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.lm_head.weight.mul_(0.01)
+        for i, token in enumerate(cycle):
+            model.model.embed_tokens.weight[token] = torch.nn.functional.one_hot(torch.tensor(i), 32).float()
+            model.lm_head.weight[cycle[(i + 1) % len(cycle)]] = 8.0 * torch.nn.functional.one_hot(torch.tensor(i), 32).float()
+    model.save_pretrained(folder)
+    for name in tiny_folder.iterdir():
+        if "token" in name.name or name.name.endswith(".jinja"):
+            shutil.copy(name, folder / name.name)
+    return folder
+
+
+@pytest.mark.slow
+def test_unlikelihood_training_lowers_the_skipping_students_loop_tokens(tiny_folder, tmp_path):
+    """A teacher whose greedy text loops: distilled by KL alone the skipping student keeps the loop
+    tokens likely; with unlikelihood their probability falls by more than half."""
+    from model.data import Example, collate, loop_start
+    from model.loading import gated_peft_copy, load_model
+    from model.losses import loop_masks
+    from model.scoring import skip_policy_logits
+    from model.training import TrainConfig, draw_schedule, train
+
+    cycle = [1000, 2000, 3000, 4000, 5000]
+    teacher = _looping_model(tiny_folder, tmp_path / "looping", cycle)
+    examples = [Example(prompt=[cycle[i % 5], cycle[(i + 1) % 5]], target=[cycle[(i + k) % 5] for k in range(2, 32)])
+                for i in range(5)]
+    assert all(loop_start(e.target) == 8 for e in examples)  # two cycles of text, then the loop
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "sequences.jsonl").write_text("".join(json.dumps({"prompt": e.prompt, "target": e.target}) + "\n"
+                                                 for e in examples))
+    ids, mask, target_mask, prompt_len = collate(examples, 0)
+    _, negatives = loop_masks(ids[:, prompt_len:], target_mask)
+
+    def loop_token_probability(weight: float) -> float:
+        out = tmp_path / f"ul-{weight}"
+        config = TrainConfig(model=str(teacher), output_dir=str(out), sequences=str(data), max_steps=30,
+                             batch_size=4, learning_rate=3e-2, warmup_steps=2, fixed_speedup=2.0, warmup_layers=1,
+                             lora_rank=8, lora_alpha=16, save_every=30, eval_every=0, device="cpu",
+                             trim_loops=True, unlikelihood=weight)
+        train(config)
+        loaded = load_model(str(teacher), device="cpu", adapter=str(out / "adapter"))
+        schedule = draw_schedule(4, target_mask.shape[1], config, random.Random(0))
+        with torch.no_grad():
+            logits = skip_policy_logits(gated_peft_copy(loaded), ids, mask, schedule, prompt_len)
+        p = torch.softmax(logits.float(), -1).gather(-1, ids[:, prompt_len:].unsqueeze(-1)).squeeze(-1)
+        return float(p[negatives].mean())
+
+    kl_only, with_unlikelihood = loop_token_probability(0.0), loop_token_probability(1.0)
+    assert kl_only > 0.5, kl_only  # distilled from a looping teacher, the student loops too
+    assert with_unlikelihood < 0.5 * kl_only, (kl_only, with_unlikelihood)
