@@ -315,6 +315,8 @@ class _Variant:
 
 
 def evaluate(config: EvalConfig, progress=print) -> EvalReport:
+    if config.candidate and not (Path(config.candidate) / "adapter_config.json").is_file():
+        raise ValueError(f"candidate {config.candidate} is not an adapter folder (no adapter_config.json)")
     context, report = _prepare(config, progress)
     if config.candidate and not context.loaded.adapter_path:
         raise ValueError("a candidate adapter is compared with an adapter, and this run has none")

@@ -376,6 +376,9 @@ def test_eval_compares_a_candidate_adapter_in_pairs(tiny_folder, tmp_path):
     assert pooled["judged_ppl_ratio"] == pytest.approx(row.judged_ppl_ratio, rel=1e-3)
     assert pooled["repetition"] == pytest.approx(row.repetition, abs=1e-4)
     assert "paired over the same prompts" in report.to_markdown()
+    with pytest.raises(ValueError, match="not an adapter folder"):
+        evaluate(EvalConfig(model=str(tiny_folder), adapter=adapter, candidate=str(tmp_path), prompts=str(prompts),
+                            speedups=(2.0,), device="cpu", facts=None), progress=lambda line: None)
     with pytest.raises(ValueError, match="has none"):
         evaluate(EvalConfig(model=str(tiny_folder), adapter=None, candidate=adapter, prompts=str(prompts),
                             continuation_tokens=8, speedups=(2.0,), device="cpu", facts=None), progress=lambda line: None)
