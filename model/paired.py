@@ -122,5 +122,26 @@ def comparison_markdown(comparisons: Sequence[Comparison], adapter: str | None, 
     worse = [c for c in comparisons if c.verdict == "candidate worse"]
     better = [c for c in comparisons if c.verdict == "candidate better"]
     lines += ["", f"Candidate clearly better on {len(better)}, clearly worse on {len(worse)}, "
-                  f"not clearly different on {len(comparisons) - len(better) - len(worse)} of {len(comparisons)}."]
+                  f"not clearly different on {len(comparisons) - len(better) - len(worse)} of {len(comparisons)}. "
+                  f"Ship rule: {ship_verdict(comparisons)}"]
     return "\n".join(lines)
+
+
+# What a candidate must show to replace the shipped adapter: better text by the measures that
+# resolve a difference on 64 prompts, and a regression nowhere that the intervals can see.
+MUST_IMPROVE = ("agreement", "judged_ppl_ratio")
+
+
+def ship_verdict(comparisons: Sequence[Comparison]) -> str:
+    """"ships" when the candidate is clearly better on agreement and judged perplexity at every
+    speedup compared and clearly worse on no measure at any; else why not."""
+    worse = [f"{c.measure} at {c.target_speedup:g}x" for c in comparisons if c.verdict == "candidate worse"]
+    missing = [f"{c.measure} at {c.target_speedup:g}x" for c in comparisons
+               if c.measure in MUST_IMPROVE and c.verdict != "candidate better"]
+    if not comparisons:
+        return "nothing compared"
+    if worse or missing:
+        reasons = ([f"clearly worse on {', '.join(worse)}"] if worse else []) + \
+                  ([f"not clearly better on {', '.join(missing)}"] if missing else [])
+        return "does not ship (" + "; ".join(reasons) + ")"
+    return "ships (clearly better on agreement and judged perplexity at every speedup, clearly worse on nothing)"

@@ -347,6 +347,14 @@ def test_paired_comparison_separates_a_real_difference_from_noise():
     judged = {c.measure: c for c in compare_variants(full, base, fluent, 2.0, resamples=200)}["judged_ppl_ratio"]
     assert judged.verdict == "candidate better" and judged.difference < 0
 
+    from model.paired import ship_verdict
+    assert ship_verdict(list(verdicts.values())) == "does not ship (clearly worse on repetition at 2x; " \
+        "not clearly better on judged_ppl_ratio at 2x)"
+    fine = [c for c in verdicts.values() if c.measure != "repetition"] + [judged]
+    fine = [c for c in fine if not (c.measure == "judged_ppl_ratio" and c.verdict != "candidate better")]
+    assert ship_verdict(fine).startswith("ships")
+    assert ship_verdict([]) == "nothing compared"
+
     with pytest.raises(ValueError, match="different item counts"):
         compare_variants(full, base, _row_items([(1, 4)] * 29, [(0, 4)] * 29, [True] * 40), 2.0, resamples=100)
 
