@@ -333,8 +333,9 @@ TRAIN_OPTION_HELP = {
     "max_minutes": "stop after this much CPU time of the process (the learning rate decays over it)",
     "samples_per_prompt": "sampled teacher continuations per prompt besides the greedy one",
     "trim_loops": "cut each target where it starts to loop (8 tokens in a row each repeating one of its 4-grams)",
-    "unlikelihood": "> 0: keep the loops, KL only before them, and push down each token there that repeats a "
-                    "4-gram, weight x -log(1 - p) (0 = off)",
+    "unlikelihood": "> 0: keep the loops, KL only before them (the cut --trim-loops makes, which it implies), "
+                    "and push down each token there that repeats a 4-gram, weight x -log(1 - p); its steps read "
+                    "the whole targets (0 = off)",
     "decays": "comma-separated decays to draw schedules from",
     "schedule_mix": "broad: uniform 1.5-4x and decays; focused: 1.5-3x, linear 60%%",
     "fixed_speedup": "train one fixed schedule (the paper's way)",

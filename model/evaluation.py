@@ -82,7 +82,7 @@ class QuantizationRow:
 
 @dataclass
 class EvalRow:
-    variant: str  # "adapter" or "no adapter"
+    variant: str  # "adapter", "candidate" (eval --candidate) or "no adapter"
     target_speedup: float
     layer_speedup: float
     max_layers: int
@@ -114,6 +114,8 @@ class EvalReport:
     rows: list[EvalRow] = field(default_factory=list)
     quantization: list[QuantizationRow] = field(default_factory=list)
     candidate: str | None = None
+    candidate_warmup: int | None = None  # the candidate's own trained placement (its rows use it)
+    candidate_order: str | None = None
     comparisons: list[Comparison] = field(default_factory=list)  # candidate − adapter, paired, per measure
 
     def to_json(self) -> dict:
@@ -149,8 +151,10 @@ class EvalReport:
                       "|---|---|---|---|---|"]
             lines += [f"| {q.weights} | {q.agreement:.3f} | {q.perplexity_ratio:.3f} | {q.token_match:.3f} | "
                       f"{q.identical_outputs:.3f} |" for q in self.quantization]
-        if self.comparisons:
-            lines += ["", comparison_markdown(self.comparisons, self.adapter, self.candidate)]
+        if self.candidate:
+            lines += ["", f"Candidate rows: {self.candidate}, in its own trained placement (warmup "
+                          f"{self.candidate_warmup}, order {self.candidate_order}).", "",
+                      comparison_markdown(self.comparisons, self.adapter, self.candidate)]
         return "\n".join(lines)
 
 
@@ -315,11 +319,14 @@ class _Variant:
 
 
 def evaluate(config: EvalConfig, progress=print) -> EvalReport:
-    if config.candidate and not (Path(config.candidate) / "adapter_config.json").is_file():
-        raise ValueError(f"candidate {config.candidate} is not an adapter folder (no adapter_config.json)")
+    if config.candidate:  # refused before the references are generated
+        from model.loading import resolve_adapter  # noqa: PLC0415
+
+        if config.candidate in ("auto", "none") or resolve_adapter(config.candidate, "") is None:
+            raise ValueError(f"candidate {config.candidate!r}: give a trained adapter folder")
+        if config.resamples < 100:
+            raise ValueError(f"resamples must be >= 100; got {config.resamples}")
     context, report = _prepare(config, progress)
-    if config.candidate and not context.loaded.adapter_path:
-        raise ValueError("a candidate adapter is compared with an adapter, and this run has none")
     for weights in config.quantize:
         report.quantization.append(_quantization_row(config, weights, context))
         q = report.quantization[-1]
@@ -327,6 +334,8 @@ def evaluate(config: EvalConfig, progress=print) -> EvalReport:
                  f"greedy token match {q.token_match:.3f}, identical outputs {q.identical_outputs:.3f}")
     items: dict[tuple[str, float], RowItems] = {}
     for variant in _variants(context):
+        if variant.name == "candidate":
+            report.candidate_warmup, report.candidate_order = variant.warmup, variant.order
         for speedup in config.speedups:
             row, items[variant.name, speedup] = _row(context, variant, speedup)
             report.rows.append(row)
@@ -390,6 +399,8 @@ def _prepare(config: EvalConfig, progress) -> tuple[_Context, EvalReport]:
     from model.loading import load_model  # noqa: PLC0415
 
     loaded = load_model(config.model, device=config.device, adapter=config.adapter)
+    if config.candidate and not loaded.adapter_path:
+        raise ValueError("a candidate adapter is compared with an adapter, and this run has none")
     generator = TextGenerator(loaded)
     num_layers = generator.num_layers
     prompts = read_prompts(config.prompts, config.max_prompts)

@@ -37,14 +37,14 @@ def unlikelihood_loss(student_logits, ids, negatives, prompt_len: int) -> torch.
     """Mean of -log(1 - p(token)) over the flagged positions (sequence-level unlikelihood, Welleck
     et al. 2019): lowers the student's probability of each token that continues a loop, where the
     KL to a teacher that loops too would keep it."""
-    targets = ids[:, prompt_len:].unsqueeze(-1)
-    logits = student_logits.float()
+    if not bool(negatives.any()):
+        return student_logits.sum() * 0.0
+    logits = student_logits[negatives].float()  # (K, V): only the flagged positions (V is large)
+    targets = ids[:, prompt_len:][negatives].unsqueeze(-1)  # (K, 1)
     # log(1 - p) as the log-mass of every OTHER token: exact and with a gradient even where p
     # rounds to 1 (a confident loop, the case that matters), unlike log(1 - exp(log p)).
-    log_rest = torch.logsumexp(logits.scatter(-1, targets, float("-inf")), -1) - torch.logsumexp(logits, -1)  # (B, N)
-    losses = -log_rest
-    weight = negatives.float()
-    return (losses * weight).sum() / weight.sum().clamp(min=1)
+    log_rest = torch.logsumexp(logits.scatter(-1, targets, float("-inf")), -1) - torch.logsumexp(logits, -1)  # (K,)
+    return -log_rest.mean()
 
 
 def _relative_error(student: torch.Tensor, teacher: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -129,11 +129,15 @@ class TrainConfig:
             raise ValueError(f"learning_rate must be a positive number; got {self.learning_rate!r}")
         if not (math.isfinite(self.hidden_weight) and self.hidden_weight >= 0):
             raise ValueError(f"hidden_weight must be >= 0; got {self.hidden_weight!r}")
-        if not (isinstance(self.unlikelihood, (int, float)) and math.isfinite(self.unlikelihood)
-                and self.unlikelihood >= 0):
+        if not (isinstance(self.unlikelihood, (int, float)) and not isinstance(self.unlikelihood, bool)
+                and math.isfinite(self.unlikelihood) and self.unlikelihood >= 0):
             raise ValueError(f"unlikelihood must be >= 0; got {self.unlikelihood!r}")
-        if self.unlikelihood and (self.data or self.full_finetune):
-            raise ValueError("unlikelihood acts on distillation targets: leave out --data and --full-finetune")
+        if self.unlikelihood and self.data:
+            raise ValueError("unlikelihood acts on distillation targets (a user's --data text is its own target): "
+                             "leave out --data")
+        if self.unlikelihood and self.max_target_tokens:
+            # the loop must be found on the whole target, and a cap would cut it first
+            raise ValueError("unlikelihood finds each loop on the whole target: leave out --max-target-tokens")
         if self.max_minutes is not None and not self.max_minutes > 0:
             raise ValueError(f"max_minutes must be > 0; got {self.max_minutes!r}")
         low, high = self.speedup_range

@@ -354,6 +354,9 @@ def test_paired_comparison_separates_a_real_difference_from_noise():
     fine = [c for c in fine if not (c.measure == "judged_ppl_ratio" and c.verdict != "candidate better")]
     assert ship_verdict(fine).startswith("ships")
     assert ship_verdict([]) == "nothing compared"
+    teacher_forced_only = [c for c in fine if c.measure != "judged_ppl_ratio"]  # eval --no-free-running
+    assert ship_verdict(teacher_forced_only) == \
+        "does not ship (not clearly better on judged_ppl_ratio at 2x (not measured))"
 
     with pytest.raises(ValueError, match="different item counts"):
         compare_variants(full, base, _row_items([(1, 4)] * 29, [(0, 4)] * 29, [True] * 40), 2.0, resamples=100)
@@ -384,7 +387,7 @@ def test_eval_compares_a_candidate_adapter_in_pairs(tiny_folder, tmp_path):
     assert pooled["judged_ppl_ratio"] == pytest.approx(row.judged_ppl_ratio, rel=1e-3)
     assert pooled["repetition"] == pytest.approx(row.repetition, abs=1e-4)
     assert "paired over the same prompts" in report.to_markdown()
-    with pytest.raises(ValueError, match="not an adapter folder"):
+    with pytest.raises(ValueError, match="is not a folder with adapter_config.json"):
         evaluate(EvalConfig(model=str(tiny_folder), adapter=adapter, candidate=str(tmp_path), prompts=str(prompts),
                             speedups=(2.0,), device="cpu", facts=None), progress=lambda line: None)
     with pytest.raises(ValueError, match="has none"):
@@ -427,6 +430,8 @@ def test_unlikelihood_needs_distillation_targets():
         TrainConfig(unlikelihood=-1.0)
     with pytest.raises(ValueError, match="leave out --data"):
         TrainConfig(unlikelihood=1.0, data="user.jsonl")
+    with pytest.raises(ValueError, match="leave out --max-target-tokens"):
+        TrainConfig(unlikelihood=1.0, max_target_tokens=32)
 
 
 def _looping_model(tiny_folder, folder, cycle: list[int]):
