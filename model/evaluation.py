@@ -37,8 +37,8 @@ from model.data import (
     teacher_continuations,
 )
 from model.decoder import SkipDecoder
-from model.schedule import ScheduleConfig, full_schedule, solve_schedule
 from model.paired import Comparison, compare_variants, comparison_markdown
+from model.schedule import ScheduleConfig, full_schedule, solve_schedule
 from model.scoring import Scores, teacher_forced_scores
 
 EVAL_SPEEDUPS = (1.0, 1.5, 2.0, 3.0, 4.0)
