@@ -118,6 +118,16 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ex.set_defaults(handler=run_export_adapter)
 
+    mx = commands.add_parser("mix-adapters", help="an adapter whose delta is W x FIRST's + (1 - W) x SECOND's "
+                             "(two skip policies of the same model interpolated), stored at one rank by SVD")
+    mx.add_argument("first", help="adapter folder whose placement (training_info.json) the mix keeps")
+    mx.add_argument("second", help="adapter folder of the same model, target modules and alpha / r")
+    mx.add_argument("destination", help="where to write the mixed adapter")
+    mx.add_argument("--weight", type=float, required=True, help="share of FIRST's delta, within [0, 1]")
+    mx.add_argument("--rank", type=int, default=None, help="stored rank (default: the larger of the two)")
+    mx.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    mx.set_defaults(handler=run_mix_adapters)
+
     add_bench_command(commands)
 
     lb = commands.add_parser("lowbit-check", help="low-bit vs float weights: teacher-forced agreement of the full "
@@ -243,6 +253,19 @@ def run_export_adapter(args: argparse.Namespace) -> int:
     for path in written:
         print(f"{path}  {path.stat().st_size / 1e6:.2f} MB")
     print(f"total {sum(p.stat().st_size for p in written) / 1e6:.2f} MB")
+    return 0
+
+
+def run_mix_adapters(args: argparse.Namespace) -> int:
+    import torch  # noqa: PLC0415
+
+    from model.skip_policy import mix_adapters  # noqa: PLC0415
+
+    if args.rank is not None and args.rank < 1:
+        raise ValueError(f"--rank must be at least 1, got {args.rank}")
+    mixed = mix_adapters(args.first, args.second, args.destination, args.weight, args.rank, getattr(torch, args.dtype))
+    print(f"{mixed.destination}: rank {mixed.rank}, energy of the mixed deltas kept: "
+          f"min {mixed.kept_energy_min:.4f}, mean {mixed.kept_energy_mean:.4f}")
     return 0
 
 

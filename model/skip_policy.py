@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -177,3 +178,84 @@ def export_adapter(source: str | Path, destination: str | Path, dtype: torch.dty
             save_file(tensors, str(destination / name))
             written.append(destination / name)
     return written
+
+
+# --- mixing two adapters ------------------------------------------------------------------------
+
+
+@dataclass
+class MixResult:
+    """What ``mix_adapters`` wrote: the folder, the rank, and how much of the mixed delta's energy
+    (squared Frobenius norm) the rank kept, over the adapted weights (1.0 where nothing was cut)."""
+
+    destination: Path
+    rank: int
+    kept_energy_min: float
+    kept_energy_mean: float
+
+
+def mix_adapters(first: str | Path, second: str | Path, destination: str | Path, weight: float,
+                 rank: int | None = None, dtype: torch.dtype = torch.bfloat16) -> MixResult:
+    """A LoRA adapter whose delta is ``weight`` x the first's + (1 - weight) x the second's, per
+    adapted weight (a "soup" of two fine-tunes of the same base: the two deltas interpolate).
+
+    Both must be gated skip-policy LoRAs of the same base, the same target modules and the same
+    alpha / r scale, without entry bridges. The mixed delta has rank <= r1 + r2; it is stored at
+    ``rank`` (default: the larger of the two ranks, so the file stays the size of the larger
+    adapter) by truncated SVD of each delta (exact when r1 + r2 <= rank). The first adapter's
+    training_info.json (its placement and schedule) is kept, with the mix recorded in it.
+    """
+    from safetensors.torch import load_file, save_file  # noqa: PLC0415
+
+    if not 0.0 <= weight <= 1.0:
+        raise ValueError(f"mix weight must be within [0, 1], got {weight}")
+    first, second, destination = Path(first), Path(second), Path(destination)
+    configs = [_lora_config(folder) for folder in (first, second)]
+    scales = [config["lora_alpha"] / config["r"] for config in configs]
+    if abs(scales[0] - scales[1]) > 1e-9:
+        raise ValueError(f"adapters scale their deltas differently (alpha / r: {scales[0]} vs {scales[1]})")
+    if sorted(configs[0]["target_modules"]) != sorted(configs[1]["target_modules"]):
+        raise ValueError("adapters adapt different modules")
+    tensors = [load_file(str(folder / "adapter_model.safetensors")) for folder in (first, second)]
+    if set(tensors[0]) != set(tensors[1]):
+        raise ValueError("adapters hold different LoRA weights (not the same base or target modules)")
+    rank = rank or max(config["r"] for config in configs)
+    mixed: dict[str, torch.Tensor] = {}
+    kept: list[float] = []
+    for key_a in sorted(key for key in tensors[0] if key.endswith("lora_A.weight")):
+        key_b = key_a.replace("lora_A", "lora_B")
+        # delta = B @ A (out, in); both scaled by the same alpha / r, which the result keeps.
+        delta = (weight * tensors[0][key_b].double() @ tensors[0][key_a].double()
+                 + (1.0 - weight) * tensors[1][key_b].double() @ tensors[1][key_a].double())
+        u, s, vh = torch.linalg.svd(delta, full_matrices=False)
+        total = float((s ** 2).sum())
+        kept.append(float((s[:rank] ** 2).sum()) / total if total > 0 else 1.0)
+        root = s[:rank].sqrt()
+        mixed[key_b] = (u[:, :rank] * root).to(dtype).contiguous()  # (out, rank)
+        mixed[key_a] = (root[:, None] * vh[:rank]).to(dtype).contiguous()  # (rank, in)
+    destination.mkdir(parents=True, exist_ok=True)
+    save_file(mixed, str(destination / "adapter_model.safetensors"))
+    alpha = scales[0] * rank
+    config = dict(configs[0], r=rank, lora_alpha=int(alpha) if float(alpha).is_integer() else alpha)
+    (destination / "adapter_config.json").write_text(json.dumps(config, indent=2))
+    info_path = first / "training_info.json"
+    info = json.loads(info_path.read_text()) if info_path.is_file() else {}
+    info["mixed"] = {"first": str(first), "second": str(second), "weight": weight, "rank": rank,
+                     "kept_energy_min": min(kept), "kept_energy_mean": sum(kept) / len(kept)}
+    (destination / "training_info.json").write_text(json.dumps(info, indent=2))
+    return MixResult(destination, rank, min(kept), sum(kept) / len(kept))
+
+
+def _lora_config(folder: Path) -> dict:
+    path = folder / "adapter_config.json"
+    if not path.is_file():
+        raise ValueError(f"{folder} is not an adapter folder (no adapter_config.json)")
+    if (folder / BRIDGE_WEIGHTS).is_file():
+        raise ValueError(f"{folder} has an entry bridge: mixing covers LoRA weights only")
+    config = json.loads(path.read_text())
+    if config.get("peft_type") != "LORA":
+        raise ValueError(f"{folder} is not a LoRA adapter")
+    # A per-module rank or alpha, rsLoRA's alpha / sqrt(r) or DoRA's magnitudes: not one delta B @ A x alpha / r.
+    if config.get("use_dora") or config.get("use_rslora") or config.get("rank_pattern") or config.get("alpha_pattern"):
+        raise ValueError(f"{folder}: only plain LoRA (one rank and alpha, no rsLoRA or DoRA) can be mixed")
+    return config

@@ -214,3 +214,70 @@ def test_exported_adapter_is_half_the_size_and_acts_like_the_trained_one(tmp_pat
     assert adapter_effect > 0.1
     assert (bf16 - full_precision).abs().max() < 0.05 * adapter_effect  # bf16 rounding: ~0.4% of the weights
     assert torch.equal(EntryBridge.load(shipped).up, bridge.up.to(torch.bfloat16).float())
+
+
+def _saved_lora(folder, seed: int, rank: int):
+    """A tiny Llama's gated-policy LoRA (rank ``rank``, alpha 2r, non-zero B) saved to ``folder``."""
+    from peft import LoraConfig, get_peft_model
+
+    base = tiny_model("llama")
+    peft_model = get_peft_model(copy.deepcopy(base), LoraConfig(r=rank, lora_alpha=2 * rank,
+                                                               target_modules=LORA_TARGETS["llama"]))
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in peft_model.named_parameters():
+            if "lora_" in name:
+                parameter.normal_(0, 0.2)
+    peft_model.save_pretrained(folder)
+    (folder / "training_info.json").write_text('{"config": {"order": "ranked"}}')
+    return base
+
+
+def test_mixed_adapter_interpolates_the_two_deltas(tmp_path):
+    import json
+
+    from model.loading import merged_copy
+    from model.skip_policy import mix_adapters
+
+    base = _saved_lora(tmp_path / "a", seed=1, rank=4)
+    _saved_lora(tmp_path / "b", seed=2, rank=2)
+    merged = {name: merged_copy(base, tmp_path / name).state_dict() for name in ("a", "b")}
+    exact = mix_adapters(tmp_path / "a", tmp_path / "b", tmp_path / "mix", weight=0.25, rank=6, dtype=torch.float32)
+    assert exact.kept_energy_min > 0.999999  # rank 4 + 2 <= 6: nothing cut
+    mixed = merged_copy(base, tmp_path / "mix").state_dict()
+    original = base.state_dict()
+    changed = [key for key in original if not torch.equal(merged["a"][key], original[key])]
+    assert len(changed) == 3 * NUM_LAYERS  # q, v and down of every layer
+    for key in changed:
+        expected = 0.25 * merged["a"][key] + 0.75 * merged["b"][key]
+        assert (mixed[key] - expected).abs().max() < 1e-5 * merged["a"][key].abs().max()
+    info = json.loads((tmp_path / "mix" / "training_info.json").read_text())
+    assert info["config"]["order"] == "ranked" and info["mixed"]["weight"] == 0.25  # the first's placement kept
+
+    truncated = mix_adapters(tmp_path / "a", tmp_path / "b", tmp_path / "mix4", weight=0.5)  # rank 4 < 4 + 2
+    assert json.loads((tmp_path / "mix4" / "adapter_config.json").read_text())["r"] == 4
+    assert 0.5 < truncated.kept_energy_min < 0.999
+    only_first = mix_adapters(tmp_path / "a", tmp_path / "b", tmp_path / "mix1", weight=1.0, dtype=torch.float32)
+    assert only_first.kept_energy_min > 0.999999  # the first's delta alone has rank 4
+    first_again = merged_copy(base, tmp_path / "mix1").state_dict()
+    assert all((first_again[key] - merged["a"][key]).abs().max() < 1e-5 for key in changed)
+
+
+def test_mixing_refuses_adapters_that_do_not_match(tmp_path):
+    import json
+
+    from model.skip_policy import mix_adapters
+
+    _saved_lora(tmp_path / "a", seed=1, rank=4)
+    _saved_lora(tmp_path / "b", seed=2, rank=4)
+    with pytest.raises(ValueError, match="within"):
+        mix_adapters(tmp_path / "a", tmp_path / "b", tmp_path / "out", weight=1.5)
+    with pytest.raises(ValueError, match="not an adapter folder"):
+        mix_adapters(tmp_path / "a", tmp_path, tmp_path / "out", weight=0.5)
+    config = json.loads((tmp_path / "b" / "adapter_config.json").read_text())
+    (tmp_path / "b" / "adapter_config.json").write_text(json.dumps(dict(config, lora_alpha=4)))
+    with pytest.raises(ValueError, match="scale"):
+        mix_adapters(tmp_path / "a", tmp_path / "b", tmp_path / "out", weight=0.5)
+    (tmp_path / "b" / "adapter_config.json").write_text(json.dumps(dict(config, use_rslora=True)))
+    with pytest.raises(ValueError, match="plain LoRA"):
+        mix_adapters(tmp_path / "a", tmp_path / "b", tmp_path / "out", weight=0.5)
