@@ -5,6 +5,7 @@ teacher-forced agreement, KL and perplexity ratio at 1.5x / 2x / 3x every few st
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,3 +68,52 @@ def heldout_scores(model, bridge, heldout: HeldOut, config, num_layers: int) -> 
     finally:
         model.train(was_training)
     return scores
+
+
+# --- an adapter's lineage: several training runs, one continuing the other -----------------------
+
+_LOG_LINE = re.compile(r"^(?:untrained|step (\d+) \([\d.]+ min\)) held-out: (.*)$")
+_LOG_SCORE = re.compile(r"([\d.]+x) agree ([\d.]+) KL ([\d.]+)")
+
+
+@dataclass
+class Stage:
+    """One training run of an adapter's lineage: its name, batch size and the held-out lines its
+    log printed ("untrained held-out: ..." and "step N (M min) held-out: ...")."""
+
+    name: str
+    batch_size: int
+    log_text: str
+
+
+def parse_heldout_log(text: str) -> list[dict]:
+    """The held-out rows of a training log, as {"step", "heldout": {"2x": {"agreement", "kl"}}}
+    (the untrained row is step 0); progress-bar carriage returns are read as line breaks."""
+    rows = []
+    for line in text.replace("\r", "\n").splitlines():
+        match = _LOG_LINE.match(line.strip())
+        if match:
+            scores = {name: {"agreement": float(agree), "kl": float(kl)}
+                      for name, agree, kl in _LOG_SCORE.findall(match.group(2))}
+            rows.append({"step": int(match.group(1) or 0), "heldout": scores})
+    return rows
+
+
+def lineage_curve(stages: list[Stage]) -> list[dict]:
+    """One held-out curve over runs that each continued the previous one's adapter: rows carry
+    their run ("stage"), its step, and the training sequences seen since the first run began
+    ("sequences": steps x batch size, summed over the runs), the x-axis on which runs of
+    different batch sizes compare. A later run's step-0 row repeats the previous run's end and
+    is dropped."""
+    curve: list[dict] = []
+    seen = 0
+    for index, stage in enumerate(stages):
+        rows = parse_heldout_log(stage.log_text)
+        if not rows:
+            raise ValueError(f"stage {stage.name!r}: no held-out lines in its log")
+        for row in rows:
+            if index > 0 and row["step"] == 0:
+                continue
+            curve.append(dict(row, stage=stage.name, sequences=seen + row["step"] * stage.batch_size))
+        seen += rows[-1]["step"] * stage.batch_size
+    return curve

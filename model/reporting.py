@@ -96,14 +96,29 @@ def study_figure(study: dict) -> go.Figure:
 
 def heldout_curve_figure(records: list[dict], title: str) -> go.Figure:
     """A training run's held-out curve (train_log.jsonl rows with "heldout"): agreement per
-    speedup against step, to see whether it still improves or has flattened."""
+    speedup against step, to see whether it still improves or has flattened. Rows of an
+    adapter's lineage (heldout.lineage_curve: "stage" and "sequences") are drawn against the
+    training sequences seen, with a dotted line where each later run began."""
     figure = go.Figure()
     rows = [r for r in records if r.get("heldout")]
+    lineage = bool(rows) and all("sequences" in r and "stage" in r for r in rows)
+    x = [r["sequences"] / 1000 for r in rows] if lineage else [r["step"] for r in rows]
     speedups = [s for s in (rows[0]["heldout"] if rows else {}) if s != "1x"]
     for speedup in speedups:
-        figure.add_trace(go.Scatter(x=[r["step"] for r in rows], y=[r["heldout"][speedup]["agreement"] for r in rows],
+        points = [(xi, r["heldout"][speedup]["agreement"]) for xi, r in zip(x, rows) if speedup in r["heldout"]]
+        figure.add_trace(go.Scatter(x=[p[0] for p in points], y=[p[1] for p in points],
                                     mode="lines+markers", name=speedup))
-    figure.update_layout(title=dict(text=title, x=0.01), xaxis_title="training step",
+    if lineage:
+        for previous, row, xi in zip(rows, rows[1:], x[1:]):
+            if row["stage"] != previous["stage"]:  # the run that continued here began at the previous row
+                start = previous["sequences"] / 1000
+                figure.add_vline(x=start, line_dash="dot", line_color="grey")
+                figure.add_annotation(x=start, y=0.08, text=row["stage"], showarrow=False, xanchor="left",
+                                      font=dict(size=11, color="grey"))
+        figure.add_annotation(x=x[0], y=0.08, text=rows[0]["stage"], showarrow=False, xanchor="left",
+                              font=dict(size=11, color="grey"))
+    figure.update_layout(title=dict(text=title, x=0.01),
+                         xaxis_title="training sequences seen (thousands)" if lineage else "training step",
                          yaxis=dict(title="held-out agreement", range=[0, 1]), height=340,
                          margin=dict(l=50, r=10, t=50, b=40))
     return figure

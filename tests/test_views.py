@@ -3,6 +3,8 @@ spans, the heatmap's one position number, the schedule's labels and the honest h
 
 import re
 
+import pytest
+
 from app.figures import Judged, heatmap_legend_html, layer_heatmap
 from app.race import RaceUpdate, StreamProgress
 from app.token_html import NEWLINE_MARK, TOKEN_TEXT, depth_colour, plain_text_html, tokens_by_depth_html
@@ -137,6 +139,29 @@ def test_study_and_training_curve_figures_plot_every_arm_and_speedup():
     records = [{"step": s, "heldout": {"1x": {"agreement": 1.0}, "2x": {"agreement": a}}} for s, a in ((100, 0.4), (200, 0.5))]
     curve_figure = heldout_curve_figure(records + [{"step": 150, "loss": 1.0}], "run")
     assert [trace.name for trace in curve_figure.data] == ["2x"] and list(curve_figure.data[0].y) == [0.4, 0.5]
+
+
+
+def test_an_adapters_lineage_is_one_curve_over_the_sequences_its_runs_saw():
+    from model.heldout import Stage, lineage_curve, parse_heldout_log
+    from model.reporting import heldout_curve_figure
+
+    first = ("untrained held-out: 1x agree 1.000 KL 0.000, 2x agree 0.314 KL 4.645\n"
+             "skip-policy training:  5%|  | 9/200 [00:01<00:20, loss=1.2]\r"
+             "step 200 (3.7 min) held-out: 1x agree 1.000 KL 0.000, 2x agree 0.564 KL 1.278\n")
+    second = ("untrained held-out: 1x agree 1.000 KL 0.000, 2x agree 0.564 KL 1.278\n"
+              "step 100 (25.5 min) held-out: 1x agree 1.000 KL 0.000, 2x agree 0.596 KL 1.086\n")
+    assert parse_heldout_log(first)[1] == {"step": 200, "heldout": {"1x": {"agreement": 1.0, "kl": 0.0},
+                                                                   "2x": {"agreement": 0.564, "kl": 1.278}}}
+    curve = lineage_curve([Stage("gpu", 64, first), Stage("cpu", 8, second)])
+    assert [(row["stage"], row["step"], row["sequences"]) for row in curve] == [
+        ("gpu", 0, 0), ("gpu", 200, 12800), ("cpu", 100, 13600)]  # the second run's step 0 repeats the first's end
+    figure = heldout_curve_figure(curve, "lineage")
+    assert list(figure.data[0].x) == [0, 12.8, 13.6] and figure.layout.xaxis.title.text.startswith("training sequences")
+    assert [shape.x0 for shape in figure.layout.shapes] == [12.8]  # where the second run began
+    assert {annotation.text for annotation in figure.layout.annotations} == {"gpu", "cpu"}
+    with pytest.raises(ValueError, match="no held-out lines"):
+        lineage_curve([Stage("empty", 8, "no curve here")])
 
 
 def test_heatmap_coloured_by_lens_kl_keeps_the_hover_on_the_cells():
