@@ -27,6 +27,7 @@ int8 weights, and ``quantize_weights`` says which and why.
 
 from __future__ import annotations
 
+import functools
 import logging
 import weakref
 from dataclasses import dataclass, field
@@ -41,17 +42,23 @@ QUANTIZE_MODES = ("none", "int8", "int4")
 INT4_GROUP = 32  # weights per (scale, zero): the GGUF Q4_1 block size
 
 
+def int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, in) float weights -> (out, in) int8 and (out,) bfloat16 scales, symmetric per row.
+    The kernel takes bfloat16 scales: they are rounded FIRST and the weights quantised with the
+    rounded value, so each weight is within half a step of what the kernel multiplies back (an
+    all-zero row keeps a tiny scale)."""
+    weight = weight.float()
+    scales = (weight.abs().amax(dim=1).clamp(min=1e-8) / 127.0).to(torch.bfloat16)
+    return torch.round(weight / scales.float()[:, None]).clamp(-128, 127).to(torch.int8), scales
+
+
 class Int8WeightLinear(nn.Module):
     """y = x W^T + b with W stored as int8 per output channel (symmetric, scale = max|w| / 127)."""
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
-        weight = linear.weight.detach().float()  # (out, in)
-        # The kernel takes bfloat16 scales: round them FIRST and quantise with the rounded value,
-        # so each weight is within half a step of what the kernel multiplies back.
-        scales = (weight.abs().amax(dim=1).clamp(min=1e-8) / 127.0).to(torch.bfloat16)  # (out,)
-        steps = scales.float()[:, None]
-        self.register_buffer("weight_int8", torch.round(weight / steps).clamp(-128, 127).to(torch.int8))
+        weight_int8, scales = int8_rows(linear.weight.detach())
+        self.register_buffer("weight_int8", weight_int8)
         self.register_buffer("scales", scales)
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
         self.in_features, self.out_features = linear.in_features, linear.out_features
@@ -107,8 +114,9 @@ def kernel_decode_call(module: nn.Module, kernel: Callable[[torch.Tensor, dict],
     return call
 
 
+@functools.cache
 def int8_supported() -> bool:
-    """True where torch has the int8-weight kernel for this CPU (checked on a tiny matmul)."""
+    """True where torch has the int8-weight kernel for this CPU (checked once, on a tiny matmul)."""
     try:
         probe = Int8WeightLinear(nn.Linear(8, 4))
         return probe(torch.ones(1, 8)).shape == (1, 4)
@@ -463,14 +471,21 @@ def _fuse_lora(modules: list[LowBitLoraLinear]) -> nn.Module | None:
 class Int4LoraLinear(nn.Module):
     """A LoRA beside int4 weights in ONE kernel call: A's rows, quantised group-wise to 4 bits,
     are stacked under the base's rows, so the int4 matmul returns the base output and x A^T
-    together; then y = base + (x A^T) B^T with B in float (one addmm).
+    together; then y = base + (x A^T) B^T with B in int8 (one int8 kernel call; float where the
+    int8 kernel is missing).
 
     Why: on a CPU the skip policy's side matmuls were a large share of a skipping layer (decode,
     1 thread, int4: 440 us a layer with the LoRA beside, 300 us without): each is a separate small
     float matmul whose call overhead exceeds its arithmetic, and A in float32 reads more bytes
     than the base's int4 rows. A's 4-bit rounding errs on the small delta, not on the base
     weights, which stay the model file's own values (merging the LoRA into 4-bit weights instead
-    rounds the delta away: model/loading.py, skip_policy_weights)."""
+    rounds the delta away: model/loading.py, skip_policy_weights).
+
+    B in int8 (per output row): at rank 64 a float32 B is more bytes than the layer's own int4
+    weights (q/k/v and gate/up hold block-diagonal B's: 2.6 MB a layer against 1.8 MB), and a
+    skipping step streams them all; int8 reads a quarter (15 layers' B's, cold cache, 1 thread:
+    2.1 ms a step in float32, 0.9 ms in int8). Its rounding errs by at most half a step of a row's
+    largest B entry, on the small delta only."""
 
     def __init__(self, base: Int4WeightLinear, lora_a: torch.Tensor, lora_b: torch.Tensor) -> None:
         super().__init__()
@@ -483,13 +498,18 @@ class Int4LoraLinear(nn.Module):
                                                    torch.cat([base.scales_and_zeros, self.side.scales_and_zeros], dim=1),
                                                    base.exact))
         self.base = base
-        self.register_buffer("lora_bt", lora_b.t().contiguous())  # (r, out), scale folded in
         self.in_features, self.out_features = base.in_features, base.out_features
         self.bias = base.bias
-        # Plain references for ``forward`` (nn.Module's attribute lookup of a buffer costs ~1 us): the
-        # stacked rows' own decode call, and B; this module lives only inside a lean layer and is
-        # never moved or saved.
-        self._call_args = (self.stacked.decode_call(), self.lora_bt, self.out_features)
+        # B (out, r) with the scale alpha / r folded in: int8 rows where the kernel exists, else float.
+        self.lora_b_int8 = Int8WeightLinear.from_tensors(*int8_rows(lora_b)) if int8_supported() else None
+        self.lora_bt = None if self.lora_b_int8 is not None else lora_b.t().contiguous()  # (r, out)
+        # Plain references for ``forward`` (nn.Module's attribute lookup of a buffer costs ~1 us);
+        # this module lives only inside a lean layer and is never moved or saved.
+        stacked = self.stacked._buffers
+        int4_rows = lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(  # noqa: E731 (bfloat16 in and out)
+            x, stacked["weight_int4pack"], INT4_GROUP, stacked["scales_and_zeros"])
+        b_int8 = None if self.lora_b_int8 is None else self.lora_b_int8._buffers
+        self._call_args = (int4_rows, b_int8, self.lora_bt, self.out_features)
 
     @classmethod
     def of(cls, module: LowBitLoraLinear) -> "Int4LoraLinear | None":
@@ -508,9 +528,14 @@ class Int4LoraLinear(nn.Module):
         return fused
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        stacked, lora_bt, out = self._call_args
-        both = stacked(x if x.dim() == 2 else x.reshape(-1, self.in_features))  # (N, out + r): base | x A^T
-        y = torch.addmm(both[:, :out], both[:, out:], lora_bt)
+        int4_rows, b_int8, lora_bt, out = self._call_args
+        rows = x if x.dim() == 2 else x.reshape(-1, self.in_features)
+        both = int4_rows(rows.to(torch.bfloat16))  # (N, out + r) bfloat16: base | x A^T
+        if b_int8 is not None:
+            delta = torch._weight_int8pack_mm(both[:, out:].contiguous(), b_int8["weight_int8"], b_int8["scales"])
+            y = both[:, :out].to(x.dtype).add_(delta)  # (N, out)
+        else:
+            y = torch.addmm(both[:, :out].to(x.dtype), both[:, out:].to(x.dtype), lora_bt.to(x.dtype))
         return y if x.dim() == 2 else y.reshape(*x.shape[:-1], out)
 
 
