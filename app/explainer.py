@@ -55,14 +55,14 @@ SmolLM2-135M the head is 28M of 135M parameters, so 2x fewer layers is at most ~
 per step (the *cost-model* speedup); the measured wall-clock speedup tracks that, not the layer
 count. On the CPU's 4-bit engine (the default there) the skip policy's small extra matrices (a
 LoRA kept beside the model's own 4-bit weights) also run in every layer of a skipping step, which
-the full model never pays for: about a fifth of such a layer's time.
+the full model never pays for.
 
 ### The paper's setting and this demo
 
 The paper fine-tunes OPT models (1.3B and 2.7B) per task and reports 2-5x speedups with
 negligible loss on those tasks. This demo runs a 135M chat model on a CPU with one general skip
-policy trained on 370 prompts for about an hour of CPU time: the same mechanism, a much harder
-setting. An untouched model does not expect its middle layers to vanish; toggle "Skip-policy
+policy, distilled from the full model on ~48,000 of its own and SkipDecode's continuations (about
+20 GPU minutes and 1.5 CPU hours): the same mechanism, a much harder setting. An untouched model does not expect its middle layers to vanish; toggle "Skip-policy
 adapter" to see what the fine-tuning buys.
 """
 

@@ -80,11 +80,12 @@ def _wrap(text: str, width: int) -> str:
 
 
 def _training_curve() -> None:
-    """The shipped adapter's held-out curve (its run's train_log.jsonl held-out rows, copied
-    next to the adapter as heldout_curve.json)."""
+    """The shipped adapter's held-out curve (heldout_curve.json next to the adapter: its training
+    runs' held-out rows, one run continuing the last, written by scripts/adapter_lineage.py)."""
     records = load_json(DEFAULT_ADAPTER / "heldout_curve.json")
     if records:
-        gr.Markdown("### The shipped skip policy's training run (held-out agreement every 100 steps)")
+        gr.Markdown("### How the shipped skip policy was trained (held-out agreement; each dotted line "
+                    "starts a run that continued the last one's adapter)")
         gr.Plot(narrow_safe(heldout_curve_figure(records, "Shipped adapter: held-out agreement")), show_label=False)
 
 
