@@ -10,6 +10,7 @@ from typing import Callable
 
 import gradio as gr
 
+from model.heldout import stage_notes
 from model.loading import DEFAULT_ADAPTER
 from model.reporting import heldout_curve_figure, quality_figure, speed_figure, study_figure
 
@@ -87,6 +88,9 @@ def _training_curve() -> None:
         gr.Markdown("### How the shipped skip policy was trained (held-out agreement; each dotted line "
                     "starts a run that continued the last one's adapter)")
         gr.Plot(narrow_safe(heldout_curve_figure(records, "Shipped adapter: held-out agreement")), show_label=False)
+        notes = stage_notes(records)
+        if notes:
+            gr.Markdown("\n".join(f"* **{stage}**: {note}" for stage, note in notes))
 
 
 def _results_section(title: str, folder: str, command: str, figure: Callable[[dict], object]) -> None:

@@ -179,7 +179,7 @@ def regression_note(settings: PlaygroundSettings, solved) -> str:
     if row is None:
         return ""
     who = "skip policy on" if settings.skip_policy else "skip policy OFF"
-    why = ("a 135M model and one skip policy trained on a CPU cannot fully replace the bypassed layers"
+    why = ("one general skip policy for a 135M model, trained for minutes of GPU time, cannot fully replace the bypassed layers"
            if settings.skip_policy else "the untouched model was never trained to run with layers missing")
     return (f"Regression remains ({count} held-out prompts, {row['target_speedup']:g}x, {who}): next-token agreement "
             f"{row['agreement']:.2f}, perplexity ratio {row['perplexity_ratio']:.1f} (1 = no loss); {why}.")

@@ -84,6 +84,7 @@ class Stage:
     name: str
     batch_size: int
     log_text: str
+    note: str = ""  # what the run changed, for the figure's caption
 
 
 def parse_heldout_log(text: str) -> list[dict]:
@@ -101,7 +102,7 @@ def parse_heldout_log(text: str) -> list[dict]:
 
 def lineage_curve(stages: list[Stage]) -> list[dict]:
     """One held-out curve over runs that each continued the previous one's adapter: rows carry
-    their run ("stage"), its step, and the training sequences seen since the first run began
+    their run ("stage", and "stage_note" when it has one), its step, and the training sequences seen since the first run began
     ("sequences": steps x batch size, summed over the runs), the x-axis on which runs of
     different batch sizes compare. A later run's step-0 row repeats the previous run's end and
     is dropped."""
@@ -114,6 +115,16 @@ def lineage_curve(stages: list[Stage]) -> list[dict]:
         for row in rows:
             if index > 0 and row["step"] == 0:
                 continue
-            curve.append(dict(row, stage=stage.name, sequences=seen + row["step"] * stage.batch_size))
+            curve.append(dict(row, stage=stage.name, sequences=seen + row["step"] * stage.batch_size,
+                              **({"stage_note": stage.note} if stage.note else {})))
         seen += rows[-1]["step"] * stage.batch_size
     return curve
+
+
+def stage_notes(curve: list[dict]) -> list[tuple[str, str]]:
+    """(stage, note) of a lineage curve's runs in order, for the runs that have a note."""
+    notes: dict[str, str] = {}
+    for row in curve:
+        if row.get("stage_note"):
+            notes.setdefault(row["stage"], row["stage_note"])
+    return list(notes.items())

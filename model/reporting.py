@@ -109,14 +109,17 @@ def heldout_curve_figure(records: list[dict], title: str) -> go.Figure:
         figure.add_trace(go.Scatter(x=[p[0] for p in points], y=[p[1] for p in points],
                                     mode="lines+markers", name=speedup))
     if lineage:
-        for previous, row, xi in zip(rows, rows[1:], x[1:]):
-            if row["stage"] != previous["stage"]:  # the run that continued here began at the previous row
-                start = previous["sequences"] / 1000
+        starts = [(x[0], rows[0]["stage"])] + [  # a run that continued began at the previous row
+            (previous["sequences"] / 1000, row["stage"]) for previous, row in zip(rows, rows[1:])
+            if row["stage"] != previous["stage"]]
+        for index, (start, stage) in enumerate(starts):
+            if index:
                 figure.add_vline(x=start, line_dash="dot", line_color="grey")
-                figure.add_annotation(x=start, y=0.08, text=row["stage"], showarrow=False, xanchor="left",
-                                      font=dict(size=11, color="grey"))
-        figure.add_annotation(x=x[0], y=0.08, text=rows[0]["stage"], showarrow=False, xanchor="left",
-                              font=dict(size=11, color="grey"))
+            # short labels beside their line; one near the right edge reads to the left of it
+            right = start > 0.75 * x[-1]
+            figure.add_annotation(x=start, y=0.08, text=f" {stage} " if not right else f"{stage} ",
+                                  showarrow=False, xanchor="right" if right else "left",
+                                  font=dict(size=11, color="grey"))
     figure.update_layout(title=dict(text=title, x=0.01),
                          xaxis_title="training sequences seen (thousands)" if lineage else "training step",
                          yaxis=dict(title="held-out agreement", range=[0, 1]), height=340,

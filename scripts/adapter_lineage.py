@@ -23,10 +23,14 @@ sys.path.insert(0, str(ROOT))
 from model.heldout import Stage, lineage_curve  # noqa: E402
 
 STUDY = ROOT / "assets" / "study"
-STAGES = (  # (label, batch size, log file, its section header)
-    ("rank 64, 28k sequences (GPU)", 64, STUDY / "gpu-2026-11-23" / "heldout-logs.txt", "== long-r64"),
-    ("+ trimmed, on-policy (GPU)", 64, STUDY / "gpu-2026-11-23b" / "heldout-logs.txt", "## arm c"),
-    ("+ unlikelihood (CPU)", 8, STUDY / "cpu-2026-11-23b" / "heldout-curves.txt", "== runs/cpu-gc-ul"),
+STAGES = (  # (label, batch size, log file, its section header, what the run changed)
+    ("run 1", 64, STUDY / "gpu-2026-11-23" / "heldout-logs.txt", "== long-r64",
+     "LoRA rank 64 on the 28k make-data sequences (H100, batch 64, 9 min)"),
+    ("run 2", 64, STUDY / "gpu-2026-11-23b" / "heldout-logs.txt", "## arm c",
+     "targets cut where they loop, plus SkipDecode's own on-policy text (H100, batch 64, 11 min)"),
+    ("run 3", 8, STUDY / "cpu-2026-11-23b" / "heldout-curves.txt", "== runs/cpu-gc-ul",
+     "unlikelihood on the tokens that repeat (2-core CPU, batch 8, 96 min): less teacher-forced "
+     "agreement, text without loops"),
 )
 
 
@@ -39,7 +43,7 @@ def section(path: Path, header: str) -> str:
 
 
 def main() -> None:
-    curve = lineage_curve([Stage(name, batch, section(path, header)) for name, batch, path, header in STAGES])
+    curve = lineage_curve([Stage(name, batch, section(path, header), note) for name, batch, path, header, note in STAGES])
     target = ROOT / "assets" / "adapters" / "smollm2-135m-skipdecode" / "heldout_curve.json"
     target.write_text(json.dumps(curve, indent=1) + "\n")
     print(f"{target.relative_to(ROOT)}: {len(curve)} rows, {curve[-1]['sequences']:,} sequences")

@@ -143,7 +143,7 @@ def test_study_and_training_curve_figures_plot_every_arm_and_speedup():
 
 
 def test_an_adapters_lineage_is_one_curve_over_the_sequences_its_runs_saw():
-    from model.heldout import Stage, lineage_curve, parse_heldout_log
+    from model.heldout import Stage, lineage_curve, parse_heldout_log, stage_notes
     from model.reporting import heldout_curve_figure
 
     first = ("untrained held-out: 1x agree 1.000 KL 0.000, 2x agree 0.314 KL 4.645\n"
@@ -153,13 +153,14 @@ def test_an_adapters_lineage_is_one_curve_over_the_sequences_its_runs_saw():
               "step 100 (25.5 min) held-out: 1x agree 1.000 KL 0.000, 2x agree 0.596 KL 1.086\n")
     assert parse_heldout_log(first)[1] == {"step": 200, "heldout": {"1x": {"agreement": 1.0, "kl": 0.0},
                                                                    "2x": {"agreement": 0.564, "kl": 1.278}}}
-    curve = lineage_curve([Stage("gpu", 64, first), Stage("cpu", 8, second)])
+    curve = lineage_curve([Stage("gpu", 64, first), Stage("cpu", 8, second, note="unlikelihood")])
     assert [(row["stage"], row["step"], row["sequences"]) for row in curve] == [
         ("gpu", 0, 0), ("gpu", 200, 12800), ("cpu", 100, 13600)]  # the second run's step 0 repeats the first's end
     figure = heldout_curve_figure(curve, "lineage")
     assert list(figure.data[0].x) == [0, 12.8, 13.6] and figure.layout.xaxis.title.text.startswith("training sequences")
     assert [shape.x0 for shape in figure.layout.shapes] == [12.8]  # where the second run began
-    assert {annotation.text for annotation in figure.layout.annotations} == {"gpu", "cpu"}
+    assert {annotation.text.strip() for annotation in figure.layout.annotations} == {"gpu", "cpu"}
+    assert stage_notes(curve) == [("cpu", "unlikelihood")]  # the caption names what each run changed
     with pytest.raises(ValueError, match="no held-out lines"):
         lineage_curve([Stage("empty", 8, "no curve here")])
 
