@@ -95,3 +95,27 @@ def test_template_tail_is_derived_from_the_chat_template(default_model):
     tail = generator.template_tail_tokens
     assert tail > 0 and ids[len(ids) - tail - len(user): len(ids) - tail] == user
     assert generator.format_prompt(prompt).endswith(default_model.tokenizer.decode(ids[len(ids) - tail:]))
+
+
+def test_the_shipped_adapter_fits_its_budget_and_1x_with_it_is_the_original(default_model):
+    """The shipped skip policy: at most 48 MB, gated, carrying its trained placement; loaded by
+    default, and at 1x (no layer bypassed) its run gives the full model's tokens exactly."""
+    import json
+
+    from model.loading import DEFAULT_ADAPTER
+
+    assert (DEFAULT_ADAPTER / "adapter_model.safetensors").stat().st_size <= 48 * 1000 * 1000
+    placement = json.loads((DEFAULT_ADAPTER / "training_info.json").read_text())["skip_policy"]
+    assert placement["gated"] and placement["order"] == "ranked" and sorted(placement["ranking"]) == list(range(30))
+    assert default_model.adapter_path is not None and default_model.skip_model is not default_model.model
+    generator = TextGenerator(default_model)
+    prompts = ("Which river flows through Vienna?", "Write one sentence about the moon.")
+    one_x = generator.generate(GenerationRequest(prompts=prompts, schedule=ScheduleRequest(target_speedup=1.0),
+                                                 max_new_tokens=NEW_TOKENS))
+    full = generator.generate(GenerationRequest(prompts=prompts, schedule=ScheduleRequest(full=True),
+                                                max_new_tokens=NEW_TOKENS))
+    assert one_x.decode.tokens == full.decode.tokens and one_x.layers_per_step == [30] * len(one_x.layers_per_step)
+    with_policy, without = (generator.generate(GenerationRequest(
+        prompts=prompts, schedule=ScheduleRequest(target_speedup=2.0, skip_policy=on), max_new_tokens=NEW_TOKENS))
+        for on in (True, False))
+    assert with_policy.decode.tokens != without.decode.tokens  # where layers are bypassed, the policy acts
