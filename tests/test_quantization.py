@@ -454,6 +454,30 @@ def test_an_int4_lora_rides_in_its_base_kernel_call(tmp_path):
     assert isinstance(side.model.layers[1].self_attn.o_proj, LowBitLoraLinear)  # the model itself is untouched
 
 
+def test_an_int4_loras_b_in_int8_rows_matches_its_float_b(tmp_path, monkeypatch):
+    """B's rows in int8 (a quarter of float32's bytes at every skipping step) move the LoRA's output
+    by B's rounding only: a small fraction of the delta; float B stays where int8 has no kernel."""
+    import model.quantization as quantization
+    from model.loading import lora_side_copy
+    from model.quantization import Int4LoraLinear, int8_supported
+
+    if not (int4_supported() and int8_supported()):
+        pytest.skip("no int4- or int8-weight CPU kernel in this torch build")
+    model = tiny_model("llama")
+    adapter = _random_lora_adapter(model, tmp_path / "adapter")
+    quantize_weights(model, "int4")
+    wrapped = lora_side_copy(model, adapter).model.layers[0].mlp.gate_proj
+    x = torch.randn(4, wrapped.in_features)
+    with torch.no_grad():
+        base, int8_b = wrapped.base(x), Int4LoraLinear.of(wrapped)
+        monkeypatch.setattr(quantization, "int8_supported", lambda: False)
+        float_b = Int4LoraLinear.of(wrapped)
+        assert int8_b.lora_b_int8 is not None and float_b.lora_b_int8 is None
+        delta, error = float_b(x) - base, int8_b(x) - float_b(x)
+        assert error.norm() < 0.02 * delta.norm(), (error.norm(), delta.norm())
+        assert torch.equal(int8_b(x[:1]), int8_b(x)[:1])  # one decode row reads like a row of a batch
+
+
 @pytest.mark.parametrize("mode", ["int8", "int4"])
 def test_a_projections_decode_call_reads_its_current_buffers(mode):
     """The lean layer's call skips nn.Module's lookups but must follow a buffer re-pointed later
