@@ -240,6 +240,7 @@ def test_scaling_arms_train_the_shipped_recipe_and_report_from_their_logs(tmp_pa
     arm = arm_config(config, 40)
     assert arm.max_sequences == 40 and arm.max_steps == 20 and not arm.resume
     assert arm.order == "ranked" and len(arm.ranking) == 30  # the shipped placement
+    assert (arm.lora_rank, arm.lora_alpha) == (16, 32)  # the LoRA the committed curve was measured with
     on_gpu = arm_config(ScalingConfig(**{**config.__dict__, "device": "cuda"}), 40)
     # float32 on every device (no bf16 autocast on a GPU): arms trained anywhere share one curve
     assert (arm.device, arm.mixed_precision, on_gpu.device, on_gpu.mixed_precision) == ("cpu", "no", "cuda", "no")
