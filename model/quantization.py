@@ -533,7 +533,7 @@ class Int4LoraLinear(nn.Module):
         both = int4_rows(rows.to(torch.bfloat16))  # (N, out + r) bfloat16: base | x A^T
         if b_int8 is not None:
             delta = torch._weight_int8pack_mm(both[:, out:], b_int8["weight_int8"], b_int8["scales"])  # a strided view is fine
-            y = both[:, :out].to(x.dtype).add_(delta)  # (N, out)
+            y = both[:, :out].to(x.dtype, copy=True).add_(delta)  # (N, out), its own contiguous rows in any dtype
         else:
             y = torch.addmm(both[:, :out].to(x.dtype), both[:, out:].to(x.dtype), lora_bt.to(x.dtype))
         return y if x.dim() == 2 else y.reshape(*x.shape[:-1], out)
