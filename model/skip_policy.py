@@ -238,24 +238,26 @@ def mix_adapters(first: str | Path, second: str | Path, destination: str | Path,
     alpha = scales[0] * rank
     config = dict(configs[0], r=rank, lora_alpha=int(alpha) if float(alpha).is_integer() else alpha)
     (destination / "adapter_config.json").write_text(json.dumps(config, indent=2))
+    result = MixResult(destination, rank, min(kept), sum(kept) / len(kept))
     info_path = first / "training_info.json"
     info = json.loads(info_path.read_text()) if info_path.is_file() else {}
     info["mixed"] = {"first": str(first), "second": str(second), "weight": weight, "rank": rank,
-                     "kept_energy_min": min(kept), "kept_energy_mean": sum(kept) / len(kept)}
+                     "kept_energy_min": result.kept_energy_min, "kept_energy_mean": result.kept_energy_mean}
     (destination / "training_info.json").write_text(json.dumps(info, indent=2))
-    return MixResult(destination, rank, min(kept), sum(kept) / len(kept))
+    return result
 
 
 def _lora_config(folder: Path) -> dict:
-    path = folder / "adapter_config.json"
-    if not path.is_file():
+    """The adapter's config when it is plain LoRA (one delta B @ A x alpha / r per Linear: the
+    same test as running it beside low-bit weights, model/loading.py side_lora_config)."""
+    from model.loading import side_lora_config  # noqa: PLC0415 (loading imports this module)
+
+    if not (folder / "adapter_config.json").is_file():
         raise ValueError(f"{folder} is not an adapter folder (no adapter_config.json)")
     if (folder / BRIDGE_WEIGHTS).is_file():
         raise ValueError(f"{folder} has an entry bridge: mixing covers LoRA weights only")
-    config = json.loads(path.read_text())
-    if config.get("peft_type") != "LORA":
-        raise ValueError(f"{folder} is not a LoRA adapter")
-    # A per-module rank or alpha, rsLoRA's alpha / sqrt(r) or DoRA's magnitudes: not one delta B @ A x alpha / r.
-    if config.get("use_dora") or config.get("use_rslora") or config.get("rank_pattern") or config.get("alpha_pattern"):
-        raise ValueError(f"{folder}: only plain LoRA (one rank and alpha, no rsLoRA or DoRA) can be mixed")
+    config = side_lora_config(folder)
+    if config is None:
+        raise ValueError(f"{folder}: only plain LoRA (one rank and alpha, no rsLoRA, DoRA or per-module "
+                         "patterns) can be mixed")
     return config
