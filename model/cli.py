@@ -187,7 +187,9 @@ def add_eval_command(commands) -> None:
     ev.add_argument("--fact-tokens", type=int, default=32, help="reply length for a fact question")
     ev.add_argument("--candidate", default=None, help="a second adapter folder, measured on the same references "
                     "and compared with --adapter per measure (paired bootstrap over prompts, 95%% intervals)")
-    ev.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples of --candidate's comparison")
+    ev.add_argument("--candidate-floor", type=int, default=None, help="or compare the SAME adapter with a schedule "
+                    "floor of this many layers per step (the same layer budget, another shape), paired likewise")
+    ev.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples of the candidate's comparison")
     ev.add_argument("--output", default=None, help="folder for eval.json and eval.md")
     ev.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
     ev.set_defaults(handler=run_eval)
@@ -326,7 +328,7 @@ def eval_config(args: argparse.Namespace) -> EvalConfig:
         quantize=tuple(m for m in (_quantize_list(args.quantize) or ()) if m != "none"),
         facts=None if args.facts == "none" else args.facts or str(DEFAULT_FACTS), max_facts=args.max_facts,
         fact_tokens=args.fact_tokens, include_no_adapter=not args.adapter_only, candidate=args.candidate,
-        resamples=args.resamples,
+        candidate_floor=args.candidate_floor, resamples=args.resamples,
     )
 
 
@@ -336,8 +338,8 @@ def run_eval(args: argparse.Namespace) -> int:
     config = eval_config(args)
     if config.continuation_tokens < 2 or config.fact_tokens < 2:
         raise ValueError("--tokens and --fact-tokens must be >= 2")
-    if config.candidate and not config.adapter:
-        raise ValueError("--candidate is compared with an adapter: leave out --no-adapter")
+    if (config.candidate or config.candidate_floor is not None) and not config.adapter:
+        raise ValueError("a candidate is compared with an adapter: leave out --no-adapter")
     if config.resamples < 100:
         raise ValueError("--resamples must be >= 100")
     report = evaluate(config, progress=lambda line: print(line, file=sys.stderr))

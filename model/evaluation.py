@@ -66,6 +66,7 @@ class EvalConfig:
     max_facts: int | None = None
     fact_tokens: int = 32  # greedy reply length for a fact question (the schedule decays over it)
     candidate: str | None = None  # a second adapter, measured on the same references and compared in pairs
+    candidate_floor: int | None = None  # or: the SAME adapter with a schedule floor of this many layers
     resamples: int = 2000  # paired bootstrap resamples of the candidate's comparison
 
 
@@ -113,7 +114,7 @@ class EvalReport:
     full_fact_accuracy: float | None = None  # share the full model answers right
     rows: list[EvalRow] = field(default_factory=list)
     quantization: list[QuantizationRow] = field(default_factory=list)
-    candidate: str | None = None
+    candidate: str | None = None  # the candidate adapter's folder, or the floor candidate's description
     candidate_warmup: int | None = None  # the candidate's own trained placement (its rows use it)
     candidate_order: str | None = None
     comparisons: list[Comparison] = field(default_factory=list)  # candidate − adapter, paired, per measure
@@ -152,7 +153,7 @@ class EvalReport:
             lines += [f"| {q.weights} | {q.agreement:.3f} | {q.perplexity_ratio:.3f} | {q.token_match:.3f} | "
                       f"{q.identical_outputs:.3f} |" for q in self.quantization]
         if self.candidate:
-            lines += ["", f"Candidate rows: {self.candidate}, in its own trained placement (warmup "
+            lines += ["", f"Candidate rows: {self.candidate}, in its trained placement (warmup "
                           f"{self.candidate_warmup}, order {self.candidate_order}).", "",
                       comparison_markdown(self.comparisons, self.adapter, self.candidate)]
         return "\n".join(lines)
@@ -299,9 +300,10 @@ class _Context:
             return full_schedule(self.num_layers, tokens), 1.0
         warmup, order, ranking = (variant.warmup, variant.order, variant.ranking) if variant else \
             (self.warmup, self.order, self.ranking)
+        floor = variant.floor if variant is not None and variant.floor is not None else self.config.min_layers_floor
         solved = solve_schedule(self.num_layers, speedup, decay=self.config.decay, warmup=warmup,
                                 order=order, ranking=ranking, decay_length=tokens,
-                                num_steps=max(1, tokens - 1), min_layers_floor=self.config.min_layers_floor)
+                                num_steps=max(1, tokens - 1), min_layers_floor=floor)
         return solved.config, solved.layer_speedup
 
 
@@ -316,17 +318,47 @@ class _Variant:
     warmup: int
     order: str
     ranking: tuple[int, ...]
+    floor: int | None = None  # its own schedule floor (a floor candidate); None: the run's
 
 
-def evaluate(config: EvalConfig, progress=print) -> EvalReport:
-    if config.candidate:  # refused before the references are generated
+def floor_candidate_name(floor: int) -> str:
+    return f"the same adapter, schedule floor {floor} layers"
+
+
+def _check_candidate(config: EvalConfig) -> None:
+    """Refuse a candidate that cannot be measured before the references are generated."""
+    if config.candidate and config.candidate_floor is not None:
+        raise ValueError("compare ONE candidate: an adapter (--candidate) or a schedule floor (--candidate-floor)")
+    if config.candidate:
         from model.loading import resolve_adapter  # noqa: PLC0415
 
         if config.candidate in ("auto", "none") or resolve_adapter(config.candidate, "") is None:
             raise ValueError(f"candidate {config.candidate!r}: give a trained adapter folder")
-        if config.resamples < 100:
-            raise ValueError(f"resamples must be >= 100; got {config.resamples}")
+    if config.candidate_floor is not None:
+        if isinstance(config.candidate_floor, bool) or not isinstance(config.candidate_floor, int) \
+                or config.candidate_floor < 1:
+            raise ValueError(f"candidate_floor must be a layer count >= 1; got {config.candidate_floor!r}")
+    if (config.candidate or config.candidate_floor is not None) and config.resamples < 100:
+        raise ValueError(f"resamples must be >= 100; got {config.resamples}")
+
+
+def _check_floor_reaches(config: EvalConfig, context: _Context) -> None:
+    """A floor of F layers per step cannot average fewer than F: every speedup must allow it."""
+    floor = config.candidate_floor
+    if floor is None:
+        return
+    if floor > context.num_layers:
+        raise ValueError(f"candidate floor {floor} exceeds the model's {context.num_layers} layers")
+    blocked = [s for s in config.speedups if s != 1.0 and max(floor, context.warmup + 1) * s > context.num_layers]
+    if blocked:
+        raise ValueError(f"a floor of {floor} layers cannot reach {', '.join(f'{s:g}x' for s in blocked)} on "
+                         f"{context.num_layers} layers; leave those speedups out")
+
+
+def evaluate(config: EvalConfig, progress=print) -> EvalReport:
+    _check_candidate(config)
     context, report = _prepare(config, progress)
+    _check_floor_reaches(config, context)
     for weights in config.quantize:
         report.quantization.append(_quantization_row(config, weights, context))
         q = report.quantization[-1]
@@ -342,7 +374,7 @@ def evaluate(config: EvalConfig, progress=print) -> EvalReport:
             progress(f"{variant.name} {speedup}x: agreement {row.agreement:.3f}, ppl ratio {row.perplexity_ratio:.2f}, "
                      f"judged ppl ratio {row.judged_ppl_ratio}, repetition {row.repetition}, "
                      f"fact retention {row.fact_retention}, ROUGE-L {row.rouge_l}")
-    if config.candidate:
+    if config.candidate or config.candidate_floor is not None:
         report.comparisons = [
             comparison for speedup in config.speedups if speedup != 1.0
             for comparison in compare_variants(context.full_scores.per_example, items["adapter", speedup],
@@ -370,9 +402,9 @@ def evaluate_shapes(config: EvalConfig, shapes: Sequence[tuple[str, int | None]]
 
 
 def _variants(context: _Context) -> list[_Variant]:
-    """Each variant measured: the adapter (when there is one) first, then the candidate adapter
-    (when asked for; loaded beside, in its own trained placement), then the bare model (when asked
-    for, or without an adapter)."""
+    """Each variant measured: the adapter (when there is one) first, then the candidate (when asked
+    for: another adapter loaded beside, in its own trained placement, or the same adapter under
+    another schedule floor), then the bare model (when asked for, or without an adapter)."""
     from model.generation import TextGenerator  # noqa: PLC0415
     from model.loading import gated_peft_copy, load_model  # noqa: PLC0415
 
@@ -387,6 +419,8 @@ def _variants(context: _Context) -> list[_Variant]:
         order = config.order or other.default_order
         variants.append(_Variant("candidate", gated_peft_copy(other.loaded), other.loaded.bridge, other.skip_decoder,
                                  warmup, order, other.ranking_for(order)))
+    if config.candidate_floor is not None:
+        variants.append(replace(variants[0], name="candidate", floor=config.candidate_floor))
     if config.include_no_adapter or not loaded.adapter_path:
         variants.append(_Variant("no adapter", loaded.model, None, generator.full_decoder,
                                  context.warmup, context.order, context.ranking))
@@ -399,8 +433,8 @@ def _prepare(config: EvalConfig, progress) -> tuple[_Context, EvalReport]:
     from model.loading import load_model  # noqa: PLC0415
 
     loaded = load_model(config.model, device=config.device, adapter=config.adapter)
-    if config.candidate and not loaded.adapter_path:
-        raise ValueError("a candidate adapter is compared with an adapter, and this run has none")
+    if (config.candidate or config.candidate_floor is not None) and not loaded.adapter_path:
+        raise ValueError("a candidate is compared with an adapter, and this run has none")
     generator = TextGenerator(loaded)
     num_layers = generator.num_layers
     prompts = read_prompts(config.prompts, config.max_prompts)
@@ -431,7 +465,8 @@ def _prepare(config: EvalConfig, progress) -> tuple[_Context, EvalReport]:
                         full_perplexity=math.exp(full_scores.nll), warmup=warmup, order=order,
                         full_repetition=round(repetition_rate(references.texts), 4), facts=len(facts),
                         full_fact_accuracy=round(sum(context.full_facts_right) / len(facts), 4) if facts else None,
-                        candidate=portable_path(config.candidate) if config.candidate else None)
+                        candidate=portable_path(config.candidate) if config.candidate else
+                        floor_candidate_name(config.candidate_floor) if config.candidate_floor is not None else None)
     progress(f"full model: perplexity {report.full_perplexity:.3f} on {len(prompts)} prompts, repetition "
              f"{report.full_repetition}, facts right {report.full_fact_accuracy}")
     return context, report

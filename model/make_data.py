@@ -4,13 +4,19 @@ The skip policy learns to match the full model's next-token distribution on text
 model writes. More DISTINCT text is the lever (a few hundred prompts seen 13 times flatten the
 held-out curve), so this builds tens of thousands of unique sequences without any download:
 
-1. prompts from four offline sources, deduplicated and never overlapping the held-out sets:
+1. prompts from five offline sources, deduplicated and never overlapping the held-out sets:
    * ``magpie``: user turns the model writes itself. The chat template is cut right after the
      user header and the model samples what a user would ask (Magpie, arXiv 2406.08464);
      kept if it ends its turn, has 3-60 words and is not a duplicate.
    * ``templates``: committed task templates x committed topics (assets/prompts/).
    * ``wordnet``: questions about WordNet lemmas (Debian's wordnet-base, installed by
      scripts/make_data.sh; skipped with a note when absent).
+   * ``entities``: short fact questions about WordNet's named instances (people, places,
+     events, works: "Which country is Odessa in?", "Who was Jakob Boehme?"), the kind of
+     question whose short answer SkipDecode loses most often (fact retention). No question that
+     names a held-out fact's entity or answer is made. Off by default (``--entity-questions N``);
+     run it with ``--max-new-tokens 32``, the reply length the fact measure decays over, so that
+     training sees the steep decay of a short reply.
    * ``pydoc``: raw-text passages from the Python standard library's own docstrings (no chat
      template: the playground also runs raw prompts).
 2. continuations from the full model: one greedy and ``samples`` sampled (temperature 0.8) per
@@ -48,9 +54,19 @@ PROMPTS_DIR = ASSETS / "prompts"
 TOPICS_FILE = PROMPTS_DIR / "topics.txt"
 TEMPLATES_FILE = PROMPTS_DIR / "templates.txt"
 WORDNET_DIR = Path("/usr/share/wordnet")
-SOURCES = ("magpie", "templates", "wordnet", "pydoc")
+SOURCES = ("magpie", "templates", "wordnet", "entities", "pydoc")
 WORDNET_QUESTIONS = ("What does the word \"{word}\" mean?", "Use the word \"{word}\" in two example sentences.",
                      "Explain what \"{word}\" means and give an example.")
+# Question templates per WordNet lexicographer file of an instance noun (18 person, 15 location,
+# 17 natural object, 04 act, others); "{x}" is the instance's name.
+ENTITY_QUESTIONS = {
+    "18": ("Who was {x}?", "What is {x} known for?", "Which country was {x} from?", "When did {x} live?",
+           "What was {x}'s profession?"),
+    "15": ("Where is {x}?", "Which country is {x} in?", "What is {x} known for?", "What kind of place is {x}?"),
+    "17": ("Where is {x}?", "What is {x}?", "What is {x} known for?"),
+    "04": ("When did {x} take place?", "What was {x}?", "Who fought in {x}?"),
+    "other": ("What is {x}?", "What is {x} known for?"),
+}
 PYDOC_MODULES = ("os", "os.path", "pathlib", "json", "re", "string", "collections", "itertools", "functools",
                  "math", "statistics", "random", "datetime", "calendar", "time", "textwrap", "difflib",
                  "csv", "sqlite3", "shutil", "tempfile", "glob", "fnmatch", "argparse", "logging", "typing",
@@ -76,6 +92,7 @@ class MakeDataConfig:
     magpie_turns: int = 500  # user turns to sample (kept after filtering; fewer if duplicates abound)
     template_prompts: int = 6000  # template x topic pairs (drawn without replacement)
     wordnet_prompts: int = 2500
+    entity_questions: int = 0  # short fact questions about WordNet instances (the ``entities`` source; 0: none)
     pydoc_prompts: int = 1000
     samples: int = 1  # sampled continuations per prompt, besides the greedy one
     temperature: float = 0.8
@@ -97,7 +114,7 @@ class MakeDataConfig:
     prompts_from: str | None = None  # reuse another make-data folder's prompt list (same prompts, new writer)
 
     def __post_init__(self) -> None:
-        for name in ("magpie_turns", "template_prompts", "wordnet_prompts", "pydoc_prompts", "samples"):
+        for name in ("magpie_turns", "template_prompts", "wordnet_prompts", "entity_questions", "pydoc_prompts", "samples"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0; got {getattr(self, name)}")
         for name in ("max_new_tokens", "max_prompt_tokens", "batch_size"):
@@ -201,6 +218,70 @@ def wordnet_prompts(count: int, rng: random.Random) -> list[str]:
     return [WORDNET_QUESTIONS[i % len(WORDNET_QUESTIONS)].format(word=w) for i, w in enumerate(lemmas[:count])]
 
 
+def wordnet_instances(folder: Path | None = None) -> list[tuple[str, str]]:
+    """(lexicographer file, name) of every named instance noun ("@i" pointer) in WordNet; a
+    person's fullest name ("Jakob Boehme" rather than "Boehme"); empty if not installed."""
+    path = (folder or WORDNET_DIR) / "data.noun"
+    if not path.is_file():
+        return []
+    instances = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        if line.startswith("  ") or " @i " not in line:
+            continue
+        fields = line.split(" ")
+        count = int(fields[3], 16)
+        names = [fields[4 + 2 * i].replace("_", " ") for i in range(count)]
+        names = [re.sub(r"\(.*\)$", "", n).strip() for n in names]
+        name = max(names[:3], key=lambda n: len(n.split())) if fields[1] == "18" else names[0]
+        if name[:1].isupper() and name.replace(" ", "").replace("-", "").replace(".", "").replace("'", "").isalpha():
+            instances.append((fields[1], name))
+    return sorted(set(instances))
+
+
+def held_out_fact_terms() -> list[str]:
+    """Normalised held-out fact questions and accepted answers: an entity question must name none of them."""
+    if not DEFAULT_FACTS.is_file():
+        return []
+    records = read_jsonl(DEFAULT_FACTS)
+    return [normalized(r["question"]) for r in records] + [normalized(a) for r in records for a in r["answers"]]
+
+
+def names_held_out_fact(question: str, entity: str, terms: Sequence[str]) -> bool:
+    """Does an entity question touch a held-out fact: its entity inside a fact question, or an
+    accepted answer inside the question ("Who was William Shakespeare?" for "Who wrote Hamlet?")?"""
+    padded_entity, padded_question = f" {normalized(entity)} ", f" {normalized(question)} "
+    return any(term and (padded_entity in f" {term} " or f" {term} " in padded_question) for term in terms)
+
+
+def entity_prompts(count: int, rng: random.Random) -> list[str]:
+    """``count`` distinct short fact questions: one template per WordNet instance, instances drawn
+    without replacement (more than the instances: each gets a second template, and so on)."""
+    if count <= 0:
+        return []
+    instances = wordnet_instances()
+    if not instances:
+        print("make-data: WordNet not installed (Debian wordnet-base; scripts/make_data.sh installs it): "
+              "skipping the entities source", file=sys.stderr)
+        return []
+    terms = held_out_fact_terms()
+    rng.shuffle(instances)
+    first_template = [rng.randrange(len(ENTITY_QUESTIONS.get(lexfile, ENTITY_QUESTIONS["other"])))
+                      for lexfile, _ in instances]  # each instance walks its templates from a random one
+    questions: list[str] = []
+    for round_index in range(max(len(t) for t in ENTITY_QUESTIONS.values())):
+        for (lexfile, name), first in zip(instances, first_template):
+            templates = ENTITY_QUESTIONS.get(lexfile, ENTITY_QUESTIONS["other"])
+            if round_index >= len(templates):
+                continue
+            template = templates[(first + round_index) % len(templates)]
+            question = template.format(x=name)
+            if not names_held_out_fact(question, name, terms):
+                questions.append(question)
+            if len(questions) >= count:
+                return questions
+    return questions
+
+
 def docstring_passages() -> Iterator[str]:
     """First paragraphs (>= 20 words) of the docstrings of standard-library modules and their members."""
     for name in PYDOC_MODULES:
@@ -276,6 +357,7 @@ def build_prompt_list(config: MakeDataConfig, magpie: Sequence[str]) -> list[Pro
         "magpie": list(magpie) if "magpie" in config.sources else [],
         "templates": template_prompts(config.template_prompts, rng) if "templates" in config.sources else [],
         "wordnet": wordnet_prompts(config.wordnet_prompts, rng) if "wordnet" in config.sources else [],
+        "entities": entity_prompts(config.entity_questions, rng) if "entities" in config.sources else [],
         "pydoc": pydoc_prompts(config.pydoc_prompts, rng) if "pydoc" in config.sources else [],
     }
     seen = held_out_keys()

@@ -78,6 +78,9 @@ class TrainConfig:
     continuation_tokens: int = 64  # teacher continuation length (self-distillation)
     max_target_tokens: int | None = None  # train on only the first N target tokens (cheaper steps)
     trim_loops: bool = False  # cut each target where it starts to loop (model/data.py trim_loop)
+    # True: a batch is a random window of the examples sorted by target length, so a short reply
+    # (a fact answer) trains under the steep decay of its own length, not a long neighbour's
+    length_grouped: bool = False
     # > 0: keep each target's loop, the KL stopping where it starts (as trim_loops), and push down
     # the student's probability of every token there that repeats a 4-gram: weight x -log(1 - p)
     unlikelihood: float = 0.0
@@ -200,6 +203,16 @@ def draw_schedule(num_layers: int, num_steps: int, config: TrainConfig, rng: ran
     decay_length = max(1, int(num_steps * rng.uniform(*DECAY_LENGTH_SPREAD)))
     return solve_schedule(num_layers, speedup, decay=decay, decay_length=decay_length,
                           num_steps=max(1, num_steps), **common).config
+
+
+def draw_batch(examples: Sequence[Example], by_length: Sequence[int] | None, batch_size: int,
+               rng: random.Random) -> list[Example]:
+    """``batch_size`` examples drawn at random; with ``by_length`` (example indices sorted by target
+    length) a random window of it: one batch, one reply length, one decay horizon."""
+    if by_length is None or len(by_length) <= batch_size:
+        return [examples[rng.randrange(len(examples))] for _ in range(batch_size)]
+    start = rng.randrange(len(by_length) - batch_size + 1)
+    return [examples[i] for i in by_length[start:start + batch_size]]
 
 
 # --- the run ---------------------------------------------------------------------------------
@@ -415,6 +428,7 @@ def train(config: TrainConfig) -> TrainResult:
     if heldout is not None and start_step == 0:
         curve.append({"step": 0, "seconds": 0.0, "cpu_minutes": 0.0, **evaluate_heldout()})
         progress.write("untrained held-out: " + _heldout_line(curve[0]))
+    by_length = sorted(range(len(examples)), key=lambda i: len(examples[i].target)) if config.length_grouped else None
     tokens_seen, step = 0, start_step
     for step in progress:
         if budget.exhausted:
@@ -424,7 +438,7 @@ def train(config: TrainConfig) -> TrainResult:
         # Per-step RNG from (seed, step, rank): resuming replays the same batches and schedules.
         rng = random.Random(hash((config.seed, step, accelerator.process_index)))
         batch = tuple(t if isinstance(t, int) else t.to(accelerator.device) for t in collate(
-            [examples[rng.randrange(len(examples))] for _ in range(config.batch_size)], loaded.pad_token_id))
+            draw_batch(examples, by_length, config.batch_size, rng), loaded.pad_token_id))
         schedule = draw_schedule(num_layers, batch[2].shape[1], config, rng)
         losses.append(train_step(model, teacher, optimizer, accelerator, batch, schedule, config, trainable))
         tokens_seen += int(batch[1].sum())

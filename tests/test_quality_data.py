@@ -63,6 +63,37 @@ def test_prompt_list_drops_duplicates_and_held_out_prompts_and_mixes_sources(mon
     assert all(r.raw == (r.source == "pydoc") for r in records)
 
 
+def test_entity_questions_come_from_wordnet_instances_and_never_touch_a_held_out_fact(tmp_path, monkeypatch):
+    from model import make_data as md
+
+    # data.noun lines: offset, lexicographer file, n, word count (hex), words with lex ids, pointers, gloss
+    lines = ["  1 This software and database is being provided (licence header)",
+             "09145655 15 n 01 Odessa 1 002 @i 08524735 n 0000 | a city in western Texas",
+             "10854397 18 n 02 Boehme 0 Jakob_Boehme 0 001 @i 10343554 n 0000 | German mystic",
+             "11111111 15 n 01 Paris 0 001 @i 08524735 n 0000 | the capital of France",  # a held-out answer
+             "22222222 17 n 01 Danube 0 001 @i 09411430 n 0000 | a river",  # named in a held-out question?
+             "33333333 15 n 01 sierra 0 001 @i 09411430 n 0000 | lower case: not a name",
+             "44444444 06 n 01 Big_Ben 0 001 @i 03014705 n 0000 | a bell",
+             "55555555 18 n 01 Nobody 0 002 @ 10343554 n 0000 | no instance pointer"]
+    (tmp_path / "data.noun").write_text("\n".join(lines) + "\n")
+    monkeypatch.setattr(md, "WORDNET_DIR", tmp_path)
+    assert md.wordnet_instances() == sorted([("15", "Odessa"), ("18", "Jakob Boehme"), ("15", "Paris"),
+                                             ("17", "Danube"), ("06", "Big Ben")])
+    terms = md.held_out_fact_terms()
+    questions = md.entity_prompts(100, random.Random(0))
+    assert not any("Paris" in q for q in questions)  # an accepted answer of a held-out fact
+    held_out_named = [name for _, name in md.wordnet_instances() if md.names_held_out_fact(f"Where is {name}?", name, terms)]
+    assert "Paris" in held_out_named and "Odessa" not in held_out_named
+    assert all(not any(name in q for name in held_out_named) for q in questions)
+    by_name = {name: [q for q in questions if name in q] for name in ("Odessa", "Jakob Boehme", "Big Ben")}
+    assert set(by_name["Odessa"]) == {t.format(x="Odessa") for t in md.ENTITY_QUESTIONS["15"]}  # every template, once
+    assert set(by_name["Jakob Boehme"]) == {t.format(x="Jakob Boehme") for t in md.ENTITY_QUESTIONS["18"]}
+    assert set(by_name["Big Ben"]) == {t.format(x="Big Ben") for t in md.ENTITY_QUESTIONS["other"]}
+    assert len(questions) == len(set(questions)) and all(q.endswith("?") for q in questions)
+    assert len(md.entity_prompts(3, random.Random(0))) == 3 and md.entity_prompts(0, random.Random(0)) == []
+    assert not held_out_keys() & {normalized(q) for q in questions}
+
+
 @pytest.mark.parametrize("text, good", [
     ("How do I keep basil alive on a windowsill?", True),
     ("Hi", False),
@@ -394,6 +425,24 @@ def test_eval_compares_a_candidate_adapter_in_pairs(tiny_folder, tmp_path):
     with pytest.raises(ValueError, match="has none"):
         evaluate(EvalConfig(model=str(tiny_folder), adapter=None, candidate=adapter, prompts=str(prompts),
                             continuation_tokens=8, speedups=(2.0,), device="cpu", facts=None), progress=lambda line: None)
+
+    # The same adapter under another schedule SHAPE: a floor of 3 of the 4 layers at the same budget.
+    floor = evaluate(EvalConfig(model=str(tiny_folder), adapter=adapter, candidate_floor=3, prompts=str(prompts), warmup=0,
+                                continuation_tokens=8, speedups=(1.3,), batch_size=4, device="cpu", facts=None,
+                                include_no_adapter=False, resamples=200), progress=lambda line: None)
+    base, shaped = floor.rows
+    assert (base.variant, shaped.variant) == ("adapter", "candidate")
+    assert base.min_layers < 3 == shaped.min_layers
+    assert {c.measure for c in floor.comparisons} == {"agreement", "ppl_ratio", "judged_ppl_ratio", "repetition"}
+    assert any(c.difference != 0 for c in floor.comparisons)  # another shape: other text
+    assert "schedule floor 3 layers" in floor.to_markdown()
+    common = dict(model=str(tiny_folder), adapter=adapter, prompts=str(prompts), device="cpu", facts=None)
+    with pytest.raises(ValueError, match="cannot reach 2x"):
+        evaluate(EvalConfig(candidate_floor=3, speedups=(1.3, 2.0), **common), progress=lambda line: None)
+    with pytest.raises(ValueError, match="ONE candidate"):
+        evaluate(EvalConfig(candidate=adapter, candidate_floor=3, speedups=(1.3,), **common), progress=lambda line: None)
+    with pytest.raises(ValueError, match="layer count >= 1"):
+        evaluate(EvalConfig(candidate_floor=0, speedups=(1.3,), **common), progress=lambda line: None)
 
 
 def test_loop_masks_stop_the_kl_where_a_loop_starts_and_flag_its_repeats():

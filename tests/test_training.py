@@ -13,7 +13,7 @@ from model.decoder import SkipDecoder
 from model.evaluation import EvalConfig, evaluate, rouge_l, write_report
 from model.schedule import ScheduleConfig, full_schedule
 from model.scoring import distillation_loss, skip_policy_logits
-from model.training import Budget, TrainConfig, draw_schedule, train
+from model.training import Budget, TrainConfig, draw_batch, draw_schedule, train
 
 
 @pytest.mark.device
@@ -58,6 +58,27 @@ def _prompts_file(tmp_path, count=6):
 
 
 @pytest.mark.slow
+def test_length_grouped_batches_hold_one_reply_length():
+    """--length-grouped: every batch is a window of the length-sorted examples, so its decay
+    horizon (the batch's longest target) fits each of its rows; the windows still cover the set."""
+    rng = random.Random(0)
+    lengths = [rng.choice([30, 31, 32, 120, 128]) for _ in range(200)]
+    examples = [Example(prompt=[1, 2], target=list(range(n))) for n in lengths]
+    by_length = sorted(range(len(examples)), key=lambda i: len(examples[i].target))
+    seen, spreads = set(), []
+    for step in range(300):
+        batch = draw_batch(examples, by_length, 8, random.Random(step))
+        sizes = [len(e.target) for e in batch]
+        assert sizes == sorted(sizes) and len(batch) == 8
+        spreads.append(max(sizes) - min(sizes))
+        seen |= {id(e) for e in batch}
+    assert sum(s > 10 for s in spreads) < 0.05 * len(spreads)  # a short and a long reply rarely share a batch
+    assert len(seen) > 0.9 * len(examples)
+    mixed = [draw_batch(examples, None, 8, random.Random(step)) for step in range(50)]
+    assert sum(max(len(e.target) for e in b) - min(len(e.target) for e in b) > 10 for b in mixed) > 40
+    assert len(draw_batch(examples[:3], sorted(range(3)), 8, rng)) == 8  # fewer examples than a batch
+
+
 def test_tiny_model_self_distillation_learns_the_skip_policy_and_round_trips(tiny_folder, tmp_path):
     """Asserts on a quantity with a real margin: the KL to the full model on a FIXED batch under
     the trained schedule, before vs after training (the tiny teacher is peaked: see tiny_folder)."""
