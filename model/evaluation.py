@@ -118,6 +118,7 @@ class EvalReport:
     candidate_warmup: int | None = None  # the candidate's own trained placement (its rows use it)
     candidate_order: str | None = None
     comparisons: list[Comparison] = field(default_factory=list)  # candidate − adapter, paired, per measure
+    floor_inactive: list[float] = field(default_factory=list)  # speedups where a floor candidate IS the adapter
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -153,8 +154,10 @@ class EvalReport:
             lines += [f"| {q.weights} | {q.agreement:.3f} | {q.perplexity_ratio:.3f} | {q.token_match:.3f} | "
                       f"{q.identical_outputs:.3f} |" for q in self.quantization]
         if self.candidate:
+            inactive = ("" if not self.floor_inactive else " Not measured at " + ", ".join(
+                f"{s:g}x" for s in self.floor_inactive) + ": there the adapter's own shape keeps that floor already.")
             lines += ["", f"Candidate rows: {self.candidate}, in its trained placement (warmup "
-                          f"{self.candidate_warmup}, order {self.candidate_order}).", "",
+                          f"{self.candidate_warmup}, order {self.candidate_order}).{inactive}", "",
                       comparison_markdown(self.comparisons, self.adapter, self.candidate)]
         return "\n".join(lines)
 
@@ -342,6 +345,12 @@ def _check_candidate(config: EvalConfig) -> None:
         raise ValueError(f"resamples must be >= 100; got {config.resamples}")
 
 
+def _same_schedules(context: _Context, adapter: _Variant, candidate: _Variant, speedup: float) -> bool:
+    """Does ``candidate`` run exactly ``adapter``'s schedules at ``speedup`` (replies and fact answers)?"""
+    lengths = {context.config.continuation_tokens, context.config.fact_tokens}
+    return all(context.schedule(speedup, n, adapter)[0] == context.schedule(speedup, n, candidate)[0] for n in lengths)
+
+
 def _check_floor_reaches(config: EvalConfig, context: _Context) -> None:
     """A floor of F layers per step cannot average fewer than F: every speedup must allow it."""
     floor = config.candidate_floor
@@ -365,10 +374,16 @@ def evaluate(config: EvalConfig, progress=print) -> EvalReport:
         progress(f"{weights} full model vs float: agreement {q.agreement:.3f}, ppl ratio {q.perplexity_ratio:.3f}, "
                  f"greedy token match {q.token_match:.3f}, identical outputs {q.identical_outputs:.3f}")
     items: dict[tuple[str, float], RowItems] = {}
-    for variant in _variants(context):
+    variants = _variants(context)
+    for variant in variants:
         if variant.name == "candidate":
             report.candidate_warmup, report.candidate_order = variant.warmup, variant.order
         for speedup in config.speedups:
+            if variant.floor is not None and _same_schedules(context, variants[0], variant, speedup):
+                report.floor_inactive.append(speedup)  # nothing to measure: the shape is the adapter's own
+                progress(f"candidate {speedup}x: the floor changes no step (the adapter's shape keeps "
+                         f"{variant.floor} layers or more): not measured")
+                continue
             row, items[variant.name, speedup] = _row(context, variant, speedup)
             report.rows.append(row)
             progress(f"{variant.name} {speedup}x: agreement {row.agreement:.3f}, ppl ratio {row.perplexity_ratio:.2f}, "
@@ -376,7 +391,7 @@ def evaluate(config: EvalConfig, progress=print) -> EvalReport:
                      f"fact retention {row.fact_retention}, ROUGE-L {row.rouge_l}")
     if config.candidate or config.candidate_floor is not None:
         report.comparisons = [
-            comparison for speedup in config.speedups if speedup != 1.0
+            comparison for speedup in config.speedups if speedup != 1.0 and speedup not in report.floor_inactive
             for comparison in compare_variants(context.full_scores.per_example, items["adapter", speedup],
                                                items["candidate", speedup], speedup, config.resamples)
         ]

@@ -437,6 +437,10 @@ def test_eval_compares_a_candidate_adapter_in_pairs(tiny_folder, tmp_path):
     assert any(c.difference != 0 for c in floor.comparisons)  # another shape: other text
     assert "schedule floor 3 layers" in floor.to_markdown()
     common = dict(model=str(tiny_folder), adapter=adapter, prompts=str(prompts), device="cpu", facts=None)
+    same = evaluate(EvalConfig(candidate_floor=1, warmup=0, speedups=(1.3,), continuation_tokens=8, batch_size=4,
+                               include_no_adapter=False, resamples=200, **common), progress=lambda line: None)
+    assert [r.variant for r in same.rows] == ["adapter"] and same.comparisons == []  # floor 1: the default shape
+    assert same.floor_inactive == [1.3] and "Not measured at 1.3x" in same.to_markdown()
     with pytest.raises(ValueError, match="cannot reach 2x"):
         evaluate(EvalConfig(candidate_floor=3, speedups=(1.3, 2.0), **common), progress=lambda line: None)
     with pytest.raises(ValueError, match="ONE candidate"):
