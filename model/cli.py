@@ -116,6 +116,11 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("source", help="the trained adapter folder (e.g. runs/NAME/adapter)")
     ex.add_argument("destination", help="where to write it (e.g. assets/adapters/NAME)")
     ex.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    ex.add_argument("--schedule-floor", type=int, default=None, metavar="LAYERS",
+                    help="record the policy's measured default shape: no step below LAYERS layers (linear decay, "
+                         "speedups up to --floor-up-to); decide it with `eval --candidate-floor`")
+    ex.add_argument("--floor-up-to", type=float, default=None, metavar="SPEEDUP",
+                    help="the largest target speedup the schedule floor applies to")
     ex.set_defaults(handler=run_export_adapter)
 
     mx = commands.add_parser("mix-adapters", help="an adapter whose delta is W x FIRST's + (1 - W) x SECOND's "
@@ -249,9 +254,12 @@ def run_scaling_command(args: argparse.Namespace) -> int:
 def run_export_adapter(args: argparse.Namespace) -> int:
     import torch  # noqa: PLC0415
 
-    from model.skip_policy import export_adapter  # noqa: PLC0415
+    from model.skip_policy import ScheduleFloor, export_adapter  # noqa: PLC0415
 
-    written = export_adapter(args.source, args.destination, getattr(torch, args.dtype))
+    if (args.schedule_floor is None) != (args.floor_up_to is None):
+        raise ValueError("--schedule-floor and --floor-up-to go together")
+    floor = None if args.schedule_floor is None else ScheduleFloor(args.schedule_floor, args.floor_up_to)
+    written = export_adapter(args.source, args.destination, getattr(torch, args.dtype), schedule_floor=floor)
     for path in written:
         print(f"{path}  {path.stat().st_size / 1e6:.2f} MB")
     print(f"total {sum(p.stat().st_size for p in written) / 1e6:.2f} MB")

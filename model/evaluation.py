@@ -23,7 +23,7 @@ import math
 import re
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from model.checkpoints import portable_path
 from model.data import (
@@ -119,6 +119,7 @@ class EvalReport:
     candidate_order: str | None = None
     comparisons: list[Comparison] = field(default_factory=list)  # candidate − adapter, paired, per measure
     floor_inactive: list[float] = field(default_factory=list)  # speedups where a floor candidate IS the adapter
+    schedule_floor: dict | None = None  # the adapter's measured default shape the rows run (None: the solver's)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -130,6 +131,10 @@ class EvalReport:
             f"full-model perplexity of its own continuations {self.full_perplexity:.3f}.",
             "",
         ]
+        if self.schedule_floor:
+            lines += [f"Default shape (the adapter's, as the product runs it): no step below "
+                      f"{self.schedule_floor['layers']} layers up to {self.schedule_floor['up_to_speedup']:g}x "
+                      f"(linear decay); above, the solver's own.", ""]
         if self.full_repetition is not None:
             lines += [f"Full model's own greedy text: repetition {self.full_repetition:.3f}.", ""]
         if self.full_fact_accuracy is not None:
@@ -297,13 +302,23 @@ class _Context:
     def full_nll(self) -> float:
         return self.full_scores.nll
 
+    def floor(self, speedup: float, variant: _Variant | None) -> int | None:
+        """The variant's own floor (a floor candidate), else the run's (``min_layers_floor``), else
+        the default the product runs: the skip policy's measured shape (TextGenerator.default_floor)."""
+        if variant is not None and variant.floor is not None:
+            return variant.floor
+        if self.config.min_layers_floor is not None:
+            return self.config.min_layers_floor
+        default_floor = variant.default_floor if variant is not None else self.generator.default_floor
+        return default_floor(speedup, self.config.decay)
+
     def schedule(self, speedup: float, tokens: int, variant: _Variant | None = None) -> tuple[ScheduleConfig, float]:
         """The schedule of ``speedup`` over ``tokens`` steps, in ``variant``'s placement (default: the run's)."""
         if speedup == 1.0:
             return full_schedule(self.num_layers, tokens), 1.0
         warmup, order, ranking = (variant.warmup, variant.order, variant.ranking) if variant else \
             (self.warmup, self.order, self.ranking)
-        floor = variant.floor if variant is not None and variant.floor is not None else self.config.min_layers_floor
+        floor = self.floor(speedup, variant)
         solved = solve_schedule(self.num_layers, speedup, decay=self.config.decay, warmup=warmup,
                                 order=order, ranking=ranking, decay_length=tokens,
                                 num_steps=max(1, tokens - 1), min_layers_floor=floor)
@@ -322,6 +337,7 @@ class _Variant:
     order: str
     ranking: tuple[int, ...]
     floor: int | None = None  # its own schedule floor (a floor candidate); None: the run's
+    default_floor: Callable[[float, str], int | None] = lambda speedup, decay: None  # its policy's shape
 
 
 def floor_candidate_name(floor: int) -> str:
@@ -427,13 +443,14 @@ def _variants(context: _Context) -> list[_Variant]:
     variants = []
     if loaded.adapter_path:
         variants.append(_Variant("adapter", gated_peft_copy(loaded), loaded.bridge, generator.skip_decoder,
-                                 context.warmup, context.order, context.ranking))
+                                 context.warmup, context.order, context.ranking,
+                                 default_floor=generator.default_floor))
     if config.candidate:
         other = TextGenerator(load_model(config.model, device=config.device, adapter=config.candidate))
         warmup = config.warmup if config.warmup is not None else other.default_warmup
         order = config.order or other.default_order
         variants.append(_Variant("candidate", gated_peft_copy(other.loaded), other.loaded.bridge, other.skip_decoder,
-                                 warmup, order, other.ranking_for(order)))
+                                 warmup, order, other.ranking_for(order), default_floor=other.default_floor))
     if config.candidate_floor is not None:
         variants.append(replace(variants[0], name="candidate", floor=config.candidate_floor))
     if config.include_no_adapter or not loaded.adapter_path:
@@ -480,6 +497,8 @@ def _prepare(config: EvalConfig, progress) -> tuple[_Context, EvalReport]:
                         full_perplexity=math.exp(full_scores.nll), warmup=warmup, order=order,
                         full_repetition=round(repetition_rate(references.texts), 4), facts=len(facts),
                         full_fact_accuracy=round(sum(context.full_facts_right) / len(facts), 4) if facts else None,
+                        schedule_floor=loaded.skip_policy.get("schedule_floor") if config.min_layers_floor is None
+                        and config.decay == "linear" else None,
                         candidate=portable_path(config.candidate) if config.candidate else
                         floor_candidate_name(config.candidate_floor) if config.candidate_floor is not None else None)
     progress(f"full model: perplexity {report.full_perplexity:.3f} on {len(prompts)} prompts, repetition "

@@ -149,6 +149,17 @@ class TextGenerator:
         """The layer order the skip policy was trained with, else warmup_top."""
         return str(self.loaded.skip_policy.get("order", "warmup_top"))
 
+    def default_floor(self, target_speedup: float, decay: str) -> int | None:
+        """The least layers per step the skip policy's measured default shape keeps at this
+        speedup (``schedule_floor`` in its training_info.json, set by ``export-adapter
+        --schedule-floor``), or None: the solver's own shape. Only for the linear decay and up to
+        the speedup the floor was measured at, and only where the floor can still reach it."""
+        rule = self.loaded.skip_policy.get("schedule_floor")
+        if not rule or decay != "linear" or target_speedup > float(rule["up_to_speedup"]) + 1e-9:
+            return None
+        layers = int(rule["layers"])
+        return layers if layers * target_speedup <= self.num_layers else None
+
     def ranking_for(self, order: str) -> tuple[int, ...]:
         """The adapter's layer ranking for order "ranked" (measured importance, most important
         first); () for the other orders. A ranked order with no trained ranking is refused."""
@@ -205,7 +216,9 @@ class TextGenerator:
                 **common,
             )
             return evaluate_schedule(config, decode_steps, self.cost)
-        return solve_schedule(num_layers, request.target_speedup, num_steps=decode_steps, cost=self.cost, **common)
+        floor = self.default_floor(request.target_speedup, request.decay) if request.skip_policy else None
+        return solve_schedule(num_layers, request.target_speedup, num_steps=decode_steps, cost=self.cost,
+                              min_layers_floor=floor, **common)
 
     # --- prompts --------------------------------------------------------------------------
     def format_prompt(self, prompt: str, raw: bool = False) -> str:

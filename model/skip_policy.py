@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -157,20 +157,46 @@ ADAPTER_FILES = ("adapter_config.json", "training_info.json", BRIDGE_CONFIG)
 WEIGHT_FILES = ("adapter_model.safetensors", BRIDGE_WEIGHTS)
 
 
-def export_adapter(source: str | Path, destination: str | Path, dtype: torch.dtype = torch.bfloat16) -> list[Path]:
-    """Copy a trained adapter folder for shipping: its configs as they are, its weights cast to
-    ``dtype`` (bfloat16 halves the file; loading casts back to the model's dtype), and not peft's
-    auto-generated model card (the shipped folder carries its own README). Returns the files written."""
+@dataclass(frozen=True)
+class ScheduleFloor:
+    """The skip policy's measured default shape: at linear decay and target speedups up to
+    ``up_to_speedup``, no step runs fewer than ``layers`` layers (the solver's own shape decays to
+    one layer). Stored in training_info.json's "skip_policy" as "schedule_floor"; decided by a
+    paired comparison (``eval --candidate-floor``), never by training."""
+
+    layers: int
+    up_to_speedup: float
+
+    def __post_init__(self) -> None:
+        if isinstance(self.layers, bool) or not isinstance(self.layers, int) or self.layers < 1:
+            raise ValueError(f"schedule floor layers must be an integer >= 1; got {self.layers!r}")
+        if not (isinstance(self.up_to_speedup, (int, float)) and self.up_to_speedup > 1):
+            raise ValueError(f"the floor's speedup limit must be above 1; got {self.up_to_speedup!r}")
+
+
+def export_adapter(source: str | Path, destination: str | Path, dtype: torch.dtype = torch.bfloat16,
+                   schedule_floor: ScheduleFloor | None = None) -> list[Path]:
+    """Copy a trained adapter folder for shipping: its configs as they are (with ``schedule_floor``
+    recorded in its skip policy when given), its weights cast to ``dtype`` (bfloat16 halves the
+    file; loading casts back to the model's dtype), and not peft's auto-generated model card (the
+    shipped folder carries its own README). Returns the files written."""
     from safetensors.torch import load_file, save_file  # noqa: PLC0415
 
     source, destination = Path(source), Path(destination)
     if not (source / "adapter_config.json").is_file():
         raise ValueError(f"{source} is not an adapter folder (no adapter_config.json)")
+    if schedule_floor is not None and not (source / "training_info.json").is_file():
+        raise ValueError(f"{source} has no training_info.json to record the schedule floor in")
     destination.mkdir(parents=True, exist_ok=True)
     written = []
     for name in ADAPTER_FILES:
         if (source / name).is_file():
-            (destination / name).write_bytes((source / name).read_bytes())
+            content = (source / name).read_bytes()
+            if name == "training_info.json" and schedule_floor is not None:
+                info = json.loads(content)
+                info.setdefault("skip_policy", {})["schedule_floor"] = asdict(schedule_floor)
+                content = (json.dumps(info, indent=2) + "\n").encode()
+            (destination / name).write_bytes(content)
             written.append(destination / name)
     for name in WEIGHT_FILES:
         if (source / name).is_file():

@@ -550,3 +550,42 @@ def test_unlikelihood_training_lowers_the_skipping_students_loop_tokens(tiny_fol
     kl_only, with_unlikelihood = loop_token_probability(0.0), loop_token_probability(1.0)
     assert kl_only > 0.5, kl_only  # distilled from a looping teacher, the student loops too
     assert with_unlikelihood < 0.5 * kl_only, (kl_only, with_unlikelihood)
+
+
+def test_a_policys_measured_floor_is_the_default_shape_up_to_its_speedup(tiny_folder, tmp_path):
+    """export-adapter --schedule-floor records the shape a paired comparison chose; generation and
+    eval then run it (linear decay, up to its speedup), and nothing else changes."""
+    from model.generation import ScheduleRequest, TextGenerator
+    from model.loading import load_model
+    from model.skip_policy import ScheduleFloor, export_adapter
+
+    trained = _tiny_lora_adapter(tiny_folder, tmp_path / "trained")
+    (trained / "training_info.json").write_text(json.dumps({"skip_policy": {"gated": True, "warmup": 0}}))
+    export_adapter(trained, tmp_path / "shipped", schedule_floor=ScheduleFloor(3, 1.2))
+    info = json.loads((tmp_path / "shipped" / "training_info.json").read_text())
+    assert info["skip_policy"] == {"gated": True, "warmup": 0, "schedule_floor": {"layers": 3, "up_to_speedup": 1.2}}
+    plain, floored = (TextGenerator(load_model(str(tiny_folder), device="cpu", adapter=str(folder)))
+                      for folder in (trained, tmp_path / "shipped"))
+
+    def shape(generator, **request):
+        solved = generator.schedule_for(ScheduleRequest(**request), 16)
+        return solved.config.max_layers, solved.config.min_layers
+
+    assert shape(plain, target_speedup=1.2)[1] < 3 <= shape(floored, target_speedup=1.2)[1]
+    for request in (dict(target_speedup=2.0), dict(target_speedup=1.2, decay="step"),
+                    dict(target_speedup=1.2, skip_policy=False)):
+        assert shape(plain, **request) == shape(floored, **request), request  # above its speedup, other decays, no policy
+    report = evaluate(EvalConfig(model=str(tiny_folder), adapter=str(tmp_path / "shipped"), prompts=str(_prompts(tmp_path)),
+                                 continuation_tokens=8, speedups=(1.2,), batch_size=4, device="cpu", facts=None,
+                                 include_no_adapter=False), progress=lambda line: None)
+    assert report.schedule_floor == {"layers": 3, "up_to_speedup": 1.2} and report.rows[0].min_layers == 3
+    assert "no step below 3 layers up to 1.2x" in report.to_markdown()
+    for bad in (dict(layers=0, up_to_speedup=2.0), dict(layers=4, up_to_speedup=1.0)):
+        with pytest.raises(ValueError):
+            ScheduleFloor(**bad)
+
+
+def _prompts(folder):
+    path = folder / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"Tell me about thing {i}."}) + "\n" for i in range(4)))
+    return path
