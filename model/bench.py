@@ -31,7 +31,7 @@ import torch
 
 from model.decoder import SkipDecoder
 from model.hardware import hardware_info
-from model.schedule import ScheduleConfig, full_schedule, solve_schedule, speedup_summary
+from model.schedule import ScheduleConfig, full_schedule, speedup_summary
 
 BENCH_PROMPTS = [
     "Write a short story about a lighthouse keeper.",
@@ -213,7 +213,7 @@ def time_hf_generate(model, ids, mask, new_tokens: int, pad_id: int) -> Timing:
 
 
 def run_bench(config: BenchConfig, progress: Callable[[str], None] = print) -> BenchReport:
-    from model.generation import TextGenerator  # noqa: PLC0415
+    from model.generation import ScheduleRequest, TextGenerator  # noqa: PLC0415
     from model.loading import load_model, resolve_device  # noqa: PLC0415
 
     device = resolve_device(config.device)
@@ -232,10 +232,8 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None] = print) -> B
     if config.quick:
         config.batch_sizes, config.new_tokens, config.repeats = (1, 2), 8, 1
     batch_sizes = config.batch_sizes or ((1, 8, 32, 64) if device.type == "cuda" else (1, 8))
-    steps = max(1, config.new_tokens - 1)
-    schedules = {s: solve_schedule(num_layers, s, decay=config.decay, decay_length=config.new_tokens, num_steps=steps,
-                                   warmup=generator.default_warmup, order=generator.default_order,
-                                   ranking=generator.ranking_for(generator.default_order), cost=cost)
+    # The shape the product runs (the policy's placement and measured floor), over the bench's tokens.
+    schedules = {s: generator.schedule_for(ScheduleRequest(target_speedup=s, decay=config.decay), config.new_tokens)
                  for s in config.speedups}
     report = BenchReport(model=loaded.name, adapter=loaded.adapter_path, device=str(device),
                          dtype=str(loaded.dtype).replace("torch.", ""), hardware=hardware_info(device),

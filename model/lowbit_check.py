@@ -17,7 +17,7 @@ import torch
 
 from model.data import DEFAULT_EVAL_PROMPTS, read_prompts, teacher_continuations
 from model.decoder import SkipDecoder
-from model.schedule import ScheduleConfig, full_schedule, solve_schedule
+from model.schedule import ScheduleConfig, full_schedule
 
 
 @dataclass
@@ -87,9 +87,9 @@ def run_lowbit_check(config: LowBitCheckConfig, progress: Callable[[str], None] 
 def _schedule(generator, speedup: float, tokens: int) -> ScheduleConfig:
     if speedup == 1.0:
         return full_schedule(generator.num_layers, tokens)
-    return solve_schedule(generator.num_layers, speedup, warmup=generator.default_warmup, order=generator.default_order,
-                          ranking=generator.ranking_for(generator.default_order), decay_length=tokens,
-                          num_steps=max(1, tokens - 1)).config
+    from model.generation import ScheduleRequest  # noqa: PLC0415
+
+    return generator.schedule_for(ScheduleRequest(target_speedup=speedup), tokens).config  # the product's shape
 
 
 def _predict(generator, examples, schedule: ScheduleConfig, batch_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
