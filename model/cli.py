@@ -346,7 +346,7 @@ def run_eval(args: argparse.Namespace) -> int:
     config = eval_config(args)
     if config.continuation_tokens < 2 or config.fact_tokens < 2:
         raise ValueError("--tokens and --fact-tokens must be >= 2")
-    if (config.candidate or config.candidate_floor is not None) and not config.adapter:
+    if config.compares and not config.adapter:
         raise ValueError("a candidate is compared with an adapter: leave out --no-adapter")
     if config.resamples < 100:
         raise ValueError("--resamples must be >= 100")

@@ -38,7 +38,7 @@ from model.data import (
 )
 from model.decoder import SkipDecoder
 from model.paired import Comparison, compare_variants, comparison_markdown
-from model.schedule import ScheduleConfig, full_schedule, solve_schedule
+from model.schedule import ScheduleConfig, full_schedule, solve_schedule, speedup_reachable
 from model.scoring import Scores, teacher_forced_scores
 
 EVAL_SPEEDUPS = (1.0, 1.5, 2.0, 3.0, 4.0)
@@ -68,6 +68,11 @@ class EvalConfig:
     candidate: str | None = None  # a second adapter, measured on the same references and compared in pairs
     candidate_floor: int | None = None  # or: the SAME adapter with a schedule floor of this many layers
     resamples: int = 2000  # paired bootstrap resamples of the candidate's comparison
+
+    @property
+    def compares(self) -> bool:
+        """Is a candidate (another adapter, or the same one under a floor) compared in pairs?"""
+        return bool(self.candidate) or self.candidate_floor is not None
 
 
 @dataclass
@@ -309,8 +314,9 @@ class _Context:
             return variant.floor
         if self.config.min_layers_floor is not None:
             return self.config.min_layers_floor
-        default_floor = variant.default_floor if variant is not None else self.generator.default_floor
-        return default_floor(speedup, self.config.decay)
+        default_floor, warmup = (variant.default_floor, variant.warmup) if variant is not None else \
+            (self.generator.default_floor, self.warmup)
+        return default_floor(speedup, self.config.decay, warmup)
 
     def schedule(self, speedup: float, tokens: int, variant: _Variant | None = None) -> tuple[ScheduleConfig, float]:
         """The schedule of ``speedup`` over ``tokens`` steps, in ``variant``'s placement (default: the run's)."""
@@ -337,7 +343,7 @@ class _Variant:
     order: str
     ranking: tuple[int, ...]
     floor: int | None = None  # its own schedule floor (a floor candidate); None: the run's
-    default_floor: Callable[[float, str], int | None] = lambda speedup, decay: None  # its policy's shape
+    default_floor: Callable[[float, str, int], int | None] = lambda speedup, decay, warmup: None  # its policy's shape
 
 
 def floor_candidate_name(floor: int) -> str:
@@ -357,7 +363,7 @@ def _check_candidate(config: EvalConfig) -> None:
         if isinstance(config.candidate_floor, bool) or not isinstance(config.candidate_floor, int) \
                 or config.candidate_floor < 1:
             raise ValueError(f"candidate_floor must be a layer count >= 1; got {config.candidate_floor!r}")
-    if (config.candidate or config.candidate_floor is not None) and config.resamples < 100:
+    if config.compares and config.resamples < 100:
         raise ValueError(f"resamples must be >= 100; got {config.resamples}")
 
 
@@ -374,7 +380,8 @@ def _check_floor_reaches(config: EvalConfig, context: _Context) -> None:
         return
     if floor > context.num_layers:
         raise ValueError(f"candidate floor {floor} exceeds the model's {context.num_layers} layers")
-    blocked = [s for s in config.speedups if s != 1.0 and max(floor, context.warmup + 1) * s > context.num_layers]
+    blocked = [s for s in config.speedups
+               if s != 1.0 and not speedup_reachable(context.num_layers, s, context.warmup, floor)]
     if blocked:
         raise ValueError(f"a floor of {floor} layers cannot reach {', '.join(f'{s:g}x' for s in blocked)} on "
                          f"{context.num_layers} layers; leave those speedups out")
@@ -405,7 +412,7 @@ def evaluate(config: EvalConfig, progress=print) -> EvalReport:
             progress(f"{variant.name} {speedup}x: agreement {row.agreement:.3f}, ppl ratio {row.perplexity_ratio:.2f}, "
                      f"judged ppl ratio {row.judged_ppl_ratio}, repetition {row.repetition}, "
                      f"fact retention {row.fact_retention}, ROUGE-L {row.rouge_l}")
-    if config.candidate or config.candidate_floor is not None:
+    if config.compares:
         report.comparisons = [
             comparison for speedup in config.speedups if speedup != 1.0 and speedup not in report.floor_inactive
             for comparison in compare_variants(context.full_scores.per_example, items["adapter", speedup],
@@ -423,7 +430,7 @@ def evaluate_shapes(config: EvalConfig, shapes: Sequence[tuple[str, int | None]]
     for decay, floor in shapes:
         context.config = replace(config, decay=decay, min_layers_floor=floor)
         for speedup in config.speedups:
-            if floor is not None and max(floor, context.warmup + 1) * speedup > context.num_layers:
+            if floor is not None and not speedup_reachable(context.num_layers, speedup, context.warmup, floor):
                 progress(f"{decay} floor {floor} at {speedup:g}x skipped: {floor} layers per step cannot reach it")
                 continue
             row, _ = _row(context, variant, speedup)
@@ -465,7 +472,7 @@ def _prepare(config: EvalConfig, progress) -> tuple[_Context, EvalReport]:
     from model.loading import load_model  # noqa: PLC0415
 
     loaded = load_model(config.model, device=config.device, adapter=config.adapter)
-    if (config.candidate or config.candidate_floor is not None) and not loaded.adapter_path:
+    if config.compares and not loaded.adapter_path:
         raise ValueError("a candidate is compared with an adapter, and this run has none")
     generator = TextGenerator(loaded)
     num_layers = generator.num_layers

@@ -25,6 +25,7 @@ from model.schedule import (
     full_schedule,
     schedule_json,
     solve_schedule,
+    speedup_reachable,
     speedup_summary,
 )
 
@@ -149,16 +150,20 @@ class TextGenerator:
         """The layer order the skip policy was trained with, else warmup_top."""
         return str(self.loaded.skip_policy.get("order", "warmup_top"))
 
-    def default_floor(self, target_speedup: float, decay: str) -> int | None:
+    def default_floor(self, target_speedup: float, decay: str, warmup: int | None = None) -> int | None:
         """The least layers per step the skip policy's measured default shape keeps at this
         speedup (``schedule_floor`` in its training_info.json, set by ``export-adapter
         --schedule-floor``), or None: the solver's own shape. Only for the linear decay and up to
-        the speedup the floor was measured at, and only where the floor can still reach it."""
+        the speedup the floor was measured at, and only where the floor can still reach it (with
+        ``warmup``, default the policy's)."""
         rule = self.loaded.skip_policy.get("schedule_floor")
         if not rule or decay != "linear" or target_speedup > float(rule["up_to_speedup"]) + 1e-9:
             return None
         layers = int(rule["layers"])
-        return layers if layers * target_speedup <= self.num_layers else None
+        reachable = layers <= self.num_layers and speedup_reachable(self.num_layers, target_speedup,
+                                                                     self.default_warmup if warmup is None else warmup,
+                                                                     layers)
+        return layers if reachable else None
 
     def ranking_for(self, order: str) -> tuple[int, ...]:
         """The adapter's layer ranking for order "ranked" (measured importance, most important
@@ -216,7 +221,7 @@ class TextGenerator:
                 **common,
             )
             return evaluate_schedule(config, decode_steps, self.cost)
-        floor = self.default_floor(request.target_speedup, request.decay) if request.skip_policy else None
+        floor = self.default_floor(request.target_speedup, request.decay, warmup) if request.skip_policy else None
         return solve_schedule(num_layers, request.target_speedup, num_steps=decode_steps, cost=self.cost,
                               min_layers_floor=floor, **common)
 

@@ -290,9 +290,16 @@ def cost_speedup(num_layers: int, budgets: Sequence[int], cost: CostModel) -> fl
     return cost.step_cost(num_layers) / mean_cost
 
 
-def max_layer_speedup(num_layers: int, warmup: int) -> float:
-    """The fastest legal schedule runs warmup + 1 layers at every step."""
-    return num_layers / (warmup + 1) if warmup + 1 <= num_layers else 1.0
+def max_layer_speedup(num_layers: int, warmup: int, min_layers_floor: int | None = None) -> float:
+    """The fastest legal schedule runs its floor at every step: warmup + 1 layers, or the caller's
+    ``min_layers_floor`` when higher."""
+    floor = _solver_floor(num_layers, warmup, min_layers_floor)
+    return num_layers / floor if floor <= num_layers else 1.0
+
+
+def speedup_reachable(num_layers: int, target_speedup: float, warmup: int, min_layers_floor: int | None = None) -> bool:
+    """Can ``solve_schedule`` reach ``target_speedup`` with this warmup and floor? (Its own test.)"""
+    return target_speedup <= max_layer_speedup(num_layers, warmup, min_layers_floor) + 1e-9
 
 
 @dataclass(frozen=True)
@@ -347,7 +354,7 @@ def solve_schedule(
         raise ValueError(f"warmup ({warmup}) must be smaller than the model's {num_layers} layers")
     floor = _solver_floor(num_layers, warmup, min_layers_floor)
     limit = num_layers / floor
-    if target_speedup > limit + 1e-9:
+    if not speedup_reachable(num_layers, target_speedup, warmup, min_layers_floor):
         raise ValueError(
             f"target_speedup {target_speedup:g} is unreachable: with {num_layers} layers, warmup {warmup} and at "
             f"least {floor} layers per step the most is {limit:.2f}x"
