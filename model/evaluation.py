@@ -101,6 +101,24 @@ class EvalRow:
     judged_ppl_ratio: float | None = None  # original model's perplexity of this text / of its own text
     repetition: float | None = None  # share of repeated word 4-grams
     fact_retention: float | None = None  # of the facts the full model answers right, share kept
+    # the same, split by the reply token where the full model's answer starts (FactsByPosition)
+    facts_by_position: list[FactsByPosition] = field(default_factory=list)
+
+
+@dataclass
+class FactsByPosition:
+    """Fact answers kept among those whose answer (in the full model's reply) starts within a span
+    of reply tokens, and the layers this row's schedule runs there: a late answer meets a schedule
+    that has already decayed, so the split shows whether answers are lost to the layer budget."""
+
+    tokens: str  # "1-4": the answer starts at the 1st to 4th reply token
+    answered: int  # questions the full model answers right with its answer starting there
+    kept: int  # of those, still answered right
+    layers: float  # mean layers a step runs over the span (the fact reply's schedule)
+
+
+# Spans of reply tokens (1-based, inclusive) the fact answers are grouped by.
+ANSWER_SPANS = ((1, 4), (5, 8), (9, 16), (17, None))
 
 
 @dataclass
@@ -157,6 +175,15 @@ class EvalReport:
                 f"{_cell(r.repetition, '.3f')} | {_cell(r.fact_retention, '.3f')} | {_cell(r.rouge_l, '.3f')} | "
                 f"{_cell(r.bleu, '.1f')} |"
             )
+        split = [r for r in self.rows if r.facts_by_position and r.target_speedup != 1.0]
+        if split:
+            spans = [f.tokens for f in split[0].facts_by_position]
+            lines += ["", "Fact answers kept by the reply token where the full model's answer starts "
+                          "(kept / answered, and the layers a step runs there):", "",
+                      "| variant | target | " + " | ".join(f"tokens {t}" for t in spans) + " |",
+                      "|---|---|" + "---|" * len(spans)]
+            lines += [f"| {r.variant} | {r.target_speedup:g}x | " + " | ".join(
+                f"{f.kept}/{f.answered} ({f.layers:.0f} layers)" for f in r.facts_by_position) + " |" for r in split]
         if self.quantization:
             lines += ["", "Quantised weights, full model against the float full model (same prompts):", "",
                       "| weights | teacher-forced agreement | ppl ratio | greedy token match | identical outputs |",
@@ -240,7 +267,27 @@ def read_facts(path: str | Path, limit: int | None = None) -> list[FactQuestion]
 
 def answers_right(reply: str, answers: Sequence[str]) -> bool:
     """Any accepted answer as a whole word or phrase of the reply, ignoring case."""
-    return any(re.search(r"(?<![0-9a-z])" + re.escape(a.lower()) + r"(?![0-9a-z])", reply.lower()) for a in answers)
+    return answer_offset(reply, answers) is not None
+
+
+def answer_offset(reply: str, answers: Sequence[str]) -> int | None:
+    """The character where the reply's first accepted answer (whole word or phrase, any case) starts."""
+    starts = [m.start() for a in answers
+              if (m := re.search(r"(?<![0-9a-z])" + re.escape(a.lower()) + r"(?![0-9a-z])", reply.lower()))]
+    return min(starts) if starts else None
+
+
+def answer_start_token(decode: Callable[[Sequence[int]], str], tokens: Sequence[int],
+                       answers: Sequence[str]) -> int | None:
+    """The 1-based reply token at which the first accepted answer starts: the first token whose
+    decoded prefix reaches past the answer's first character (None: no answer in the reply)."""
+    offset = answer_offset(decode(tokens), answers)
+    if offset is None:
+        return None
+    for k in range(1, len(tokens) + 1):
+        if len(decode(tokens[:k])) > offset:
+            return k
+    return len(tokens)
 
 
 @dataclass
@@ -302,6 +349,7 @@ class _Context:
     fact_batches: list
     facts: list[FactQuestion]
     full_facts_right: list[bool]
+    answer_tokens: list[int] = field(default_factory=list)  # per question answered right: its answer's start token
 
     @property
     def full_nll(self) -> float:
@@ -491,14 +539,20 @@ def _prepare(config: EvalConfig, progress) -> tuple[_Context, EvalReport]:
     full_scores = teacher_forced_scores(loaded.model, batches, lambda steps: full_schedule(num_layers))
     facts = read_facts(config.facts, config.max_facts) if config.facts else []
     fact_batches = _encoded_batches(generator, [f.question for f in facts], config.batch_size)
-    full_replies = free_run(generator, generator.full_decoder, fact_batches,
-                            full_schedule(num_layers, config.fact_tokens), config.fact_tokens).texts if facts else []
+    full_facts = free_run(generator, generator.full_decoder, fact_batches,
+                          full_schedule(num_layers, config.fact_tokens), config.fact_tokens) if facts else None
+    full_replies = full_facts.texts if full_facts else []
+    eos = loaded.tokenizer.eos_token_id
+    answer_tokens = [answer_start_token(generator.decode_text, [t for t in example.target if t != eos], fact.answers)
+                     for example, fact, reply in zip(full_facts.examples, facts, full_replies)
+                     if answers_right(reply, fact.answers)] if full_facts else []
     context = _Context(config=config, generator=generator, loaded=loaded, num_layers=num_layers, warmup=warmup,
                        order=order, ranking=generator.ranking_for(order), prompts=prompts,
                        batches=batches, full_scores=full_scores,
                        prompt_batches=prompt_batches, references=references,
                        fact_batches=fact_batches, facts=facts,
-                       full_facts_right=[answers_right(r, f.answers) for r, f in zip(full_replies, facts)])
+                       full_facts_right=[answers_right(r, f.answers) for r, f in zip(full_replies, facts)],
+                       answer_tokens=answer_tokens)
     report = EvalReport(model=loaded.name, adapter=portable_path(loaded.adapter_path), device=str(loaded.device),
                         num_prompts=len(prompts), continuation_tokens=n, decay=config.decay,
                         full_perplexity=math.exp(full_scores.nll), warmup=warmup, order=order,
@@ -541,7 +595,29 @@ def _row(context: _Context, variant: _Variant, speedup: float) -> tuple[EvalRow,
         items.facts_kept = _facts_kept(context, variant, speedup)
         if items.facts_kept:
             row.fact_retention = round(sum(items.facts_kept) / len(items.facts_kept), 4)
+            fact_schedule, _ = context.schedule(speedup, config.fact_tokens, variant)
+            # reply token 1 comes out of the prompt's pass, token k + 2 out of decode step k
+            predicting = [fact_schedule.prefill_budget, *fact_schedule.budgets(config.fact_tokens - 1)]
+            row.facts_by_position = facts_by_position(items.facts_kept, context.answer_tokens, predicting)
     return row, items
+
+
+def facts_by_position(kept: Sequence[bool], answer_tokens: Sequence[int | None],
+                      budgets: Sequence[int]) -> list[FactsByPosition]:
+    """``kept`` (per question answered right) split by its answer's start token into ANSWER_SPANS;
+    ``budgets[i]``: the layers of the pass that predicts reply token i + 1. Spans nobody answers in
+    are left out."""
+    split = []
+    for first, last in ANSWER_SPANS:
+        end = len(budgets) if last is None else min(last, len(budgets))
+        if first > end:
+            continue
+        inside = [k for k, token in zip(kept, answer_tokens) if token is not None and first <= token <= end]
+        if inside:
+            span = budgets[first - 1:end]
+            split.append(FactsByPosition(tokens=f"{first}-{end}", answered=len(inside), kept=sum(inside),
+                                         layers=round(sum(span) / len(span), 1)))
+    return split
 
 
 def _facts_kept(context: _Context, variant: _Variant, speedup: float) -> tuple[bool, ...]:

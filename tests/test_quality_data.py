@@ -9,7 +9,15 @@ import pytest
 import torch
 
 from model.data import DEFAULT_EVAL_PROMPTS, DEFAULT_FACTS, DEFAULT_TRAIN_PROMPTS, load_sequences, read_jsonl
-from model.evaluation import EvalConfig, answers_right, evaluate, read_facts, repetition_rate
+from model.evaluation import (
+    EvalConfig,
+    answer_start_token,
+    answers_right,
+    evaluate,
+    facts_by_position,
+    read_facts,
+    repetition_rate,
+)
 from model.make_data import (
     TEMPLATES_FILE,
     TOPICS_FILE,
@@ -227,6 +235,37 @@ def test_eval_reports_judged_fluency_repetition_and_fact_retention(tiny_folder, 
     assert full.repetition == report.full_repetition and full.fact_retention == 1.0
     assert skipping.judged_ppl_ratio > 0 and 0.0 <= skipping.fact_retention <= 1.0
     assert "judged ppl ratio" in report.to_markdown()
+    # Every answer is the reply's first word: it starts at token 1, predicted by the prompt's full-depth pass.
+    layers = generator.num_layers
+    assert [(f.tokens, f.answered, f.kept, f.layers) for f in full.facts_by_position] == [
+        ("1-4", report.facts, report.facts, float(layers))]
+    (first,) = skipping.facts_by_position
+    assert first.answered == report.facts and first.kept == round(skipping.fact_retention * report.facts)
+    assert first.layers < layers  # tokens 2-4 come from skipping steps
+    assert "Fact answers kept by the reply token" in report.to_markdown()
+
+
+def test_answer_start_token_counts_the_tokens_before_the_answer():
+    def decode(tokens):  # one token = one word and its leading space
+        return "".join(f" {t}" for t in tokens).strip()
+
+    reply = ["The", "capital", "of", "Egypt", "is", "Cairo."]
+    assert answer_start_token(decode, reply, ["Cairo"]) == 6
+    assert answer_start_token(decode, reply, ["egypt", "Cairo"]) == 4  # the first accepted answer to appear
+    assert answer_start_token(decode, reply, ["The"]) == 1
+    assert answer_start_token(decode, reply, ["Alexandria"]) is None
+
+
+def test_facts_by_position_splits_kept_answers_and_reads_the_layers_there():
+    kept = [True, False, True, True, False]
+    starts = [1, 3, 6, 12, 20]
+    budgets = [30, 25, 23, 21, 19, 17, 15, 13, 11, 9, 8, 7, 6, 5, 4, 4, 4, 4, 4, 4]  # 20 reply tokens
+    split = facts_by_position(kept, starts, budgets)
+    assert [(f.tokens, f.answered, f.kept) for f in split] == [
+        ("1-4", 2, 1), ("5-8", 1, 1), ("9-16", 1, 1), ("17-20", 1, 0)]
+    assert split[0].layers == pytest.approx(24.8)  # (30 + 25 + 23 + 21) / 4, to one decimal
+    assert split[3].layers == 4.0
+    assert [f.tokens for f in facts_by_position([True], [2], budgets[:3])] == ["1-3"]  # short replies: spans cut
 
 
 @pytest.mark.slow
