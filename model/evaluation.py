@@ -542,17 +542,17 @@ def _prepare(config: EvalConfig, progress) -> tuple[_Context, EvalReport]:
     full_facts = free_run(generator, generator.full_decoder, fact_batches,
                           full_schedule(num_layers, config.fact_tokens), config.fact_tokens) if facts else None
     full_replies = full_facts.texts if full_facts else []
+    full_facts_right = [answers_right(r, f.answers) for r, f in zip(full_replies, facts)]
     eos = loaded.tokenizer.eos_token_id
     answer_tokens = [answer_start_token(generator.decode_text, [t for t in example.target if t != eos], fact.answers)
-                     for example, fact, reply in zip(full_facts.examples, facts, full_replies)
-                     if answers_right(reply, fact.answers)] if full_facts else []
+                     for example, fact, right in zip(full_facts.examples, facts, full_facts_right)
+                     if right] if full_facts else []
     context = _Context(config=config, generator=generator, loaded=loaded, num_layers=num_layers, warmup=warmup,
                        order=order, ranking=generator.ranking_for(order), prompts=prompts,
                        batches=batches, full_scores=full_scores,
                        prompt_batches=prompt_batches, references=references,
                        fact_batches=fact_batches, facts=facts,
-                       full_facts_right=[answers_right(r, f.answers) for r, f in zip(full_replies, facts)],
-                       answer_tokens=answer_tokens)
+                       full_facts_right=full_facts_right, answer_tokens=answer_tokens)
     report = EvalReport(model=loaded.name, adapter=portable_path(loaded.adapter_path), device=str(loaded.device),
                         num_prompts=len(prompts), continuation_tokens=n, decay=config.decay,
                         full_perplexity=math.exp(full_scores.nll), warmup=warmup, order=order,
@@ -592,10 +592,10 @@ def _row(context: _Context, variant: _Variant, speedup: float) -> tuple[EvalRow,
         row.repetition = round(repetition_rate(run.texts), 4)
         items.judged = judged.per_example
         items.repetition = tuple(repetition_counts(text) for text in run.texts)
-        items.facts_kept = _facts_kept(context, variant, speedup)
+        fact_schedule, _ = context.schedule(speedup, config.fact_tokens, variant)
+        items.facts_kept = _facts_kept(context, variant, fact_schedule)
         if items.facts_kept:
             row.fact_retention = round(sum(items.facts_kept) / len(items.facts_kept), 4)
-            fact_schedule, _ = context.schedule(speedup, config.fact_tokens, variant)
             # reply token 1 comes out of the prompt's pass, token k + 2 out of decode step k
             predicting = [fact_schedule.prefill_budget, *fact_schedule.budgets(config.fact_tokens - 1)]
             row.facts_by_position = facts_by_position(items.facts_kept, context.answer_tokens, predicting)
@@ -620,11 +620,11 @@ def facts_by_position(kept: Sequence[bool], answer_tokens: Sequence[int | None],
     return split
 
 
-def _facts_kept(context: _Context, variant: _Variant, speedup: float) -> tuple[bool, ...]:
-    """For each fact question the full model answers right: does this variant still answer it right?"""
+def _facts_kept(context: _Context, variant: _Variant, schedule: ScheduleConfig) -> tuple[bool, ...]:
+    """For each fact question the full model answers right: does this variant, under the fact
+    replies' ``schedule``, still answer it right?"""
     if not context.facts or not any(context.full_facts_right):
         return ()
-    schedule, _ = context.schedule(speedup, context.config.fact_tokens, variant)
     replies = free_run(context.generator, variant.decoder, context.fact_batches, schedule,
                        context.config.fact_tokens).texts
     return tuple(answers_right(reply, fact.answers)
