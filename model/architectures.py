@@ -64,6 +64,20 @@ class PrefixKVCache:
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.lengths[layer_idx]
 
+    def next_slot(self, layer_idx: int, batch: int, heads: int, head_dim: int,
+                  like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """(keys, values, start) for ONE new position that the caller writes at ``start`` itself
+        (the native decode step, model/native_step.py): the buffers allocated as ``update`` does on
+        first use, and the layer's length advanced by one."""
+        if self._keys[layer_idx] is None:
+            shape = (batch, heads, self.capacity, head_dim)
+            self._keys[layer_idx], self._values[layer_idx] = like.new_empty(shape), like.new_empty(shape)
+        start = self.lengths[layer_idx]
+        if start + 1 > self.capacity:
+            raise RuntimeError(f"KV cache capacity {self.capacity} exceeded at layer {layer_idx}")
+        self.lengths[layer_idx] = start + 1
+        return self._keys[layer_idx], self._values[layer_idx], start
+
 
 def attention_mask(
     key_valid: torch.Tensor, num_queries: int, dtype: torch.dtype | None = None, *, always: bool = False
@@ -277,6 +291,7 @@ class LeanLlamaLayer:
     _lock = threading.Lock()
 
     def __init__(self, layer: nn.Module, config: Any) -> None:
+        from model.native_step import NativeDecode  # noqa: PLC0415
         from model.quantization import fuse_low_bit, lean_lora  # noqa: PLC0415
 
         attn, mlp = layer.self_attn, layer.mlp
@@ -303,6 +318,9 @@ class LeanLlamaLayer:
         # One fused q/k/v output with the plain Llama rotary: q and k rotate together (and a
         # decode step takes _decode_one); otherwise the family's own per-projection path.
         self.rotates_fused = self.qkv is not None and self.q_norm is None and self.standard_rotary
+        # That decode step as one C++ call where the four projections are low-bit (CPU, float32).
+        self.native = (NativeDecode.of(self, [self.qkv, self.o_proj, self.gate_up, self.down_proj])
+                       if self.rotates_fused else None)
         self.qkv, self.gate_up, self.o_proj, self.down_proj = (
             direct_call(m) for m in (self.qkv, self.gate_up, self.o_proj, self.down_proj))
 
@@ -372,6 +390,8 @@ class LeanLlamaLayer:
         ops, the per-op cost being most of a small model's step on a CPU — rows kept 2-D (B, C),
         so the projections need no reshapes, and q and k rotated by one matmul with the step's
         rotation matrices (built once per step, shared by every layer)."""
+        if self.native is not None and self.native.runs(hidden):
+            return self.native(hidden, inputs, cache, step_rotation(inputs))
         batch = hidden.shape[0]
         flat = hidden.view(batch, -1)  # (B, C)
         heads = self.qkv(self.input_norm(flat)).view(batch, -1, 1, self.head_dim)  # (B, Hq + 2 Hkv, 1, D)

@@ -49,7 +49,7 @@ def test_device() -> torch.device:
 
 
 def tiny_model(family: str, *, num_layers: int = NUM_LAYERS, vocab: int = VOCAB, seed: int = 0,
-               device: torch.device | str = "cpu"):
+               device: torch.device | str = "cpu", hidden: int = 64, heads: int = 4, kv_heads: int = 2):
     """A random causal LM of ``family`` with 6 small layers, in eval mode, float32, SDPA attention,
     built on the CPU (the same weights on every device) and then moved to ``device``."""
     import transformers as tf
@@ -57,8 +57,8 @@ def tiny_model(family: str, *, num_layers: int = NUM_LAYERS, vocab: int = VOCAB,
     torch.manual_seed(seed)
     common = dict(vocab_size=vocab, max_position_embeddings=256, attn_implementation="sdpa")
     llama_like = dict(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=num_layers,
-        num_attention_heads=4, num_key_value_heads=2, **common,
+        hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=num_layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, **common,
     )
     configs = {
         "llama": lambda: tf.LlamaForCausalLM(tf.LlamaConfig(**llama_like)),

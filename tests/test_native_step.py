@@ -1,0 +1,118 @@
+"""The native decode step (model/native_step.py, model/lean_step.cpp): built where a C++ compiler
+is, and bit for bit the Python step on every low-bit layout (int8, int4, int4 with the skip
+policy's LoRA beside), with padding, GQA and a growing cache."""
+
+import shutil
+
+import pytest
+import torch
+from test_quantization import _random_lora_adapter
+
+from conftest import NUM_LAYERS, left_padded_batch, tiny_model
+from model.architectures import LeanLlamaLayer
+from model.decoder import SkipDecoder
+from model.native_step import NativeDecode, native_module
+from model.quantization import int4_supported, int8_supported, quantize_weights
+from model.schedule import ScheduleConfig
+
+has_compiler = shutil.which("c++") is not None and shutil.which("ninja") is not None
+pytestmark = pytest.mark.skipif(not int8_supported(), reason="no int8-weight CPU kernel in this torch build")
+
+
+@pytest.mark.skipif(not has_compiler, reason="no C++ compiler or ninja on this machine")
+def test_the_native_step_builds_where_a_compiler_is():
+    assert native_module() is not None  # a build error here would make every CPU step the slower one
+
+
+def _lean_layers(model) -> list[LeanLlamaLayer]:
+    return [LeanLlamaLayer.of(layer, model.config) for layer in model.model.layers]
+
+
+def _steps(decoder: SkipDecoder, ids, mask, schedule: ScheduleConfig, tokens: int) -> list[torch.Tensor]:
+    """Logits of the prompt and of each decode step, feeding the greedy token."""
+    state, logits = decoder.prefill(ids, mask, schedule.prefill_layers(), ids.shape[1] + tokens)
+    out = [logits]
+    for step in range(tokens):
+        logits = decoder.decode_step(state, logits.argmax(-1), schedule.step_layers(step))
+        out.append(logits)
+    return out
+
+
+@pytest.mark.skipif(not has_compiler, reason="no C++ compiler or ninja on this machine")
+@pytest.mark.parametrize("mode, lora", [("int8", False), ("int4", False), ("int4", True)])
+def test_the_native_step_equals_the_python_step_bit_for_bit(mode, lora, tmp_path, monkeypatch):
+    from model.loading import lora_side_copy
+
+    if mode == "int4" and not int4_supported():
+        pytest.skip("no int4-weight CPU kernel in this torch build")
+    # 8 heads of 32 over 2 key/value heads: q/k/v rows that the int4 kernel's packed layout fuses
+    model = tiny_model("llama", hidden=256, heads=8, kv_heads=2, vocab=112)
+    adapter = _random_lora_adapter(model, tmp_path / "adapter") if lora else None
+    quantize_weights(model, mode)
+    skip_model = lora_side_copy(model, adapter) if lora else model
+    leans = _lean_layers(model) + _lean_layers(skip_model)
+    assert all(lean.native is not None for lean in leans)  # every layer of both takes the native step
+    calls = []
+    monkeypatch.setattr(NativeDecode, "__call__", _counting(NativeDecode.__call__, calls))
+    ids, mask = left_padded_batch([5, 9], vocab=112)  # padding: the step's attention mask
+    schedule = ScheduleConfig(NUM_LAYERS, NUM_LAYERS, 2, warmup=1, decay="linear", decay_length=6)
+    decoder = SkipDecoder(model, skip_model=skip_model)
+    native = _steps(decoder, ids, mask, schedule, 8)
+    assert calls, "the native step never ran"
+    for lean in leans:
+        lean.native = None  # the Python step
+    python = _steps(decoder, ids, mask, schedule, 8)
+    assert len(calls) == sum(len(schedule.step_layers(s)) for s in range(8))  # none in the Python run
+    for ours, theirs in zip(native, python):
+        assert torch.equal(ours, theirs)
+
+
+def _counting(function, calls):
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return function(*args, **kwargs)
+    return counted
+
+
+@pytest.mark.skipif(not has_compiler, reason="no C++ compiler or ninja on this machine")
+def test_the_native_step_follows_a_weight_re_pointed_after_it_was_built():
+    if not int4_supported():
+        pytest.skip("no int4-weight CPU kernel in this torch build")
+    model = tiny_model("llama", hidden=256, heads=8, kv_heads=2, vocab=112)
+    quantize_weights(model, "int4")
+    lean = _lean_layers(model)[2]
+    assert lean.native is not None
+    other = tiny_model("llama", hidden=256, heads=8, kv_heads=2, vocab=112, seed=5)
+    quantize_weights(other, "int4")
+    down, replacement = model.model.layers[2].mlp.down_proj, other.model.layers[2].mlp.down_proj
+    ids, mask = left_padded_batch([4, 6], vocab=112)
+    schedule = ScheduleConfig(NUM_LAYERS, NUM_LAYERS, 2, warmup=1, decay="linear", decay_length=4)
+    decoder = SkipDecoder(model)
+    before = _steps(decoder, ids, mask, schedule, 3)
+    down.weight_int4pack = replacement.weight_int4pack  # re-pointed, as a shared base is by the LoRA
+    down.scales_and_zeros = replacement.scales_and_zeros
+    native = _steps(decoder, ids, mask, schedule, 3)
+    for layer in _lean_layers(model):
+        layer.native = None
+    python = _steps(decoder, ids, mask, schedule, 3)
+    assert not torch.equal(native[-1], before[-1])
+    assert all(torch.equal(a, b) for a, b in zip(native, python))
+
+
+def test_without_the_native_step_the_python_step_runs(monkeypatch):
+    import model.native_step as native_step
+
+    monkeypatch.setenv("SKIPDECODE_NATIVE", "0")
+    native_step.native_module.cache_clear()
+    try:
+        assert native_step.native_module() is None
+        model = tiny_model("llama", hidden=256, heads=8, kv_heads=2, vocab=112)
+        quantize_weights(model, "int8")
+        assert all(lean.native is None for lean in _lean_layers(model))
+        ids, mask = left_padded_batch([4, 6], vocab=112)
+        result = SkipDecoder(model).generate(ids, mask, ScheduleConfig(NUM_LAYERS, NUM_LAYERS, 2, warmup=1,
+                                                                       decay="linear", decay_length=4),
+                                             max_new_tokens=3)
+        assert [len(row) for row in result.tokens] == [3, 3]
+    finally:
+        native_step.native_module.cache_clear()
