@@ -7,10 +7,18 @@
 // for bit (the tests compare with torch.equal) and cost only the dispatcher's share. Built once
 // per machine by model/native_step.py; everything else (prefill, float weights, other devices)
 // stays on the Python path.
+#include <ATen/Parallel.h>
 #include <torch/extension.h>
 
+#include <algorithm>
+#include <cmath>
 #include <utility>
 #include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define SKIPDECODE_Q4 1
+#endif
 
 namespace {
 
@@ -18,13 +26,141 @@ using at::Tensor;
 
 constexpr int64_t kInt4Group = 32;  // the GGUF Q4_1 block size (model/quantization.py, INT4_GROUP)
 
+// --- a 4-bit matmul for few rows (decode) on AVX2 ------------------------------------------------
+//
+// Weights as the GGUF's Q4_1 blocks: w[o, 32 b + j] = d[o, b] * q + m[o, b], q in 0..15, byte j of
+// a block's 16 holding q for j (low nibble) and j + 16 (high). Activations are quantised per block of
+// 32 to int16 (scale = max|x| / 32767: a relative error ~1e-5, far below the bfloat16 activations
+// of torch's int4 kernel), so a block's dot product is integer multiply-adds (vpmaddwd), one float
+// scale per block, and m times the block's float sum. Why: torch's int4 CPU kernel converts to
+// bfloat16, which an AVX2-only CPU computes in software: ~3 GB/s of weights on one thread, where
+// this streams ~6 (README, "Speed").
+#ifdef SKIPDECODE_Q4
+// One weight row in Q4_1 blocks.
+struct Q4Row {
+  const uint8_t* qs;
+  const float* d;
+  const float* m;
+  int64_t blocks;
+};
+
+// y[r, o] for R rows of x at once (R a constant: the accumulators stay in registers, and each
+// block's nibbles are expanded once for all R rows).
+template <int R>
+inline void q4_dot(const Q4Row& row, const int16_t* codes, const float* scales, const float* sums, int64_t width,
+                   int64_t first, float* out, int64_t out_stride) {
+  const __m128i low_nibbles = _mm_set1_epi8(0x0F);
+  const int64_t blocks = row.blocks;
+  // Two accumulators a row (even and odd blocks): one fused multiply-add chain would wait on its
+  // own latency at every block.
+  __m256 even[R], odd[R];
+  for (int r = 0; r < R; ++r) even[r] = odd[r] = _mm256_setzero_ps();
+  const auto block = [&](int64_t b, __m256* acc) {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row.qs + b * 16));
+    const __m256i low = _mm256_cvtepu8_epi16(_mm_and_si128(raw, low_nibbles));
+    const __m256i high = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), low_nibbles));
+    for (int r = 0; r < R; ++r) {
+      const int16_t* xb = codes + (first + r) * width + b * 32;
+      const __m256i dot = _mm256_add_epi32(
+          _mm256_madd_epi16(low, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb))),
+          _mm256_madd_epi16(high, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + 16))));
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(row.d[b] * scales[(first + r) * blocks + b]),
+                               _mm256_cvtepi32_ps(dot), acc[r]);
+    }
+  };
+  int64_t b = 0;
+  for (; b + 1 < blocks; b += 2) {
+    block(b, even);
+    block(b + 1, odd);
+  }
+  if (b < blocks) block(b, even);
+  for (int r = 0; r < R; ++r) {
+    const float* block_sums = sums + (first + r) * blocks;
+    float offset = 0.f;  // sum over blocks of m times the block's float sum of x
+    for (int64_t b = 0; b < blocks; ++b) offset += row.m[b] * block_sums[b];
+    const __m256 total = _mm256_add_ps(even[r], odd[r]);
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(total), _mm256_extractf128_ps(total, 1));
+    s = _mm_hadd_ps(s, s);
+    s = _mm_hadd_ps(s, s);
+    out[(first + r) * out_stride] = _mm_cvtss_f32(s) + offset;
+  }
+}
+
+Tensor q4_matmul(const Tensor& input, const Tensor& qs, const Tensor& d, const Tensor& m) {
+  TORCH_CHECK(input.dim() == 2 && input.scalar_type() == at::kFloat, "q4_matmul: (N, K) float32 rows");
+  const Tensor x = input.contiguous();
+  const int64_t rows = x.size(0), width = x.size(1), outputs = qs.size(0), blocks = width / 32;
+  TORCH_CHECK(width % 32 == 0 && qs.size(1) == width / 2 && d.size(1) == blocks && m.size(1) == blocks,
+              "q4_matmul: shapes do not match");
+  Tensor codes = at::empty({rows, width}, x.options().dtype(at::kShort));
+  Tensor scales = at::empty({rows, blocks}, x.options());
+  Tensor sums = at::empty({rows, blocks}, x.options());
+  const float* xp = x.data_ptr<float>();
+  int16_t* cp = codes.data_ptr<int16_t>();
+  float* sp = scales.data_ptr<float>();
+  float* up = sums.data_ptr<float>();
+  for (int64_t i = 0; i < rows * blocks; ++i) {
+    const float* v = xp + i * 32;
+    float largest = 0.f, sum = 0.f;
+    for (int j = 0; j < 32; ++j) {
+      largest = std::max(largest, std::fabs(v[j]));
+      sum += v[j];
+    }
+    const float inverse = largest > 0.f ? 32767.f / largest : 0.f;
+    for (int j = 0; j < 32; ++j) cp[i * 32 + j] = static_cast<int16_t>(std::nearbyint(v[j] * inverse));
+    sp[i] = largest / 32767.f;
+    up[i] = sum;
+  }
+  Tensor y = at::empty({rows, outputs}, x.options());
+  float* yp = y.data_ptr<float>();
+  const uint8_t* qp = qs.data_ptr<uint8_t>();
+  const float* dp = d.data_ptr<float>();
+  const float* mp = m.data_ptr<float>();
+  at::parallel_for(0, outputs, 32, [&](int64_t begin, int64_t end) {
+    for (int64_t o = begin; o < end; ++o) {
+      const Q4Row row{qp + o * (width / 2), dp + o * blocks, mp + o * blocks, blocks};
+      int64_t first = 0;
+      for (; first + 4 <= rows; first += 4) q4_dot<4>(row, cp, sp, up, width, first, yp + o, outputs);
+      switch (rows - first) {  // the rest: a decode step's one row, or a batch's last few
+        case 3: q4_dot<3>(row, cp, sp, up, width, first, yp + o, outputs); break;
+        case 2: q4_dot<2>(row, cp, sp, up, width, first, yp + o, outputs); break;
+        case 1: q4_dot<1>(row, cp, sp, up, width, first, yp + o, outputs); break;
+        default: break;
+      }
+    }
+  });
+  return y;
+}
+#else
+Tensor q4_matmul(const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
+  TORCH_CHECK(false, "q4_matmul needs AVX2 and FMA (this build has neither)");
+}
+#endif
+
+bool has_q4_matmul() {
+#ifdef SKIPDECODE_Q4
+  return true;
+#else
+  return false;
+#endif
+}
+
 // One low-bit projection of (B, in) float rows, exactly as model/quantization.py computes it.
 struct Projection {
-  int64_t kind;  // 0: int4; 1: int4 with a LoRA (A stacked under the base rows, B in int8); 2: int8
-  std::vector<Tensor> tensors;  // 0: packed, scales_and_zeros; 1: + B int8, B scales; 2: int8 rows, scales
-  int64_t out;  // output features (1: the base's; the stacked rows add the rank)
+  // 0: int4; 1: int4 with a LoRA (A stacked under the base rows, B in int8); 2: int8;
+  // 3: Q4_1 blocks through q4_matmul; 4: those with a LoRA (A's blocks stacked, B in int8)
+  int64_t kind;
+  // 0: packed, scales_and_zeros; 1: + B int8, B scales; 2: int8 rows, scales; 3: qs, d, m; 4: + B, B scales
+  std::vector<Tensor> tensors;
+  int64_t out;  // output features (1, 4: the base's; the stacked rows add the rank)
 
   Tensor operator()(const Tensor& x) const {
+    if (kind >= 3) {
+      const Tensor both = q4_matmul(x, tensors[0], tensors[1], tensors[2]);  // float32 (N, out [+ r])
+      if (kind == 3) return both;
+      const Tensor side = both.narrow(1, out, both.size(1) - out).to(at::kBFloat16);
+      return both.narrow(1, 0, out).add(at::_weight_int8pack_mm(side, tensors[3], tensors[4]));
+    }
     const Tensor rows = x.to(at::kBFloat16);
     if (kind == 2) {
       return at::_weight_int8pack_mm(rows, tensors[0], tensors[1]).to(x.scalar_type());
@@ -39,6 +175,27 @@ struct Projection {
   }
 };
 
+// RMSNorm of (B, C) float32 rows, x * rsqrt(mean(x^2) + eps) * weight, as one loop: torch's own
+// rms_norm costs ~28 us a call on an AVX2-only CPU at one thread for a 576-wide row, two calls a
+// layer. Used with the q4 projections only (their steps are close to, not bit for bit, the Python
+// step's anyway); the torch-kernel layouts keep at::rms_norm and stay bit for bit.
+Tensor rms_norm_rows(const Tensor& x, const Tensor& weight, double eps) {
+  const Tensor rows = x.contiguous();
+  const int64_t count = rows.size(0), width = rows.size(1);
+  Tensor out = at::empty_like(rows);
+  const float* xp = rows.data_ptr<float>();
+  const float* wp = weight.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  for (int64_t r = 0; r < count; ++r) {
+    const float* v = xp + r * width;
+    float squares = 0.f;
+    for (int64_t j = 0; j < width; ++j) squares += v[j] * v[j];
+    const float scale = 1.f / std::sqrt(squares / static_cast<float>(width) + static_cast<float>(eps));
+    for (int64_t j = 0; j < width; ++j) op[r * width + j] = v[j] * scale * wp[j];
+  }
+  return out;
+}
+
 class DecodeLayer {
  public:
   DecodeLayer(Tensor input_norm, double input_eps, Tensor post_norm, double post_eps,
@@ -49,10 +206,16 @@ class DecodeLayer {
         num_heads_(num_heads), num_kv_heads_(num_kv_heads), head_dim_(head_dim) {
     TORCH_CHECK(projections.size() == 4, "DecodeLayer needs q/k/v, o, gate/up and down");
     for (auto& [kind, tensors, out] : projections) {
-      TORCH_CHECK(kind >= 0 && kind <= 2, "unknown projection kind ", kind);
-      TORCH_CHECK(tensors.size() == (kind == 1 ? 4u : 2u), "projection kind ", kind, ": wrong tensor count");
+      static const size_t counts[] = {2, 4, 2, 3, 5};
+      TORCH_CHECK(kind >= 0 && kind <= 4, "unknown projection kind ", kind);
+      TORCH_CHECK(tensors.size() == counts[kind], "projection kind ", kind, ": wrong tensor count");
+      exact_ops_ = exact_ops_ && kind < 3;
       projections_.push_back(Projection{kind, std::move(tensors), out});
     }
+  }
+
+  Tensor norm(const Tensor& x, const Tensor& weight, double eps) const {
+    return exact_ops_ ? at::rms_norm(x, {x.size(1)}, weight, eps) : rms_norm_rows(x, weight, eps);
   }
 
   // flat: (B, C) float rows of one new position each; keys/values: the layer's (B, Hkv, capacity,
@@ -60,8 +223,7 @@ class DecodeLayer {
   Tensor operator()(const Tensor& flat, const Tensor& rotation, const Tensor& keys, const Tensor& values,
                     int64_t start, const c10::optional<Tensor>& mask) const {
     const int64_t batch = flat.size(0);
-    const int64_t width = flat.size(1);
-    const Tensor heads = projections_[0](at::rms_norm(flat, {width}, input_norm_, input_eps_))
+    const Tensor heads = projections_[0](norm(flat, input_norm_, input_eps_))
                              .view({batch, -1, 1, head_dim_});  // (B, Hq + 2 Hkv, 1, D)
     const int64_t rotating = num_heads_ + num_kv_heads_;
     const Tensor rotated = at::matmul(heads.narrow(1, 0, rotating), rotation);
@@ -71,7 +233,7 @@ class DecodeLayer {
         rotated.narrow(1, 0, num_heads_), keys.narrow(2, 0, start + 1), values.narrow(2, 0, start + 1), mask,
         /*dropout_p=*/0.0, /*is_causal=*/false, scaling_, /*enable_gqa=*/num_kv_heads_ != num_heads_);
     const Tensor hidden = flat + projections_[1](attended.reshape({batch, -1}));
-    const auto gate_up = projections_[2](at::rms_norm(hidden, {width}, post_norm_, post_eps_)).chunk(2, -1);
+    const auto gate_up = projections_[2](norm(hidden, post_norm_, post_eps_)).chunk(2, -1);
     return hidden + projections_[3](at::silu(gate_up[0]) * gate_up[1]);
   }
 
@@ -80,11 +242,14 @@ class DecodeLayer {
   double input_eps_, post_eps_, scaling_;
   int64_t num_heads_, num_kv_heads_, head_dim_;
   std::vector<Projection> projections_;
+  bool exact_ops_ = true;  // every projection on torch's kernels: at::rms_norm, bit for bit the Python step
 };
 
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
+  module.def("q4_matmul", &q4_matmul, "(N, K) float32 rows times Q4_1 blocks (qs, d, m): (N, O) float32");
+  module.def("has_q4_matmul", &has_q4_matmul);
   pybind11::class_<DecodeLayer>(module, "DecodeLayer")
       .def(pybind11::init<Tensor, double, Tensor, double,
                           std::vector<std::tuple<int64_t, std::vector<Tensor>, int64_t>>,

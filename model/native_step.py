@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 import os
+import platform
 import shutil
 import threading
+import weakref
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
@@ -47,7 +50,8 @@ def native_module() -> ModuleType | None:
         say("no C++ compiler or ninja here: decode steps run the Python path (a few % slower on a CPU)")
         return None
     source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + torch.__version__.encode()).hexdigest()[:16]
+    flags = ["-O3"] + (["-mavx2", "-mfma"] if _has_avx2() else [])  # the q4 kernel's instructions, where the CPU has them
+    key = hashlib.sha256(source + torch.__version__.encode() + " ".join(flags).encode()).hexdigest()[:16]
     folder = cache_root() / "native" / f"lean-step-{key}"
     with _build_lock:
         try:
@@ -58,11 +62,108 @@ def native_module() -> ModuleType | None:
                 say("one-time preparation: compiling the native decode step (C++, about a minute); "
                     f"cached in {folder.parent}")
             return load(name=f"skipdecode_lean_step_{key}", sources=[str(SOURCE)], build_directory=str(folder),
-                        extra_cflags=["-O2"], verbose=False)
+                        extra_cflags=flags, verbose=False)
         except Exception as error:  # noqa: BLE001 (any build failure: the Python path still works)
             say(f"the native decode step could not be built ({type(error).__name__}: {str(error)[:200]}); "
                 "decode steps run the Python path")
             return None
+
+
+def _has_avx2() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64") and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+
+
+def q4_kernel_selected() -> bool:
+    """True where decode steps multiply int4 weights with lean_step.cpp's ``q4_matmul`` instead of
+    torch's int4 kernel: by default on CPUs whose best instruction set torch reports as AVX2 (torch's
+    kernel computes in bfloat16, which such a CPU lacks in hardware; README, "Speed"), and wherever
+    ``SKIPDECODE_INT4_KERNEL=native``; ``=torch`` keeps torch's kernel everywhere."""
+    choice = os.environ.get("SKIPDECODE_INT4_KERNEL", "auto").strip().lower()
+    if choice == "torch" or not _has_avx2():
+        return False
+    module = native_module()
+    if module is None or not module.has_q4_matmul():
+        return False
+    return choice == "native" or torch.backends.cpu.get_cpu_capability() == "AVX2"
+
+
+# --- Q4_1 blocks back out of torch's packed int4 layout -------------------------------------------
+
+
+def _pack(codes: torch.Tensor) -> torch.Tensor:
+    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+
+
+@functools.lru_cache(maxsize=16)
+def _nibble_sources(rows: int, cols: int) -> torch.Tensor:
+    """For torch's CPU int4 packing of a (rows, cols) code matrix (its layout is the kernel's
+    per-CPU choice, undocumented): the source index of each packed nibble, learned from the packer
+    itself by packing each base-16 digit of the element indices."""
+    count = rows * cols
+    index = torch.arange(count, dtype=torch.int64)
+    sources = torch.zeros(count, dtype=torch.int64)
+    for digit in range(max(1, math.ceil(math.log(count, 16)))):
+        packed = _pack(((index >> (4 * digit)) & 15).to(torch.int32).view(rows, cols)).reshape(-1)
+        nibbles = torch.stack([packed & 15, packed >> 4], dim=-1).reshape(-1).long()
+        sources |= nibbles << (4 * digit)
+    return sources
+
+
+def unpack_int4(packed: torch.Tensor, rows: int, cols: int) -> torch.Tensor | None:
+    """(rows, cols) codes 0..15 of torch's packed int4 weights, or None where the layout is not the
+    one learned (checked by packing the result again: it must give the same bytes)."""
+    period = 64 if rows % 64 == 0 else rows  # the layout repeats over blocks of rows; learnt on one
+    sources = _nibble_sources(period, cols)
+    nibbles = torch.stack([packed & 15, packed >> 4], dim=-1).reshape(rows // period, period * cols)
+    codes = torch.empty_like(nibbles)
+    codes[:, sources] = nibbles
+    codes = codes.reshape(rows, cols).to(torch.int32)
+    return codes if torch.equal(_pack(codes), packed) else None
+
+
+class Q4Blocks:
+    """An int4 module's weights as lean_step.cpp's q4_matmul reads them: ``qs`` (O, K/2) uint8, a
+    block's 16 bytes holding q[j] (low nibble) and q[j + 16] (high); ``d``, ``m`` (O, K/32) float32,
+    w = d q + m — the same values torch's kernel multiplies ((q - 8) scale + zero, scale and zero
+    in bfloat16). A second copy of the 4-bit weights (the Python path and prefill keep torch's)."""
+
+    _known: "weakref.WeakKeyDictionary[nn.Module, tuple[tuple[torch.Tensor, ...], Q4Blocks | None]]" = (
+        weakref.WeakKeyDictionary())
+
+    def __init__(self, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> None:
+        self.qs, self.d, self.m = qs, d, m
+
+    @classmethod
+    def of(cls, module: nn.Module) -> "Q4Blocks | None":
+        """The blocks of an Int4WeightLinear (kept per module while its packed weights stay)."""
+        packed, scales_and_zeros = module.weight_int4pack, module.scales_and_zeros
+        known = cls._known.get(module)
+        if known is None or known[0][0] is not packed or known[0][1] is not scales_and_zeros:
+            blocks = cls._from_packed(packed, scales_and_zeros, module.out_features, module.in_features)
+            known = cls._known[module] = ((packed, scales_and_zeros), blocks)
+        return known[1]
+
+    @classmethod
+    def _from_packed(cls, packed: torch.Tensor, scales_and_zeros: torch.Tensor, rows: int, cols: int) -> "Q4Blocks | None":
+        codes = unpack_int4(packed, rows, cols)
+        if codes is None:
+            return None
+        halves = codes.to(torch.uint8).view(rows, cols // 32, 2, 16)
+        qs = (halves[:, :, 0] | (halves[:, :, 1] << 4)).reshape(rows, cols // 2).contiguous()
+        scale = scales_and_zeros[..., 0].t().float().contiguous()  # (O, K/32)
+        return cls(qs, scale, (scales_and_zeros[..., 1].t().float() - 8.0 * scale).contiguous())
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.qs, self.d, self.m]
+
+    def __call__(self, rows: torch.Tensor) -> torch.Tensor:
+        """(N, K) float32 rows -> (N, O) float32."""
+        return native_module().q4_matmul(rows, self.qs, self.d, self.m)
+
+
+def q4_scan(module: nn.Module) -> Q4Blocks | None:
+    """The Q4Blocks an Int4WeightLinear is multiplied with where q4_matmul is selected, else None."""
+    return Q4Blocks.of(module) if q4_kernel_selected() else None
 
 
 def projection_spec(module: nn.Module) -> tuple[int, list[torch.Tensor], int] | None:
@@ -73,9 +174,15 @@ def projection_spec(module: nn.Module) -> tuple[int, list[torch.Tensor], int] | 
     if getattr(module, "bias", None) is not None:
         return None
     if isinstance(module, Int4WeightLinear):
+        blocks = q4_scan(module)
+        if blocks is not None:
+            return 3, blocks.tensors(), module.out_features
         return 0, [module.weight_int4pack, module.scales_and_zeros], module.out_features
     if isinstance(module, Int4LoraLinear) and module.lora_b_int8 is not None:
         b = module.lora_b_int8
+        blocks = q4_scan(module.stacked)
+        if blocks is not None:
+            return 4, blocks.tensors() + [b.weight_int8, b.scales], module.out_features
         return 1, [module.stacked.weight_int4pack, module.stacked.scales_and_zeros, b.weight_int8, b.scales], \
             module.out_features
     if isinstance(module, Int8WeightLinear):
