@@ -131,7 +131,44 @@ Tensor q4_matmul(const Tensor& input, const Tensor& qs, const Tensor& d, const T
   });
   return y;
 }
+
+// (N, R) float rows times a LoRA's B^T held as int8 rows (O, W), each row's nonzero window of the
+// block-diagonal B (q/k/v and gate/up fuse their LoRAs: most of B is zeros) starting at column
+// start[o], one float scale a row: (N, O) float32. The float rows keep x A^T's precision (torch's
+// int8 kernel takes bfloat16, which AVX2 computes in software).
+Tensor lora_b_matmul(const Tensor& input, const Tensor& window, const Tensor& start, const Tensor& scale) {
+  const Tensor x = input.contiguous();
+  const int64_t rows = x.size(0), rank = x.size(1), outputs = window.size(0), width = window.size(1);
+  TORCH_CHECK(width % 8 == 0 && start.size(0) == outputs && scale.size(0) == outputs, "lora_b_matmul: shapes");
+  Tensor y = at::empty({rows, outputs}, x.options());
+  const float* xp = x.data_ptr<float>();
+  const int8_t* wp = window.data_ptr<int8_t>();
+  const int32_t* sp = start.data_ptr<int32_t>();
+  const float* cp = scale.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, outputs, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t o = begin; o < end; ++o) {
+      const int8_t* weights = wp + o * width;
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* xr = xp + r * rank + sp[o];
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t j = 0; j < width; j += 8) {
+          const __m128i eight = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(weights + j));
+          acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(eight)), _mm256_loadu_ps(xr + j), acc);
+        }
+        __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+        s = _mm_hadd_ps(s, s);
+        s = _mm_hadd_ps(s, s);
+        yp[r * outputs + o] = _mm_cvtss_f32(s) * cp[o];
+      }
+    }
+  });
+  return y;
+}
 #else
+Tensor lora_b_matmul(const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
+  TORCH_CHECK(false, "lora_b_matmul needs AVX2 and FMA (this build has neither)");
+}
 Tensor q4_matmul(const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
   TORCH_CHECK(false, "q4_matmul needs AVX2 and FMA (this build has neither)");
 }
@@ -150,7 +187,8 @@ struct Projection {
   // 0: int4; 1: int4 with a LoRA (A stacked under the base rows, B in int8); 2: int8;
   // 3: Q4_1 blocks through q4_matmul; 4: those with a LoRA (A's blocks stacked, B in int8)
   int64_t kind;
-  // 0: packed, scales_and_zeros; 1: + B int8, B scales; 2: int8 rows, scales; 3: qs, d, m; 4: + B, B scales
+  // 0: packed, scales_and_zeros; 1: + B int8, B scales; 2: int8 rows, scales; 3: qs, d, m;
+  // 4: + B's nonzero windows (int8), their start columns, float scales (lora_b_matmul)
   std::vector<Tensor> tensors;
   int64_t out;  // output features (1, 4: the base's; the stacked rows add the rank)
 
@@ -158,8 +196,8 @@ struct Projection {
     if (kind >= 3) {
       const Tensor both = q4_matmul(x, tensors[0], tensors[1], tensors[2]);  // float32 (N, out [+ r])
       if (kind == 3) return both;
-      const Tensor side = both.narrow(1, out, both.size(1) - out).to(at::kBFloat16);
-      return both.narrow(1, 0, out).add(at::_weight_int8pack_mm(side, tensors[3], tensors[4]));
+      return both.narrow(1, 0, out).add(lora_b_matmul(both.narrow(1, out, both.size(1) - out), tensors[3],
+                                                      tensors[4], tensors[5]));
     }
     const Tensor rows = x.to(at::kBFloat16);
     if (kind == 2) {
@@ -206,7 +244,7 @@ class DecodeLayer {
         num_heads_(num_heads), num_kv_heads_(num_kv_heads), head_dim_(head_dim) {
     TORCH_CHECK(projections.size() == 4, "DecodeLayer needs q/k/v, o, gate/up and down");
     for (auto& [kind, tensors, out] : projections) {
-      static const size_t counts[] = {2, 4, 2, 3, 5};
+      static const size_t counts[] = {2, 4, 2, 3, 6};
       TORCH_CHECK(kind >= 0 && kind <= 4, "unknown projection kind ", kind);
       TORCH_CHECK(tensors.size() == counts[kind], "projection kind ", kind, ": wrong tensor count");
       exact_ops_ = exact_ops_ && kind < 3;
@@ -249,6 +287,7 @@ class DecodeLayer {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("q4_matmul", &q4_matmul, "(N, K) float32 rows times Q4_1 blocks (qs, d, m): (N, O) float32");
+  module.def("lora_b_matmul", &lora_b_matmul, "(N, R) float32 times int8 windows of B^T: (N, O) float32");
   module.def("has_q4_matmul", &has_q4_matmul);
   pybind11::class_<DecodeLayer>(module, "DecodeLayer")
       .def(pybind11::init<Tensor, double, Tensor, double,

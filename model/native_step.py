@@ -161,6 +161,23 @@ class Q4Blocks:
         return native_module().q4_matmul(rows, self.qs, self.d, self.m)
 
 
+def lora_b_windows(weight_int8: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A LoRA's B (O, R) int8 rows as lean_step.cpp's lora_b_matmul reads them: each row's window
+    of width W (its nonzero columns, a multiple of 8) starting at column ``start``, and float scales.
+    q/k/v's and gate/up's B are block-diagonal (one LoRA per fused projection), so the windows hold
+    a third to a half of B's bytes."""
+    rows, rank = weight_int8.shape
+    nonzero = weight_int8 != 0
+    columns = torch.arange(rank)
+    first = torch.where(nonzero, columns, rank).amin(dim=1).clamp(max=rank - 1)
+    last = torch.where(nonzero, columns, -1).amax(dim=1).clamp(min=0)
+    width = min(rank, -(-int((last - first + 1).clamp(min=1).max()) // 8) * 8)
+    start = first.clamp(max=rank - width)
+    window = weight_int8.gather(1, start[:, None] + torch.arange(width)[None])
+    assert torch.equal(window.abs().sum(dim=1, dtype=torch.int64), weight_int8.abs().sum(dim=1, dtype=torch.int64))
+    return window.contiguous(), start.to(torch.int32).contiguous(), scales.float().contiguous()
+
+
 def q4_scan(module: nn.Module) -> Q4Blocks | None:
     """The Q4Blocks an Int4WeightLinear is multiplied with where q4_matmul is selected, else None."""
     return Q4Blocks.of(module) if q4_kernel_selected() else None
@@ -182,7 +199,7 @@ def projection_spec(module: nn.Module) -> tuple[int, list[torch.Tensor], int] | 
         b = module.lora_b_int8
         blocks = q4_scan(module.stacked)
         if blocks is not None:
-            return 4, blocks.tensors() + [b.weight_int8, b.scales], module.out_features
+            return 4, blocks.tensors() + list(lora_b_windows(b.weight_int8, b.scales)), module.out_features
         return 1, [module.stacked.weight_int4pack, module.stacked.scales_and_zeros, b.weight_int8, b.scales], \
             module.out_features
     if isinstance(module, Int8WeightLinear):
