@@ -174,6 +174,39 @@ Tensor q4_matmul(const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
 }
 #endif
 
+// torch's packed int4 weights (N, K/2) -> the Q4_1 bytes q4_matmul reads (N, K/2): element (n, k)
+// of each block of `period` rows sits in packed nibble nibble_of[(n % period) * K + k] of its block
+// (a layout learned from torch's packer: model/native_step.py). One pass over the bytes: at start-up
+// the same gather through torch ops cost ~2 s for the default model.
+Tensor q4_from_packed(const Tensor& packed, const Tensor& nibble_of, int64_t period) {
+  const Tensor source = packed.contiguous();
+  const int64_t rows = source.size(0), half = source.size(1), cols = half * 2;
+  TORCH_CHECK(rows % period == 0 && nibble_of.numel() == period * cols && cols % 32 == 0, "q4_from_packed: shapes");
+  Tensor out = at::empty_like(source);
+  const uint8_t* sp = source.data_ptr<uint8_t>();
+  const int64_t* np = nibble_of.data_ptr<int64_t>();
+  uint8_t* op = out.data_ptr<uint8_t>();
+  const auto code = [&](int64_t block_start, int64_t nibble) -> uint8_t {
+    const uint8_t byte = sp[block_start + nibble / 2];
+    return (nibble & 1) ? (byte >> 4) : (byte & 0x0F);
+  };
+  at::parallel_for(0, rows, period, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const int64_t block_start = (n / period) * period * half;  // bytes before this block of rows
+      const int64_t* row_nibbles = np + (n % period) * cols;
+      uint8_t* row_out = op + n * half;
+      for (int64_t b = 0; b < cols / 32; ++b) {
+        for (int64_t j = 0; j < 16; ++j) {
+          const uint8_t low = code(block_start, row_nibbles[b * 32 + j]);
+          const uint8_t high = code(block_start, row_nibbles[b * 32 + j + 16]);
+          row_out[b * 16 + j] = static_cast<uint8_t>(low | (high << 4));
+        }
+      }
+    }
+  });
+  return out;
+}
+
 bool has_q4_matmul() {
 #ifdef SKIPDECODE_Q4
   return true;
@@ -289,6 +322,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("q4_matmul", &q4_matmul, "(N, K) float32 rows times Q4_1 blocks (qs, d, m): (N, O) float32");
   module.def("lora_b_matmul", &lora_b_matmul, "(N, R) float32 times int8 windows of B^T: (N, O) float32");
   module.def("has_q4_matmul", &has_q4_matmul);
+  module.def("q4_from_packed", &q4_from_packed, "torch's packed int4 rows as Q4_1 bytes (learned layout)");
   pybind11::class_<DecodeLayer>(module, "DecodeLayer")
       .def(pybind11::init<Tensor, double, Tensor, double,
                           std::vector<std::tuple<int64_t, std::vector<Tensor>, int64_t>>,

@@ -196,7 +196,9 @@ def load_model(
         skip_model = merged_copy(model, adapter_path) if adapter_path else None
     else:
         skip_model = _low_bit(model, name, adapter_path, quantize)
-    for prepared in {id(m): m for m in (model, skip_model) if m is not None}.values():
+    # The skip policy's layers first: its int4 LoRA re-points the shared base weights at its stacked
+    # rows, which the original's lean layers then read as they are (model/native_step.py).
+    for prepared in {id(m): m for m in (skip_model, model) if m is not None}.values():
         adapter_for(prepared).prepare_layers()
     return LoadedModel(
         name=name, model=model, tokenizer=tokenizer, device=resolved_device, dtype=torch_dtype,

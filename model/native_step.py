@@ -95,30 +95,45 @@ def _pack(codes: torch.Tensor) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=16)
-def _nibble_sources(rows: int, cols: int) -> torch.Tensor:
+def _nibble_of_element(rows: int, cols: int) -> torch.Tensor:
     """For torch's CPU int4 packing of a (rows, cols) code matrix (its layout is the kernel's
-    per-CPU choice, undocumented): the source index of each packed nibble, learned from the packer
-    itself by packing each base-16 digit of the element indices."""
+    per-CPU choice, undocumented): the packed nibble that holds each element, learned from the
+    packer itself by packing each base-16 digit of the element indices."""
     count = rows * cols
     index = torch.arange(count, dtype=torch.int64)
-    sources = torch.zeros(count, dtype=torch.int64)
+    sources = torch.zeros(count, dtype=torch.int64)  # packed nibble -> element
     for digit in range(max(1, math.ceil(math.log(count, 16)))):
         packed = _pack(((index >> (4 * digit)) & 15).to(torch.int32).view(rows, cols)).reshape(-1)
         nibbles = torch.stack([packed & 15, packed >> 4], dim=-1).reshape(-1).long()
         sources |= nibbles << (4 * digit)
-    return sources
+    return torch.empty_like(sources).scatter_(0, sources, index)  # element -> packed nibble
 
 
-def unpack_int4(packed: torch.Tensor, rows: int, cols: int) -> torch.Tensor | None:
-    """(rows, cols) codes 0..15 of torch's packed int4 weights, or None where the layout is not the
-    one learned (checked by packing the result again: it must give the same bytes)."""
-    period = 64 if rows % 64 == 0 else rows  # the layout repeats over blocks of rows; learnt on one
-    sources = _nibble_sources(period, cols)
+_verified: set[tuple[int, int]] = set()
+
+
+def _period(rows: int) -> int:
+    return 64 if rows % 64 == 0 else rows  # the layout repeats over blocks of rows; learnt on one
+
+
+def unpack_int4(packed: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """(rows, cols) uint8 codes 0..15 of torch's packed int4 weights, read through the layout
+    learned on one block of rows (``_nibble_of_element``)."""
+    period = _period(rows)
     nibbles = torch.stack([packed & 15, packed >> 4], dim=-1).reshape(rows // period, period * cols)
-    codes = torch.empty_like(nibbles)
-    codes[:, sources] = nibbles
-    codes = codes.reshape(rows, cols).to(torch.int32)
-    return codes if torch.equal(_pack(codes), packed) else None
+    return nibbles[:, _nibble_of_element(period, cols)].reshape(rows, cols)
+
+
+def q4_bytes(packed: torch.Tensor, rows: int, cols: int) -> torch.Tensor | None:
+    """torch's packed int4 weights as Q4_1 bytes (O, K/2) for q4_matmul, or None where the learned
+    layout does not hold: the first matrix of each shape is unpacked and packed again and must give
+    the same bytes (the same packer gives every matrix of a shape the same layout)."""
+    if (rows, cols) not in _verified:
+        if not torch.equal(_pack(unpack_int4(packed, rows, cols).to(torch.int32)), packed):
+            return None
+        _verified.add((rows, cols))
+    period = _period(rows)
+    return native_module().q4_from_packed(packed, _nibble_of_element(period, cols), period)
 
 
 class Q4Blocks:
@@ -139,17 +154,27 @@ class Q4Blocks:
         packed, scales_and_zeros = module.weight_int4pack, module.scales_and_zeros
         known = cls._known.get(module)
         if known is None or known[0][0] is not packed or known[0][1] is not scales_and_zeros:
-            blocks = cls._from_packed(packed, scales_and_zeros, module.out_features, module.in_features)
+            if known is not None and _same_values(known[0], (packed, scales_and_zeros)):
+                blocks = known[1]  # re-pointed at a copy of the same values (the LoRA's stacked rows)
+            else:
+                blocks = cls._from_packed(packed, scales_and_zeros, module.out_features, module.in_features)
             known = cls._known[module] = ((packed, scales_and_zeros), blocks)
         return known[1]
 
     @classmethod
-    def _from_packed(cls, packed: torch.Tensor, scales_and_zeros: torch.Tensor, rows: int, cols: int) -> "Q4Blocks | None":
-        codes = unpack_int4(packed, rows, cols)
-        if codes is None:
+    def stacked(cls, parts: list[nn.Module]) -> "Q4Blocks | None":
+        """The blocks of modules whose rows are stacked in one kernel call (a LoRA's A under its
+        base): the parts' blocks concatenated, so the base is converted once for both models."""
+        blocks = [cls.of(part) for part in parts]
+        if any(b is None for b in blocks):
             return None
-        halves = codes.to(torch.uint8).view(rows, cols // 32, 2, 16)
-        qs = (halves[:, :, 0] | (halves[:, :, 1] << 4)).reshape(rows, cols // 2).contiguous()
+        return cls(*(torch.cat([getattr(b, name) for b in blocks]) for name in ("qs", "d", "m")))
+
+    @classmethod
+    def _from_packed(cls, packed: torch.Tensor, scales_and_zeros: torch.Tensor, rows: int, cols: int) -> "Q4Blocks | None":
+        qs = q4_bytes(packed, rows, cols)
+        if qs is None:
+            return None
         scale = scales_and_zeros[..., 0].t().float().contiguous()  # (O, K/32)
         return cls(qs, scale, (scales_and_zeros[..., 1].t().float() - 8.0 * scale).contiguous())
 
@@ -159,6 +184,13 @@ class Q4Blocks:
     def __call__(self, rows: torch.Tensor) -> torch.Tensor:
         """(N, K) float32 rows -> (N, O) float32."""
         return native_module().q4_matmul(rows, self.qs, self.d, self.m)
+
+
+def _same_values(old: tuple[torch.Tensor, ...], new: tuple[torch.Tensor, ...]) -> bool:
+    return all(a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(old, new))
+
+
+_stacked: "weakref.WeakKeyDictionary[nn.Module, Q4Blocks | None]" = weakref.WeakKeyDictionary()
 
 
 def lora_b_windows(weight_int8: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -176,6 +208,17 @@ def lora_b_windows(weight_int8: torch.Tensor, scales: torch.Tensor) -> tuple[tor
     window = weight_int8.gather(1, start[:, None] + torch.arange(width)[None])
     assert torch.equal(window.abs().sum(dim=1, dtype=torch.int64), weight_int8.abs().sum(dim=1, dtype=torch.int64))
     return window.contiguous(), start.to(torch.int32).contiguous(), scales.float().contiguous()
+
+
+_windows: "weakref.WeakKeyDictionary[nn.Module, tuple[torch.Tensor, tuple[torch.Tensor, ...]]]" = weakref.WeakKeyDictionary()
+
+
+def _lora_b_windows_of(b: nn.Module) -> tuple[torch.Tensor, ...]:
+    """lora_b_windows of an int8 B module, kept while its rows stay the same tensor."""
+    known = _windows.get(b)
+    if known is None or known[0] is not b.weight_int8:
+        known = _windows[b] = (b.weight_int8, lora_b_windows(b.weight_int8, b.scales))
+    return known[1]
 
 
 def q4_scan(module: nn.Module) -> Q4Blocks | None:
@@ -197,9 +240,13 @@ def projection_spec(module: nn.Module) -> tuple[int, list[torch.Tensor], int] | 
         return 0, [module.weight_int4pack, module.scales_and_zeros], module.out_features
     if isinstance(module, Int4LoraLinear) and module.lora_b_int8 is not None:
         b = module.lora_b_int8
-        blocks = q4_scan(module.stacked)
+        blocks = None
+        if q4_kernel_selected():
+            if module not in _stacked:
+                _stacked[module] = Q4Blocks.stacked([module.base, module.side])
+            blocks = _stacked[module]
         if blocks is not None:
-            return 4, blocks.tensors() + list(lora_b_windows(b.weight_int8, b.scales)), module.out_features
+            return 4, blocks.tensors() + list(_lora_b_windows_of(b)), module.out_features
         return 1, [module.stacked.weight_int4pack, module.stacked.scales_and_zeros, b.weight_int8, b.scales], \
             module.out_features
     if isinstance(module, Int8WeightLinear):
