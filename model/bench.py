@@ -239,6 +239,8 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None] = print) -> B
                          dtype=str(loaded.dtype).replace("torch.", ""), hardware=hardware_info(device),
                          new_tokens=config.new_tokens, repeats=config.repeats, decay=config.decay)
     llama = _llama_cpp_mode(config, loaded, device, report.notes)
+    if device.type == "cpu" and any(w in variants for w in ("int4", "int8")):
+        report.notes.append(_decode_step_note())
 
     for batch in batch_sizes:
         prompts = [BENCH_PROMPTS[i % len(BENCH_PROMPTS)] for i in range(batch)]
@@ -289,6 +291,16 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None] = print) -> B
             f"{r.weights} {r.mode if r.target_speedup is None else f'skip {r.target_speedup:g}x'} "
             f"{r.tokens_per_second:.1f} tok/s" for r in report.rows if r.batch_size == batch))
     return report
+
+
+def _decode_step_note() -> str:
+    """Which decode step and int4 kernel this run's low-bit rows used (model/native_step.py)."""
+    from model.native_step import native_module, q4_kernel_selected  # noqa: PLC0415
+
+    if native_module() is None:
+        return "low-bit decode steps: the Python step (no native step on this machine); int4 kernel: torch's"
+    kernel = "q4_matmul (native, int16 activations)" if q4_kernel_selected() else "torch's _weight_int4pack_mm_for_cpu"
+    return f"low-bit decode steps: the native C++ step; int4 kernel: {kernel}"
 
 
 def _llama_cpp_mode(config: BenchConfig, loaded, device: torch.device, notes: list[str]) -> Callable[[], Timing] | None:

@@ -2,12 +2,15 @@
 
 A decode step of the default model at 2x runs ~15 layers of ~25 small torch ops each; at one
 thread the interpreter's cost per op call was a measured ~17% of those layers (README, "Speed").
-lean_step.cpp makes the same ATen calls in the same order from C++, so its output is the Python
-step's bit for bit (tests/test_quantization.py compares them with torch.equal).
+lean_step.cpp makes the same ATen calls in the same order from C++, so with torch's kernels its
+output is the Python step's bit for bit (tests/test_native_step.py compares them with torch.equal).
+Where torch's int4 kernel is slow (it computes in bfloat16, which an AVX2-only CPU lacks), the step
+multiplies the same 4-bit weights with its own kernel, q4_matmul (``q4_kernel_selected``).
 
 Built once per machine and torch version with torch's own extension builder (a C++ compiler and
-ninja, ~1 minute on 2 cores), cached under the project's cache folder; where it cannot be built
-(no compiler) or ``SKIPDECODE_NATIVE=0``, every step runs the Python path and says so once.
+ninja, about a minute on 2 cores), cached under the project's cache folder; where it cannot be
+built (no compiler) or ``SKIPDECODE_NATIVE=0``, every step runs the Python path, and the log says
+so once.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import math
 import os
 import platform
 import shutil
+import sys
 import threading
 import weakref
 from pathlib import Path
@@ -46,6 +50,9 @@ def native_module() -> ModuleType | None:
         return None
     from model.loading import cache_root, say  # noqa: PLC0415 (loading imports the decoder)
 
+    scripts = str(Path(sys.executable).parent)  # pip's ninja lives beside the interpreter, on PATH or not
+    if scripts not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = scripts + os.pathsep + os.environ.get("PATH", "")
     if shutil.which(os.environ.get("CXX", "c++")) is None or shutil.which("ninja") is None:
         say("no C++ compiler or ninja here: decode steps run the Python path (a few % slower on a CPU)")
         return None
