@@ -49,23 +49,26 @@ struct Q4Row {
 template <int R>
 inline void q4_dot(const Q4Row& row, const int16_t* codes, const float* scales, const float* sums, int64_t width,
                    int64_t first, float* out, int64_t out_stride) {
-  const __m128i low_nibbles = _mm_set1_epi8(0x0F);
+  const __m256i low_nibbles = _mm256_set1_epi16(0x0F);
   const int64_t blocks = row.blocks;
   // Two accumulators a row (even and odd blocks): one fused multiply-add chain would wait on its
   // own latency at every block.
   __m256 even[R], odd[R];
   for (int r = 0; r < R; ++r) even[r] = odd[r] = _mm256_setzero_ps();
   const auto block = [&](int64_t b, __m256* acc) {
-    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row.qs + b * 16));
-    const __m256i low = _mm256_cvtepu8_epi16(_mm_and_si128(raw, low_nibbles));
-    const __m256i high = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), low_nibbles));
+    // The block's 16 bytes widened once to 16-bit lanes (q[j] | q[j + 16] << 4 each): the low
+    // nibbles by a mask, the high ones by a shift (fewer shuffles than widening each half).
+    const __m256i both = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row.qs + b * 16)));
+    const __m256i low = _mm256_and_si256(both, low_nibbles);
+    const __m256i high = _mm256_srli_epi16(both, 4);
+    const __m256 weight_scale = _mm256_broadcast_ss(row.d + b);
     for (int r = 0; r < R; ++r) {
       const int16_t* xb = codes + (first + r) * width + b * 32;
       const __m256i dot = _mm256_add_epi32(
           _mm256_madd_epi16(low, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb))),
           _mm256_madd_epi16(high, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + 16))));
-      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(row.d[b] * scales[(first + r) * blocks + b]),
-                               _mm256_cvtepi32_ps(dot), acc[r]);
+      const __m256 scale = _mm256_mul_ps(weight_scale, _mm256_broadcast_ss(scales + (first + r) * blocks + b));
+      acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot), acc[r]);
     }
   };
   int64_t b = 0;
