@@ -57,7 +57,9 @@ def native_module() -> ModuleType | None:
         say("no C++ compiler or ninja here: decode steps run the Python path (a few % slower on a CPU)")
         return None
     source = SOURCE.read_bytes()
-    flags = ["-O3"] + (["-mavx2", "-mfma"] if _has_avx2() else [])  # the q4 kernel's instructions, where the CPU has them
+    # -fopenmp: at::parallel_for is inline (header) code, serial unless the extension itself is built
+    # with OpenMP; -mavx2 -mfma: the q4 kernel's instructions, where the CPU has them.
+    flags = ["-O3", "-fopenmp"] + (["-mavx2", "-mfma"] if _has_avx2() else [])
     key = hashlib.sha256(source + torch.__version__.encode() + " ".join(flags).encode()).hexdigest()[:16]
     folder = cache_root() / "native" / f"lean-step-{key}"
     with _build_lock:
@@ -69,7 +71,7 @@ def native_module() -> ModuleType | None:
                 say("one-time preparation: compiling the native decode step (C++, about a minute); "
                     f"cached in {folder.parent}")
             return load(name=f"skipdecode_lean_step_{key}", sources=[str(SOURCE)], build_directory=str(folder),
-                        extra_cflags=flags, verbose=False)
+                        extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
         except Exception as error:  # noqa: BLE001 (any build failure: the Python path still works)
             say(f"the native decode step could not be built ({type(error).__name__}: {str(error)[:200]}); "
                 "decode steps run the Python path")
