@@ -613,7 +613,7 @@ class TwoStageHead(nn.Module):
     bias = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        logits = self._scan(x)  # (..., V): 4-bit
+        logits = self.scan_logits(x)  # (..., V): 4-bit
         top = logits.topk(self.candidates, dim=-1).indices  # (..., K)
         if self._tied is not None:
             rows = self._tied[0][top].to(x.dtype)  # (..., K, C) float
@@ -623,7 +623,7 @@ class TwoStageHead(nn.Module):
             exact = (rows @ x.unsqueeze(-1)).squeeze(-1) * self.exact_scales[top].to(x.dtype)  # (..., K)
         return logits.scatter(-1, top, exact)
 
-    def _scan(self, x: torch.Tensor) -> torch.Tensor:
+    def scan_logits(self, x: torch.Tensor) -> torch.Tensor:
         """The 4-bit logits: the native q4 kernel where it is selected (float32 rows on the CPU;
         model/native_step.py), else torch's int4 kernel."""
         if x.dtype == torch.float32 and x.device.type == "cpu":

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from model.generation import GenerationRequest, ScheduleRequest, TextGenerator
-from model.loading import DEFAULT_GGUF_FILE, cache_root, locate_default_gguf
+from model.loading import DEFAULT_GGUF_FILE, cache_root, default_model_folder, locate_default_gguf
 
 pytestmark = pytest.mark.slow  # every test here loads the embedded default model
 
@@ -16,7 +16,9 @@ NEW_TOKENS = 24
 def test_default_model_comes_from_the_wheel_and_is_cached(default_model):
     assert os.environ["HF_HUB_OFFLINE"] == "1"
     assert locate_default_gguf().name == DEFAULT_GGUF_FILE
-    assert (cache_root() / "SmolLM2-135M-Instruct" / "model.safetensors").is_file()
+    folder = default_model_folder()  # converted once, keyed by the GGUF's content
+    assert folder.parent == cache_root() and folder.name.startswith("SmolLM2-135M-Instruct-")
+    assert (folder / "model.safetensors").is_file()
     assert default_model.num_layers == 30
     assert default_model.has_chat_template
 
