@@ -11,7 +11,7 @@ from test_quantization import _random_lora_adapter
 
 from conftest import NUM_LAYERS, left_padded_batch, tiny_model
 from model.architectures import LeanLlamaLayer
-from model.decoder import SkipDecoder
+from model.decoder import SkipDecoder, execution_mask, masked_forward
 from model.native_step import (
     NativeDecode,
     Q4Blocks,
@@ -194,6 +194,13 @@ def test_the_q4_decode_step_keeps_parity_with_transformers_and_stays_close(lora,
                                     pad_token_id=0, eos_token_id=None)
         assert [row[:6] for row in ours.tokens] == theirs[:, ids.shape[1]:].tolist()
     schedule = ScheduleConfig(NUM_LAYERS, NUM_LAYERS, 2, warmup=1, decay="linear", decay_length=6)
+    if not lora:  # skipping through q4_matmul: the cached decoder = its teacher-forced twin
+        skipped = decoder.generate(ids, mask, schedule, max_new_tokens=6)
+        full_ids = torch.cat([ids, torch.tensor(skipped.tokens)], dim=1)
+        full_mask = torch.cat([mask, torch.ones(2, 6, dtype=mask.dtype)], dim=1)
+        with torch.inference_mode():
+            logits = masked_forward(model, full_ids, full_mask, execution_mask(schedule, ids.shape[1], full_ids.shape[1]))
+        assert logits[:, ids.shape[1] - 1:-1].argmax(-1).tolist() == skipped.tokens
     native = _steps(decoder, ids, mask, schedule, 6)
     for lean in leans:
         lean.native = None
