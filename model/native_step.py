@@ -60,17 +60,25 @@ def native_module() -> ModuleType | None:
     # -fopenmp: at::parallel_for is inline (header) code, serial unless the extension itself is built
     # with OpenMP; -mavx2 -mfma: the q4 kernel's instructions, where the CPU has them.
     flags = ["-O3", "-fopenmp"] + (["-mavx2", "-mfma"] if _has_avx2() else [])
-    key = hashlib.sha256(source + torch.__version__.encode() + " ".join(flags).encode()).hexdigest()[:16]
+    # Keyed by the source's content, torch (its version and install: a build links against the
+    # torch it was built with; another virtual environment builds its own) and the flags. The build
+    # reads a copy of the source inside its folder: a second checkout of the same code (another
+    # path) finds the build current instead of rebuilding it.
+    identity = [torch.__version__, str(Path(torch.__file__).resolve().parent), " ".join(flags)]
+    key = hashlib.sha256(source + "\n".join(identity).encode()).hexdigest()[:16]
     folder = cache_root() / "native" / f"lean-step-{key}"
     with _build_lock:
         try:
             from torch.utils.cpp_extension import load  # noqa: PLC0415 (imports setuptools: only when used)
 
             folder.mkdir(parents=True, exist_ok=True)
+            copy = folder / SOURCE.name
+            if not copy.is_file() or copy.read_bytes() != source:
+                copy.write_bytes(source)
             if not any(folder.glob("*.so")):
                 say("one-time preparation: compiling the native decode step (C++, about a minute); "
                     f"cached in {folder.parent}")
-            return load(name=f"skipdecode_lean_step_{key}", sources=[str(SOURCE)], build_directory=str(folder),
+            return load(name=f"skipdecode_lean_step_{key}", sources=[str(copy)], build_directory=str(folder),
                         extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
         except Exception as error:  # noqa: BLE001 (any build failure: the Python path still works)
             say(f"the native decode step could not be built ({type(error).__name__}: {str(error)[:200]}); "
