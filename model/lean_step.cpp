@@ -322,13 +322,17 @@ class DecodeLayer {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
-  module.def("q4_matmul", &q4_matmul, "(N, K) float32 rows times Q4_1 blocks (qs, d, m): (N, O) float32");
-  module.def("lora_b_matmul", &lora_b_matmul, "(N, R) float32 times int8 windows of B^T: (N, O) float32");
+  // Every call releases the GIL: the arguments are converted first, and the work is torch's and
+  // ours alone, so other request threads (and the server's own) run meanwhile, as they do between
+  // the Python step's torch calls.
+  using release = pybind11::call_guard<pybind11::gil_scoped_release>;
+  module.def("q4_matmul", &q4_matmul, release(), "(N, K) float32 rows times Q4_1 blocks (qs, d, m): (N, O) float32");
+  module.def("lora_b_matmul", &lora_b_matmul, release(), "(N, R) float32 times int8 windows of B^T: (N, O) float32");
   module.def("has_q4_matmul", &has_q4_matmul);
-  module.def("q4_from_packed", &q4_from_packed, "torch's packed int4 rows as Q4_1 bytes (learned layout)");
+  module.def("q4_from_packed", &q4_from_packed, release(), "torch's packed int4 rows as Q4_1 bytes (learned layout)");
   pybind11::class_<DecodeLayer>(module, "DecodeLayer")
       .def(pybind11::init<Tensor, double, Tensor, double,
                           std::vector<std::tuple<int64_t, std::vector<Tensor>, int64_t>>,
                           double, int64_t, int64_t, int64_t>())
-      .def("__call__", &DecodeLayer::operator());
+      .def("__call__", &DecodeLayer::operator(), release());
 }
