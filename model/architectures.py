@@ -46,19 +46,11 @@ class PrefixKVCache:
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any):
         # key_states: (B, H_kv, T, D)
-        if self._keys[layer_idx] is None:
-            batch, heads, _, head_dim = key_states.shape
-            shape = (batch, heads, self.capacity, head_dim)
-            self._keys[layer_idx] = key_states.new_empty(shape)
-            self._values[layer_idx] = value_states.new_empty(shape)
-        start = self.lengths[layer_idx]
-        end = start + key_states.shape[-2]
-        if end > self.capacity:
-            raise RuntimeError(f"KV cache capacity {self.capacity} exceeded at layer {layer_idx}")
-        keys, values = self._keys[layer_idx], self._values[layer_idx]
+        batch, heads, count, head_dim = key_states.shape
+        keys, values, start = self._reserve(layer_idx, batch, heads, head_dim, key_states, count)
+        end = start + count
         keys[:, :, start:end] = key_states
         values[:, :, start:end] = value_states
-        self.lengths[layer_idx] = end
         return keys[:, :, :end], values[:, :, :end]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -67,15 +59,20 @@ class PrefixKVCache:
     def next_slot(self, layer_idx: int, batch: int, heads: int, head_dim: int,
                   like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
         """(keys, values, start) for ONE new position that the caller writes at ``start`` itself
-        (the native decode step, model/native_step.py): the buffers allocated as ``update`` does on
-        first use, and the layer's length advanced by one."""
+        (the native decode step, model/native_step.py), the layer's length advanced by one."""
+        return self._reserve(layer_idx, batch, heads, head_dim, like, 1)
+
+    def _reserve(self, layer_idx: int, batch: int, heads: int, head_dim: int, like: torch.Tensor,
+                 count: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """The layer's full-capacity buffers (allocated like ``like`` on first use) and the start of
+        ``count`` new positions, the layer's length advanced past them."""
         if self._keys[layer_idx] is None:
             shape = (batch, heads, self.capacity, head_dim)
             self._keys[layer_idx], self._values[layer_idx] = like.new_empty(shape), like.new_empty(shape)
         start = self.lengths[layer_idx]
-        if start + 1 > self.capacity:
+        if start + count > self.capacity:
             raise RuntimeError(f"KV cache capacity {self.capacity} exceeded at layer {layer_idx}")
-        self.lengths[layer_idx] = start + 1
+        self.lengths[layer_idx] = start + count
         return self._keys[layer_idx], self._values[layer_idx], start
 
 

@@ -86,6 +86,7 @@ def native_module() -> ModuleType | None:
             return None
 
 
+@functools.cache
 def _has_avx2() -> bool:
     return platform.machine().lower() in ("x86_64", "amd64") and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
 
@@ -133,24 +134,23 @@ def _period(rows: int) -> int:
     return 64 if rows % 64 == 0 else rows  # the layout repeats over blocks of rows; learnt on one
 
 
-def unpack_int4(packed: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
-    """(rows, cols) uint8 codes 0..15 of torch's packed int4 weights, read through the layout
-    learned on one block of rows (``_nibble_of_element``)."""
-    period = _period(rows)
-    nibbles = torch.stack([packed & 15, packed >> 4], dim=-1).reshape(rows // period, period * cols)
-    return nibbles[:, _nibble_of_element(period, cols)].reshape(rows, cols)
+def codes_of(qs: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """(rows, cols) uint8 codes 0..15 of Q4_1 bytes (byte j of a block: q[j] low, q[j + 16] high)."""
+    blocks = qs.view(rows, cols // 32, 1, 16)
+    return torch.cat([blocks & 15, blocks >> 4], dim=2).reshape(rows, cols)
 
 
 def q4_bytes(packed: torch.Tensor, rows: int, cols: int) -> torch.Tensor | None:
     """torch's packed int4 weights as Q4_1 bytes (O, K/2) for q4_matmul, or None where the learned
-    layout does not hold: the first matrix of each shape is unpacked and packed again and must give
-    the same bytes (the same packer gives every matrix of a shape the same layout)."""
+    layout does not hold: the first matrix of each shape is packed again from the result's codes
+    and must give the same bytes (the same packer gives every matrix of a shape the same layout)."""
+    period = _period(rows)
+    qs = native_module().q4_from_packed(packed, _nibble_of_element(period, cols), period)
     if (rows, cols) not in _verified:
-        if not torch.equal(_pack(unpack_int4(packed, rows, cols).to(torch.int32)), packed):
+        if not torch.equal(_pack(codes_of(qs, rows, cols).to(torch.int32)), packed):
             return None
         _verified.add((rows, cols))
-    period = _period(rows)
-    return native_module().q4_from_packed(packed, _nibble_of_element(period, cols), period)
+    return qs
 
 
 class Q4Blocks:
@@ -282,26 +282,29 @@ class NativeDecode:
     tensors a module can have re-pointed (identity checks, well under a microsecond) and rebuilds
     on a change."""
 
-    def __init__(self, module: ModuleType, lean: "LeanLlamaLayer", projections: list[nn.Module]) -> None:
+    def __init__(self, module: ModuleType, lean: "LeanLlamaLayer", projections: list[nn.Module],
+                 specs: list[tuple[int, list[torch.Tensor], int]]) -> None:
         self._module, self._projections = module, projections
         self._norms = (lean.input_norm.norm, lean.post_norm.norm)
         self._shape = (float(lean.scaling), lean.num_heads, lean.num_kv_heads, lean.head_dim)
         self.layer_idx, self.num_kv_heads, self.head_dim = lean.layer_idx, lean.num_kv_heads, lean.head_dim
-        self._build()
+        self._build(specs)
 
     @classmethod
     def of(cls, lean: "LeanLlamaLayer", projections: list[nn.Module | None]) -> "NativeDecode | None":
         """The native step of ``lean`` (its q/k/v, o, gate/up and down modules), or None."""
-        if any(p is None or projection_spec(p) is None for p in projections):
-            return None
         norms = [getattr(lean.input_norm, "norm", None), getattr(lean.post_norm, "norm", None)]
         if any(n is None or n.weight.dtype != torch.float32 or n.weight.device.type != "cpu" for n in norms):
             return None  # FusedRMSNorm's float32 rows only (quantization never touches the norms)
-        module = native_module()
-        return None if module is None else cls(module, lean, projections)
+        if any(p is None for p in projections):
+            return None
+        specs = [projection_spec(p) for p in projections]
+        module = native_module() if all(s is not None for s in specs) else None
+        return None if module is None else cls(module, lean, projections, specs)
 
-    def _build(self) -> None:
-        specs = [projection_spec(p) for p in self._projections]
+    def _build(self, specs: list[tuple[int, list[torch.Tensor], int]] | None = None) -> None:
+        """The C++ step over ``specs`` (the projections' current ones when None: a rebuild)."""
+        specs = specs or [projection_spec(p) for p in self._projections]
         first, second = self._norms
         self._step = self._module.DecodeLayer(first.weight, float(first.variance_epsilon), second.weight,
                                               float(second.variance_epsilon), specs, *self._shape)

@@ -16,10 +16,10 @@ from model.native_step import (
     NativeDecode,
     Q4Blocks,
     _has_avx2,
+    codes_of,
     native_module,
     q4_bytes,
     q4_kernel_selected,
-    unpack_int4,
 )
 from model.quantization import Int4Blocks, Int4WeightLinear, int4_supported, int8_supported, quantize_weights
 from model.schedule import ScheduleConfig
@@ -145,7 +145,7 @@ def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
 def test_torchs_packed_int4_codes_unpack_exactly(rows, cols):
     codes = torch.randint(0, 16, (rows, cols), dtype=torch.int32, generator=torch.Generator().manual_seed(rows))
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
-    assert torch.equal(unpack_int4(packed, rows, cols).int(), codes)
+    assert torch.equal(codes_of(q4_bytes(packed, rows, cols), rows, cols).int(), codes)
     halves = codes.to(torch.uint8).view(rows, cols // 32, 2, 16)  # q4_matmul's bytes: q[j] | q[j + 16] << 4
     assert torch.equal(q4_bytes(packed, rows, cols), (halves[:, :, 0] | (halves[:, :, 1] << 4)).reshape(rows, cols // 2))
 
