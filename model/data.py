@@ -27,6 +27,7 @@ class Example:
 
     prompt: list[int]
     target: list[int]
+    source: int = 0  # which --sequences folder it came from (their order): the sampler's shares
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
@@ -161,20 +162,21 @@ def batches_of(examples: Sequence[Example], batch_size: int, pad_id: int, device
 def load_sequences(path: str | Path, limit: int | None = None) -> list[Example]:
     """The first ``limit`` training sequences of a make-data folder (or its sequences.jsonl) as
     Examples. Several folders, comma-separated (the full model's data and an on-policy set), are
-    interleaved record by record, so any prefix mixes them."""
+    interleaved record by record, so any prefix mixes them; each Example's ``source`` is the index
+    of the folder it came from."""
     sources = [part for part in str(path).split(",") if part.strip()]
-    per_source = [_sequence_records(Path(part.strip())) for part in sources]
+    per_source = [[(index, r) for r in _sequence_records(Path(part.strip()))] for index, part in enumerate(sources)]
     # An on-policy writer often repeats the full model's text for the same prompt: keep it once.
     seen: set[str] = set()
     records = []
-    for record in (r for group in itertools.zip_longest(*per_source) for r in group if r is not None):
+    for source, record in (r for group in itertools.zip_longest(*per_source) for r in group if r is not None):
         key = sequence_key(record["prompt"], record["target"])
         if key not in seen:
             seen.add(key)
-            records.append(record)
+            records.append((source, record))
     if limit is not None:
         records = records[:limit]
-    return [Example(prompt=r["prompt"], target=r["target"]) for r in records]
+    return [Example(prompt=r["prompt"], target=r["target"], source=source) for source, r in records]
 
 
 LOOP_NGRAM, LOOP_RUN = 4, 8

@@ -21,7 +21,7 @@ import json
 import math
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -69,6 +69,10 @@ class TrainConfig:
     prompts: str = str(DEFAULT_TRAIN_PROMPTS)  # self-distillation prompt set
     sequences: str | None = None  # a make-data folder: its stored continuations replace --prompts
     max_sequences: int | None = None  # use only the first N unique sequences (the data-scaling curve)
+    # One share per --sequences folder (their order): a batch row comes from folder i with
+    # probability shares[i] / sum, whatever the folders' sizes — so a fact set's dose stays what
+    # it was set to while a general set grows between sessions. () = uniform over all sequences.
+    sequence_shares: tuple[float, ...] = ()
     max_steps: int = 200
     max_minutes: float | None = None  # stop after this much CPU time of this process (equal-budget study arms)
     batch_size: int = 8
@@ -158,6 +162,16 @@ class TrainConfig:
         if self.order not in LAYER_ORDERS and self.order != RANKED:
             raise ValueError(f"order must be one of {', '.join(LAYER_ORDERS)}, {RANKED}; got {self.order!r}")
         self.ranking = tuple(int(i) for i in self.ranking)
+        self.sequence_shares = tuple(float(v) for v in self.sequence_shares)
+        if self.sequence_shares:
+            folders = [part for part in str(self.sequences or "").split(",") if part.strip()]
+            if len(folders) != len(self.sequence_shares):
+                raise ValueError(f"sequence_shares: one share per --sequences folder ({len(folders)}); "
+                                 f"got {len(self.sequence_shares)}")
+            if not all(math.isfinite(v) and v >= 0 for v in self.sequence_shares) or not sum(self.sequence_shares) > 0:
+                raise ValueError(f"sequence_shares must be >= 0 with a positive sum; got {self.sequence_shares!r}")
+            if self.length_grouped:
+                raise ValueError("sequence_shares and length_grouped draw batches in two different ways: pick one")
 
 
 # --- data ----------------------------------------------------------------------------------
@@ -206,13 +220,27 @@ def draw_schedule(num_layers: int, num_steps: int, config: TrainConfig, rng: ran
 
 
 def draw_batch(examples: Sequence[Example], by_length: Sequence[int] | None, batch_size: int,
-               rng: random.Random) -> list[Example]:
+               rng: random.Random, by_source: Sequence[Sequence[Example]] = (),
+               shares: Sequence[float] = ()) -> list[Example]:
     """``batch_size`` examples drawn at random; with ``by_length`` (example indices sorted by target
-    length) a random window of it: one batch, one reply length, one decay horizon."""
+    length) a random window of it: one batch, one reply length, one decay horizon; with
+    ``by_source`` (the examples of each source) and ``shares`` (one weight per source) each row's
+    source first, by those weights, then an example of it."""
+    if shares:
+        drawn = rng.choices(range(len(shares)), weights=shares, k=batch_size)
+        return [by_source[s][rng.randrange(len(by_source[s]))] for s in drawn]
     if by_length is None or len(by_length) <= batch_size:
         return [examples[rng.randrange(len(examples))] for _ in range(batch_size)]
     start = rng.randrange(len(by_length) - batch_size + 1)
     return [examples[i] for i in by_length[start:start + batch_size]]
+
+
+def examples_by_source(examples: Sequence[Example], num_sources: int) -> list[list[Example]]:
+    """The examples of each source (``Example.source``), in order."""
+    groups: list[list[Example]] = [[] for _ in range(num_sources)]
+    for example in examples:
+        groups[example.source].append(example)
+    return groups
 
 
 # --- the run ---------------------------------------------------------------------------------
@@ -320,7 +348,7 @@ def training_examples(config: TrainConfig, generator, output: Path, accelerator)
         examples = user_examples(config.data, generator.loaded.tokenizer, generator.format_prompt, config.max_length)
         steps_hint = int(sum(len(e.target) for e in examples) / len(examples))
     elif config.sequences:
-        examples = [Example(prompt=e.prompt[-config.max_prompt_tokens:], target=e.target)
+        examples = [replace(e, prompt=e.prompt[-config.max_prompt_tokens:])
                     for e in load_sequences(config.sequences, config.max_sequences)]
         steps_hint = config.continuation_tokens
     else:
@@ -330,11 +358,17 @@ def training_examples(config: TrainConfig, generator, output: Path, accelerator)
             examples = distillation_examples(generator, prompts, config, cache)
         steps_hint = config.continuation_tokens
     if config.trim_loops and not config.unlikelihood:  # unlikelihood keeps the loops for its own loss
-        trimmed = [Example(prompt=e.prompt, target=trim_loop(e.target)) for e in examples]
+        trimmed = [replace(e, target=trim_loop(e.target)) for e in examples]
         examples = [e for e in trimmed if e.target]  # a target that loops from its start teaches nothing
     if config.max_target_tokens:
-        examples = [Example(prompt=e.prompt, target=e.target[: config.max_target_tokens]) for e in examples]
+        examples = [replace(e, target=e.target[: config.max_target_tokens]) for e in examples]
         steps_hint = min(steps_hint, config.max_target_tokens)
+    if config.sequences and config.sequence_shares:
+        folders = [part.strip() for part in config.sequences.split(",") if part.strip()]
+        for source, group in enumerate(examples_by_source(examples, len(folders))):
+            if config.sequence_shares[source] > 0 and not group:
+                raise ValueError(f"--sequence-shares gives {folders[source]} a share, but none of its sequences "
+                                 "is left (all duplicates, cut by --max-sequences, or loops from their start)")
     return examples, steps_hint
 
 
@@ -429,6 +463,7 @@ def train(config: TrainConfig) -> TrainResult:
         curve.append({"step": 0, "seconds": 0.0, "cpu_minutes": 0.0, **evaluate_heldout()})
         progress.write("untrained held-out: " + _heldout_line(curve[0]))
     by_length = sorted(range(len(examples)), key=lambda i: len(examples[i].target)) if config.length_grouped else None
+    by_source = examples_by_source(examples, len(config.sequence_shares)) if config.sequence_shares else ()
     tokens_seen, step = 0, start_step
     for step in progress:
         if budget.exhausted:
@@ -438,7 +473,7 @@ def train(config: TrainConfig) -> TrainResult:
         # Per-step RNG from (seed, step, rank): resuming replays the same batches and schedules.
         rng = random.Random(hash((config.seed, step, accelerator.process_index)))
         batch = tuple(t if isinstance(t, int) else t.to(accelerator.device) for t in collate(
-            draw_batch(examples, by_length, config.batch_size, rng), loaded.pad_token_id))
+            draw_batch(examples, by_length, config.batch_size, rng, by_source, config.sequence_shares), loaded.pad_token_id))
         schedule = draw_schedule(num_layers, batch[2].shape[1], config, rng)
         losses.append(train_step(model, teacher, optimizer, accelerator, batch, schedule, config, trainable))
         tokens_seen += int(batch[1].sum())

@@ -375,6 +375,63 @@ def test_training_can_trim_looping_targets_and_drops_what_is_left_empty(tmp_path
     assert [e.target for e in trimmed] == [[5, 6, 7, 8, 9, 1, 2, 3, 1, 2, 3], list(range(20, 40))]
 
 
+def _sequence_folder(path, count, first_token):
+    path.mkdir()
+    path.joinpath("sequences.jsonl").write_text("".join(
+        json.dumps({"prompt": [first_token + i], "target": [first_token + i, 1, 2]}) + "\n" for i in range(count)))
+    return path
+
+
+def test_sequence_shares_set_each_folders_dose_whatever_its_size(tmp_path):
+    """--sequence-shares: a small fact folder keeps its share of the batches beside a large
+    general one (uniform sampling would give it 2%); the draw is deterministic per step."""
+    import random
+
+    from model.training import TrainConfig, draw_batch, examples_by_source, training_examples
+
+    general = _sequence_folder(tmp_path / "general", 980, 1000)
+    facts = _sequence_folder(tmp_path / "facts", 20, 5000)
+    config = TrainConfig(sequences=f"{general},{facts}", sequence_shares=(0.7, 0.3))
+    examples, _ = training_examples(config, None, tmp_path, None)
+    assert [len(group) for group in examples_by_source(examples, 2)] == [980, 20]
+    assert all((e.source == 1) == (e.prompt[0] >= 5000) for e in examples)
+    by_source = examples_by_source(examples, 2)
+    rows = [e for step in range(250) for e in draw_batch(examples, None, 8, random.Random(step), by_source, (0.7, 0.3))]
+    fact_share = sum(e.source == 1 for e in rows) / len(rows)
+    assert 0.25 < fact_share < 0.35, fact_share
+    assert len({e.prompt[0] for e in rows if e.source == 1}) == 20  # every fact sequence is drawn
+    uniform = [e for step in range(250) for e in draw_batch(examples, None, 8, random.Random(step))]
+    assert sum(e.source == 1 for e in uniform) / len(uniform) < 0.06
+    again = draw_batch(examples, None, 8, random.Random(3), by_source, (0.7, 0.3))
+    assert again == draw_batch(examples, None, 8, random.Random(3), by_source, (0.7, 0.3))
+
+
+@pytest.mark.parametrize("shares, extra, needle", [
+    ((1.0,), {}, "one share per --sequences folder"),
+    ((1.0, -0.5), {}, ">= 0 with a positive sum"),
+    ((0.0, 0.0), {}, ">= 0 with a positive sum"),
+    ((1.0, float("nan")), {}, ">= 0 with a positive sum"),
+    ((0.5, 0.5), {"length_grouped": True}, "pick one"),
+])
+def test_bad_sequence_shares_are_rejected(shares, extra, needle):
+    from model.training import TrainConfig
+
+    with pytest.raises(ValueError, match=needle):
+        TrainConfig(sequences="a,b", sequence_shares=shares, **extra)
+
+
+def test_a_share_for_a_folder_with_nothing_left_is_an_error(tmp_path):
+    from model.training import TrainConfig, training_examples
+
+    general = _sequence_folder(tmp_path / "general", 10, 1000)
+    facts = _sequence_folder(tmp_path / "facts", 10, 5000)
+    config = TrainConfig(sequences=f"{general},{facts}", sequence_shares=(0.5, 0.5), max_sequences=1)
+    with pytest.raises(ValueError, match="none of its sequences"):
+        training_examples(config, None, tmp_path, None)
+    unshared = TrainConfig(sequences=f"{general},{facts}", sequence_shares=(1.0, 0.0), max_sequences=1)
+    assert len(training_examples(unshared, None, tmp_path, None)[0]) == 1
+
+
 def test_a_line_cut_by_a_kill_is_dropped_and_appends_start_clean(tmp_path):
     from model.make_data import _append_jsonl, _read_if_exists
 
