@@ -159,13 +159,18 @@ def batches_of(examples: Sequence[Example], batch_size: int, pad_id: int, device
     ]
 
 
+def sequence_folders(path: str | Path) -> list[str]:
+    """The folders of a comma-separated ``--sequences`` value, in order (``Example.source`` indexes it)."""
+    return [part.strip() for part in str(path).split(",") if part.strip()]
+
+
 def load_sequences(path: str | Path, limit: int | None = None) -> list[Example]:
     """The first ``limit`` training sequences of a make-data folder (or its sequences.jsonl) as
     Examples. Several folders, comma-separated (the full model's data and an on-policy set), are
     interleaved record by record, so any prefix mixes them; each Example's ``source`` is the index
     of the folder it came from."""
-    sources = [part for part in str(path).split(",") if part.strip()]
-    per_source = [[(index, r) for r in _sequence_records(Path(part.strip()))] for index, part in enumerate(sources)]
+    per_source = [[(index, r) for r in _sequence_records(Path(folder))]
+                  for index, folder in enumerate(sequence_folders(path))]
     # An on-policy writer often repeats the full model's text for the same prompt: keep it once.
     seen: set[str] = set()
     records = []

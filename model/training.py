@@ -36,6 +36,7 @@ from model.data import (
     collate,
     load_sequences,
     read_prompts,
+    sequence_folders,
     teacher_continuations,
     trim_loop,
     user_examples,
@@ -164,7 +165,7 @@ class TrainConfig:
         self.ranking = tuple(int(i) for i in self.ranking)
         self.sequence_shares = tuple(float(v) for v in self.sequence_shares)
         if self.sequence_shares:
-            folders = [part for part in str(self.sequences or "").split(",") if part.strip()]
+            folders = sequence_folders(self.sequences or "")
             if len(folders) != len(self.sequence_shares):
                 raise ValueError(f"sequence_shares: one share per --sequences folder ({len(folders)}); "
                                  f"got {len(self.sequence_shares)}")
@@ -364,7 +365,7 @@ def training_examples(config: TrainConfig, generator, output: Path, accelerator)
         examples = [replace(e, target=e.target[: config.max_target_tokens]) for e in examples]
         steps_hint = min(steps_hint, config.max_target_tokens)
     if config.sequences and config.sequence_shares:
-        folders = [part.strip() for part in config.sequences.split(",") if part.strip()]
+        folders = sequence_folders(config.sequences)
         for source, group in enumerate(examples_by_source(examples, len(folders))):
             if config.sequence_shares[source] > 0 and not group:
                 raise ValueError(f"--sequence-shares gives {folders[source]} a share, but none of its sequences "
