@@ -364,13 +364,21 @@ def training_examples(config: TrainConfig, generator, output: Path, accelerator)
     if config.max_target_tokens:
         examples = [replace(e, target=e.target[: config.max_target_tokens]) for e in examples]
         steps_hint = min(steps_hint, config.max_target_tokens)
-    if config.sequences and config.sequence_shares:
-        folders = sequence_folders(config.sequences)
-        for source, group in enumerate(examples_by_source(examples, len(folders))):
-            if config.sequence_shares[source] > 0 and not group:
-                raise ValueError(f"--sequence-shares gives {folders[source]} a share, but none of its sequences "
-                                 "is left (all duplicates, cut by --max-sequences, or loops from their start)")
     return examples, steps_hint
+
+
+def shared_sources(examples: Sequence[Example], config: TrainConfig) -> list[list[Example]]:
+    """The examples of each --sequences folder when --sequence-shares is set (draw_batch's
+    ``by_source``), else []; a folder given a share with none of its sequences left is an error."""
+    if not config.sequence_shares:
+        return []
+    folders = sequence_folders(config.sequences or "")
+    groups = examples_by_source(examples, len(folders))
+    for folder, share, group in zip(folders, config.sequence_shares, groups):
+        if share > 0 and not group:
+            raise ValueError(f"--sequence-shares gives {folder} a share, but none of its sequences "
+                             "is left (all duplicates, cut by --max-sequences, or loops from their start)")
+    return groups
 
 
 def make_accelerator(config: TrainConfig):
@@ -434,6 +442,7 @@ def train(config: TrainConfig) -> TrainResult:
     loaded = load_model(config.model, device=str(accelerator.device), dtype="float32", adapter=None)
     generator = TextGenerator(loaded)
     examples, steps_hint = training_examples(config, generator, output, accelerator)
+    by_source = shared_sources(examples, config)  # before any model work: a bad share fails at once
     heldout = heldout_set(generator, config, output / f"heldout-{config.eval_prompts}-{config.eval_tokens}.jsonl")
     num_layers = generator.num_layers
 
@@ -464,7 +473,6 @@ def train(config: TrainConfig) -> TrainResult:
         curve.append({"step": 0, "seconds": 0.0, "cpu_minutes": 0.0, **evaluate_heldout()})
         progress.write("untrained held-out: " + _heldout_line(curve[0]))
     by_length = sorted(range(len(examples)), key=lambda i: len(examples[i].target)) if config.length_grouped else None
-    by_source = examples_by_source(examples, len(config.sequence_shares)) if config.sequence_shares else ()
     tokens_seen, step = 0, start_step
     for step in progress:
         if budget.exhausted:

@@ -22,30 +22,29 @@ from model.data import Example, batches_of, load_sequences
 from model.decoder import masked_forward
 from model.loading import load_model
 from model.scoring import kl_per_position
+from model.study import measure_layer_importance
 
 SHIPPED_RANKING = (0, 1, 29, 28, 24, 23, 27, 10, 21, 22, 20, 8, 19, 15, 26, 25, 18, 9, 2, 16, 11, 6, 13, 7, 17, 12,
                    14, 5, 3, 4)
 KEPT = (27, 22, 18, 15)
 
 
-def probe_set(loaded, folder: str, count: int, reply_tokens: int) -> list[tuple]:
-    """The first ``count`` sequences of ``folder`` (replies cut to ``reply_tokens``), batched, with
-    the full model's logits: [(ids, mask, target_mask, prompt_len, teacher_logits)]."""
+def probe_set(loaded, folder: str, count: int, reply_tokens: int) -> tuple[list[tuple], list[torch.Tensor]]:
+    """The first ``count`` sequences of ``folder`` (replies cut to ``reply_tokens``), batched
+    [(ids, mask, target_mask, prompt_len)], and the full model's logits per batch."""
     examples = [Example(prompt=e.prompt[-96:], target=e.target[:reply_tokens]) for e in load_sequences(folder)[:count]]
-    batches = []
+    batches = batches_of(examples, 16, loaded.pad_token_id)
     with torch.inference_mode():
-        for ids, mask, target_mask, prompt_len in batches_of(examples, 16, loaded.pad_token_id):
-            full = torch.ones(ids.shape[1], loaded.num_layers, dtype=torch.bool)
-            teacher = masked_forward(loaded.model, ids, mask, full, logits_from=prompt_len - 1)[:, :-1]
-            batches.append((ids, mask, target_mask, prompt_len, teacher))
-    return batches
+        teachers = [masked_forward(loaded.model, ids, mask, torch.ones(ids.shape[1], loaded.num_layers, dtype=torch.bool),
+                                   logits_from=prompt_len - 1)[:, :-1] for ids, mask, _, prompt_len in batches]
+    return batches, teachers
 
 
-def score(loaded, batches: list[tuple], executed: set[int]) -> tuple[float, float]:
+def score(loaded, probe: tuple[list[tuple], list[torch.Tensor]], executed: set[int]) -> tuple[float, float]:
     """(KL, top-1 agreement) to the full model when the reply positions run only ``executed``."""
     kl = agree = count = 0.0
     with torch.inference_mode():
-        for ids, mask, target_mask, prompt_len, teacher in batches:
+        for (ids, mask, target_mask, prompt_len), teacher in zip(*probe):
             executes = torch.ones(ids.shape[1], loaded.num_layers, dtype=torch.bool)
             executes[prompt_len:, [j for j in range(loaded.num_layers) if j not in executed]] = False
             logits = masked_forward(loaded.model, ids, mask, executes, logits_from=prompt_len - 1)[:, :-1]
@@ -70,15 +69,16 @@ def main() -> None:
     sets = {name: probe_set(loaded, folder, args.count, reply)
             for name, folder, reply in (("facts", args.facts, 32), ("general", args.general, 48))}
     rankings = {"shipped": list(SHIPPED_RANKING)}
-    for name, batches in sets.items():
-        single = [round(score(loaded, batches, set(layers) - {j})[0], 4) for j in layers]
+    for name, probe in sets.items():
+        # the measure the shipped ranking came from (python -m model study), on this folder's replies
+        single = [round(v, 4) for v in measure_layer_importance(loaded, *probe)]
         rankings[name] = sorted(layers, key=lambda j: (-single[j], j))
         result[name] = {"single_layer_kl": single}
         print(name, "single-layer KL", single, "ranking", rankings[name], flush=True)
     result["rankings"] = rankings
-    for name, batches in sets.items():
+    for name, probe in sets.items():
         result[name]["kept_kl_agreement"] = {
-            ranking: {keep: [round(v, 4) for v in score(loaded, batches, set(order[:keep]))] for keep in KEPT}
+            ranking: {keep: [round(v, 4) for v in score(loaded, probe, set(order[:keep]))] for keep in KEPT}
             for ranking, order in rankings.items()}
         print(name, "kept (KL, agreement) by ranking", result[name]["kept_kl_agreement"], flush=True)
     result["seconds"] = round(time.perf_counter() - started, 1)

@@ -421,15 +421,17 @@ def test_bad_sequence_shares_are_rejected(shares, extra, needle):
 
 
 def test_a_share_for_a_folder_with_nothing_left_is_an_error(tmp_path):
-    from model.training import TrainConfig, training_examples
+    from model.training import TrainConfig, shared_sources, training_examples
 
     general = _sequence_folder(tmp_path / "general", 10, 1000)
     facts = _sequence_folder(tmp_path / "facts", 10, 5000)
     config = TrainConfig(sequences=f"{general},{facts}", sequence_shares=(0.5, 0.5), max_sequences=1)
     with pytest.raises(ValueError, match="none of its sequences"):
-        training_examples(config, None, tmp_path, None)
+        shared_sources(training_examples(config, None, tmp_path, None)[0], config)
     unshared = TrainConfig(sequences=f"{general},{facts}", sequence_shares=(1.0, 0.0), max_sequences=1)
-    assert len(training_examples(unshared, None, tmp_path, None)[0]) == 1
+    examples = training_examples(unshared, None, tmp_path, None)[0]
+    assert len(examples) == 1
+    assert [len(group) for group in shared_sources(examples, unshared)] == [1, 0]
 
 
 def test_a_line_cut_by_a_kill_is_dropped_and_appends_start_clean(tmp_path):
