@@ -13,7 +13,11 @@ For each layer speedup (linear decay by default), with and without the skip-poli
   also have written scores 1.0; ROUGE punishes a good answer worded differently, this does not);
 * repetition: the share of word 4-grams that repeat an earlier 4-gram of the same output;
 * fact retention: of the short fact questions (assets/prompts/facts.jsonl) the full model
-  answers right, the share SkipDecode still answers right.
+  answers right, the share SkipDecode still answers right;
+* fact recall: of the same questions, the share where SkipDecode, teacher-forced on the full
+  model's own reply under the same schedule, predicts every token of the answer: the answer
+  still known at that depth given the same words before it. A retention loss with the answer
+  recalled was lost to drift (SkipDecode's own words led elsewhere), one without it at the answer.
 The full model is always the ORIGINAL model (adapter off).
 """
 
@@ -39,7 +43,7 @@ from model.data import (
 from model.decoder import SkipDecoder
 from model.paired import Comparison, compare_variants, comparison_markdown
 from model.schedule import ScheduleConfig, full_schedule, solve_schedule, speedup_reachable
-from model.scoring import Scores, teacher_forced_scores
+from model.scoring import Scores, skip_policy_logits, teacher_forced_scores
 
 EVAL_SPEEDUPS = (1.0, 1.5, 2.0, 3.0, 4.0)
 
@@ -101,6 +105,10 @@ class EvalRow:
     judged_ppl_ratio: float | None = None  # original model's perplexity of this text / of its own text
     repetition: float | None = None  # share of repeated word 4-grams
     fact_retention: float | None = None  # of the facts the full model answers right, share kept
+    # of the same, share whose answer it predicts teacher-forced on the full model's reply
+    fact_recall: float | None = None
+    facts_lost_to_drift: int | None = None  # not kept, though recalled: its own words led elsewhere
+    facts_lost_at_answer: int | None = None  # not kept and not recalled: unknown at that depth
     # the same, split by the reply token where the full model's answer starts (FactsByPosition)
     facts_by_position: list[FactsByPosition] = field(default_factory=list)
 
@@ -165,14 +173,15 @@ class EvalReport:
                       f"(retention counts only those).", ""]
         lines += [
             "| variant | target | layer speedup | max→min layers | agreement | ppl ratio | judged ppl ratio | "
-            "repetition | fact retention | ROUGE-L | BLEU |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            "repetition | fact retention | fact recall | ROUGE-L | BLEU |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in self.rows:
             lines.append(
                 f"| {r.variant} | {r.target_speedup:g}x | {r.layer_speedup:.2f}x | {r.max_layers}→{r.min_layers} | "
                 f"{r.agreement:.3f} | {r.perplexity_ratio:.2f} | {_cell(r.judged_ppl_ratio, '.2f')} | "
-                f"{_cell(r.repetition, '.3f')} | {_cell(r.fact_retention, '.3f')} | {_cell(r.rouge_l, '.3f')} | "
+                f"{_cell(r.repetition, '.3f')} | {_cell(r.fact_retention, '.3f')} | {_cell(r.fact_recall, '.3f')} | "
+                f"{_cell(r.rouge_l, '.3f')} | "
                 f"{_cell(r.bleu, '.1f')} |"
             )
         split = [r for r in self.rows if r.facts_by_position and r.target_speedup != 1.0]
@@ -184,6 +193,13 @@ class EvalReport:
                       "|---|---|" + "---|" * len(spans)]
             lines += [f"| {r.variant} | {r.target_speedup:g}x | " + " | ".join(
                 f"{f.kept}/{f.answered} ({f.layers:.0f} layers)" for f in r.facts_by_position) + " |" for r in split]
+        losses = [r for r in self.rows if r.facts_lost_to_drift is not None and r.target_speedup != 1.0]
+        if losses:
+            lines += ["", "Fact answers lost, and where (recalled: predicted teacher-forced on the full model's reply):",
+                      "", "| variant | target | lost | recalled (lost to drift) | not recalled (lost at the answer) |",
+                      "|---|---|---|---|---|"]
+            lines += [f"| {r.variant} | {r.target_speedup:g}x | {r.facts_lost_to_drift + r.facts_lost_at_answer} | "
+                      f"{r.facts_lost_to_drift} | {r.facts_lost_at_answer} |" for r in losses]
         if self.quantization:
             lines += ["", "Quantised weights, full model against the float full model (same prompts):", "",
                       "| weights | teacher-forced agreement | ppl ratio | greedy token match | identical outputs |",
@@ -272,22 +288,39 @@ def answers_right(reply: str, answers: Sequence[str]) -> bool:
 
 def answer_offset(reply: str, answers: Sequence[str]) -> int | None:
     """The character where the reply's first accepted answer (whole word or phrase, any case) starts."""
-    starts = [m.start() for a in answers
-              if (m := re.search(r"(?<![0-9a-z])" + re.escape(a.lower()) + r"(?![0-9a-z])", reply.lower()))]
-    return min(starts) if starts else None
+    found = answer_characters(reply, answers)
+    return found[0] if found else None
+
+
+def answer_characters(reply: str, answers: Sequence[str]) -> tuple[int, int] | None:
+    """[start, end) characters of the reply's first accepted answer (the longest at that start)."""
+    matches = [(m.start(), -m.end()) for a in answers
+               if (m := re.search(r"(?<![0-9a-z])" + re.escape(a.lower()) + r"(?![0-9a-z])", reply.lower()))]
+    if not matches:
+        return None
+    start, negative_end = min(matches)
+    return start, -negative_end
 
 
 def answer_start_token(decode: Callable[[Sequence[int]], str], tokens: Sequence[int],
                        answers: Sequence[str]) -> int | None:
     """The 1-based reply token at which the first accepted answer starts: the first token whose
     decoded prefix reaches past the answer's first character (None: no answer in the reply)."""
-    offset = answer_offset(decode(tokens), answers)
-    if offset is None:
+    span = answer_token_span(decode, tokens, answers)
+    return span[0] if span else None
+
+
+def answer_token_span(decode: Callable[[Sequence[int]], str], tokens: Sequence[int],
+                      answers: Sequence[str]) -> tuple[int, int] | None:
+    """1-based (first, last) reply tokens of the first accepted answer: the first tokens whose
+    decoded prefix reaches past its first, and its last, character (None: no answer in the reply)."""
+    found = answer_characters(decode(tokens), answers)
+    if found is None:
         return None
-    for k in range(1, len(tokens) + 1):
-        if len(decode(tokens[:k])) > offset:
-            return k
-    return len(tokens)
+    start, end = found
+    reaching = [next((k for k in range(1, len(tokens) + 1) if len(decode(tokens[:k])) > c), len(tokens))
+                for c in (start, end - 1)]
+    return reaching[0], reaching[1]
 
 
 @dataclass
@@ -325,6 +358,7 @@ class RowItems:
     judged: tuple[tuple[float, float, float], ...] = ()  # the original model on this variant's own text
     repetition: tuple[tuple[int, int], ...] = ()  # (repeated word 4-grams, word 4-grams) per output
     facts_kept: tuple[bool, ...] = ()  # per question the full model answers right: still answered right
+    facts_recalled: tuple[bool, ...] = ()  # the same questions: answer predicted teacher-forced (fact recall)
 
 
 # --- the run -------------------------------------------------------------------------------------
@@ -350,6 +384,10 @@ class _Context:
     facts: list[FactQuestion]
     full_facts_right: list[bool]
     answer_tokens: list[int] = field(default_factory=list)  # per question answered right: its answer's start token
+    # per question answered right: the full model's reply (prompt + reply ids) and its answer's
+    # (first, last) reply tokens, 1-based: what fact recall teacher-forces and checks
+    answer_replies: list[Example] = field(default_factory=list)
+    answer_spans: list[tuple[int, int] | None] = field(default_factory=list)
 
     @property
     def full_nll(self) -> float:
@@ -544,15 +582,18 @@ def _prepare(config: EvalConfig, progress) -> tuple[_Context, EvalReport]:
     full_replies = full_facts.texts if full_facts else []
     full_facts_right = [answers_right(r, f.answers) for r, f in zip(full_replies, facts)]
     eos = loaded.tokenizer.eos_token_id
-    answer_tokens = [answer_start_token(generator.decode_text, [t for t in example.target if t != eos], fact.answers)
-                     for example, fact, right in zip(full_facts.examples, facts, full_facts_right)
-                     if right] if full_facts else []
+    answered = [(Example(prompt=example.prompt, target=[t for t in example.target if t != eos]), fact)
+                for example, fact, right in zip(full_facts.examples, facts, full_facts_right)
+                if right] if full_facts else []
+    answer_spans = [answer_token_span(generator.decode_text, example.target, fact.answers) for example, fact in answered]
     context = _Context(config=config, generator=generator, loaded=loaded, num_layers=num_layers, warmup=warmup,
                        order=order, ranking=generator.ranking_for(order), prompts=prompts,
                        batches=batches, full_scores=full_scores,
                        prompt_batches=prompt_batches, references=references,
                        fact_batches=fact_batches, facts=facts,
-                       full_facts_right=full_facts_right, answer_tokens=answer_tokens)
+                       full_facts_right=full_facts_right,
+                       answer_tokens=[span[0] if span else None for span in answer_spans],
+                       answer_replies=[example for example, _ in answered], answer_spans=answer_spans)
     report = EvalReport(model=loaded.name, adapter=portable_path(loaded.adapter_path), device=str(loaded.device),
                         num_prompts=len(prompts), continuation_tokens=n, decay=config.decay,
                         full_perplexity=math.exp(full_scores.nll), warmup=warmup, order=order,
@@ -596,6 +637,12 @@ def _row(context: _Context, variant: _Variant, speedup: float) -> tuple[EvalRow,
         items.facts_kept = _facts_kept(context, variant, fact_schedule)
         if items.facts_kept:
             row.fact_retention = round(sum(items.facts_kept) / len(items.facts_kept), 4)
+            items.facts_recalled = facts_recalled(variant.model, variant.bridge, context.answer_replies,
+                                                  context.answer_spans, fact_schedule, config.batch_size,
+                                                  context.loaded.pad_token_id, context.loaded.device)
+            row.fact_recall = round(sum(items.facts_recalled) / len(items.facts_recalled), 4)
+            lost = [recalled for kept, recalled in zip(items.facts_kept, items.facts_recalled) if not kept]
+            row.facts_lost_to_drift, row.facts_lost_at_answer = sum(lost), len(lost) - sum(lost)
             # reply token 1 comes out of the prompt's pass, token k + 2 out of decode step k
             predicting = [fact_schedule.prefill_budget, *fact_schedule.budgets(config.fact_tokens - 1)]
             row.facts_by_position = facts_by_position(items.facts_kept, context.answer_tokens, predicting)
@@ -618,6 +665,26 @@ def facts_by_position(kept: Sequence[bool], answer_tokens: Sequence[int | None],
             split.append(FactsByPosition(tokens=f"{first}-{end}", answered=len(inside), kept=sum(inside),
                                          layers=round(sum(span) / len(span), 1)))
     return split
+
+
+def facts_recalled(model, bridge, replies: Sequence[Example], spans: Sequence[tuple[int, int] | None],
+                   schedule: ScheduleConfig, batch_size: int, pad_id: int, device) -> tuple[bool, ...]:
+    """Per reply: does ``model`` under ``schedule``, teacher-forced on the reply, predict (argmax)
+    every token of its answer span (1-based reply tokens, inclusive)? A reply without a span: False.
+    Replies are cut after their answer: what follows cannot change the prediction of the answer."""
+    import torch  # noqa: PLC0415
+
+    cut = [Example(prompt=r.prompt, target=r.target[:span[1]] if span else r.target[:1]) for r, span in zip(replies, spans)]
+    recalled: list[bool] = []
+    with torch.no_grad():
+        for start, (ids, mask, _, prompt_len) in zip(range(0, len(cut), batch_size),
+                                                     batches_of(cut, batch_size, pad_id, device)):
+            predicted = skip_policy_logits(model, ids, mask, schedule, prompt_len, bridge=bridge).argmax(-1)  # (B, N)
+            targets = ids[:, prompt_len:]
+            for row, span in enumerate(spans[start:start + batch_size]):
+                recalled.append(span is not None and
+                                bool((predicted[row, span[0] - 1:span[1]] == targets[row, span[0] - 1:span[1]]).all()))
+    return tuple(recalled)
 
 
 def _facts_kept(context: _Context, variant: _Variant, schedule: ScheduleConfig) -> tuple[bool, ...]:

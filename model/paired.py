@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 # measure -> +1 where higher is better, -1 where lower is better
 MEASURE_DIRECTIONS = {"agreement": 1, "ppl_ratio": -1, "judged_ppl_ratio": -1, "repetition": -1,
-                      "fact_retention": 1}
+                      "fact_retention": 1, "fact_recall": 1}
 
 
 @dataclass
@@ -54,6 +54,7 @@ def _statistics(full: torch.Tensor) -> dict[str, Callable[[dict[str, torch.Tenso
         "judged_ppl_ratio": lambda items, draws: ppl_ratio(items["judged"], draws),
         "repetition": lambda items, draws: _pooled_ratio(items["repetition"], draws),
         "fact_retention": lambda items, draws: _pooled_ratio(items["facts"], draws),
+        "fact_recall": lambda items, draws: _pooled_ratio(items["recall"], draws),
     }
 
 
@@ -67,12 +68,15 @@ def _as_tensors(items: RowItems) -> dict[str, torch.Tensor]:
     if items.facts_kept:
         kept = torch.tensor(items.facts_kept, dtype=torch.float64)
         tensors["facts"] = torch.stack([kept, torch.ones_like(kept)], dim=1)
+    if items.facts_recalled:
+        recalled = torch.tensor(items.facts_recalled, dtype=torch.float64)
+        tensors["recall"] = torch.stack([recalled, torch.ones_like(recalled)], dim=1)
     return tensors
 
 
 # Which per-item table each measure resamples: prompts, or fact questions.
 _ITEMS_OF = {"agreement": "agreement", "ppl_ratio": "nll", "judged_ppl_ratio": "judged", "repetition": "repetition",
-             "fact_retention": "facts"}
+             "fact_retention": "facts", "fact_recall": "recall"}
 
 
 def compare_variants(full_per_example: Sequence[tuple[float, float, float]], adapter: RowItems, candidate: RowItems,

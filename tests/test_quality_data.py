@@ -12,9 +12,11 @@ from model.data import DEFAULT_EVAL_PROMPTS, DEFAULT_FACTS, DEFAULT_TRAIN_PROMPT
 from model.evaluation import (
     EvalConfig,
     answer_start_token,
+    answer_token_span,
     answers_right,
     evaluate,
     facts_by_position,
+    facts_recalled,
     read_facts,
     repetition_rate,
 )
@@ -243,6 +245,13 @@ def test_eval_reports_judged_fluency_repetition_and_fact_retention(tiny_folder, 
     assert first.answered == report.facts and first.kept == round(skipping.fact_retention * report.facts)
     assert first.layers < layers  # tokens 2-4 come from skipping steps
     assert "Fact answers kept by the reply token" in report.to_markdown()
+    # Teacher-forced on its own greedy replies the full model predicts every answer; each answer
+    # the skipping row loses is counted once, as drift or at the answer.
+    assert full.fact_recall == 1.0 and full.facts_lost_to_drift == full.facts_lost_at_answer == 0
+    assert 0.0 <= skipping.fact_recall <= 1.0
+    lost = report.facts - round(skipping.fact_retention * report.facts)
+    assert skipping.facts_lost_to_drift + skipping.facts_lost_at_answer == lost
+    assert "fact recall" in report.to_markdown() and "lost to drift" in report.to_markdown()
 
 
 def test_answer_start_token_counts_the_tokens_before_the_answer():
@@ -254,6 +263,46 @@ def test_answer_start_token_counts_the_tokens_before_the_answer():
     assert answer_start_token(decode, reply, ["egypt", "Cairo"]) == 4  # the first accepted answer to appear
     assert answer_start_token(decode, reply, ["The"]) == 1
     assert answer_start_token(decode, reply, ["Alexandria"]) is None
+
+
+def test_answer_token_span_reaches_the_answer_s_last_token():
+    def decode(tokens):
+        return "".join(f" {t}" for t in tokens).strip()
+
+    reply = ["The", "largest", "is", "the", "blue", "whale", "."]
+    assert answer_token_span(decode, reply, ["whale", "blue whale"]) == (5, 6)  # the longest match at the first start
+    assert answer_token_span(decode, reply, ["whale"]) == (6, 6)
+    assert answer_token_span(decode, reply, ["shark"]) is None
+    pieces = ["It", " is", " Wash", "ing", "ton", "."]  # an answer split over three tokens
+    assert answer_token_span(lambda t: "".join(t), pieces, ["Washington"]) == (3, 5)
+
+
+@pytest.mark.slow
+def test_fact_recall_is_the_answer_predicted_teacher_forced_on_the_full_reply(tiny_folder):
+    """The full model recalls the answers of its own greedy replies; an answer token it would not
+    predict there is not recalled; and a reply is judged on its answer span alone."""
+    from model.data import Example
+    from model.generation import TextGenerator
+    from model.loading import load_model
+    from model.schedule import full_schedule
+
+    generator = TextGenerator(load_model(str(tiny_folder), device="cpu", adapter=None))
+    ids, mask = generator.encode(["Name a colour.", "Which animal barks?"])
+    result = generator.full_decoder.generate(ids, mask, full_schedule(generator.num_layers, 6), max_new_tokens=6)
+    replies = [Example(prompt=ids[row][mask[row].bool()].tolist(), target=list(tokens[:6]))
+               for row, tokens in enumerate(result.tokens)]
+    assert all(len(r.target) == 6 for r in replies)
+    loaded, schedule = generator.loaded, full_schedule(generator.num_layers, 6)
+
+    def recall(examples, spans):
+        return facts_recalled(loaded.model, None, examples, spans, schedule, 2, loaded.pad_token_id, "cpu")
+
+    assert recall(replies, [(3, 4), (1, 6)]) == (True, True)
+    wrong = (replies[0].target[3] + 1) % len(loaded.tokenizer)  # not the greedy token at reply token 4
+    swapped = [Example(prompt=replies[0].prompt, target=replies[0].target[:3] + [wrong] + replies[0].target[4:]),
+               replies[1]]
+    assert recall(swapped, [(3, 4), (1, 6)]) == (False, True)
+    assert recall(swapped, [(1, 3), None]) == (True, False)  # before the swap: still recalled; no span: False
 
 
 def test_facts_by_position_splits_kept_answers_and_reads_the_layers_there():
@@ -468,6 +517,10 @@ def test_paired_comparison_separates_a_real_difference_from_noise():
     assert verdicts["repetition"].verdict == "candidate worse" and verdicts["repetition"].low > 0.1
     assert verdicts["fact_retention"].verdict == "no clear difference"
     assert verdicts["fact_retention"].low == 0 < verdicts["fact_retention"].high  # drawn without that question: 0
+    # fact recall is paired over the same questions as retention, when both variants measured it
+    base.facts_recalled, other.facts_recalled = (True,) * 40, (False,) * 10 + (True,) * 30
+    recall = {c.measure: c for c in compare_variants(full, base, other, 2.0, resamples=500)}["fact_recall"]
+    assert recall.difference == -0.25 and recall.verdict == "candidate worse"
     # ratios against the full model's own NLL (0.5 a token): judged exp(1.0 - 0.5) for both
     assert verdicts["judged_ppl_ratio"].adapter == pytest.approx(math.exp(0.5), abs=1e-4)
 
