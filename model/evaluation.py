@@ -497,7 +497,7 @@ def evaluate(config: EvalConfig, progress=print) -> EvalReport:
             report.rows.append(row)
             progress(f"{variant.name} {speedup}x: agreement {row.agreement:.3f}, ppl ratio {row.perplexity_ratio:.2f}, "
                      f"judged ppl ratio {row.judged_ppl_ratio}, repetition {row.repetition}, "
-                     f"fact retention {row.fact_retention}, ROUGE-L {row.rouge_l}")
+                     f"fact retention {row.fact_retention}, fact recall {row.fact_recall}, ROUGE-L {row.rouge_l}")
     if config.compares:
         report.comparisons = [
             comparison for speedup in config.speedups if speedup != 1.0 and speedup not in report.floor_inactive
