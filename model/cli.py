@@ -369,6 +369,8 @@ TRAIN_OPTION_HELP = {
     "unlikelihood": "> 0: keep the loops, KL only before them (the cut --trim-loops makes, which it implies), "
                     "and push down each token there that repeats a 4-gram, weight x -log(1 - p); its steps read "
                     "the whole targets (0 = off)",
+    "flip_weight": "> 0: a target position where the student's top token is not the teacher's weighs 1 + this in "
+                   "the KL (0 = off)",
     "sequence_shares": "comma-separated share of each --sequences folder in the batches, whatever their sizes "
                        "(default: uniform over all sequences)",
     "decays": "comma-separated decays to draw schedules from",

@@ -39,10 +39,15 @@ def kl_per_position(student_logits: torch.Tensor, teacher_logits: torch.Tensor) 
     return (teacher.exp() * (teacher - student)).sum(-1)
 
 
-def distillation_loss(student_logits, teacher_logits, target_mask) -> torch.Tensor:
-    """KL(teacher || student) per target position, averaged over real targets."""
-    kl = kl_per_position(student_logits, teacher_logits)
-    return (kl * target_mask).sum() / target_mask.sum().clamp(min=1)
+def distillation_loss(student_logits, teacher_logits, target_mask, flip_weight: float = 0.0) -> torch.Tensor:
+    """KL(teacher || student) per target position, averaged over real targets; with ``flip_weight``
+    a position whose student argmax differs from the teacher's weighs 1 + flip_weight (a weighted mean)."""
+    kl = kl_per_position(student_logits, teacher_logits)  # (B, N)
+    weight = target_mask.float()
+    if flip_weight:
+        flipped = student_logits.detach().argmax(-1) != teacher_logits.argmax(-1)  # (B, N)
+        weight = weight * (1.0 + flip_weight * flipped.float())
+    return (kl * weight).sum() / weight.sum().clamp(min=1)
 
 
 @dataclass(frozen=True)

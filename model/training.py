@@ -89,6 +89,9 @@ class TrainConfig:
     # > 0: keep each target's loop, the KL stopping where it starts (as trim_loops), and push down
     # the student's probability of every token there that repeats a 4-gram: weight x -log(1 - p)
     unlikelihood: float = 0.0
+    # > 0: each target position's KL weighs 1 + flip_weight where the student's argmax is not the
+    # teacher's (a flipped token: what agreement counts and a lost fact answer is), 1 elsewhere
+    flip_weight: float = 0.0
     samples_per_prompt: int = 0  # sampled teacher continuations per prompt, besides the greedy one
     sample_temperature: float = 0.8
     max_prompt_tokens: int = 128
@@ -140,6 +143,11 @@ class TrainConfig:
         if not (isinstance(self.unlikelihood, (int, float)) and not isinstance(self.unlikelihood, bool)
                 and math.isfinite(self.unlikelihood) and self.unlikelihood >= 0):
             raise ValueError(f"unlikelihood must be >= 0; got {self.unlikelihood!r}")
+        if not (isinstance(self.flip_weight, (int, float)) and not isinstance(self.flip_weight, bool)
+                and math.isfinite(self.flip_weight) and self.flip_weight >= 0):
+            raise ValueError(f"flip_weight must be >= 0; got {self.flip_weight!r}")
+        if self.flip_weight and self.data:
+            raise ValueError("flip_weight weighs the distillation KL (a user's --data text has no teacher): leave out --data")
         if self.unlikelihood and self.data:
             raise ValueError("unlikelihood acts on distillation targets (a user's --data text is its own target): "
                              "leave out --data")
@@ -412,7 +420,8 @@ def train_step(model, teacher: Teacher | None, optimizer, accelerator, batch: tu
                 loss = cross_entropy_loss(student, ids, target_mask, prompt_len)
             else:
                 teacher_states = [] if student_states is not None else None
-                loss = distillation_loss(student, teacher.logits(ids, mask, prompt_len, teacher_states), target_mask)
+                loss = distillation_loss(student, teacher.logits(ids, mask, prompt_len, teacher_states), target_mask,
+                                         flip_weight=config.flip_weight)
                 if student_states is not None:
                     loss = loss + config.hidden_weight * hidden_matching_loss(
                         student_states, teacher_states, schedule, prompt_len, target_mask)

@@ -175,7 +175,8 @@ def test_bad_jsonl_names_the_line(tmp_path, default_model, content, needle):
 
 
 @pytest.mark.parametrize("bad", [dict(max_steps=0), dict(learning_rate=-1), dict(speedup_range=(3, 2)),
-                                 dict(decays=("zigzag",)), dict(batch_size=1.5)])
+                                 dict(decays=("zigzag",)), dict(batch_size=1.5), dict(flip_weight=-1),
+                                 dict(flip_weight=float("nan")), dict(flip_weight=2.0, data="mine.jsonl")])
 def test_bad_training_options_are_rejected(bad):
     with pytest.raises(ValueError):
         TrainConfig(**bad)
@@ -240,3 +241,19 @@ def test_budget_counts_training_time_only_and_resumes():
         pass
     assert 0.2 / 60 <= spent.cpu_minutes < 0.5
     assert Budget(max_minutes=0.001, spent_seconds=1.0).exhausted
+
+
+def test_flip_weight_weighs_the_positions_whose_top_token_differs():
+    """Two positions: the student's top token is the teacher's at the first (small KL), not at the
+    second (large KL). flip_weight 3 weighs the second 4x in a weighted mean; 0 is the plain mean."""
+    teacher = torch.log_softmax(torch.tensor([[[4.0, 0.0, 0.0], [4.0, 0.0, 0.0]]]), -1)
+    student = torch.log_softmax(torch.tensor([[[3.0, 0.0, 0.0], [0.0, 3.0, 0.0]]]), -1)
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    from model.scoring import kl_per_position
+
+    agreeing, flipped = kl_per_position(student, teacher)[0].tolist()
+    assert flipped > 10 * agreeing
+    assert float(distillation_loss(student, teacher, mask)) == pytest.approx((agreeing + flipped) / 2)
+    assert float(distillation_loss(student, teacher, mask, flip_weight=3.0)) == pytest.approx((agreeing + 4 * flipped) / 5)
+    padded = torch.tensor([[True, False]])  # a padded position counts for nothing, flipped or not
+    assert float(distillation_loss(student, teacher, padded, flip_weight=3.0)) == pytest.approx(agreeing)
