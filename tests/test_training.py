@@ -257,3 +257,27 @@ def test_flip_weight_weighs_the_positions_whose_top_token_differs():
     assert float(distillation_loss(student, teacher, mask, flip_weight=3.0)) == pytest.approx((agreeing + 4 * flipped) / 5)
     padded = torch.tensor([[True, False]])  # a padded position counts for nothing, flipped or not
     assert float(distillation_loss(student, teacher, padded, flip_weight=3.0)) == pytest.approx(agreeing)
+
+
+@pytest.mark.slow
+def test_train_passes_the_flip_weight_to_the_distillation_loss(tiny_folder, tmp_path, monkeypatch):
+    import model.training as training
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "sequences.jsonl").write_text("".join(
+        json.dumps({"prompt": [1000 + i, 2000 + i], "target": [3000 + i + k for k in range(12)]}) + "\n" for i in range(4)))
+    seen = []
+    real = training.distillation_loss
+
+    def recording(student, teacher, target_mask, flip_weight=0.0):
+        seen.append(flip_weight)
+        return real(student, teacher, target_mask, flip_weight=flip_weight)
+
+    monkeypatch.setattr(training, "distillation_loss", recording)
+    training.train(TrainConfig(model=str(tiny_folder), output_dir=str(tmp_path / "run"), sequences=str(data),
+                               max_steps=2, batch_size=2, warmup_steps=1, fixed_speedup=2.0, warmup_layers=1,
+                               lora_rank=4, save_every=2, eval_every=0, device="cpu", flip_weight=2.5))
+    assert seen == [2.5, 2.5]
+    info = json.loads((tmp_path / "run" / "adapter" / "training_info.json").read_text())
+    assert info["config"]["flip_weight"] == 2.5
