@@ -302,14 +302,6 @@ def answer_characters(reply: str, answers: Sequence[str]) -> tuple[int, int] | N
     return start, -negative_end
 
 
-def answer_start_token(decode: Callable[[Sequence[int]], str], tokens: Sequence[int],
-                       answers: Sequence[str]) -> int | None:
-    """The 1-based reply token at which the first accepted answer starts: the first token whose
-    decoded prefix reaches past the answer's first character (None: no answer in the reply)."""
-    span = answer_token_span(decode, tokens, answers)
-    return span[0] if span else None
-
-
 def answer_token_span(decode: Callable[[Sequence[int]], str], tokens: Sequence[int],
                       answers: Sequence[str]) -> tuple[int, int] | None:
     """1-based (first, last) reply tokens of the first accepted answer: the first tokens whose

@@ -118,7 +118,7 @@ def _verdict(measure: str, low: float, high: float) -> str:
 
 def comparison_markdown(comparisons: Sequence[Comparison], adapter: str | None, candidate: str | None) -> str:
     lines = [f"Candidate {candidate} against adapter {adapter}, paired over the same prompts (fact questions for "
-             "fact retention); 95% bootstrap interval of candidate − adapter:", "",
+             "fact retention and recall); 95% bootstrap interval of candidate − adapter:", "",
              "| target | measure | adapter | candidate | difference [95% interval] | verdict |", "|---|---|---|---|---|---|"]
     for c in comparisons:
         lines.append(f"| {c.target_speedup:g}x | {c.measure} | {c.adapter:.3f} | {c.candidate:.3f} | "

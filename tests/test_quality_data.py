@@ -11,7 +11,6 @@ import torch
 from model.data import DEFAULT_EVAL_PROMPTS, DEFAULT_FACTS, DEFAULT_TRAIN_PROMPTS, load_sequences, read_jsonl
 from model.evaluation import (
     EvalConfig,
-    answer_start_token,
     answer_token_span,
     answers_right,
     evaluate,
@@ -254,15 +253,15 @@ def test_eval_reports_judged_fluency_repetition_and_fact_retention(tiny_folder, 
     assert "fact recall" in report.to_markdown() and "lost to drift" in report.to_markdown()
 
 
-def test_answer_start_token_counts_the_tokens_before_the_answer():
+def test_answer_token_span_starts_at_the_token_where_the_answer_starts():
     def decode(tokens):  # one token = one word and its leading space
         return "".join(f" {t}" for t in tokens).strip()
 
     reply = ["The", "capital", "of", "Egypt", "is", "Cairo."]
-    assert answer_start_token(decode, reply, ["Cairo"]) == 6
-    assert answer_start_token(decode, reply, ["egypt", "Cairo"]) == 4  # the first accepted answer to appear
-    assert answer_start_token(decode, reply, ["The"]) == 1
-    assert answer_start_token(decode, reply, ["Alexandria"]) is None
+    assert answer_token_span(decode, reply, ["Cairo"]) == (6, 6)
+    assert answer_token_span(decode, reply, ["egypt", "Cairo"]) == (4, 4)  # the first accepted answer to appear
+    assert answer_token_span(decode, reply, ["The"]) == (1, 1)
+    assert answer_token_span(decode, reply, ["Alexandria"]) is None
 
 
 def test_answer_token_span_reaches_the_answer_s_last_token():
