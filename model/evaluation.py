@@ -375,11 +375,15 @@ class _Context:
     fact_batches: list
     facts: list[FactQuestion]
     full_facts_right: list[bool]
-    answer_tokens: list[int] = field(default_factory=list)  # per question answered right: its answer's start token
     # per question answered right: the full model's reply (prompt + reply ids) and its answer's
     # (first, last) reply tokens, 1-based: what fact recall teacher-forces and checks
     answer_replies: list[Example] = field(default_factory=list)
     answer_spans: list[tuple[int, int] | None] = field(default_factory=list)
+
+    @property
+    def answer_tokens(self) -> list[int | None]:
+        """Per question answered right: the reply token where its answer starts."""
+        return [span[0] if span else None for span in self.answer_spans]
 
     @property
     def full_nll(self) -> float:
@@ -583,9 +587,7 @@ def _prepare(config: EvalConfig, progress) -> tuple[_Context, EvalReport]:
                        batches=batches, full_scores=full_scores,
                        prompt_batches=prompt_batches, references=references,
                        fact_batches=fact_batches, facts=facts,
-                       full_facts_right=full_facts_right,
-                       answer_tokens=[span[0] if span else None for span in answer_spans],
-                       answer_replies=[example for example, _ in answered], answer_spans=answer_spans)
+                       full_facts_right=full_facts_right, answer_replies=[example for example, _ in answered], answer_spans=answer_spans)
     report = EvalReport(model=loaded.name, adapter=portable_path(loaded.adapter_path), device=str(loaded.device),
                         num_prompts=len(prompts), continuation_tokens=n, decay=config.decay,
                         full_perplexity=math.exp(full_scores.nll), warmup=warmup, order=order,

@@ -140,12 +140,10 @@ class TrainConfig:
             raise ValueError(f"learning_rate must be a positive number; got {self.learning_rate!r}")
         if not (math.isfinite(self.hidden_weight) and self.hidden_weight >= 0):
             raise ValueError(f"hidden_weight must be >= 0; got {self.hidden_weight!r}")
-        if not (isinstance(self.unlikelihood, (int, float)) and not isinstance(self.unlikelihood, bool)
-                and math.isfinite(self.unlikelihood) and self.unlikelihood >= 0):
-            raise ValueError(f"unlikelihood must be >= 0; got {self.unlikelihood!r}")
-        if not (isinstance(self.flip_weight, (int, float)) and not isinstance(self.flip_weight, bool)
-                and math.isfinite(self.flip_weight) and self.flip_weight >= 0):
-            raise ValueError(f"flip_weight must be >= 0; got {self.flip_weight!r}")
+        for name in ("unlikelihood", "flip_weight"):  # loss weights: finite numbers >= 0
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be >= 0; got {value!r}")
         if self.flip_weight and self.data:
             raise ValueError("flip_weight weighs the distillation KL (a user's --data text has no teacher): leave out --data")
         if self.unlikelihood and self.data:
