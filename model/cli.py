@@ -61,7 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--prompt", action="append", required=True, help="prompt text; repeat for a batch")
     add_schedule_options(gen)
     gen.add_argument("--full", action="store_true", help="run the full model (every layer, every step)")
-    gen.add_argument("--max-new-tokens", type=int, default=64)
+    gen.add_argument("--max-new-tokens", type=int, default=None, help="default 64 (a task: its own budget)")
+    gen.add_argument("--task", default=None, choices=("e2e",),
+                     help="a fine-tuned task (e2e: the paper's E2E restaurant descriptions): --prompt is an MR "
+                          "as in the CSV, the task model is the full model and SkipDecode runs the task's policy")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     gen.add_argument("--top-k", type=int, default=0)
     gen.add_argument("--top-p", type=float, default=1.0)
@@ -88,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr.set_defaults(handler=run_train)
 
     add_eval_command(commands)
+    add_task_commands(commands)
 
     st = commands.add_parser("study", help="the skip-policy recipe study: every arm, same budget, same held-out set")
     st.add_argument("--minutes", type=float, default=6.0, help="training CPU minutes per arm (default 6)")
@@ -388,11 +392,13 @@ TRAIN_OPTION_HELP = {
 }
 
 
-def add_dataclass_options(parser: argparse.ArgumentParser, config_class: type) -> None:
-    """One option per field of a config dataclass, its default and type taken from the dataclass."""
+def add_dataclass_options(parser: argparse.ArgumentParser, config_class: type, skip: tuple[str, ...] = ()) -> None:
+    """One option per field of a config dataclass (less ``skip``), its default and type taken from the dataclass."""
     import dataclasses  # noqa: PLC0415
 
     for spec in dataclasses.fields(config_class):
+        if spec.name in skip or not spec.init:
+            continue
         flag = TRAIN_OPTION_NAMES.get(spec.name, "--" + spec.name.replace("_", "-"))
         default = spec.default if spec.default is not dataclasses.MISSING else spec.default_factory()
         kind = str(spec.type)
@@ -415,6 +421,45 @@ def add_dataclass_options(parser: argparse.ArgumentParser, config_class: type) -
             cast = int if kind.startswith("int") else float if kind.startswith("float") else str
             choices = {"order": (*LAYER_ORDERS, "ranked"), "fixed_decay": DECAY_FUNCTIONS}.get(spec.name)
             parser.add_argument(flag, dest=spec.name, type=cast, default=default, choices=choices, help=help_text)
+
+
+def add_task_commands(commands) -> None:
+    from model.tasks.task_report import TaskEvalConfig  # noqa: PLC0415
+    from model.tasks.task_training import TaskRun  # noqa: PLC0415
+
+    tt = commands.add_parser("train-task", help="a task model (the paper's 1x) or one of its skip policies "
+                                                "(--policy 2|3|4|5|all), trained on the task's references")
+    tt.add_argument("task", choices=("e2e",))
+    add_dataclass_options(tt, TaskRun, skip=("task",))
+    tt.set_defaults(handler=run_train_task)
+    et = commands.add_parser("eval-task", help="a task's test set at 1x and each speedup: BLEU, ROUGE-L, NIST and "
+                                               "measured speed; writes assets/eval/<task>.json and .md")
+    et.add_argument("task", choices=("e2e",))
+    add_dataclass_options(et, TaskEvalConfig, skip=("task",))
+    et.set_defaults(handler=run_eval_task)
+
+
+def run_train_task(args: argparse.Namespace) -> int:
+    import dataclasses  # noqa: PLC0415
+
+    from model.tasks.task_training import TaskRun, train_task  # noqa: PLC0415
+
+    run = TaskRun(**{spec.name: getattr(args, spec.name) for spec in dataclasses.fields(TaskRun)})
+    summary = train_task(run)
+    print(json.dumps({"steps": summary["steps"], "seconds": summary["seconds"], "heldout": summary["heldout"],
+                      "adapter": str(run.folder / "adapter"), "exported": summary.get("exported")}))
+    return 0
+
+
+def run_eval_task(args: argparse.Namespace) -> int:
+    import dataclasses  # noqa: PLC0415
+
+    from model.tasks.task_report import TaskEvalConfig, run_task_eval  # noqa: PLC0415
+
+    config = TaskEvalConfig(**{spec.name: getattr(args, spec.name) for spec in dataclasses.fields(TaskEvalConfig)})
+    report = run_task_eval(config)
+    print(f"wrote {config.output}/{config.task}*.json and .md ({report['minutes']} min)")
+    return 0
 
 
 def run_make_data(args: argparse.Namespace) -> int:
@@ -450,8 +495,12 @@ def load_model_from_args(args: argparse.Namespace):
 
 
 def run_generate(args: argparse.Namespace) -> int:
+    if args.task:
+        return run_task_generate(args)
     from model.decoder import SamplingConfig  # noqa: PLC0415 (torch import only when needed)
     from model.generation import GenerationRequest, ScheduleRequest, TextGenerator, validate_request  # noqa: PLC0415
+    if args.max_new_tokens is None:
+        args.max_new_tokens = 64
     request = GenerationRequest(
         prompts=tuple(args.prompt),
         schedule=ScheduleRequest(
@@ -473,8 +522,47 @@ def run_generate(args: argparse.Namespace) -> int:
     validate_request(request)  # prompt and number checks before the (slow) model load
     generator = TextGenerator(load_model_from_args(args))
     generator.schedule_for(request.schedule, request.max_new_tokens)  # reject bad settings before work
-    result = generator.generate(request)
-    if args.json:
+    return print_result(generator.generate(request), args.json)
+
+
+# Schedule options a task fixes itself (its policies were trained on one schedule shape).
+TASK_FIXED_OPTIONS = ("decay", "warmup", "min_layers", "max_layers", "decay_length", "order", "prompt_at_budget",
+                      "temperature", "model", "raw")
+
+
+def run_task_generate(args: argparse.Namespace) -> int:
+    """``generate --task e2e --prompt MR``: one description per MR, the task model at --full, else
+    SkipDecode with the task's policy for --speedup (the shared policy where none was trained for it)."""
+    from model.decoder import SamplingConfig  # noqa: PLC0415
+    from model.generation import GenerationRequest, TextGenerator, validate_request  # noqa: PLC0415
+    from model.tasks.e2e import parse_mr, task_prompt  # noqa: PLC0415
+    from model.tasks.task_models import check_task, load_task_model, task_schedule  # noqa: PLC0415
+
+    defaults = build_parser().parse_args(["generate", "--prompt", "x"])
+    changed = [name for name in TASK_FIXED_OPTIONS if getattr(args, name) != getattr(defaults, name)]
+    if changed:
+        raise CliError(f"--task fixes the schedule and prompt its policies were trained on: leave out "
+                       f"{', '.join('--' + n.replace('_', '-') for n in changed)}")
+    for mr in args.prompt:
+        parse_mr(mr)
+    settings = check_task(args.task)
+    speedup = 1.0 if args.full else args.speedup
+    loaded = load_task_model(args.task, speedup, policy=None if args.no_adapter else "auto", device=args.device,
+                             dtype=args.dtype, quantize=args.quantize)
+    generator = TextGenerator(loaded)
+    request = GenerationRequest(prompts=tuple(task_prompt(mr) for mr in args.prompt),
+                                schedule=task_schedule(args.task, speedup, generator.num_layers, full=args.full,
+                                                       skip_policy=not args.no_adapter),
+                                max_new_tokens=args.max_new_tokens or settings.max_new_tokens,
+                                sampling=SamplingConfig(), stop=tuple(args.stop))
+    validate_request(request)
+    generator.schedule_for(request.schedule, request.max_new_tokens)
+    return print_result(generator.generate(request), args.json)
+
+
+def print_result(result, as_json: bool) -> int:
+    """The outputs as text (the speedups on stderr), or one JSON object."""
+    if as_json:
         print(json.dumps(result.to_json(), ensure_ascii=False))
         return 0
     for index, text in enumerate(result.outputs):

@@ -41,6 +41,11 @@ class ScheduleRequest:
     min_layers: int | None = None
     max_layers: int | None = None
     decay_length: int | None = None  # default: max_new_tokens
+    # the least layers a step runs (the solver keeps the target); None: the skip policy's own floor
+    min_layers_floor: int | None = None
+    # the steps the target speedup averages over; None: the decode steps (max_new_tokens - 1). A task
+    # sets its decay length: its speedup holds over a typical output, as its policies were trained
+    speedup_steps: int | None = None
     order: str | None = None  # None: the adapter's trained order (ranked ones bring their ranking)
     prompt_at_full_depth: bool = True
     full: bool = False  # the full model (n_k = L) through the same decoder
@@ -221,8 +226,11 @@ class TextGenerator:
                 **common,
             )
             return evaluate_schedule(config, decode_steps, self.cost)
-        floor = self.default_floor(request.target_speedup, request.decay, warmup) if request.skip_policy else None
-        return solve_schedule(num_layers, request.target_speedup, num_steps=decode_steps, cost=self.cost,
+        floor = request.min_layers_floor
+        if floor is None and request.skip_policy:
+            floor = self.default_floor(request.target_speedup, request.decay, warmup)
+        steps = request.speedup_steps if request.speedup_steps is not None else decode_steps
+        return solve_schedule(num_layers, request.target_speedup, num_steps=steps, cost=self.cost,
                               min_layers_floor=floor, **common)
 
     # --- prompts --------------------------------------------------------------------------

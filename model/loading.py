@@ -165,6 +165,7 @@ def load_model(
     attn_implementation: str = "sdpa",
     adapter: str | None = "auto",
     quantize: str = "none",
+    task_adapter: str | None = None,
 ) -> LoadedModel:
     """Load the default model (None or DEFAULT_MODEL) or any HF causal LM id / local folder.
 
@@ -186,6 +187,8 @@ def load_model(
     else:
         folder, name = name_or_path, name_or_path
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype, attn_implementation=attn_implementation)
+    if task_adapter:
+        model, name = merge_task_adapter(model, Path(task_adapter)), f"{name}+{Path(task_adapter).resolve().parent.name}"
     model.to(resolved_device).eval()
     adapter_for(model)  # fail early, with the list of supported families
     tokenizer = load_tokenizer(folder)
@@ -205,6 +208,15 @@ def load_model(
         skip_model=skip_model, adapter_path=str(adapter_path) if adapter_path else None,
         bridge=bridge, skip_policy=read_skip_policy(adapter_path) if adapter_path else {}, quantize=quantize,
     )
+
+
+def merge_task_adapter(model: nn.Module, adapter_path: Path) -> nn.Module:
+    """``model`` with a task's LoRA merged into its own weights (in place: no second copy)."""
+    from peft import PeftModel  # noqa: PLC0415
+
+    if not (adapter_path / "adapter_config.json").is_file():
+        raise ValueError(f"task adapter {str(adapter_path)!r} is not a folder with adapter_config.json (peft)")
+    return PeftModel.from_pretrained(model, adapter_path).merge_and_unload().eval()
 
 
 def read_skip_policy(adapter_path: Path) -> dict:

@@ -297,6 +297,15 @@ def max_layer_speedup(num_layers: int, warmup: int, min_layers_floor: int | None
     return num_layers / floor if floor <= num_layers else 1.0
 
 
+def depth_share_floor(num_layers: int, target_speedup: float, share: float) -> int:
+    """The least layers per step that keep ``share`` of the average depth a target speedup allows
+    (num_layers / target_speedup): with share 2/3 a linear decay runs from about twice the floor
+    down to it (2x on 30 layers: 20 -> 10), so a task's last words are never written by 1-3 layers."""
+    if not (0 < share <= 1):
+        raise ValueError(f"the floor's depth share must be in (0, 1]; got {share!r}")
+    return max(1, min(num_layers, round(share * num_layers / target_speedup)))
+
+
 def speedup_reachable(num_layers: int, target_speedup: float, warmup: int, min_layers_floor: int | None = None) -> bool:
     """Can ``solve_schedule`` reach ``target_speedup`` with this warmup and floor? (Its own test.)"""
     return target_speedup <= max_layer_speedup(num_layers, warmup, min_layers_floor) + 1e-9

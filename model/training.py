@@ -49,6 +49,7 @@ from model.schedule import (
     LAYER_ORDERS,
     RANKED,
     ScheduleConfig,
+    depth_share_floor,
     full_schedule,
     max_layer_speedup,
     solve_schedule,
@@ -65,6 +66,7 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 @dataclass
 class TrainConfig:
     model: str | None = None  # None: the embedded default model
+    task_adapter: str | None = None  # a task's LoRA merged into the model first (model/tasks/): the 1x
     output_dir: str = "runs/skipdecode"
     data: str | None = None  # JSONL prompt/completion or text; None = self-distillation
     prompts: str = str(DEFAULT_TRAIN_PROMPTS)  # self-distillation prompt set
@@ -101,6 +103,12 @@ class TrainConfig:
     schedule_mix: str = "broad"  # broad: uniform speedup and decay; focused: 1.5-3x, mostly linear
     fixed_speedup: float | None = None  # train ONE schedule (the paper) instead of random ones
     fixed_decay: str = "linear"
+    # the schedule's decay length in steps (a task's typical output length); None: each batch's target length
+    fixed_decay_length: int | None = None
+    # a floor keeping this share of the average depth at each drawn speedup (schedule.depth_share_floor)
+    floor_share: float | None = None
+    # > 0 with --data: cross-entropy on the text + this weight x KL to the model without the adapter
+    kl_weight: float = 0.0
     warmup_layers: int = DEFAULT_WARMUP
     order: str = "warmup_top"
     ranking: tuple[int, ...] = ()  # order "ranked": layers most important first (model.study measures it)
@@ -140,7 +148,7 @@ class TrainConfig:
             raise ValueError(f"learning_rate must be a positive number; got {self.learning_rate!r}")
         if not (math.isfinite(self.hidden_weight) and self.hidden_weight >= 0):
             raise ValueError(f"hidden_weight must be >= 0; got {self.hidden_weight!r}")
-        for name in ("unlikelihood", "flip_weight"):  # loss weights: finite numbers >= 0
+        for name in ("unlikelihood", "flip_weight", "kl_weight"):  # loss weights: finite numbers >= 0
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be >= 0; got {value!r}")
@@ -162,6 +170,12 @@ class TrainConfig:
                 raise ValueError(f"decays: {decay!r} is not one of {', '.join(DECAY_FUNCTIONS)}")
         if self.fixed_decay not in DECAY_FUNCTIONS:
             raise ValueError(f"fixed_decay must be one of {', '.join(DECAY_FUNCTIONS)}; got {self.fixed_decay!r}")
+        if self.kl_weight and not self.data:
+            raise ValueError("kl_weight adds KL to cross-entropy on --data text (distillation without --data is all KL)")
+        if self.fixed_decay_length is not None and (isinstance(self.fixed_decay_length, bool)
+                                                    or not isinstance(self.fixed_decay_length, int)
+                                                    or self.fixed_decay_length < 1):
+            raise ValueError(f"fixed_decay_length must be an integer >= 1; got {self.fixed_decay_length!r}")
         if self.fixed_speedup is not None and self.fixed_speedup < 1:
             raise ValueError(f"fixed_speedup must be >= 1; got {self.fixed_speedup}")
         if self.schedule_mix not in SCHEDULE_MIXES:
@@ -209,9 +223,12 @@ def draw_schedule(num_layers: int, num_steps: int, config: TrainConfig, rng: ran
     (``focused``: capped at FOCUSED_MAX_SPEEDUP, linear FOCUSED_LINEAR_SHARE of the time)."""
     warmup = config.warmup_layers
     common = dict(warmup=warmup, order=config.order, ranking=config.ranking)
+    if config.fixed_speedup == 1:  # a task model's own fine-tuning: every layer, every position
+        return full_schedule(num_layers, max(1, num_steps))
     if config.fixed_speedup is not None:
         return solve_schedule(num_layers, config.fixed_speedup, decay=config.fixed_decay,
-                              decay_length=max(1, num_steps), **common).config
+                              decay_length=config.fixed_decay_length or max(1, num_steps),
+                              min_layers_floor=_share_floor(num_layers, config.fixed_speedup, config), **common).config
     low, high = config.speedup_range
     if config.schedule_mix == "focused":
         high = min(high, FOCUSED_MAX_SPEEDUP)
@@ -221,9 +238,14 @@ def draw_schedule(num_layers: int, num_steps: int, config: TrainConfig, rng: ran
         decay = "linear"
     else:
         decay = rng.choice(config.decays)
-    decay_length = max(1, int(num_steps * rng.uniform(*DECAY_LENGTH_SPREAD)))
+    decay_length = config.fixed_decay_length or max(1, int(num_steps * rng.uniform(*DECAY_LENGTH_SPREAD)))
     return solve_schedule(num_layers, speedup, decay=decay, decay_length=decay_length,
-                          num_steps=max(1, num_steps), **common).config
+                          num_steps=config.fixed_decay_length or max(1, num_steps), min_layers_floor=_share_floor(num_layers, speedup, config),
+                          **common).config
+
+
+def _share_floor(num_layers: int, speedup: float, config: TrainConfig) -> int | None:
+    return None if config.floor_share is None else depth_share_floor(num_layers, speedup, config.floor_share)
 
 
 def draw_batch(examples: Sequence[Example], by_length: Sequence[int] | None, batch_size: int,
@@ -414,8 +436,11 @@ def train_step(model, teacher: Teacher | None, optimizer, accelerator, batch: tu
         with accelerator.autocast():
             student_states = [] if config.hidden_weight and teacher else None
             student = model(ids, mask, schedule, prompt_len, student_states)
-            if teacher is None:  # user data: the text itself is the target
+            if config.data:  # user data: the text itself is the target (+ KL to the model without the adapter)
                 loss = cross_entropy_loss(student, ids, target_mask, prompt_len)
+                if teacher is not None:
+                    loss = loss + config.kl_weight * distillation_loss(
+                        student, teacher.logits(ids, mask, prompt_len), target_mask)
             else:
                 teacher_states = [] if student_states is not None else None
                 loss = distillation_loss(student, teacher.logits(ids, mask, prompt_len, teacher_states), target_mask,
@@ -446,7 +471,8 @@ def train(config: TrainConfig) -> TrainResult:
     set_seed(config.seed)
     output = Path(config.output_dir)
     output.mkdir(parents=True, exist_ok=True)
-    loaded = load_model(config.model, device=str(accelerator.device), dtype="float32", adapter=None)
+    loaded = load_model(config.model, device=str(accelerator.device), dtype="float32", adapter=None,
+                        task_adapter=config.task_adapter)
     generator = TextGenerator(loaded)
     examples, steps_hint = training_examples(config, generator, output, accelerator)
     by_source = shared_sources(examples, config)  # before any model work: a bad share fails at once
@@ -458,7 +484,7 @@ def train(config: TrainConfig) -> TrainResult:
     bridge = EntryBridge(num_layers, hidden_size, config.bridge_rank).to(accelerator.device) if config.bridge_rank else None
     if config.init_adapter and not config.resume:  # a resumed run's checkpoint already holds the weights
         load_initial_adapter(lm, bridge, config.init_adapter, config)
-    teacher = None if config.data else Teacher(lm, config)
+    teacher = None if config.data and not config.kl_weight else Teacher(lm, config)
     model = SkipPolicyModel(lm, bridge)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=0.0)

@@ -1,0 +1,159 @@
+"""The E2E NLG task (the SkipDecode paper's first task): a restaurant's meaning representation
+(MR, e.g. ``name[The Eagle], food[French]``) in, a one- or two-sentence description out.
+
+Data: assets/data/e2e/ holds the challenge's devset.csv and testset_w_refs.csv (CC BY-SA 4.0,
+README beside them). The official 42k training set is not available offline, so the task
+model and its skip policies train on devset.csv less HELDOUT_MRS of its MRs (held out to pick
+between runs) and are reported on the test set only; ``assert_no_test_mr`` guards that.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+E2E_DATA = Path(__file__).resolve().parents[2] / "assets" / "data" / "e2e"
+DEV_FILE = "devset.csv"
+TEST_FILE = "testset_w_refs.csv"
+HELDOUT_MRS = 50
+HELDOUT_SEED = 0
+
+# The eight attributes in the order the challenge's MRs list them (the playground's form too).
+ATTRIBUTES = ("name", "eatType", "food", "priceRange", "customer rating", "area", "familyFriendly", "near")
+# Values seen in the challenge's data for the closed attributes (name and near are free text).
+ATTRIBUTE_VALUES = {
+    "eatType": ("coffee shop", "pub", "restaurant"),
+    "food": ("Chinese", "English", "Fast food", "French", "Indian", "Italian", "Japanese"),
+    "priceRange": ("cheap", "moderate", "high", "less than £20", "£20-25", "more than £30"),
+    "customer rating": ("low", "average", "high", "1 out of 5", "3 out of 5", "5 out of 5"),
+    "area": ("city centre", "riverside"),
+    "familyFriendly": ("yes", "no"),
+}
+MAX_VALUE_CHARS = 60  # a restaurant's or landmark's name; longer is not an MR
+_PAIR = re.compile(r"\s*([A-Za-z][A-Za-z ]*?)\s*\[([^\[\]]*)\]\s*(?:,|$)")
+
+# The fixed prompt around an MR (through the model's chat template). One wording for training,
+# evaluation, the CLI and the playground: a different wording is a different task.
+INSTRUCTION = "Write a short restaurant description that states every fact in this meaning representation: "
+
+
+@dataclass(frozen=True)
+class E2ERecord:
+    """One MR with every human reference written for it."""
+
+    mr: str
+    references: tuple[str, ...]
+
+
+def task_prompt(mr: str) -> str:
+    """The user message the task model sees for ``mr`` (the chat template goes around it)."""
+    return INSTRUCTION + mr
+
+
+def read_split(name: str, folder: Path = E2E_DATA) -> list[E2ERecord]:
+    """The MRs of one CSV file in first-seen order, each with all its references."""
+    path = Path(folder) / name
+    if not path.is_file():
+        raise ValueError(f"E2E data file {path} does not exist")
+    grouped: dict[str, list[str]] = {}
+    with path.open(encoding="utf-8", newline="") as handle:
+        for row in csv.DictReader(handle):
+            grouped.setdefault(row["mr"].strip(), []).append(row["ref"].strip())
+    return [E2ERecord(mr, tuple(refs)) for mr, refs in grouped.items()]
+
+
+def dev_split(folder: Path = E2E_DATA) -> tuple[list[E2ERecord], list[E2ERecord]]:
+    """devset.csv's MRs as (train, held-out): HELDOUT_MRS MRs drawn with a fixed seed."""
+    records = read_split(DEV_FILE, folder)
+    order = list(range(len(records)))
+    random.Random(HELDOUT_SEED).shuffle(order)
+    held = set(order[:HELDOUT_MRS])
+    return ([r for i, r in enumerate(records) if i not in held], [r for i, r in enumerate(records) if i in held])
+
+
+def reported_records(folder: Path = E2E_DATA) -> list[E2ERecord]:
+    """The 630 test MRs: for reporting only, never trained on."""
+    return read_split(TEST_FILE, folder)
+
+
+def normalise_mr(mr: str) -> str:
+    """An MR's canonical form for comparisons: its pairs sorted, spaces squeezed."""
+    return ", ".join(f"{k}[{v}]" for k, v in sorted(parse_mr(mr).items()))
+
+
+def assert_no_test_mr(mrs: Sequence[str], folder: Path = E2E_DATA) -> None:
+    """Raise if any of ``mrs`` is a test-set MR (in any attribute order)."""
+    test = {normalise_mr(r.mr) for r in reported_records(folder)}
+    leaked = [mr for mr in mrs if normalise_mr(mr) in test]
+    if leaked:
+        raise ValueError(f"{len(leaked)} test-set MRs in training data, e.g. {leaked[0]!r}")
+
+
+def training_rows(records: Sequence[E2ERecord]) -> list[dict]:
+    """prompt/completion records (model/data.py user_examples): one per (MR, reference)."""
+    return [{"prompt": task_prompt(r.mr), "completion": ref} for r in records for ref in r.references]
+
+
+def write_training_file(path: str | Path, folder: Path = E2E_DATA) -> Path:
+    """The training references as JSONL (devset less the held-out MRs), checked against the test set."""
+    train, _ = dev_split(folder)
+    assert_no_test_mr([r.mr for r in train], folder)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as handle:
+        for row in training_rows(train):
+            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return path
+
+
+# --- MRs a visitor writes ------------------------------------------------------------------------
+
+
+def parse_mr(text: str) -> dict[str, str]:
+    """``name[X], food[Y]`` -> {"name": "X", "food": "Y"}; a clear ValueError for anything else:
+    unknown attributes, repeated ones, empty or overlong values, text outside the brackets."""
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError("the MR is empty: write it as name[The Eagle], food[French], ...")
+    pairs: dict[str, str] = {}
+    position, text = 0, text.strip()
+    while position < len(text):
+        match = _PAIR.match(text, position)
+        if match is None:
+            raise ValueError(f"the MR is not a list of attribute[value] pairs near {text[position:position + 20]!r}")
+        key, value = match.group(1).strip(), match.group(2).strip()
+        if key not in ATTRIBUTES:
+            raise ValueError(f"unknown MR attribute {key[:30]!r}: use {', '.join(ATTRIBUTES)}")
+        if key in pairs:
+            raise ValueError(f"the MR names {key} twice")
+        if not value or len(value) > MAX_VALUE_CHARS:
+            raise ValueError(f"{key}[...] needs a value of 1 to {MAX_VALUE_CHARS} characters")
+        pairs[key] = value
+        position = match.end()
+    if "name" not in pairs:
+        raise ValueError("the MR needs a name[...]")
+    return pairs
+
+
+def compose_mr(values: dict[str, str | None]) -> str:
+    """The form's fields -> an MR in the challenge's attribute order (empty fields left out),
+    checked by parse_mr."""
+    unknown = sorted(set(values) - set(ATTRIBUTES))
+    if unknown:
+        raise ValueError(f"unknown MR attribute {unknown[0]!r}")
+    mr = ", ".join(f"{key}[{str(values[key]).strip()}]" for key in ATTRIBUTES
+                   if values.get(key) is not None and str(values[key]).strip())
+    parse_mr(mr)
+    return mr
+
+
+def example_mrs(count: int = 8, folder: Path = E2E_DATA) -> list[str]:
+    """Test-set MRs for the playground's examples: spread over the file, the richer ones first."""
+    records = reported_records(folder)
+    step = max(1, len(records) // (count * 4))
+    picked = sorted(records[::step], key=lambda r: -len(parse_mr(r.mr)))
+    return [r.mr for r in picked[:count]]

@@ -1,0 +1,229 @@
+"""``python -m model eval-task e2e``: every arm on the test MRs, scored, timed and written as
+assets/eval/<task>.json and .md (ours beside the paper's, each as a share of its own 1x).
+
+Arms: the task model (1x); SkipDecode with the per-speedup policy, the shared policy and no
+policy at each speedup; and, on the same MRs, the untouched default model and the general chat
+skip policy (what the product offered before the task existed).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from model.checkpoints import portable_path
+from model.generation import TextGenerator
+from model.hardware import hardware_info
+from model.loading import load_model
+from model.tasks.e2e import E2ERecord, reported_records
+from model.tasks.task_eval import describe, measure_speed, task_scores
+from model.tasks.task_models import (
+    POLICY_SPEEDUPS,
+    TASK_ASSETS,
+    check_task,
+    load_task_model,
+    policy_dir,
+    policy_info,
+    task_schedule,
+)
+
+
+@dataclass
+class TaskEvalConfig:
+    task: str = "e2e"
+    speedups: tuple[float, ...] = POLICY_SPEEDUPS
+    weights: str = "float32"  # float32, or "default": the CPU default (low-bit) weights
+    device: str = "auto"
+    mrs: int | None = None  # the first N test MRs (quick runs); None: all 630
+    batch_size: int = 32
+    speed_mrs: int = 16  # MRs timed per speed row (0: no speed rows)
+    speed_batches: tuple[int, ...] = (1, 8)
+    speed_repeats: int = 2
+    baselines: bool = True  # the untouched model and the general chat policy on the same MRs
+    output: str = "assets/eval"
+    threads: int | None = None
+    adapters: str = str(TASK_ASSETS)  # the folder holding <task>/task and <task>/skip-*
+
+    @property
+    def root(self) -> Path:
+        return Path(self.adapters)
+
+    def __post_init__(self) -> None:
+        check_task(self.task)
+        if self.weights not in ("float32", "default"):
+            raise ValueError(f"--weights must be float32 or default; got {self.weights!r}")
+        if not self.speedups or any(not 1 < s <= 6 for s in self.speedups):
+            raise ValueError(f"--speedups must be targets in (1, 6]; got {self.speedups}")
+        if self.mrs is not None and self.mrs < 1:
+            raise ValueError("--mrs must be >= 1")
+
+    @property
+    def quantize(self) -> str:
+        return "none" if self.weights == "float32" else "auto"
+
+
+@dataclass
+class Arm:
+    label: str
+    policy: str  # "task model", "per-speedup", "shared", "none", "untouched model", "general chat"
+    speedup: float
+    scores: dict
+    shares: dict = field(default_factory=dict)  # scores as a share of the task model's
+    achieved_layer_speedup: float = 1.0
+    cost_model_speedup: float = 1.0
+    seconds: float = 0.0
+    outputs: list[str] = field(default_factory=list)
+
+
+def _arm(label: str, policy: str, speedup: float, generator: TextGenerator, records: Sequence[E2ERecord],
+         schedule, config: TaskEvalConfig, max_new_tokens: int) -> Arm:
+    start = time.perf_counter()
+    run = describe(generator, [r.mr for r in records], schedule, max_new_tokens, config.batch_size)
+    layers = run.decode_steps * generator.num_layers / max(1, run.layers_run)
+    cost = generator.cost
+    cost_speedup = (run.decode_steps * cost.step_cost(generator.num_layers)
+                    / max(1e-9, run.layers_run * cost.layer_cost + run.decode_steps * cost.fixed_cost))
+    arm = Arm(label=label, policy=policy, speedup=speedup, scores=task_scores(run.outputs, records),
+              achieved_layer_speedup=round(layers, 3), cost_model_speedup=round(cost_speedup, 3),
+              seconds=round(time.perf_counter() - start, 1), outputs=run.outputs)
+    print(f"eval-task: {label}: {arm.scores} (layers {arm.achieved_layer_speedup:.2f}x, {arm.seconds:.0f} s)", flush=True)
+    return arm
+
+
+def _free(*objects) -> None:
+    del objects
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def quality_arms(config: TaskEvalConfig, records: Sequence[E2ERecord]) -> list[Arm]:
+    """Every arm's descriptions and scores on ``records``."""
+    settings = check_task(config.task)
+    common = dict(device=config.device, dtype="float32" if config.weights == "float32" else "auto",
+                  quantize=config.quantize)
+    arms: list[Arm] = []
+    task_model = TextGenerator(load_task_model(config.task, policy=None, root=config.root, **common))
+    num_layers = task_model.num_layers
+    arms.append(_arm("task model (1x)", "task model", 1.0, task_model, records,
+                     task_schedule(config.task, 1.0, num_layers, full=True), config, settings.max_new_tokens))
+    for speedup in config.speedups:
+        arms.append(_arm(f"no policy {speedup:g}x", "none", speedup, task_model, records,
+                         task_schedule(config.task, speedup, num_layers, skip_policy=False), config,
+                         settings.max_new_tokens))
+    _free(task_model)
+    for policy, folder_of in (("per-speedup", lambda s: policy_dir(config.task, s, config.root)),
+                              ("shared", lambda s: policy_dir(config.task, None, config.root))):
+        for speedup in config.speedups:
+            folder = folder_of(speedup)
+            if not (folder / "adapter_config.json").is_file():
+                continue
+            generator = TextGenerator(load_task_model(config.task, policy=folder, root=config.root, **common))
+            arms.append(_arm(f"{policy} policy {speedup:g}x", policy, speedup, generator, records,
+                             task_schedule(config.task, speedup, num_layers), config, settings.max_new_tokens))
+            _free(generator)
+    if config.baselines:
+        arms += baseline_arms(config, records, common, num_layers)
+    task_scores_1x = arms[0].scores
+    for arm in arms:
+        arm.shares = {k: round(v / task_scores_1x[k], 3) if task_scores_1x[k] else None for k, v in arm.scores.items()}
+    return arms
+
+
+def baseline_arms(config: TaskEvalConfig, records: Sequence[E2ERecord], common: dict, num_layers: int) -> list[Arm]:
+    """The default model without the task's fine-tuning: full depth, and the general chat skip
+    policy at 2x and 3x on the task's schedule."""
+    settings = check_task(config.task)
+    arms = []
+    untouched = TextGenerator(load_model(None, adapter=None, **common))
+    arms.append(_arm("untouched model (1x)", "untouched model", 1.0, untouched, records,
+                     task_schedule(config.task, 1.0, num_layers, full=True), config, settings.max_new_tokens))
+    _free(untouched)
+    general = TextGenerator(load_model(None, adapter="auto", **common))
+    if general.loaded.adapter_path:
+        for speedup in (2.0, 3.0):
+            arms.append(_arm(f"general chat policy {speedup:g}x", "general chat", speedup, general, records,
+                             task_schedule(config.task, speedup, num_layers), config, settings.max_new_tokens))
+    _free(general)
+    return arms
+
+
+def speed_rows(config: TaskEvalConfig, records: Sequence[E2ERecord]) -> list[dict]:
+    """Measured decode and end-to-end speedups against the task model, per speedup and batch."""
+    if not config.speed_mrs:
+        return []
+    settings = check_task(config.task)
+    common = dict(device=config.device, dtype="float32" if config.weights == "float32" else "auto",
+                  quantize=config.quantize)
+    mrs = [r.mr for r in records[: config.speed_mrs]]
+    rows = []
+    for speedup in config.speedups:
+        loaded = load_task_model(config.task, speedup, root=config.root, **common)
+        generator = TextGenerator(loaded)
+        full = task_schedule(config.task, 1.0, generator.num_layers, full=True)
+        skip = task_schedule(config.task, speedup, generator.num_layers)
+        for batch in config.speed_batches:
+            row = measure_speed(generator, generator, mrs, full, skip, speedup, batch, settings.max_new_tokens,
+                                config.speed_repeats)
+            rows.append({**asdict(row), "policy": Path(loaded.adapter_path).name if loaded.adapter_path else "none",
+                         "weights": loaded.weights})
+            print(f"eval-task: speed {speedup:g}x batch {batch}: decode {row.decode_speedup:.2f}x "
+                  f"(bound {row.cost_model_bound:.2f}x), end to end {row.end_to_end_speedup:.2f}x", flush=True)
+        _free(generator, loaded)
+    return rows
+
+
+def run_task_eval(config: TaskEvalConfig) -> dict:
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    records = reported_records()[: config.mrs] if config.mrs else reported_records()
+    start = time.perf_counter()
+    arms = quality_arms(config, records)
+    speed = speed_rows(config, records)
+    device = torch.device("cuda" if config.device.startswith("cuda") or (config.device == "auto" and torch.cuda.is_available()) else "cpu")
+    report = {
+        "task": config.task, "config": {**asdict(config), "adapters": portable_path(config.adapters)}, "test_mrs": len(records),
+        "minutes": round((time.perf_counter() - start) / 60, 1), "hardware": hardware_info(device),
+        "policies": {p.name: policy_info(p) for p in sorted((config.root / config.task).glob("*")) if p.is_dir()},
+        "arms": [{k: v for k, v in asdict(a).items() if k != "outputs"} for a in arms],
+        "speed": speed,
+    }
+    output = Path(config.output)
+    output.mkdir(parents=True, exist_ok=True)
+    stem = config.task if config.weights == "float32" else f"{config.task}-{config.weights}"
+    (output / f"{stem}.json").write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+    (output / f"{stem}.md").write_text(report_markdown(report))
+    with (output / f"{stem}-outputs.jsonl").open("w", encoding="utf-8") as handle:
+        for arm in arms:
+            handle.write(json.dumps({"label": arm.label, "outputs": arm.outputs}, ensure_ascii=False) + "\n")
+    return report
+
+
+def report_markdown(report: dict) -> str:
+    """The report's tables as Markdown (the Results tab and README quote it)."""
+    hw = report["hardware"]
+    lines = [f"# {report['task'].upper()} on the test set ({report['test_mrs']} MRs)", "",
+             f"Weights: {report['config']['weights']}; device: {hw.get('device', '?')} "
+             f"({hw.get('cpu', hw.get('gpu', ''))}); {report['minutes']} min.", "",
+             "| arm | target | BLEU | ROUGE-L | NIST | BLEU share | ROUGE-L share | layer speedup | cost-model |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for arm in report["arms"]:
+        s, sh = arm["scores"], arm["shares"]
+        lines.append(f"| {arm['label']} | {arm['speedup']:g}x | {s['bleu']:.2f} | {s['rouge_l']:.2f} | {s['nist']:.3f} | "
+                     f"{sh['bleu']:.3f} | {sh['rouge_l']:.3f} | {arm['achieved_layer_speedup']:.2f}x | "
+                     f"{arm['cost_model_speedup']:.2f}x |")
+    if report["speed"]:
+        lines += ["", "| target | batch | policy | weights | task model decode tok/s | SkipDecode decode tok/s | "
+                  "decode speedup | cost-model bound | share of bound | end to end |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for row in report["speed"]:
+            lines.append(f"| {row['speedup']:g}x | {row['batch_size']} | {row['policy']} | {row['weights']} | "
+                         f"{row['full_decode_tps']:.1f} | {row['skip_decode_tps']:.1f} | {row['decode_speedup']:.2f}x | "
+                         f"{row['cost_model_bound']:.2f}x | {row['share_of_bound']:.2f} | {row['end_to_end_speedup']:.2f}x |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,135 @@
+"""``python -m model train-task e2e``: the task model and its skip policies, the paper's way.
+
+* the task model (``--policy task``, the default): LoRA on every linear, every layer at every
+  position, cross-entropy on the references (the paper's 1x: the model fine-tuned without skipping);
+* a skip policy (``--policy 2`` ... ``5``): a GATED LoRA on top of the task model, trained under
+  ONE schedule, the task's (linear decay over its decay length, floored; model/tasks/task_models.py),
+  cross-entropy on the references (``--kl W`` adds W x KL to the task model), as the paper trains
+  one model per target speedup;
+* ``--policy all``: one gated LoRA for every speedup, a random target in [1.5, 5] per batch on the
+  same schedule shape (the project's random-schedule recipe).
+
+Both train on devset.csv less its held-out MRs (model/tasks/e2e.py); checkpoints every
+``--save-every`` steps, ``--resume`` continues the last one. At the end the run scores itself on
+the held-out MRs (BLEU), the number used to choose between runs; the test set is never read.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from model.generation import TextGenerator
+from model.loading import load_model
+from model.skip_policy import export_adapter
+from model.tasks.e2e import dev_split, write_training_file
+from model.tasks.task_eval import describe, task_scores
+from model.tasks.task_models import check_task, policy_name, task_adapter_dir, task_schedule
+from model.training import TrainConfig, TrainResult, train
+
+SHARED_SPEEDUP_RANGE = (1.5, 5.0)
+HELDOUT_BATCH = 25
+
+
+@dataclass
+class TaskRun:
+    """One train-task run: which model, how long, where."""
+
+    task: str = "e2e"
+    policy: str = "task"  # "task", a target speedup ("2", "3", ...), or "all"
+    steps: int = 600
+    batch_size: int = 16
+    learning_rate: float | None = None  # None: 1e-3 for the task model, 5e-4 for a policy
+    lora_rank: int | None = None  # None: the task's (TaskSettings.lora_rank)
+    kl_weight: float = 0.0
+    task_adapter: str | None = None  # None: the shipped task model (assets/adapters/<task>/task)
+    output_dir: str | None = None  # None: runs/<task>-<policy name>
+    export: str | None = None  # a folder to export the final adapter to (bfloat16)
+    resume: bool = False
+    save_every: int = 100
+    device: str = "auto"
+    threads: int | None = None
+    seed: int = 0
+    heldout_mrs: int = 50  # held-out MRs scored at the end (0: none)
+
+    def __post_init__(self) -> None:
+        check_task(self.task)
+        if self.policy not in ("task", "all"):
+            try:
+                speedup = float(self.policy)
+            except ValueError:
+                raise ValueError(f"--policy must be task, all or a target speedup such as 3; got {self.policy!r}") from None
+            if not 1 < speedup <= 6:
+                raise ValueError(f"--policy speedup must be in (1, 6]; got {self.policy}")
+        if self.kl_weight and self.policy == "task":
+            raise ValueError("--kl adds KL to the task model: it applies to a skip policy, not to the task model itself")
+
+    @property
+    def speedup(self) -> float | None:
+        return None if self.policy in ("task", "all") else float(self.policy)
+
+    @property
+    def name(self) -> str:
+        base = "task" if self.policy == "task" else policy_name(self.speedup)
+        return base + (f"-kl{self.kl_weight:g}" if self.kl_weight else "")
+
+    @property
+    def folder(self) -> Path:
+        return Path(self.output_dir or f"runs/{self.task}-{self.name}")
+
+
+def train_config(run: TaskRun, data_file: Path) -> TrainConfig:
+    """The TrainConfig of a task run (model/training.py does the training)."""
+    settings = check_task(run.task)
+    common = dict(output_dir=str(run.folder), data=str(data_file), max_steps=run.steps, batch_size=run.batch_size,
+                  lora_rank=run.lora_rank or settings.lora_rank, lora_alpha=2 * (run.lora_rank or settings.lora_rank),
+                  save_every=run.save_every, eval_every=0, resume=run.resume, device=run.device,
+                  threads=run.threads, seed=run.seed, max_length=256, warmup_steps=20)
+    if run.policy == "task":
+        return TrainConfig(**common, learning_rate=run.learning_rate or 1e-3, fixed_speedup=1.0, gate_lora=False)
+    task_dir = run.task_adapter or str(task_adapter_dir(run.task))
+    schedule = dict(fixed_decay="linear", fixed_decay_length=settings.decay_length, floor_share=settings.floor_share,
+                    decays=("linear",), kl_weight=run.kl_weight, task_adapter=task_dir, gate_lora=True)
+    if run.policy == "all":
+        return TrainConfig(**common, **schedule, learning_rate=run.learning_rate or 5e-4,
+                           speedup_range=SHARED_SPEEDUP_RANGE)
+    return TrainConfig(**common, **schedule, learning_rate=run.learning_rate or 5e-4, fixed_speedup=run.speedup)
+
+
+def heldout_bleu(run: TaskRun, adapter: Path, speedups: tuple[float, ...]) -> dict:
+    """BLEU on the held-out devset MRs at each speedup (the task model: at 1x), float32."""
+    held = dev_split()[1][: run.heldout_mrs]
+    settings = check_task(run.task)
+    task_dir = None if run.policy == "task" else (run.task_adapter or str(task_adapter_dir(run.task)))
+    if run.policy == "task":
+        loaded = load_model(None, device=run.device, dtype="float32", adapter=None, quantize="none",
+                            task_adapter=str(adapter))
+    else:
+        loaded = load_model(None, device=run.device, dtype="float32", adapter=str(adapter), quantize="none",
+                            task_adapter=task_dir)
+    generator = TextGenerator(loaded)
+    scores = {}
+    for speedup in speedups:
+        schedule = task_schedule(run.task, speedup, generator.num_layers)
+        outputs = describe(generator, [r.mr for r in held], schedule, settings.max_new_tokens, HELDOUT_BATCH).outputs
+        scores[f"{speedup:g}x"] = task_scores(outputs, held)
+    return scores
+
+
+def train_task(run: TaskRun) -> dict:
+    """Train, score on the held-out MRs, export if asked; returns (and writes) the run's summary."""
+    run.folder.mkdir(parents=True, exist_ok=True)
+    data_file = write_training_file(run.folder / "train.jsonl")  # per run: parallel runs never share it
+    config = train_config(run, data_file)
+    result: TrainResult = train(config)
+    adapter = run.folder / "adapter"
+    speedups = (1.0,) if run.policy == "task" else ((run.speedup,) if run.speedup else (2.0, 3.0, 5.0))
+    summary = {"run": asdict(run), "steps": result.steps, "seconds": round(result.seconds, 1),
+               "final_loss": round(sum(result.losses[-20:]) / max(1, len(result.losses[-20:])), 4) if result.losses else None,
+               "heldout": heldout_bleu(run, adapter, speedups) if run.heldout_mrs else {}}
+    (run.folder / "summary.json").write_text(json.dumps(summary, indent=2))
+    if run.export:
+        export_adapter(adapter, run.export)
+        summary["exported"] = run.export
+    return summary

@@ -1,0 +1,161 @@
+"""The E2E task: its data split (no test MR is ever trained on), MR parsing, its schedule, its
+scores, and the task model + gated policy path (1x with the policy IS the task model, bit for bit)."""
+
+import json
+
+import pytest
+import torch
+
+from model.schedule import depth_share_floor
+from model.tasks.e2e import (
+    ATTRIBUTES,
+    HELDOUT_MRS,
+    assert_no_test_mr,
+    compose_mr,
+    dev_split,
+    example_mrs,
+    normalise_mr,
+    parse_mr,
+    reported_records,
+    task_prompt,
+    training_rows,
+    write_training_file,
+)
+from model.tasks.task_eval import bleu, nist, rouge_l
+from model.tasks.task_models import policy_for, policy_name, task_schedule
+from model.tasks.task_training import TaskRun, train_config
+
+
+def test_the_split_holds_out_fifty_dev_mrs_and_never_a_test_mr(tmp_path):
+    train, held = dev_split()
+    assert len(held) == HELDOUT_MRS and len(train) + len(held) == 547
+    assert not {r.mr for r in train} & {r.mr for r in held}
+    path = write_training_file(tmp_path / "train.jsonl")
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(rows) == sum(len(r.references) for r in train)
+    trained = {row["prompt"] for row in rows}
+    assert not trained & {task_prompt(r.mr) for r in reported_records()}
+    assert not trained & {task_prompt(r.mr) for r in held}
+    assert len(reported_records()) == 630
+
+
+def test_a_test_mr_in_training_data_is_refused_in_any_attribute_order():
+    mr = reported_records()[5].mr
+    pairs = parse_mr(mr)
+    shuffled = ", ".join(f"{k}[{v}]" for k, v in reversed(list(pairs.items())))
+    with pytest.raises(ValueError, match="test-set MRs"):
+        assert_no_test_mr([dev_split()[0][0].mr, shuffled])
+    assert_no_test_mr([r.mr for r in dev_split()[0][:20]])  # dev MRs pass
+
+
+def test_mrs_parse_compose_and_refuse_nonsense():
+    assert parse_mr("name[The Eagle], food[French]") == {"name": "The Eagle", "food": "French"}
+    assert parse_mr("name[Aromi], customer rating[5 out of 5]")["customer rating"] == "5 out of 5"
+    assert compose_mr({"food": "Indian", "name": "Zizzi", "area": ""}) == "name[Zizzi], food[Indian]"
+    assert normalise_mr("food[French], name[X]") == normalise_mr("name[X], food[French]")
+    for bad, needle in (("", "empty"), ("food[French]", "needs a name"), ("name[A], colour[red]", "unknown"),
+                        ("name[A], name[B]", "twice"), ("name[A] <b>hi</b>", "attribute\\[value\\]"),
+                        ("name[" + "x" * 200 + "]", "characters"), ("name[]", "characters")):
+        with pytest.raises(ValueError, match=needle):
+            parse_mr(bad)
+    with pytest.raises(ValueError, match="unknown"):
+        compose_mr({"name": "A", "evil": "x"})
+    assert len(ATTRIBUTES) == 8
+    examples = example_mrs(6)
+    assert len(examples) == 6 and all(parse_mr(mr) for mr in examples)
+
+
+def test_every_csv_mr_parses():
+    for record in reported_records() + dev_split()[0]:
+        assert parse_mr(record.mr)["name"]
+
+
+def test_the_task_schedule_is_floored_and_holds_its_speedup_over_the_decay_length():
+    from model.schedule import solve_schedule
+
+    assert [depth_share_floor(30, s, 2 / 3) for s in (2, 3, 4, 5)] == [10, 7, 5, 4]
+    request = task_schedule("e2e", 3.0, 30)
+    assert request.min_layers_floor == 7 and request.decay_length == request.speedup_steps == 32
+    solved = solve_schedule(30, 3.0, decay="linear", warmup=4, decay_length=32, num_steps=32, min_layers_floor=7)
+    assert solved.config.min_layers >= 7 and abs(solved.layer_speedup - 3.0) < 0.15
+    assert task_schedule("e2e", 1.0, 30).full
+    with pytest.raises(ValueError, match="unknown task"):
+        task_schedule("cnn", 2.0, 30)
+
+
+def test_scores_reward_the_references_and_handle_a_varying_number_of_them():
+    references = [("The Eagle is a French coffee shop.", "The Eagle serves French food."),
+                  ("Zizzi is a cheap pub in the city centre.",)]
+    perfect = [references[0][0], references[1][0]]
+    wrong = ["A dog sat on a mat.", "Nothing here at all."]
+    assert bleu(perfect, references) == pytest.approx(100.0)
+    assert bleu(wrong, references) < 10
+    assert rouge_l(perfect, references) == pytest.approx(100.0)
+    assert rouge_l(wrong, references) < 40
+    assert nist(perfect, references) > 2 * nist(wrong, references)
+    assert nist(["", ""], references) == 0.0
+
+
+def test_task_runs_are_checked_and_configured_the_papers_way(tmp_path):
+    with pytest.raises(ValueError, match="--policy"):
+        TaskRun(policy="fast")
+    with pytest.raises(ValueError, match="in \\(1, 6\\]"):
+        TaskRun(policy="9")
+    with pytest.raises(ValueError, match="not to the task model"):
+        TaskRun(policy="task", kl_weight=1.0)
+    task = train_config(TaskRun(policy="task"), tmp_path / "d.jsonl")
+    assert task.fixed_speedup == 1.0 and not task.gate_lora and task.task_adapter is None
+    three = train_config(TaskRun(policy="3", kl_weight=0.5), tmp_path / "d.jsonl")
+    assert three.gate_lora and three.fixed_speedup == 3.0 and three.fixed_decay_length == 32
+    assert three.kl_weight == 0.5 and three.task_adapter.endswith("e2e/task") and three.floor_share == pytest.approx(2 / 3)
+    shared = train_config(TaskRun(policy="all"), tmp_path / "d.jsonl")
+    assert shared.fixed_speedup is None and shared.speedup_range == (1.5, 5.0) and shared.decays == ("linear",)
+    assert policy_name(3.0) == "skip-3x" and policy_name(None) == "skip-all"
+
+
+def test_policy_for_prefers_its_own_speedup_then_the_shared_policy(tmp_path):
+    for name in ("skip-3x", "skip-all"):
+        (tmp_path / "e2e" / name).mkdir(parents=True)
+        (tmp_path / "e2e" / name / "adapter_config.json").write_text("{}")
+    assert policy_for("e2e", 3.0, tmp_path).name == "skip-3x"
+    assert policy_for("e2e", 2.5, tmp_path).name == "skip-all"
+    assert policy_for("e2e", 2.0, tmp_path).name == "skip-all"
+    assert policy_for("e2e", 2.0, tmp_path / "none") is None
+
+
+@pytest.mark.slow
+def test_task_model_and_gated_policy_train_and_1x_is_the_task_model_bit_for_bit(tiny_folder, tmp_path):
+    """Train a task LoRA (full depth, ungated) and a gated policy on top of it on a tiny model; the
+    task model differs from the base, the policy's skipping weights differ from the task model's,
+    and at full depth the policy's decoder gives the task model's logits exactly."""
+    from model.loading import load_model
+    from model.schedule import full_schedule
+    from model.training import TrainConfig, train
+
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in training_rows(dev_split()[0][:4])))
+    common = dict(model=str(tiny_folder), data=str(data), max_steps=2, batch_size=2, lora_rank=2, lora_alpha=4,
+                  eval_every=0, save_every=2, device="cpu", learning_rate=5e-2, warmup_steps=1, warmup_layers=1)
+    train(TrainConfig(**common, output_dir=str(tmp_path / "task"), fixed_speedup=1.0, gate_lora=False))
+    task_adapter = str(tmp_path / "task" / "adapter")
+    train(TrainConfig(**common, output_dir=str(tmp_path / "policy"), task_adapter=task_adapter, fixed_speedup=2.0,
+                      fixed_decay_length=8, floor_share=2 / 3, gate_lora=True))
+    base = load_model(str(tiny_folder), device="cpu", adapter=None)
+    loaded = load_model(str(tiny_folder), device="cpu", adapter=str(tmp_path / "policy" / "adapter"),
+                        task_adapter=task_adapter)
+    assert loaded.gated and loaded.name.endswith("+task")
+    weight = "model.layers.0.self_attn.q_proj.weight"
+    task_weights, base_weights = loaded.model.state_dict()[weight], base.model.state_dict()[weight]
+    assert not torch.equal(task_weights, base_weights)
+    assert not torch.equal(loaded.skip_model.state_dict()[weight], task_weights)
+    ids = torch.tensor([[5, 17, 42, 7, 99, 3]])
+    mask = torch.ones_like(ids)
+    schedule = full_schedule(loaded.num_layers, 4)
+    results = []
+    for decoder in (loaded.full_decoder(), loaded.skip_decoder()):
+        state, logits = decoder.prefill(ids, mask, schedule.prefill_layers(), 12)
+        steps = [logits]
+        for step in range(3):
+            steps.append(decoder.decode_step(state, torch.tensor([11 + step]), schedule.step_layers(step)))
+        results.append(torch.stack(steps))
+    assert torch.equal(results[0], results[1])
