@@ -14,6 +14,7 @@ export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 STEPS_TASK=${STEPS_TASK:-400}
 STEPS_POLICY=${STEPS_POLICY:-600}
 BATCH=${BATCH:-32}
+PY=${PYTHON:-python3}
 TRAIN_LIMIT=${TRAIN_LIMIT:-150}    # seconds a training phase may take; checkpoints every 100 steps
 DEVICE=${DEVICE:-cuda}
 HELDOUT=${HELDOUT:-50}          # held-out MRs each run scores itself on
@@ -28,38 +29,38 @@ report() { cp runs/e2e-*/summary.json "$WORK/logs/" 2>/dev/null
   tar -C "$WORK" -czf "$OUT_DIR/report.tar.gz" .; }
 
 log "convert the default model once (parallel runs would race on the cache)"
-python -c "from model.loading import default_model_folder; default_model_folder()" || exit 1
+$PY -c "from model.loading import default_model_folder; default_model_folder()" || exit 1
 
 log "task model: rank 16 (shipped), 8 and 32 (the rank study), $STEPS_TASK steps of $BATCH"
 for rank in 16 8 32; do
-  timeout "$TRAIN_LIMIT" python -m model train-task e2e --policy task --lora-rank "$rank" --steps "$STEPS_TASK" \
+  timeout "$TRAIN_LIMIT" $PY -m model train-task e2e --policy task --lora-rank "$rank" --steps "$STEPS_TASK" \
     $common --output-dir "runs/e2e-task-r$rank" > "$WORK/logs/task-r$rank.log" 2>&1 &
 done
 wait
-python -m model export-adapter runs/e2e-task-r16/adapter assets/adapters/e2e/task || { report; exit 1; }
+$PY -m model export-adapter runs/e2e-task-r16/adapter assets/adapters/e2e/task || { report; exit 1; }
 pack task
 report
 
 log "skip policies on the task model, $STEPS_POLICY steps of $BATCH"
 for policy in 2 3 4 5 all; do
-  timeout "$TRAIN_LIMIT" python -m model train-task e2e --policy "$policy" --steps "$STEPS_POLICY" $common \
+  timeout "$TRAIN_LIMIT" $PY -m model train-task e2e --policy "$policy" --steps "$STEPS_POLICY" $common \
     --output-dir "runs/e2e-skip-$policy" > "$WORK/logs/skip-$policy.log" 2>&1 &
 done
-timeout "$TRAIN_LIMIT" python -m model train-task e2e --policy 3 --kl-weight 1 --steps "$STEPS_POLICY" $common \
+timeout "$TRAIN_LIMIT" $PY -m model train-task e2e --policy 3 --kl-weight 1 --steps "$STEPS_POLICY" $common \
   --output-dir runs/e2e-skip-3-kl1 > "$WORK/logs/skip-3-kl1.log" 2>&1 &
 wait
 for policy in 2 3 4 5; do
-  python -m model export-adapter "runs/e2e-skip-$policy/adapter" "assets/adapters/e2e/skip-${policy}x" && pack "skip-${policy}x"
+  $PY -m model export-adapter "runs/e2e-skip-$policy/adapter" "assets/adapters/e2e/skip-${policy}x" && pack "skip-${policy}x"
 done
-python -m model export-adapter runs/e2e-skip-all/adapter assets/adapters/e2e/skip-all && pack skip-all
+$PY -m model export-adapter runs/e2e-skip-all/adapter assets/adapters/e2e/skip-all && pack skip-all
 mkdir -p runs/kl-root/e2e && cp -r assets/adapters/e2e/task runs/kl-root/e2e/task
-python -m model export-adapter runs/e2e-skip-3-kl1/adapter runs/kl-root/e2e/skip-3x
+$PY -m model export-adapter runs/e2e-skip-3-kl1/adapter runs/kl-root/e2e/skip-3x
 report
 
 log "float32 evaluation on the 630 test MRs (one batch: lock-step decoding)"
-timeout 180 python -m model eval-task e2e --device $DEVICE --batch-size 640 --speed-mrs 0 $EVAL_ARGS \
+timeout 180 $PY -m model eval-task e2e --device $DEVICE --batch-size 640 --speed-mrs 0 $EVAL_ARGS \
   --output "$WORK/eval" > "$WORK/logs/eval.log" 2>&1
-timeout 45 python -m model eval-task e2e --device $DEVICE --batch-size 640 --speed-mrs 0 $EVAL_ARGS --speedups 3 \
+timeout 45 $PY -m model eval-task e2e --device $DEVICE --batch-size 640 --speed-mrs 0 $EVAL_ARGS --speedups 3 \
   --no-baselines --adapters runs/kl-root --output "$WORK/eval-kl" > "$WORK/logs/eval-kl.log" 2>&1
 log "done"
 report

@@ -159,3 +159,19 @@ def test_task_model_and_gated_policy_train_and_1x_is_the_task_model_bit_for_bit(
             steps.append(decoder.decode_step(state, torch.tensor([11 + step]), schedule.step_layers(step)))
         results.append(torch.stack(steps))
     assert torch.equal(results[0], results[1])
+
+
+@pytest.mark.slow
+def test_speed_rows_time_the_same_steps_for_both_arms(tiny_folder):
+    from model.generation import ScheduleRequest, TextGenerator
+    from model.loading import load_model
+    from model.tasks.task_eval import measure_speed
+
+    generator = TextGenerator(load_model(str(tiny_folder), device="cpu", adapter=None))
+    full = task_schedule("e2e", 1.0, generator.num_layers, full=True)
+    skip = ScheduleRequest(target_speedup=2.0, warmup=1, decay_length=8, speedup_steps=8, skip_policy=False)
+    row = measure_speed(generator, ["name[A]", "name[B], food[French]", "name[C]"], full, skip, 2.0, 2, 8, 1)
+    assert row.steps == 8 and row.mrs == 3 and row.batch_size == 2
+    assert 1.5 < row.layer_speedup < 2.5 and 1.0 < row.cost_model_bound <= row.layer_speedup
+    assert row.full_decode_tps > 0 and row.skip_decode_tps > 0
+    assert row.decode_speedup == pytest.approx(row.skip_decode_tps / row.full_decode_tps, rel=1e-2)

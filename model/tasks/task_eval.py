@@ -11,11 +11,15 @@ not computed offline here.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from model.decoder import SamplingConfig
+import torch
+
+from model.decoder import SamplingConfig, SkipDecoder
 from model.generation import GenerationRequest, GenerationResult, ScheduleRequest, TextGenerator
+from model.schedule import ScheduleConfig, cost_speedup, layer_speedup
 from model.tasks.e2e import E2ERecord, task_prompt
 
 
@@ -106,13 +110,16 @@ def task_scores(outputs: Sequence[str], records: Sequence[E2ERecord]) -> dict:
 
 @dataclass
 class SpeedRow:
-    """SkipDecode against the task model on the same MRs, runs alternated so that load drifts
-    fall on both alike. Decode speedup: decode tokens/s over the task model's; end to end: the
-    whole request (prefill included)."""
+    """SkipDecode against the task model over the SAME steps: the prompts' prefill, then
+    ``steps`` greedy decode steps (EOS ignored, so both arms run every step), arms alternated so
+    that load drifts fall on both alike. Decode speedup: the task model's decode seconds over
+    SkipDecode's; end to end: the same with the prefill included; the bound: the cost model's
+    speedup for the layers those steps ran."""
 
     speedup: float
     batch_size: int
     mrs: int
+    steps: int
     full_decode_tps: float
     skip_decode_tps: float
     full_total_tps: float
@@ -130,39 +137,48 @@ class SpeedRow:
         self.share_of_bound = round(self.decode_speedup / self.cost_model_bound, 3)
 
 
-def measure_speed(full: TextGenerator, skip: TextGenerator, mrs: Sequence[str], full_schedule: ScheduleRequest,
-                  skip_schedule: ScheduleRequest, speedup: float, batch_size: int, max_new_tokens: int,
+@torch.inference_mode()
+def timed_decode(decoder: SkipDecoder, ids: torch.Tensor, mask: torch.Tensor, schedule: ScheduleConfig,
+                 steps: int) -> tuple[float, float]:
+    """(prefill seconds, decode seconds) of ``steps`` greedy decode steps under ``schedule``."""
+    sync = torch.cuda.synchronize if decoder.device.type == "cuda" else (lambda: None)
+    start = time.perf_counter()
+    state, logits = decoder.prefill(ids, mask, schedule.prefill_layers(), ids.shape[1] + steps + 1)
+    token = logits.argmax(-1)
+    sync()
+    prefill = time.perf_counter() - start
+    start = time.perf_counter()
+    for step in range(steps):
+        token = decoder.decode_step(state, token, schedule.step_layers(step)).argmax(-1)
+    sync()
+    return prefill, time.perf_counter() - start
+
+
+def measure_speed(generator: TextGenerator, mrs: Sequence[str], full_request: ScheduleRequest,
+                  skip_request: ScheduleRequest, speedup: float, batch_size: int, steps: int,
                   repeats: int = 2) -> SpeedRow:
-    """Tokens/s of both arms over ``mrs``, alternated ``repeats`` times after one warm-up batch.
-    Decode tokens/s counts each row's tokens over the decode steps' time (lock-step: a batch's
-    steps run until its longest row ends, for both arms alike)."""
-    warm = list(mrs[:batch_size])
-    describe(full, warm, full_schedule, 8, batch_size)
-    describe(skip, warm, skip_schedule, 8, batch_size)
-    arms = {"full": [0, 0.0, 0.0], "skip": [0, 0.0, 0.0]}  # tokens, decode s, total s
-    bound, layer = 1.0, 1.0
+    """Decode and end-to-end tokens/s of the task model and SkipDecode on ``mrs`` in batches of
+    ``batch_size``, each batch run by both arms in turn, ``repeats`` times, after a warm-up."""
+    full_schedule = generator.schedule_for(full_request, steps + 1).config
+    skip_schedule = generator.schedule_for(skip_request, steps + 1).config
+    arms = {"full": (generator.decoder_for(full_request), full_schedule, [0.0, 0.0]),
+            "skip": (generator.decoder_for(skip_request), skip_schedule, [0.0, 0.0])}
+    batches = [generator.encode([task_prompt(mr) for mr in mrs[i:i + batch_size]])
+               for i in range(0, len(mrs), batch_size)]
+    for decoder, schedule, _ in arms.values():  # warm-up: first calls allocate and build kernels
+        timed_decode(decoder, *batches[0], schedule, 4)
     for _ in range(repeats):
-        for name, generator, schedule in (("full", full, full_schedule), ("skip", skip, skip_schedule)):
-            run = describe(generator, mrs, schedule, max_new_tokens, batch_size)
-            # the prefill makes each row's first token: decode tokens are the rest
-            arms[name][0] += run.generated_tokens - len(mrs)
-            arms[name][1] += run.decode_seconds
-            arms[name][2] += run.total_seconds
-            if name == "skip":
-                layer = run.decode_steps * full.num_layers / max(1, run.layers_run)
-                bound = _cost_bound(skip, run)
-    return SpeedRow(speedup=speedup, batch_size=batch_size, mrs=len(mrs),
-                    full_decode_tps=round(arms["full"][0] / arms["full"][1], 2),
-                    skip_decode_tps=round(arms["skip"][0] / arms["skip"][1], 2),
-                    full_total_tps=round((arms["full"][0] + len(mrs) * repeats) / arms["full"][2], 2),
-                    skip_total_tps=round((arms["skip"][0] + len(mrs) * repeats) / arms["skip"][2], 2),
-                    cost_model_bound=round(bound, 3), layer_speedup=round(layer, 3), repeats=repeats)
-
-
-def _cost_bound(generator: TextGenerator, run: Descriptions) -> float:
-    """The cost model's speedup for the layers the decode steps actually ran (each step also pays
-    the embedding and the LM head, which skipping never saves)."""
-    cost = generator.cost
-    full_steps = run.decode_steps * cost.step_cost(generator.num_layers)
-    ran = run.layers_run * cost.layer_cost + run.decode_steps * cost.fixed_cost
-    return full_steps / ran if ran else 1.0
+        for ids, mask in batches:
+            for decoder, schedule, totals in arms.values():
+                prefill, decode = timed_decode(decoder, ids, mask, schedule, steps)
+                totals[0] += prefill
+                totals[1] += decode
+    tokens = len(mrs) * steps * repeats
+    full, skip = arms["full"][2], arms["skip"][2]
+    budgets = [len(skip_schedule.step_layers(step)) for step in range(steps)]
+    return SpeedRow(speedup=speedup, batch_size=batch_size, mrs=len(mrs), steps=steps,
+                    full_decode_tps=round(tokens / full[1], 2), skip_decode_tps=round(tokens / skip[1], 2),
+                    full_total_tps=round(tokens / (full[0] + full[1]), 2),
+                    skip_total_tps=round(tokens / (skip[0] + skip[1]), 2),
+                    cost_model_bound=round(cost_speedup(generator.num_layers, budgets, generator.cost), 3),
+                    layer_speedup=round(layer_speedup(generator.num_layers, budgets), 3), repeats=repeats)

@@ -46,6 +46,7 @@ class TaskEvalConfig:
     speed_batches: tuple[int, ...] = (1, 8)
     speed_repeats: int = 2
     baselines: bool = True  # the untouched model and the general chat policy on the same MRs
+    quality: bool = True  # False: the speed rows only
     output: str = "assets/eval"
     threads: int | None = None
     adapters: str = str(TASK_ASSETS)  # the folder holding <task>/task and <task>/skip-*
@@ -169,8 +170,7 @@ def speed_rows(config: TaskEvalConfig, records: Sequence[E2ERecord]) -> list[dic
         full = task_schedule(config.task, 1.0, generator.num_layers, full=True)
         skip = task_schedule(config.task, speedup, generator.num_layers)
         for batch in config.speed_batches:
-            row = measure_speed(generator, generator, mrs, full, skip, speedup, batch, settings.max_new_tokens,
-                                config.speed_repeats)
+            row = measure_speed(generator, mrs, full, skip, speedup, batch, settings.decay_length, config.speed_repeats)
             rows.append({**asdict(row), "policy": Path(loaded.adapter_path).name if loaded.adapter_path else "none",
                          "weights": loaded.weights})
             print(f"eval-task: speed {speedup:g}x batch {batch}: decode {row.decode_speedup:.2f}x "
@@ -184,7 +184,7 @@ def run_task_eval(config: TaskEvalConfig) -> dict:
         torch.set_num_threads(config.threads)
     records = reported_records()[: config.mrs] if config.mrs else reported_records()
     start = time.perf_counter()
-    arms = quality_arms(config, records)
+    arms = quality_arms(config, records) if config.quality else []
     speed = speed_rows(config, records)
     device = torch.device("cuda" if config.device.startswith("cuda") or (config.device == "auto" and torch.cuda.is_available()) else "cpu")
     report = {
@@ -209,17 +209,19 @@ def report_markdown(report: dict) -> str:
     """The report's tables as Markdown (the Results tab and README quote it)."""
     hw = report["hardware"]
     lines = [f"# {report['task'].upper()} on the test set ({report['test_mrs']} MRs)", "",
-             f"Weights: {report['config']['weights']}; device: {hw.get('device', '?')} "
-             f"({hw.get('cpu', hw.get('gpu', ''))}); {report['minutes']} min.", "",
-             "| arm | target | BLEU | ROUGE-L | NIST | BLEU share | ROUGE-L share | layer speedup | cost-model |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             f"Weights: {report['config']['weights']}; {hw.get('summary', '?')}; CPU flags: "
+             f"{' '.join(hw.get('cpu_flags', []))}; torch {hw.get('torch', '?')}; {report['minutes']} min.", "",
+             *(["| arm | target | BLEU | ROUGE-L | NIST | BLEU share | ROUGE-L share | layer speedup | cost-model |",
+                "|---|---|---|---|---|---|---|---|---|"] if report["arms"] else [])]
     for arm in report["arms"]:
         s, sh = arm["scores"], arm["shares"]
         lines.append(f"| {arm['label']} | {arm['speedup']:g}x | {s['bleu']:.2f} | {s['rouge_l']:.2f} | {s['nist']:.3f} | "
                      f"{sh['bleu']:.3f} | {sh['rouge_l']:.3f} | {arm['achieved_layer_speedup']:.2f}x | "
                      f"{arm['cost_model_speedup']:.2f}x |")
     if report["speed"]:
-        lines += ["", "| target | batch | policy | weights | task model decode tok/s | SkipDecode decode tok/s | "
+        lines += ["", f"Speed: {report['speed'][0]['steps']} decode steps per prompt (the decay length), EOS "
+                  "ignored so both arms run the same steps; tokens/s over those steps.", "",
+                  "| target | batch | policy | weights | task model decode tok/s | SkipDecode decode tok/s | "
                   "decode speedup | cost-model bound | share of bound | end to end |",
                   "|---|---|---|---|---|---|---|---|---|---|"]
         for row in report["speed"]:

@@ -52,6 +52,7 @@ class TaskRun:
     threads: int | None = None
     seed: int = 0
     heldout_mrs: int = 50  # held-out MRs scored at the end (0: none)
+    init_adapter: str | None = None  # continue from a trained adapter's weights (e.g. a GPU run's export)
 
     def __post_init__(self) -> None:
         check_task(self.task)
@@ -85,7 +86,7 @@ def train_config(run: TaskRun, data_file: Path) -> TrainConfig:
     common = dict(output_dir=str(run.folder), data=str(data_file), max_steps=run.steps, batch_size=run.batch_size,
                   lora_rank=run.lora_rank or settings.lora_rank, lora_alpha=2 * (run.lora_rank or settings.lora_rank),
                   save_every=run.save_every, eval_every=0, resume=run.resume, device=run.device,
-                  threads=run.threads, seed=run.seed, max_length=256, warmup_steps=20)
+                  threads=run.threads, seed=run.seed, max_length=256, warmup_steps=20, init_adapter=run.init_adapter)
     if run.policy == "task":
         return TrainConfig(**common, learning_rate=run.learning_rate or 1e-3, fixed_speedup=1.0, gate_lora=False)
     task_dir = run.task_adapter or str(task_adapter_dir(run.task))
