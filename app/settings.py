@@ -13,9 +13,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from model.decoder import SamplingConfig
 from model.generation import GenerationRequest, ScheduleRequest
-from model.schedule import DECAY_FUNCTIONS, DEFAULT_WARMUP, LAYER_ORDERS, RANKED
+from model.skipdecode.decoder import SamplingConfig
+from model.skipdecode.schedule import DECAY_FUNCTIONS, DEFAULT_WARMUP, LAYER_ORDERS, RANKED
 
 # Each checked with the full model (greedy, 48 tokens): a fluent answer, no loops
 # (tests/test_default_model.py guards this). The first is the default prompt.

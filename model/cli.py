@@ -13,10 +13,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from model.schedule import DECAY_FUNCTIONS, DEFAULT_WARMUP, LAYER_ORDERS
+from model.skipdecode.schedule import DECAY_FUNCTIONS, DEFAULT_WARMUP, LAYER_ORDERS
 
 if TYPE_CHECKING:
-    from model.evaluation import EvalConfig
+    from model.evaluation.evaluation import EvalConfig
 
 EXIT_BAD_INPUT = 2
 
@@ -76,13 +76,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     md = commands.add_parser("make-data", help="distillation data at scale, offline: prompts from four sources and "
                              "the full model's greedy + sampled continuations (resumable)")
-    from model.make_data import MakeDataConfig  # noqa: PLC0415 (torch only when a command needs it)
+    from model.training.make_data import MakeDataConfig  # noqa: PLC0415 (torch only when a command needs it)
 
     add_dataclass_options(md, MakeDataConfig)
     md.set_defaults(handler=run_make_data)
 
     tr = commands.add_parser("train", help="skip-policy fine-tuning (LoRA by default) with accelerate")
-    from model.training import TrainConfig  # noqa: PLC0415
+    from model.training.training import TrainConfig  # noqa: PLC0415
 
     add_dataclass_options(tr, TrainConfig)
     tr.set_defaults(handler=run_train)
@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sc = commands.add_parser("scaling", help="the data-scaling curve: the shipped recipe, same steps, on the first "
                              "N unique make-data sequences (resumable)")
-    from model.scaling_study import ScalingConfig  # noqa: PLC0415
+    from model.studies.scaling_study import ScalingConfig  # noqa: PLC0415
 
     add_dataclass_options(sc, ScalingConfig)
     sc.add_argument("--report-only", action="store_true", help="rewrite scaling.json/md from the arms' logs")
@@ -107,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sh = commands.add_parser("shape-study", help="the schedule's shape at a fixed speedup, judged by free-running "
                              "fluency, repetition and fact retention (not ROUGE)")
-    from model.shape_study import ShapeConfig  # noqa: PLC0415
+    from model.studies.shape_study import ShapeConfig  # noqa: PLC0415
 
     add_dataclass_options(sh, ShapeConfig)
     sh.set_defaults(handler=run_shape_study_command)
@@ -201,7 +201,7 @@ def add_eval_command(commands) -> None:
 
 
 def run_lowbit_check_command(args: argparse.Namespace) -> int:
-    from model.lowbit_check import LowBitCheckConfig, run_lowbit_check  # noqa: PLC0415
+    from model.evaluation.lowbit_check import LowBitCheckConfig, run_lowbit_check  # noqa: PLC0415
 
     modes = tuple(m for m in (_quantize_list(args.quantize) or ()) if m != "none")
     if not modes or args.tokens < 2:
@@ -217,7 +217,7 @@ def run_lowbit_check_command(args: argparse.Namespace) -> int:
 
 
 def run_study_command(args: argparse.Namespace) -> int:
-    from model.study import StudyConfig, best_arm, run_study, study_markdown  # noqa: PLC0415
+    from model.studies.study import StudyConfig, best_arm, run_study, study_markdown  # noqa: PLC0415
 
     config = StudyConfig(minutes=args.minutes, arms=tuple(a.strip() for a in args.arms.split(",") if a.strip()),
                          threads=args.threads, runs_dir=args.runs_dir, output=args.output)
@@ -230,7 +230,7 @@ def run_study_command(args: argparse.Namespace) -> int:
 def run_shape_study_command(args: argparse.Namespace) -> int:
     import dataclasses  # noqa: PLC0415
 
-    from model.shape_study import ShapeConfig, run_shape_study  # noqa: PLC0415
+    from model.studies.shape_study import ShapeConfig, run_shape_study  # noqa: PLC0415
 
     config = ShapeConfig(**{spec.name: getattr(args, spec.name) for spec in dataclasses.fields(ShapeConfig)})
     run_shape_study(config, lambda line: print(line, file=sys.stderr, flush=True))
@@ -240,7 +240,7 @@ def run_shape_study_command(args: argparse.Namespace) -> int:
 def run_scaling_command(args: argparse.Namespace) -> int:
     import dataclasses  # noqa: PLC0415
 
-    from model.scaling_study import ScalingConfig, run_scaling, write_scaling  # noqa: PLC0415
+    from model.studies.scaling_study import ScalingConfig, run_scaling, write_scaling  # noqa: PLC0415
 
     config = ScalingConfig(**{spec.name: getattr(args, spec.name) for spec in dataclasses.fields(ScalingConfig)})
     report = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
@@ -254,7 +254,7 @@ def run_scaling_command(args: argparse.Namespace) -> int:
 def run_export_adapter(args: argparse.Namespace) -> int:
     import torch  # noqa: PLC0415
 
-    from model.skip_policy import ScheduleFloor, export_adapter  # noqa: PLC0415
+    from model.skipdecode.skip_policy import ScheduleFloor, export_adapter  # noqa: PLC0415
 
     if (args.schedule_floor is None) != (args.floor_up_to is None):
         raise ValueError("--schedule-floor and --floor-up-to go together")
@@ -269,7 +269,7 @@ def run_export_adapter(args: argparse.Namespace) -> int:
 def run_mix_adapters(args: argparse.Namespace) -> int:
     import torch  # noqa: PLC0415
 
-    from model.skip_policy import mix_adapters  # noqa: PLC0415
+    from model.skipdecode.skip_policy import mix_adapters  # noqa: PLC0415
 
     if args.rank is not None and args.rank < 1:
         raise ValueError(f"--rank must be at least 1, got {args.rank}")
@@ -280,7 +280,7 @@ def run_mix_adapters(args: argparse.Namespace) -> int:
 
 
 def _quantize_list(text: str | None) -> tuple[str, ...] | None:
-    from model.quantization import QUANTIZE_MODES  # noqa: PLC0415
+    from model.lowbit.quantization import QUANTIZE_MODES  # noqa: PLC0415
 
     if not text:
         return None
@@ -292,7 +292,7 @@ def _quantize_list(text: str | None) -> tuple[str, ...] | None:
 
 
 def run_bench_command(args: argparse.Namespace) -> int:
-    from model.bench import BenchConfig, run_bench, write_bench  # noqa: PLC0415
+    from model.evaluation.bench import BenchConfig, run_bench, write_bench  # noqa: PLC0415
 
     if args.tokens < 2 or args.repeats < 1 or (args.threads is not None and args.threads < 1):
         raise ValueError("--tokens must be >= 2, --repeats and --threads >= 1")
@@ -325,8 +325,8 @@ def _float_list(text: str, name: str) -> tuple[float, ...]:
 
 def eval_config(args: argparse.Namespace) -> EvalConfig:
     """The EvalConfig an `eval` command line asks for."""
-    from model.data import DEFAULT_EVAL_PROMPTS, DEFAULT_FACTS  # noqa: PLC0415
-    from model.evaluation import EvalConfig  # noqa: PLC0415
+    from model.evaluation.evaluation import EvalConfig  # noqa: PLC0415
+    from model.training.data import DEFAULT_EVAL_PROMPTS, DEFAULT_FACTS  # noqa: PLC0415
 
     return EvalConfig(
         model=args.model, adapter=None if args.no_adapter else args.adapter, device=args.device,
@@ -341,7 +341,7 @@ def eval_config(args: argparse.Namespace) -> EvalConfig:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from model.evaluation import evaluate, write_report  # noqa: PLC0415
+    from model.evaluation.evaluation import evaluate, write_report  # noqa: PLC0415
 
     config = eval_config(args)
     if config.continuation_tokens < 2 or config.fact_tokens < 2:
@@ -420,7 +420,7 @@ def add_dataclass_options(parser: argparse.ArgumentParser, config_class: type) -
 def run_make_data(args: argparse.Namespace) -> int:
     import dataclasses  # noqa: PLC0415
 
-    from model.make_data import MakeDataConfig, make_data  # noqa: PLC0415
+    from model.training.make_data import MakeDataConfig, make_data  # noqa: PLC0415
 
     config = MakeDataConfig(**{spec.name: getattr(args, spec.name) for spec in dataclasses.fields(MakeDataConfig)})
     manifest = make_data(config)
@@ -432,7 +432,7 @@ def run_make_data(args: argparse.Namespace) -> int:
 def run_train(args: argparse.Namespace) -> int:
     import dataclasses  # noqa: PLC0415
 
-    from model.training import TrainConfig, train  # noqa: PLC0415
+    from model.training.training import TrainConfig, train  # noqa: PLC0415
 
     values = {spec.name: getattr(args, spec.name) for spec in dataclasses.fields(TrainConfig)}
     values["speedup_range"] = tuple(values["speedup_range"])  # argparse gives a list
@@ -450,8 +450,8 @@ def load_model_from_args(args: argparse.Namespace):
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from model.decoder import SamplingConfig  # noqa: PLC0415 (torch import only when needed)
     from model.generation import GenerationRequest, ScheduleRequest, TextGenerator, validate_request  # noqa: PLC0415
+    from model.skipdecode.decoder import SamplingConfig  # noqa: PLC0415 (torch import only when needed)
     request = GenerationRequest(
         prompts=tuple(args.prompt),
         schedule=ScheduleRequest(

@@ -20,11 +20,16 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from model.architectures import ArchitectureAdapter, adapter_for, attention_implementation, forget_gguf_quantization
-from model.decoder import SkipDecoder
-from model.quantization import quantize_weights, resolve_quantize
-from model.skip_policy import EntryBridge, install_lora_gate
-from model.weight_cache import file_key as content_key
+from model.lowbit.quantization import quantize_weights, resolve_quantize
+from model.lowbit.weight_cache import file_key as content_key
+from model.skipdecode.architectures import (
+    ArchitectureAdapter,
+    adapter_for,
+    attention_implementation,
+    forget_gguf_quantization,
+)
+from model.skipdecode.decoder import SkipDecoder
+from model.skipdecode.skip_policy import EntryBridge, install_lora_gate
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +107,7 @@ class LoadedModel:
     # How the adapter was trained (its training_info.json "skip_policy"): gated (LoRA only at
     # positions that bypass layers), warmup, order, ranking. {} for no adapter.
     skip_policy: dict = field(default_factory=dict)
-    quantize: str = "none"  # "int8": every Linear holds int8 weights (model/quantization.py)
+    quantize: str = "none"  # "int8": every Linear holds int8 weights (model/lowbit/quantization.py)
 
     def __post_init__(self) -> None:
         if self.skip_model is None:
@@ -197,7 +202,7 @@ def load_model(
     else:
         skip_model = _low_bit(model, name, adapter_path, quantize)
     # The skip policy's layers first: its int4 LoRA re-points the shared base weights at its stacked
-    # rows, which the original's lean layers then read as they are (model/native_step.py).
+    # rows, which the original's lean layers then read as they are (model/lowbit/native_step.py).
     for prepared in {id(m): m for m in (skip_model, model) if m is not None}.values():
         adapter_for(prepared).prepare_layers()
     return LoadedModel(
@@ -292,7 +297,7 @@ def lora_side_copy(model: nn.Module, adapter_path: Path) -> nn.Module:
     (no second copy), each adapted Linear wrapped as LowBitLoraLinear(shared base, A, B * alpha / r)."""
     from safetensors.torch import load_file  # noqa: PLC0415
 
-    from model.quantization import LowBitLoraLinear  # noqa: PLC0415
+    from model.lowbit.quantization import LowBitLoraLinear  # noqa: PLC0415
 
     config = side_lora_config(adapter_path)
     if config is None:
@@ -342,7 +347,7 @@ def _low_bit(model: nn.Module, name: str, adapter_path: Path | None, mode: str) 
     int4 runs a plain LoRA adapter BESIDE the low-bit weights (lora_side_copy: no second weight
     set, its delta exact); otherwise the adapter is merged into a float copy, then quantised
     (skip_policy_weights). For the default model the prepared low-bit weights are cached
-    (model/weight_cache.py): the original's (int4 from the GGUF's own Q4_1 blocks, the LM head
+    (model/lowbit/weight_cache.py): the original's (int4 from the GGUF's own Q4_1 blocks, the LM head
     int8) and a merged skip policy's (keyed by the adapter's content), so a warm start restores
     them instead of merging, reading blocks and quantising."""
     beside = mode in LORA_BESIDE_MODES and side_lora_config(adapter_path) is not None
@@ -360,12 +365,12 @@ def _low_bit(model: nn.Module, name: str, adapter_path: Path | None, mode: str) 
     if skip_model is not None:
         quantize_weights(skip_model, skip_policy_weights(mode))
         if skip_cache is not None:
-            from model.weight_cache import save_low_bit  # noqa: PLC0415
+            from model.lowbit.weight_cache import save_low_bit  # noqa: PLC0415
 
             save_low_bit(skip_cache, {"skip": skip_model})
         return skip_model
     if skip_cache is not None:  # restored: the original's structure, its Linears from the cache
-        from model.weight_cache import restore_low_bit  # noqa: PLC0415
+        from model.lowbit.weight_cache import restore_low_bit  # noqa: PLC0415
 
         say(f"loading the prepared skip-policy weights from {skip_cache}")
         skip_model = structure_copy(model)
@@ -375,7 +380,7 @@ def _low_bit(model: nn.Module, name: str, adapter_path: Path | None, mode: str) 
 
 
 def _default_cache_file(model: nn.Module, mode: str, adapter_path: Path | None = None) -> Path:
-    from model.weight_cache import cache_file  # noqa: PLC0415
+    from model.lowbit.weight_cache import cache_file  # noqa: PLC0415
 
     return cache_file(cache_root() / "lowbit", content_key(locate_default_gguf()), mode,
                       next(model.parameters()).dtype, adapter_path)
@@ -383,8 +388,8 @@ def _default_cache_file(model: nn.Module, mode: str, adapter_path: Path | None =
 
 def _default_low_bit(model: nn.Module, mode: str) -> None:
     """The default model's original weights in ``mode``, restored from or written to the start-up cache."""
-    from model.quantization import check_low_bit_supported  # noqa: PLC0415
-    from model.weight_cache import restore_low_bit, save_low_bit  # noqa: PLC0415
+    from model.lowbit.quantization import check_low_bit_supported  # noqa: PLC0415
+    from model.lowbit.weight_cache import restore_low_bit, save_low_bit  # noqa: PLC0415
 
     check_low_bit_supported(model, mode)  # a clear error (GPU, no kernel) before any cache is read
     cached = _default_cache_file(model, mode)
@@ -394,7 +399,7 @@ def _default_low_bit(model: nn.Module, mode: str) -> None:
         return
     say(f"one-time preparation: {mode} weights; cached in {cached.parent}")
     if mode == "int4":
-        from model.gguf_weights import q4_1_blocks  # noqa: PLC0415
+        from model.lowbit.gguf_weights import q4_1_blocks  # noqa: PLC0415
 
         quantize_weights(model, "int4", q4_1_blocks(locate_default_gguf(), model.config))
     else:

@@ -139,7 +139,7 @@ def test_unknown_settings_are_named():
 def test_tiny_temperatures_sample_greedily():
     import torch
 
-    from model.decoder import SamplingConfig, sample_next
+    from model.skipdecode.decoder import SamplingConfig, sample_next
 
     logits = torch.tensor([[0.0, 3.0, 1.0]])
     for temperature in (1e-300, 5e-324, 1e-6):

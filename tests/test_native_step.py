@@ -1,4 +1,4 @@
-"""The native decode step (model/native_step.py, model/lean_step.cpp): built where a C++ compiler
+"""The native decode step (model/lowbit/native_step.py, model/lowbit/lean_step.cpp): built where a C++ compiler
 is, bit for bit the Python step on every low-bit layout with torch's kernels (int8, int4, int4 with
 the skip policy's LoRA beside), with padding, GQA and a growing cache; and its own 4-bit kernel
 (q4_matmul, the AVX2 default) multiplies exactly the weights torch's kernel does, more precisely."""
@@ -10,9 +10,7 @@ import torch
 from test_quantization import _random_lora_adapter
 
 from conftest import NUM_LAYERS, left_padded_batch, tiny_model
-from model.architectures import LeanLlamaLayer
-from model.decoder import SkipDecoder, execution_mask, masked_forward
-from model.native_step import (
+from model.lowbit.native_step import (
     NativeDecode,
     Q4Blocks,
     _has_avx2,
@@ -21,8 +19,10 @@ from model.native_step import (
     q4_bytes,
     q4_kernel_selected,
 )
-from model.quantization import Int4Blocks, Int4WeightLinear, int4_supported, int8_supported, quantize_weights
-from model.schedule import ScheduleConfig
+from model.lowbit.quantization import Int4Blocks, Int4WeightLinear, int4_supported, int8_supported, quantize_weights
+from model.skipdecode.architectures import LeanLlamaLayer
+from model.skipdecode.decoder import SkipDecoder, execution_mask, masked_forward
+from model.skipdecode.schedule import ScheduleConfig
 
 has_compiler = shutil.which("c++") is not None and shutil.which("ninja") is not None
 has_q4 = has_compiler and _has_avx2() and int4_supported()
@@ -118,7 +118,7 @@ def test_the_native_step_follows_a_weight_re_pointed_after_it_was_built(kernel, 
 
 
 def test_without_the_native_step_the_python_step_runs(monkeypatch):
-    import model.native_step as native_step
+    import model.lowbit.native_step as native_step
 
     monkeypatch.setenv("SKIPDECODE_NATIVE", "0")
     native_step.native_module.cache_clear()

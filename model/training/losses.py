@@ -1,4 +1,4 @@
-"""Training losses of the skip policy (besides the KL in model.scoring): cross-entropy on user
+"""Training losses of the skip policy (besides the KL in model.training.scoring): cross-entropy on user
 data, hidden-state matching where a generated position enters the upper block, and unlikelihood
 on the tokens that keep a loop going."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from model.data import loop_start, repeated_ngram_ends
-from model.schedule import ScheduleConfig
-from model.skip_policy import entry_layers
+from model.skipdecode.schedule import ScheduleConfig
+from model.skipdecode.skip_policy import entry_layers
+from model.training.data import loop_start, repeated_ngram_ends
 
 
 def cross_entropy_loss(student_logits, ids, target_mask, prompt_len: int) -> torch.Tensor:
@@ -20,7 +20,7 @@ def cross_entropy_loss(student_logits, ids, target_mask, prompt_len: int) -> tor
 
 def loop_masks(targets: torch.Tensor, target_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(KL mask, negatives) of a batch's targets (B, N) and target mask (B, N): the KL covers each
-    target up to where it starts to loop (model.data.loop_start, as --trim-loops cuts it); the
+    target up to where it starts to loop (model.training.data.loop_start, as --trim-loops cuts it); the
     negatives are the tokens from there on that complete a 4-gram the target already holds."""
     kl_mask = torch.zeros_like(target_mask)
     negatives = torch.zeros_like(target_mask)

@@ -367,7 +367,7 @@ def resolve_quantize(mode: str, device: torch.device, exact_4bit: bool = False) 
     return mode
 
 
-# --- fused projections (the lean decode path, model/architectures.py) ---------------------------
+# --- fused projections (the lean decode path, model/skipdecode/architectures.py) ---------------------------
 
 
 def fuse_low_bit(modules: list[nn.Module]) -> nn.Module | None:
@@ -551,7 +551,7 @@ def lean_lora(module: nn.Module) -> nn.Module:
 
 
 # The project's own projection modules (no hooks are ever registered on them): the lean layer
-# calls their forward directly (model/architectures.py, direct_call).
+# calls their forward directly (model/skipdecode/architectures.py, direct_call).
 LOW_BIT_PROJECTIONS = (Int8WeightLinear, Int4WeightLinear, LowBitLoraLinear, Int4LoraLinear)
 
 _LEAN_LORA: "weakref.WeakKeyDictionary[nn.Module, tuple[nn.Module]]" = weakref.WeakKeyDictionary()
@@ -625,9 +625,9 @@ class TwoStageHead(nn.Module):
 
     def scan_logits(self, x: torch.Tensor) -> torch.Tensor:
         """The 4-bit logits: the native q4 kernel where it is selected (float32 rows on the CPU;
-        model/native_step.py), else torch's int4 kernel."""
+        model/lowbit/native_step.py), else torch's int4 kernel."""
         if x.dtype == torch.float32 and x.device.type == "cpu":
-            from model.native_step import q4_scan  # noqa: PLC0415
+            from model.lowbit.native_step import q4_scan  # noqa: PLC0415
 
             blocks = q4_scan(self.scan)
             if blocks is not None:

@@ -21,9 +21,15 @@ from typing import Callable, Generator, Sequence
 import torch
 from torch import nn
 
-from model.architectures import ArchitectureAdapter, LayerInputs, PrefixKVCache, adapter_for, position_ids_from_mask
-from model.schedule import ScheduleConfig
-from model.skip_policy import EntryBridge, entry_layers
+from model.skipdecode.architectures import (
+    ArchitectureAdapter,
+    LayerInputs,
+    PrefixKVCache,
+    adapter_for,
+    position_ids_from_mask,
+)
+from model.skipdecode.schedule import ScheduleConfig
+from model.skipdecode.skip_policy import EntryBridge, entry_layers
 
 GREEDY_BELOW = 1e-4  # temperatures this small sample the argmax anyway
 
@@ -147,7 +153,7 @@ class SkipDecoder:
     schedule is exactly the original model. ``skip_model`` (the same architecture with the
     skip-policy LoRA merged in; default ``model``) runs the steps that bypass layers, and
     ``bridge`` maps the hidden state where it jumps a gap. Both weight sets share one KV cache:
-    what each step writes equals the gated teacher-forced forward (model/skip_policy.py).
+    what each step writes equals the gated teacher-forced forward (model/skipdecode/skip_policy.py).
     """
 
     def __init__(

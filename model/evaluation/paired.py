@@ -1,7 +1,7 @@
 """Is a candidate adapter really better than the shipped one? A paired bootstrap over prompts.
 
 Both adapters are measured on the same held-out prompts against the same full-model references
-(model.evaluation, ``--candidate``). A measure pools per-prompt counts (agreeing positions,
+(model.evaluation.evaluation, ``--candidate``). A measure pools per-prompt counts (agreeing positions,
 repeated 4-grams, NLL sums, kept fact answers); resampling the PROMPTS (the same draw for both
 adapters, so prompt difficulty cancels) gives a 95% interval for the difference candidate −
 adapter. With 64 prompts a repetition rate moves by a few hundredths when two or three prompts
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import torch
 
 if TYPE_CHECKING:
-    from model.evaluation import RowItems
+    from model.evaluation.evaluation import RowItems
 
 # measure -> +1 where higher is better, -1 where lower is better
 MEASURE_DIRECTIONS = {"agreement": 1, "ppl_ratio": -1, "judged_ppl_ratio": -1, "repetition": -1,

@@ -1,11 +1,11 @@
-// The lean Llama-family layer's decode step (model/architectures.py, LeanLlamaLayer._decode_one)
+// The lean Llama-family layer's decode step (model/skipdecode/architectures.py, LeanLlamaLayer._decode_one)
 // as one C++ call over torch's own ops, for low-bit projections on a CPU.
 //
 // Why: a small model's decode step on a CPU is a few hundred small ops, and at one thread the
 // Python interpreter's cost per op call (argument parsing, the Python-side dispatch) is a large
 // share of each layer. The same ATen calls in the same order from C++ give the same numbers bit
 // for bit (the tests compare with torch.equal) and cost only the dispatcher's share. Built once
-// per machine by model/native_step.py; everything else (prefill, float weights, other devices)
+// per machine by model/lowbit/native_step.py; everything else (prefill, float weights, other devices)
 // stays on the Python path.
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
@@ -24,7 +24,7 @@ namespace {
 
 using at::Tensor;
 
-constexpr int64_t kInt4Group = 32;  // the GGUF Q4_1 block size (model/quantization.py, INT4_GROUP)
+constexpr int64_t kInt4Group = 32;  // the GGUF Q4_1 block size (model/lowbit/quantization.py, INT4_GROUP)
 
 // --- a 4-bit matmul for few rows (decode) on AVX2 ------------------------------------------------
 //
@@ -179,7 +179,7 @@ Tensor q4_matmul(const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
 
 // torch's packed int4 weights (N, K/2) -> the Q4_1 bytes q4_matmul reads (N, K/2): element (n, k)
 // of each block of `period` rows sits in packed nibble nibble_of[(n % period) * K + k] of its block
-// (a layout learned from torch's packer: model/native_step.py). One pass over the bytes: at start-up
+// (a layout learned from torch's packer: model/lowbit/native_step.py). One pass over the bytes: at start-up
 // the same gather through torch ops cost ~2 s for the default model.
 Tensor q4_from_packed(const Tensor& packed, const Tensor& nibble_of, int64_t period) {
   const Tensor source = packed.contiguous();
@@ -218,7 +218,7 @@ bool has_q4_matmul() {
 #endif
 }
 
-// One low-bit projection of (B, in) float rows, exactly as model/quantization.py computes it.
+// One low-bit projection of (B, in) float rows, exactly as model/lowbit/quantization.py computes it.
 struct Projection {
   // 0: int4; 1: int4 with a LoRA (A stacked under the base rows, B in int8); 2: int8;
   // 3: Q4_1 blocks through q4_matmul; 4: those with a LoRA (A's blocks stacked, B in int8)

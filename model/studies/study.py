@@ -26,10 +26,10 @@ from typing import Callable
 
 import torch
 
-from model.hardware import cpu_summary
-from model.training import TrainConfig
+from model.common.hardware import cpu_summary
+from model.training.training import TrainConfig
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BASELINE = dict(warmup_layers=4)
 
 # name -> (what it tests, TrainConfig overrides on top of BASELINE)
@@ -90,8 +90,8 @@ class ArmResult:
 def measure_layer_importance(loaded, heldout_batches, teacher_logits) -> list[float]:
     """KL to the full model when ONE layer is bypassed at every generated position (teacher
     forced, untrained model): how much each layer matters for the next token."""
-    from model.decoder import masked_forward  # noqa: PLC0415
-    from model.scoring import distillation_loss  # noqa: PLC0415
+    from model.skipdecode.decoder import masked_forward  # noqa: PLC0415
+    from model.training.scoring import distillation_loss  # noqa: PLC0415
 
     num_layers = loaded.num_layers
     importance = []
@@ -115,11 +115,11 @@ def ranking_from_importance(importance: list[float]) -> tuple[int, ...]:
 
 
 def run_study(config: StudyConfig, progress: Callable[[str], None] = print) -> dict:
-    from model.evaluation import EvalConfig, evaluate  # noqa: PLC0415
+    from model.evaluation.evaluation import EvalConfig, evaluate  # noqa: PLC0415
     from model.generation import TextGenerator  # noqa: PLC0415
-    from model.heldout import heldout_set  # noqa: PLC0415
     from model.loading import load_model  # noqa: PLC0415
-    from model.training import train  # noqa: PLC0415
+    from model.training.heldout import heldout_set  # noqa: PLC0415
+    from model.training.training import train  # noqa: PLC0415
 
     torch.set_num_threads(config.threads)
     runs = Path(config.runs_dir)
@@ -205,7 +205,7 @@ def _keep_teacher_cache(folder: Path, runs: Path) -> None:
 
 
 def write_study(study: dict, folder: str | Path) -> tuple[Path, Path]:
-    from model.reporting import write_result_files  # noqa: PLC0415 (plotly: not at CLI start)
+    from model.evaluation.reporting import write_result_files  # noqa: PLC0415 (plotly: not at CLI start)
 
     return write_result_files(folder, "study", study, study_markdown(study))
 

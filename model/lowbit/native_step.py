@@ -1,4 +1,4 @@
-"""The lean layer's decode step as one C++ call (model/lean_step.cpp), for low-bit weights on a CPU.
+"""The lean layer's decode step as one C++ call (model/lowbit/lean_step.cpp), for low-bit weights on a CPU.
 
 A decode step of the default model at 2x runs ~15 layers of ~25 small torch ops each; at one
 thread the interpreter's cost per op call was a measured ~17% of those layers (README, "Speed").
@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:  # pragma: no cover
-    from model.architectures import LayerInputs, LeanLlamaLayer, PrefixKVCache
+    from model.skipdecode.architectures import LayerInputs, LeanLlamaLayer, PrefixKVCache
 
 SOURCE = Path(__file__).with_name("lean_step.cpp")
 _build_lock = threading.Lock()
@@ -247,7 +247,7 @@ def q4_scan(module: nn.Module) -> Q4Blocks | None:
 def projection_spec(module: nn.Module) -> tuple[int, list[torch.Tensor], int] | None:
     """(kind, tensors, out_features) of a low-bit projection as lean_step.cpp computes it, or None
     for anything it does not know (float weights, a bias, a LoRA with a float B)."""
-    from model.quantization import Int4LoraLinear, Int4WeightLinear, Int8WeightLinear  # noqa: PLC0415
+    from model.lowbit.quantization import Int4LoraLinear, Int4WeightLinear, Int8WeightLinear  # noqa: PLC0415
 
     if getattr(module, "bias", None) is not None:
         return None

@@ -29,8 +29,11 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-from model.checkpoints import portable_path
-from model.data import (
+from model.evaluation.paired import Comparison, compare_variants, comparison_markdown
+from model.skipdecode.decoder import SkipDecoder
+from model.skipdecode.schedule import ScheduleConfig, full_schedule, solve_schedule, speedup_reachable
+from model.training.checkpoints import portable_path
+from model.training.data import (
     DEFAULT_EVAL_PROMPTS,
     DEFAULT_FACTS,
     Example,
@@ -40,10 +43,7 @@ from model.data import (
     read_prompts,
     teacher_continuations,
 )
-from model.decoder import SkipDecoder
-from model.paired import Comparison, compare_variants, comparison_markdown
-from model.schedule import ScheduleConfig, full_schedule, solve_schedule, speedup_reachable
-from model.scoring import Scores, skip_policy_logits, teacher_forced_scores
+from model.training.scoring import Scores, skip_policy_logits, teacher_forced_scores
 
 EVAL_SPEEDUPS = (1.0, 1.5, 2.0, 3.0, 4.0)
 
@@ -716,7 +716,7 @@ def _quantization_row(config: EvalConfig, weights: str, context: _Context) -> Qu
 
 
 def write_report(report: EvalReport, folder: str | Path) -> tuple[Path, Path]:
-    from model.reporting import write_result_files  # noqa: PLC0415 (plotly: not at CLI start)
+    from model.evaluation.reporting import write_result_files  # noqa: PLC0415 (plotly: not at CLI start)
 
     return write_result_files(folder, "eval", report.to_json(), report.to_markdown())
 

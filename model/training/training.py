@@ -27,9 +27,20 @@ from typing import Iterator, Sequence
 
 import torch
 
-from model.architectures import adapter_for
-from model.checkpoints import load_initial_adapter, resume_checkpoint, save_checkpoint
-from model.data import (
+from model.skipdecode.architectures import adapter_for
+from model.skipdecode.schedule import (
+    DECAY_FUNCTIONS,
+    DEFAULT_WARMUP,
+    LAYER_ORDERS,
+    RANKED,
+    ScheduleConfig,
+    full_schedule,
+    max_layer_speedup,
+    solve_schedule,
+)
+from model.skipdecode.skip_policy import EntryBridge, install_lora_gate
+from model.training.checkpoints import load_initial_adapter, resume_checkpoint, save_checkpoint
+from model.training.data import (
     DEFAULT_TRAIN_PROMPTS,
     Example,
     cached_examples,
@@ -41,20 +52,9 @@ from model.data import (
     trim_loop,
     user_examples,
 )
-from model.heldout import heldout_scores, heldout_set
-from model.losses import cross_entropy_loss, hidden_matching_loss, loop_masks, unlikelihood_loss
-from model.schedule import (
-    DECAY_FUNCTIONS,
-    DEFAULT_WARMUP,
-    LAYER_ORDERS,
-    RANKED,
-    ScheduleConfig,
-    full_schedule,
-    max_layer_speedup,
-    solve_schedule,
-)
-from model.scoring import distillation_loss, skip_policy_logits
-from model.skip_policy import EntryBridge, install_lora_gate
+from model.training.heldout import heldout_scores, heldout_set
+from model.training.losses import cross_entropy_loss, hidden_matching_loss, loop_masks, unlikelihood_loss
+from model.training.scoring import distillation_loss, skip_policy_logits
 
 SCHEDULE_MIXES = ("broad", "focused")
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",  # Llama family
@@ -82,7 +82,7 @@ class TrainConfig:
     warmup_steps: int = 10
     continuation_tokens: int = 64  # teacher continuation length (self-distillation)
     max_target_tokens: int | None = None  # train on only the first N target tokens (cheaper steps)
-    trim_loops: bool = False  # cut each target where it starts to loop (model/data.py trim_loop)
+    trim_loops: bool = False  # cut each target where it starts to loop (model/training/data.py trim_loop)
     # True: a batch is a random window of the examples sorted by target length, so a short reply
     # (a fact answer) trains under the steep decay of its own length, not a long neighbour's
     length_grouped: bool = False
@@ -103,7 +103,7 @@ class TrainConfig:
     fixed_decay: str = "linear"
     warmup_layers: int = DEFAULT_WARMUP
     order: str = "warmup_top"
-    ranking: tuple[int, ...] = ()  # order "ranked": layers most important first (model.study measures it)
+    ranking: tuple[int, ...] = ()  # order "ranked": layers most important first (model.studies.study measures it)
     lora_rank: int = 16
     lora_alpha: int = 32
     lora_modules: tuple[str, ...] = ()  # () = every linear of the layers

@@ -2,7 +2,7 @@
 against the full model, over collated batches. Used by training (the loss and the held-out
 curve) and by evaluation (the quality report), so both measure the same thing.
 
-A batch is (ids (B, P + N), mask (B, P + N), target_mask (B, N), P) from model.data.collate:
+A batch is (ids (B, P + N), mask (B, P + N), target_mask (B, N), P) from model.training.data.collate:
 generated position P + k is decode step k, exactly as in the lock-step decoder.
 """
 
@@ -14,9 +14,9 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from model.decoder import execution_mask, masked_forward
-from model.schedule import ScheduleConfig
-from model.skip_policy import EntryBridge, gated
+from model.skipdecode.decoder import execution_mask, masked_forward
+from model.skipdecode.schedule import ScheduleConfig
+from model.skipdecode.skip_policy import EntryBridge, gated
 
 
 def skip_policy_logits(model, ids, mask, schedule: ScheduleConfig, prompt_len: int, *,

@@ -4,7 +4,7 @@ SmolLM2-135M-Instruct.Q4_1.gguf stores every layer weight as Q4_1: blocks of 32 
 the input dimension, each with a float16 scale d and minimum m, w = d * q + m with q in 0..15
 (ggml's block_q4_1: d, m, then 16 bytes whose low nibbles are weights 0..15 and high nibbles
 16..31). ``q4_1_blocks`` turns them into ``Int4Blocks`` under the transformers module names, so
-the int4 engine multiplies the very values the file holds (model/quantization.py).
+the int4 engine multiplies the very values the file holds (model/lowbit/quantization.py).
 
 llama.cpp's converter permutes the rows of q_proj and k_proj (its rotary layout); transformers
 un-permutes them when it loads a GGUF, and so do we, row by row: a block lies inside one row, so
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from model.quantization import INT4_GROUP, Int4Blocks
+from model.lowbit.quantization import INT4_GROUP, Int4Blocks
 
 # GGUF tensor name (inside blk.{i}.) -> transformers module name (inside model.layers.{i}.)
 LLAMA_GGUF_NAMES = {

@@ -15,9 +15,9 @@ from typing import Callable
 
 import torch
 
-from model.data import DEFAULT_EVAL_PROMPTS, read_prompts, teacher_continuations
-from model.decoder import SkipDecoder
-from model.schedule import ScheduleConfig, full_schedule
+from model.skipdecode.decoder import SkipDecoder
+from model.skipdecode.schedule import ScheduleConfig, full_schedule
+from model.training.data import DEFAULT_EVAL_PROMPTS, read_prompts, teacher_continuations
 
 
 @dataclass

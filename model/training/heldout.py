@@ -11,9 +11,9 @@ from pathlib import Path
 
 import torch
 
-from model.data import DEFAULT_EVAL_PROMPTS, batches_of, cached_examples, read_prompts, teacher_continuations
-from model.schedule import full_schedule, max_layer_speedup, solve_schedule
-from model.scoring import skip_policy_logits, teacher_forced_scores
+from model.skipdecode.schedule import full_schedule, max_layer_speedup, solve_schedule
+from model.training.data import DEFAULT_EVAL_PROMPTS, batches_of, cached_examples, read_prompts, teacher_continuations
+from model.training.scoring import skip_policy_logits, teacher_forced_scores
 
 HELDOUT_SPEEDUPS = (1.5, 2.0, 3.0)
 

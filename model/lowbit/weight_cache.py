@@ -7,7 +7,7 @@ layout), so it is cached once under the cache folder, keyed by all four (the fil
 sha256 of its size, first and last MiB), and a warm start restores the low-bit modules from one
 safetensors file instead. Where the skip policy is MERGED into its own low-bit copy (int8), that
 set is cached in a second file whose key adds the adapter's content; where its LoRA runs beside
-the low-bit weights (int4: model/quantization.py, LowBitLoraLinear) it is read from the adapter at
+the low-bit weights (int4: model/lowbit/quantization.py, LowBitLoraLinear) it is read from the adapter at
 every start (10 MB).
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from model.quantization import Int4WeightLinear, Int8WeightLinear, PackedInt4, TwoStageHead
+from model.lowbit.quantization import Int4WeightLinear, Int8WeightLinear, PackedInt4, TwoStageHead
 
 CACHE_FORMAT = "lowbit-v4"  # bump when the stored layout or a quantiser changes
 LOW_BIT_MODULES = (Int8WeightLinear, Int4WeightLinear, TwoStageHead)

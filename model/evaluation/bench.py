@@ -29,9 +29,9 @@ from typing import Callable
 
 import torch
 
-from model.decoder import SkipDecoder
-from model.hardware import hardware_info
-from model.schedule import ScheduleConfig, full_schedule, speedup_summary
+from model.common.hardware import hardware_info
+from model.skipdecode.decoder import SkipDecoder
+from model.skipdecode.schedule import ScheduleConfig, full_schedule, speedup_summary
 
 BENCH_PROMPTS = [
     "Write a short story about a lighthouse keeper.",
@@ -79,7 +79,7 @@ class BenchRow:
     peak_memory_mb: float | None = None
     max_layers: int | None = None
     min_layers: int | None = None
-    weights: str = "float"  # "float" (the report's dtype), "int8" or "int4" (model/quantization.py), "Q4_1" (llama.cpp)
+    weights: str = "float"  # "float" (the report's dtype), "int8" or "int4" (model/lowbit/quantization.py), "Q4_1" (llama.cpp)
     vs_float_full: float | None = None  # tokens/s over the float weights' full decoder, same batch
     decode_tokens_per_second: float | None = None  # batch / median step time (prefill excluded)
     vs_llama_cpp: float | None = None  # decode tokens/s over llama.cpp's full model (same GGUF, same threads)
@@ -294,8 +294,8 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None] = print) -> B
 
 
 def _decode_step_note() -> str:
-    """Which decode step and int4 kernel this run's low-bit rows used (model/native_step.py)."""
-    from model.native_step import native_module, q4_kernel_selected  # noqa: PLC0415
+    """Which decode step and int4 kernel this run's low-bit rows used (model/lowbit/native_step.py)."""
+    from model.lowbit.native_step import native_module, q4_kernel_selected  # noqa: PLC0415
 
     if native_module() is None:
         return "low-bit decode steps: the Python step (no native step on this machine); int4 kernel: torch's"
@@ -371,7 +371,7 @@ def _rows(batch, timings, peaks, schedules, num_layers, cost, new_tokens) -> lis
 
 def write_bench(report: BenchReport, folder: str | Path) -> list[Path]:
     """bench.json (raw), bench.md (table) and speedup.json (the Plotly figure) under ``folder``."""
-    from model.reporting import speed_figure  # noqa: PLC0415
+    from model.evaluation.reporting import speed_figure  # noqa: PLC0415
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

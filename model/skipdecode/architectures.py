@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.schedule import CostModel
+from model.skipdecode.schedule import CostModel
 
 LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
 SUPPORTED_MODEL_TYPES = LLAMA_FAMILY + ("opt", "gpt2")
@@ -59,7 +59,7 @@ class PrefixKVCache:
     def next_slot(self, layer_idx: int, batch: int, heads: int, head_dim: int,
                   like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
         """(keys, values, start) for ONE new position that the caller writes at ``start`` itself
-        (the native decode step, model/native_step.py), the layer's length advanced by one."""
+        (the native decode step, model/lowbit/native_step.py), the layer's length advanced by one."""
         return self._reserve(layer_idx, batch, heads, head_dim, like, 1)
 
     def _reserve(self, layer_idx: int, batch: int, heads: int, head_dim: int, like: torch.Tensor,
@@ -210,7 +210,7 @@ class ArchitectureAdapter(ABC):
 
 
 def _weight_count(module: nn.Module) -> int:
-    """Weights a step touches: parameters, plus low-bit weights held as buffers (model/quantization.py)."""
+    """Weights a step touches: parameters, plus low-bit weights held as buffers (model/lowbit/quantization.py)."""
     return (sum(p.numel() for p in module.parameters())
             + sum(int(getattr(m, "quantized_weight_count", 0)) for m in module.modules()))
 
@@ -271,7 +271,7 @@ class LeanLlamaLayer:
     """A Llama-family decoder layer computed from its own modules without transformers' layer
     code: the same math (pre-norm attention with rotary embeddings and GQA, SwiGLU MLP), fewer
     ops per call, and low-bit q/k/v and gate/up projections fused into one kernel call each
-    (model/quantization.py). Decoding a small model on a CPU is a few hundred small matmuls per
+    (model/lowbit/quantization.py). Decoding a small model on a CPU is a few hundred small matmuls per
     token, so the per-op overhead of the module code is a large share of a step (measured in
     README, "Speed"). The parity tests hold it to transformers' generate for every family.
 
@@ -288,8 +288,8 @@ class LeanLlamaLayer:
     _lock = threading.Lock()
 
     def __init__(self, layer: nn.Module, config: Any) -> None:
-        from model.native_step import NativeDecode  # noqa: PLC0415
-        from model.quantization import fuse_low_bit, lean_lora  # noqa: PLC0415
+        from model.lowbit.native_step import NativeDecode  # noqa: PLC0415
+        from model.lowbit.quantization import fuse_low_bit, lean_lora  # noqa: PLC0415
 
         attn, mlp = layer.self_attn, layer.mlp
         self.input_norm, self.post_norm = fused_rms_norm(layer.input_layernorm), fused_rms_norm(layer.post_attention_layernorm)
@@ -407,7 +407,7 @@ def direct_call(module: nn.Module | None) -> Callable | nn.Module | None:
     has one, else its bound ``forward``: nn.Module's call machinery (hook checks) costs ~3 us a
     call, four calls a layer, and the project registers no hooks on these modules (a module from
     elsewhere keeps its full call)."""
-    from model.quantization import LOW_BIT_PROJECTIONS  # noqa: PLC0415
+    from model.lowbit.quantization import LOW_BIT_PROJECTIONS  # noqa: PLC0415
 
     if isinstance(module, LOW_BIT_PROJECTIONS) and not (module._forward_hooks or module._forward_pre_hooks):
         return module.decode_call() if hasattr(module, "decode_call") else module.forward

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch
 
-from model.hardware import hardware_info
-from model.skip_policy import EntryBridge
+from model.common.hardware import hardware_info
+from model.skipdecode.skip_policy import EntryBridge
 
 
 def save_checkpoint(accelerator, model, output: Path, step: int, config, seconds: float) -> None:
@@ -49,7 +49,7 @@ def portable_path(value):
     eval reports carry no machine's absolute paths)."""
     if not isinstance(value, str) or not value:
         return value
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     try:
         return str(Path(value).resolve().relative_to(root))
     except ValueError:

@@ -46,9 +46,16 @@ from typing import Iterable, Iterator, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from model.data import ASSETS, DEFAULT_EVAL_PROMPTS, DEFAULT_FACTS, continuation_target, read_jsonl, sequence_key
-from model.decoder import SamplingConfig, left_padded
-from model.schedule import full_schedule
+from model.skipdecode.decoder import SamplingConfig, left_padded
+from model.skipdecode.schedule import full_schedule
+from model.training.data import (
+    ASSETS,
+    DEFAULT_EVAL_PROMPTS,
+    DEFAULT_FACTS,
+    continuation_target,
+    read_jsonl,
+    sequence_key,
+)
 
 PROMPTS_DIR = ASSETS / "prompts"
 TOPICS_FILE = PROMPTS_DIR / "topics.txt"

@@ -1,5 +1,5 @@
 """Data for training and evaluation: JSONL prompt sets, examples, the teacher's continuations,
-and lock-step collation. Shared by model/training.py and model/evaluation.py."""
+and lock-step collation. Shared by model/training/training.py and model/evaluation/evaluation.py."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from typing import Sequence
 
 import torch
 
-from model.decoder import SamplingConfig
-from model.schedule import full_schedule
+from model.skipdecode.decoder import SamplingConfig
+from model.skipdecode.schedule import full_schedule
 
-ASSETS = Path(__file__).resolve().parents[1] / "assets"
+ASSETS = Path(__file__).resolve().parents[2] / "assets"
 DEFAULT_TRAIN_PROMPTS = ASSETS / "prompts" / "train.jsonl"
 DEFAULT_EVAL_PROMPTS = ASSETS / "prompts" / "eval.jsonl"
 DEFAULT_FACTS = ASSETS / "prompts" / "facts.jsonl"  # short fact questions with accepted answers (held out)
