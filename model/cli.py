@@ -11,12 +11,23 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable, Sequence
 
+from model.evaluation.bench import BenchConfig, run_bench, write_bench
+from model.evaluation.evaluation import EvalConfig, evaluate, write_report
+from model.evaluation.lowbit_check import LowBitCheckConfig, run_lowbit_check
+from model.generation import GenerationRequest, ScheduleRequest, TextGenerator, validate_request
+from model.loading import load_model
+from model.lowbit.quantization import QUANTIZE_MODES
+from model.skipdecode.decoder import SamplingConfig
 from model.skipdecode.schedule import DECAY_FUNCTIONS, DEFAULT_WARMUP, LAYER_ORDERS
-
-if TYPE_CHECKING:
-    from model.evaluation.evaluation import EvalConfig
+from model.skipdecode.skip_policy import ScheduleFloor, export_adapter, mix_adapters
+from model.studies.scaling_study import ScalingConfig, run_scaling, write_scaling
+from model.studies.shape_study import ShapeConfig, run_shape_study
+from model.studies.study import StudyConfig, best_arm, run_study, study_markdown
+from model.training.data import DEFAULT_EVAL_PROMPTS, DEFAULT_FACTS
+from model.training.make_data import MakeDataConfig, make_data
+from model.training.training import TrainConfig, train
 
 EXIT_BAD_INPUT = 2
 
@@ -76,14 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     md = commands.add_parser("make-data", help="distillation data at scale, offline: prompts from four sources and "
                              "the full model's greedy + sampled continuations (resumable)")
-    from model.training.make_data import MakeDataConfig  # noqa: PLC0415 (torch only when a command needs it)
-
     add_dataclass_options(md, MakeDataConfig)
     md.set_defaults(handler=run_make_data)
 
     tr = commands.add_parser("train", help="skip-policy fine-tuning (LoRA by default) with accelerate")
-    from model.training.training import TrainConfig  # noqa: PLC0415
-
     add_dataclass_options(tr, TrainConfig)
     tr.set_defaults(handler=run_train)
 
@@ -99,16 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     sc = commands.add_parser("scaling", help="the data-scaling curve: the shipped recipe, same steps, on the first "
                              "N unique make-data sequences (resumable)")
-    from model.studies.scaling_study import ScalingConfig  # noqa: PLC0415
-
     add_dataclass_options(sc, ScalingConfig)
     sc.add_argument("--report-only", action="store_true", help="rewrite scaling.json/md from the arms' logs")
     sc.set_defaults(handler=run_scaling_command)
 
     sh = commands.add_parser("shape-study", help="the schedule's shape at a fixed speedup, judged by free-running "
                              "fluency, repetition and fact retention (not ROUGE)")
-    from model.studies.shape_study import ShapeConfig  # noqa: PLC0415
-
     add_dataclass_options(sh, ShapeConfig)
     sh.set_defaults(handler=run_shape_study_command)
 
@@ -201,8 +204,6 @@ def add_eval_command(commands) -> None:
 
 
 def run_lowbit_check_command(args: argparse.Namespace) -> int:
-    from model.evaluation.lowbit_check import LowBitCheckConfig, run_lowbit_check  # noqa: PLC0415
-
     modes = tuple(m for m in (_quantize_list(args.quantize) or ()) if m != "none")
     if not modes or args.tokens < 2:
         raise ValueError("--quantize needs a low-bit mode (int4, int8) and --tokens must be >= 2")
@@ -217,8 +218,6 @@ def run_lowbit_check_command(args: argparse.Namespace) -> int:
 
 
 def run_study_command(args: argparse.Namespace) -> int:
-    from model.studies.study import StudyConfig, best_arm, run_study, study_markdown  # noqa: PLC0415
-
     config = StudyConfig(minutes=args.minutes, arms=tuple(a.strip() for a in args.arms.split(",") if a.strip()),
                          threads=args.threads, runs_dir=args.runs_dir, output=args.output)
     study = run_study(config, progress=lambda line: print(line, file=sys.stderr, flush=True))
@@ -230,8 +229,6 @@ def run_study_command(args: argparse.Namespace) -> int:
 def run_shape_study_command(args: argparse.Namespace) -> int:
     import dataclasses  # noqa: PLC0415
 
-    from model.studies.shape_study import ShapeConfig, run_shape_study  # noqa: PLC0415
-
     config = ShapeConfig(**{spec.name: getattr(args, spec.name) for spec in dataclasses.fields(ShapeConfig)})
     run_shape_study(config, lambda line: print(line, file=sys.stderr, flush=True))
     return 0
@@ -239,8 +236,6 @@ def run_shape_study_command(args: argparse.Namespace) -> int:
 
 def run_scaling_command(args: argparse.Namespace) -> int:
     import dataclasses  # noqa: PLC0415
-
-    from model.studies.scaling_study import ScalingConfig, run_scaling, write_scaling  # noqa: PLC0415
 
     config = ScalingConfig(**{spec.name: getattr(args, spec.name) for spec in dataclasses.fields(ScalingConfig)})
     report = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
@@ -253,8 +248,6 @@ def run_scaling_command(args: argparse.Namespace) -> int:
 
 def run_export_adapter(args: argparse.Namespace) -> int:
     import torch  # noqa: PLC0415
-
-    from model.skipdecode.skip_policy import ScheduleFloor, export_adapter  # noqa: PLC0415
 
     if (args.schedule_floor is None) != (args.floor_up_to is None):
         raise ValueError("--schedule-floor and --floor-up-to go together")
@@ -269,8 +262,6 @@ def run_export_adapter(args: argparse.Namespace) -> int:
 def run_mix_adapters(args: argparse.Namespace) -> int:
     import torch  # noqa: PLC0415
 
-    from model.skipdecode.skip_policy import mix_adapters  # noqa: PLC0415
-
     if args.rank is not None and args.rank < 1:
         raise ValueError(f"--rank must be at least 1, got {args.rank}")
     mixed = mix_adapters(args.first, args.second, args.destination, args.weight, args.rank, getattr(torch, args.dtype))
@@ -280,8 +271,6 @@ def run_mix_adapters(args: argparse.Namespace) -> int:
 
 
 def _quantize_list(text: str | None) -> tuple[str, ...] | None:
-    from model.lowbit.quantization import QUANTIZE_MODES  # noqa: PLC0415
-
     if not text:
         return None
     modes = tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
@@ -292,8 +281,6 @@ def _quantize_list(text: str | None) -> tuple[str, ...] | None:
 
 
 def run_bench_command(args: argparse.Namespace) -> int:
-    from model.evaluation.bench import BenchConfig, run_bench, write_bench  # noqa: PLC0415
-
     if args.tokens < 2 or args.repeats < 1 or (args.threads is not None and args.threads < 1):
         raise ValueError("--tokens must be >= 2, --repeats and --threads >= 1")
     batch_sizes = tuple(int(b) for b in _float_list(args.batch_sizes, "--batch-sizes")) if args.batch_sizes else None
@@ -325,9 +312,6 @@ def _float_list(text: str, name: str) -> tuple[float, ...]:
 
 def eval_config(args: argparse.Namespace) -> EvalConfig:
     """The EvalConfig an `eval` command line asks for."""
-    from model.evaluation.evaluation import EvalConfig  # noqa: PLC0415
-    from model.training.data import DEFAULT_EVAL_PROMPTS, DEFAULT_FACTS  # noqa: PLC0415
-
     return EvalConfig(
         model=args.model, adapter=None if args.no_adapter else args.adapter, device=args.device,
         prompts=args.prompts or str(DEFAULT_EVAL_PROMPTS), max_prompts=args.max_prompts,
@@ -341,8 +325,6 @@ def eval_config(args: argparse.Namespace) -> EvalConfig:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from model.evaluation.evaluation import evaluate, write_report  # noqa: PLC0415
-
     config = eval_config(args)
     if config.continuation_tokens < 2 or config.fact_tokens < 2:
         raise ValueError("--tokens and --fact-tokens must be >= 2")
@@ -420,8 +402,6 @@ def add_dataclass_options(parser: argparse.ArgumentParser, config_class: type) -
 def run_make_data(args: argparse.Namespace) -> int:
     import dataclasses  # noqa: PLC0415
 
-    from model.training.make_data import MakeDataConfig, make_data  # noqa: PLC0415
-
     config = MakeDataConfig(**{spec.name: getattr(args, spec.name) for spec in dataclasses.fields(MakeDataConfig)})
     manifest = make_data(config)
     print(f"{manifest.sequences} sequences ({manifest.target_tokens} target tokens) from {manifest.prompts_done} "
@@ -432,8 +412,6 @@ def run_make_data(args: argparse.Namespace) -> int:
 def run_train(args: argparse.Namespace) -> int:
     import dataclasses  # noqa: PLC0415
 
-    from model.training.training import TrainConfig, train  # noqa: PLC0415
-
     values = {spec.name: getattr(args, spec.name) for spec in dataclasses.fields(TrainConfig)}
     values["speedup_range"] = tuple(values["speedup_range"])  # argparse gives a list
     result = train(TrainConfig(**values))
@@ -442,16 +420,12 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def load_model_from_args(args: argparse.Namespace):
-    from model.loading import load_model  # noqa: PLC0415
-
     adapter = None if args.no_adapter else args.adapter
     return load_model(args.model, device=args.device, dtype=args.dtype, adapter=adapter,
                       quantize=getattr(args, "quantize", "none"))
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from model.generation import GenerationRequest, ScheduleRequest, TextGenerator, validate_request  # noqa: PLC0415
-    from model.skipdecode.decoder import SamplingConfig  # noqa: PLC0415 (torch import only when needed)
     request = GenerationRequest(
         prompts=tuple(args.prompt),
         schedule=ScheduleRequest(

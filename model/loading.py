@@ -12,15 +12,17 @@ import copy
 import importlib.util
 import json
 import logging
-import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from model.lowbit.quantization import quantize_weights, resolve_quantize
+from model.common.paths import cache_root
+from model.common.progress import say
+from model.lowbit.gguf_weights import q4_1_blocks
+from model.lowbit.quantization import LowBitLoraLinear, check_low_bit_supported, quantize_weights, resolve_quantize
+from model.lowbit.weight_cache import cache_file, restore_low_bit, save_low_bit
 from model.lowbit.weight_cache import file_key as content_key
 from model.skipdecode.architectures import (
     ArchitectureAdapter,
@@ -29,7 +31,7 @@ from model.skipdecode.architectures import (
     forget_gguf_quantization,
 )
 from model.skipdecode.decoder import SkipDecoder
-from model.skipdecode.skip_policy import EntryBridge, install_lora_gate
+from model.skipdecode.skip_policy import EntryBridge, install_lora_gate, side_lora_config
 
 log = logging.getLogger(__name__)
 
@@ -39,12 +41,6 @@ DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # The skip-policy LoRA adapter for the default model, made by `python -m model train` (README).
 DEFAULT_ADAPTER = Path(__file__).resolve().parents[1] / "assets" / "adapters" / "smollm2-135m-skipdecode"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def cache_root() -> Path:
-    """Where converted weights live: $SKIPDECODE_CACHE_DIR, else ~/.cache/skipdecode-playground."""
-    configured = os.environ.get("SKIPDECODE_CACHE_DIR")
-    return Path(configured) if configured else Path.home() / ".cache" / "skipdecode-playground"
 
 
 def locate_default_gguf() -> Path:
@@ -264,26 +260,6 @@ def merged_copy(model: nn.Module, adapter_path: Path) -> nn.Module:
     return wrapped.merge_and_unload().eval()
 
 
-def side_lora_config(adapter_path: Path | None) -> dict | None:
-    """The adapter's LoRA settings when it can run BESIDE low-bit weights (plain LoRA on Linear
-    layers: no DoRA, rsLoRA, bias or modules_to_save), else None (it is merged instead)."""
-    if adapter_path is None:
-        return None
-    config_file, weights = Path(adapter_path) / "adapter_config.json", Path(adapter_path) / "adapter_model.safetensors"
-    if not config_file.is_file() or not weights.is_file():
-        return None
-    config = json.loads(config_file.read_text())
-    plain = (config.get("peft_type") == "LORA" and config.get("bias", "none") == "none"
-             and not any(config.get(name) for name in NOT_PLAIN_LORA))
-    return config if plain else None
-
-
-# peft LoRA options that change what the adapter computes beyond W x + s B A x on Linear layers.
-NOT_PLAIN_LORA = ("use_dora", "use_rslora", "lora_bias", "modules_to_save", "fan_in_fan_out", "rank_pattern",
-                  "alpha_pattern", "target_parameters", "trainable_token_indices", "layer_replication",
-                  "use_qalora", "use_bdlora", "alora_invocation_tokens", "layers_pattern")
-
-
 def structure_copy(model: nn.Module) -> nn.Module:
     """A copy of ``model``'s module tree that SHARES every leaf module and tensor: replacing a
     submodule of the copy leaves the original alone, and nothing is duplicated."""
@@ -296,8 +272,6 @@ def lora_side_copy(model: nn.Module, adapter_path: Path) -> nn.Module:
     """The skip-policy model for LOW-BIT weights: ``model``'s structure sharing every weight of it
     (no second copy), each adapted Linear wrapped as LowBitLoraLinear(shared base, A, B * alpha / r)."""
     from safetensors.torch import load_file  # noqa: PLC0415
-
-    from model.lowbit.quantization import LowBitLoraLinear  # noqa: PLC0415
 
     config = side_lora_config(adapter_path)
     if config is None:
@@ -365,12 +339,9 @@ def _low_bit(model: nn.Module, name: str, adapter_path: Path | None, mode: str) 
     if skip_model is not None:
         quantize_weights(skip_model, skip_policy_weights(mode))
         if skip_cache is not None:
-            from model.lowbit.weight_cache import save_low_bit  # noqa: PLC0415
-
             save_low_bit(skip_cache, {"skip": skip_model})
         return skip_model
     if skip_cache is not None:  # restored: the original's structure, its Linears from the cache
-        from model.lowbit.weight_cache import restore_low_bit  # noqa: PLC0415
 
         say(f"loading the prepared skip-policy weights from {skip_cache}")
         skip_model = structure_copy(model)
@@ -380,17 +351,12 @@ def _low_bit(model: nn.Module, name: str, adapter_path: Path | None, mode: str) 
 
 
 def _default_cache_file(model: nn.Module, mode: str, adapter_path: Path | None = None) -> Path:
-    from model.lowbit.weight_cache import cache_file  # noqa: PLC0415
-
     return cache_file(cache_root() / "lowbit", content_key(locate_default_gguf()), mode,
                       next(model.parameters()).dtype, adapter_path)
 
 
 def _default_low_bit(model: nn.Module, mode: str) -> None:
     """The default model's original weights in ``mode``, restored from or written to the start-up cache."""
-    from model.lowbit.quantization import check_low_bit_supported  # noqa: PLC0415
-    from model.lowbit.weight_cache import restore_low_bit, save_low_bit  # noqa: PLC0415
-
     check_low_bit_supported(model, mode)  # a clear error (GPU, no kernel) before any cache is read
     cached = _default_cache_file(model, mode)
     if cached.is_file():
@@ -399,8 +365,6 @@ def _default_low_bit(model: nn.Module, mode: str) -> None:
         return
     say(f"one-time preparation: {mode} weights; cached in {cached.parent}")
     if mode == "int4":
-        from model.lowbit.gguf_weights import q4_1_blocks  # noqa: PLC0415
-
         quantize_weights(model, "int4", q4_1_blocks(locate_default_gguf(), model.config))
     else:
         quantize_weights(model, mode)
@@ -413,11 +377,6 @@ def skip_policy_weights(mode: str) -> str:
     small against a 4-bit step (32 held-out prompts at 2x, agreement with float: merged weights in
     int4 0.545, in int8 0.952)."""
     return "int8" if mode == "int4" else mode
-
-
-def say(message: str) -> None:
-    """One line on stderr about what start-up is doing (first start: conversions; later: loading)."""
-    print(f"skipdecode: {message}", file=sys.stderr, flush=True)
 
 
 def default_model_folder() -> Path:

@@ -10,8 +10,7 @@ import torch
 from test_quantization import _random_lora_adapter
 
 from conftest import NUM_LAYERS, left_padded_batch, tiny_model
-from model.lowbit.native_step import (
-    NativeDecode,
+from model.lowbit.native_kernels import (
     Q4Blocks,
     _has_avx2,
     codes_of,
@@ -19,6 +18,7 @@ from model.lowbit.native_step import (
     q4_bytes,
     q4_kernel_selected,
 )
+from model.lowbit.native_step import NativeDecode
 from model.lowbit.quantization import Int4Blocks, Int4WeightLinear, int4_supported, int8_supported, quantize_weights
 from model.skipdecode.architectures import LeanLlamaLayer
 from model.skipdecode.decoder import SkipDecoder, execution_mask, masked_forward
@@ -118,7 +118,7 @@ def test_the_native_step_follows_a_weight_re_pointed_after_it_was_built(kernel, 
 
 
 def test_without_the_native_step_the_python_step_runs(monkeypatch):
-    import model.lowbit.native_step as native_step
+    import model.lowbit.native_kernels as native_step
 
     monkeypatch.setenv("SKIPDECODE_NATIVE", "0")
     native_step.native_module.cache_clear()

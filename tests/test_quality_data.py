@@ -60,7 +60,7 @@ def test_prompt_list_drops_duplicates_and_held_out_prompts_and_mixes_sources(mon
     fact = read_facts(DEFAULT_FACTS)[0].question
     monkeypatch.setattr("model.training.make_data.template_prompts", lambda n, rng: [f"Explain topic {i}." for i in range(n)])
     monkeypatch.setattr("model.training.make_data.wordnet_prompts", lambda n, rng: [])
-    monkeypatch.setattr("model.make_data.pydoc_prompts", lambda n, rng: [f"Raw passage number {i}" for i in range(n)])
+    monkeypatch.setattr("model.training.make_data.pydoc_prompts", lambda n, rng: [f"Raw passage number {i}" for i in range(n)])
     magpie = ["How do I bake bread?", "how do I bake BREAD", eval_prompt.upper(), fact, "Tell me a joke."]
     records = build_prompt_list(MakeDataConfig(template_prompts=40, pydoc_prompts=20), magpie)
     keys = [normalized(r.prompt) for r in records]
@@ -73,7 +73,7 @@ def test_prompt_list_drops_duplicates_and_held_out_prompts_and_mixes_sources(mon
 
 
 def test_entity_questions_come_from_wordnet_instances_and_never_touch_a_held_out_fact(tmp_path, monkeypatch):
-    from model import make_data as md
+    from model.training import make_data as md
 
     # data.noun lines: offset, lexicographer file, n, word count (hex), words with lex ids, pointers, gloss
     lines = ["  1 This software and database is being provided (licence header)",
@@ -119,7 +119,7 @@ def test_user_turn_filter(text, good):
 
 @pytest.mark.slow
 def test_make_data_writes_unique_sequences_and_resumes(tiny_folder, tmp_path, monkeypatch):
-    monkeypatch.setattr("model.make_data.pydoc_prompts",
+    monkeypatch.setattr("model.training.make_data.pydoc_prompts",
                         lambda n, rng: [f"The module number {i} reads files and" for i in range(n)])
     common = dict(output_dir=str(tmp_path / "data"), model=str(tiny_folder), sources=("magpie", "templates", "pydoc"),
                   magpie_turns=6, template_prompts=10, pydoc_prompts=4, samples=1, max_new_tokens=6,
@@ -141,7 +141,7 @@ def test_make_data_writes_unique_sequences_and_resumes(tiny_folder, tmp_path, mo
 
 
 def test_on_policy_data_is_written_by_skipdecode_on_the_same_prompts_and_mixes_in(tiny_folder, tmp_path, monkeypatch):
-    monkeypatch.setattr("model.make_data.pydoc_prompts",
+    monkeypatch.setattr("model.training.make_data.pydoc_prompts",
                         lambda n, rng: [f"The module number {i} reads files and" for i in range(n)])
     common = dict(model=str(tiny_folder), sources=("templates", "pydoc"), template_prompts=8, pydoc_prompts=4,
                   samples=0, max_new_tokens=8, batch_size=4, weights="float")
@@ -493,7 +493,7 @@ def test_a_line_cut_by_a_kill_is_dropped_and_appends_start_clean(tmp_path):
 
 
 def _row_items(agree: list[tuple[int, int]], repeated: list[tuple[int, int]], kept: list[bool]):
-    from model.evaluation.evaluation import RowItems
+    from model.evaluation.paired import RowItems
 
     return RowItems(teacher_forced=tuple((a, 0.5 * n, n) for a, n in agree),
                     judged=tuple((0.0, 1.0 * n, n) for _, n in agree),

@@ -341,7 +341,7 @@ def test_lora_runs_beside_shared_low_bit_weights_with_its_exact_delta(mode, tmp_
 
 
 def test_adapters_that_cannot_run_beside_low_bit_weights_are_merged(tmp_path):
-    from model.loading import side_lora_config
+    from model.skipdecode.skip_policy import side_lora_config
 
     model = tiny_model("llama")
     assert side_lora_config(_random_lora_adapter(model, tmp_path / "plain")) is not None

@@ -30,6 +30,11 @@ from typing import Callable
 import torch
 
 from model.common.hardware import hardware_info
+from model.common.paths import cache_root
+from model.evaluation.reporting import speed_figure
+from model.generation import ScheduleRequest, TextGenerator
+from model.loading import DEFAULT_MODEL, load_model, locate_default_gguf, resolve_device
+from model.lowbit.native_kernels import native_module, q4_kernel_selected
 from model.skipdecode.decoder import SkipDecoder
 from model.skipdecode.schedule import ScheduleConfig, full_schedule, speedup_summary
 
@@ -136,8 +141,6 @@ def _fmt(value: float | None, suffix: str = "", digits: int = 2) -> str:
 
 def llama_bench_binary() -> Path | None:
     """llama-bench as scripts/build_llama_bench.sh caches it, or None when it has not been built."""
-    from model.loading import cache_root  # noqa: PLC0415
-
     path = cache_root() / "llama.cpp" / "llama-bench"
     return path if path.is_file() and os.access(path, os.X_OK) else None
 
@@ -213,9 +216,6 @@ def time_hf_generate(model, ids, mask, new_tokens: int, pad_id: int) -> Timing:
 
 
 def run_bench(config: BenchConfig, progress: Callable[[str], None] = print) -> BenchReport:
-    from model.generation import ScheduleRequest, TextGenerator  # noqa: PLC0415
-    from model.loading import load_model, resolve_device  # noqa: PLC0415
-
     device = resolve_device(config.device)
     if config.threads:
         torch.set_num_threads(config.threads)
@@ -295,8 +295,6 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None] = print) -> B
 
 def _decode_step_note() -> str:
     """Which decode step and int4 kernel this run's low-bit rows used (model/lowbit/native_step.py)."""
-    from model.lowbit.native_step import native_module, q4_kernel_selected  # noqa: PLC0415
-
     if native_module() is None:
         return "low-bit decode steps: the Python step (no native step on this machine); int4 kernel: torch's"
     kernel = "q4_matmul (native, int16 activations)" if q4_kernel_selected() else "torch's _weight_int4pack_mm_for_cpu"
@@ -305,8 +303,6 @@ def _decode_step_note() -> str:
 
 def _llama_cpp_mode(config: BenchConfig, loaded, device: torch.device, notes: list[str]) -> Callable[[], Timing] | None:
     """llama-bench on the default model's GGUF, or None with a note saying why there is no row."""
-    from model.loading import DEFAULT_MODEL, locate_default_gguf  # noqa: PLC0415
-
     if not config.llama_cpp or config.quick:
         return None
     if device.type != "cpu" or loaded.name != DEFAULT_MODEL:
@@ -371,8 +367,6 @@ def _rows(batch, timings, peaks, schedules, num_layers, cost, new_tokens) -> lis
 
 def write_bench(report: BenchReport, folder: str | Path) -> list[Path]:
     """bench.json (raw), bench.md (table) and speedup.json (the Plotly figure) under ``folder``."""
-    from model.evaluation.reporting import speed_figure  # noqa: PLC0415
-
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     paths = [folder / "bench.json", folder / "bench.md", folder / "speedup.json"]

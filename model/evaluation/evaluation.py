@@ -29,7 +29,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-from model.evaluation.paired import Comparison, compare_variants, comparison_markdown
+from model.evaluation.paired import Comparison, RowItems, compare_variants, comparison_markdown
+from model.evaluation.reporting import write_result_files
+from model.generation import TextGenerator
+from model.loading import gated_peft_copy, load_model, resolve_adapter
 from model.skipdecode.decoder import SkipDecoder
 from model.skipdecode.schedule import ScheduleConfig, full_schedule, solve_schedule, speedup_reachable
 from model.training.checkpoints import portable_path
@@ -341,18 +344,6 @@ def judged_scores(loaded, examples: Sequence[Example], batch_size: int, num_laye
     return teacher_forced_scores(loaded.model, batches, lambda steps: full_schedule(num_layers))
 
 
-@dataclass
-class RowItems:
-    """The per-prompt (and per-question) counts one EvalRow pools: what a paired comparison of two
-    variants resamples. Lists follow the prompt (question) order of the run."""
-
-    teacher_forced: tuple[tuple[float, float, float], ...]  # (agreeing positions, NLL sum, positions)
-    judged: tuple[tuple[float, float, float], ...] = ()  # the original model on this variant's own text
-    repetition: tuple[tuple[int, int], ...] = ()  # (repeated word 4-grams, word 4-grams) per output
-    facts_kept: tuple[bool, ...] = ()  # per question the full model answers right: still answered right
-    facts_recalled: tuple[bool, ...] = ()  # the same questions: answer predicted teacher-forced (fact recall)
-
-
 # --- the run -------------------------------------------------------------------------------------
 
 
@@ -437,8 +428,6 @@ def _check_candidate(config: EvalConfig) -> None:
     if config.candidate and config.candidate_floor is not None:
         raise ValueError("compare ONE candidate: an adapter (--candidate) or a schedule floor (--candidate-floor)")
     if config.candidate:
-        from model.loading import resolve_adapter  # noqa: PLC0415
-
         if config.candidate in ("auto", "none") or resolve_adapter(config.candidate, "") is None:
             raise ValueError(f"candidate {config.candidate!r}: give a trained adapter folder")
     if config.candidate_floor is not None:
@@ -525,9 +514,6 @@ def _variants(context: _Context) -> list[_Variant]:
     """Each variant measured: the adapter (when there is one) first, then the candidate (when asked
     for: another adapter loaded beside, in its own trained placement, or the same adapter under
     another schedule floor), then the bare model (when asked for, or without an adapter)."""
-    from model.generation import TextGenerator  # noqa: PLC0415
-    from model.loading import gated_peft_copy, load_model  # noqa: PLC0415
-
     loaded, generator, config = context.loaded, context.generator, context.config
     variants = []
     if loaded.adapter_path:
@@ -550,9 +536,6 @@ def _variants(context: _Context) -> list[_Variant]:
 
 def _prepare(config: EvalConfig, progress) -> tuple[_Context, EvalReport]:
     """Load the model; the full model's greedy continuations (the reference of every metric) and fact answers."""
-    from model.generation import TextGenerator  # noqa: PLC0415
-    from model.loading import load_model  # noqa: PLC0415
-
     loaded = load_model(config.model, device=config.device, adapter=config.adapter)
     if config.compares and not loaded.adapter_path:
         raise ValueError("a candidate is compared with an adapter, and this run has none")
@@ -694,9 +677,6 @@ def _facts_kept(context: _Context, variant: _Variant, schedule: ScheduleConfig) 
 
 def _quantization_row(config: EvalConfig, weights: str, context: _Context) -> QuantizationRow:
     """Load the model again with ``weights`` and compare its full depth with the float reference."""
-    from model.generation import TextGenerator  # noqa: PLC0415
-    from model.loading import load_model  # noqa: PLC0415
-
     quantized = load_model(config.model, device=config.device, adapter=None, quantize=weights)
     scores = teacher_forced_scores(quantized.model, context.batches, lambda steps: full_schedule(context.num_layers))
     agreement, nll = scores.agreement, scores.nll
@@ -716,7 +696,5 @@ def _quantization_row(config: EvalConfig, weights: str, context: _Context) -> Qu
 
 
 def write_report(report: EvalReport, folder: str | Path) -> tuple[Path, Path]:
-    from model.evaluation.reporting import write_result_files  # noqa: PLC0415 (plotly: not at CLI start)
-
     return write_result_files(folder, "eval", report.to_json(), report.to_markdown())
 

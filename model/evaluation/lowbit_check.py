@@ -15,6 +15,8 @@ from typing import Callable
 
 import torch
 
+from model.generation import ScheduleRequest, TextGenerator
+from model.loading import load_model
 from model.skipdecode.decoder import SkipDecoder
 from model.skipdecode.schedule import ScheduleConfig, full_schedule
 from model.training.data import DEFAULT_EVAL_PROMPTS, read_prompts, teacher_continuations
@@ -60,9 +62,6 @@ class LowBitReport:
 
 
 def run_lowbit_check(config: LowBitCheckConfig, progress: Callable[[str], None] = print) -> LowBitReport:
-    from model.generation import TextGenerator  # noqa: PLC0415
-    from model.loading import load_model  # noqa: PLC0415
-
     reference = TextGenerator(load_model(config.model, device="cpu", adapter=config.adapter, quantize="none"))
     prompts = read_prompts(config.prompts, config.max_prompts)
     examples = teacher_continuations(reference, prompts, max_new_tokens=config.tokens, max_prompt_tokens=10**9,
@@ -87,8 +86,6 @@ def run_lowbit_check(config: LowBitCheckConfig, progress: Callable[[str], None] 
 def _schedule(generator, speedup: float, tokens: int) -> ScheduleConfig:
     if speedup == 1.0:
         return full_schedule(generator.num_layers, tokens)
-    from model.generation import ScheduleRequest  # noqa: PLC0415
-
     return generator.schedule_for(ScheduleRequest(target_speedup=speedup), tokens).config  # the product's shape
 
 

@@ -11,12 +11,22 @@ loop: the interval says whether a difference is larger than that.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable, Sequence
 
 import torch
 
-if TYPE_CHECKING:
-    from model.evaluation.evaluation import RowItems
+
+@dataclass
+class RowItems:
+    """The per-prompt (and per-question) counts one EvalRow pools: what a paired comparison of two
+    variants resamples. Lists follow the prompt (question) order of the run."""
+
+    teacher_forced: tuple[tuple[float, float, float], ...]  # (agreeing positions, NLL sum, positions)
+    judged: tuple[tuple[float, float, float], ...] = ()  # the original model on this variant's own text
+    repetition: tuple[tuple[int, int], ...] = ()  # (repeated word 4-grams, word 4-grams) per output
+    facts_kept: tuple[bool, ...] = ()  # per question the full model answers right: still answered right
+    facts_recalled: tuple[bool, ...] = ()  # the same questions: answer predicted teacher-forced (fact recall)
+
 
 # measure -> +1 where higher is better, -1 where lower is better
 MEASURE_DIRECTIONS = {"agreement": 1, "ppl_ratio": -1, "judged_ppl_ratio": -1, "repetition": -1,

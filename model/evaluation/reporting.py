@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import plotly.graph_objects as go
+if TYPE_CHECKING:  # plotly loads where a figure is drawn, not at CLI start
+    import plotly.graph_objects as go
 
 SKIP_COLOUR, NO_ADAPTER_COLOUR = "#3f9c6d", "#c0504d"
 
@@ -21,6 +23,7 @@ QUALITY_PANELS = (  # (row key, subplot title, log scale): the last two judge Sk
 def quality_figure(report: dict) -> go.Figure:
     """Each quality measure against layer speedup, with and without the adapter: the
     teacher-forced pair, and (when the eval measured them) judged fluency and fact retention."""
+    import plotly.graph_objects as go  # noqa: PLC0415 (plotly: not at CLI start)
     from plotly.subplots import make_subplots  # noqa: PLC0415
 
     rows_all = report.get("rows", [])
@@ -48,6 +51,8 @@ def quality_figure(report: dict) -> go.Figure:
 
 def speed_figure(bench: dict) -> go.Figure:
     """Measured speedup against target layer speedup, with the layer and cost-model limits."""
+    import plotly.graph_objects as go  # noqa: PLC0415 (plotly: not at CLI start)
+
     figure = go.Figure()
     rows = [r for r in bench.get("rows", []) if r.get("mode") == "skipdecode"]
     for weights in sorted({r.get("weights", "float") for r in rows}):
@@ -78,6 +83,8 @@ STUDY_SPEEDUP = "2x"
 def study_figure(study: dict) -> go.Figure:
     """The recipe study: held-out teacher-forced agreement at 2x against training CPU minutes, one
     line per arm (same budget, same held-out prompts), the best arm drawn thick."""
+    import plotly.graph_objects as go  # noqa: PLC0415 (plotly: not at CLI start)
+
     figure = go.Figure()
     arms = study.get("arms", [])
     best = max(arms, key=lambda a: a["heldout"][STUDY_SPEEDUP]["agreement"], default=None)
@@ -99,6 +106,8 @@ def heldout_curve_figure(records: list[dict], title: str) -> go.Figure:
     speedup against step, to see whether it still improves or has flattened. Rows of an
     adapter's lineage (heldout.lineage_curve: "stage" and "sequences") are drawn against the
     training sequences seen, with a dotted line where each later run began."""
+    import plotly.graph_objects as go  # noqa: PLC0415 (plotly: not at CLI start)
+
     figure = go.Figure()
     rows = [r for r in records if r.get("heldout")]
     lineage = bool(rows) and all("sequences" in r and "stage" in r for r in rows)

@@ -36,6 +36,8 @@ from typing import Callable
 import torch
 from torch import nn
 
+from model.lowbit.native_kernels import q4_scan
+
 log = logging.getLogger(__name__)
 
 QUANTIZE_MODES = ("none", "int8", "int4")
@@ -625,10 +627,8 @@ class TwoStageHead(nn.Module):
 
     def scan_logits(self, x: torch.Tensor) -> torch.Tensor:
         """The 4-bit logits: the native q4 kernel where it is selected (float32 rows on the CPU;
-        model/lowbit/native_step.py), else torch's int4 kernel."""
+        model/lowbit/native_kernels.py), else torch's int4 kernel."""
         if x.dtype == torch.float32 and x.device.type == "cpu":
-            from model.lowbit.native_step import q4_scan  # noqa: PLC0415
-
             blocks = q4_scan(self.scan)
             if blocks is not None:
                 return blocks(x.reshape(-1, self.in_features)).reshape(*x.shape[:-1], self.out_features)

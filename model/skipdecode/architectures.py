@@ -267,6 +267,30 @@ class LlamaFamilyAdapter(ArchitectureAdapter):
         return [self._backbone.norm]
 
 
+@dataclass(frozen=True)
+class LowBitParts:
+    """What the lean layer asks of a low-bit engine: fuse q/k/v and gate/up into one call each, a
+    LoRA beside int4 weights in its lean form, the native decode step, and which modules are the
+    engine's own projections (called directly). The defaults are float weights' answers (nothing
+    to fuse, nothing native); model/lowbit plugs in its own when it is imported (use_low_bit), so
+    this package never imports the engine, and low-bit modules (which only the engine makes)
+    always find it plugged in."""
+
+    fuse: Callable[[list[nn.Module]], nn.Module | None] = lambda modules: None
+    lean_lora: Callable[[nn.Module], nn.Module] = lambda module: module
+    native: Callable[["LeanLlamaLayer", list[nn.Module | None]], Any] = lambda lean, projections: None
+    projections: tuple[type, ...] = ()
+
+
+_low_bit_parts = LowBitParts()
+
+
+def use_low_bit(parts: LowBitParts) -> None:
+    """Plug a low-bit engine's parts into the lean layer (model/lowbit/__init__.py calls this)."""
+    global _low_bit_parts
+    _low_bit_parts = parts
+
+
 class LeanLlamaLayer:
     """A Llama-family decoder layer computed from its own modules without transformers' layer
     code: the same math (pre-norm attention with rotary embeddings and GQA, SwiGLU MLP), fewer
@@ -288,9 +312,7 @@ class LeanLlamaLayer:
     _lock = threading.Lock()
 
     def __init__(self, layer: nn.Module, config: Any) -> None:
-        from model.lowbit.native_step import NativeDecode  # noqa: PLC0415
-        from model.lowbit.quantization import fuse_low_bit, lean_lora  # noqa: PLC0415
-
+        parts = _low_bit_parts
         attn, mlp = layer.self_attn, layer.mlp
         self.input_norm, self.post_norm = fused_rms_norm(layer.input_layernorm), fused_rms_norm(layer.post_attention_layernorm)
         self.attn, self.mlp = attn, mlp
@@ -308,15 +330,15 @@ class LeanLlamaLayer:
         # Built on the first call, often inside a request's inference_mode: the fused weights
         # must be ordinary tensors all the same (the originals become views of them).
         with torch.inference_mode(False), torch.no_grad():
-            self.qkv = fuse_low_bit([attn.q_proj, attn.k_proj, attn.v_proj])
-            self.gate_up = fuse_low_bit([mlp.gate_proj, mlp.up_proj])
+            self.qkv = parts.fuse([attn.q_proj, attn.k_proj, attn.v_proj])
+            self.gate_up = parts.fuse([mlp.gate_proj, mlp.up_proj])
             # A LoRA beside int4 weights: its A rides in the base's kernel call (quantization.py).
-            self.o_proj, self.down_proj = lean_lora(attn.o_proj), lean_lora(mlp.down_proj)
+            self.o_proj, self.down_proj = parts.lean_lora(attn.o_proj), parts.lean_lora(mlp.down_proj)
         # One fused q/k/v output with the plain Llama rotary: q and k rotate together (and a
         # decode step takes _decode_one); otherwise the family's own per-projection path.
         self.rotates_fused = self.qkv is not None and self.q_norm is None and self.standard_rotary
         # That decode step as one C++ call where the four projections are low-bit (CPU, float32).
-        self.native = (NativeDecode.of(self, [self.qkv, self.o_proj, self.gate_up, self.down_proj])
+        self.native = (parts.native(self, [self.qkv, self.o_proj, self.gate_up, self.down_proj])
                        if self.rotates_fused else None)
         self.qkv, self.gate_up, self.o_proj, self.down_proj = (
             direct_call(m) for m in (self.qkv, self.gate_up, self.o_proj, self.down_proj))
@@ -407,9 +429,7 @@ def direct_call(module: nn.Module | None) -> Callable | nn.Module | None:
     has one, else its bound ``forward``: nn.Module's call machinery (hook checks) costs ~3 us a
     call, four calls a layer, and the project registers no hooks on these modules (a module from
     elsewhere keeps its full call)."""
-    from model.lowbit.quantization import LOW_BIT_PROJECTIONS  # noqa: PLC0415
-
-    if isinstance(module, LOW_BIT_PROJECTIONS) and not (module._forward_hooks or module._forward_pre_hooks):
+    if isinstance(module, _low_bit_parts.projections) and not (module._forward_hooks or module._forward_pre_hooks):
         return module.decode_call() if hasattr(module, "decode_call") else module.forward
     return module
 

@@ -275,9 +275,7 @@ def mix_adapters(first: str | Path, second: str | Path, destination: str | Path,
 
 def _lora_config(folder: Path) -> dict:
     """The adapter's config when it is plain LoRA (one delta B @ A x alpha / r per Linear: the
-    same test as running it beside low-bit weights, model/loading.py side_lora_config)."""
-    from model.loading import side_lora_config  # noqa: PLC0415 (loading imports this module)
-
+    same test as running it beside low-bit weights, side_lora_config)."""
     if not (folder / "adapter_config.json").is_file():
         raise ValueError(f"{folder} is not an adapter folder (no adapter_config.json)")
     if (folder / BRIDGE_WEIGHTS).is_file():
@@ -287,3 +285,23 @@ def _lora_config(folder: Path) -> dict:
         raise ValueError(f"{folder}: only plain LoRA (one rank and alpha, no rsLoRA, DoRA or per-module "
                          "patterns) can be mixed")
     return config
+
+
+def side_lora_config(adapter_path: Path | None) -> dict | None:
+    """The adapter's LoRA settings when it can run BESIDE low-bit weights (plain LoRA on Linear
+    layers: no DoRA, rsLoRA, bias or modules_to_save), else None (it is merged instead)."""
+    if adapter_path is None:
+        return None
+    config_file, weights = Path(adapter_path) / "adapter_config.json", Path(adapter_path) / "adapter_model.safetensors"
+    if not config_file.is_file() or not weights.is_file():
+        return None
+    config = json.loads(config_file.read_text())
+    plain = (config.get("peft_type") == "LORA" and config.get("bias", "none") == "none"
+             and not any(config.get(name) for name in NOT_PLAIN_LORA))
+    return config if plain else None
+
+
+# peft LoRA options that change what the adapter computes beyond W x + s B A x on Linear layers.
+NOT_PLAIN_LORA = ("use_dora", "use_rslora", "lora_bias", "modules_to_save", "fan_in_fan_out", "rank_pattern",
+                  "alpha_pattern", "target_parameters", "trainable_token_indices", "layer_replication",
+                  "use_qalora", "use_bdlora", "alora_invocation_tokens", "layers_pattern")

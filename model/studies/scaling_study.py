@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Callable
 
 from model.common.hardware import cpu_summary
+from model.evaluation.reporting import write_result_files
 from model.training.data import ASSETS
-from model.training.training import TrainConfig
+from model.training.training import TrainConfig, train
 
 SCALING_SIZES = (370, 2000, 8000, 20000)
 SHIPPED_ADAPTER = ASSETS / "adapters" / "smollm2-135m-skipdecode"
@@ -114,8 +115,6 @@ def available_sequences(folders: str) -> int:
 
 
 def run_scaling(config: ScalingConfig, progress: Callable[[str], None] = print) -> list[ScalingArm]:
-    from model.training.training import train  # noqa: PLC0415
-
     arms = []
     for size in config.sizes:
         have = available_sequences(config.sequences)
@@ -145,7 +144,6 @@ def write_scaling(config: ScalingConfig, progress: Callable[[str], None] = print
     study = {"config": asdict(config), "recipe": {k: list(v) if isinstance(v, tuple) else v
                                                   for k, v in arm_recipe(config).items()},
              "hardware": cpu_summary(), "arms": [asdict(a) for a in arms]}
-    from model.evaluation.reporting import write_result_files  # noqa: PLC0415 (plotly: not at CLI start)
 
     json_path, md_path = write_result_files(config.output, "scaling", study, scaling_markdown(study))
     progress(f"wrote {json_path} and {md_path}")

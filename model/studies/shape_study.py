@@ -18,6 +18,9 @@ from pathlib import Path
 from typing import Callable
 
 from model.common.hardware import cpu_summary
+from model.evaluation.evaluation import EvalConfig, evaluate_shapes
+from model.evaluation.reporting import write_result_files
+from model.training.data import DEFAULT_EVAL_PROMPTS, DEFAULT_FACTS
 
 
 @dataclass
@@ -55,9 +58,6 @@ class ShapeConfig:
 def run_shape_study(config: ShapeConfig, progress: Callable[[str], None] = print) -> dict:
     import torch  # noqa: PLC0415
 
-    from model.evaluation.evaluation import EvalConfig, evaluate_shapes  # noqa: PLC0415
-    from model.training.data import DEFAULT_EVAL_PROMPTS, DEFAULT_FACTS  # noqa: PLC0415
-
     torch.set_num_threads(config.threads)
     facts = None if config.facts == "none" else config.facts or str(DEFAULT_FACTS)
     eval_config = EvalConfig(model=config.model, adapter=config.adapter, device=config.device,
@@ -85,8 +85,6 @@ def run_shape_study(config: ShapeConfig, progress: Callable[[str], None] = print
 
 
 def write_shape_study(study: dict, folder: str | Path) -> tuple[Path, Path]:
-    from model.evaluation.reporting import write_result_files  # noqa: PLC0415 (plotly: not at CLI start)
-
     return write_result_files(folder, "shape", study, shape_markdown(study))
 
 

@@ -27,7 +27,14 @@ from typing import Callable
 import torch
 
 from model.common.hardware import cpu_summary
-from model.training.training import TrainConfig
+from model.evaluation.evaluation import EvalConfig, evaluate
+from model.evaluation.reporting import write_result_files
+from model.generation import TextGenerator
+from model.loading import load_model
+from model.skipdecode.decoder import masked_forward
+from model.training.heldout import heldout_set
+from model.training.scoring import distillation_loss
+from model.training.training import TrainConfig, train
 
 REPO = Path(__file__).resolve().parents[2]
 BASELINE = dict(warmup_layers=4)
@@ -90,9 +97,6 @@ class ArmResult:
 def measure_layer_importance(loaded, heldout_batches, teacher_logits) -> list[float]:
     """KL to the full model when ONE layer is bypassed at every generated position (teacher
     forced, untrained model): how much each layer matters for the next token."""
-    from model.skipdecode.decoder import masked_forward  # noqa: PLC0415
-    from model.training.scoring import distillation_loss  # noqa: PLC0415
-
     num_layers = loaded.num_layers
     importance = []
     with torch.inference_mode():
@@ -115,12 +119,6 @@ def ranking_from_importance(importance: list[float]) -> tuple[int, ...]:
 
 
 def run_study(config: StudyConfig, progress: Callable[[str], None] = print) -> dict:
-    from model.evaluation.evaluation import EvalConfig, evaluate  # noqa: PLC0415
-    from model.generation import TextGenerator  # noqa: PLC0415
-    from model.loading import load_model  # noqa: PLC0415
-    from model.training.heldout import heldout_set  # noqa: PLC0415
-    from model.training.training import train  # noqa: PLC0415
-
     torch.set_num_threads(config.threads)
     runs = Path(config.runs_dir)
     runs.mkdir(parents=True, exist_ok=True)
@@ -205,8 +203,6 @@ def _keep_teacher_cache(folder: Path, runs: Path) -> None:
 
 
 def write_study(study: dict, folder: str | Path) -> tuple[Path, Path]:
-    from model.evaluation.reporting import write_result_files  # noqa: PLC0415 (plotly: not at CLI start)
-
     return write_result_files(folder, "study", study, study_markdown(study))
 
 

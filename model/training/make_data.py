@@ -46,6 +46,8 @@ from typing import Iterable, Iterator, Sequence
 import torch
 from tqdm.auto import tqdm
 
+from model.generation import ScheduleRequest, TextGenerator
+from model.loading import load_model, resolve_device
 from model.skipdecode.decoder import SamplingConfig, left_padded
 from model.skipdecode.schedule import full_schedule
 from model.training.data import (
@@ -455,7 +457,6 @@ def _writer(generator, config: MakeDataConfig, batch_id: int):
     of the writer speedups (picked by the batch's first prompt id, so the speedups take turns)."""
     if config.writer == "full":
         return generator.full_decoder, full_schedule(generator.num_layers), ""
-    from model.generation import ScheduleRequest  # noqa: PLC0415
 
     speedup = config.writer_speedups[batch_id % len(config.writer_speedups)]
     solved = generator.schedule_for(ScheduleRequest(target_speedup=speedup), config.max_new_tokens)
@@ -523,9 +524,6 @@ def _save_manifest(folder: Path, manifest: DataManifest) -> None:
 
 def make_data(config: MakeDataConfig, progress=tqdm) -> DataManifest:
     """Run (or resume) every stage; returns the manifest (counts) of the folder."""
-    from model.generation import TextGenerator  # noqa: PLC0415 (the parser imports this module: keep it light)
-    from model.loading import load_model, resolve_device  # noqa: PLC0415
-
     if config.threads:
         torch.set_num_threads(config.threads)
     folder = Path(config.output_dir)

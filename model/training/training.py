@@ -27,6 +27,8 @@ from typing import Iterator, Sequence
 
 import torch
 
+from model.generation import TextGenerator
+from model.loading import load_model, resolve_device
 from model.skipdecode.architectures import adapter_for
 from model.skipdecode.schedule import (
     DECAY_FUNCTIONS,
@@ -391,8 +393,6 @@ def make_accelerator(config: TrainConfig):
     from accelerate import Accelerator  # noqa: PLC0415
     from accelerate.utils import DistributedDataParallelKwargs  # noqa: PLC0415
 
-    from model.loading import resolve_device  # noqa: PLC0415
-
     device = resolve_device(config.device)
     precision = config.mixed_precision
     if precision == "auto":
@@ -436,9 +436,6 @@ def train_step(model, teacher: Teacher | None, optimizer, accelerator, batch: tu
 def train(config: TrainConfig) -> TrainResult:
     from accelerate.utils import set_seed  # noqa: PLC0415
     from tqdm.auto import tqdm  # noqa: PLC0415
-
-    from model.generation import TextGenerator  # noqa: PLC0415
-    from model.loading import load_model  # noqa: PLC0415
 
     if config.threads:
         torch.set_num_threads(config.threads)
