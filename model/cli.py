@@ -65,9 +65,16 @@ def add_schedule_options(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command table: one subcommand per entry of COMMANDS, in that order (the help lists them so)."""
     parser = _Parser(prog="python -m model", description="SkipDecode: layer-skipping decoding with batching and KV cache")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for add_command in COMMANDS:
+        add_command(commands)
+    return parser
 
+
+def add_generate_command(commands) -> None:
+    """`generate`: text with SkipDecode or the full model, and its options."""
     gen = commands.add_parser("generate", help="generate text with SkipDecode (or the full model with --full)")
     gen.add_argument("--prompt", action="append", required=True, help="prompt text; repeat for a batch")
     add_schedule_options(gen)
@@ -85,17 +92,24 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_options(gen)
     gen.set_defaults(handler=run_generate)
 
+
+def add_make_data_command(commands) -> None:
+    """`make-data`: distillation data at scale, and its options."""
     md = commands.add_parser("make-data", help="distillation data at scale, offline: prompts from four sources and "
                              "the full model's greedy + sampled continuations (resumable)")
     add_dataclass_options(md, MakeDataConfig)
     md.set_defaults(handler=run_make_data)
 
+
+def add_train_command(commands) -> None:
+    """`train`: skip-policy fine-tuning, and its options."""
     tr = commands.add_parser("train", help="skip-policy fine-tuning (LoRA by default) with accelerate")
     add_dataclass_options(tr, TrainConfig)
     tr.set_defaults(handler=run_train)
 
-    add_eval_command(commands)
 
+def add_study_command(commands) -> None:
+    """`study`: the recipe study, and its options."""
     st = commands.add_parser("study", help="the skip-policy recipe study: every arm, same budget, same held-out set")
     st.add_argument("--minutes", type=float, default=6.0, help="training CPU minutes per arm (default 6)")
     st.add_argument("--arms", default="", help="comma-separated arms (default: all)")
@@ -104,17 +118,26 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--output", default="assets/study")
     st.set_defaults(handler=run_study_command)
 
+
+def add_scaling_command(commands) -> None:
+    """`scaling`: the data-scaling curve, and its options."""
     sc = commands.add_parser("scaling", help="the data-scaling curve: the shipped recipe, same steps, on the first "
                              "N unique make-data sequences (resumable)")
     add_dataclass_options(sc, ScalingConfig)
     sc.add_argument("--report-only", action="store_true", help="rewrite scaling.json/md from the arms' logs")
     sc.set_defaults(handler=run_scaling_command)
 
+
+def add_shape_study_command(commands) -> None:
+    """`shape-study`: the schedule's shape judged free-running, and its options."""
     sh = commands.add_parser("shape-study", help="the schedule's shape at a fixed speedup, judged by free-running "
                              "fluency, repetition and fact retention (not ROUGE)")
     add_dataclass_options(sh, ShapeConfig)
     sh.set_defaults(handler=run_shape_study_command)
 
+
+def add_export_adapter_command(commands) -> None:
+    """`export-adapter`: a trained adapter copied for shipping, and its options."""
     ex = commands.add_parser("export-adapter", help="copy a trained adapter for shipping, weights cast to bfloat16")
     ex.add_argument("source", help="the trained adapter folder (e.g. runs/NAME/adapter)")
     ex.add_argument("destination", help="where to write it (e.g. assets/adapters/NAME)")
@@ -126,6 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the largest target speedup the schedule floor applies to")
     ex.set_defaults(handler=run_export_adapter)
 
+
+def add_mix_adapters_command(commands) -> None:
+    """`mix-adapters`: two skip policies interpolated, and its options."""
     mx = commands.add_parser("mix-adapters", help="an adapter whose delta is W x FIRST's + (1 - W) x SECOND's "
                              "(two skip policies of the same model interpolated), stored at one rank by SVD")
     mx.add_argument("first", help="adapter folder whose placement (training_info.json) the mix keeps")
@@ -136,8 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
     mx.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     mx.set_defaults(handler=run_mix_adapters)
 
-    add_bench_command(commands)
 
+def add_lowbit_check_command(commands) -> None:
+    """`lowbit-check`: low-bit against float weights, and its options."""
     lb = commands.add_parser("lowbit-check", help="low-bit vs float weights: teacher-forced agreement of the full "
                              "model and of SkipDecode (adapter), through the cached decoder")
     add_model_options(lb)
@@ -147,7 +174,6 @@ def build_parser() -> argparse.ArgumentParser:
     lb.add_argument("--tokens", type=int, default=48)
     lb.add_argument("--json", default=None, help="also write the report to this file")
     lb.set_defaults(handler=run_lowbit_check_command)
-    return parser
 
 
 def add_bench_command(commands) -> None:
@@ -201,6 +227,10 @@ def add_eval_command(commands) -> None:
     ev.add_argument("--output", default=None, help="folder for eval.json and eval.md")
     ev.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
     ev.set_defaults(handler=run_eval)
+
+
+# The commands, in the order `python -m model --help` lists them.
+COMMANDS = (add_generate_command, add_make_data_command, add_train_command, add_eval_command, add_study_command, add_scaling_command, add_shape_study_command, add_export_adapter_command, add_mix_adapters_command, add_bench_command, add_lowbit_check_command)
 
 
 def run_lowbit_check_command(args: argparse.Namespace) -> int:
