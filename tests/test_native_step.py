@@ -7,9 +7,8 @@ import shutil
 
 import pytest
 import torch
-from test_quantization import _random_lora_adapter
 
-from conftest import NUM_LAYERS, left_padded_batch, tiny_model
+from conftest import NUM_LAYERS, left_padded_batch, random_lora_adapter, tiny_model
 from model.lowbit.native_kernels import (
     Q4Blocks,
     _has_avx2,
@@ -58,7 +57,7 @@ def test_the_native_step_equals_the_python_step_bit_for_bit(mode, lora, tmp_path
     monkeypatch.setenv("SKIPDECODE_INT4_KERNEL", "torch")  # the same kernels as the Python step
     # 8 heads of 32 over 2 key/value heads: q/k/v rows that the int4 kernel's packed layout fuses
     model = tiny_model("llama", hidden=256, heads=8, kv_heads=2, vocab=112)
-    adapter = _random_lora_adapter(model, tmp_path / "adapter") if lora else None
+    adapter = random_lora_adapter(model, tmp_path / "adapter") if lora else None
     quantize_weights(model, mode)
     skip_model = lora_side_copy(model, adapter) if lora else model
     leans = _lean_layers(model) + _lean_layers(skip_model)
@@ -180,7 +179,7 @@ def test_the_q4_decode_step_keeps_parity_with_transformers_and_stays_close(lora,
     model = tiny_model("llama", hidden=256, heads=8, kv_heads=2, vocab=112)
     with torch.no_grad():  # a PEAKED model: greedy choices far from ties on any CPU
         model.get_output_embeddings().weight.mul_(5.0)
-    adapter = _random_lora_adapter(model, tmp_path / "adapter") if lora else None
+    adapter = random_lora_adapter(model, tmp_path / "adapter") if lora else None
     quantize_weights(model, "int4")
     skip_model = lora_side_copy(model, adapter) if lora else model
     leans = _lean_layers(model) + _lean_layers(skip_model)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import NUM_LAYERS, left_padded_batch, tiny_model
+from conftest import NUM_LAYERS, left_padded_batch, random_lora_adapter, tiny_model
 from model.lowbit.gguf_weights import rotary_row_order, unpack_q4_1
 from model.lowbit.quantization import (
     HEAD_STAYS_INT8,
@@ -279,7 +279,7 @@ def test_int4_runs_the_lora_beside_and_int8_merges_it(mode, beside, tiny_folder,
 
     if mode == "int4" and not int4_supported():
         pytest.skip("no int4-weight CPU kernel in this torch build")
-    adapter = _random_lora_adapter(tf.AutoModelForCausalLM.from_pretrained(tiny_folder), tmp_path / "adapter")
+    adapter = random_lora_adapter(tf.AutoModelForCausalLM.from_pretrained(tiny_folder), tmp_path / "adapter")
     loaded = load_model(str(tiny_folder), device="cpu", adapter=str(adapter), quantize=mode)
     projection = loaded.skip_model.model.layers[0].self_attn.q_proj
     assert isinstance(projection, LowBitLoraLinear) is beside
@@ -287,21 +287,6 @@ def test_int4_runs_the_lora_beside_and_int8_merges_it(mode, beside, tiny_folder,
         assert projection.base is loaded.model.model.layers[0].self_attn.q_proj
     else:
         assert isinstance(projection, Int8WeightLinear) and projection is not loaded.model.model.layers[0].self_attn.q_proj
-
-
-def _random_lora_adapter(model, folder, **extra):
-    from peft import LoraConfig, get_peft_model
-
-    torch.manual_seed(1)
-    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
-                                                           "up_proj", "down_proj"], **extra)
-    wrapped = get_peft_model(copy.deepcopy(model), config)
-    with torch.no_grad():
-        for name, parameter in wrapped.named_parameters():
-            if "lora_B" in name:
-                parameter.normal_(0.0, 0.05)  # a trained adapter's B is not zero
-    wrapped.save_pretrained(folder)
-    return folder
 
 
 @pytest.mark.parametrize("mode", ["int8", "int4"])
@@ -312,7 +297,7 @@ def test_lora_runs_beside_shared_low_bit_weights_with_its_exact_delta(mode, tmp_
     if mode == "int4" and not int4_supported():
         pytest.skip("no int4-weight CPU kernel in this torch build")
     model = tiny_model("llama")
-    adapter = _random_lora_adapter(model, tmp_path / "adapter")
+    adapter = random_lora_adapter(model, tmp_path / "adapter")
     merged = merged_copy(model, adapter)
     quantize_weights(model, mode)
     side = lora_side_copy(model, adapter)
@@ -344,9 +329,9 @@ def test_adapters_that_cannot_run_beside_low_bit_weights_are_merged(tmp_path):
     from model.skipdecode.skip_policy import side_lora_config
 
     model = tiny_model("llama")
-    assert side_lora_config(_random_lora_adapter(model, tmp_path / "plain")) is not None
-    assert side_lora_config(_random_lora_adapter(model, tmp_path / "dora", use_dora=True)) is None
-    assert side_lora_config(_random_lora_adapter(model, tmp_path / "saved", modules_to_save=["lm_head"])) is None
+    assert side_lora_config(random_lora_adapter(model, tmp_path / "plain")) is not None
+    assert side_lora_config(random_lora_adapter(model, tmp_path / "dora", use_dora=True)) is None
+    assert side_lora_config(random_lora_adapter(model, tmp_path / "saved", modules_to_save=["lm_head"])) is None
     assert side_lora_config(None) is None
 
 
@@ -429,7 +414,7 @@ def test_an_int4_lora_rides_in_its_base_kernel_call(tmp_path):
     if not int4_supported():
         pytest.skip("no int4-weight CPU kernel in this torch build")
     model = tiny_model("llama")
-    adapter = _random_lora_adapter(model, tmp_path / "adapter")  # rank 4: padded to the kernel's 16 rows
+    adapter = random_lora_adapter(model, tmp_path / "adapter")  # rank 4: padded to the kernel's 16 rows
     quantize_weights(model, "int4")
     side = lora_side_copy(model, adapter)
     wrapped = side.model.layers[1].mlp.down_proj
@@ -464,7 +449,7 @@ def test_an_int4_loras_b_in_int8_rows_matches_its_float_b(tmp_path, monkeypatch)
     if not (int4_supported() and int8_supported()):
         pytest.skip("no int4- or int8-weight CPU kernel in this torch build")
     model = tiny_model("llama")
-    adapter = _random_lora_adapter(model, tmp_path / "adapter")
+    adapter = random_lora_adapter(model, tmp_path / "adapter")
     quantize_weights(model, "int4")
     wrapped = lora_side_copy(model, adapter).model.layers[0].mlp.gate_proj
     x = torch.randn(4, wrapped.in_features)
