@@ -88,7 +88,7 @@ class GenerationResult:
     device: str
     dtype: str
     adapter: str | None  # the skip-policy adapter SkipDecode ran with (None: untouched model)
-    weights: str  # "float" or "int8" (model/lowbit/quantization.py)
+    weights: str  # "float", "int8" or "int4" (model/lowbit/quantization.py)
     num_layers: int
     prompts: list[str]
     outputs: list[str]

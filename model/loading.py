@@ -103,7 +103,7 @@ class LoadedModel:
     # How the adapter was trained (its training_info.json "skip_policy"): gated (LoRA only at
     # positions that bypass layers), warmup, order, ranking. {} for no adapter.
     skip_policy: dict = field(default_factory=dict)
-    quantize: str = "none"  # "int8": every Linear holds int8 weights (model/lowbit/quantization.py)
+    quantize: str = "none"  # "int4" or "int8": the Linears hold low-bit weights (model/lowbit/quantization.py)
 
     def __post_init__(self) -> None:
         if self.skip_model is None:
@@ -111,7 +111,7 @@ class LoadedModel:
 
     @property
     def weights(self) -> str:
-        """How the weights are stored, as reports name it: "float" (the model's dtype) or "int8"."""
+        """How the weights are stored, as reports name it: "float" (the model's dtype), "int8" or "int4"."""
         return "float" if self.quantize == "none" else self.quantize
 
     @property
@@ -172,8 +172,9 @@ def load_model(
     adapter: "auto" = the shipped skip-policy adapter for the default model (none for others),
     a folder with a peft adapter or full fine-tuned weights, or None for the untouched model.
     Never passes trust_remote_code: only architectures transformers ships are loaded.
-    quantize: "none", "int8" (CPU: int8 weights for the original AND the skip-policy weights, so
-    comparisons stay fair) or "auto" (int8 on CPU).
+    quantize: "none", "int8" or "int4" (CPU: low-bit weights for the original AND the skip-policy
+    weights, so comparisons stay fair) or "auto" (on a CPU int4 for the default model's own 4-bit
+    weights, int8 for other models; none on a GPU: resolve_quantize).
     """
     from transformers import AutoModelForCausalLM  # noqa: PLC0415 (keep `import model.loading` light)
     from transformers.utils import logging as hf_logging  # noqa: PLC0415
