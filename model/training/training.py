@@ -23,7 +23,7 @@ import random
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 
@@ -433,9 +433,29 @@ def train_step(model, teacher: Teacher | None, optimizer, accelerator, batch: tu
     return float(loss.detach())
 
 
-def train(config: TrainConfig) -> TrainResult:
+@dataclass
+class _Run:
+    """One training run's parts, prepared once (``_prepare_run``) and used by every step."""
+
+    config: TrainConfig
+    accelerator: Any
+    output: Path
+    pad_token_id: int
+    examples: list[Example]
+    steps_hint: int
+    by_source: Any
+    heldout: Any
+    num_layers: int
+    model: Any
+    optimizer: Any
+    teacher: Teacher | None
+    trainable: list
+
+
+def _prepare_run(config: TrainConfig) -> _Run:
+    """Threads, seed, the output folder, the model, its data, the held-out set, the trainable skip
+    policy (LoRA or full weights, the bridge, an initial adapter) and the optimiser, in this order."""
     from accelerate.utils import set_seed  # noqa: PLC0415
-    from tqdm.auto import tqdm  # noqa: PLC0415
 
     if config.threads:
         torch.set_num_threads(config.threads)
@@ -460,45 +480,74 @@ def train(config: TrainConfig) -> TrainResult:
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=0.0)
     model, optimizer = accelerator.prepare(model, optimizer)
+    return _Run(config, accelerator, output, loaded.pad_token_id, examples, steps_hint, by_source, heldout,
+                num_layers, model, optimizer, teacher, trainable)
 
+
+def _heldout_now(run: _Run, budget: Budget) -> dict:
+    """The held-out scores of the policy as it is now (not counted against a time budget)."""
+    with budget.paused():
+        unwrapped = run.accelerator.unwrap_model(run.model)
+        return heldout_scores(unwrapped.lm, unwrapped.bridge, run.heldout, run.config, run.num_layers)
+
+
+def _one_step(run: _Run, step: int, budget: Budget, by_length: list[int] | None) -> tuple[float, ScheduleConfig, int]:
+    """One optimiser step: the learning rate, a batch and a schedule drawn from (seed, step, rank)
+    (so resuming replays the same ones), the step. Returns its loss, its schedule and the target
+    tokens it saw."""
+    config, accelerator = run.config, run.accelerator
+    for group in run.optimizer.param_groups:
+        group["lr"] = config.learning_rate * _lr_factor(step, budget.cpu_minutes * 60, config)
+    rng = random.Random(hash((config.seed, step, accelerator.process_index)))
+    batch = tuple(t if isinstance(t, int) else t.to(accelerator.device) for t in collate(
+        draw_batch(run.examples, by_length, config.batch_size, rng, run.by_source, config.sequence_shares),
+        run.pad_token_id))
+    schedule = draw_schedule(run.num_layers, batch[2].shape[1], config, rng)
+    loss = train_step(run.model, run.teacher, run.optimizer, accelerator, batch, schedule, config, run.trainable)
+    return loss, schedule, int(batch[1].sum())
+
+
+def _step_record(run: _Run, step: int, loss: float, schedule: ScheduleConfig, budget: Budget) -> dict:
+    return {"step": step + 1, "loss": round(loss, 5), "decay": schedule.decay,
+            "max_layers": schedule.max_layers, "min_layers": schedule.min_layers,
+            "seconds": round(budget.seconds, 1), "cpu_minutes": round(budget.cpu_minutes, 2)}
+
+
+def _postfix(run: _Run, losses: list[float], tokens_seen: int, budget: Budget, schedule: ScheduleConfig) -> dict:
+    steps_hint = run.steps_hint
+    return {"loss": f"{sum(losses[-10:]) / len(losses[-10:]):.4f}",
+            "tok_s": f"{tokens_seen / max(budget.seconds - budget.spent_before, 1e-9):.0f}",
+            "speedup": f"{run.num_layers / max(1, sum(schedule.budgets(steps_hint)) / steps_hint):.1f}x"}
+
+
+def train(config: TrainConfig) -> TrainResult:
+    from tqdm.auto import tqdm  # noqa: PLC0415
+
+    run = _prepare_run(config)
+    accelerator, output = run.accelerator, run.output
     start_step, spent = resume_checkpoint(accelerator, output) if config.resume else (0, 0.0)
     budget = Budget(config.max_minutes, spent)
     losses: list[float] = []
     curve: list[dict] = []
     progress = tqdm(range(start_step, config.max_steps), initial=start_step, total=config.max_steps,
                     disable=not accelerator.is_local_main_process, desc="skip-policy training")
-
-    def evaluate_heldout() -> dict:
-        with budget.paused():  # held-out evaluation does not count against a time budget
-            unwrapped = accelerator.unwrap_model(model)
-            return heldout_scores(unwrapped.lm, unwrapped.bridge, heldout, config, num_layers)
-
-    if heldout is not None and start_step == 0:
-        curve.append({"step": 0, "seconds": 0.0, "cpu_minutes": 0.0, **evaluate_heldout()})
+    if run.heldout is not None and start_step == 0:
+        curve.append({"step": 0, "seconds": 0.0, "cpu_minutes": 0.0, **_heldout_now(run, budget)})
         progress.write("untrained held-out: " + _heldout_line(curve[0]))
+    examples = run.examples
     by_length = sorted(range(len(examples)), key=lambda i: len(examples[i].target)) if config.length_grouped else None
     tokens_seen, step = 0, start_step
     for step in progress:
         if budget.exhausted:
             break
-        for group in optimizer.param_groups:
-            group["lr"] = config.learning_rate * _lr_factor(step, budget.cpu_minutes * 60, config)
-        # Per-step RNG from (seed, step, rank): resuming replays the same batches and schedules.
-        rng = random.Random(hash((config.seed, step, accelerator.process_index)))
-        batch = tuple(t if isinstance(t, int) else t.to(accelerator.device) for t in collate(
-            draw_batch(examples, by_length, config.batch_size, rng, by_source, config.sequence_shares), loaded.pad_token_id))
-        schedule = draw_schedule(num_layers, batch[2].shape[1], config, rng)
-        losses.append(train_step(model, teacher, optimizer, accelerator, batch, schedule, config, trainable))
-        tokens_seen += int(batch[1].sum())
-        record = {"step": step + 1, "loss": round(losses[-1], 5), "decay": schedule.decay,
-                  "max_layers": schedule.max_layers, "min_layers": schedule.min_layers,
-                  "seconds": round(budget.seconds, 1), "cpu_minutes": round(budget.cpu_minutes, 2)}
+        loss, schedule, tokens = _one_step(run, step, budget, by_length)
+        losses.append(loss)
+        tokens_seen += tokens
+        record = _step_record(run, step, loss, schedule, budget)
         done = step + 1 == config.max_steps or budget.exhausted
-        postfix = {"loss": f"{sum(losses[-10:]) / len(losses[-10:]):.4f}",
-                   "tok_s": f"{tokens_seen / max(budget.seconds - budget.spent_before, 1e-9):.0f}",
-                   "speedup": f"{num_layers / max(1, sum(schedule.budgets(steps_hint)) / steps_hint):.1f}x"}
-        if heldout is not None and ((step + 1) % config.eval_every == 0 or done):
-            record["heldout"] = evaluate_heldout()
+        postfix = _postfix(run, losses, tokens_seen, budget, schedule)
+        if run.heldout is not None and ((step + 1) % config.eval_every == 0 or done):
+            record["heldout"] = _heldout_now(run, budget)
             curve.append({"step": step + 1, "seconds": record["seconds"], "cpu_minutes": record["cpu_minutes"],
                           **record["heldout"]})
             postfix["agree@2x"] = record["heldout"].get("2x", {}).get("agreement")
@@ -508,7 +557,7 @@ def train(config: TrainConfig) -> TrainResult:
             with (output / "train_log.jsonl").open("a") as handle:
                 handle.write(json.dumps(record) + "\n")
         if (step + 1) % config.save_every == 0 or done:
-            save_checkpoint(accelerator, model, output, step + 1, config, budget.seconds)
+            save_checkpoint(accelerator, run.model, output, step + 1, config, budget.seconds)
         if done:
             break
     return TrainResult(output_dir=str(output), steps=step + 1, seconds=budget.seconds, losses=losses, heldout=curve)
