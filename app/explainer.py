@@ -7,7 +7,7 @@ import random
 import plotly.graph_objects as go
 
 from app.figures import CELL_COLOURS, batch_exit_figure, heatmap_legend_html, layer_heatmap, waiting_layer_steps
-from model.schedule import ScheduleConfig
+from model.skipdecode.schedule import ScheduleConfig
 
 INTRO = """
 ### Why per-token early exit breaks batching and the KV cache

@@ -8,7 +8,7 @@ from typing import Sequence
 
 import plotly.graph_objects as go
 
-from model.schedule import SolvedSchedule, decay_value
+from model.skipdecode.schedule import SolvedSchedule, decay_value
 
 # One colour per cell kind of the layer heatmap (z value = index). The legend is HTML next to the
 # plot (heatmap_legend_html): a plotly colourbar lost entries on a phone.

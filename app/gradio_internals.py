@@ -128,10 +128,6 @@ def event_id(event) -> str:
     return event._id
 
 
-def event_session(event) -> str:
-    return event.session_hash
-
-
 def event_alive(event) -> bool:
     """False once gradio saw the event's result stream close (its client went away)."""
     return bool(event.alive)
@@ -210,7 +206,3 @@ def reorder(queue, key: Callable[[Any], Any]) -> None:
     """Sort each lane's waiting events by ``key`` (the event that sorts first starts next)."""
     for lane in lanes(queue):
         lane.sort(key=key)
-
-
-def enqueued_at(event) -> float:
-    return event.enqueue_time

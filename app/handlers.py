@@ -25,7 +25,7 @@ from app.settings import EXAMPLE_PROMPTS, Limits, PlaygroundSettings, control_ra
 from app.share import qr_html, settings_from_query, share_link
 from app.views import NO_CHANGE, STREAM_OUTPUTS, RaceRenderer, TokenTexts, api_message, layer_ranges, one_line
 from model.generation import TextGenerator
-from model.schedule import max_layer_speedup
+from model.skipdecode.schedule import max_layer_speedup
 
 HEATMAP_EVERY_S = 0.25  # heatmap redraws at most 4x a second; text streams every step
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from app.settings import PlaygroundSettings
-from model.decoder import StepEvent
 from model.generation import GenerationResult, LensReading, TextGenerator
-from model.schedule import SolvedSchedule
+from model.skipdecode.decoder import StepEvent
+from model.skipdecode.schedule import SolvedSchedule
 
 
 @dataclass

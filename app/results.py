@@ -10,9 +10,9 @@ from typing import Callable
 
 import gradio as gr
 
-from model.heldout import stage_notes
+from model.evaluation.reporting import heldout_curve_figure, quality_figure, speed_figure, study_figure
 from model.loading import DEFAULT_ADAPTER
-from model.reporting import heldout_curve_figure, quality_figure, speed_figure, study_figure
+from model.training.heldout import stage_notes
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 

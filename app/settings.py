@@ -13,9 +13,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from model.decoder import SamplingConfig
 from model.generation import GenerationRequest, ScheduleRequest
-from model.schedule import DECAY_FUNCTIONS, DEFAULT_WARMUP, LAYER_ORDERS, RANKED
+from model.skipdecode.decoder import SamplingConfig
+from model.skipdecode.schedule import DECAY_FUNCTIONS, DEFAULT_WARMUP, LAYER_ORDERS, RANKED
 
 # Each checked with the full model (greedy, 48 tokens): a fluent answer, no loops
 # (tests/test_default_model.py guards this). The first is the default prompt.
@@ -57,7 +57,7 @@ def setting(default: Any, *, label: str, help: str = "", kind: str = "number", l
 @dataclass(frozen=True)
 class PlaygroundSettings:
     """Every control of the playground, validated and normalised (build with ``from_values``).
-    Field order = the public API's parameter order (README documents it)."""
+    Field order = the public API's parameter order (README, "API", and docs/SERVING.md document it)."""
 
     prompt: str = setting("", label="Prompt", kind="text")
     target_speedup: float = setting(2.0, label="Target layer speedup", low=1.0, high=1000.0, step=0.1,

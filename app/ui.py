@@ -26,7 +26,7 @@ from app.results import results_tab
 from app.settings import EXAMPLE_PROMPTS, Limits, PlaygroundSettings, control_ranges, trained_defaults
 from app.style import COPY_JS, PAGE_URL_JS, SCROLL_TO_OUTPUTS, launch_style
 from model.generation import TextGenerator
-from model.schedule import DECAY_DESCRIPTIONS, LAYER_ORDER_DESCRIPTIONS, max_layer_speedup
+from model.skipdecode.schedule import DECAY_DESCRIPTIONS, LAYER_ORDER_DESCRIPTIONS, max_layer_speedup
 
 __all__ = ["api_function", "build_demo", "launch_options"]
 SPEEDUP_PRESETS = (1.0, 1.5, 2.0, 3.0)

@@ -15,7 +15,7 @@ from app.results import eval_row
 from app.settings import PlaygroundSettings
 from app.token_html import plain_text_html, tokens_by_depth_html
 from model.generation import TextGenerator
-from model.schedule import RANKED, CostModel, schedule_json, speedup_summary
+from model.skipdecode.schedule import RANKED, CostModel, schedule_json, speedup_summary
 
 INCOMPLETE = "\ufffd"  # what decoding shows for a character whose bytes have not all arrived yet
 

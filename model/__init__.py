@@ -1,4 +1,8 @@
-"""SkipDecode library: schedule, decoder, model access, training, evaluation, benchmark, CLI.
+"""SkipDecode library: the method (skipdecode/), the low-bit CPU engine (lowbit/), the runtime face
+(loading.py, generation.py), training (training/), evaluation and benchmarks (evaluation/), the
+studies (studies/) and the command line (cli.py). docs/DESIGN.md, "Layers", draws which may import
+which.
 
-Importing this package is cheap (no torch): submodules are imported where they are used.
+Importing this package is cheap (no torch): import the module you need, e.g.
+``from model.generation import TextGenerator`` or ``from model.skipdecode.schedule import ScheduleConfig``.
 """

@@ -11,12 +11,27 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable, Sequence
 
-from model.schedule import DECAY_FUNCTIONS, DEFAULT_WARMUP, LAYER_ORDERS
-
-if TYPE_CHECKING:
-    from model.evaluation import EvalConfig
+from model.evaluation.bench import BenchConfig, run_bench, write_bench
+from model.evaluation.evaluation import EvalConfig, evaluate, write_report
+from model.evaluation.lowbit_check import LowBitCheckConfig, run_lowbit_check
+from model.generation import GenerationRequest, ScheduleRequest, TextGenerator, validate_request
+from model.loading import load_model
+from model.lowbit.quantization import QUANTIZE_MODES
+from model.skipdecode.decoder import SamplingConfig
+from model.skipdecode.schedule import DECAY_FUNCTIONS, DEFAULT_WARMUP, LAYER_ORDERS
+from model.skipdecode.skip_policy import ScheduleFloor, export_adapter, mix_adapters
+from model.studies.scaling_study import ScalingConfig, run_scaling, write_scaling
+from model.studies.shape_study import ShapeConfig, run_shape_study
+from model.studies.study import StudyConfig, best_arm, run_study, study_markdown
+from model.tasks.e2e import parse_mr, task_prompt
+from model.tasks.task_models import TASKS, check_task, load_task_model, task_schedule
+from model.tasks.task_report import TaskEvalConfig, run_task_eval
+from model.tasks.task_training import TaskRun, train_task
+from model.training.data import DEFAULT_EVAL_PROMPTS, DEFAULT_FACTS
+from model.training.make_data import MakeDataConfig, make_data
+from model.training.training import TrainConfig, train
 
 EXIT_BAD_INPUT = 2
 
@@ -54,15 +69,22 @@ def add_schedule_options(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command table: one subcommand per entry of COMMANDS, in that order (the help lists them so)."""
     parser = _Parser(prog="python -m model", description="SkipDecode: layer-skipping decoding with batching and KV cache")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for add_command in COMMANDS:
+        add_command(commands)
+    return parser
 
+
+def add_generate_command(commands) -> None:
+    """`generate`: text with SkipDecode or the full model, and its options."""
     gen = commands.add_parser("generate", help="generate text with SkipDecode (or the full model with --full)")
     gen.add_argument("--prompt", action="append", required=True, help="prompt text; repeat for a batch")
     add_schedule_options(gen)
     gen.add_argument("--full", action="store_true", help="run the full model (every layer, every step)")
     gen.add_argument("--max-new-tokens", type=int, default=None, help="default 64 (a task: its own budget)")
-    gen.add_argument("--task", default=None, choices=("e2e",),
+    gen.add_argument("--task", default=None, choices=TASKS,
                      help="a fine-tuned task (e2e: the paper's E2E restaurant descriptions): --prompt is an MR "
                           "as in the CSV, the task model is the full model and SkipDecode runs the task's policy")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -77,22 +99,24 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_options(gen)
     gen.set_defaults(handler=run_generate)
 
+
+def add_make_data_command(commands) -> None:
+    """`make-data`: distillation data at scale, and its options."""
     md = commands.add_parser("make-data", help="distillation data at scale, offline: prompts from four sources and "
                              "the full model's greedy + sampled continuations (resumable)")
-    from model.make_data import MakeDataConfig  # noqa: PLC0415 (torch only when a command needs it)
-
     add_dataclass_options(md, MakeDataConfig)
     md.set_defaults(handler=run_make_data)
 
-    tr = commands.add_parser("train", help="skip-policy fine-tuning (LoRA by default) with accelerate")
-    from model.training import TrainConfig  # noqa: PLC0415
 
+def add_train_command(commands) -> None:
+    """`train`: skip-policy fine-tuning, and its options."""
+    tr = commands.add_parser("train", help="skip-policy fine-tuning (LoRA by default) with accelerate")
     add_dataclass_options(tr, TrainConfig)
     tr.set_defaults(handler=run_train)
 
-    add_eval_command(commands)
-    add_task_commands(commands)
 
+def add_study_command(commands) -> None:
+    """`study`: the recipe study, and its options."""
     st = commands.add_parser("study", help="the skip-policy recipe study: every arm, same budget, same held-out set")
     st.add_argument("--minutes", type=float, default=6.0, help="training CPU minutes per arm (default 6)")
     st.add_argument("--arms", default="", help="comma-separated arms (default: all)")
@@ -101,21 +125,26 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--output", default="assets/study")
     st.set_defaults(handler=run_study_command)
 
+
+def add_scaling_command(commands) -> None:
+    """`scaling`: the data-scaling curve, and its options."""
     sc = commands.add_parser("scaling", help="the data-scaling curve: the shipped recipe, same steps, on the first "
                              "N unique make-data sequences (resumable)")
-    from model.scaling_study import ScalingConfig  # noqa: PLC0415
-
     add_dataclass_options(sc, ScalingConfig)
     sc.add_argument("--report-only", action="store_true", help="rewrite scaling.json/md from the arms' logs")
     sc.set_defaults(handler=run_scaling_command)
 
+
+def add_shape_study_command(commands) -> None:
+    """`shape-study`: the schedule's shape judged free-running, and its options."""
     sh = commands.add_parser("shape-study", help="the schedule's shape at a fixed speedup, judged by free-running "
                              "fluency, repetition and fact retention (not ROUGE)")
-    from model.shape_study import ShapeConfig  # noqa: PLC0415
-
     add_dataclass_options(sh, ShapeConfig)
     sh.set_defaults(handler=run_shape_study_command)
 
+
+def add_export_adapter_command(commands) -> None:
+    """`export-adapter`: a trained adapter copied for shipping, and its options."""
     ex = commands.add_parser("export-adapter", help="copy a trained adapter for shipping, weights cast to bfloat16")
     ex.add_argument("source", help="the trained adapter folder (e.g. runs/NAME/adapter)")
     ex.add_argument("destination", help="where to write it (e.g. assets/adapters/NAME)")
@@ -127,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the largest target speedup the schedule floor applies to")
     ex.set_defaults(handler=run_export_adapter)
 
+
+def add_mix_adapters_command(commands) -> None:
+    """`mix-adapters`: two skip policies interpolated, and its options."""
     mx = commands.add_parser("mix-adapters", help="an adapter whose delta is W x FIRST's + (1 - W) x SECOND's "
                              "(two skip policies of the same model interpolated), stored at one rank by SVD")
     mx.add_argument("first", help="adapter folder whose placement (training_info.json) the mix keeps")
@@ -137,8 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     mx.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     mx.set_defaults(handler=run_mix_adapters)
 
-    add_bench_command(commands)
 
+def add_lowbit_check_command(commands) -> None:
+    """`lowbit-check`: low-bit against float weights, and its options."""
     lb = commands.add_parser("lowbit-check", help="low-bit vs float weights: teacher-forced agreement of the full "
                              "model and of SkipDecode (adapter), through the cached decoder")
     add_model_options(lb)
@@ -148,7 +181,6 @@ def build_parser() -> argparse.ArgumentParser:
     lb.add_argument("--tokens", type=int, default=48)
     lb.add_argument("--json", default=None, help="also write the report to this file")
     lb.set_defaults(handler=run_lowbit_check_command)
-    return parser
 
 
 def add_bench_command(commands) -> None:
@@ -204,9 +236,30 @@ def add_eval_command(commands) -> None:
     ev.set_defaults(handler=run_eval)
 
 
-def run_lowbit_check_command(args: argparse.Namespace) -> int:
-    from model.lowbit_check import LowBitCheckConfig, run_lowbit_check  # noqa: PLC0415
+# The commands, in the order `python -m model --help` lists them.
+def add_train_task_command(commands) -> None:
+    """`train-task`: a task model or one of its skip policies, and its options."""
+    tt = commands.add_parser("train-task", help="a task model (the paper's 1x) or one of its skip policies "
+                                                "(--policy 2|3|4|5|all), trained on the task's references")
+    tt.add_argument("task", choices=TASKS)
+    add_dataclass_options(tt, TaskRun, skip=("task",))
+    tt.set_defaults(handler=run_train_task)
 
+
+def add_eval_task_command(commands) -> None:
+    """`eval-task`: a task's test set at 1x and each speedup, and its options."""
+    et = commands.add_parser("eval-task", help="a task's test set at 1x and each speedup: BLEU, ROUGE-L, NIST and "
+                                               "measured speed; writes assets/eval/<task>.json and .md")
+    et.add_argument("task", choices=TASKS)
+    add_dataclass_options(et, TaskEvalConfig, skip=("task",))
+    et.set_defaults(handler=run_eval_task)
+
+
+COMMANDS = (add_generate_command, add_make_data_command, add_train_command, add_eval_command, add_study_command, add_scaling_command, add_shape_study_command, add_export_adapter_command, add_mix_adapters_command, add_bench_command, add_lowbit_check_command,
+            add_train_task_command, add_eval_task_command)
+
+
+def run_lowbit_check_command(args: argparse.Namespace) -> int:
     modes = tuple(m for m in (_quantize_list(args.quantize) or ()) if m != "none")
     if not modes or args.tokens < 2:
         raise ValueError("--quantize needs a low-bit mode (int4, int8) and --tokens must be >= 2")
@@ -221,8 +274,6 @@ def run_lowbit_check_command(args: argparse.Namespace) -> int:
 
 
 def run_study_command(args: argparse.Namespace) -> int:
-    from model.study import StudyConfig, best_arm, run_study, study_markdown  # noqa: PLC0415
-
     config = StudyConfig(minutes=args.minutes, arms=tuple(a.strip() for a in args.arms.split(",") if a.strip()),
                          threads=args.threads, runs_dir=args.runs_dir, output=args.output)
     study = run_study(config, progress=lambda line: print(line, file=sys.stderr, flush=True))
@@ -234,8 +285,6 @@ def run_study_command(args: argparse.Namespace) -> int:
 def run_shape_study_command(args: argparse.Namespace) -> int:
     import dataclasses  # noqa: PLC0415
 
-    from model.shape_study import ShapeConfig, run_shape_study  # noqa: PLC0415
-
     config = ShapeConfig(**{spec.name: getattr(args, spec.name) for spec in dataclasses.fields(ShapeConfig)})
     run_shape_study(config, lambda line: print(line, file=sys.stderr, flush=True))
     return 0
@@ -243,8 +292,6 @@ def run_shape_study_command(args: argparse.Namespace) -> int:
 
 def run_scaling_command(args: argparse.Namespace) -> int:
     import dataclasses  # noqa: PLC0415
-
-    from model.scaling_study import ScalingConfig, run_scaling, write_scaling  # noqa: PLC0415
 
     config = ScalingConfig(**{spec.name: getattr(args, spec.name) for spec in dataclasses.fields(ScalingConfig)})
     report = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
@@ -257,8 +304,6 @@ def run_scaling_command(args: argparse.Namespace) -> int:
 
 def run_export_adapter(args: argparse.Namespace) -> int:
     import torch  # noqa: PLC0415
-
-    from model.skip_policy import ScheduleFloor, export_adapter  # noqa: PLC0415
 
     if (args.schedule_floor is None) != (args.floor_up_to is None):
         raise ValueError("--schedule-floor and --floor-up-to go together")
@@ -273,8 +318,6 @@ def run_export_adapter(args: argparse.Namespace) -> int:
 def run_mix_adapters(args: argparse.Namespace) -> int:
     import torch  # noqa: PLC0415
 
-    from model.skip_policy import mix_adapters  # noqa: PLC0415
-
     if args.rank is not None and args.rank < 1:
         raise ValueError(f"--rank must be at least 1, got {args.rank}")
     mixed = mix_adapters(args.first, args.second, args.destination, args.weight, args.rank, getattr(torch, args.dtype))
@@ -284,8 +327,6 @@ def run_mix_adapters(args: argparse.Namespace) -> int:
 
 
 def _quantize_list(text: str | None) -> tuple[str, ...] | None:
-    from model.quantization import QUANTIZE_MODES  # noqa: PLC0415
-
     if not text:
         return None
     modes = tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
@@ -296,8 +337,6 @@ def _quantize_list(text: str | None) -> tuple[str, ...] | None:
 
 
 def run_bench_command(args: argparse.Namespace) -> int:
-    from model.bench import BenchConfig, run_bench, write_bench  # noqa: PLC0415
-
     if args.tokens < 2 or args.repeats < 1 or (args.threads is not None and args.threads < 1):
         raise ValueError("--tokens must be >= 2, --repeats and --threads >= 1")
     batch_sizes = tuple(int(b) for b in _float_list(args.batch_sizes, "--batch-sizes")) if args.batch_sizes else None
@@ -329,9 +368,6 @@ def _float_list(text: str, name: str) -> tuple[float, ...]:
 
 def eval_config(args: argparse.Namespace) -> EvalConfig:
     """The EvalConfig an `eval` command line asks for."""
-    from model.data import DEFAULT_EVAL_PROMPTS, DEFAULT_FACTS  # noqa: PLC0415
-    from model.evaluation import EvalConfig  # noqa: PLC0415
-
     return EvalConfig(
         model=args.model, adapter=None if args.no_adapter else args.adapter, device=args.device,
         prompts=args.prompts or str(DEFAULT_EVAL_PROMPTS), max_prompts=args.max_prompts,
@@ -345,8 +381,6 @@ def eval_config(args: argparse.Namespace) -> EvalConfig:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from model.evaluation import evaluate, write_report  # noqa: PLC0415
-
     config = eval_config(args)
     if config.continuation_tokens < 2 or config.fact_tokens < 2:
         raise ValueError("--tokens and --fact-tokens must be >= 2")
@@ -423,49 +457,8 @@ def add_dataclass_options(parser: argparse.ArgumentParser, config_class: type, s
             parser.add_argument(flag, dest=spec.name, type=cast, default=default, choices=choices, help=help_text)
 
 
-def add_task_commands(commands) -> None:
-    from model.tasks.task_report import TaskEvalConfig  # noqa: PLC0415
-    from model.tasks.task_training import TaskRun  # noqa: PLC0415
-
-    tt = commands.add_parser("train-task", help="a task model (the paper's 1x) or one of its skip policies "
-                                                "(--policy 2|3|4|5|all), trained on the task's references")
-    tt.add_argument("task", choices=("e2e",))
-    add_dataclass_options(tt, TaskRun, skip=("task",))
-    tt.set_defaults(handler=run_train_task)
-    et = commands.add_parser("eval-task", help="a task's test set at 1x and each speedup: BLEU, ROUGE-L, NIST and "
-                                               "measured speed; writes assets/eval/<task>.json and .md")
-    et.add_argument("task", choices=("e2e",))
-    add_dataclass_options(et, TaskEvalConfig, skip=("task",))
-    et.set_defaults(handler=run_eval_task)
-
-
-def run_train_task(args: argparse.Namespace) -> int:
-    import dataclasses  # noqa: PLC0415
-
-    from model.tasks.task_training import TaskRun, train_task  # noqa: PLC0415
-
-    run = TaskRun(**{spec.name: getattr(args, spec.name) for spec in dataclasses.fields(TaskRun)})
-    summary = train_task(run)
-    print(json.dumps({"steps": summary["steps"], "seconds": summary["seconds"], "heldout": summary["heldout"],
-                      "adapter": str(run.folder / "adapter"), "exported": summary.get("exported")}))
-    return 0
-
-
-def run_eval_task(args: argparse.Namespace) -> int:
-    import dataclasses  # noqa: PLC0415
-
-    from model.tasks.task_report import TaskEvalConfig, run_task_eval  # noqa: PLC0415
-
-    config = TaskEvalConfig(**{spec.name: getattr(args, spec.name) for spec in dataclasses.fields(TaskEvalConfig)})
-    report = run_task_eval(config)
-    print(f"wrote {config.output}/{config.task}*.json and .md ({report['minutes']} min)")
-    return 0
-
-
 def run_make_data(args: argparse.Namespace) -> int:
     import dataclasses  # noqa: PLC0415
-
-    from model.make_data import MakeDataConfig, make_data  # noqa: PLC0415
 
     config = MakeDataConfig(**{spec.name: getattr(args, spec.name) for spec in dataclasses.fields(MakeDataConfig)})
     manifest = make_data(config)
@@ -477,8 +470,6 @@ def run_make_data(args: argparse.Namespace) -> int:
 def run_train(args: argparse.Namespace) -> int:
     import dataclasses  # noqa: PLC0415
 
-    from model.training import TrainConfig, train  # noqa: PLC0415
-
     values = {spec.name: getattr(args, spec.name) for spec in dataclasses.fields(TrainConfig)}
     values["speedup_range"] = tuple(values["speedup_range"])  # argparse gives a list
     result = train(TrainConfig(**values))
@@ -487,18 +478,63 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def load_model_from_args(args: argparse.Namespace):
-    from model.loading import load_model  # noqa: PLC0415
-
     adapter = None if args.no_adapter else args.adapter
     return load_model(args.model, device=args.device, dtype=args.dtype, adapter=adapter,
                       quantize=getattr(args, "quantize", "none"))
 
 
+def run_train_task(args: argparse.Namespace) -> int:
+    import dataclasses  # noqa: PLC0415
+
+    run = TaskRun(**{spec.name: getattr(args, spec.name) for spec in dataclasses.fields(TaskRun)})
+    summary = train_task(run)
+    print(json.dumps({"steps": summary["steps"], "seconds": summary["seconds"], "heldout": summary["heldout"],
+                      "adapter": str(run.folder / "adapter"), "exported": summary.get("exported")}))
+    return 0
+
+
+def run_eval_task(args: argparse.Namespace) -> int:
+    import dataclasses  # noqa: PLC0415
+
+    config = TaskEvalConfig(**{spec.name: getattr(args, spec.name) for spec in dataclasses.fields(TaskEvalConfig)})
+    report = run_task_eval(config)
+    print(f"wrote {config.output}/{config.task}*.json and .md ({report['minutes']} min)")
+    return 0
+
+
+# Options a task fixes itself (its policies were trained on one schedule shape and one prompt).
+TASK_FIXED_OPTIONS = ("decay", "warmup", "min_layers", "max_layers", "decay_length", "order", "prompt_at_budget",
+                      "temperature", "model", "raw")
+
+
+def run_task_generate(args: argparse.Namespace) -> int:
+    """``generate --task e2e --prompt MR``: one description per MR, the task model at --full, else
+    SkipDecode with the task's policy for --speedup (the shared policy where none was trained for it)."""
+    defaults = build_parser().parse_args(["generate", "--prompt", "x"])
+    changed = [name for name in TASK_FIXED_OPTIONS if getattr(args, name) != getattr(defaults, name)]
+    if changed:
+        raise CliError(f"--task fixes the schedule and prompt its policies were trained on: leave out "
+                       f"{', '.join('--' + n.replace('_', '-') for n in changed)}")
+    for mr in args.prompt:
+        parse_mr(mr)
+    settings = check_task(args.task)
+    speedup = 1.0 if args.full else args.speedup
+    loaded = load_task_model(args.task, speedup, policy=None if args.no_adapter else "auto", device=args.device,
+                             dtype=args.dtype, quantize=args.quantize)
+    generator = TextGenerator(loaded)
+    request = GenerationRequest(prompts=tuple(task_prompt(mr) for mr in args.prompt),
+                                schedule=task_schedule(args.task, speedup, generator.num_layers, full=args.full,
+                                                       skip_policy=not args.no_adapter),
+                                max_new_tokens=args.max_new_tokens or settings.max_new_tokens,
+                                sampling=SamplingConfig(), stop=tuple(args.stop))
+    validate_request(request)
+    generator.schedule_for(request.schedule, request.max_new_tokens)
+    return print_result(generator.generate(request), args.json)
+
+
 def run_generate(args: argparse.Namespace) -> int:
     if args.task:
         return run_task_generate(args)
-    from model.decoder import SamplingConfig  # noqa: PLC0415 (torch import only when needed)
-    from model.generation import GenerationRequest, ScheduleRequest, TextGenerator, validate_request  # noqa: PLC0415
     if args.max_new_tokens is None:
         args.max_new_tokens = 64
     request = GenerationRequest(
@@ -522,41 +558,6 @@ def run_generate(args: argparse.Namespace) -> int:
     validate_request(request)  # prompt and number checks before the (slow) model load
     generator = TextGenerator(load_model_from_args(args))
     generator.schedule_for(request.schedule, request.max_new_tokens)  # reject bad settings before work
-    return print_result(generator.generate(request), args.json)
-
-
-# Schedule options a task fixes itself (its policies were trained on one schedule shape).
-TASK_FIXED_OPTIONS = ("decay", "warmup", "min_layers", "max_layers", "decay_length", "order", "prompt_at_budget",
-                      "temperature", "model", "raw")
-
-
-def run_task_generate(args: argparse.Namespace) -> int:
-    """``generate --task e2e --prompt MR``: one description per MR, the task model at --full, else
-    SkipDecode with the task's policy for --speedup (the shared policy where none was trained for it)."""
-    from model.decoder import SamplingConfig  # noqa: PLC0415
-    from model.generation import GenerationRequest, TextGenerator, validate_request  # noqa: PLC0415
-    from model.tasks.e2e import parse_mr, task_prompt  # noqa: PLC0415
-    from model.tasks.task_models import check_task, load_task_model, task_schedule  # noqa: PLC0415
-
-    defaults = build_parser().parse_args(["generate", "--prompt", "x"])
-    changed = [name for name in TASK_FIXED_OPTIONS if getattr(args, name) != getattr(defaults, name)]
-    if changed:
-        raise CliError(f"--task fixes the schedule and prompt its policies were trained on: leave out "
-                       f"{', '.join('--' + n.replace('_', '-') for n in changed)}")
-    for mr in args.prompt:
-        parse_mr(mr)
-    settings = check_task(args.task)
-    speedup = 1.0 if args.full else args.speedup
-    loaded = load_task_model(args.task, speedup, policy=None if args.no_adapter else "auto", device=args.device,
-                             dtype=args.dtype, quantize=args.quantize)
-    generator = TextGenerator(loaded)
-    request = GenerationRequest(prompts=tuple(task_prompt(mr) for mr in args.prompt),
-                                schedule=task_schedule(args.task, speedup, generator.num_layers, full=args.full,
-                                                       skip_policy=not args.no_adapter),
-                                max_new_tokens=args.max_new_tokens or settings.max_new_tokens,
-                                sampling=SamplingConfig(), stop=tuple(args.stop))
-    validate_request(request)
-    generator.schedule_for(request.schedule, request.max_new_tokens)
     return print_result(generator.generate(request), args.json)
 
 

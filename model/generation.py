@@ -13,9 +13,9 @@ from typing import Callable, Generator, Sequence
 
 import torch
 
-from model.decoder import DecodeResult, SamplingConfig, SkipDecoder, StepEvent, left_padded, run_to_end
 from model.loading import LoadedModel
-from model.schedule import (
+from model.skipdecode.decoder import DecodeResult, SamplingConfig, SkipDecoder, StepEvent, left_padded, run_to_end
+from model.skipdecode.schedule import (
     RANKED,
     ScheduleConfig,
     SolvedSchedule,
@@ -93,7 +93,7 @@ class GenerationResult:
     device: str
     dtype: str
     adapter: str | None  # the skip-policy adapter SkipDecode ran with (None: untouched model)
-    weights: str  # "float" or "int8" (model/quantization.py)
+    weights: str  # "float", "int8" or "int4" (model/lowbit/quantization.py)
     num_layers: int
     prompts: list[str]
     outputs: list[str]

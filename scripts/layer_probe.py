@@ -18,11 +18,11 @@ import time
 
 import torch
 
-from model.data import Example, batches_of, load_sequences
-from model.decoder import masked_forward
 from model.loading import load_model
-from model.scoring import kl_per_position
-from model.study import measure_layer_importance
+from model.skipdecode.decoder import masked_forward
+from model.studies.study import measure_layer_importance
+from model.training.data import Example, batches_of, load_sequences
+from model.training.scoring import kl_per_position
 
 SHIPPED_RANKING = (0, 1, 29, 28, 24, 23, 27, 10, 21, 22, 20, 8, 19, 15, 26, 25, 18, 9, 2, 16, 11, 6, 13, 7, 17, 12,
                    14, 5, 3, 4)

@@ -4,7 +4,7 @@ since launch, then the time until http://127.0.0.1:PORT answers 200. Stops the s
     python scripts/time_start.py           # a warm start (the caches already filled)
     python scripts/time_start.py --cold    # an empty model cache: the one-time conversion and packing
 
-The README's start-up figures come from this script (run it twice: the first run fills the caches).
+The start-up figures (README, docs/SERVING.md) come from this script (run it twice: the first run fills the caches).
 """
 
 from __future__ import annotations

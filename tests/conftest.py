@@ -9,6 +9,7 @@ default model) stays on the CPU whatever it says. ``-m device`` selects the test
 
 from __future__ import annotations
 
+import copy
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the tests may reach a hub
@@ -121,4 +122,20 @@ def tiny_folder(tmp_path_factory, default_model):
         model.lm_head.weight.mul_(40.0)
     model.save_pretrained(folder)
     default_model.tokenizer.save_pretrained(folder)
+    return folder
+
+
+def random_lora_adapter(model, folder, **extra):
+    """A LoRA adapter on every Llama linear of ``model`` with random (nonzero) B, saved to ``folder``."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(1)
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                           "up_proj", "down_proj"], **extra)
+    wrapped = get_peft_model(copy.deepcopy(model), config)
+    with torch.no_grad():
+        for name, parameter in wrapped.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0.0, 0.05)  # a trained adapter's B is not zero
+    wrapped.save_pretrained(folder)
     return folder

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from model.bench import BenchRow, Timing, _rows, parse_llama_bench
-from model.schedule import CostModel, solve_schedule
+from model.evaluation.bench import BenchRow, Timing, _rows, parse_llama_bench
+from model.skipdecode.schedule import CostModel, solve_schedule
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -6,8 +6,15 @@ import pytest
 import torch
 
 from conftest import FAMILIES, NUM_LAYERS, TEST_DEVICE, left_padded_batch, tiny_model
-from model.decoder import SamplingConfig, SkipDecoder, execution_mask, masked_forward, run_to_end, sample_next
-from model.schedule import ScheduleConfig, full_schedule
+from model.skipdecode.decoder import (
+    SamplingConfig,
+    SkipDecoder,
+    execution_mask,
+    masked_forward,
+    run_to_end,
+    sample_next,
+)
+from model.skipdecode.schedule import ScheduleConfig, full_schedule
 
 LENGTHS = [7, 4, 9]  # different prompt lengths -> left padding
 NEW_TOKENS = 12
@@ -198,7 +205,7 @@ def test_decoder_rejects_bad_lengths_and_foreign_schedules():
 def test_unsupported_family_gets_a_clear_error():
     import transformers as tf
 
-    from model.architectures import adapter_for
+    from model.skipdecode.architectures import adapter_for
 
     model = tf.BloomForCausalLM(tf.BloomConfig(vocab_size=50, hidden_size=32, n_layer=2, n_head=4))
     with pytest.raises(ValueError, match="not supported"):
@@ -257,7 +264,7 @@ def test_trace_holds_the_row_after_every_layer_that_ran_and_its_last_entry_gives
 def test_adapter_accessors_read_the_model_not_a_family_default(family):
     """hidden_size is the embedding width of every family (GPT-2 names it n_embd); GGUF markers
     go so the weights can be saved."""
-    from model.architectures import adapter_for, forget_gguf_quantization
+    from model.skipdecode.architectures import adapter_for, forget_gguf_quantization
 
     model = tiny_model(family)
     embedding = model.get_input_embeddings().weight
@@ -291,7 +298,7 @@ def test_a_prepared_run_is_tokenized_and_solved_once_and_streams_like_the_reques
 @pytest.mark.device
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_llama_family_layers_run_the_lean_path_and_equal_transformers_layer(family):
-    from model.architectures import LeanLlamaLayer, PrefixKVCache, adapter_for, position_ids_from_mask
+    from model.skipdecode.architectures import LeanLlamaLayer, PrefixKVCache, adapter_for, position_ids_from_mask
 
     model = tiny_model(family, device=TEST_DEVICE)
     adapter = adapter_for(model)
@@ -316,7 +323,7 @@ def test_llama_family_layers_run_the_lean_path_and_equal_transformers_layer(fami
 @pytest.mark.device
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_fused_rms_norm_is_the_modules_math_and_steps_aside_where_it_is_not(family):
-    from model.architectures import FusedRMSNorm, fused_rms_norm
+    from model.skipdecode.architectures import FusedRMSNorm, fused_rms_norm
 
     norm = tiny_model(family, device=TEST_DEVICE).model.layers[0].input_layernorm
     with torch.no_grad():
@@ -337,7 +344,7 @@ def test_fused_rms_norm_is_the_modules_math_and_steps_aside_where_it_is_not(fami
 def test_rotating_q_and_k_together_is_each_familys_own_rotary(module):
     import importlib
 
-    from model.architectures import STANDARD_ROTARY_MODULES, rotate_together
+    from model.skipdecode.architectures import STANDARD_ROTARY_MODULES, rotate_together
 
     family = importlib.import_module(f"transformers.models.{module.split('_', 1)[1]}.{module}")
     assert module in STANDARD_ROTARY_MODULES
@@ -354,7 +361,7 @@ def test_rotating_q_and_k_together_is_each_familys_own_rotary(module):
 def test_a_decode_steps_rotation_matrices_are_the_llama_rotary_per_row():
     """x @ R == x * cos + rotate_half(x) * sin, each row at its own position (left padding), built
     once per step and shared."""
-    from model.architectures import LayerInputs, rotate_together, step_rotation
+    from model.skipdecode.architectures import LayerInputs, rotate_together, step_rotation
 
     torch.manual_seed(0)
     heads = torch.randn(2, 6, 1, 8).to(TEST_DEVICE)  # (B, Hq + Hkv, 1, D): one new position per row
@@ -367,7 +374,7 @@ def test_a_decode_steps_rotation_matrices_are_the_llama_rotary_per_row():
 
 
 def test_a_layer_the_lean_path_does_not_know_runs_transformers_forward():
-    from model.architectures import LeanLlamaLayer
+    from model.skipdecode.architectures import LeanLlamaLayer
 
     model = tiny_model("llama")
     model.config.hidden_act = "gelu"
@@ -379,8 +386,8 @@ def test_lean_layers_follow_replaced_projections_and_free_their_model():
     import gc
     import weakref
 
-    from model.architectures import LeanLlamaLayer
-    from model.quantization import int8_supported, quantize_weights
+    from model.lowbit.quantization import int8_supported, quantize_weights
+    from model.skipdecode.architectures import LeanLlamaLayer
 
     if not int8_supported():
         pytest.skip("no int8-weight CPU kernel in this torch build")

@@ -5,8 +5,9 @@ import os
 import pytest
 import torch
 
+from model.common.paths import cache_root
 from model.generation import GenerationRequest, ScheduleRequest, TextGenerator
-from model.loading import DEFAULT_GGUF_FILE, cache_root, default_model_folder, locate_default_gguf
+from model.loading import DEFAULT_GGUF_FILE, default_model_folder, locate_default_gguf
 
 pytestmark = pytest.mark.slow  # every test here loads the embedded default model
 

@@ -53,6 +53,23 @@ def test_any_parameter_mix_is_either_accepted_or_a_clear_value_error(**kwargs):
     assert 0 <= settings_.temperature and 0 < settings_.top_p <= 1
 
 
+GOOD_MIXES = [  # what the page and the API send: each must be accepted (a check refusing everything fails here)
+    dict(prompt="Name three colours.", target_speedup=2.0, decay="linear", max_new_tokens=48),
+    dict(prompt="Tell me a joke.", target_speedup=1, decay="cosine", warmup=2, decay_length=0, min_layers=0,
+         max_layers=0, order="warmup_top", batch_size=4, max_new_tokens=64, temperature=0.7, top_p=0.9, seed=7),
+    dict(prompt="  Why is the sky blue?  ", target_speedup=3.5, decay="exponential", warmup=0, order="first_last",
+         batch_size=1, max_new_tokens=1, temperature=0, top_p=1.0, seed=2**63 - 1),
+]
+
+
+@pytest.mark.parametrize("values", GOOD_MIXES)
+def test_a_good_parameter_mix_is_accepted(values):
+    settings_ = parse_settings(LIMITS, **values)
+    assert isinstance(settings_, PlaygroundSettings)
+    assert settings_.prompt.strip() == values["prompt"].strip()
+    assert settings_.max_new_tokens == values["max_new_tokens"] and settings_.target_speedup == values["target_speedup"]
+
+
 @pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(target_speedup=st.floats(min_value=1.0, max_value=20.0), warmup=st.integers(0, 31),
@@ -67,6 +84,17 @@ def test_any_schedule_setting_solves_or_says_why(default_generator, **kwargs):
         assert str(error)
         return
     assert all(b2 <= b1 for b1, b2 in zip(solved.budgets, solved.budgets[1:]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("values", [dict(target_speedup=1.0, decay="linear"),
+                                    dict(target_speedup=2.0, decay="cosine", warmup=2, max_new_tokens=32),
+                                    dict(target_speedup=3.0, decay="exponential", max_new_tokens=64, decay_length=64)])
+def test_a_reachable_schedule_setting_solves(default_generator, values):
+    settings_ = parse_settings(LIMITS, "hello", **values)
+    solved = default_generator.schedule_for(settings_.schedule_request(), settings_.max_new_tokens)
+    assert all(b2 <= b1 for b1, b2 in zip(solved.budgets, solved.budgets[1:]))
+    assert solved.budgets and solved.budgets[0] <= default_generator.num_layers
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +167,7 @@ def test_unknown_settings_are_named():
 def test_tiny_temperatures_sample_greedily():
     import torch
 
-    from model.decoder import SamplingConfig, sample_next
+    from model.skipdecode.decoder import SamplingConfig, sample_next
 
     logits = torch.tensor([[0.0, 3.0, 1.0]])
     for temperature in (1e-300, 5e-324, 1e-6):

@@ -1,4 +1,4 @@
-"""The native decode step (model/native_step.py, model/lean_step.cpp): built where a C++ compiler
+"""The native decode step (model/lowbit/native_step.py, model/lowbit/lean_step.cpp): built where a C++ compiler
 is, bit for bit the Python step on every low-bit layout with torch's kernels (int8, int4, int4 with
 the skip policy's LoRA beside), with padding, GQA and a growing cache; and its own 4-bit kernel
 (q4_matmul, the AVX2 default) multiplies exactly the weights torch's kernel does, more precisely."""
@@ -7,13 +7,9 @@ import shutil
 
 import pytest
 import torch
-from test_quantization import _random_lora_adapter
 
-from conftest import NUM_LAYERS, left_padded_batch, tiny_model
-from model.architectures import LeanLlamaLayer
-from model.decoder import SkipDecoder, execution_mask, masked_forward
-from model.native_step import (
-    NativeDecode,
+from conftest import NUM_LAYERS, left_padded_batch, random_lora_adapter, tiny_model
+from model.lowbit.native_kernels import (
     Q4Blocks,
     _has_avx2,
     codes_of,
@@ -21,8 +17,11 @@ from model.native_step import (
     q4_bytes,
     q4_kernel_selected,
 )
-from model.quantization import Int4Blocks, Int4WeightLinear, int4_supported, int8_supported, quantize_weights
-from model.schedule import ScheduleConfig
+from model.lowbit.native_step import NativeDecode
+from model.lowbit.quantization import Int4Blocks, Int4WeightLinear, int4_supported, int8_supported, quantize_weights
+from model.skipdecode.architectures import LeanLlamaLayer
+from model.skipdecode.decoder import SkipDecoder, execution_mask, masked_forward
+from model.skipdecode.schedule import ScheduleConfig
 
 has_compiler = shutil.which("c++") is not None and shutil.which("ninja") is not None
 has_q4 = has_compiler and _has_avx2() and int4_supported()
@@ -58,7 +57,7 @@ def test_the_native_step_equals_the_python_step_bit_for_bit(mode, lora, tmp_path
     monkeypatch.setenv("SKIPDECODE_INT4_KERNEL", "torch")  # the same kernels as the Python step
     # 8 heads of 32 over 2 key/value heads: q/k/v rows that the int4 kernel's packed layout fuses
     model = tiny_model("llama", hidden=256, heads=8, kv_heads=2, vocab=112)
-    adapter = _random_lora_adapter(model, tmp_path / "adapter") if lora else None
+    adapter = random_lora_adapter(model, tmp_path / "adapter") if lora else None
     quantize_weights(model, mode)
     skip_model = lora_side_copy(model, adapter) if lora else model
     leans = _lean_layers(model) + _lean_layers(skip_model)
@@ -118,7 +117,7 @@ def test_the_native_step_follows_a_weight_re_pointed_after_it_was_built(kernel, 
 
 
 def test_without_the_native_step_the_python_step_runs(monkeypatch):
-    import model.native_step as native_step
+    import model.lowbit.native_kernels as native_step
 
     monkeypatch.setenv("SKIPDECODE_NATIVE", "0")
     native_step.native_module.cache_clear()
@@ -180,7 +179,7 @@ def test_the_q4_decode_step_keeps_parity_with_transformers_and_stays_close(lora,
     model = tiny_model("llama", hidden=256, heads=8, kv_heads=2, vocab=112)
     with torch.no_grad():  # a PEAKED model: greedy choices far from ties on any CPU
         model.get_output_embeddings().weight.mul_(5.0)
-    adapter = _random_lora_adapter(model, tmp_path / "adapter") if lora else None
+    adapter = random_lora_adapter(model, tmp_path / "adapter") if lora else None
     quantize_weights(model, "int4")
     skip_model = lora_side_copy(model, adapter) if lora else model
     leans = _lean_layers(model) + _lean_layers(skip_model)

@@ -1,5 +1,5 @@
-"""Distillation data at scale (model/make_data.py) and the quality measures a user cares about
-(judged fluency, repetition, fact retention in model/evaluation.py)."""
+"""Distillation data at scale (model/training/make_data.py) and the quality measures a user cares about
+(judged fluency, repetition, fact retention in model/evaluation/evaluation.py)."""
 
 import json
 import math
@@ -8,8 +8,7 @@ import random
 import pytest
 import torch
 
-from model.data import DEFAULT_EVAL_PROMPTS, DEFAULT_FACTS, DEFAULT_TRAIN_PROMPTS, load_sequences, read_jsonl
-from model.evaluation import (
+from model.evaluation.evaluation import (
     EvalConfig,
     answer_token_span,
     answers_right,
@@ -19,7 +18,8 @@ from model.evaluation import (
     read_facts,
     repetition_rate,
 )
-from model.make_data import (
+from model.training.data import DEFAULT_EVAL_PROMPTS, DEFAULT_FACTS, DEFAULT_TRAIN_PROMPTS, load_sequences, read_jsonl
+from model.training.make_data import (
     TEMPLATES_FILE,
     TOPICS_FILE,
     MakeDataConfig,
@@ -58,9 +58,9 @@ def test_no_training_prompt_is_a_held_out_prompt():
 def test_prompt_list_drops_duplicates_and_held_out_prompts_and_mixes_sources(monkeypatch):
     eval_prompt = read_jsonl(DEFAULT_EVAL_PROMPTS)[0]["prompt"]
     fact = read_facts(DEFAULT_FACTS)[0].question
-    monkeypatch.setattr("model.make_data.template_prompts", lambda n, rng: [f"Explain topic {i}." for i in range(n)])
-    monkeypatch.setattr("model.make_data.wordnet_prompts", lambda n, rng: [])
-    monkeypatch.setattr("model.make_data.pydoc_prompts", lambda n, rng: [f"Raw passage number {i}" for i in range(n)])
+    monkeypatch.setattr("model.training.make_data.template_prompts", lambda n, rng: [f"Explain topic {i}." for i in range(n)])
+    monkeypatch.setattr("model.training.make_data.wordnet_prompts", lambda n, rng: [])
+    monkeypatch.setattr("model.training.make_data.pydoc_prompts", lambda n, rng: [f"Raw passage number {i}" for i in range(n)])
     magpie = ["How do I bake bread?", "how do I bake BREAD", eval_prompt.upper(), fact, "Tell me a joke."]
     records = build_prompt_list(MakeDataConfig(template_prompts=40, pydoc_prompts=20), magpie)
     keys = [normalized(r.prompt) for r in records]
@@ -73,7 +73,7 @@ def test_prompt_list_drops_duplicates_and_held_out_prompts_and_mixes_sources(mon
 
 
 def test_entity_questions_come_from_wordnet_instances_and_never_touch_a_held_out_fact(tmp_path, monkeypatch):
-    from model import make_data as md
+    from model.training import make_data as md
 
     # data.noun lines: offset, lexicographer file, n, word count (hex), words with lex ids, pointers, gloss
     lines = ["  1 This software and database is being provided (licence header)",
@@ -119,7 +119,7 @@ def test_user_turn_filter(text, good):
 
 @pytest.mark.slow
 def test_make_data_writes_unique_sequences_and_resumes(tiny_folder, tmp_path, monkeypatch):
-    monkeypatch.setattr("model.make_data.pydoc_prompts",
+    monkeypatch.setattr("model.training.make_data.pydoc_prompts",
                         lambda n, rng: [f"The module number {i} reads files and" for i in range(n)])
     common = dict(output_dir=str(tmp_path / "data"), model=str(tiny_folder), sources=("magpie", "templates", "pydoc"),
                   magpie_turns=6, template_prompts=10, pydoc_prompts=4, samples=1, max_new_tokens=6,
@@ -141,7 +141,7 @@ def test_make_data_writes_unique_sequences_and_resumes(tiny_folder, tmp_path, mo
 
 
 def test_on_policy_data_is_written_by_skipdecode_on_the_same_prompts_and_mixes_in(tiny_folder, tmp_path, monkeypatch):
-    monkeypatch.setattr("model.make_data.pydoc_prompts",
+    monkeypatch.setattr("model.training.make_data.pydoc_prompts",
                         lambda n, rng: [f"The module number {i} reads files and" for i in range(n)])
     common = dict(model=str(tiny_folder), sources=("templates", "pydoc"), template_prompts=8, pydoc_prompts=4,
                   samples=0, max_new_tokens=8, batch_size=4, weights="float")
@@ -280,10 +280,10 @@ def test_answer_token_span_reaches_the_answer_s_last_token():
 def test_fact_recall_is_the_answer_predicted_teacher_forced_on_the_full_reply(tiny_folder):
     """The full model recalls the answers of its own greedy replies; an answer token it would not
     predict there is not recalled; and a reply is judged on its answer span alone."""
-    from model.data import Example
     from model.generation import TextGenerator
     from model.loading import load_model
-    from model.schedule import full_schedule
+    from model.skipdecode.schedule import full_schedule
+    from model.training.data import Example
 
     generator = TextGenerator(load_model(str(tiny_folder), device="cpu", adapter=None))
     ids, mask = generator.encode(["Name a colour.", "Which animal barks?"])
@@ -318,7 +318,7 @@ def test_facts_by_position_splits_kept_answers_and_reads_the_layers_there():
 
 @pytest.mark.slow
 def test_shape_study_spends_one_budget_on_each_shape_and_writes_its_table(tiny_folder, tmp_path):
-    from model.shape_study import ShapeConfig, run_shape_study
+    from model.studies.shape_study import ShapeConfig, run_shape_study
 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": f"Tell me about thing {i}."}) + "\n" for i in range(3)))
@@ -337,7 +337,7 @@ def test_shape_study_spends_one_budget_on_each_shape_and_writes_its_table(tiny_f
 
 
 def test_shape_study_rejects_nonsense():
-    from model.shape_study import ShapeConfig
+    from model.studies.shape_study import ShapeConfig
 
     for bad in (dict(speedups=(1.0,)), dict(floors=(0,)), dict(decays=())):
         with pytest.raises(ValueError):
@@ -348,7 +348,7 @@ def test_shape_study_rejects_nonsense():
 
 
 def test_scaling_arms_train_the_shipped_recipe_and_report_from_their_logs(tmp_path):
-    from model.scaling_study import ScalingConfig, arm_config, run_scaling, scaling_markdown, write_scaling
+    from model.studies.scaling_study import ScalingConfig, arm_config, run_scaling, scaling_markdown, write_scaling
 
     data = tmp_path / "data"
     data.mkdir()
@@ -381,7 +381,7 @@ def test_scaling_arms_train_the_shipped_recipe_and_report_from_their_logs(tmp_pa
 
 
 def test_results_figure_shows_the_new_measures_only_when_measured():
-    from model.reporting import quality_figure
+    from model.evaluation.reporting import quality_figure
 
     row = dict(variant="adapter", layer_speedup=2.0, agreement=0.5, perplexity_ratio=6.0)
     old = quality_figure({"rows": [row]})
@@ -397,7 +397,7 @@ def test_results_figure_shows_the_new_measures_only_when_measured():
 
 
 def test_trim_loop_cuts_a_target_where_it_starts_copying_itself():
-    from model.data import trim_loop
+    from model.training.data import trim_loop
 
     loop = [5, 6, 7, 8, 9] + [1, 2, 3] * 10
     # From the second cycle on every 4-gram was seen before; after 8 such tokens in a row the
@@ -410,7 +410,7 @@ def test_trim_loop_cuts_a_target_where_it_starts_copying_itself():
 
 
 def test_training_can_trim_looping_targets_and_drops_what_is_left_empty(tmp_path):
-    from model.training import TrainConfig, training_examples
+    from model.training.training import TrainConfig, training_examples
 
     data = tmp_path / "data"
     data.mkdir()
@@ -435,7 +435,7 @@ def test_sequence_shares_set_each_folders_dose_whatever_its_size(tmp_path):
     general one (uniform sampling would give it 2%); the draw is deterministic per step."""
     import random
 
-    from model.training import TrainConfig, draw_batch, examples_by_source, training_examples
+    from model.training.training import TrainConfig, draw_batch, examples_by_source, training_examples
 
     general = _sequence_folder(tmp_path / "general", 980, 1000)
     facts = _sequence_folder(tmp_path / "facts", 20, 5000)
@@ -462,14 +462,14 @@ def test_sequence_shares_set_each_folders_dose_whatever_its_size(tmp_path):
     ((0.5, 0.5), {"length_grouped": True}, "pick one"),
 ])
 def test_bad_sequence_shares_are_rejected(shares, extra, needle):
-    from model.training import TrainConfig
+    from model.training.training import TrainConfig
 
     with pytest.raises(ValueError, match=needle):
         TrainConfig(sequences="a,b", sequence_shares=shares, **extra)
 
 
 def test_a_share_for_a_folder_with_nothing_left_is_an_error(tmp_path):
-    from model.training import TrainConfig, shared_sources, training_examples
+    from model.training.training import TrainConfig, shared_sources, training_examples
 
     general = _sequence_folder(tmp_path / "general", 10, 1000)
     facts = _sequence_folder(tmp_path / "facts", 10, 5000)
@@ -483,7 +483,7 @@ def test_a_share_for_a_folder_with_nothing_left_is_an_error(tmp_path):
 
 
 def test_a_line_cut_by_a_kill_is_dropped_and_appends_start_clean(tmp_path):
-    from model.make_data import _append_jsonl, _read_if_exists
+    from model.training.make_data import _append_jsonl, _read_if_exists
 
     path = tmp_path / "sequences.jsonl"
     path.write_text('{"id": 1}\n{"id": 2}\n{"id": 3, "tar')
@@ -493,7 +493,7 @@ def test_a_line_cut_by_a_kill_is_dropped_and_appends_start_clean(tmp_path):
 
 
 def _row_items(agree: list[tuple[int, int]], repeated: list[tuple[int, int]], kept: list[bool]):
-    from model.evaluation import RowItems
+    from model.evaluation.paired import RowItems
 
     return RowItems(teacher_forced=tuple((a, 0.5 * n, n) for a, n in agree),
                     judged=tuple((0.0, 1.0 * n, n) for _, n in agree),
@@ -501,7 +501,7 @@ def _row_items(agree: list[tuple[int, int]], repeated: list[tuple[int, int]], ke
 
 
 def test_paired_comparison_separates_a_real_difference_from_noise():
-    from model.paired import compare_variants
+    from model.evaluation.paired import compare_variants
 
     full = [(0.0, 0.5 * 40, 40)] * 30
     base = _row_items([(20, 40)] * 30, [(1, 40)] * 30, [True, False] * 20)
@@ -529,7 +529,7 @@ def test_paired_comparison_separates_a_real_difference_from_noise():
     judged = {c.measure: c for c in compare_variants(full, base, fluent, 2.0, resamples=200)}["judged_ppl_ratio"]
     assert judged.verdict == "candidate better" and judged.difference < 0
 
-    from model.paired import ship_verdict
+    from model.evaluation.paired import ship_verdict
     assert ship_verdict(list(verdicts.values())) == "does not ship (clearly worse on repetition at 2x; " \
         "not clearly better on judged_ppl_ratio at 2x)"
     fine = [c for c in verdicts.values() if c.measure != "repetition"] + [judged]
@@ -548,7 +548,7 @@ def test_paired_comparison_separates_a_real_difference_from_noise():
 def test_eval_compares_a_candidate_adapter_in_pairs(tiny_folder, tmp_path):
     """The same adapter as its own candidate: every difference is exactly zero, and the pooled
     per-prompt counts give back the rows' own figures."""
-    from model.training import TrainConfig, train
+    from model.training.training import TrainConfig, train
 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": f"Tell me about thing {i}."}) + "\n" for i in range(6)))
@@ -600,7 +600,7 @@ def test_eval_compares_a_candidate_adapter_in_pairs(tiny_folder, tmp_path):
 
 
 def test_loop_masks_stop_the_kl_where_a_loop_starts_and_flag_its_repeats():
-    from model.losses import loop_masks
+    from model.training.losses import loop_masks
 
     loop = [5, 6, 7, 8, 9] + [1, 2, 3] * 10  # loop_start 11 (trim_loop keeps 11 tokens)
     plain = list(range(20, 40))
@@ -615,7 +615,7 @@ def test_loop_masks_stop_the_kl_where_a_loop_starts_and_flag_its_repeats():
 
 
 def test_unlikelihood_loss_is_minus_log_one_minus_p_and_pushes_p_down():
-    from model.losses import unlikelihood_loss
+    from model.training.losses import unlikelihood_loss
 
     logits = torch.tensor([[[2.0, 0.0, 0.0], [0.0, 3.0, 0.0]]], requires_grad=True)  # (1, 2, 3)
     ids = torch.tensor([[9, 0, 1]])  # prompt of 1, targets 0 and 1
@@ -628,7 +628,7 @@ def test_unlikelihood_loss_is_minus_log_one_minus_p_and_pushes_p_down():
 
 
 def test_unlikelihood_needs_distillation_targets():
-    from model.training import TrainConfig
+    from model.training.training import TrainConfig
 
     with pytest.raises(ValueError, match="unlikelihood must be >= 0"):
         TrainConfig(unlikelihood=-1.0)
@@ -665,11 +665,11 @@ def _looping_model(tiny_folder, folder, cycle: list[int]):
 def test_unlikelihood_training_lowers_the_skipping_students_loop_tokens(tiny_folder, tmp_path):
     """A teacher whose greedy text loops: distilled by KL alone the skipping student keeps the loop
     tokens likely; with unlikelihood their probability falls by more than half."""
-    from model.data import Example, collate, loop_start
     from model.loading import gated_peft_copy, load_model
-    from model.losses import loop_masks
-    from model.scoring import skip_policy_logits
-    from model.training import TrainConfig, draw_schedule, train
+    from model.training.data import Example, collate, loop_start
+    from model.training.losses import loop_masks
+    from model.training.scoring import skip_policy_logits
+    from model.training.training import TrainConfig, draw_schedule, train
 
     cycle = [1000, 2000, 3000, 4000, 5000]
     teacher = _looping_model(tiny_folder, tmp_path / "looping", cycle)
@@ -707,7 +707,7 @@ def test_a_policys_measured_floor_is_the_default_shape_up_to_its_speedup(tiny_fo
     eval then run it (linear decay, up to its speedup), and nothing else changes."""
     from model.generation import ScheduleRequest, TextGenerator
     from model.loading import load_model
-    from model.skip_policy import ScheduleFloor, export_adapter
+    from model.skipdecode.skip_policy import ScheduleFloor, export_adapter
 
     trained = _tiny_lora_adapter(tiny_folder, tmp_path / "trained")
     (trained / "training_info.json").write_text(json.dumps({"skip_policy": {"gated": True, "warmup": 0}}))

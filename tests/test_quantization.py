@@ -1,4 +1,4 @@
-"""Low-bit weights (model/quantization.py, model/gguf_weights.py): int8 and int4 close to float,
+"""Low-bit weights (model/lowbit/quantization.py, model/lowbit/gguf_weights.py): int8 and int4 close to float,
 the GGUF's Q4_1 blocks held exactly, and the decoder keeps its parity with transformers and its
 cache equivalence on the quantised weights."""
 
@@ -8,11 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import NUM_LAYERS, left_padded_batch, tiny_model
-from model.architectures import adapter_for
-from model.decoder import SkipDecoder, execution_mask, masked_forward
-from model.gguf_weights import rotary_row_order, unpack_q4_1
-from model.quantization import (
+from conftest import NUM_LAYERS, left_padded_batch, random_lora_adapter, tiny_model
+from model.lowbit.gguf_weights import rotary_row_order, unpack_q4_1
+from model.lowbit.quantization import (
     HEAD_STAYS_INT8,
     INT4_GROUP,
     Int4Blocks,
@@ -23,7 +21,9 @@ from model.quantization import (
     quantize_weights,
     resolve_quantize,
 )
-from model.schedule import ScheduleConfig, full_schedule
+from model.skipdecode.architectures import adapter_for
+from model.skipdecode.decoder import SkipDecoder, execution_mask, masked_forward
+from model.skipdecode.schedule import ScheduleConfig, full_schedule
 
 pytestmark = pytest.mark.skipif(not int8_supported(), reason="no int8-weight CPU kernel in this torch build")
 
@@ -189,7 +189,7 @@ def test_int4_model_equals_the_float_model_with_its_dequantised_weights():
 
 @pytest.mark.parametrize("mode", ["int8", "int4"])
 def test_fused_projections_equal_the_separate_ones_and_share_their_weights(mode):
-    from model.quantization import fuse_low_bit
+    from model.lowbit.quantization import fuse_low_bit
 
     if mode == "int4" and not int4_supported():
         pytest.skip("no int4-weight CPU kernel in this torch build")
@@ -209,7 +209,7 @@ def test_fused_projections_equal_the_separate_ones_and_share_their_weights(mode)
 
 
 def test_projections_that_cannot_be_fused_are_left_alone():
-    from model.quantization import fuse_low_bit
+    from model.lowbit.quantization import fuse_low_bit
 
     torch.manual_seed(0)
     mixed = [Int8WeightLinear(torch.nn.Linear(64, 64, bias=False)), torch.nn.Linear(64, 64, bias=False)]
@@ -225,7 +225,7 @@ def test_projections_that_cannot_be_fused_are_left_alone():
 
 @pytest.mark.parametrize("mode", ["int8", "int4"])
 def test_prepared_low_bit_weights_restore_from_the_start_up_cache_exactly(mode, tmp_path):
-    from model.weight_cache import restore_low_bit, save_low_bit
+    from model.lowbit.weight_cache import restore_low_bit, save_low_bit
 
     if mode == "int4" and not int4_supported():
         pytest.skip("no int4-weight CPU kernel in this torch build")
@@ -250,7 +250,7 @@ def test_prepared_low_bit_weights_restore_from_the_start_up_cache_exactly(mode, 
 
 
 def test_start_up_cache_is_keyed_by_model_and_adapter_content_mode_and_dtype(tmp_path):
-    from model.weight_cache import cache_file, file_key
+    from model.lowbit.weight_cache import cache_file, file_key
 
     model_file = tmp_path / "model.gguf"
     model_file.write_bytes(b"a" * 5000)
@@ -275,11 +275,11 @@ def test_int4_runs_the_lora_beside_and_int8_merges_it(mode, beside, tiny_folder,
     import transformers as tf
 
     from model.loading import load_model
-    from model.quantization import LowBitLoraLinear
+    from model.lowbit.quantization import LowBitLoraLinear
 
     if mode == "int4" and not int4_supported():
         pytest.skip("no int4-weight CPU kernel in this torch build")
-    adapter = _random_lora_adapter(tf.AutoModelForCausalLM.from_pretrained(tiny_folder), tmp_path / "adapter")
+    adapter = random_lora_adapter(tf.AutoModelForCausalLM.from_pretrained(tiny_folder), tmp_path / "adapter")
     loaded = load_model(str(tiny_folder), device="cpu", adapter=str(adapter), quantize=mode)
     projection = loaded.skip_model.model.layers[0].self_attn.q_proj
     assert isinstance(projection, LowBitLoraLinear) is beside
@@ -289,30 +289,15 @@ def test_int4_runs_the_lora_beside_and_int8_merges_it(mode, beside, tiny_folder,
         assert isinstance(projection, Int8WeightLinear) and projection is not loaded.model.model.layers[0].self_attn.q_proj
 
 
-def _random_lora_adapter(model, folder, **extra):
-    from peft import LoraConfig, get_peft_model
-
-    torch.manual_seed(1)
-    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
-                                                           "up_proj", "down_proj"], **extra)
-    wrapped = get_peft_model(copy.deepcopy(model), config)
-    with torch.no_grad():
-        for name, parameter in wrapped.named_parameters():
-            if "lora_B" in name:
-                parameter.normal_(0.0, 0.05)  # a trained adapter's B is not zero
-    wrapped.save_pretrained(folder)
-    return folder
-
-
 @pytest.mark.parametrize("mode", ["int8", "int4"])
 def test_lora_runs_beside_shared_low_bit_weights_with_its_exact_delta(mode, tmp_path):
     from model.loading import lora_side_copy, merged_copy
-    from model.quantization import LowBitLoraLinear
+    from model.lowbit.quantization import LowBitLoraLinear
 
     if mode == "int4" and not int4_supported():
         pytest.skip("no int4-weight CPU kernel in this torch build")
     model = tiny_model("llama")
-    adapter = _random_lora_adapter(model, tmp_path / "adapter")
+    adapter = random_lora_adapter(model, tmp_path / "adapter")
     merged = merged_copy(model, adapter)
     quantize_weights(model, mode)
     side = lora_side_copy(model, adapter)
@@ -341,17 +326,17 @@ def test_lora_runs_beside_shared_low_bit_weights_with_its_exact_delta(mode, tmp_
 
 
 def test_adapters_that_cannot_run_beside_low_bit_weights_are_merged(tmp_path):
-    from model.loading import side_lora_config
+    from model.skipdecode.skip_policy import side_lora_config
 
     model = tiny_model("llama")
-    assert side_lora_config(_random_lora_adapter(model, tmp_path / "plain")) is not None
-    assert side_lora_config(_random_lora_adapter(model, tmp_path / "dora", use_dora=True)) is None
-    assert side_lora_config(_random_lora_adapter(model, tmp_path / "saved", modules_to_save=["lm_head"])) is None
+    assert side_lora_config(random_lora_adapter(model, tmp_path / "plain")) is not None
+    assert side_lora_config(random_lora_adapter(model, tmp_path / "dora", use_dora=True)) is None
+    assert side_lora_config(random_lora_adapter(model, tmp_path / "saved", modules_to_save=["lm_head"])) is None
     assert side_lora_config(None) is None
 
 
 def test_two_stage_head_picks_the_int8_heads_winner_and_scores_it_exactly():
-    from model.quantization import TwoStageHead
+    from model.lowbit.quantization import TwoStageHead
 
     if not int4_supported():
         pytest.skip("no int4-weight CPU kernel in this torch build")
@@ -380,7 +365,7 @@ def _tied(model):
 
 @int4_only
 def test_a_tied_head_is_rescored_with_the_embeddings_float_rows():
-    from model.quantization import TwoStageHead
+    from model.lowbit.quantization import TwoStageHead
 
     model = _tied(tiny_model("llama", vocab=4096))
     embedding = model.model.embed_tokens.weight
@@ -402,7 +387,7 @@ def test_a_tied_head_is_rescored_with_the_embeddings_float_rows():
 
 @int4_only
 def test_a_tied_two_stage_head_restores_from_the_cache_onto_the_fresh_embedding(tmp_path):
-    from model.weight_cache import restore_low_bit, save_low_bit
+    from model.lowbit.weight_cache import restore_low_bit, save_low_bit
 
     original = _tied(tiny_model("llama", vocab=112))  # a vocabulary the 4-bit scan can hold
     fresh = copy.deepcopy(original)
@@ -422,14 +407,14 @@ def test_an_int4_lora_rides_in_its_base_kernel_call(tmp_path):
     """The skip policy's A is stacked (4-bit) under the int4 base's rows: one kernel call gives the
     base output (bit for bit the shared module's) and x A^T; the delta stays the adapter's within
     A's 4-bit rounding, and the lean layer uses it for every projection."""
-    from model.architectures import LeanLlamaLayer
     from model.loading import lora_side_copy
-    from model.quantization import Int4LoraLinear, LowBitLoraLinear
+    from model.lowbit.quantization import Int4LoraLinear, LowBitLoraLinear
+    from model.skipdecode.architectures import LeanLlamaLayer
 
     if not int4_supported():
         pytest.skip("no int4-weight CPU kernel in this torch build")
     model = tiny_model("llama")
-    adapter = _random_lora_adapter(model, tmp_path / "adapter")  # rank 4: padded to the kernel's 16 rows
+    adapter = random_lora_adapter(model, tmp_path / "adapter")  # rank 4: padded to the kernel's 16 rows
     quantize_weights(model, "int4")
     side = lora_side_copy(model, adapter)
     wrapped = side.model.layers[1].mlp.down_proj
@@ -457,14 +442,14 @@ def test_an_int4_lora_rides_in_its_base_kernel_call(tmp_path):
 def test_an_int4_loras_b_in_int8_rows_matches_its_float_b(tmp_path, monkeypatch):
     """B's rows in int8 (a quarter of float32's bytes at every skipping step) move the LoRA's output
     by B's rounding only: a small fraction of the delta; float B stays where int8 has no kernel."""
-    import model.quantization as quantization
+    import model.lowbit.quantization as quantization
     from model.loading import lora_side_copy
-    from model.quantization import Int4LoraLinear, int8_supported
+    from model.lowbit.quantization import Int4LoraLinear, int8_supported
 
     if not (int4_supported() and int8_supported()):
         pytest.skip("no int4- or int8-weight CPU kernel in this torch build")
     model = tiny_model("llama")
-    adapter = _random_lora_adapter(model, tmp_path / "adapter")
+    adapter = random_lora_adapter(model, tmp_path / "adapter")
     quantize_weights(model, "int4")
     wrapped = lora_side_copy(model, adapter).model.layers[0].mlp.gate_proj
     x = torch.randn(4, wrapped.in_features)

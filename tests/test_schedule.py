@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from model.schedule import (
+from model.skipdecode.schedule import (
     DECAY_FUNCTIONS,
     LAYER_ORDERS,
     CostModel,
@@ -148,7 +148,7 @@ def test_solver_floor_keeps_every_step_that_deep_at_the_same_budget(decay, floor
 
 
 def test_schedule_imports_without_torch():
-    code = "import sys, model.schedule; assert 'torch' not in sys.modules, 'schedule pulled in torch'"
+    code = "import sys, model.skipdecode.schedule; assert 'torch' not in sys.modules, 'schedule pulled in torch'"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

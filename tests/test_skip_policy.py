@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from conftest import NUM_LAYERS, TEST_DEVICE, left_padded_batch, tiny_model
-from model.decoder import SkipDecoder, execution_mask, masked_forward
-from model.losses import hidden_matching_loss
-from model.schedule import ScheduleConfig, full_schedule, ranked_layers
-from model.scoring import skip_policy_logits
-from model.skip_policy import EntryBridge, bypasses, entry_layers, gated, install_lora_gate
+from model.skipdecode.decoder import SkipDecoder, execution_mask, masked_forward
+from model.skipdecode.schedule import ScheduleConfig, full_schedule, ranked_layers
+from model.skipdecode.skip_policy import EntryBridge, bypasses, entry_layers, gated, install_lora_gate
+from model.training.losses import hidden_matching_loss
+from model.training.scoring import skip_policy_logits
 
 LENGTHS = [6, 3, 8]
 NEW_TOKENS = 10
@@ -190,7 +190,7 @@ def test_ranked_order_is_nested_and_validated():
 
 def test_exported_adapter_is_half_the_size_and_acts_like_the_trained_one(tmp_path):
     from model.loading import merged_copy
-    from model.skip_policy import export_adapter
+    from model.skipdecode.skip_policy import export_adapter
 
     base, peft_model, _, bridge = _policy("llama")
     trained = tmp_path / "trained"
@@ -237,7 +237,7 @@ def test_mixed_adapter_interpolates_the_two_deltas(tmp_path):
     import json
 
     from model.loading import merged_copy
-    from model.skip_policy import mix_adapters
+    from model.skipdecode.skip_policy import mix_adapters
 
     base = _saved_lora(tmp_path / "a", seed=1, rank=4)
     _saved_lora(tmp_path / "b", seed=2, rank=2)
@@ -266,7 +266,7 @@ def test_mixed_adapter_interpolates_the_two_deltas(tmp_path):
 def test_mixing_refuses_adapters_that_do_not_match(tmp_path):
     import json
 
-    from model.skip_policy import mix_adapters
+    from model.skipdecode.skip_policy import mix_adapters
 
     _saved_lora(tmp_path / "a", seed=1, rank=4)
     _saved_lora(tmp_path / "b", seed=2, rank=4)

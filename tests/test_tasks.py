@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from model.schedule import depth_share_floor
+from model.skipdecode.schedule import depth_share_floor
 from model.tasks.e2e import (
     ATTRIBUTES,
     HELDOUT_MRS,
@@ -71,7 +71,7 @@ def test_every_csv_mr_parses():
 
 
 def test_the_task_schedule_is_floored_and_holds_its_speedup_over_the_decay_length():
-    from model.schedule import solve_schedule
+    from model.skipdecode.schedule import solve_schedule
 
     assert [depth_share_floor(30, s, 2 / 3) for s in (2, 3, 4, 5)] == [10, 7, 5, 4]
     request = task_schedule("e2e", 3.0, 30)
@@ -129,8 +129,8 @@ def test_task_model_and_gated_policy_train_and_1x_is_the_task_model_bit_for_bit(
     task model differs from the base, the policy's skipping weights differ from the task model's,
     and at full depth the policy's decoder gives the task model's logits exactly."""
     from model.loading import load_model
-    from model.schedule import full_schedule
-    from model.training import TrainConfig, train
+    from model.skipdecode.schedule import full_schedule
+    from model.training.training import TrainConfig, train
 
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in training_rows(dev_split()[0][:4])))

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from conftest import NUM_LAYERS, TEST_DEVICE, tiny_model
-from model.data import DEFAULT_TRAIN_PROMPTS, Example, collate, read_jsonl, user_examples
-from model.decoder import SkipDecoder
-from model.evaluation import EvalConfig, evaluate, rouge_l, write_report
-from model.schedule import ScheduleConfig, full_schedule
-from model.scoring import distillation_loss, skip_policy_logits
-from model.training import Budget, TrainConfig, draw_batch, draw_schedule, train
+from model.evaluation.evaluation import EvalConfig, evaluate, rouge_l, write_report
+from model.skipdecode.decoder import SkipDecoder
+from model.skipdecode.schedule import ScheduleConfig, full_schedule
+from model.training.data import DEFAULT_TRAIN_PROMPTS, Example, collate, read_jsonl, user_examples
+from model.training.scoring import distillation_loss, skip_policy_logits
+from model.training.training import Budget, TrainConfig, draw_batch, draw_schedule, train
 
 
 @pytest.mark.device
@@ -94,7 +94,7 @@ def test_tiny_model_self_distillation_learns_the_skip_policy_and_round_trips(tin
     assert (adapter / "adapter_config.json").is_file() and (adapter / "bridge.safetensors").is_file()
     info = json.loads((adapter / "training_info.json").read_text())
     assert info["skip_policy"]["gated"] is True
-    from model.checkpoints import portable_path
+    from model.training.checkpoints import portable_path
     assert portable_path(str(DEFAULT_TRAIN_PROMPTS)) == "assets/prompts/train.jsonl"  # no machine paths
     assert len(list((out / "checkpoints").glob("step-*"))) == 2
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
@@ -249,7 +249,7 @@ def test_flip_weight_weighs_the_positions_whose_top_token_differs():
     teacher = torch.log_softmax(torch.tensor([[[4.0, 0.0, 0.0], [4.0, 0.0, 0.0]]]), -1)
     student = torch.log_softmax(torch.tensor([[[3.0, 0.0, 0.0], [0.0, 3.0, 0.0]]]), -1)
     mask = torch.ones(1, 2, dtype=torch.bool)
-    from model.scoring import kl_per_position
+    from model.training.scoring import kl_per_position
 
     agreeing, flipped = kl_per_position(student, teacher)[0].tolist()
     assert flipped > 10 * agreeing
@@ -261,7 +261,7 @@ def test_flip_weight_weighs_the_positions_whose_top_token_differs():
 
 @pytest.mark.slow
 def test_train_passes_the_flip_weight_to_the_distillation_loss(tiny_folder, tmp_path, monkeypatch):
-    import model.training as training
+    import model.training.training as training
 
     data = tmp_path / "data"
     data.mkdir()

@@ -9,8 +9,8 @@ from app.figures import Judged, heatmap_legend_html, layer_heatmap
 from app.race import RaceUpdate, StreamProgress
 from app.token_html import NEWLINE_MARK, TOKEN_TEXT, depth_colour, plain_text_html, tokens_by_depth_html
 from app.views import MIN_STEPS_FOR_MEASURED, live_figures
-from model.decoder import StepEvent
-from model.schedule import CostModel, ScheduleConfig, evaluate_schedule
+from model.skipdecode.decoder import StepEvent
+from model.skipdecode.schedule import CostModel, ScheduleConfig, evaluate_schedule
 
 
 def test_newline_runs_collapse_into_one_visible_mark_and_one_break():
@@ -127,7 +127,7 @@ def test_the_legend_names_only_what_the_picture_can_show():
 
 
 def test_study_and_training_curve_figures_plot_every_arm_and_speedup():
-    from model.reporting import heldout_curve_figure, study_figure
+    from model.evaluation.reporting import heldout_curve_figure, study_figure
 
     curve = [{"cpu_minutes": m, "2x": {"agreement": a}} for m, a in ((0, 0.1), (2, 0.3), (4, 0.4))]
     study = {"budget_minutes": 4, "arms": [
@@ -143,8 +143,8 @@ def test_study_and_training_curve_figures_plot_every_arm_and_speedup():
 
 
 def test_an_adapters_lineage_is_one_curve_over_the_sequences_its_runs_saw():
-    from model.heldout import Stage, lineage_curve, parse_heldout_log, stage_notes
-    from model.reporting import heldout_curve_figure
+    from model.evaluation.reporting import heldout_curve_figure
+    from model.training.heldout import Stage, lineage_curve, parse_heldout_log, stage_notes
 
     first = ("untrained held-out: 1x agree 1.000 KL 0.000, 2x agree 0.314 KL 4.645\n"
              "skip-policy training:  5%|  | 9/200 [00:01<00:20, loss=1.2]\r"

@@ -17,9 +17,9 @@ from typing import Sequence
 
 import torch
 
-from model.decoder import SamplingConfig, SkipDecoder
 from model.generation import GenerationRequest, GenerationResult, ScheduleRequest, TextGenerator
-from model.schedule import ScheduleConfig, cost_speedup, layer_speedup
+from model.skipdecode.decoder import SamplingConfig, SkipDecoder
+from model.skipdecode.schedule import ScheduleConfig, cost_speedup, layer_speedup
 from model.tasks.e2e import E2ERecord, task_prompt
 
 

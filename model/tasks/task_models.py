@@ -15,7 +15,7 @@ from pathlib import Path
 
 from model.generation import ScheduleRequest
 from model.loading import LoadedModel, load_model
-from model.schedule import depth_share_floor
+from model.skipdecode.schedule import depth_share_floor
 
 # $SKIPDECODE_TASK_ADAPTERS points elsewhere (a run's exports, a test's tiny adapters)
 TASK_ASSETS = Path(os.environ.get("SKIPDECODE_TASK_ADAPTERS") or Path(__file__).resolve().parents[2] / "assets" / "adapters")

@@ -17,9 +17,8 @@ from typing import Sequence
 
 import torch
 
-from model.checkpoints import portable_path
+from model.common.hardware import hardware_info
 from model.generation import TextGenerator
-from model.hardware import hardware_info
 from model.loading import load_model
 from model.tasks.e2e import E2ERecord, reported_records
 from model.tasks.task_eval import describe, measure_speed, task_scores
@@ -32,6 +31,7 @@ from model.tasks.task_models import (
     policy_info,
     task_schedule,
 )
+from model.training.checkpoints import portable_path
 
 
 @dataclass

@@ -22,11 +22,11 @@ from pathlib import Path
 
 from model.generation import TextGenerator
 from model.loading import load_model
-from model.skip_policy import export_adapter
+from model.skipdecode.skip_policy import export_adapter
 from model.tasks.e2e import dev_split, write_training_file
 from model.tasks.task_eval import describe, task_scores
 from model.tasks.task_models import check_task, policy_name, task_adapter_dir, task_schedule
-from model.training import TrainConfig, TrainResult, train
+from model.training.training import TrainConfig, TrainResult, train
 
 SHARED_SPEEDUP_RANGE = (1.5, 5.0)
 HELDOUT_BATCH = 25

@@ -1,0 +1,376 @@
+"""`python -m model bench`: measured wall-clock speed, side by side in one run.
+
+For each batch size, the same prompts and a FIXED generated length (EOS ignored) run through:
+  hf_generate   the original full model through transformers' generate (greedy)
+  full          the original full model through our decoder (n_k = L)
+  skip@S        SkipDecode at target layer speedup S (linear decay by default), on the model
+                users run: the skip-policy adapter merged into its weights
+  llama.cpp     llama.cpp's own `llama-bench` on the SAME GGUF file (the default model only, batch 1, the
+                same thread count and token count), when scripts/build_llama_bench.sh has built it
+Modes run interleaved (a fresh random order each round) and repeated; medians are reported and every ratio is
+taken between medians of the same run. Efficiency = measured speedup / cost-model speedup. llama-bench's
+figure is pure decoding (its "tg" test), so our modes are compared with it on DECODE tokens/s (1 / median
+step time, prefill excluded).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import random
+import resource
+import statistics
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from model.common.hardware import hardware_info
+from model.common.paths import cache_root
+from model.evaluation.reporting import speed_figure
+from model.generation import ScheduleRequest, TextGenerator
+from model.loading import DEFAULT_MODEL, load_model, locate_default_gguf, resolve_device
+from model.lowbit.native_kernels import native_module, q4_kernel_selected
+from model.skipdecode.decoder import SkipDecoder
+from model.skipdecode.schedule import ScheduleConfig, full_schedule, speedup_summary
+
+BENCH_PROMPTS = [
+    "Write a short story about a lighthouse keeper.",
+    "Explain how a bicycle gear works.",
+    "List ten fruits and their colours.",
+    "Describe a busy market in the morning.",
+    "Give step-by-step instructions to plant a tree.",
+    "Write a letter to a friend about a trip to the mountains.",
+    "Explain why leaves change colour in autumn.",
+    "Write a poem about trains at night.",
+]
+
+
+@dataclass
+class BenchConfig:
+    model: str | None = None
+    adapter: str | None = "auto"
+    device: str = "auto"
+    dtype: str = "auto"
+    batch_sizes: tuple[int, ...] | None = None  # default: (1, 8) on CPU, (1, 8, 32, 64) on GPU
+    speedups: tuple[float, ...] = (1.5, 2.0, 3.0, 4.0)
+    decay: str = "linear"
+    new_tokens: int = 64
+    repeats: int = 3
+    include_hf: bool = True
+    quick: bool = False  # tiny run for tests: batch 1 and 2, 8 tokens, 1 repeat
+    quantize: tuple[str, ...] | None = None  # weight modes side by side; default: none, int8, int4 on CPU
+    threads: int | None = None  # torch threads (and llama-bench's -t); None: torch's default
+    llama_cpp: bool = True  # add llama-bench's row when its binary is there (default model, CPU, batch 1)
+
+
+@dataclass
+class BenchRow:
+    mode: str  # "hf_generate", "full" or "skipdecode"
+    batch_size: int
+    target_speedup: float | None
+    tokens_per_second: float
+    step_latency_ms: float  # median decode-step wall time (prefill excluded)
+    seconds: float  # median wall time of one generation
+    layer_speedup: float = 1.0
+    cost_speedup: float = 1.0
+    measured_speedup: float = 1.0  # over our full decoder, same batch, same run
+    efficiency: float | None = None  # measured / cost-model
+    vs_hf_generate: float | None = None  # tokens/s over transformers' generate
+    peak_memory_mb: float | None = None
+    max_layers: int | None = None
+    min_layers: int | None = None
+    weights: str = "float"  # "float" (the report's dtype), "int8" or "int4" (model/lowbit/quantization.py), "Q4_1" (llama.cpp)
+    vs_float_full: float | None = None  # tokens/s over the float weights' full decoder, same batch
+    decode_tokens_per_second: float | None = None  # batch / median step time (prefill excluded)
+    vs_llama_cpp: float | None = None  # decode tokens/s over llama.cpp's full model (same GGUF, same threads)
+
+
+@dataclass
+class BenchReport:
+    model: str
+    adapter: str | None
+    device: str
+    dtype: str
+    hardware: dict
+    new_tokens: int
+    repeats: int
+    decay: str
+    rows: list[BenchRow] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # e.g. why there is no llama.cpp row
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    def to_markdown(self) -> str:
+        lines = [
+            f"{self.model} ({'adapter merged' if self.adapter else 'no adapter'}), {self.dtype}, "
+            f"{self.hardware['summary']}; {self.new_tokens} new tokens per row, median of {self.repeats}, {self.decay} decay. "
+            "Measured speedup and vs HF generate compare within the same weights; vs float full compares with "
+            "the float weights' full decoder; vs llama.cpp compares decode tokens/s with llama-bench on the same GGUF, "
+            f"same threads. CPU flags: {', '.join(self.hardware.get('cpu_flags', [])) or 'n/a'}; torch CPU capability "
+            f"{self.hardware.get('torch_cpu_capability', 'n/a')}.",
+            *[f"Note: {note}" for note in self.notes],
+            "",
+            "| batch | weights | mode | tokens/s | decode tok/s | step ms | layer speedup | cost-model speedup | "
+            "measured speedup | efficiency | vs HF generate | vs float full | vs llama.cpp |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in self.rows:
+            mode = r.mode if r.target_speedup is None else f"skip {r.target_speedup:g}x ({r.max_layers}→{r.min_layers})"
+            weights = self.dtype if r.weights == "float" else r.weights
+            lines.append(
+                f"| {r.batch_size} | {weights} | {mode} | {r.tokens_per_second:.1f} | {_fmt(r.decode_tokens_per_second, '', 1)} | "
+                f"{r.step_latency_ms:.1f} | {r.layer_speedup:.2f}x | {r.cost_speedup:.2f}x | {r.measured_speedup:.2f}x | "
+                f"{_fmt(r.efficiency)} | {_fmt(r.vs_hf_generate, 'x')} | {_fmt(r.vs_float_full, 'x')} | "
+                f"{_fmt(r.vs_llama_cpp, 'x')} |"
+            )
+        return "\n".join(lines)
+
+
+def _fmt(value: float | None, suffix: str = "", digits: int = 2) -> str:
+    return "–" if value is None else f"{value:.{digits}f}{suffix}"
+
+
+# --- llama.cpp (scripts/build_llama_bench.sh) -------------------------------------------------
+
+
+def llama_bench_binary() -> Path | None:
+    """llama-bench as scripts/build_llama_bench.sh caches it, or None when it has not been built."""
+    path = cache_root() / "llama.cpp" / "llama-bench"
+    return path if path.is_file() and os.access(path, os.X_OK) else None
+
+
+def parse_llama_bench(output: str, new_tokens: int) -> float:
+    """tokens/s of llama-bench's generation test ("tg", n_prompt 0) from its ``-o jsonl`` output."""
+    for line in output.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        record = json.loads(line)
+        if int(record.get("n_prompt", -1)) == 0 and int(record.get("n_gen", -1)) == new_tokens:
+            return float(record["avg_ts"])
+    raise RuntimeError(f"llama-bench printed no tg{new_tokens} result:\n{output[-2000:]}")
+
+
+def time_llama_cpp(binary: Path, gguf: Path, threads: int, new_tokens: int) -> Timing:
+    """One llama-bench run (its own warm-up, then one repetition): batch 1, pure decoding."""
+    command = [str(binary), "-m", str(gguf), "-t", str(threads), "-p", "0", "-n", str(new_tokens), "-r", "1",
+               "-o", "jsonl"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"llama-bench failed ({done.returncode}): {done.stderr[-2000:]}")
+    tokens_per_second = parse_llama_bench(done.stdout, new_tokens)
+    return Timing(new_tokens / tokens_per_second, 1.0 / tokens_per_second)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # process high-water mark (KiB on Linux)
+
+
+@dataclass
+class Timing:
+    seconds: float
+    step_seconds: float
+
+
+def time_ours(decoder: SkipDecoder, ids, mask, schedule: ScheduleConfig, new_tokens: int) -> Timing:
+    device = decoder.device
+    _sync(device)
+    start = time.perf_counter()
+    result = decoder.generate(ids, mask, schedule, max_new_tokens=new_tokens)
+    _sync(device)
+    seconds = time.perf_counter() - start
+    steps = result.step_seconds
+    return Timing(seconds, statistics.median(steps) if steps else 0.0)
+
+
+def time_hf_generate(model, ids, mask, new_tokens: int, pad_id: int) -> Timing:
+    from transformers import GenerationConfig  # noqa: PLC0415
+
+    config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, pad_token_id=pad_id, eos_token_id=None)
+    device = ids.device
+    _sync(device)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+    _sync(device)
+    seconds = time.perf_counter() - start
+    if out.shape[1] - ids.shape[1] != new_tokens:
+        raise RuntimeError("transformers' generate stopped early; the comparison needs a fixed length")
+    return Timing(seconds, seconds / new_tokens)  # generate exposes no per-step times: the mean
+
+
+# --- the run ---------------------------------------------------------------------------------
+
+
+def run_bench(config: BenchConfig, progress: Callable[[str], None] = print) -> BenchReport:
+    device = resolve_device(config.device)
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    weight_modes = config.quantize or (("none", "int8", "int4") if device.type == "cpu" else ("none",))
+    variants = {}  # weights label -> (loaded, generator, full decoder, skip decoder)
+    for quantize in weight_modes:
+        loaded = load_model(config.model, device=config.device, dtype=config.dtype, adapter=config.adapter,
+                            quantize=quantize)
+        full_decoder, skip_decoder = loaded.full_decoder(), loaded.skip_decoder()
+        full_decoder.eos_token_ids = skip_decoder.eos_token_ids = ()  # fixed-length runs: EOS ignored
+        variants[loaded.weights] = (loaded, TextGenerator(loaded), full_decoder, skip_decoder)
+    loaded, generator = next(iter(variants.values()))[:2]
+    num_layers, cost = generator.num_layers, generator.cost
+    if config.quick:
+        config.batch_sizes, config.new_tokens, config.repeats = (1, 2), 8, 1
+    batch_sizes = config.batch_sizes or ((1, 8, 32, 64) if device.type == "cuda" else (1, 8))
+    # The shape the product runs (the policy's placement and measured floor), over the bench's tokens.
+    schedules = {s: generator.schedule_for(ScheduleRequest(target_speedup=s, decay=config.decay), config.new_tokens)
+                 for s in config.speedups}
+    report = BenchReport(model=loaded.name, adapter=loaded.adapter_path, device=str(device),
+                         dtype=str(loaded.dtype).replace("torch.", ""), hardware=hardware_info(device),
+                         new_tokens=config.new_tokens, repeats=config.repeats, decay=config.decay)
+    llama = _llama_cpp_mode(config, loaded, device, report.notes)
+    if device.type == "cpu" and any(w in variants for w in ("int4", "int8")):
+        report.notes.append(_decode_step_note())
+
+    for batch in batch_sizes:
+        prompts = [BENCH_PROMPTS[i % len(BENCH_PROMPTS)] for i in range(batch)]
+        ids, mask = generator.encode(prompts)
+        ids, mask = ids.to(device), mask.to(device)
+        # Every mode of every weight variant, interleaved in one run: ratios are side by side.
+        modes: dict[tuple[str, str], Callable[[], Timing]] = {}
+        for weights, (variant, _, full_decoder, skip_decoder) in variants.items():
+            if config.include_hf:
+                modes[weights, "hf_generate"] = lambda m=variant.model, pad=variant.pad_token_id: time_hf_generate(
+                    m, ids, mask, config.new_tokens, pad)
+            modes[weights, "full"] = lambda d=full_decoder: time_ours(d, ids, mask, full_schedule(num_layers), config.new_tokens)
+            for s, solved in schedules.items():
+                modes[weights, f"skip@{s:g}"] = lambda d=skip_decoder, solved=solved: time_ours(
+                    d, ids, mask, solved.config, config.new_tokens)
+        if llama is not None and batch == 1:
+            modes["Q4_1", "llama.cpp"] = llama
+        timings: dict[tuple[str, str], list[Timing]] = {key: [] for key in modes}
+        peaks: dict[tuple[str, str], float] = {}
+        for run in modes.values():  # warm-up: first-call allocations and kernel selection
+            run()
+        keys = list(modes)
+        order_rng = random.Random(batch)
+        for _ in range(config.repeats):
+            # A fresh random order every round: no mode always runs right after another
+            # (on CPU the previous run's allocations measurably change the next one's speed).
+            order_rng.shuffle(keys)
+            for key in keys:
+                gc.collect()
+                if device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(device)
+                timings[key].append(modes[key]())
+                peaks[key] = max(peaks.get(key, 0.0), _peak_memory_mb(device))
+        float_full = batch * config.new_tokens / statistics.median(t.seconds for t in timings["float", "full"]) \
+            if ("float", "full") in timings else None
+        llama_tps = _llama_row(report, timings, batch, config.new_tokens)
+        for weights in variants:
+            rows = _rows(batch, {name: t for (w, name), t in timings.items() if w == weights},
+                         {name: p for (w, name), p in peaks.items() if w == weights}, schedules, num_layers, cost,
+                         config.new_tokens)
+            for row in rows:
+                row.weights = weights
+                row.vs_float_full = round(row.tokens_per_second / float_full, 4) if float_full else None
+                if llama_tps and row.decode_tokens_per_second:
+                    row.vs_llama_cpp = round(row.decode_tokens_per_second / llama_tps, 4)
+            report.rows.extend(rows)
+        progress(f"batch {batch}: " + ", ".join(
+            f"{r.weights} {r.mode if r.target_speedup is None else f'skip {r.target_speedup:g}x'} "
+            f"{r.tokens_per_second:.1f} tok/s" for r in report.rows if r.batch_size == batch))
+    return report
+
+
+def _decode_step_note() -> str:
+    """Which decode step and int4 kernel this run's low-bit rows used (model/lowbit/native_step.py)."""
+    if native_module() is None:
+        return "low-bit decode steps: the Python step (no native step on this machine); int4 kernel: torch's"
+    kernel = "q4_matmul (native, int16 activations)" if q4_kernel_selected() else "torch's _weight_int4pack_mm_for_cpu"
+    return f"low-bit decode steps: the native C++ step; int4 kernel: {kernel}"
+
+
+def _llama_cpp_mode(config: BenchConfig, loaded, device: torch.device, notes: list[str]) -> Callable[[], Timing] | None:
+    """llama-bench on the default model's GGUF, or None with a note saying why there is no row."""
+    if not config.llama_cpp or config.quick:
+        return None
+    if device.type != "cpu" or loaded.name != DEFAULT_MODEL:
+        notes.append("no llama.cpp row: it runs the default model's GGUF on CPU only")
+        return None
+    binary = llama_bench_binary()
+    if binary is None:
+        notes.append("no llama.cpp row: llama-bench is not built (bash scripts/build_llama_bench.sh builds it)")
+        return None
+    gguf, threads = locate_default_gguf(), torch.get_num_threads()
+    notes.append(f"llama.cpp: {binary} ({_llama_version(binary)}), {gguf.name}, {threads} threads, batch 1")
+    return lambda: time_llama_cpp(binary, gguf, threads, config.new_tokens)
+
+
+def _llama_version(binary: Path) -> str:
+    version = binary.parent / "VERSION"
+    return version.read_text().strip() if version.is_file() else "unknown version"
+
+
+def _llama_row(report: BenchReport, timings: dict, batch: int, new_tokens: int) -> float | None:
+    """Append llama.cpp's row (when it ran); return its tokens/s."""
+    runs = timings.get(("Q4_1", "llama.cpp"))
+    if not runs:
+        return None
+    seconds = statistics.median(t.seconds for t in runs)
+    tps = new_tokens / seconds
+    report.rows.append(BenchRow(mode="llama.cpp", batch_size=batch, target_speedup=None, tokens_per_second=round(tps, 3),
+                                step_latency_ms=round(1000 * statistics.median(t.step_seconds for t in runs), 3),
+                                seconds=round(seconds, 4), weights="Q4_1", decode_tokens_per_second=round(tps, 3),
+                                vs_llama_cpp=1.0, efficiency=None))
+    return tps
+
+
+def _rows(batch, timings, peaks, schedules, num_layers, cost, new_tokens) -> list[BenchRow]:
+    def median(name: str, attr: str) -> float:
+        return statistics.median(getattr(t, attr) for t in timings[name])
+
+    tokens = batch * new_tokens
+    full_tps = tokens / median("full", "seconds")
+    hf_tps = tokens / median("hf_generate", "seconds") if "hf_generate" in timings else None
+    rows = []
+    for name in timings:
+        tps = tokens / median(name, "seconds")
+        row = BenchRow(mode="skipdecode" if name.startswith("skip@") else name, batch_size=batch, target_speedup=None,
+                       tokens_per_second=round(tps, 3), step_latency_ms=round(1000 * median(name, "step_seconds"), 3),
+                       seconds=round(median(name, "seconds"), 4), measured_speedup=round(tps / full_tps, 4),
+                       decode_tokens_per_second=round(batch / median(name, "step_seconds"), 3)
+                       if median(name, "step_seconds") > 0 else None,
+                       vs_hf_generate=round(tps / hf_tps, 4) if hf_tps else None,
+                       peak_memory_mb=round(peaks.get(name, 0.0), 1))
+        if name.startswith("skip@"):
+            solved = schedules[float(name[5:])]
+            row.target_speedup = solved.target_speedup
+            summary = speedup_summary(solved, solved.budgets, cost)  # EOS ignored: every planned step ran
+            row.layer_speedup = round(summary.achieved_layer_speedup, 4)
+            row.cost_speedup = round(summary.achieved_cost_model_speedup, 4)
+            row.max_layers, row.min_layers = solved.config.max_layers, solved.config.min_layers
+        row.efficiency = round(row.measured_speedup / row.cost_speedup, 4)
+        rows.append(row)
+    return rows
+
+
+def write_bench(report: BenchReport, folder: str | Path) -> list[Path]:
+    """bench.json (raw), bench.md (table) and speedup.json (the Plotly figure) under ``folder``."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = [folder / "bench.json", folder / "bench.md", folder / "speedup.json"]
+    paths[0].write_text(json.dumps(report.to_json(), indent=2))
+    paths[1].write_text(report.to_markdown() + "\n")
+    paths[2].write_text(speed_figure(report.to_json()).to_json())
+    return paths

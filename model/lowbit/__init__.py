@@ -1,0 +1,14 @@
+"""The low-bit CPU engine: int4/int8 weights (quantization), the GGUF's own Q4_1 blocks
+(gguf_weights), the native decode step (native_step over native_kernels' lean_step.cpp) and the
+start-up cache of prepared low-bit weights (weight_cache).
+
+Importing the engine plugs its parts into the method's lean layer (the one arrow that would
+otherwise point up; docs/DESIGN.md, "Layers"): every low-bit module is made here, so wherever
+one exists the lean layer fuses, stacks and runs it natively, whichever module was imported first.
+"""
+
+from model.lowbit.native_step import NativeDecode
+from model.lowbit.quantization import LOW_BIT_PROJECTIONS, fuse_low_bit, lean_lora
+from model.skipdecode.architectures import LowBitParts, use_low_bit
+
+use_low_bit(LowBitParts(fuse=fuse_low_bit, lean_lora=lean_lora, native=NativeDecode.of, projections=LOW_BIT_PROJECTIONS))

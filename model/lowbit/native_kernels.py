@@ -1,0 +1,230 @@
+"""The compiled extension behind the native decode step (model/lowbit/lean_step.cpp) and its q4 kernel's
+weight layout; the step itself is model/lowbit/native_step.py.
+
+The lean layer's decode step as one C++ call, for low-bit weights on a CPU.
+
+A decode step of the default model at 2x runs ~15 layers of ~25 small torch ops each; at one
+thread the interpreter's cost per op call was a measured ~17% of those layers (docs/RESULTS.md, "Speed").
+lean_step.cpp makes the same ATen calls in the same order from C++, so with torch's kernels its
+output is the Python step's bit for bit (tests/test_native_step.py compares them with torch.equal).
+Where torch's int4 kernel is slow (it computes in bfloat16, which an AVX2-only CPU lacks), the step
+multiplies the same 4-bit weights with its own kernel, q4_matmul (``q4_kernel_selected``).
+
+Built once per machine and torch version with torch's own extension builder (a C++ compiler and
+ninja, about a minute on 2 cores), cached under the project's cache folder; where it cannot be
+built (no compiler) or ``SKIPDECODE_NATIVE=0``, every step runs the Python path, and the log says
+so once.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+import os
+import platform
+import shutil
+import sys
+import threading
+import weakref
+from pathlib import Path
+from types import ModuleType
+
+import torch
+from torch import nn
+
+from model.common.paths import cache_root
+from model.common.progress import say
+
+SOURCE = Path(__file__).with_name("lean_step.cpp")
+_build_lock = threading.Lock()
+
+
+def native_enabled() -> bool:
+    """False when ``SKIPDECODE_NATIVE=0`` (the Python step everywhere: comparisons, debugging)."""
+    return os.environ.get("SKIPDECODE_NATIVE", "1").strip() != "0"
+
+
+@functools.cache
+def native_module() -> ModuleType | None:
+    """The compiled extension (built on first use, then loaded from the cache), or None."""
+    if not native_enabled():
+        return None
+    scripts = str(Path(sys.executable).parent)  # pip's ninja lives beside the interpreter, on PATH or not
+    if scripts not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = scripts + os.pathsep + os.environ.get("PATH", "")
+    if shutil.which(os.environ.get("CXX", "c++")) is None or shutil.which("ninja") is None:
+        say("no C++ compiler or ninja here: decode steps run the Python path (a few % slower on a CPU)")
+        return None
+    source = SOURCE.read_bytes()
+    # -fopenmp: at::parallel_for is inline (header) code, serial unless the extension itself is built
+    # with OpenMP; -mavx2 -mfma: the q4 kernel's instructions, where the CPU has them.
+    flags = ["-O3", "-fopenmp"] + (["-mavx2", "-mfma"] if _has_avx2() else [])
+    # Keyed by the source's content, torch (its version and install: a build links against the
+    # torch it was built with; another virtual environment builds its own) and the flags. The build
+    # reads a copy of the source inside its folder: a second checkout of the same code (another
+    # path) finds the build current instead of rebuilding it.
+    identity = [torch.__version__, str(Path(torch.__file__).resolve().parent), " ".join(flags)]
+    key = hashlib.sha256(source + "\n".join(identity).encode()).hexdigest()[:16]
+    folder = cache_root() / "native" / f"lean-step-{key}"
+    with _build_lock:
+        try:
+            from torch.utils.cpp_extension import load  # noqa: PLC0415 (imports setuptools: only when used)
+
+            folder.mkdir(parents=True, exist_ok=True)
+            copy = folder / SOURCE.name
+            if not copy.is_file() or copy.read_bytes() != source:
+                copy.write_bytes(source)
+            if not any(folder.glob("*.so")):
+                say("one-time preparation: compiling the native decode step (C++, about a minute); "
+                    f"cached in {folder.parent}")
+            return load(name=f"skipdecode_lean_step_{key}", sources=[str(copy)], build_directory=str(folder),
+                        extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
+        except Exception as error:  # noqa: BLE001 (any build failure: the Python path still works)
+            say(f"the native decode step could not be built ({type(error).__name__}: {str(error)[:200]}); "
+                "decode steps run the Python path")
+            return None
+
+
+@functools.cache
+def _has_avx2() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64") and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+
+
+def q4_kernel_selected() -> bool:
+    """True where decode steps multiply int4 weights with lean_step.cpp's ``q4_matmul`` instead of
+    torch's int4 kernel: by default on CPUs whose best instruction set torch reports as AVX2 (torch's
+    kernel computes in bfloat16, which such a CPU lacks in hardware; docs/RESULTS.md, "Speed"), and wherever
+    ``SKIPDECODE_INT4_KERNEL=native``; ``=torch`` keeps torch's kernel everywhere."""
+    choice = os.environ.get("SKIPDECODE_INT4_KERNEL", "auto").strip().lower()
+    if choice == "torch" or not _has_avx2():
+        return False
+    module = native_module()
+    if module is None or not module.has_q4_matmul():
+        return False
+    return choice == "native" or torch.backends.cpu.get_cpu_capability() == "AVX2"
+
+
+# --- Q4_1 blocks back out of torch's packed int4 layout -------------------------------------------
+
+
+def _pack(codes: torch.Tensor) -> torch.Tensor:
+    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+
+
+@functools.lru_cache(maxsize=16)
+def _nibble_of_element(rows: int, cols: int) -> torch.Tensor:
+    """For torch's CPU int4 packing of a (rows, cols) code matrix (its layout is the kernel's
+    per-CPU choice, undocumented): the packed nibble that holds each element, learned from the
+    packer itself by packing each base-16 digit of the element indices."""
+    count = rows * cols
+    index = torch.arange(count, dtype=torch.int64)
+    sources = torch.zeros(count, dtype=torch.int64)  # packed nibble -> element
+    for digit in range(max(1, math.ceil(math.log(count, 16)))):
+        packed = _pack(((index >> (4 * digit)) & 15).to(torch.int32).view(rows, cols)).reshape(-1)
+        nibbles = torch.stack([packed & 15, packed >> 4], dim=-1).reshape(-1).long()
+        sources |= nibbles << (4 * digit)
+    return torch.empty_like(sources).scatter_(0, sources, index)  # element -> packed nibble
+
+
+_verified: set[tuple[int, int]] = set()
+
+
+def _period(rows: int) -> int:
+    return 64 if rows % 64 == 0 else rows  # the layout repeats over blocks of rows; learnt on one
+
+
+def codes_of(qs: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """(rows, cols) uint8 codes 0..15 of Q4_1 bytes (byte j of a block: q[j] low, q[j + 16] high)."""
+    blocks = qs.view(rows, cols // 32, 1, 16)
+    return torch.cat([blocks & 15, blocks >> 4], dim=2).reshape(rows, cols)
+
+
+def q4_bytes(packed: torch.Tensor, rows: int, cols: int) -> torch.Tensor | None:
+    """torch's packed int4 weights as Q4_1 bytes (O, K/2) for q4_matmul, or None where the learned
+    layout does not hold: the first matrix of each shape is packed again from the result's codes
+    and must give the same bytes (the same packer gives every matrix of a shape the same layout)."""
+    period = _period(rows)
+    qs = native_module().q4_from_packed(packed, _nibble_of_element(period, cols), period)
+    if (rows, cols) not in _verified:
+        if not torch.equal(_pack(codes_of(qs, rows, cols).to(torch.int32)), packed):
+            return None
+        _verified.add((rows, cols))
+    return qs
+
+
+class Q4Blocks:
+    """An int4 module's weights as lean_step.cpp's q4_matmul reads them: ``qs`` (O, K/2) uint8, a
+    block's 16 bytes holding q[j] (low nibble) and q[j + 16] (high); ``d``, ``m`` (O, K/32) float32,
+    w = d q + m — the same values torch's kernel multiplies ((q - 8) scale + zero, scale and zero
+    in bfloat16). A second copy of the 4-bit weights (the Python path and prefill keep torch's)."""
+
+    _known: "weakref.WeakKeyDictionary[nn.Module, tuple[tuple[torch.Tensor, ...], Q4Blocks | None]]" = (
+        weakref.WeakKeyDictionary())
+
+    def __init__(self, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> None:
+        self.qs, self.d, self.m = qs, d, m
+
+    @classmethod
+    def of(cls, module: nn.Module) -> "Q4Blocks | None":
+        """The blocks of an Int4WeightLinear (kept per module while its packed weights stay)."""
+        packed, scales_and_zeros = module.weight_int4pack, module.scales_and_zeros
+        known = cls._known.get(module)
+        if known is None or known[0][0] is not packed or known[0][1] is not scales_and_zeros:
+            if known is not None and _same_values(known[0], (packed, scales_and_zeros)):
+                blocks = known[1]  # re-pointed at a copy of the same values (the LoRA's stacked rows)
+            else:
+                blocks = cls._from_packed(packed, scales_and_zeros, module.out_features, module.in_features)
+            known = cls._known[module] = ((packed, scales_and_zeros), blocks)
+        return known[1]
+
+    @classmethod
+    def stacked(cls, parts: list[nn.Module]) -> "Q4Blocks | None":
+        """The blocks of modules whose rows are stacked in one kernel call (a LoRA's A under its
+        base): the parts' blocks concatenated, so the base is converted once for both models."""
+        blocks = [cls.of(part) for part in parts]
+        if any(b is None for b in blocks):
+            return None
+        return cls(*(torch.cat([getattr(b, name) for b in blocks]) for name in ("qs", "d", "m")))
+
+    @classmethod
+    def _from_packed(cls, packed: torch.Tensor, scales_and_zeros: torch.Tensor, rows: int, cols: int) -> "Q4Blocks | None":
+        qs = q4_bytes(packed, rows, cols)
+        if qs is None:
+            return None
+        scale = scales_and_zeros[..., 0].t().float().contiguous()  # (O, K/32)
+        return cls(qs, scale, (scales_and_zeros[..., 1].t().float() - 8.0 * scale).contiguous())
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.qs, self.d, self.m]
+
+    def __call__(self, rows: torch.Tensor) -> torch.Tensor:
+        """(N, K) float32 rows -> (N, O) float32."""
+        return native_module().q4_matmul(rows, self.qs, self.d, self.m)
+
+
+def _same_values(old: tuple[torch.Tensor, ...], new: tuple[torch.Tensor, ...]) -> bool:
+    return all(a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(old, new))
+
+
+def lora_b_windows(weight_int8: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A LoRA's B (O, R) int8 rows as lean_step.cpp's lora_b_matmul reads them: each row's window
+    of width W (its nonzero columns, a multiple of 8) starting at column ``start``, and float scales.
+    q/k/v's and gate/up's B are block-diagonal (one LoRA per fused projection), so the windows hold
+    a third to a half of B's bytes."""
+    rows, rank = weight_int8.shape
+    nonzero = weight_int8 != 0
+    columns = torch.arange(rank)
+    first = torch.where(nonzero, columns, rank).amin(dim=1).clamp(max=rank - 1)
+    last = torch.where(nonzero, columns, -1).amax(dim=1).clamp(min=0)
+    width = min(rank, -(-int((last - first + 1).clamp(min=1).max()) // 8) * 8)
+    start = first.clamp(max=rank - width)
+    window = weight_int8.gather(1, start[:, None] + torch.arange(width)[None])
+    if not torch.equal(window.abs().sum(dim=1, dtype=torch.int64), weight_int8.abs().sum(dim=1, dtype=torch.int64)):
+        raise RuntimeError("lora_b_windows: a row's nonzero entries span more than its window")  # not block-diagonal
+    return window.contiguous(), start.to(torch.int32).contiguous(), scales.float().contiguous()
+
+
+def q4_scan(module: nn.Module) -> Q4Blocks | None:
+    """The Q4Blocks an Int4WeightLinear is multiplied with where q4_matmul is selected, else None."""
+    return Q4Blocks.of(module) if q4_kernel_selected() else None

@@ -1,0 +1,495 @@
+"""Batched, KV-cached SkipDecode (docs/DESIGN.md, "The method"), as small named steps:
+
+    prefill      prompt positions through the prefill layer set, filling each layer's cache
+    decode_step  one new position through the layer set of step k (one exit for the whole batch)
+    stream       prefill + decode steps, yielding one StepEvent per step, returning a DecodeResult
+
+plus ``masked_forward``, the teacher-forced twin used by training and by the tests that tie
+training to inference. The full model is the same code with n_k = L, so comparisons are fair.
+
+This module knows token ids and tensors only: no tokenizer, no UI.
+Shapes: B = batch, P = padded prompt length, V = vocab, L = layers.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Generator, Sequence
+
+import torch
+from torch import nn
+
+from model.skipdecode.architectures import (
+    ArchitectureAdapter,
+    LayerInputs,
+    PrefixKVCache,
+    adapter_for,
+    position_ids_from_mask,
+)
+from model.skipdecode.schedule import ScheduleConfig
+from model.skipdecode.skip_policy import EntryBridge, entry_layers
+
+GREEDY_BELOW = 1e-4  # temperatures this small sample the argmax anyway
+
+
+class Trace:
+    """Hidden states of one row at its newest position, after each layer that ran: what a logit
+    lens reads. Recording is a copy of one (C,) vector per layer; the lens itself runs elsewhere,
+    outside the decoder's timed step."""
+
+    def __init__(self, row: int) -> None:
+        self.row = row
+        self.records: list[tuple[int, torch.Tensor]] = []
+
+    def record(self, layer: int, hidden: torch.Tensor) -> None:
+        self.records.append((layer, hidden[self.row, -1].detach().clone()))  # hidden: (B, T, C)
+
+    def take(self) -> tuple[tuple[int, torch.Tensor], ...]:
+        records, self.records = tuple(self.records), []
+        return records
+
+
+class Cancelled(Exception):
+    """Raised inside a step when the caller asked to stop (checked between layers)."""
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """temperature 0 = greedy (so is any temperature below GREEDY_BELOW: dividing logits by a
+    subnormal overflows to inf). top_k 0 and top_p 1 switch those filters off."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0; got {self.temperature!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0; got {self.top_k!r}")
+        if not isinstance(self.top_p, (int, float)) or not math.isfinite(self.top_p) or not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1]; got {self.top_p!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < GREEDY_BELOW
+
+
+@dataclass
+class StepEvent:
+    """One step of generation. step -1 is the prefill (it produces generated token 0);
+    step k >= 0 feeds generated token k and produces token k + 1."""
+
+    step: int
+    token_ids: list[int]  # the new token of every row; rows already finished repeat the pad id
+    finished: list[bool]  # per row, after this step
+    layers: tuple[int, ...]  # layer indices this step executed (the same for every row)
+    seconds: float  # wall time of this step, device work included
+    # With stream(trace_row=r): (layer, hidden (C,)) after each executed layer, for row r at the
+    # position that produced this step's token (a logit lens reads these; see TextGenerator.lens).
+    trace: tuple[tuple[int, torch.Tensor], ...] = ()
+
+
+@dataclass
+class DecodeResult:
+    num_layers: int
+    prompt_lengths: list[int]
+    # Generated ids per row. EOS is not in them; the token that completed a stop string is (a stop
+    # string can end inside a token, so the text is cut at the string: generation.truncate_at_stop).
+    tokens: list[list[int]]
+    finish_reasons: list[str]  # "eos", "stop" or "length"
+    prefill_layers: tuple[int, ...]
+    step_layers: list[tuple[int, ...]] = field(default_factory=list)
+    prefill_seconds: float = 0.0
+    step_seconds: list[float] = field(default_factory=list)
+    cancelled: bool = False
+
+    @property
+    def layers_per_step(self) -> list[int]:
+        """n_k for every decode step that ran."""
+        return [len(layers) for layers in self.step_layers]
+
+    @property
+    def total_seconds(self) -> float:
+        return self.prefill_seconds + sum(self.step_seconds)
+
+    @property
+    def num_generated(self) -> int:
+        return sum(len(row) for row in self.tokens)
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Generated tokens of all rows over wall time, prefill included."""
+        return self.num_generated / self.total_seconds if self.total_seconds > 0 else 0.0
+
+    @property
+    def layer_speedup(self) -> float:
+        steps = self.layers_per_step
+        return self.num_layers * len(steps) / sum(steps) if steps else 1.0
+
+
+@dataclass
+class DecodeState:
+    """Everything a decode step needs from the steps before it."""
+
+    cache: PrefixKVCache
+    key_valid: torch.Tensor  # (B, capacity) bool: False at left padding
+    next_position: torch.Tensor  # (B,) position id of the next token (padding not counted)
+    length: int  # positions written so far (padded prompt + fed tokens)
+    has_padding: bool  # False lets every step skip mask building entirely
+
+
+# Stop check for a row: (row index, generated ids so far) -> True to finish the row.
+StopCheck = Callable[[int, list[int]], bool]
+
+
+class SkipDecoder:
+    """SkipDecode for one loaded causal LM (any family that architectures.py adapts).
+
+    ``model`` runs every step that executes ALL layers (and a full-depth prefill), so a full
+    schedule is exactly the original model. ``skip_model`` (the same architecture with the
+    skip-policy LoRA merged in; default ``model``) runs the steps that bypass layers, and
+    ``bridge`` maps the hidden state where it jumps a gap. Both weight sets share one KV cache:
+    what each step writes equals the gated teacher-forced forward (model/skipdecode/skip_policy.py).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        skip_model: nn.Module | None = None,
+        bridge: EntryBridge | None = None,
+        eos_token_ids: Sequence[int] = (),
+        pad_token_id: int = 0,
+    ) -> None:
+        self.model = model
+        self.adapter: ArchitectureAdapter = adapter_for(model)
+        self.skip_adapter: ArchitectureAdapter = adapter_for(skip_model) if skip_model is not None else self.adapter
+        self.bridge = bridge
+        self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
+        self.pad_token_id = int(pad_token_id)
+
+    def _weights_for(self, layers: Sequence[int]) -> tuple[ArchitectureAdapter, frozenset[int]]:
+        """(the adapter whose layers run this layer set, the layers entered after a gap)."""
+        if len(layers) == self.num_layers:
+            return self.adapter, frozenset()
+        return self.skip_adapter, entry_layers(layers) if self.bridge is not None else frozenset()
+
+    @property
+    def num_layers(self) -> int:
+        return self.adapter.num_layers
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    # --- steps ----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def prefill(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int], capacity: int,
+        should_cancel: Callable[[], bool] | None = None, trace: Trace | None = None,
+    ) -> tuple[DecodeState, torch.Tensor]:
+        """Run the (B, P) prompt through ``layers``; return the state and last-position logits (B, V).
+
+        A long prompt's prefill is the longest step: ``should_cancel`` is checked between layers
+        (raises Cancelled), so Stop frees the CPU within one layer's time."""
+        batch, prompt_len = input_ids.shape
+        valid = attention_mask.bool()
+        key_valid = torch.ones(batch, capacity, dtype=torch.bool, device=input_ids.device)
+        key_valid[:, :prompt_len] = valid
+        positions = position_ids_from_mask(attention_mask)  # (B, P)
+        cache = PrefixKVCache(self.num_layers, capacity)
+        hidden = self.adapter.embed(input_ids, positions)  # (B, P, C)
+        inputs = self.adapter.layer_inputs(hidden, valid, positions)
+        weights, entries = self._weights_for(layers)
+        for index in layers:
+            if should_cancel is not None and should_cancel():
+                raise Cancelled
+            if index in entries:
+                hidden = self.bridge(index, hidden)
+            hidden = weights.run_layer(index, hidden, inputs, cache)
+            if trace is not None:
+                trace.record(index, hidden)
+        logits = self.adapter.logits(hidden[:, -1:])[:, -1]  # only the last position: (B, V)
+        state = DecodeState(
+            cache=cache,
+            key_valid=key_valid,
+            next_position=positions[:, -1] + 1,
+            length=prompt_len,
+            has_padding=not bool(valid.all()),
+        )
+        return state, logits
+
+    @torch.inference_mode()
+    def decode_step(self, state: DecodeState, token_ids: torch.Tensor, layers: Sequence[int],
+                    trace: Trace | None = None) -> torch.Tensor:
+        """Feed one token per row (B,) through ``layers``; return next-token logits (B, V).
+
+        A bypassed layer keeps its shorter cache; a layer that runs attends to its own cached
+        prefix plus the new position (its keys are exactly the positions that ran it).
+        """
+        positions = state.next_position[:, None]  # (B, 1)
+        hidden = self.adapter.embed(token_ids[:, None], positions)  # (B, 1, C)
+        extras = self.adapter.layer_extras(hidden, positions)
+        inputs_by_length: dict[int, LayerInputs] = {}
+        weights, entries = self._weights_for(layers)
+        for index in layers:
+            cached = state.cache.lengths[index]
+            inputs = inputs_by_length.get(cached)
+            if inputs is None:
+                mask = None
+                if state.has_padding:
+                    key_valid = torch.cat([state.key_valid[:, :cached], state.key_valid.new_ones(len(token_ids), 1)], dim=1)
+                    mask = self.adapter.layer_inputs(hidden, key_valid, positions).mask
+                inputs = inputs_by_length[cached] = LayerInputs(mask=mask, position_ids=positions, extra=extras)
+            if index in entries:
+                hidden = self.bridge(index, hidden)
+            hidden = weights.run_layer(index, hidden, inputs, state.cache)
+            if trace is not None:
+                trace.record(index, hidden)
+        state.next_position += 1
+        state.length += 1
+        return self.adapter.logits(hidden)[:, -1]
+
+    # --- the loop -------------------------------------------------------------------------
+    def stream(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        schedule: ScheduleConfig,
+        *,
+        max_new_tokens: int,
+        sampling: SamplingConfig = SamplingConfig(),
+        stop_check: StopCheck | None = None,
+        should_cancel: Callable[[], bool] | None = None,
+        trace_row: int | None = None,
+    ) -> Generator[StepEvent, None, DecodeResult]:
+        """Generate up to ``max_new_tokens`` per row, yielding one StepEvent per step.
+
+        input_ids/attention_mask: (B, P), LEFT padded. Returns the DecodeResult (the
+        generator's return value; ``generate`` collects it).
+        """
+        if schedule.num_layers != self.num_layers:
+            raise ValueError(f"schedule is for {schedule.num_layers} layers; the model has {self.num_layers}")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an integer >= 1; got {max_new_tokens!r}")
+        if input_ids.ndim != 2 or input_ids.shape[1] == 0:
+            raise ValueError("every prompt needs at least one token")
+        capacity = input_ids.shape[1] + max_new_tokens
+        if capacity > self.adapter.max_context:
+            raise ValueError(
+                f"prompt ({input_ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
+                f"the model's context of {self.adapter.max_context} tokens"
+            )
+        device = self.device
+        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+        batch = input_ids.shape[0]
+        generator = _make_generator(sampling, device)
+        result = DecodeResult(
+            num_layers=self.num_layers,
+            prompt_lengths=attention_mask.sum(-1).tolist(),
+            tokens=[[] for _ in range(batch)],
+            finish_reasons=["length"] * batch,
+            prefill_layers=schedule.prefill_layers(),
+        )
+        finished = [False] * batch
+
+        if trace_row is not None and not 0 <= trace_row < batch:
+            raise ValueError(f"trace_row must be a row of the batch (0..{batch - 1}); got {trace_row}")
+        trace = Trace(trace_row) if trace_row is not None else None
+        start = time.perf_counter()
+        try:
+            state, logits = self.prefill(input_ids, attention_mask, result.prefill_layers, capacity, should_cancel,
+                                         trace)
+        except Cancelled:
+            result.cancelled = True
+            return result
+        next_ids = sample_next(logits, sampling, generator)
+        new_tokens = self._record(next_ids, result, finished, stop_check)
+        result.prefill_seconds = time.perf_counter() - start
+        yield StepEvent(-1, new_tokens, list(finished), result.prefill_layers, result.prefill_seconds,
+                        trace.take() if trace else ())
+
+        for step in range(max_new_tokens - 1):
+            if all(finished) or (should_cancel is not None and should_cancel()):
+                break
+            layers = schedule.step_layers(step)
+            start = time.perf_counter()
+            logits = self.decode_step(state, next_ids, layers, trace)
+            next_ids = sample_next(logits, sampling, generator)
+            new_tokens = self._record(next_ids, result, finished, stop_check)
+            seconds = time.perf_counter() - start
+            result.step_layers.append(layers)
+            result.step_seconds.append(seconds)
+            yield StepEvent(step, new_tokens, list(finished), layers, seconds, trace.take() if trace else ())
+        result.cancelled = should_cancel is not None and not all(finished) and should_cancel()
+        return result
+
+    def generate(self, *args, **kwargs) -> DecodeResult:
+        """``stream`` run to the end; returns its DecodeResult."""
+        return run_to_end(self.stream(*args, **kwargs))
+
+    @torch.inference_mode()
+    def forced_predictions(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, continuation: torch.Tensor,
+                           schedule: ScheduleConfig) -> torch.Tensor:
+        """Teacher forcing through the CACHED path: the (B, P) prompt, then the (B, N) given tokens
+        fed one step at a time under ``schedule``. Returns the argmax (B, N): at the prompt's last
+        position, then after each fed token but the last. Compares two weight sets (int4 vs float)
+        on the same inputs, whatever either would have generated."""
+        steps = continuation.shape[1]
+        state, logits = self.prefill(input_ids, attention_mask, schedule.prefill_layers(), input_ids.shape[1] + steps)
+        predictions = [logits.argmax(-1)]
+        for step in range(steps - 1):
+            logits = self.decode_step(state, continuation[:, step].to(self.device), schedule.step_layers(step))
+            predictions.append(logits.argmax(-1))
+        return torch.stack(predictions, dim=1)
+
+    def _record(
+        self, next_ids: torch.Tensor, result: DecodeResult, finished: list[bool], stop_check: StopCheck | None
+    ) -> list[int]:
+        """Append each unfinished row's new token (not EOS: it ends the row unrecorded; a token
+        that completes a stop string is recorded, then ends the row); finished rows feed padding."""
+        ids = next_ids.tolist()  # the one host sync per step: EOS and streaming need the ids
+        new_tokens = []
+        for row, token in enumerate(ids):
+            if finished[row]:
+                new_tokens.append(self.pad_token_id)
+                continue
+            new_tokens.append(token)
+            if token in self.eos_token_ids:
+                finished[row], result.finish_reasons[row] = True, "eos"
+                continue
+            result.tokens[row].append(token)
+            if stop_check is not None and stop_check(row, result.tokens[row]):
+                finished[row], result.finish_reasons[row] = True, "stop"
+        return new_tokens
+
+
+def left_padded(rows: Sequence[Sequence[int]], pad_id: int, device: torch.device | str = "cpu"
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token rows as the decoder takes them: ids and mask (B, P), padded on the LEFT so that
+    every row's next token lands in the same column."""
+    width = max(len(row) for row in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for index, row in enumerate(rows):
+        ids[index, width - len(row):] = torch.tensor(list(row), dtype=torch.long)
+        mask[index, width - len(row):] = 1
+    return ids.to(device), mask.to(device)
+
+
+def run_to_end(events: Generator):
+    """Drain a step generator and return its return value (the result object)."""
+    while True:
+        try:
+            next(events)
+        except StopIteration as stop:
+            return stop.value
+
+
+def _make_generator(sampling: SamplingConfig, device: torch.device) -> torch.Generator | None:
+    if sampling.greedy:
+        return None
+    generator = torch.Generator(device=device)
+    if sampling.seed is not None:
+        generator.manual_seed(int(sampling.seed))
+    else:
+        generator.seed()
+    return generator
+
+
+def sample_next(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None) -> torch.Tensor:
+    """(B, V) logits -> (B,) next token ids: argmax, or temperature / top-k / top-p sampling."""
+    if sampling.greedy:
+        return logits.argmax(dim=-1)
+    scores = logits.float() / sampling.temperature
+    if sampling.top_k > 0 and sampling.top_k < scores.shape[-1]:
+        kth = torch.topk(scores, sampling.top_k, dim=-1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if sampling.top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, descending=True, dim=-1)
+        cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+        drop_sorted = cumulative - sorted_scores.softmax(dim=-1) >= sampling.top_p  # keeps the top token
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        scores = scores.masked_fill(drop, float("-inf"))
+    probs = scores.softmax(dim=-1)
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+
+
+# --- the teacher-forced twin ------------------------------------------------------------------
+
+
+def execution_mask(schedule: ScheduleConfig, prompt_length: int, total_length: int) -> torch.Tensor:
+    """(T, L) bool: which layers each position of a left-padded sequence executes.
+
+    Positions < prompt_length are prompt (prefill layers); position prompt_length + k holds
+    generated token k, fed at decode step k (step_layers(k)).
+    """
+    mask = torch.zeros(total_length, schedule.num_layers, dtype=torch.bool)
+    mask[:prompt_length, list(schedule.prefill_layers())] = True
+    for step in range(total_length - prompt_length):
+        mask[prompt_length + step, list(schedule.step_layers(step))] = True
+    return mask
+
+
+def masked_forward(
+    model_or_adapter: nn.Module | ArchitectureAdapter,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    executes: torch.Tensor,
+    *,
+    logits_from: int = 0,
+    bridge: EntryBridge | None = None,
+    hidden_states: list[torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """Teacher-forced SkipDecode: h = where(executes[pos, i], layer_i(h), h) for every layer.
+
+    With ``bridge``, a position entering layer j after bypassing layer j - 1 gets
+    h = bridge(j, h) first (as the decoder does). The gated LoRA of a skip-policy model is
+    switched by the caller (skip_policy.gated). ``hidden_states``, when given, receives the
+    hidden state entering every layer (L tensors (B, T, C)) and then the final one (pre-norm).
+
+    input_ids/attention_mask: (B, T). executes: (T, L) shared by the batch, or (B, T, L).
+    Returns logits (B, T - logits_from, V) for positions >= ``logits_from`` (the LM head is a
+    big share of a small model's compute; training needs only the generated positions).
+    Because the positions that execute a layer form a causal prefix, these equal the cached
+    decoder's logits (tests/test_decoder.py proves it). Differentiable: training runs through
+    this. When a layer's executing positions are a prefix shared by the batch, the layer runs
+    on that prefix only (same result, less compute: causal attention never looks ahead).
+    """
+    adapter = model_or_adapter if isinstance(model_or_adapter, ArchitectureAdapter) else adapter_for(model_or_adapter)
+    executes = executes.to(input_ids.device)
+    positions = position_ids_from_mask(attention_mask)
+    hidden = adapter.embed(input_ids, positions)  # (B, T, C)
+    inputs = adapter.layer_inputs(hidden, attention_mask.bool(), positions)
+    for index in range(adapter.num_layers):
+        keep = executes[..., index]  # (T,) or (B, T)
+        if bridge is not None and index >= 1:
+            entering = keep & ~executes[..., index - 1]
+            if bool(entering.any()):
+                entering = entering if entering.ndim == 2 else entering[None]
+                hidden = torch.where(entering[..., None], bridge(index, hidden), hidden)
+        if hidden_states is not None:
+            hidden_states.append(hidden)
+        prefix = _prefix_length(keep) if keep.ndim == 1 else None
+        if prefix == 0:
+            continue  # nobody runs this layer
+        if prefix is not None:
+            out = adapter.run_layer(index, hidden[:, :prefix], inputs.prefix(prefix), None)
+            hidden = out if prefix == hidden.shape[1] else torch.cat([out, hidden[:, prefix:]], dim=1)
+        else:
+            keep = keep if keep.ndim == 2 else keep[None]
+            out = adapter.run_layer(index, hidden, inputs, None)
+            hidden = torch.where(keep[..., None], out, hidden)
+    if hidden_states is not None:
+        hidden_states.append(hidden)
+    return adapter.logits(hidden[:, logits_from:])
+
+
+def _prefix_length(keep: torch.Tensor) -> int | None:
+    """n if keep == [True] * n + [False] * (T - n), else None. keep: (T,) bool."""
+    count = int(keep.sum())
+    return count if bool(keep[:count].all()) else None

@@ -1,0 +1,153 @@
+"""The layers drawn in docs/DESIGN.md ("Layers"), enforced: every module's imports are read with ast
+(the top of the file, inside functions, under TYPE_CHECKING) and an arrow may only point to the
+module's own layer or one below it; no two modules import each other, directly or round a circle;
+no project import hides inside a function (third-party ones may: they keep start-up light); the
+library never imports gradio."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Bottom first. A module may import from its own layer and the layers below it, never above.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("leaves", ("model", "model.common")),
+    ("method", ("model.skipdecode",)),
+    ("low-bit engine", ("model.lowbit",)),
+    ("runtime", ("model.loading", "model.generation")),
+    ("training", ("model.training",)),
+    ("evaluation", ("model.evaluation",)),
+    ("tasks", ("model.tasks",)),
+    ("studies", ("model.studies",)),
+    ("commands", ("model.cli", "model.__main__")),
+    ("app", ("app", "__app_script__")),
+]
+FORBIDDEN_IN_LIBRARY = ("gradio", "gradio_client")
+
+
+def _module_name(path: Path) -> str:
+    if path == ROOT / "app.py":
+        return "__app_script__"
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _sources() -> dict[str, Path]:
+    files = [*sorted((ROOT / "model").rglob("*.py")), *sorted((ROOT / "app").rglob("*.py")), ROOT / "app.py"]
+    return {_module_name(path): path for path in files}
+
+
+MODULES = _sources()
+
+
+def layer_of(module: str) -> int:
+    best = None
+    for index, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if module == prefix or module.startswith(prefix + "."):
+                if best is None or len(prefix) > best[1]:
+                    best = (index, len(prefix))
+    assert best is not None, f"{module} is in no layer: add it to LAYERS here and to docs/DESIGN.md"
+    return best[0]
+
+
+def _target(name: str) -> str | None:
+    """The project module an imported name refers to (a submodule where it is one), or None."""
+    if name in MODULES:
+        return name
+    parent = name.rpartition(".")[0]
+    return parent if parent in MODULES else None
+
+
+def imports_of(module: str) -> list[tuple[str, int, bool]]:
+    """(imported name, line, inside a function) for every import statement of ``module``."""
+    path = MODULES[module]
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: list[tuple[str, int, bool]] = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            if isinstance(child, ast.Import):
+                found.extend((alias.name, child.lineno, in_function) for alias in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:  # relative: resolve against this module's package
+                    anchor = package.split(".")[: len(package.split(".")) - (child.level - 1)]
+                    base = ".".join([*anchor, base] if base else anchor)
+                found.extend((f"{base}.{alias.name}", child.lineno, in_function) for alias in child.names)
+                found.append((base, child.lineno, in_function))
+            visit(child, inner)
+
+    visit(tree, False)
+    return found
+
+
+def project_edges() -> dict[str, set[str]]:
+    edges: dict[str, set[str]] = {module: set() for module in MODULES}
+    for module in MODULES:
+        for name, _, _ in imports_of(module):
+            target = _target(name)
+            if target is not None and target != module:
+                edges[module].add(target)
+    return edges
+
+
+def test_every_module_is_in_a_layer():
+    for module in MODULES:
+        layer_of(module)
+
+
+def test_no_arrow_points_up():
+    upward = []
+    for module, targets in project_edges().items():
+        for target in sorted(targets):
+            if layer_of(target) > layer_of(module):
+                upward.append(f"{module} ({LAYERS[layer_of(module)][0]}) imports {target} "
+                              f"({LAYERS[layer_of(target)][0]})")
+    assert not upward, "imports against the layers (docs/DESIGN.md):\n" + "\n".join(upward)
+
+
+def test_no_import_circle():
+    edges = project_edges()
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    circles: list[list[str]] = []
+
+    def walk(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for target in sorted(edges[module]):
+            if state.get(target) == 1:
+                circles.append([*path[path.index(target):], target])
+            elif target not in state:
+                walk(target, [*path, target])
+        state[module] = 2
+
+    for module in sorted(edges):
+        if module not in state:
+            walk(module, [module])
+    assert not circles, "import circles:\n" + "\n".join(" -> ".join(c) for c in circles)
+
+
+def test_no_project_import_hides_inside_a_function():
+    hidden = [f"{MODULES[module].relative_to(ROOT)}:{line} imports {name}"
+              for module in MODULES for name, line, in_function in imports_of(module)
+              if in_function and _target(name) is not None]
+    assert not hidden, "project imports inside functions (move them to the top):\n" + "\n".join(sorted(set(hidden)))
+
+
+def test_the_library_never_imports_gradio():
+    offending = [f"{module}: {name}" for module in MODULES if layer_of(module) < len(LAYERS) - 1
+                 for name, _, _ in imports_of(module) if name.split(".")[0] in FORBIDDEN_IN_LIBRARY]
+    assert not offending, offending
+
+
+def test_the_checker_sees_what_it_must():
+    """The checks themselves: a function-level import and a relative one are both read."""
+    assert layer_of("model.skipdecode.decoder") < layer_of("model.lowbit.quantization") < layer_of("model.loading")
+    assert "model.skipdecode.schedule" in project_edges()["model.skipdecode.decoder"]
+    assert "model.common.paths" in project_edges()["model.lowbit.native_kernels"]

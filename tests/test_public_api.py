@@ -1,0 +1,52 @@
+"""The names a user of the library imports, from where they live (docs/DESIGN.md, "Layers").
+
+A move or rename of one of these is a change to the library's face: this test names it."""
+
+import importlib
+import subprocess
+import sys
+
+import pytest
+
+PUBLIC = {
+    "model.loading": ["DEFAULT_MODEL", "DEFAULT_ADAPTER", "LoadedModel", "load_model", "resolve_device",
+                      "resolve_adapter", "locate_default_gguf", "default_model_folder"],
+    "model.generation": ["TextGenerator", "GenerationRequest", "ScheduleRequest", "GenerationResult", "PreparedRun",
+                         "LensReading", "validate_request", "truncate_at_stop"],
+    "model.cli": ["main", "build_parser"],
+    "model.common.paths": ["cache_root"],
+    "model.common.progress": ["say"],
+    "model.common.hardware": ["hardware_info", "cpu_summary"],
+    "model.skipdecode.schedule": ["ScheduleConfig", "SolvedSchedule", "CostModel", "DECAY_FUNCTIONS", "LAYER_ORDERS",
+                                  "DEFAULT_WARMUP", "full_schedule", "solve_schedule", "speedup_summary",
+                                  "max_layer_speedup", "schedule_json"],
+    "model.skipdecode.decoder": ["SkipDecoder", "SamplingConfig", "StepEvent", "DecodeResult", "masked_forward"],
+    "model.skipdecode.skip_policy": ["EntryBridge", "export_adapter", "mix_adapters", "install_lora_gate", "side_lora_config"],
+    "model.skipdecode.architectures": ["ArchitectureAdapter", "adapter_for", "PrefixKVCache", "LeanLlamaLayer"],
+    "model.lowbit.quantization": ["quantize_weights", "QUANTIZE_MODES"],
+    "model.lowbit.native_step": ["NativeDecode", "projection_spec"],
+    "model.lowbit.native_kernels": ["native_module", "q4_kernel_selected", "Q4Blocks", "q4_scan"],
+    "model.training.training": ["TrainConfig", "train"],
+    "model.training.data": ["DEFAULT_EVAL_PROMPTS", "DEFAULT_FACTS", "read_prompts"],
+    "model.training.make_data": ["MakeDataConfig", "make_data"],
+    "model.training.scoring": ["teacher_forced_scores", "skip_policy_logits"],
+    "model.evaluation.evaluation": ["EvalConfig", "evaluate", "write_report"],
+    "model.evaluation.bench": ["BenchConfig", "run_bench", "write_bench"],
+    "model.evaluation.lowbit_check": ["LowBitCheckConfig", "run_lowbit_check"],
+    "model.studies.study": ["StudyConfig", "run_study"],
+    "model.studies.scaling_study": ["ScalingConfig", "run_scaling"],
+    "model.studies.shape_study": ["ShapeConfig", "run_shape_study"],
+}
+
+
+@pytest.mark.parametrize("module", sorted(PUBLIC))
+def test_the_public_names_import_from_where_they_live(module):
+    imported = importlib.import_module(module)
+    missing = [name for name in PUBLIC[module] if not hasattr(imported, name)]
+    assert not missing, f"{module} lost {missing}"
+
+
+def test_python_dash_m_model_still_runs():
+    done = subprocess.run([sys.executable, "-m", "model", "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "generate" in done.stdout and "train" in done.stdout
