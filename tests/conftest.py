@@ -122,3 +122,36 @@ def tiny_folder(tmp_path_factory, default_model):
     model.save_pretrained(folder)
     default_model.tokenizer.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_task_adapters(tiny_folder, tmp_path_factory):
+    """(root, loader): a tiny E2E task model and its 2x skip policy, trained in seconds on
+    ``tiny_folder`` and laid out like assets/adapters (root/e2e/task, root/e2e/skip-2x); the
+    loader loads them on the tiny model (load_task_model loads the default model)."""
+    import json
+    import shutil
+
+    from model.loading import load_model
+    from model.tasks.e2e import dev_split, training_rows
+    from model.tasks.task_models import task_adapter_dir
+    from model.training import TrainConfig, train
+
+    work = tmp_path_factory.mktemp("tiny-task")
+    root = work / "adapters"
+    data = work / "train.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in training_rows(dev_split()[0][:4])))
+    common = dict(model=str(tiny_folder), data=str(data), max_steps=2, batch_size=2, lora_rank=2, lora_alpha=4,
+                  eval_every=0, save_every=2, device="cpu", learning_rate=5e-2, warmup_steps=1, warmup_layers=1)
+    train(TrainConfig(**common, output_dir=str(work / "task"), fixed_speedup=1.0, gate_lora=False))
+    (root / "e2e").mkdir(parents=True)
+    shutil.move(str(work / "task" / "adapter"), str(root / "e2e" / "task"))
+    train(TrainConfig(**common, output_dir=str(work / "policy"), task_adapter=str(root / "e2e" / "task"),
+                      fixed_speedup=2.0, fixed_decay_length=8, floor_share=2 / 3, gate_lora=True))
+    shutil.move(str(work / "policy" / "adapter"), str(root / "e2e" / "skip-2x"))
+
+    def loader(task, policy):
+        return load_model(str(tiny_folder), device="cpu", adapter=str(policy) if policy else None,
+                          task_adapter=str(task_adapter_dir(task, root)))
+
+    return root, loader
