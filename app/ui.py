@@ -25,7 +25,7 @@ from app.request_guard import RequestGuard
 from app.results import results_tab
 from app.settings import EXAMPLE_PROMPTS, Limits, PlaygroundSettings, control_ranges, trained_defaults
 from app.style import COPY_JS, PAGE_URL_JS, SCROLL_TO_OUTPUTS, launch_style
-from app.task_view import mr_form, task_events
+from app.task_view import full_title, mr_form, task_events
 from app.tasks import TASK_FIXED, TaskGenerators, task_choices
 from model.generation import TextGenerator
 from model.schedule import DECAY_DESCRIPTIONS, LAYER_ORDER_DESCRIPTIONS, max_layer_speedup
@@ -106,6 +106,7 @@ def _playground_tab(generator: TextGenerator, limits: Limits) -> dict:
             # built by hand: its choices carry labels (the value is the API's task name)
             c["task"] = gr.Radio(task_choices(), value="chat", label="Task", elem_id="setting-task")
             c["prompt"] = control("prompt", value=EXAMPLE_PROMPTS[0], lines=2, max_lines=12)
+            ui["mr_problem"] = gr.Markdown(visible=False, elem_id="mr-problem")  # a task's input, checked as typed
             with gr.Row():
                 ui["run"] = gr.Button("Generate", variant="primary", size="md", elem_id="generate-btn", min_width=80)
                 ui["stop"] = gr.Button("Stop", variant="stop", size="md", elem_id="stop-btn", min_width=60)
@@ -137,7 +138,7 @@ def _playground_tab(generator: TextGenerator, limits: Limits) -> dict:
                     gr.Markdown("**SkipDecode** (colour = layers run; darker = more)")
                     ui["skip_out"] = gr.HTML(elem_id="skip-output")
                 with gr.Column(min_width=160):
-                    gr.Markdown("**Full model** (the original, every layer)")
+                    ui["full_title"] = gr.Markdown(full_title("chat"), elem_id="full-title")
                     ui["full_out"] = gr.HTML(elem_id="full-output")
             ui["headline"] = gr.HTML(elem_id="headline")
             ui["heatmap"] = live_plot("heatmap", height=300)

@@ -276,7 +276,8 @@ class RaceRenderer:
             plot = self.heatmap(update, judged, highlight_last=step_mode)
             first_generated = self.prompt_tokens[1] + len(self.prompt_tokens[0])
             note = heatmap_note_html(settings, update.solved, judged, first_generated, update.solved.config.ranking)
-        full_note = f'<div class="pane-note">the original model: all {generator.num_layers} layers at every position</div>'
+        model = "the original model" if settings.task == "chat" else f"the {settings.task.upper()} task model"
+        full_note = f'<div class="pane-note">{model}: all {generator.num_layers} layers at every position</div>'
         return (status, pane_note(settings, update.solved) + rows_html(skip_panes, prompts),
                 full_note + rows_html(full_panes, prompts),
                 headline_html(update, generator.cost, settings, judged, step_mode),

@@ -10,7 +10,7 @@ from app.lessons import LESSONS, lesson_by_title, lesson_values
 from app.results import claim_sentence, claim_verdicts, e2e_markdown, e2e_note, load_e2e
 from app.settings import Limits, PlaygroundSettings
 from app.share import as_text, settings_from_query, share_link
-from app.task_view import compose_into_prompt, switch_values, task_view
+from app.task_view import compose_into_prompt, mr_feedback, switch_values, task_view
 from app.tasks import TASK_FIXED, check_mr, examples, fixed_note, policy_line
 from model.tasks.e2e import INSTRUCTION, parse_mr
 from model.tasks.task_models import task_schedule
@@ -41,11 +41,17 @@ def test_a_bad_mr_is_named_as_text_and_a_good_one_passes():
     check_mr("e2e", MR)
     check_mr("chat", "not an MR at all")  # chat takes any prompt
     with pytest.raises(ValueError) as error:
-        check_mr("e2e", "name[The Eagle], colour[<b>red</b>]")
+        check_mr("e2e", "name[The Eagle], <b>red</b>")
     message = str(error.value)
-    assert message.startswith("The MR has a problem: unknown MR attribute") and "<b>" not in message
+    assert message.startswith("The MR has a problem: the MR is not a list") and "<b>" not in message
+    with pytest.raises(ValueError, match="unknown MR attribute 'colour'"):
+        check_mr("e2e", "name[The Eagle], colour[red]")
     with pytest.raises(ValueError, match="needs a name"):
         check_mr("e2e", "food[French]")
+    shown = mr_feedback("e2e", "name[The Eagle], <b>red</b>")  # under the prompt box, as typed
+    assert shown["visible"] and "pairs near" in shown["value"] and "<b>" not in shown["value"]
+    assert "&lt;b&gt;red&lt;/b&gt;" in shown["value"]
+    assert not mr_feedback("e2e", MR)["visible"] and not mr_feedback("chat", "anything")["visible"]
 
 
 def test_a_link_carries_the_task_and_an_unknown_task_is_refused_escaped():
@@ -62,8 +68,10 @@ def test_a_link_carries_the_task_and_an_unknown_task_is_refused_escaped():
 def test_the_task_switch_fixes_the_controls_and_fills_the_prompt_and_the_form_composes_an_mr():
     shown = task_view("e2e", len(TASK_FIXED))
     assert all(update["visible"] is False for update in shown[:len(TASK_FIXED)])
-    assert shown[-3]["visible"] and "fixes the schedule" in shown[-3]["value"] and shown[-2]["visible"]
-    assert not shown[-1]["visible"] and fixed_note("chat") == ""
+    note, box, chat_examples, title, prompt = shown[len(TASK_FIXED):]
+    assert note["visible"] and "fixes the schedule" in note["value"] and box["visible"]
+    assert not chat_examples["visible"] and fixed_note("chat") == ""
+    assert "E2E task model" in title["value"] and "MR" in prompt["label"]
     assert all(update["visible"] for update in task_view("chat", len(TASK_FIXED))[:len(TASK_FIXED)])
     prompt, budget = switch_values("e2e", "What is photosynthesis?")
     assert prompt == examples()[0] and budget == 96
@@ -144,8 +152,7 @@ def test_results_without_a_file_say_not_evaluated_and_file_text_is_never_markup(
 @pytest.mark.slow
 def test_one_e2e_generation_through_the_playground_handler(default_model, tiny_task_adapters):
     """The task choice switches both panes to the task's models: the full pane is the task model at
-    full depth, the SkipDecode pane its 2x policy (4 layers: 3x is out of reach) on the task's schedule;
-    the models are cached."""
+    full depth, the SkipDecode pane its 3x policy on the task's schedule; the models are cached."""
     from app.handlers import Playground
     from app.tasks import TaskGenerators
     from model.generation import GenerationRequest, TextGenerator
@@ -154,26 +161,26 @@ def test_one_e2e_generation_through_the_playground_handler(default_model, tiny_t
     chat = TextGenerator(default_model)
     tasks = TaskGenerators(root=root, loader=loader)
     playground = Playground(lambda: chat, Limits(), tasks=tasks)
-    values = {"task": "e2e", "prompt": MR, "target_speedup": 2.0, "max_new_tokens": 12}
+    values = {"task": "e2e", "prompt": MR, "target_speedup": 3.0, "max_new_tokens": 12}
     assert playground.admission_problem("ui_generate", values) is None  # not loaded: admitted, checked at start
-    assert "skip policy skip-2x" in playground.load_task(values)
+    assert "skip policy skip-3x" in playground.load_task(values)
     outputs = list(playground.generate(values))
-    assert outputs[0][0] == policy_line("e2e", 2.0, root / "e2e" / "skip-2x")
+    assert outputs[0][0] == policy_line("e2e", 3.0, root / "e2e" / "skip-3x")
     assert "Done" in outputs[-1][0]
     final = next(out for out in reversed(outputs) if isinstance(out[1], str) and out[1])
-    generator = tasks.get("e2e", 2.0)
-    assert generator is not chat and generator.loaded.adapter_path.endswith("skip-2x")
-    schedule = task_schedule("e2e", 2.0, generator.num_layers)
+    generator = tasks.get("e2e", 3.0)
+    assert generator is not chat and generator.loaded.adapter_path.endswith("skip-3x")
+    schedule = task_schedule("e2e", 3.0, generator.num_layers)
     reference = generator.generate(GenerationRequest(prompts=(INSTRUCTION + MR,), schedule=schedule,
                                                      max_new_tokens=12))
     full = generator.generate(GenerationRequest(prompts=(INSTRUCTION + MR,), max_new_tokens=12,
-                                                schedule=task_schedule("e2e", 2.0, generator.num_layers, full=True)))
+                                                schedule=task_schedule("e2e", 3.0, generator.num_layers, full=True)))
     assert final[1] and final[2]  # both panes filled
     message = list(playground.api_stream(values))[-1]  # the same run through the API: its texts
     assert message["skipdecode"][0] == reference.outputs[0] and message["full"][0] == full.outputs[0]
     assert message["step_layers"] == [list(layers) for layers in reference.decode.step_layers]
     assert reference.layers_per_step and max(reference.layers_per_step) < generator.num_layers
-    assert tasks.get("e2e", 2.0) is generator and tasks.get("e2e", 1.0) is generator  # cached, 1x reuses it
+    assert tasks.get("e2e", 3.0) is generator and tasks.get("e2e", 1.0) is generator  # cached, 1x reuses it
     figure, note = playground.schedule_preview(values)
     assert note == "" and figure is not None
     with pytest.raises(gr.Error, match="The MR has a problem: unknown MR attribute 'colour'"):
