@@ -127,9 +127,9 @@ class TaskGenerators:
         A missing task model is a ValueError that says so (the page shows it, the server stays up)."""
         task_models.check_task(task)
         key = (task, str(self.policy(task, speedup)))
-        if speedup <= 1:  # any policy of the task is the task model at full depth (gated LoRA)
-            key = next((k for k in reversed(self.cache) if k[0] == task), key)
         with self.lock:
+            if speedup <= 1:  # any policy of the task is the task model at full depth (gated LoRA)
+                key = next((k for k in reversed(self.cache) if k[0] == task), key)
             if key in self.cache:
                 self.cache.move_to_end(key)
                 return self.cache[key]

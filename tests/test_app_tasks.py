@@ -183,6 +183,8 @@ def test_one_e2e_generation_through_the_playground_handler(default_model, tiny_t
     assert tasks.get("e2e", 3.0) is generator and tasks.get("e2e", 1.0) is generator  # cached, 1x reuses it
     figure, note = playground.schedule_preview(values)
     assert note == "" and figure is not None
+    stepped = playground.step(values)  # step mode runs the task's models too
+    assert "SkipDecode ran" in stepped[0] and f"all {generator.num_layers}" in stepped[0]
     with pytest.raises(gr.Error, match="The MR has a problem: unknown MR attribute 'colour'"):
         list(playground.generate(values | {"prompt": "name[X], colour[red]"}))
     missing = Playground(lambda: chat, Limits(), tasks=TaskGenerators(root=root / "nowhere"))
