@@ -3,6 +3,8 @@
 Settings (environment variables, all optional):
   SKIPDECODE_MODEL          HF id or folder (default: the embedded SmolLM2-135M-Instruct)
   SKIPDECODE_ADAPTER        adapter folder, "none", or "auto" (default: the shipped adapter)
+  SKIPDECODE_TASK_ADAPTERS  folder of the tasks' models, <task>/task and <task>/skip-<S>x (default
+                            assets/adapters): the playground's E2E task loads them when first picked
   SKIPDECODE_QUANTIZE       "auto" (default: on CPU the default model's own 4-bit weights, int4; int8 for
                             other models), "int4", "int8" or "none" (float weights)
   SKIPDECODE_MAX_NEW_TOKENS longest generation one request may ask for (default 256)

@@ -22,7 +22,8 @@ from app.figures import schedule_figure
 from app.race import RaceUpdate, race
 from app.sessions import RunHandle, SessionRuns, session_key
 from app.settings import EXAMPLE_PROMPTS, Limits, PlaygroundSettings, control_ranges, page_defaults, trained_defaults
-from app.share import qr_html, settings_from_query, share_link
+from app.share import as_text, qr_html, settings_from_query, share_link
+from app.tasks import TaskGenerators, check_mr, is_task, policy_line
 from app.views import NO_CHANGE, STREAM_OUTPUTS, RaceRenderer, TokenTexts, api_message, layer_ranges, one_line
 from model.generation import TextGenerator
 from model.skipdecode.schedule import max_layer_speedup
@@ -33,8 +34,10 @@ HEATMAP_EVERY_S = 0.25  # heatmap redraws at most 4x a second; text streams ever
 class Playground:
     """Handlers bound to one TextGenerator factory (the model is shared; runs are per session)."""
 
-    def __init__(self, get_generator: Callable[[], TextGenerator], limits: Limits, concurrency: int = 1) -> None:
+    def __init__(self, get_generator: Callable[[], TextGenerator], limits: Limits, concurrency: int = 1,
+                 tasks: TaskGenerators | None = None) -> None:
         self.get_generator = get_generator
+        self.tasks = tasks or TaskGenerators()  # a task's models, loaded when first chosen
         self.limits = limits
         self.runs = SessionRuns(limits.max_step_positions)
         # Set by the fair queue (app/fair_queue.py): called in a queued handler, it returns a check
@@ -47,15 +50,26 @@ class Playground:
 
     # --- settings ---------------------------------------------------------------------------
     def settings(self, values: dict) -> PlaygroundSettings:
-        """Validated settings; a field the caller left out takes the loaded skip policy's default."""
-        return PlaygroundSettings.from_values(self.limits, **(trained_defaults(self.get_generator()) | values))
+        """Validated settings; a field the caller left out takes the loaded skip policy's default.
+        A task's prompt must be its input (E2E: an MR), or a ValueError names the problem."""
+        settings = PlaygroundSettings.from_values(self.limits, **(trained_defaults(self.get_generator()) | values))
+        check_mr(settings.task, settings.prompt)
+        return settings
+
+    def generator_for(self, settings: PlaygroundSettings, load: bool = True) -> TextGenerator | None:
+        """The model these settings run: the general one, or the task's for this speedup (its skip
+        policy; loaded on first use, so only from a queued handler; None if ``load`` is False and
+        it is not loaded yet)."""
+        if not is_task(settings.task):
+            return self.get_generator()
+        return self.tasks.get(settings.task, settings.target_speedup, load=load)
 
     def validated(self, values: dict) -> tuple[PlaygroundSettings, TextGenerator]:
         """Settings the solver accepts, or a gr.Error with the reason (before any run starts)."""
         try:
             settings = self.settings(values)
-            generator = self.get_generator()
-            generator.schedule_for(settings.schedule_request(), settings.max_new_tokens)
+            generator = self.generator_for(settings)
+            generator.schedule_for(settings.schedule_request(num_layers=generator.num_layers), settings.max_new_tokens)
             self.validated_size(settings, generator)
         except (ValueError, TypeError) as error:
             raise gr.Error(str(error), print_exception=False) from None
@@ -90,10 +104,15 @@ class Playground:
         """The schedule plot, outside the queue: cached on pure inputs, and one solve at a time so
         a script looping on the preview cannot starve a generation of the CPU; a preview that cannot
         start within 2 s is refused (ValueError) rather than piling up."""
+        # a task's model loads in the queue (Generate or choosing the task), never here
+        generator = self.tasks.any(settings.task) if is_task(settings.task) else self.get_generator()
+        if generator is None:
+            raise ValueError(f"the {settings.task.upper()} schedule appears once its model has loaded")
         if not self.previewing.acquire(timeout=2.0):
             raise ValueError("the server is busy drawing other schedules; move a control again in a moment")
         try:
-            return preview_figure(self.get_generator(), settings.schedule_request(), settings.max_new_tokens)
+            return preview_figure(generator, settings.schedule_request(num_layers=generator.num_layers),
+                                  settings.max_new_tokens)
         finally:
             self.previewing.release()
 
@@ -119,7 +138,8 @@ class Playground:
         generator = self.get_generator()
         ranges = control_ranges(generator.num_layers, self.limits, max_layer_speedup(generator.num_layers, 1))
         values, problems = settings_from_query(query, self.limits, page_defaults(generator), ranges)
-        status = f"**The link has a problem:** {problems}" if problems else "Settings loaded from the link."
+        # the problems quote the link's values: shown as text, never as markup
+        status = f"**The link has a problem:** {as_text(problems)}" if problems else "Settings loaded from the link."
         return [values.get(name, gr.skip()) for name in names] + [status]
 
     def share(self, page: str, values: dict) -> tuple[str, str]:
@@ -135,6 +155,9 @@ class Playground:
     def generate(self, values: dict, request: gr.Request | None = None, notice: str = "") -> Iterator[tuple]:
         """Stream both outputs side by side: (status, skip html, full text, stats, heatmap json)."""
         settings, generator = self.validated(values)
+        if is_task(settings.task) and not notice:  # say which model each pane runs
+            notice = policy_line(settings.task, settings.target_speedup, self.tasks.policy(settings.task,
+                                                                                           settings.target_speedup))
         session = session_key(request)
         self.runs.steppers.pop(session, None)  # a Step after this run starts afresh
         handle = self.runs.start(session)
@@ -146,6 +169,18 @@ class Playground:
             yield from self._stream(generator, settings, handle, notice, gone)
         finally:
             self.runs.finish(session, handle)
+
+    def load_task(self, values: dict) -> str:
+        """Choosing a task (queued, in the model lane): load its model for the current speedup now,
+        so the first Generate does not wait for it; the status line says what each pane runs."""
+        try:  # the prompt box may not hold an MR yet: Generate names that problem, loading does not need it
+            settings = self.settings(values | {"prompt": "name[x]"})
+            if not is_task(settings.task):
+                return "General chat: the general model and its skip policy."
+            self.generator_for(settings)
+        except ValueError as error:
+            return f"**{as_text(error)}**"
+        return policy_line(settings.task, settings.target_speedup, self.tasks.policy(settings.task, settings.target_speedup))
 
     def arm(self, request: gr.Request | None = None) -> None:
         """A Generate click, before its run joins the queue (outside the queue, at once): a Stop
@@ -207,7 +242,7 @@ class Playground:
         session = session_key(request)
         try:
             settings = self.settings(values)
-            generator = self.get_generator()
+            generator = self.generator_for(settings)
             current = self.runs.steppers.get(session)
             if current is None or current[0] != settings:
                 positions = 2 * self.validated_size(settings, generator)  # both streams keep a KV cache
@@ -325,8 +360,10 @@ class Playground:
             return None
         try:
             settings = self.settings(values)
-            generator = self.get_generator()
-            request = settings.schedule_request()
+            generator = self.generator_for(settings, load=False)
+            if generator is None:  # a task's model not loaded yet: checked in full when the job starts
+                return None
+            request = settings.schedule_request(num_layers=generator.num_layers)
             generator.schedule_for(replace(request, decay_length=request.decay_length or settings.max_new_tokens), 2)
             self.validated_size(settings, generator)
         except (ValueError, TypeError) as error:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import gradio as gr
 
 from app.settings import EXAMPLE_PROMPTS
+from model.tasks.task_models import check_task
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class Lesson:
 
 # The base every lesson starts from. warmup and order come from the loaded skip policy
 # (lesson_values), the prompt is the page's default unless a lesson needs another.
-LESSON_BASE = dict(prompt=EXAMPLE_PROMPTS[0], target_speedup=2.0, decay="linear", batch_size=1, skip_policy=True,
+LESSON_BASE = dict(task="chat", prompt=EXAMPLE_PROMPTS[0], target_speedup=2.0, decay="linear", batch_size=1, skip_policy=True,
                    lens=False, lens_kl=False, prompt_at_full_depth=True, min_layers=0, max_layers=0, decay_length=0,
                    temperature=0.0, max_new_tokens=48)
 # Prompts picked by running 14 prompts (greedy, 48 tokens, int8 weights, this repo's CPU): with the
@@ -43,6 +44,8 @@ LESSON_BASE = dict(prompt=EXAMPLE_PROMPTS[0], target_speedup=2.0, decay="linear"
 TRAINED = "the loaded skip policy's placement"  # a then-value: back to the trained warmup/order
 EXERCISE = "What are the benefits of exercise?"
 ROMEO = "Who wrote Romeo and Juliet?"
+# A test-set MR of five facts (assets/data/e2e/testset_w_refs.csv): short enough to check by eye.
+E2E_MR = "name[The Cricketers], eatType[coffee shop], customer rating[5 out of 5], familyFriendly[yes], near[Crowne Plaza Hotel]"
 
 LESSONS = (
     Lesson("1x is the full model", "With no skipping, does SkipDecode give exactly the full model's text?",
@@ -72,6 +75,13 @@ LESSONS = (
            "the heatmap's bypassed cells form one block under the top layers; the text usually gets worse, since "
            "the skip policy learned the ranked placement.", dict(order="warmup_top", warmup=1),
            "Run it with the trained placement", dict(order=TRAINED, warmup=TRAINED)),
+    Lesson("The paper's task: 3x, the same description", "The paper fine-tunes a model for one task (E2E: a "
+           "restaurant's facts in, a description out) and then skips layers in it. Does the description survive "
+           "running about a third of the layers?",
+           "both panes writing near-identical descriptions that state every fact of the MR, while the heatmap shows "
+           "the SkipDecode pane running about a third of the task model's layers per token. The Results tab says "
+           "how close the two stay over the whole test set.",
+           dict(task="e2e", target_speedup=3.0, prompt=E2E_MR, max_new_tokens=check_task("e2e").max_new_tokens)),
 )
 
 

@@ -92,9 +92,9 @@ def race(generator: TextGenerator, settings: PlaygroundSettings,
          compute_lock=None) -> Iterator[RaceUpdate]:
     """Advance SkipDecode and the full model step by step, the one with less compute time first
     (``lockstep``: the one that has taken fewer steps first, so they alternate: step mode)."""
-    skip_request = settings.request(full=False)
+    skip_request = settings.request(full=False, num_layers=generator.num_layers)
     skip_run = generator.prepare(skip_request)  # ValueError on bad settings; tokenized and solved once
-    full_run = generator.with_schedule(skip_run, settings.request(full=True).schedule)
+    full_run = generator.with_schedule(skip_run, settings.request(full=True, num_layers=generator.num_layers).schedule)
     solved = skip_run.schedule
     rows = len(skip_request.prompts)
     views = {"skip": StreamProgress("SkipDecode", rows), "full": StreamProgress("full model", rows)}

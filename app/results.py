@@ -3,6 +3,7 @@ held-out figures the playground quotes under its panes."""
 
 from __future__ import annotations
 
+import html
 import json
 from functools import lru_cache
 from pathlib import Path
@@ -42,9 +43,11 @@ def eval_row(target_speedup: float, skip_policy: bool) -> tuple[dict | None, int
     return min(rows, key=lambda r: abs(r["target_speedup"] - target_speedup)), int(data.get("num_prompts", 0))
 
 
-def results_tab() -> None:
-    """Quality (eval), the shipped adapter's held-out curve, the recipe study, speed (bench).
-    Tables sit in a container that scrolls sideways on a phone (CSS class results-table)."""
+def results_tab(e2e_file: Path | None = None) -> None:
+    """The paper's task (E2E) first; then the general chat model's quality (eval), the shipped
+    adapter's held-out curve, the recipe study, speed (bench). Tables sit in a container that
+    scrolls sideways on a phone (CSS class results-table)."""
+    e2e_section(e2e_file or E2E_FILE)
     _results_section("Quality under skipping (held-out prompts)", "eval", "eval", quality_figure)
     _training_curve()
     _results_section("Which recipe: the skip-policy study", "study", "study", study_figure)
@@ -103,3 +106,145 @@ def _results_section(title: str, folder: str, command: str, figure: Callable[[di
     gr.Plot(narrow_safe(figure(data)), show_label=False)
     table = ASSETS / folder / f"{folder}.md"
     gr.Markdown(table.read_text() if table.is_file() else "", elem_classes=["results-table"])
+
+
+# --- the paper's task: E2E (assets/eval/e2e.json, written by `python -m model eval-task e2e`) ------
+E2E_FILE = ASSETS / "eval" / "e2e.json"
+# The paper's claim for E2E: SkipDecode keeps this share of the task model's scores at this target
+# speedup (it gives 2x and 5x; no figure in between, so 3x and 4x are shown but not judged).
+PAPER_CLAIM = ((2.0, 0.99), (5.0, 0.95))
+SKIP_ARMS = ("per-speedup", "shared")  # the arms that are SkipDecode with a task policy
+SCORES = (("bleu", "BLEU"), ("rouge_l", "ROUGE-L"))
+
+
+def load_e2e(path: Path = E2E_FILE) -> dict | None:
+    """The E2E report with only well-formed arms and speed rows kept; None without one."""
+    data = load_json(Path(path))
+    if not isinstance(data, dict) or not isinstance(data.get("arms"), list):
+        return None
+    arms = [arm for arm in data["arms"] if _well_formed_arm(arm)]
+    speed = [row for row in data.get("speed") or [] if isinstance(row, dict) and _is_number(row.get("speedup"))]
+    return {**data, "arms": arms, "speed": speed} if arms else None
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _well_formed_arm(arm) -> bool:
+    if not isinstance(arm, dict) or not _is_number(arm.get("speedup")):
+        return False
+    scores, shares = arm.get("scores"), arm.get("shares")
+    return (isinstance(scores, dict) and isinstance(shares, dict)
+            and all(_is_number(scores.get(key)) for key, _ in SCORES))
+
+
+def _text(value) -> str:
+    """A value from the file as table text: no markup, no column break."""
+    return html.escape(str(value), quote=False).replace("|", "\\|").replace("*", "\\*").replace("_", "\\_")
+
+
+def _share(value) -> str:
+    return f"{value:.3f}" if _is_number(value) else "n/a"
+
+
+def e2e_quality_table(report: dict) -> str:
+    """Every arm: BLEU and ROUGE-L and their share of the task model's, per speedup and policy."""
+    lines = ["| arm | policy | target | BLEU | ROUGE-L | BLEU share | ROUGE-L share | layer speedup |",
+             "|---|---|---|---|---|---|---|---|"]
+    for arm in report["arms"]:
+        scores, shares = arm["scores"], arm["shares"]
+        layers = arm.get("achieved_layer_speedup")
+        lines.append(f"| {_text(arm.get('label', ''))} | {_text(arm.get('policy', ''))} | {arm['speedup']:g}x | "
+                     f"{scores['bleu']:.2f} | {scores['rouge_l']:.2f} | {_share(shares.get('bleu'))} | "
+                     f"{_share(shares.get('rouge_l'))} | {f'{layers:.2f}x' if _is_number(layers) else 'n/a'} |")
+    return "\n".join(lines)
+
+
+def e2e_speed_table(report: dict) -> str:
+    """Measured speed against the task model ("" without speed rows)."""
+    if not report["speed"]:
+        return ""
+    lines = ["| target | batch | policy | weights | decode speedup | cost-model bound | end to end |",
+             "|---|---|---|---|---|---|---|"]
+    for row in report["speed"]:
+        cells = [_speed(row.get(key)) for key in ("decode_speedup", "cost_model_bound", "end_to_end_speedup")]
+        lines.append(f"| {row['speedup']:g}x | {_text(row.get('batch_size', ''))} | {_text(row.get('policy', ''))} | "
+                     f"{_text(row.get('weights', ''))} | {' | '.join(cells)} |")
+    return "\n".join(lines)
+
+
+def _speed(value) -> str:
+    return f"{value:.2f}x" if _is_number(value) else "n/a"
+
+
+def claim_verdicts(report: dict) -> list[tuple[str, float, bool, str]]:
+    """(policy, speedup, holds, why) for each SkipDecode arm at a speedup the paper gives a
+    share for: it holds where BOTH the BLEU and the ROUGE-L share reach the paper's."""
+    verdicts = []
+    for speedup, needed in PAPER_CLAIM:
+        for arm in report["arms"]:
+            if arm.get("policy") not in SKIP_ARMS or abs(arm["speedup"] - speedup) > 1e-9:
+                continue
+            shares = {name: arm["shares"].get(key) for key, name in SCORES}
+            short = [f"{name} {value:.3f}" for name, value in shares.items()
+                     if not _is_number(value) or value < needed]
+            holds = not short
+            why = (" and ".join(f"{name} {value:.3f}" for name, value in shares.items()) if holds
+                   else ", ".join(short) + f" < {needed:g}")
+            verdicts.append((str(arm["policy"]), speedup, holds, why))
+    return verdicts
+
+
+def claim_sentence(report: dict) -> str:
+    """Where the paper's claim holds in this report and where it does not, in one plain paragraph."""
+    (first, share), *rest = PAPER_CLAIM
+    claim = (f"at least {share:g} of the task model's scores at {first:g}x"
+             + "".join(f" and {later:g} at {speedup:g}x" for speedup, later in rest))
+    verdicts = claim_verdicts(report)
+    if not verdicts:
+        return (f"The paper's claim (SkipDecode keeps {claim}) cannot be checked here: "
+                "this evaluation has no SkipDecode arm at those speedups.")
+    holds = [f"the {_text(policy)} policy at {speedup:g}x ({why})" for policy, speedup, ok, why in verdicts if ok]
+    fails = [f"the {_text(policy)} policy at {speedup:g}x ({why})" for policy, speedup, ok, why in verdicts if not ok]
+    parts = [f"The paper claims SkipDecode keeps {claim} (here: both the BLEU and the ROUGE-L share)."]
+    parts.append(f"It holds for {'; '.join(holds)}." if holds else "It holds for no arm here.")
+    parts.append(f"It does not hold for {'; '.join(fails)}." if fails else "It fails nowhere here.")
+    return " ".join(parts)
+
+
+def e2e_markdown(report: dict | None) -> str:
+    """The E2E section's text: the claim, the quality table and the speed table."""
+    title = "### The paper's task: E2E restaurant descriptions (`python -m model eval-task e2e`)"
+    if report is None:
+        return (f"{title}\n\nNot evaluated yet: there is no assets/eval/e2e.json. "
+                "`python -m model eval-task e2e` writes it once the task's models are trained.")
+    mrs = report.get("test_mrs")
+    intro = (f"On {mrs:d} test MRs" if isinstance(mrs, int) else "On the test MRs") + (
+        ": each score also as a share of the task model's (1x), the paper's measure.")
+    speed = e2e_speed_table(report)
+    return "\n\n".join(part for part in (title, claim_sentence(report), intro, e2e_quality_table(report),
+                                           "Measured speed against the task model:" if speed else "", speed) if part)
+
+
+def e2e_section(path: Path = E2E_FILE) -> None:
+    gr.Markdown(e2e_markdown(load_e2e(path)), elem_id="results-e2e", elem_classes=["results-table"])
+
+
+def e2e_note(target_speedup: float, skip_policy: bool, path: Path = E2E_FILE) -> str:
+    """Under the panes for the task: what the test set says at the nearest evaluated speedup."""
+    report = _cached_e2e(str(path))
+    wanted = SKIP_ARMS if skip_policy else ("none",)
+    arms = [a for a in (report or {}).get("arms", []) if a.get("policy") in wanted and a["speedup"] > 1]
+    if not arms:
+        return "" if report else "The E2E task is not evaluated yet (Results)."
+    arm = min(arms, key=lambda a: (abs(a["speedup"] - target_speedup), SKIP_ARMS.index(a["policy"])
+                                   if a["policy"] in SKIP_ARMS else 0))
+    bleu, rouge = (_share(arm["shares"].get(key)) for key, _ in SCORES)
+    return (f"On the E2E test set, {_text(arm.get('label', ''))} keeps {bleu} of the task model's BLEU and "
+            f"{rouge} of its ROUGE-L (1 = no loss).")
+
+
+@lru_cache(maxsize=4)
+def _cached_e2e(path: str) -> dict | None:
+    return load_e2e(Path(path))

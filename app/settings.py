@@ -13,9 +13,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.tasks import examples
 from model.generation import GenerationRequest, ScheduleRequest
 from model.skipdecode.decoder import SamplingConfig
 from model.skipdecode.schedule import DECAY_FUNCTIONS, DEFAULT_WARMUP, LAYER_ORDERS, RANKED
+from model.tasks.e2e import task_prompt
+from model.tasks.task_models import TASKS, task_schedule
 
 # Each checked with the full model (greedy, 48 tokens): a fluent answer, no loops
 # (tests/test_default_model.py guards this). The first is the default prompt.
@@ -82,6 +85,10 @@ class PlaygroundSettings:
                          kind="bool", help="costs a little time between steps; not counted in tokens/s")
     lens_kl: bool = setting(False, label="Colour the heatmap by the lens's KL to the full model (with the lens; "
                             "drawn when the run ends)", kind="bool", api=False)
+    # Last: the API's earlier parameters keep their positions. A task (model/tasks) replaces both
+    # models, the prompt's format and the schedule (app/tasks.py says which controls it fixes).
+    task: str = setting("chat", label="Task", kind="choice", choices=("chat", *TASKS),
+                        help="chat: the general model; e2e: the paper's E2E task (the prompt is an MR)")
 
     # --- the schema -------------------------------------------------------------------------
     @classmethod
@@ -120,11 +127,21 @@ class PlaygroundSettings:
 
     # --- what the settings ask the library for ----------------------------------------------
     def prompts(self) -> tuple[str, ...]:
-        """Row 0 is the user's prompt; further rows take example prompts (a real, mixed batch)."""
-        others = [p for p in EXAMPLE_PROMPTS if p != self.prompt]
-        return (self.prompt, *others[: self.batch_size - 1])
+        """What the model sees. Row 0 is the user's prompt; further rows take example prompts (a
+        real, mixed batch). A task wraps each MR in its fixed instruction (test-set MRs as the rows)."""
+        if self.task == "chat":
+            others = [p for p in EXAMPLE_PROMPTS if p != self.prompt]
+            return (self.prompt, *others[: self.batch_size - 1])
+        others = [mr for mr in examples() if mr != self.prompt.strip()]
+        return tuple(task_prompt(mr) for mr in (self.prompt.strip(), *others[: self.batch_size - 1]))
 
-    def schedule_request(self, full: bool = False) -> ScheduleRequest:
+    def schedule_request(self, full: bool = False, num_layers: int | None = None) -> ScheduleRequest:
+        """The schedule these settings ask for. A task's is the one its policies were trained on
+        (task_schedule: it needs the model's ``num_layers``); its fixed controls are not read."""
+        if self.task != "chat":
+            if num_layers is None:
+                raise ValueError("a task's schedule needs the model's number of layers")
+            return task_schedule(self.task, self.target_speedup, num_layers, full=full, skip_policy=self.skip_policy)
         return ScheduleRequest(
             target_speedup=self.target_speedup, decay=self.decay, warmup=self.warmup,
             min_layers=self.min_layers or None, max_layers=self.max_layers or None,
@@ -132,11 +149,12 @@ class PlaygroundSettings:
             prompt_at_full_depth=self.prompt_at_full_depth, full=full, skip_policy=self.skip_policy,
         )
 
-    def request(self, full: bool) -> GenerationRequest:
-        return GenerationRequest(
-            prompts=self.prompts(), schedule=self.schedule_request(full), max_new_tokens=self.max_new_tokens,
-            sampling=SamplingConfig(temperature=self.temperature, top_p=self.top_p, seed=self.seed),
-        )
+    def request(self, full: bool, num_layers: int | None = None) -> GenerationRequest:
+        # a task decodes greedily, as its policies were trained and evaluated
+        sampling = (SamplingConfig(temperature=self.temperature, top_p=self.top_p, seed=self.seed)
+                    if self.task == "chat" else SamplingConfig())
+        return GenerationRequest(prompts=self.prompts(), schedule=self.schedule_request(full, num_layers),
+                                 max_new_tokens=self.max_new_tokens, sampling=sampling)
 
 
 def trained_defaults(generator) -> dict:

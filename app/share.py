@@ -6,6 +6,8 @@ A link names settings exactly as the public API's parameters (``/?target_speedup
 
 from __future__ import annotations
 
+import html
+import re
 from urllib.parse import urlencode
 
 import segno
@@ -71,3 +73,12 @@ def _show(value) -> str:
     if isinstance(value, float):
         return f"{value:g}" if abs(value) < 1e15 else repr(value)
     return str(value)
+
+
+_MARKDOWN = re.compile(r"([\\`*_{}\[\]()#+\-.!|~])")
+
+
+def as_text(text: str) -> str:
+    """Text from a link (or a visitor) for a Markdown component: shown as typed, never as markup
+    (Markdown's punctuation backslash-escaped, then HTML's special characters as entities)."""
+    return html.escape(_MARKDOWN.sub(r"\\\1", str(text)), quote=False)

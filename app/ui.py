@@ -25,6 +25,8 @@ from app.request_guard import RequestGuard
 from app.results import results_tab
 from app.settings import EXAMPLE_PROMPTS, Limits, PlaygroundSettings, control_ranges, trained_defaults
 from app.style import COPY_JS, PAGE_URL_JS, SCROLL_TO_OUTPUTS, launch_style
+from app.task_view import full_title, mr_form, task_events
+from app.tasks import TASK_FIXED, TaskGenerators, task_choices
 from model.generation import TextGenerator
 from model.skipdecode.schedule import DECAY_DESCRIPTIONS, LAYER_ORDER_DESCRIPTIONS, max_layer_speedup
 
@@ -56,13 +58,14 @@ def analytics_enabled() -> bool:
 # --- layout and wiring -----------------------------------------------------------------------
 def build_demo(get_generator: Callable[[], TextGenerator], limits: Limits | None = None,
                concurrency_limit: int = 1, queue_size: int = 32, max_queued_per_session: int = 2,
-               serving: ServingLimits | None = None) -> gr.Blocks:
+               serving: ServingLimits | None = None, tasks: TaskGenerators | None = None) -> gr.Blocks:
     """The whole app, its queue configured. ``get_generator`` is called per request (app.py
     caches the loaded model). Only the queued, documented endpoints run generations: the REST
-    routes that bypass the queue are closed (api_open=False)."""
+    routes that bypass the queue are closed (api_open=False). ``tasks`` loads a task's models
+    (default: the shipped ones, when a visitor first picks the task)."""
     limits = limits or Limits()
     gr.set_static_paths(static_paths())
-    playground = Playground(get_generator, limits, concurrency_limit)
+    playground = Playground(get_generator, limits, concurrency_limit, tasks)
     generator = get_generator()
     with gr.Blocks(title="SkipDecode Playground", analytics_enabled=analytics_enabled(),
                    delete_cache=(600, 600)) as demo:
@@ -100,7 +103,10 @@ def _playground_tab(generator: TextGenerator, limits: Limits) -> dict:
     gr.Markdown(GUIDE, elem_id="guide")
     with gr.Row():
         with gr.Column(scale=2, min_width=320):
+            # built by hand: its choices carry labels (the value is the API's task name)
+            c["task"] = gr.Radio(task_choices(), value="chat", label="Task", elem_id="setting-task")
             c["prompt"] = control("prompt", value=EXAMPLE_PROMPTS[0], lines=2, max_lines=12)
+            ui["mr_problem"] = gr.Markdown(visible=False, elem_id="mr-problem")  # a task's input, checked as typed
             with gr.Row():
                 ui["run"] = gr.Button("Generate", variant="primary", size="md", elem_id="generate-btn", min_width=80)
                 ui["stop"] = gr.Button("Stop", variant="stop", size="md", elem_id="stop-btn", min_width=60)
@@ -113,7 +119,8 @@ def _playground_tab(generator: TextGenerator, limits: Limits) -> dict:
                                                   elem_id=f"speedup-{str(value).replace('.', '-')}")
                                  for value in SPEEDUP_PRESETS}
             c["skip_policy"] = control("skip_policy", interactive=bool(generator.loaded.adapter_path))
-            with gr.Accordion("Lessons: seven experiments for a class", open=True, elem_id="lessons"):
+            ui |= mr_form(c["prompt"])  # the task's examples and form: shown while a task is chosen
+            with gr.Accordion("Lessons: eight experiments for a class", open=True, elem_id="lessons"):
                 with gr.Row(equal_height=True):
                     ui["lesson"] = gr.Dropdown([lesson.title for lesson in LESSONS], value=LESSONS[0].title,
                                                show_label=False, elem_id="lesson-choice", scale=3, container=False)
@@ -131,7 +138,7 @@ def _playground_tab(generator: TextGenerator, limits: Limits) -> dict:
                     gr.Markdown("**SkipDecode** (colour = layers run; darker = more)")
                     ui["skip_out"] = gr.HTML(elem_id="skip-output")
                 with gr.Column(min_width=160):
-                    gr.Markdown("**Full model** (the original, every layer)")
+                    ui["full_title"] = gr.Markdown(full_title("chat"), elem_id="full-title")
                     ui["full_out"] = gr.HTML(elem_id="full-output")
             ui["headline"] = gr.HTML(elem_id="headline")
             ui["heatmap"] = live_plot("heatmap", height=300)
@@ -141,6 +148,7 @@ def _playground_tab(generator: TextGenerator, limits: Limits) -> dict:
                 ui["details"] = gr.Markdown(elem_id="stats")
     with gr.Row():
         with gr.Column(scale=2, min_width=320):
+            ui["task_note"] = gr.Markdown(elem_id="task-note", visible=False)
             c["decay"] = control("decay", info="; ".join(f"{k}: {v}" for k, v in DECAY_DESCRIPTIONS.items()))
             c["warmup"] = control("warmup", *ranges["warmup"], value=min(defaults["warmup"], ranges["warmup"][1]))
             c["decay_length"] = control("decay_length", *ranges["decay_length"])
@@ -155,8 +163,9 @@ def _playground_tab(generator: TextGenerator, limits: Limits) -> dict:
                 c["seed"] = gr.Number(value=0, precision=0, label="Seed", minimum=0)
                 c["prompt_at_full_depth"] = control("prompt_at_full_depth")
                 c["show_template"] = control("show_template")
-            gr.Examples([[p] for p in EXAMPLE_PROMPTS], inputs=[c["prompt"]], label="Example prompts",
-                        cache_examples=False)
+            with gr.Column(elem_id="chat-examples") as ui["chat_examples"]:
+                gr.Examples([[p] for p in EXAMPLE_PROMPTS], inputs=[c["prompt"]], label="Example prompts",
+                            cache_examples=False)
         with gr.Column(scale=3):
             ui["schedule_plot"] = gr.Plot(show_label=False, elem_id="schedule-plot")  # the figure's title names it
             ui["schedule_note"] = gr.Markdown()
@@ -199,15 +208,19 @@ def _wire(demo: gr.Blocks, playground: Playground, ui: dict, defaults: dict, con
     note = dict(fn=lambda: playground.load_note(demo.fair_queue.waiting()), inputs=None, outputs=[ui["load_note"]],
                 queue=False, show_progress="hidden", api_name=False)
     # arm first (outside the queue): a Stop while the run waits in the queue ends it as it starts
+    # the schedule plot again after a run: a task's model may have loaded only for it
+    preview = dict(fn=with_settings(playground.schedule_preview, c), inputs=settings,
+                   outputs=[ui["schedule_plot"], ui["schedule_note"]], queue=False, api_name=False)
     ui["run"].click(playground.arm, None, None, queue=False, api_name=False).then(
-        generate, settings, stream, api_name="ui_generate", **private, **lane).then(**note)
+        generate, settings, stream, api_name="ui_generate", **private, **lane).then(**note).then(**preview)
     # A lesson sets every control it names, then generates with them (its second run: "then").
     lesson_controls = [c[name] for name in lesson_names()]
     for i, then in enumerate((False, True)):
         ui["lesson_then" if then else "lesson_run"].click(playground.arm, None, None, queue=False, api_name=False).then(
             lambda title, then=then: lesson_settings(title, defaults, then), [ui["lesson"]], lesson_controls,
             queue=False, api_name=False).then(generate, settings, stream, api_name=f"ui_lesson_{i}", **private,
-                                              **lane).then(**note)  # the busy line, fresh when the run ends
+                                              **lane).then(**note).then(**preview)  # fresh when the run ends
+    task_events(demo, playground, ui, [c[name] for name in TASK_FIXED], settings, lane)
     ui["lesson"].change(lesson_text, [ui["lesson"]], [ui["lesson_text"], ui["lesson_then"]], queue=False,
                         api_name=False)
     # A settings change by hand while generating: end the running stream at once (outside the
@@ -229,7 +242,7 @@ def _wire(demo: gr.Blocks, playground: Playground, ui: dict, defaults: dict, con
     ui["step"].click(gpu_handler(with_settings(playground.step, c)), settings, [*stream, ui["schedule_plot"]],
                      api_name="ui_step", **private, **lane)
     ui["reset"].click(playground.reset_steps, None, stream, queue=False, api_name="ui_reset_steps", **private)
-    previews = [c[name].change for name in ("target_speedup", "decay", "warmup", "decay_length", "min_layers",
+    previews = [c[name].change for name in ("task", "target_speedup", "decay", "warmup", "decay_length", "min_layers",
                                             "max_layers", "order", "max_new_tokens")]
     gr.on([*previews, demo.load], with_settings(playground.schedule_preview, c), settings,
           [ui["schedule_plot"], ui["schedule_note"]], queue=False, api_name="ui_schedule", trigger_mode="always_last",

@@ -11,7 +11,7 @@ import gradio as gr
 
 from app.figures import Judged, heatmap_legend_html, layer_heatmap
 from app.race import RaceUpdate, StreamProgress
-from app.results import eval_row
+from app.results import e2e_note, eval_row
 from app.settings import PlaygroundSettings
 from app.token_html import plain_text_html, tokens_by_depth_html
 from model.generation import TextGenerator
@@ -50,8 +50,10 @@ def rows_html(panes: list[str], prompts: tuple[str, ...]) -> str:
 
 def pane_note(settings: PlaygroundSettings, solved) -> str:
     """Above SkipDecode's text: the skip policy's state and the schedule this run used."""
-    policy = ("skip policy ON (the fine-tuned adapter)" if settings.skip_policy
-              else "skip policy OFF: the untouched model skips the same layers")
+    model = "the untouched model" if settings.task == "chat" else "the task model without its policy"
+    policy = ((f"the {settings.task.upper()} task's skip policy ON" if settings.task != "chat" else
+               "skip policy ON (the fine-tuned adapter)") if settings.skip_policy
+              else f"skip policy OFF: {model} skips the same layers")
     return (f'<div class="pane-note">{policy} · {settings.target_speedup:g}x target, {solved.config.decay}, '
             f'{solved.config.order}</div>')
 
@@ -175,6 +177,8 @@ def regression_note(settings: PlaygroundSettings, solved) -> str:
     """What quality loss remains at this setting, from eval's held-out figures, and why."""
     if solved.layer_speedup <= 1.0 + 1e-9:
         return "1x runs every layer: this IS the full model, no regression."
+    if settings.task != "chat":  # the task's own test-set figures, not the chat model's
+        return e2e_note(settings.target_speedup, settings.skip_policy)
     row, count = eval_row(settings.target_speedup, settings.skip_policy)
     if row is None:
         return ""
@@ -244,7 +248,7 @@ class RaceRenderer:
         self.judged = [Judged(choice == token, generator.token_text(choice))
                        for choice, token in zip(generator.full_model_choices(full), ids)]
         if self.settings.lens_kl and self.settings.lens and skip.traces:
-            self.kl = generator.lens_kl(skip.traces, full, self.settings.schedule_request())
+            self.kl = generator.lens_kl(skip.traces, full, self.settings.schedule_request(num_layers=generator.num_layers))
         return self.judged
 
     def heatmap(self, update: RaceUpdate, judged: list[Judged] | None, highlight_last: bool) -> str:
@@ -272,7 +276,8 @@ class RaceRenderer:
             plot = self.heatmap(update, judged, highlight_last=step_mode)
             first_generated = self.prompt_tokens[1] + len(self.prompt_tokens[0])
             note = heatmap_note_html(settings, update.solved, judged, first_generated, update.solved.config.ranking)
-        full_note = f'<div class="pane-note">the original model: all {generator.num_layers} layers at every position</div>'
+        model = "the original model" if settings.task == "chat" else f"the {settings.task.upper()} task model"
+        full_note = f'<div class="pane-note">{model}: all {generator.num_layers} layers at every position</div>'
         return (status, pane_note(settings, update.solved) + rows_html(skip_panes, prompts),
                 full_note + rows_html(full_panes, prompts),
                 headline_html(update, generator.cost, settings, judged, step_mode),

@@ -3,9 +3,11 @@
 Starts `python app.py` on a free loopback port, drives Debian's Chromium with playwright, and
 writes, at desktop (1440x900) and phone (390x844) size, what the screen shows without scrolling:
 on arrival, ~3 s after Generate, when done, after running a lesson (the batch one), and the
-Results and How it works tabs; plus the README's assets/images/playground.png and results.png.
+Results and How it works tabs; plus the README's assets/images/playground.png and results.png,
+and the paper's E2E task at both sizes (assets/images/e2e-1440x900.png, e2e-390x844.png: the task
+picked, an MR composed in the form, generated at 3x; SKIPDECODE_TASK_ADAPTERS names other adapters).
 
-    python scripts/screenshots.py [--only desktop|phone]
+    python scripts/screenshots.py [--only desktop|phone|readme|e2e]
 """
 
 from __future__ import annotations
@@ -69,6 +71,41 @@ def visitor_views(browser, port: int, name: str) -> list[Path]:
     return written
 
 
+def pick_e2e(page, seconds: float = 300) -> None:
+    """Pick the E2E task and wait for its model to load (the status line names its policy)."""
+    page.click("#setting-task label:has-text('E2E')")
+    deadline = time.time() + seconds
+    while time.time() < deadline and "task" not in page.inner_text("#status"):
+        time.sleep(0.5)
+
+
+def e2e_views(browser, port: int) -> list[Path]:
+    """The E2E task at 3x, an MR composed in the form, both panes done, at each size."""
+    written = []
+    for width, height in VIEWPORTS.values():
+        page = browser.new_page(viewport={"width": width, "height": height})
+        page.goto(f"http://127.0.0.1:{port}/")
+        page.wait_for_selector("#generate-btn", timeout=120_000)
+        pick_e2e(page)
+        page.click("#speedup-3-0")
+        page.click("#mr-form button")  # open the form
+        page.fill("#mr-name textarea, #mr-name input", "The Eagle")
+        for key, value in (("eattype", "coffee shop"), ("food", "French"), ("area", "riverside")):
+            page.click(f"#mr-{key} input")
+            page.click(f"li[role=option]:has-text(\"{value}\")")
+        page.fill("#mr-near textarea, #mr-near input", "Burger King")
+        page.click("#mr-compose")
+        time.sleep(1.0)
+        page.click("#generate-btn")
+        time.sleep(2)
+        wait_done(page, 600)
+        path = OUT / f"e2e-{width}x{height}.png"
+        page.screenshot(path=str(path))
+        written.append(path)
+        page.close()
+    return written
+
+
 def readme_images(browser, port: int) -> list[Path]:
     page = browser.new_page(viewport={"width": 1440, "height": 1300})
     page.goto(f"http://127.0.0.1:{port}/")
@@ -86,7 +123,7 @@ def readme_images(browser, port: int) -> list[Path]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=[*VIEWPORTS, "readme"], help="one set of screenshots")
+    parser.add_argument("--only", choices=[*VIEWPORTS, "readme", "e2e"], help="one set of screenshots")
     args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     port = free_port()
@@ -100,6 +137,8 @@ def main() -> int:
                     written += visitor_views(browser, port, name)
             if args.only in (None, "readme"):
                 written += readme_images(browser, port)
+            if args.only in (None, "e2e"):
+                written += e2e_views(browser, port)
             browser.close()
     finally:
         server.terminate()

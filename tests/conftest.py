@@ -139,3 +139,46 @@ def random_lora_adapter(model, folder, **extra):
                 parameter.normal_(0.0, 0.05)  # a trained adapter's B is not zero
     wrapped.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_task_adapters(default_model, tmp_path_factory):
+    """(root, loader): a tiny E2E task model and its 3x skip policy, trained in seconds on a tiny
+    random Llama of 12 layers (3x is in reach) with the default model's tokenizer, laid out like
+    assets/adapters (root/e2e/task, root/e2e/skip-3x); the loader loads them on that tiny model
+    (load_task_model loads the default model)."""
+    import json
+    import shutil
+
+    import transformers as tf
+
+    from model.loading import load_model
+    from model.tasks.e2e import dev_split, training_rows
+    from model.tasks.task_models import task_adapter_dir
+    from model.training.training import TrainConfig, train
+
+    work = tmp_path_factory.mktemp("tiny-task")
+    torch.manual_seed(0)
+    base = tf.LlamaForCausalLM(tf.LlamaConfig(
+        vocab_size=len(default_model.tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=12,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        eos_token_id=default_model.eos_token_ids[0], pad_token_id=default_model.pad_token_id))
+    base.save_pretrained(work / "model")
+    default_model.tokenizer.save_pretrained(work / "model")
+    root = work / "adapters"
+    data = work / "train.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in training_rows(dev_split()[0][:4])))
+    common = dict(model=str(work / "model"), data=str(data), max_steps=2, batch_size=2, lora_rank=2, lora_alpha=4,
+                  eval_every=0, save_every=2, device="cpu", learning_rate=5e-2, warmup_steps=1, warmup_layers=1)
+    train(TrainConfig(**common, output_dir=str(work / "task"), fixed_speedup=1.0, gate_lora=False))
+    (root / "e2e").mkdir(parents=True)
+    shutil.move(str(work / "task" / "adapter"), str(root / "e2e" / "task"))
+    train(TrainConfig(**common, output_dir=str(work / "policy"), task_adapter=str(root / "e2e" / "task"),
+                      fixed_speedup=3.0, fixed_decay_length=8, floor_share=2 / 3, gate_lora=True))
+    shutil.move(str(work / "policy" / "adapter"), str(root / "e2e" / "skip-3x"))
+
+    def loader(task, policy):
+        return load_model(str(work / "model"), device="cpu", adapter=str(policy) if policy else None,
+                          task_adapter=str(task_adapter_dir(task, root)))
+
+    return root, loader

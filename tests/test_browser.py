@@ -414,3 +414,71 @@ def test_results_tables_scroll_sideways_on_a_phone(server):
             assert table["cell"] < 2 * table["line"] + 20, table  # one line per cell, not one character per line
         assert page.evaluate("() => document.documentElement.scrollWidth") <= 392  # the page itself does not scroll
         browser.close()
+
+
+@pytest.fixture(scope="module")
+def task_server(default_model, tiny_task_adapters):
+    """The app with the E2E task on tiny task models trained by the fixture (the shipped ones
+    arrive as assets; a test never depends on files that are not committed)."""
+    from app.tasks import TaskGenerators
+
+    root, loader = tiny_task_adapters
+    generator = TextGenerator(default_model)
+    demo = build_demo(lambda: generator, tasks=TaskGenerators(root=root, loader=loader))
+    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, **launch_options())
+    yield demo
+    demo.close()
+
+
+def _pick(page, selector: str, value: str) -> None:
+    page.click(f"{selector} input")
+    page.click(f"li[role=option]:has-text(\"{value}\")")
+
+
+@pytest.mark.parametrize("width,height", SIZES)
+def test_the_e2e_task_from_the_form_to_both_panes_and_its_lesson(task_server, width, height):
+    with playwright.sync_playwright() as p:
+        browser, page = _open(p, task_server.local_url, width, height)
+        assert not page.locator("#mr-form").is_visible() and page.locator("#setting-decay").is_visible()
+        page.click("#setting-task label:has-text('E2E')")
+        assert _wait(lambda: "E2E task" in page.inner_text("#status"), 120), page.inner_text("#status")
+        assert "name[" in page.input_value("#setting-prompt textarea")  # an example MR replaced the chat prompt
+        assert not page.locator("#setting-decay").is_visible()  # the task fixes the schedule, and says so
+        assert "fixes the schedule" in page.inner_text("#task-note")
+        page.click("#speedup-3-0")
+        page.click("#mr-form button")
+        page.fill("#mr-name input, #mr-name textarea", "The Eagle")
+        _pick(page, "#mr-eattype", "coffee shop")
+        _pick(page, "#mr-food", "French")
+        page.fill("#mr-near input, #mr-near textarea", "Burger King")
+        page.click("#mr-compose")
+        mr = "name[The Eagle], eatType[coffee shop], food[French], near[Burger King]"
+        assert _wait(lambda: page.input_value("#setting-prompt textarea") == mr, 10)
+        page.locator("#generate-btn").scroll_into_view_if_needed()
+        page.click("#generate-btn")
+        _run_to_done(page, 180)
+        assert "skip policy skip-3x" in page.inner_text("#status")
+        assert _token_count(page) > 0 and _full_length(page) > 0  # both panes filled
+        assert "E2E task model" in page.inner_text("#full-output")
+        page.locator("#lesson-choice").scroll_into_view_if_needed()
+        page.click("#lesson-choice input")
+        page.click("li[role=option]:has-text(\"The paper's task\")")
+        assert _wait(lambda: "third" in page.inner_text("#lesson-text"), 10)
+        page.click("#lesson-run")
+        _run_to_done(page, 180)
+        assert page.input_value("#setting-prompt textarea").startswith("name[The Cricketers]")
+        assert "at 3x" in page.inner_text("#status") and _token_count(page) > 0 and _full_length(page) > 0
+        if width >= 1000:  # once: a bad MR is named, as text; a bad task in a link is refused, escaped
+            page.fill("#setting-prompt textarea", "name[X], <b>red</b>")  # quoted in parse_mr's message
+            problem = page.locator("#mr-problem")
+            assert _wait(lambda: problem.is_visible() and "attribute[value] pairs" in problem.inner_text(), 20)
+            assert problem.locator("b:has-text('red')").count() == 0 and "<b>red</b>" in problem.inner_text()
+            page.click("#generate-btn")  # refused before it queues: the page stays up, the line stays
+            time.sleep(2)
+            assert "<b>red</b>'" in problem.inner_text()
+            page.fill("#setting-prompt textarea", mr)
+            assert _wait(lambda: not problem.is_visible(), 10)
+            bad = _page(browser, task_server.local_url.rstrip("/") + "/?task=%3Cb%3Ebold%3C/b%3E", width, height)
+            assert _wait(lambda: "task must be one of chat, e2e" in bad.inner_text("#status"), 20)
+            assert bad.locator("#status b:has-text('bold')").count() == 0 and "<b>bold</b>" in bad.inner_text("#status")
+        browser.close()

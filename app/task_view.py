@@ -1,0 +1,113 @@
+"""The task choice on the page: the E2E examples and MR form (layout), and the events that switch
+the page between general chat and a task. The handlers are plain functions of the values; which
+model runs and how is decided in app/handlers.py and model/tasks.
+"""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from app.controls import with_settings
+from app.handlers import Playground
+from app.settings import EXAMPLE_PROMPTS
+from app.share import as_text
+from app.tasks import CHAT_MAX_NEW_TOKENS, compose, examples, fixed_note, is_task, is_valid_mr
+from model.tasks.e2e import ATTRIBUTE_VALUES, ATTRIBUTES, parse_mr
+from model.tasks.task_models import check_task
+
+LEAVE_OUT = ("(leave out)", "")  # a dropdown's first choice: the attribute is not in the MR
+FREE_TEXT = {"name": "e.g. The Eagle", "near": "e.g. Burger King (optional)"}
+
+
+def mr_form(prompt: gr.Textbox) -> dict:
+    """Test-set MRs as examples and a form of the 8 attributes that writes an MR into ``prompt``;
+    hidden until a task is chosen. Returns its components by name."""
+    ui: dict = {}
+    with gr.Column(visible=False, elem_id="e2e-box") as ui["e2e_box"]:
+        if examples():
+            gr.Examples([[mr] for mr in examples()], inputs=[prompt], label="Example MRs (the E2E test set)",
+                        cache_examples=False, examples_per_page=8)
+        with gr.Accordion("Compose an MR from the 8 attributes", open=False, elem_id="mr-form"):
+            fields = {}
+            for first, second in zip(ATTRIBUTES[::2], ATTRIBUTES[1::2]):  # two per row; a phone wraps them
+                with gr.Row():
+                    for key in (first, second):
+                        fields[key] = _field(key)
+            ui["mr_fields"] = fields
+            ui["mr_compose"] = gr.Button("Put this MR in the prompt box", size="sm", elem_id="mr-compose")
+            ui["mr_note"] = gr.Markdown(elem_id="mr-note")
+    return ui
+
+
+def _field(key: str) -> gr.components.Component:
+    elem_id = f"mr-{key.replace(' ', '-').lower()}"
+    if key in ATTRIBUTE_VALUES:  # closed attributes: the values the challenge's data uses
+        return gr.Dropdown([LEAVE_OUT, *((v, v) for v in ATTRIBUTE_VALUES[key])], value="", label=key,
+                           elem_id=elem_id, min_width=150)
+    return gr.Textbox(label=key, placeholder=FREE_TEXT.get(key, ""), max_length=60, elem_id=elem_id, min_width=150)
+
+
+def full_title(task: str) -> str:
+    """The full pane's title: the original model in chat, the task model for a task."""
+    return (f"**Full model** (the {task.upper()} task model, every layer)" if is_task(task)
+            else "**Full model** (the original, every layer)")
+
+
+def task_view(task: str, fixed_count: int) -> list:
+    """What a task choice shows: the controls it fixes (hidden), its one-line note, its examples and
+    form, the chat examples, the full pane's title and the prompt box's label."""
+    on = is_task(task)
+    label = "Prompt: a meaning representation (MR), as in the E2E data" if on else "Prompt"
+    return [gr.update(visible=not on)] * fixed_count + [
+        gr.update(visible=on, value=fixed_note(task)), gr.update(visible=on), gr.update(visible=not on),
+        gr.update(value=full_title(task)), gr.update(label=label)]
+
+
+def switch_values(task: str, prompt: str) -> tuple:
+    """A visitor switching the task: a prompt of the right kind (an example MR for a task, the
+    first example prompt back in chat; a prompt that fits is kept) and the task's output budget."""
+    if is_task(task):
+        fits = is_valid_mr(prompt) or not examples()
+        return (gr.skip() if fits else examples()[0]), check_task(task).max_new_tokens
+    return (EXAMPLE_PROMPTS[0] if is_valid_mr(prompt) else gr.skip()), CHAT_MAX_NEW_TOKENS
+
+
+def mr_feedback(task: str, prompt: str):
+    """Under the prompt box, as the visitor types: what is wrong with the MR (parse_mr's words,
+    shown as text), or nothing. (A Generate with a bad MR is refused before it queues, and gradio
+    shows such a refusal nowhere on the page: this line is where the visitor reads why.)"""
+    if not is_task(task):
+        return gr.update(visible=False, value="")
+    try:
+        parse_mr(prompt)
+    except ValueError as error:
+        return gr.update(visible=True, value=f"**The MR has a problem:** {as_text(error)}")
+    return gr.update(visible=False, value="")
+
+
+def compose_into_prompt(*values: str) -> tuple:
+    """The form's fields (ATTRIBUTES order) -> (the MR for the prompt box, ""), or the problem."""
+    mr, problem = compose(dict(zip(ATTRIBUTES, values)))
+    return (mr if mr is not None else gr.skip()), problem
+
+
+def task_events(demo: gr.Blocks, playground: Playground, ui: dict, fixed: list, settings: set, lane: dict) -> None:
+    """Wire the task radio and the MR form. .change (a visitor, a lesson or a link) sets what is
+    shown; .input (a visitor only) also sets the prompt and the budget, then loads the task's
+    model in the model lane so the first Generate does not wait for it."""
+    c = ui["c"]
+    private = dict(api_visibility="private")
+    c["task"].change(lambda task: task_view(task, len(fixed)), [c["task"]],
+                     [*fixed, ui["task_note"], ui["e2e_box"], ui["chat_examples"], ui["full_title"], c["prompt"]],
+                     queue=False,
+                     api_name="ui_task_view", **private)
+    preview = dict(fn=with_settings(playground.schedule_preview, c), inputs=settings,
+                   outputs=[ui["schedule_plot"], ui["schedule_note"]], queue=False, api_name=False)
+    c["task"].input(switch_values, [c["task"], c["prompt"]], [c["prompt"], c["max_new_tokens"]], queue=False,
+                    api_name="ui_task_switch", **private).then(
+        with_settings(playground.load_task, c), settings, [ui["status"]], api_name="ui_task_load", **private,
+        **lane).then(**preview)
+    gr.on([c["prompt"].change, c["task"].change], mr_feedback, [c["task"], c["prompt"]], [ui["mr_problem"]],
+          queue=False, show_progress="hidden", trigger_mode="always_last", api_name="ui_mr_feedback", **private)
+    ui["mr_compose"].click(compose_into_prompt, list(ui["mr_fields"].values()), [c["prompt"], ui["mr_note"]],
+                           queue=False, api_name="ui_compose_mr", **private)

@@ -1,0 +1,163 @@
+"""The paper's tasks in the playground (E2E restaurant descriptions): what the page says about a
+task, and the task's models, loaded when first asked for and kept in a small cache.
+
+The library owns everything a task is (model/tasks: the MR format, the task model, its skip
+policies and the schedule they were trained on); this module only picks and caches them.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+import threading
+from collections import OrderedDict
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable
+
+from model.generation import TextGenerator
+from model.loading import LoadedModel
+from model.tasks import task_models
+from model.tasks.e2e import ATTRIBUTES, compose_mr, example_mrs, parse_mr
+
+CHAT = "chat"  # the general chat model and its skip policy: no task
+TASK_LABELS = {CHAT: "General chat", "e2e": "E2E restaurant descriptions (the paper's task)"}
+# The controls a task fixes (the schedule and sampling its skip policies were trained on, as
+# `generate --task` does): hidden while a task is chosen, so no control shows a value that is not used.
+TASK_FIXED = ("decay", "warmup", "decay_length", "min_layers", "max_layers", "order", "prompt_at_full_depth",
+              "temperature", "top_p")
+CHAT_MAX_NEW_TOKENS = 48  # the schema's default: what switching back to chat restores
+
+log = logging.getLogger(__name__)
+# (task, policy folder or None) -> a generator; a loader gets the task and the policy folder
+Loader = Callable[[str, Path | None], LoadedModel]
+
+
+def task_choices() -> list[tuple[str, str]]:
+    """(label, value) pairs for the task radio."""
+    return [(label, value) for value, label in TASK_LABELS.items()]
+
+
+def is_task(task: str) -> bool:
+    return task != CHAT
+
+
+def fixed_note(task: str) -> str:
+    """One line on why the schedule controls are gone while a task is chosen."""
+    if not is_task(task):
+        return ""
+    settings = task_models.check_task(task)
+    return (f"The {task.upper()} task fixes the schedule its skip policies were trained on (linear decay over "
+            f"{settings.decay_length} tokens, a floor at {settings.floor_share:.0%} of the average depth, greedy "
+            "decoding), so decay, warmup, decay length, min/max layers, layer order and sampling are hidden.")
+
+
+def mr_problem(error: ValueError) -> str:
+    """parse_mr's message for the page: named as the MR's problem, shown as text (a visitor's
+    characters quoted in it must not become markup in the toast, which renders HTML)."""
+    return "The MR has a problem: " + html.escape(str(error), quote=False)
+
+
+def check_mr(task: str, prompt: str) -> None:
+    """A ValueError naming what is wrong with ``prompt`` as the task's input (E2E: an MR)."""
+    if is_task(task):
+        try:
+            parse_mr(prompt)
+        except ValueError as error:
+            raise ValueError(mr_problem(error)) from None
+
+
+def is_valid_mr(text: str) -> bool:
+    try:
+        parse_mr(text)
+    except ValueError:
+        return False
+    return True
+
+
+@lru_cache(maxsize=1)
+def examples() -> tuple[str, ...]:
+    """Test-set MRs for the examples (and the extra rows of a batch); none without the data."""
+    try:
+        return tuple(example_mrs())
+    except (OSError, ValueError):
+        return ()
+
+
+def compose(values: dict[str, str | None]) -> tuple[str | None, str]:
+    """(MR, "") from the form's fields in ATTRIBUTES order, or (None, the problem as text)."""
+    try:
+        return compose_mr({key: values.get(key) for key in ATTRIBUTES}), ""
+    except ValueError as error:
+        return None, mr_problem(error)
+
+
+def policy_line(task: str, speedup: float, folder: Path | None) -> str:
+    """Which model each pane runs, for the status line."""
+    if speedup <= 1:
+        return f"{task.upper()} task at 1x: both panes are the task model at full depth."
+    policy = f"its skip policy {folder.name}" if folder is not None else "no skip policy (none is trained for it)"
+    return f"{task.upper()} task: the full pane is the task model; SkipDecode runs it at {speedup:g}x with {policy}."
+
+
+class TaskGenerators:
+    """A task's generators, one per skip policy, loaded on first use and kept (``size`` at most,
+    least recently used dropped): switching between two speedups does not reload each time.
+
+    ``root`` None reads model.tasks.task_models.TASK_ASSETS when a model loads ($SKIPDECODE_TASK_ADAPTERS
+    at import). ``loader`` replaces load_task_model (tests load tiny models)."""
+
+    def __init__(self, root: Path | None = None, loader: Loader | None = None, size: int = 2,
+                 device: str = "auto", quantize: str = "auto") -> None:
+        self.root, self.loader, self.size = root, loader, max(1, size)
+        self.device, self.quantize = device, quantize
+        self.cache: OrderedDict[tuple[str, str], TextGenerator] = OrderedDict()
+        self.lock = threading.Lock()  # the cache
+        self.loading = threading.Lock()  # one load at a time: two first visitors do not load twice
+
+    def assets(self) -> Path:
+        return Path(self.root) if self.root is not None else task_models.TASK_ASSETS
+
+    def policy(self, task: str, speedup: float) -> Path | None:
+        """The policy SkipDecode runs at ``speedup`` (none at 1x: both panes are the task model)."""
+        return task_models.policy_for(task, speedup, self.assets()) if speedup > 1 else None
+
+    def get(self, task: str, speedup: float, load: bool = True) -> TextGenerator | None:
+        """The generator for ``task`` at ``speedup``; None if it is not loaded and ``load`` is False.
+        A missing task model is a ValueError that says so (the page shows it, the server stays up)."""
+        task_models.check_task(task)
+        key = (task, str(self.policy(task, speedup)))
+        with self.lock:
+            if speedup <= 1:  # any policy of the task is the task model at full depth (gated LoRA)
+                key = next((k for k in reversed(self.cache) if k[0] == task), key)
+            if key in self.cache:
+                self.cache.move_to_end(key)
+                return self.cache[key]
+        if not load:
+            return None
+        with self.loading:
+            with self.lock:
+                if key in self.cache:
+                    return self.cache[key]
+            generator = TextGenerator(self._load(task, self.policy(task, speedup)))
+            with self.lock:
+                self.cache[key] = generator
+                while len(self.cache) > self.size:
+                    self.cache.popitem(last=False)
+        return generator
+
+    def any(self, task: str) -> TextGenerator | None:
+        """Some loaded generator of ``task`` (the schedule preview needs its layers, not its policy)."""
+        with self.lock:
+            return next((g for (t, _), g in reversed(self.cache.items()) if t == task), None)
+
+    def _load(self, task: str, policy: Path | None) -> LoadedModel:
+        try:
+            if self.loader is not None:
+                return self.loader(task, policy)
+            return task_models.load_task_model(task, policy=policy, device=self.device, quantize=self.quantize,
+                                               root=self.assets())
+        except (OSError, ValueError) as error:
+            log.warning("task %s: cannot load its models: %s", task, error)
+            raise ValueError(f"the {task.upper()} task is not available on this server yet: its trained models "
+                             "are not installed") from None

@@ -1,0 +1,193 @@
+"""The paper's E2E task in the playground: settings, validation, links, the MR form, the Results
+section (pure logic), and one E2E generation through the Playground handler on tiny task models."""
+
+import json
+
+import gradio as gr
+import pytest
+
+from app.lessons import LESSONS, lesson_by_title, lesson_values
+from app.results import claim_sentence, claim_verdicts, e2e_markdown, e2e_note, load_e2e
+from app.settings import Limits, PlaygroundSettings
+from app.share import as_text, settings_from_query, share_link
+from app.task_view import compose_into_prompt, mr_feedback, switch_values, task_view
+from app.tasks import TASK_FIXED, check_mr, examples, fixed_note, policy_line
+from model.tasks.e2e import INSTRUCTION, parse_mr
+from model.tasks.task_models import task_schedule
+
+MR = "name[The Eagle], food[French]"
+DEFAULTS = {"prompt": "What is photosynthesis?", "warmup": 0, "order": "ranked"}
+
+
+def test_a_task_is_a_setting_that_takes_the_schedule_prompt_and_sampling_its_policies_were_trained_on():
+    settings = PlaygroundSettings.from_values(Limits(), prompt=MR, task="e2e", target_speedup=3.0, decay="cosine",
+                                              warmup=5, temperature=1.0, batch_size=2)
+    assert settings.schedule_request(num_layers=30) == task_schedule("e2e", 3.0, 30)  # decay, warmup not read
+    assert settings.schedule_request(full=True, num_layers=30) == task_schedule("e2e", 3.0, 30, full=True)
+    request = settings.request(full=False, num_layers=30)
+    assert request.sampling.temperature == 0  # greedy, as the task is evaluated
+    assert request.prompts[0] == INSTRUCTION + MR and request.prompts[1].startswith(INSTRUCTION)
+    parse_mr(request.prompts[1][len(INSTRUCTION):])  # the batch's other rows are test-set MRs
+    with pytest.raises(ValueError, match="number of layers"):
+        settings.schedule_request()
+    with pytest.raises(ValueError, match="task must be one of chat, e2e"):
+        PlaygroundSettings.from_values(Limits(), prompt=MR, task="translate")
+    chat = PlaygroundSettings.from_values(Limits(), prompt="Hi", decay="cosine")
+    assert chat.task == "chat" and chat.schedule_request().decay == "cosine"  # chat unchanged
+    assert PlaygroundSettings.api_names()[-1] == "task"  # the API's earlier parameters keep their places
+
+
+def test_a_bad_mr_is_named_as_text_and_a_good_one_passes():
+    check_mr("e2e", MR)
+    check_mr("chat", "not an MR at all")  # chat takes any prompt
+    with pytest.raises(ValueError) as error:
+        check_mr("e2e", "name[The Eagle], <b>red</b>")
+    message = str(error.value)
+    assert message.startswith("The MR has a problem: the MR is not a list") and "<b>" not in message
+    with pytest.raises(ValueError, match="unknown MR attribute 'colour'"):
+        check_mr("e2e", "name[The Eagle], colour[red]")
+    with pytest.raises(ValueError, match="needs a name"):
+        check_mr("e2e", "food[French]")
+    shown = mr_feedback("e2e", "name[The Eagle], <b>red</b>")  # under the prompt box, as typed
+    assert shown["visible"] and "pairs near" in shown["value"] and "<b>" not in shown["value"]
+    assert "&lt;b&gt;red&lt;/b&gt;" in shown["value"]
+    assert not mr_feedback("e2e", MR)["visible"] and not mr_feedback("chat", "anything")["visible"]
+
+
+def test_a_link_carries_the_task_and_an_unknown_task_is_refused_escaped():
+    link = share_link("http://h/", {"task": "e2e", "prompt": MR, "max_new_tokens": 96}, DEFAULTS, Limits())
+    assert "task=e2e" in link
+    values, problem = settings_from_query({"task": "e2e"}, Limits(), DEFAULTS)
+    assert values == {"task": "e2e"} and problem == ""
+    values, problem = settings_from_query({"task": "<img src=x onerror=alert(1)>"}, Limits(), DEFAULTS)
+    assert values == {} and "task must be one of chat, e2e" in problem
+    shown = as_text(problem)
+    assert "<img" not in shown and "&lt;img" in shown and "\\(1\\)" in shown
+
+
+def test_the_task_switch_fixes_the_controls_and_fills_the_prompt_and_the_form_composes_an_mr():
+    shown = task_view("e2e", len(TASK_FIXED))
+    assert all(update["visible"] is False for update in shown[:len(TASK_FIXED)])
+    note, box, chat_examples, title, prompt = shown[len(TASK_FIXED):]
+    assert note["visible"] and "fixes the schedule" in note["value"] and box["visible"]
+    assert not chat_examples["visible"] and fixed_note("chat") == ""
+    assert "E2E task model" in title["value"] and "MR" in prompt["label"]
+    assert all(update["visible"] for update in task_view("chat", len(TASK_FIXED))[:len(TASK_FIXED)])
+    prompt, budget = switch_values("e2e", "What is photosynthesis?")
+    assert prompt == examples()[0] and budget == 96
+    prompt, _ = switch_values("e2e", MR)
+    assert isinstance(prompt, type(gr.skip()))  # an MR already there stays
+    prompt, budget = switch_values("chat", MR)
+    assert prompt == "What is photosynthesis?" and budget == 48
+    values = ["The Eagle", "coffee shop", "", "cheap", "", "riverside", "yes", " Burger King "]
+    assert compose_into_prompt(*values) == ("name[The Eagle], eatType[coffee shop], priceRange[cheap], "
+                                            "area[riverside], familyFriendly[yes], near[Burger King]", "")
+    kept, problem = compose_into_prompt("", "pub", "", "", "", "", "", "")
+    assert isinstance(kept, type(gr.skip())) and "needs a name" in problem
+    assert len(examples()) == 8 and all(parse_mr(mr) for mr in examples())
+
+
+def test_the_lesson_switches_to_the_task_at_3x_and_the_others_switch_back():
+    lesson = lesson_by_title("The paper's task: 3x, the same description")
+    values = lesson_values(lesson, DEFAULTS)
+    assert values["task"] == "e2e" and values["target_speedup"] == 3.0 and values["max_new_tokens"] == 96
+    check_mr("e2e", values["prompt"])
+    assert all(lesson_values(other, DEFAULTS)["task"] == "chat" for other in LESSONS if other is not lesson)
+    assert "third of the task model's layers" in lesson.markdown()
+
+
+def _report(tmp_path, arms, speed=()):
+    path = tmp_path / "e2e.json"
+    path.write_text(json.dumps({"task": "e2e", "test_mrs": 630, "arms": arms, "speed": list(speed)}))
+    return path
+
+
+def _arm(label, policy, speedup, bleu_share, rouge_share):
+    return {"label": label, "policy": policy, "speedup": speedup,
+            "scores": {"bleu": 60 * bleu_share, "rouge_l": 65 * rouge_share, "nist": 8.0},
+            "shares": {"bleu": bleu_share, "rouge_l": rouge_share, "nist": 1.0},
+            "achieved_layer_speedup": speedup, "cost_model_speedup": speedup * 0.9}
+
+
+def test_results_say_where_the_papers_claim_holds_computed_from_the_file(tmp_path):
+    path = _report(tmp_path, [
+        _arm("task model (1x)", "task model", 1.0, 1.0, 1.0),
+        _arm("per-speedup policy 2x", "per-speedup", 2.0, 0.995, 0.998),
+        _arm("shared policy 2x", "shared", 2.0, 0.985, 0.999),
+        _arm("per-speedup policy 3x", "per-speedup", 3.0, 0.97, 0.98),
+        _arm("per-speedup policy 5x", "per-speedup", 5.0, 0.96, 0.951),
+        _arm("no policy 5x", "none", 5.0, 0.2, 0.4),
+    ], speed=[{"speedup": 2.0, "batch_size": 8, "policy": "skip-2x", "weights": "float32", "decode_speedup": 1.71,
+               "cost_model_bound": 1.9, "end_to_end_speedup": 1.5}])
+    report = load_e2e(path)
+    verdicts = {(policy, speedup): holds for policy, speedup, holds, _ in claim_verdicts(report)}
+    assert verdicts == {("per-speedup", 2.0): True, ("shared", 2.0): False, ("per-speedup", 5.0): True}
+    sentence = claim_sentence(report)
+    assert "holds for the per-speedup policy at 2x" in sentence and "per-speedup policy at 5x" in sentence
+    assert "does not hold for the shared policy at 2x (BLEU 0.985 < 0.99)" in sentence
+    text = e2e_markdown(report)
+    assert "| per-speedup policy 3x | per-speedup | 3x | 58.20 | 63.70 | 0.970 | 0.980 | 3.00x |" in text
+    assert "| 2x | 8 | skip-2x | float32 | 1.71x | 1.90x | 1.50x |" in text
+    assert text.index("paper claims") < text.index("| arm |")
+    assert "0.970 of the task model's BLEU" in e2e_note(3.2, True, path)
+    assert "no policy 5x" in e2e_note(5.0, False, path)
+
+
+def test_results_without_a_file_say_not_evaluated_and_file_text_is_never_markup(tmp_path):
+    assert load_e2e(tmp_path / "absent.json") is None
+    assert "Not evaluated yet" in e2e_markdown(None)
+    assert "not evaluated yet" in e2e_note(3.0, True, tmp_path / "absent.json")
+    (tmp_path / "bad.json").write_text("{not json")
+    assert load_e2e(tmp_path / "bad.json") is None
+    path = _report(tmp_path, [_arm("<script>x</script> | *b*", "per-speedup", 2.0, 0.9, 0.9), {"speedup": "2"}])
+    report = load_e2e(path)
+    assert len(report["arms"]) == 1  # the malformed arm left out
+    text = e2e_markdown(report)
+    assert "<script>" not in text and "&lt;script&gt;" in text and "\\| \\*b\\*" in text
+    assert "It holds for no arm here" in text and "BLEU 0.900, ROUGE-L 0.900 < 0.99" in text
+    path = _report(tmp_path, [_arm("task model (1x)", "task model", 1.0, 1.0, 1.0)])
+    assert "cannot be checked" in claim_sentence(load_e2e(path))
+
+
+@pytest.mark.slow
+def test_one_e2e_generation_through_the_playground_handler(default_model, tiny_task_adapters):
+    """The task choice switches both panes to the task's models: the full pane is the task model at
+    full depth, the SkipDecode pane its 3x policy on the task's schedule; the models are cached."""
+    from app.handlers import Playground
+    from app.tasks import TaskGenerators
+    from model.generation import GenerationRequest, TextGenerator
+
+    root, loader = tiny_task_adapters
+    chat = TextGenerator(default_model)
+    tasks = TaskGenerators(root=root, loader=loader)
+    playground = Playground(lambda: chat, Limits(), tasks=tasks)
+    values = {"task": "e2e", "prompt": MR, "target_speedup": 3.0, "max_new_tokens": 12}
+    assert playground.admission_problem("ui_generate", values) is None  # not loaded: admitted, checked at start
+    assert "skip policy skip-3x" in playground.load_task(values)
+    outputs = list(playground.generate(values))
+    assert outputs[0][0] == policy_line("e2e", 3.0, root / "e2e" / "skip-3x")
+    assert "Done" in outputs[-1][0]
+    final = next(out for out in reversed(outputs) if isinstance(out[1], str) and out[1])
+    generator = tasks.get("e2e", 3.0)
+    assert generator is not chat and generator.loaded.adapter_path.endswith("skip-3x")
+    schedule = task_schedule("e2e", 3.0, generator.num_layers)
+    reference = generator.generate(GenerationRequest(prompts=(INSTRUCTION + MR,), schedule=schedule,
+                                                     max_new_tokens=12))
+    full = generator.generate(GenerationRequest(prompts=(INSTRUCTION + MR,), max_new_tokens=12,
+                                                schedule=task_schedule("e2e", 3.0, generator.num_layers, full=True)))
+    assert final[1] and final[2]  # both panes filled
+    message = list(playground.api_stream(values))[-1]  # the same run through the API: its texts
+    assert message["skipdecode"][0] == reference.outputs[0] and message["full"][0] == full.outputs[0]
+    assert message["step_layers"] == [list(layers) for layers in reference.decode.step_layers]
+    assert reference.layers_per_step and max(reference.layers_per_step) < generator.num_layers
+    assert tasks.get("e2e", 3.0) is generator and tasks.get("e2e", 1.0) is generator  # cached, 1x reuses it
+    figure, note = playground.schedule_preview(values)
+    assert note == "" and figure is not None
+    stepped = playground.step(values)  # step mode runs the task's models too
+    assert "SkipDecode ran" in stepped[0] and f"all {generator.num_layers}" in stepped[0]
+    with pytest.raises(gr.Error, match="The MR has a problem: unknown MR attribute 'colour'"):
+        list(playground.generate(values | {"prompt": "name[X], colour[red]"}))
+    missing = Playground(lambda: chat, Limits(), tasks=TaskGenerators(root=root / "nowhere"))
+    with pytest.raises(gr.Error, match="not available on this server yet"):
+        list(missing.generate(values))
+    assert "not available" in missing.load_task(values)
