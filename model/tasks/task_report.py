@@ -199,6 +199,8 @@ def run_task_eval(config: TaskEvalConfig) -> dict:
     stem = config.task if config.weights == "float32" else f"{config.task}-{config.weights}"
     (output / f"{stem}.json").write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     (output / f"{stem}.md").write_text(report_markdown(report))
+    if not arms:  # a speed-only run leaves the quality files as they are
+        return report
     with (output / f"{stem}-outputs.jsonl").open("w", encoding="utf-8") as handle:
         for arm in arms:
             handle.write(json.dumps({"label": arm.label, "outputs": arm.outputs}, ensure_ascii=False) + "\n")
