@@ -210,7 +210,9 @@ def run_task_eval(config: TaskEvalConfig) -> dict:
 def report_markdown(report: dict) -> str:
     """The report's tables as Markdown (the Results tab and README quote it)."""
     hw = report["hardware"]
-    lines = [f"# {report['task'].upper()} on the test set ({report['test_mrs']} MRs)", "",
+    title = (f"on the test set ({report['test_mrs']} MRs)" if report["arms"]
+             else f"speed on {report['config']['speed_mrs']} test MRs")
+    lines = [f"# {report['task'].upper()} {title}", "",
              f"Weights: {report['config']['weights']}; {hw.get('summary', '?')}; CPU flags: "
              f"{' '.join(hw.get('cpu_flags', []))}; torch {hw.get('torch', '?')}; {report['minutes']} min.", "",
              *(["| arm | target | BLEU | ROUGE-L | NIST | BLEU share | ROUGE-L share | layer speedup | cost-model |",
