@@ -152,8 +152,9 @@ def compose_mr(values: dict[str, str | None]) -> str:
 
 
 def example_mrs(count: int = 8, folder: Path = E2E_DATA) -> list[str]:
-    """Test-set MRs for the playground's examples: spread over the file, the richer ones first."""
-    records = reported_records(folder)
-    step = max(1, len(records) // (count * 4))
-    picked = sorted(records[::step], key=lambda r: -len(parse_mr(r.mr)))
-    return [r.mr for r in picked[:count]]
+    """Test-set MRs for the playground's examples: one per restaurant name, the richer MRs first,
+    so the examples show different places and most of the attributes."""
+    picked: dict[str, str] = {}
+    for record in sorted(reported_records(folder), key=lambda r: -len(parse_mr(r.mr))):
+        picked.setdefault(parse_mr(record.mr)["name"], record.mr)
+    return list(picked.values())[:count]
