@@ -23,11 +23,13 @@ from app.race import RaceUpdate, race
 from app.sessions import RunHandle, SessionRuns, session_key
 from app.settings import EXAMPLE_PROMPTS, Limits, PlaygroundSettings, control_ranges, page_defaults, trained_defaults
 from app.share import qr_html, settings_from_query, share_link
+from app.shown_text import as_html, as_markdown
 from app.views import NO_CHANGE, STREAM_OUTPUTS, RaceRenderer, TokenTexts, api_message, layer_ranges, one_line
 from model.generation import TextGenerator
 from model.schedule import max_layer_speedup
 
 HEATMAP_EVERY_S = 0.25  # heatmap redraws at most 4x a second; text streams every step
+MAX_ERROR_CHARS = 400  # a refusal shown on the page quotes the visitor's value (capped where it is made)
 
 
 class Playground:
@@ -50,15 +52,16 @@ class Playground:
         """Validated settings; a field the caller left out takes the loaded skip policy's default."""
         return PlaygroundSettings.from_values(self.limits, **(trained_defaults(self.get_generator()) | values))
 
-    def validated(self, values: dict) -> tuple[PlaygroundSettings, TextGenerator]:
-        """Settings the solver accepts, or a gr.Error with the reason (before any run starts)."""
+    def validated(self, values: dict, page: bool = True) -> tuple[PlaygroundSettings, TextGenerator]:
+        """Settings the solver accepts, or a gr.Error with the reason (before any run starts);
+        ``page``: the reason is shown in the page's toast (escaped), not read by an API client."""
         try:
             settings = self.settings(values)
             generator = self.get_generator()
             generator.schedule_for(settings.schedule_request(), settings.max_new_tokens)
             self.validated_size(settings, generator)
         except (ValueError, TypeError) as error:
-            raise gr.Error(str(error), print_exception=False) from None
+            raise (page_error(error) if page else gr.Error(str(error), print_exception=False)) from None
         return settings, generator
 
     def validated_size(self, settings: PlaygroundSettings, generator: TextGenerator) -> int:
@@ -83,7 +86,7 @@ class Playground:
             settings = self.settings(values)
             figure = self.preview(settings)
         except ValueError as error:
-            return gr.skip(), f"**Check the settings:** {error}"
+            return gr.skip(), f"**Check the settings:** {as_markdown(error, MAX_ERROR_CHARS)}"
         return figure, ""
 
     def preview(self, settings: PlaygroundSettings):
@@ -119,7 +122,9 @@ class Playground:
         generator = self.get_generator()
         ranges = control_ranges(generator.num_layers, self.limits, max_layer_speedup(generator.num_layers, 1))
         values, problems = settings_from_query(query, self.limits, page_defaults(generator), ranges)
-        status = f"**The link has a problem:** {problems}" if problems else "Settings loaded from the link."
+        # The query is anyone's text: escaped for the Markdown status line (app/shown_text.py).
+        status = (f"**The link has a problem:** {as_markdown(problems, len(problems))}" if problems
+                  else "Settings loaded from the link.")
         return [values.get(name, gr.skip()) for name in names] + [status]
 
     def share(self, page: str, values: dict) -> tuple[str, str]:
@@ -128,7 +133,7 @@ class Playground:
         try:
             link = share_link(page, values, page_defaults(self.get_generator()), self.limits)
         except ValueError as error:
-            raise gr.Error(f"cannot share these settings: {error}", print_exception=False) from None
+            raise page_error(f"cannot share these settings: {error}") from None
         return link, qr_html(link)
 
     # --- streaming generation ---------------------------------------------------------------
@@ -166,8 +171,8 @@ class Playground:
         if not restart:
             yield NO_CHANGE  # nothing was running: leave the outputs as they are
             return
-        notice = (f"Settings changed while generating: restarted both streams at {values['target_speedup']}x, "
-                  f"{values['decay']} decay.")
+        notice = (f"Settings changed while generating: restarted both streams at "
+                  f"{as_markdown(values['target_speedup'], 20)}x, {as_markdown(values['decay'], 20)} decay.")
         yield from self.generate(values, request, notice)
 
     def leave(self, request: gr.Request) -> None:
@@ -194,7 +199,7 @@ class Playground:
                     last_plot = now
                 yield renderer.outputs(status, update, with_plot)
         except ValueError as error:  # e.g. a prompt over the context, found at encoding time
-            raise gr.Error(str(error), print_exception=False) from None
+            raise page_error(error) from None
         if update is None or handle.reason == "restart":
             return  # a restart's new run writes the status
         final = "Stopped." if handle.cancelled else (notice + " " if notice else "") + "**Done.**"
@@ -216,7 +221,7 @@ class Playground:
             _, iterator, renderer = current
             update = next(iterator, None)
         except ValueError as error:
-            raise gr.Error(str(error), print_exception=False) from None
+            raise page_error(error) from None
         if update is None:
             self.runs.steppers.pop(session, None)
             return ("**Both outputs are complete.** Press Step again to start over.",) + NO_CHANGE[1:] + (gr.skip(),)
@@ -251,7 +256,7 @@ class Playground:
             generator = self.get_generator()
             result = generator.generate(settings.request(full=False))
         except ValueError as error:
-            raise gr.Error(str(error), print_exception=False) from None
+            raise page_error(error) from None
         depths = [len(result.decode.prefill_layers)] + result.layers_per_step
         rows = [TokenTexts(generator).update(ids) for ids in result.decode.tokens]
         lines = "\n".join(f"{i}. **{p}** → {one_line(o)}" for i, (p, o) in enumerate(zip(result.prompts, result.outputs), 1))
@@ -293,7 +298,7 @@ class Playground:
             run = (run_key, self.runs.start(run_key))
         run_key, handle = run
         try:
-            settings, generator = self.validated(values)
+            settings, generator = self.validated(values, page=False)
         except gr.Error:
             self.runs.finish(run_key, handle)
             raise
@@ -340,6 +345,12 @@ MODEL_RUNS = ("generate", "ui_generate", "ui_step", "ui_restart_")  # api names 
 @lru_cache(maxsize=64)
 def preview_figure(generator: TextGenerator, request, max_new_tokens: int):
     return schedule_figure(generator.schedule_for(request, max_new_tokens))
+
+
+def page_error(error: object) -> gr.Error:
+    """A refusal for the page's toast, which renders its message as (sanitised) HTML: the message
+    may quote the visitor's own value, so it is escaped and capped."""
+    return gr.Error(as_html(error, MAX_ERROR_CHARS), print_exception=False)
 
 
 def cancel_when_gone(handle: RunHandle, gone: Callable[[], bool] | None) -> Callable[[], bool]:

@@ -23,6 +23,7 @@ from app.lessons import LESSONS, lesson_names, lesson_settings, lesson_text
 from app.live_plot import live_plot, static_paths
 from app.request_guard import RequestGuard
 from app.results import results_tab
+from app.security_headers import SecurityHeaders
 from app.settings import EXAMPLE_PROMPTS, Limits, PlaygroundSettings, control_ranges, trained_defaults
 from app.style import COPY_JS, PAGE_URL_JS, SCROLL_TO_OUTPUTS, launch_style
 from model.generation import TextGenerator
@@ -40,11 +41,13 @@ GUIDE = (
 def launch_options() -> dict:
     """Keyword arguments for demo.launch(): the style (CSS, system font stack, the Results link),
     no file uploads (the app takes none), no unauthenticated monitoring dashboard, and the
-    request guard (malformed calls get a message)."""
+    request guard (malformed calls get a message) behind the security headers (a Content-Security-
+    Policy and friends on every response, the guard's refusals included)."""
     from starlette.middleware import Middleware  # noqa: PLC0415
 
-    return {**launch_style(), "max_file_size": "1kb", "enable_monitoring": False,
-            "app_kwargs": {"middleware": [Middleware(RequestGuard)]}}
+    style = launch_style()
+    return {**style, "max_file_size": "1kb", "enable_monitoring": False,
+            "app_kwargs": {"middleware": [Middleware(SecurityHeaders, head=style["head"]), Middleware(RequestGuard)]}}
 
 
 def analytics_enabled() -> bool:
@@ -125,7 +128,8 @@ def _playground_tab(generator: TextGenerator, limits: Limits) -> dict:
             c["lens"] = control("lens")
             c["lens_kl"] = control("lens_kl")
         with gr.Column(scale=3):
-            ui["status"] = gr.Markdown(elem_id="status")
+            # No LaTeX in lines that quote a visitor or a link: KaTeX would read their escaped "$$" again.
+            ui["status"] = gr.Markdown(elem_id="status", latex_delimiters=[])
             with gr.Row(equal_height=True):
                 with gr.Column(min_width=160):
                     gr.Markdown("**SkipDecode** (colour = layers run; darker = more)")
@@ -138,7 +142,7 @@ def _playground_tab(generator: TextGenerator, limits: Limits) -> dict:
             ui["heatmap_note"] = gr.HTML(elem_id="heatmap-note")
             with gr.Accordion("Details: speeds, skipped layers, exact token match, schedule", open=False,
                               elem_id="details"):
-                ui["details"] = gr.Markdown(elem_id="stats")
+                ui["details"] = gr.Markdown(elem_id="stats", latex_delimiters=[])
     with gr.Row():
         with gr.Column(scale=2, min_width=320):
             c["decay"] = control("decay", info="; ".join(f"{k}: {v}" for k, v in DECAY_DESCRIPTIONS.items()))
@@ -159,13 +163,13 @@ def _playground_tab(generator: TextGenerator, limits: Limits) -> dict:
                         cache_examples=False)
         with gr.Column(scale=3):
             ui["schedule_plot"] = gr.Plot(show_label=False, elem_id="schedule-plot")  # the figure's title names it
-            ui["schedule_note"] = gr.Markdown()
+            ui["schedule_note"] = gr.Markdown(latex_delimiters=[])
             with gr.Row():
                 ui["share_btn"] = gr.Button("Copy a link to these settings", size="sm", elem_id="share-btn")
                 ui["page_url"] = gr.Textbox(visible=False)
                 ui["share_link"] = gr.Textbox(show_label=False, placeholder="the link appears here",
                                               elem_id="share-link", interactive=False)
-            ui["share_note"] = gr.Markdown(elem_id="share-note")
+            ui["share_note"] = gr.Markdown(elem_id="share-note", latex_delimiters=[])
             ui["qr"] = gr.HTML(elem_id="share-qr")
     return ui
 
@@ -182,7 +186,7 @@ def _how_it_works_tab() -> dict:
                             elem_id="batch-speedup")
         decay = gr.Dropdown(list(DECAY_DESCRIPTIONS), value="linear", label="Batch view: decay")
     button = gr.Button("Run a batch of 4 prompts")
-    return {"batch": (speedup, decay, button, gr.Plot(show_label=False), gr.Markdown())}
+    return {"batch": (speedup, decay, button, gr.Plot(show_label=False), gr.Markdown(latex_delimiters=[]))}
 
 
 def _wire(demo: gr.Blocks, playground: Playground, ui: dict, defaults: dict, concurrency_limit: int) -> None:

