@@ -7,6 +7,7 @@ reason, before it waits for the model lane.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 import uuid
@@ -121,7 +122,7 @@ class Playground:
             return [gr.skip()] * (len(names) + 1)
         generator = self.get_generator()
         ranges = control_ranges(generator.num_layers, self.limits, max_layer_speedup(generator.num_layers, 1))
-        values, problems = settings_from_query(query, self.limits, page_defaults(generator), ranges)
+        values, problems = settings_from_query(query, self.limits, page_defaults(generator, self.limits), ranges)
         # The query is anyone's text: escaped for the Markdown status line (app/shown_text.py).
         status = (f"**The link has a problem:** {as_markdown(problems, len(problems))}" if problems
                   else "Settings loaded from the link.")
@@ -131,7 +132,7 @@ class Playground:
         """(link, QR code html) of the current settings: only those that differ from the page's
         defaults, so the link stays short enough to type from a projector."""
         try:
-            link = share_link(page, values, page_defaults(self.get_generator()), self.limits)
+            link = share_link(page, values, page_defaults(self.get_generator(), self.limits), self.limits)
         except ValueError as error:
             raise page_error(f"cannot share these settings: {error}") from None
         return link, qr_html(link)
@@ -371,6 +372,8 @@ def delta_message(message: dict, sent: int) -> tuple[dict, int]:
 
 
 def parameter_named(message: str) -> str:
-    """The setting a refusal names (the longest API name in it), for gradio_client's message."""
-    named = [name for name in PlaygroundSettings.api_names() if name in message]
-    return max(named, key=len) if named else "settings"
+    """The setting a refusal names, for gradio_client's message: the API name that comes first in
+    it as a whole word ("order must be one of warmup_top, ..." names order, not warmup)."""
+    found = [(match.start(), name) for name in PlaygroundSettings.api_names()
+             for match in [re.search(rf"(?<![A-Za-z0-9_]){name}(?![A-Za-z0-9_])", message)] if match]
+    return min(found)[1] if found else "settings"

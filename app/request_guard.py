@@ -16,6 +16,7 @@ are open, so a job nobody reads is dropped and a page session is told apart from
 from __future__ import annotations
 
 import json
+import math
 import re
 from urllib.parse import parse_qs
 
@@ -222,9 +223,10 @@ def values_problem(fn, data, label: str) -> tuple[int, str] | None:
         got = len(data) if isinstance(data, list) else type(data).__name__
         return 422, (f"{label} takes a list of {expected} values in the documented order (see /gradio_api/info or "
                      f"README); got {got}")
+    pushed = gi.is_queued(fn)  # a queued job's settings are checked (with their own messages) when it is pushed
     for position, ((name, kind), value) in enumerate(zip(gi.input_specs(fn), data), 1):
-        # A setting's value is checked (with its own message) when the job is pushed; the rest here.
-        wrong = None if name is not None else type_problem(kind, value)
+        # Never a number that is not finite: gradio's Number rounds it with int() (a bare 500).
+        wrong = not_finite(value) or (None if name is not None and pushed else type_problem(kind, value))
         if wrong:
             return 422, f"{label}: value {position} ({name or 'unnamed'}) {wrong}"
     return None
@@ -242,6 +244,13 @@ def named_values_problem(fn, payload, name: str) -> tuple[int, str] | None:
     if missing:
         return 422, f"{name}: missing required parameter(s) {', '.join(missing)}"
     return None  # the values themselves are settings, checked when the job is pushed
+
+
+def not_finite(value) -> str | None:
+    """NaN and +-Infinity (Python's JSON reads them) are no setting's value."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"must be a finite number; got {value}"
+    return None
 
 
 def type_problem(kind: str | None, value) -> str | None:

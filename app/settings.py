@@ -156,11 +156,30 @@ def control_ranges(num_layers: int, limits: Limits, top_speedup: float) -> dict[
     }
 
 
-def page_defaults(generator) -> dict:
+def page_defaults(generator, limits: Limits | None = None) -> dict:
     """What the page shows before anyone touches it: the schema's defaults, the loaded skip
-    policy's placement, and the first example prompt. A shared link leaves these out."""
+    policy's placement, and the first example prompt. A shared link leaves these out. Under a
+    deployer's ``limits`` lower than a default (SKIPDECODE_MAX_NEW_TOKENS=16), the default is the
+    limit: a share link of an untouched page must still pass the settings check."""
     defaults = {spec.name: spec.default for spec in dataclasses.fields(PlaygroundSettings)}
+    if limits is not None:
+        defaults |= within_limits(defaults, limits)
     return defaults | trained_defaults(generator) | {"prompt": EXAMPLE_PROMPTS[0]}
+
+
+def lowered_defaults(generator, limits: Limits) -> dict:
+    """The page's defaults that a deployer's limit lowers (the controls start at the limit)."""
+    return within_limits(page_defaults(generator), limits)
+
+
+def within_limits(values: dict, limits: Limits) -> dict:
+    """The settings of ``values`` whose upper bound is a deployer's limit, lowered to it."""
+    lowered = {}
+    for spec in dataclasses.fields(PlaygroundSettings):
+        high = spec.metadata["high"]
+        if isinstance(high, str) and spec.name in values:
+            lowered[spec.name] = min(values[spec.name], getattr(limits, high))
+    return lowered
 
 
 def parse_settings(limits: Limits, prompt, **values) -> PlaygroundSettings:

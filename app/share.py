@@ -73,8 +73,14 @@ def share_link(page: str, values: dict, defaults: dict, limits: Limits) -> str:
 
 
 def qr_html(link: str) -> str:
-    """An inline SVG QR code of ``link`` (black on white, quiet zone kept) for a projector."""
-    svg = segno.make(link, error="m").svg_inline(scale=3, dark="#000000", light="#ffffff", border=4)
+    """An inline SVG QR code of ``link`` (black on white, quiet zone kept) for a projector; a link
+    too long for any QR code (a long non-ASCII prompt: each character is 9 bytes escaped) gets a
+    line that says so instead (the link itself still works)."""
+    try:
+        svg = segno.make(link, error="m").svg_inline(scale=3, dark="#000000", light="#ffffff", border=4)
+    except segno.DataOverflowError:
+        return (f'<div class="qr">This link is {len(link)} characters: too long for a QR code. Copy it from '
+                "the box above, or shorten the prompt.</div>")
     return f'<div class="qr" title="{len(link)} characters">{svg}<div>Scan to open these settings</div></div>'
 
 

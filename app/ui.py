@@ -24,7 +24,7 @@ from app.live_plot import live_plot, static_paths
 from app.request_guard import RequestGuard
 from app.results import results_tab
 from app.security_headers import SecurityHeaders
-from app.settings import EXAMPLE_PROMPTS, Limits, PlaygroundSettings, control_ranges, trained_defaults
+from app.settings import EXAMPLE_PROMPTS, Limits, PlaygroundSettings, control_ranges, lowered_defaults, trained_defaults
 from app.style import COPY_JS, PAGE_URL_JS, SCROLL_TO_OUTPUTS, launch_style
 from model.generation import TextGenerator
 from model.schedule import DECAY_DESCRIPTIONS, LAYER_ORDER_DESCRIPTIONS, max_layer_speedup
@@ -98,6 +98,7 @@ def _playground_tab(generator: TextGenerator, limits: Limits) -> dict:
     num_layers = generator.num_layers
     ranges = control_ranges(num_layers, limits, max_layer_speedup(num_layers, 1))
     defaults = trained_defaults(generator)
+    limited = lowered_defaults(generator, limits)  # a deployer's limit under a default
     c: dict[str, gr.components.Component] = {}
     ui: dict = {"c": c}
     gr.Markdown(GUIDE, elem_id="guide")
@@ -155,8 +156,8 @@ def _playground_tab(generator: TextGenerator, limits: Limits) -> dict:
                                       elem_id="setting-order",
                                       info=" · ".join(f"{k}: {v}" for k, v in LAYER_ORDER_DESCRIPTIONS.items()))
                 for name in ("batch_size", "max_new_tokens", "temperature", "top_p"):
-                    c[name] = control(name, *ranges[name])
-                c["seed"] = gr.Number(value=0, precision=0, label="Seed", minimum=0)
+                    c[name] = control(name, *ranges[name], **{"value": limited[name]} if name in limited else {})
+                c["seed"] = gr.Number(value=0, precision=0, label="Seed", minimum=0, elem_id="setting-seed")
                 c["prompt_at_full_depth"] = control("prompt_at_full_depth")
                 c["show_template"] = control("show_template")
             gr.Examples([[p] for p in EXAMPLE_PROMPTS], inputs=[c["prompt"]], label="Example prompts",

@@ -621,3 +621,64 @@ def test_pages_carry_a_nonced_csp_and_every_response_the_security_headers(slow_s
         assert response.headers["x-content-type-options"] == "nosniff"
         assert response.headers["referrer-policy"] == "no-referrer"
     assert refused.status_code == 400 and "content-security-policy" not in info.headers
+
+
+# --- the smaller items of issue 37: a message, not a 500, from every page endpoint ---------------------
+
+
+def page_data(demo, api_name: str, **overrides) -> tuple[int, list]:
+    """(fn_index, values) of a page event: each input's value on a fresh page, with ``overrides`` by
+    setting name (a control's elem_id is "setting-<name>")."""
+    index, fn = next((i, fn) for i, fn in demo.fns.items() if fn.api_name == api_name)
+    values = []
+    for component in fn.inputs:
+        name = (getattr(component, "elem_id", None) or "").removeprefix("setting-").replace("-", "_")
+        values.append(overrides.get(name, component.value))
+    return index, values
+
+
+@pytest.mark.server
+def test_a_nan_seed_on_the_page_endpoints_is_a_4xx_naming_the_seed(slow_server):
+    import httpx
+
+    demo, _ = slow_server
+    base = demo.local_url.rstrip("/") + "/gradio_api"
+    for api_name, route in (("ui_generate", "queue/join"), ("ui_step", "queue/join"), ("ui_share", "run/predict")):
+        for bad in (float("nan"), float("inf")):
+            index, data = page_data(demo, api_name, seed=bad, max_new_tokens=16)
+            body = json.dumps({"data": data, "fn_index": index, "session_hash": "nanseed1"})  # NaN, Infinity
+            response = httpx.post(f"{base}/{route}", content=body, headers={"content-type": "application/json"})
+            assert response.status_code == 422, (api_name, response.status_code, response.text[:300])
+            assert "(seed) must be a finite number" in response.json()["detail"], response.text
+
+
+@pytest.mark.server
+def test_sharing_a_long_non_ascii_prompt_gives_the_link_and_says_it_is_too_long_for_a_qr_code(slow_server):
+    import httpx
+
+    demo, _ = slow_server
+    base = demo.local_url.rstrip("/") + "/gradio_api"
+    index, data = page_data(demo, "ui_share", prompt="光合作用" * 160, max_new_tokens=16)  # 640 chars, 5,760 escaped
+    data[0] = demo.local_url
+    response = httpx.post(f"{base}/run/predict", json={"data": data, "fn_index": index, "session_hash": "share1"},
+                          timeout=30)
+    assert response.status_code == 200, response.text[:300]
+    link, qr = response.json()["data"][:2]
+    assert link.startswith(demo.local_url) and len(link) > 5000
+    assert "too long for a QR code" in qr and "<svg" not in qr
+
+
+@pytest.mark.server
+def test_an_unknown_order_is_refused_naming_order(slow_server):
+    import httpx
+
+    from app.handlers import parameter_named
+
+    assert parameter_named("order must be one of warmup_top, first_last, ranked; got 'random'") == "order"
+    assert parameter_named("the prompt is 500 tokens; the limit is 400 tokens") == "prompt"
+    demo, _ = slow_server
+    base = demo.local_url.rstrip("/")
+    response = httpx.post(f"{base}/gradio_api/call/generate",
+                          json={"data": api_values(base, **(JOB | dict(order="random")))}, timeout=30)
+    assert response.status_code == 422 and "order must be one of" in response.text, response.text
+    assert [item["parameter_name"] for item in response.json()["detail"]] == ["order"], response.text
