@@ -20,6 +20,7 @@ import gradio as gr
 
 from app import explainer
 from app.figures import schedule_figure
+from app.job_cost import UNIT_SECONDS, job_cost
 from app.race import RaceUpdate, race
 from app.sessions import RunHandle, SessionRuns, session_key
 from app.settings import EXAMPLE_PROMPTS, Limits, PlaygroundSettings, control_ranges, page_defaults, trained_defaults
@@ -79,7 +80,21 @@ class Playground:
                 f"this request needs {work} token positions (batch {ids.shape[0]} x ({ids.shape[1]} prompt + "
                 f"{settings.max_new_tokens} new)); the limit per request is {self.limits.max_request_tokens}: "
                 "shorten the prompt, the batch or max new tokens")
+        self.check_cost(ids.shape[0], ids.shape[1], settings)
         return work
+
+    def check_cost(self, batch: int, prompt_tokens: int, settings: PlaygroundSettings) -> None:
+        """Refuse a job whose model time (app/job_cost.py) is over the deployer's bound:
+        the one lane serves everyone, so no admitted job may hold it for more than a few seconds."""
+        cost = job_cost(batch, prompt_tokens, settings.max_new_tokens, settings.lens)
+        limit = self.limits.max_job_cost
+        if cost > limit:
+            lens = " with the logit lens" if settings.lens else ""
+            raise ValueError(
+                f"max_new_tokens {settings.max_new_tokens} x batch_size {batch}{lens} after a {prompt_tokens}-token "
+                f"prompt costs {cost} units of model time; the limit per job is {limit} units (about "
+                f"{limit * UNIT_SECONDS:.0f} s of the one model): lower max_new_tokens, batch_size or the prompt"
+                + (", or turn the lens off" if settings.lens else ""))
 
     def schedule_preview(self, values: dict):
         """The schedule plot for the current controls (no model run)."""

@@ -43,6 +43,7 @@ class Limits:
     max_prompt_tokens: int = 2048  # per row, after the chat template
     max_request_tokens: int = 8192  # batch x (prompt + new tokens): one request's compute budget
     max_step_positions: int = 32768  # KV-cache positions all step-mode sessions keep together (both streams)
+    max_job_cost: int = 400  # one job's model time in units of app/job_cost.py: a few seconds of the one lane
 
 
 def setting(default: Any, *, label: str, help: str = "", kind: str = "number", low: float | None = None,

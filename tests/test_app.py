@@ -33,7 +33,9 @@ class CountingGenerator(TextGenerator):
 @pytest.fixture(scope="module")
 def server(default_model):
     generator = CountingGenerator(default_model)
-    demo = build_demo(lambda: generator, Limits(max_new_tokens=256, max_batch_size=4, max_prompt_chars=60000),
+    # max_job_cost: these tests cancel long jobs (a 1500-token prefill), over the page's default bound
+    demo = build_demo(lambda: generator, Limits(max_new_tokens=256, max_batch_size=4, max_prompt_chars=60000,
+                                                max_job_cost=100_000),
                       queue_size=16)
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, **launch_options())
     yield demo, generator
