@@ -19,6 +19,7 @@ Settings (environment variables, all optional):
                             without the page's heartbeat) may have waiting together (default 10% of the queue)
   SKIPDECODE_MAX_QUEUED_PER_ADDRESS  requests one network address may have waiting (default half the queue)
   SKIPDECODE_STREAM_GRACE_S  seconds a job may wait for its client to open its result stream (default 5)
+  SKIPDECODE_PLACES_PER_ADDRESS  jobs one network address may have in one round of the round-robin (default 8)
   SKIPDECODE_TRUST_FORWARDED_FOR  1: read the client address from X-Forwarded-For (behind a proxy that
                             appends it; default: on a HuggingFace Space, else off)
   SKIPDECODE_STEP_POSITIONS KV-cache positions all step-mode sessions keep together (default 32768)
@@ -68,6 +69,7 @@ def serving_from_env() -> ServingLimits:
     trust = os.environ.get("SKIPDECODE_TRUST_FORWARDED_FOR", "1" if os.environ.get("SPACE_ID") else "0")
     return ServingLimits(per_address_api=_env_int("SKIPDECODE_MAX_QUEUED_API_PER_ADDRESS", 0),
                          per_address=_env_int("SKIPDECODE_MAX_QUEUED_PER_ADDRESS", 0), stream_grace_s=grace_s,
+                         places_per_address=_env_int("SKIPDECODE_PLACES_PER_ADDRESS", 8),
                          trust_forwarded_for=trust.strip().lower() in ("1", "true", "yes"))
 
 

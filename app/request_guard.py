@@ -21,6 +21,7 @@ import re
 from urllib.parse import parse_qs
 
 from app import gradio_internals as gi
+from app.page_tokens import cookie_header, token_in
 
 MAX_BODY_BYTES = 256 * 1024  # the longest prompt (8000 characters, each up to 6 bytes escaped) fits 5 times
 MAX_JSON_DEPTH = 32  # the app's values are flat; gradio's own bodies are a few levels deep
@@ -59,16 +60,17 @@ class RequestGuard:
         await self._tracked(scope, receive, send, path, blocks)
 
     async def _tracked(self, scope, receive, send, path: str, blocks) -> None:
-        """GETs: a result stream or page heartbeat is reported open to the fair queue while it lasts."""
+        """GETs: a result stream or page heartbeat is reported open to the fair queue while it lasts
+        (a heartbeat with the page token its page load set); a page gets a fresh page token."""
         fair = getattr(blocks, "fair_queue", None)
         stream, heartbeat = stream_key(path, scope.get("query_string", b"").decode("latin-1")), heartbeat_key(path)
         if fair is None or (stream is None and heartbeat is None):
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, with_page_token(send, fair, _secure(scope)) if fair is not None else send)
             return
         if stream is not None:
             fair.stream_opened(stream)
         else:
-            fair.heartbeat(heartbeat, True)
+            fair.heartbeat(heartbeat, True, token_in(_headers(scope).get("cookie", "")))
         try:
             await self.app(scope, receive, send)
         finally:
@@ -267,6 +269,24 @@ def type_problem(kind: str | None, value) -> str | None:
 
 
 # --- ASGI plumbing ------------------------------------------------------------------------------------
+
+
+def with_page_token(send, fair, secure: bool):
+    """``send`` that adds a page token cookie to an HTML response (a page load: app/page_tokens.py)."""
+    async def tokened_send(message) -> None:
+        if message["type"] == "http.response.start":
+            headers = list(message.get("headers", []))
+            content_type = next((v for k, v in headers if k.lower() == b"content-type"), b"")
+            if content_type.lower().startswith(b"text/html"):
+                headers.append((b"set-cookie", cookie_header(fair.tokens.issue(), secure)))
+                message = {**message, "headers": headers}
+        await send(message)
+    return tokened_send
+
+
+def _secure(scope) -> bool:
+    """Served over HTTPS (directly, or behind a proxy that says so)."""
+    return scope.get("scheme") == "https" or _headers(scope).get("x-forwarded-proto", "") == "https"
 
 
 def _headers(scope) -> dict[str, str]:

@@ -451,8 +451,11 @@ def test_a_hostile_link_is_shown_as_text_and_the_page_still_works_under_its_csp(
         console = []
         page.on("console", lambda message: console.append(message.text))
         page.on("pageerror", lambda error: console.append(str(error)))
+        before = server.fair_queue.page_sessions()
         clean = page.goto(server.local_url)  # the normal page first: it loads and renders under the policy
         page.wait_for_selector("#generate-btn", timeout=60_000)
+        # its heartbeat carried the page token the load set: a page session (app/page_tokens.py)
+        assert _wait(lambda: server.fair_queue.page_sessions() > before, 10), server.fair_queue.page_sessions()
         assert "'nonce-" in clean.headers["content-security-policy"]
         page.wait_for_selector("#schedule-plot .main-svg", timeout=30_000)
         baseline = page.evaluate(FOREIGN_ELEMENTS)

@@ -233,9 +233,9 @@ def api_values(base: str, **overrides) -> list:
 
 def page_client(demo):
     """A gradio_client session once the server sees its heartbeat (as a page's session)."""
-    from gradio_client import Client
+    from conftest import page_token_client
 
-    client = Client(demo.local_url, verbose=False)
+    client = page_token_client(demo.local_url)
     deadline = time.time() + 10
     while not demo.fair_queue.page_session(client.session_hash) and time.time() < deadline:
         time.sleep(0.02)
@@ -698,3 +698,120 @@ def test_the_job_cost_admits_the_page_and_its_lessons_and_refuses_the_lane_hogs(
     refused = {"the issue's job": job_cost(8, 768, 256, True), "batch 8 x 256": job_cost(8, 42, 256, False),
                "256 with the lens": job_cost(1, 34, 256, True), "a 2000-token prompt": job_cost(1, 2000, 16, False)}
     assert min(refused.values()) > limit and job_cost(8, 768, 256, True) > 8 * limit, refused
+
+
+# --- a client is what a script cannot multiply for free (issue 37 items 2 and 4) ------------------------
+
+
+def test_a_page_token_is_signed_single_use_and_expires():
+    from app.page_tokens import PageTokens, cookie_header, token_in
+
+    tokens = PageTokens(ttl_s=60)
+    token = tokens.issue(now=1000)
+    assert tokens.claim(token, now=1010) and not tokens.claim(token, now=1011)  # single use
+    assert not tokens.claim(tokens.issue(now=1000), now=1100)  # expired
+    at, nonce, signature = tokens.issue(now=1000).split(".")
+    assert not tokens.claim(f"{at}.{nonce}x.{signature}", now=1001) and not tokens.claim("1000.a.b", now=1001)
+    assert not PageTokens().claim(tokens.issue(now=1000), now=1001)  # another server's key
+    assert not tokens.claim(None) and not tokens.claim("") and not tokens.claim("x" * 10_000)
+    fresh = tokens.issue()
+    assert token_in(cookie_header(fresh, secure=False).decode().split(";")[0]) == fresh
+    assert b"Partitioned" in cookie_header(fresh, secure=True) and b"HttpOnly" in cookie_header(fresh, secure=False)
+
+
+def test_one_address_takes_at_most_its_places_in_a_round():
+    from app.fair_queue import Rounds
+
+    rounds = Rounds(places_per_address=2)
+    script = [rounds.assign(f"session:{i}", "10.0.0.1") for i in range(6)]  # six page loads of one script
+    assert script == [0, 0, 1, 1, 2, 2]
+    assert rounds.assign("session:v", "10.0.0.2") == 0  # another address still gets the first round
+
+
+@pytest.mark.server
+def test_invented_heartbeat_sessions_count_as_one_client(slow_server):
+    """A script on 127.0.0.1 invents 16 session ids and holds each one's heartbeat open (no page
+    load, so no page token), then floods jobs from all of them; a visitor who loaded the page from
+    127.0.0.2 waits for at most the running job plus one job of the script's one pooled client."""
+    import httpx
+
+    demo, _ = slow_server
+    base = demo.local_url.rstrip("/")
+    wait_idle(demo)
+    alone = page_client(demo).submit(**JOB, api_name="/generate")
+    started = time.time()
+    alone.result(timeout=60)
+    job_s = time.time() - started
+    fn_index = next(i for i, fn in demo.fns.items() if fn.api_name == "generate")
+    data = api_values(base, **JOB)
+    stop, tally = threading.Event(), collections.Counter()
+    sessions = [f"invented{i:02d}" for i in range(16)]
+
+    def read(url: str, http: httpx.Client) -> None:
+        try:
+            with http.stream("GET", url) as response:
+                for _ in response.iter_lines():
+                    if stop.is_set():
+                        return
+        except httpx.HTTPError:  # the client was closed under it at the end of the test
+            return
+
+    def background(url: str, http: httpx.Client) -> None:
+        threading.Thread(target=read, args=(url, http), daemon=True).start()
+
+    script = httpx.Client(base_url=base, timeout=httpx.Timeout(30, read=120),
+                          limits=httpx.Limits(max_connections=200))
+    for session in sessions:
+        background(f"{base}/gradio_api/heartbeat/{session}", script)
+    deadline = time.time() + 10
+    while not all(demo.fair_queue.heartbeat_open(s) for s in sessions) and time.time() < deadline:
+        time.sleep(0.05)
+    assert not any(demo.fair_queue.page_session(s) for s in sessions)  # open heartbeats, but no page load
+
+    def flood() -> None:
+        for _ in range(20):  # bounded in count (16 x 20 pushes) and in time (until the visitor is served)
+            for session in sessions:
+                if stop.is_set():
+                    return
+                response = script.post("/gradio_api/queue/join",
+                                       json={"data": data, "fn_index": fn_index, "session_hash": session})
+                tally[response.status_code] += 1
+                if response.status_code == 200:
+                    background(f"{base}/gradio_api/queue/data?session_hash={session}", script)
+            time.sleep(0.05)
+
+    visitor = httpx.Client(base_url=base, timeout=httpx.Timeout(30, read=120),
+                           transport=httpx.HTTPTransport(local_address="127.0.0.2"))
+    flooder = threading.Thread(target=flood, daemon=True)
+    flooder.start()
+    try:
+        time.sleep(2 * job_s)  # the flood is in full swing
+        assert visitor.get("/").status_code == 200  # the page load sets the page token
+        background(f"{base}/gradio_api/heartbeat/visitor01", visitor)
+        deadline = time.time() + 10
+        while not demo.fair_queue.page_session("visitor01") and time.time() < deadline:
+            time.sleep(0.02)
+        assert demo.fair_queue.page_session("visitor01")
+        pushed = time.time()
+        joined = visitor.post("/gradio_api/queue/join",
+                              json={"data": data, "fn_index": fn_index, "session_hash": "visitor01"})
+        assert joined.status_code == 200, joined.text
+        waited = None
+        with visitor.stream("GET", "/gradio_api/queue/data?session_hash=visitor01") as response:
+            for line in response.iter_lines():
+                if "process_generating" in line or "process_completed" in line:
+                    waited = time.time() - pushed
+                    break
+                if time.time() - pushed > 60:
+                    break
+    finally:
+        stop.set()
+        flooder.join(30)
+    clients = demo.fair_queue.waiting_by_client()
+    assert not any(key.startswith("session:invented") for key in clients), clients
+    assert tally[200] >= 1 and sum(tally.values()) > tally[200], tally  # the flood ran and was mostly refused
+    # ahead of the visitor: the running job and one job of the script's pooled client (was: ~10)
+    assert waited is not None and waited < 3 * job_s + 1.0, (waited, job_s, tally)
+    script.close()
+    visitor.close()
+    wait_idle(demo, 60)
