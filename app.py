@@ -23,6 +23,8 @@ Settings (environment variables, all optional):
   SKIPDECODE_TRUST_FORWARDED_FOR  1: read the client address from X-Forwarded-For (behind a proxy that
                             appends it; default: on a HuggingFace Space, else off)
   SKIPDECODE_STEP_POSITIONS KV-cache positions all step-mode sessions keep together (default 32768)
+  SKIPDECODE_STEP_MB         memory all step-mode sessions keep together, estimated (default 1024)
+  SKIPDECODE_STEP_PER_ADDRESS  step-mode sessions one network address keeps (default 4; its oldest go first)
   GRADIO_SERVER_NAME / GRADIO_SERVER_PORT  where to listen (default 127.0.0.1:7860)
 """
 
@@ -55,6 +57,8 @@ def limits_from_env() -> Limits:
         max_prompt_tokens=_env_int("SKIPDECODE_MAX_PROMPT_TOKENS", 2048),
         max_request_tokens=_env_int("SKIPDECODE_MAX_REQUEST_TOKENS", 8192),
         max_step_positions=_env_int("SKIPDECODE_STEP_POSITIONS", 32768),
+        max_step_bytes=_env_int("SKIPDECODE_STEP_MB", 1024) << 20,
+        max_step_sessions_per_address=_env_int("SKIPDECODE_STEP_PER_ADDRESS", 4),
         max_job_cost=_env_int("SKIPDECODE_MAX_JOB_COST", 400),
     )
 

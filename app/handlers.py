@@ -20,7 +20,7 @@ import gradio as gr
 
 from app import explainer
 from app.figures import schedule_figure
-from app.job_cost import UNIT_SECONDS, job_cost
+from app.job_cost import UNIT_SECONDS, job_cost, session_bytes
 from app.race import RaceUpdate, race
 from app.sessions import RunHandle, SessionRuns, session_key
 from app.settings import EXAMPLE_PROMPTS, Limits, PlaygroundSettings, control_ranges, page_defaults, trained_defaults
@@ -40,7 +40,10 @@ class Playground:
     def __init__(self, get_generator: Callable[[], TextGenerator], limits: Limits, concurrency: int = 1) -> None:
         self.get_generator = get_generator
         self.limits = limits
-        self.runs = SessionRuns(limits.max_step_positions)
+        self.runs = SessionRuns(limits.max_step_positions, limits.max_step_bytes, limits.max_step_sessions_per_address)
+        # Set by the fair queue: a request's client address (step mode's sessions are bounded per address).
+        self.address_of: Callable[[object], str] = lambda request: getattr(getattr(request, "client", None), "host",
+                                                                             None) or "unknown"
         # Set by the fair queue (app/fair_queue.py): called in a queued handler, it returns a check
         # that says when that handler's client has gone (result stream closed or never opened).
         self.client_gone: Callable[[], Callable[[], bool]] = lambda: (lambda: False)
@@ -232,8 +235,9 @@ class Playground:
             current = self.runs.steppers.get(session)
             if current is None or current[0] != settings:
                 positions = 2 * self.validated_size(settings, generator)  # both streams keep a KV cache
+                nbytes = session_bytes(generator.loaded.model.config, positions, settings.max_new_tokens, settings.lens)
                 current = (settings, self._lockstep(generator, settings, self.compute), RaceRenderer(generator, settings))
-                self.runs.steppers.put(session, current, positions)
+                self.runs.steppers.put(session, current, positions, self.address_of(request), nbytes)
             _, iterator, renderer = current
             update = next(iterator, None)
         except ValueError as error:

@@ -89,6 +89,7 @@ def build_demo(get_generator: Callable[[], TextGenerator], limits: Limits | None
     fair = FairQueue((serving or ServingLimits()).sized(queue_size, max_queued_per_session),
                      playground.admission_problem).install(demo)
     playground.client_gone = fair.client_gone_check
+    playground.address_of = fair.address_of
     return demo
 
 

@@ -815,3 +815,27 @@ def test_invented_heartbeat_sessions_count_as_one_client(slow_server):
     script.close()
     visitor.close()
     wait_idle(demo, 60)
+
+
+def test_step_sessions_are_bounded_per_address_and_in_bytes():
+    """A script's step sessions evict its own oldest ones, never a visitor's; memory is bounded in
+    bytes (a lens session's hidden states count, not only its KV positions)."""
+    from types import SimpleNamespace
+
+    from app.job_cost import kv_bytes_per_position, session_bytes
+    from app.sessions import StepSessions
+
+    sessions = StepSessions(max_sessions=16, max_positions=10**6, max_bytes=1000, per_owner=4)
+    sessions.put("visitor", ("settings", iter(()), "renderer"), positions=10, owner="10.0.0.2", nbytes=100)
+    for i in range(16):  # one script's 16 sessions from one address
+        sessions.put(f"script{i}", ("settings", iter(()), "renderer"), positions=10, owner="10.0.0.1", nbytes=50)
+    assert sessions.get("visitor") is not None and len(sessions) == 5  # the visitor and the script's last 4
+    assert sessions.get("script15") is not None and sessions.get("script0") is None
+    sessions.put("big", ("settings", iter(()), "renderer"), positions=10, owner="10.0.0.3", nbytes=800)
+    assert sessions.nbytes() <= 1000 and sessions.get("big") is not None  # the least recently used made room
+    with pytest.raises(ValueError, match="the limit is 0 MB"):
+        sessions.put("huge", ("settings", iter(()), "renderer"), owner="10.0.0.4", nbytes=1001)
+    smollm = SimpleNamespace(num_hidden_layers=30, hidden_size=576, num_attention_heads=9, num_key_value_heads=3)
+    assert kv_bytes_per_position(smollm) == 2 * 30 * 3 * 64 * 4
+    # the issue's 700-token session with the lens: tens of MB of KV plus the lens's hidden states
+    assert 50 * 2**20 < session_bytes(smollm, 2 * 700, 256, True) < 200 * 2**20
