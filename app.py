@@ -12,6 +12,7 @@ Settings (environment variables, all optional):
   SKIPDECODE_MAX_PROMPT_CHARS  longest prompt in characters (default 8000)
   SKIPDECODE_MAX_PROMPT_TOKENS longest prompt in tokens, chat template included (default 2048)
   SKIPDECODE_MAX_REQUEST_TOKENS one request's compute: batch x (prompt + new tokens) (default 8192)
+  SKIPDECODE_MAX_JOB_COST   one job's model time in units of app/job_cost.py (default 400: ~5 s of the lane)
   GRADIO_ANALYTICS_ENABLED  telemetry and gradio's version check (default False)
   SKIPDECODE_CONCURRENCY    generations running at once (default 1: one model, one CPU)
   SKIPDECODE_QUEUE_SIZE     requests waiting at most before new ones are turned away (default 32)
@@ -20,9 +21,12 @@ Settings (environment variables, all optional):
                             without the page's heartbeat) may have waiting together (default 10% of the queue)
   SKIPDECODE_MAX_QUEUED_PER_ADDRESS  requests one network address may have waiting (default half the queue)
   SKIPDECODE_STREAM_GRACE_S  seconds a job may wait for its client to open its result stream (default 5)
+  SKIPDECODE_PLACES_PER_ADDRESS  jobs one network address may have in one round of the round-robin (default 8)
   SKIPDECODE_TRUST_FORWARDED_FOR  1: read the client address from X-Forwarded-For (behind a proxy that
                             appends it; default: on a HuggingFace Space, else off)
   SKIPDECODE_STEP_POSITIONS KV-cache positions all step-mode sessions keep together (default 32768)
+  SKIPDECODE_STEP_MB         memory all step-mode sessions keep together, estimated (default 1024)
+  SKIPDECODE_STEP_PER_ADDRESS  step-mode sessions one network address keeps (default 4; its oldest go first)
   GRADIO_SERVER_NAME / GRADIO_SERVER_PORT  where to listen (default 127.0.0.1:7860)
 """
 
@@ -58,6 +62,9 @@ def limits_from_env() -> Limits:
         max_prompt_tokens=_env_int("SKIPDECODE_MAX_PROMPT_TOKENS", 2048),
         max_request_tokens=_env_int("SKIPDECODE_MAX_REQUEST_TOKENS", 8192),
         max_step_positions=_env_int("SKIPDECODE_STEP_POSITIONS", 32768),
+        max_step_bytes=_env_int("SKIPDECODE_STEP_MB", 1024) << 20,
+        max_step_sessions_per_address=_env_int("SKIPDECODE_STEP_PER_ADDRESS", 4),
+        max_job_cost=_env_int("SKIPDECODE_MAX_JOB_COST", 400),
     )
 
 
@@ -71,6 +78,7 @@ def serving_from_env() -> ServingLimits:
     trust = os.environ.get("SKIPDECODE_TRUST_FORWARDED_FOR", "1" if os.environ.get("SPACE_ID") else "0")
     return ServingLimits(per_address_api=_env_int("SKIPDECODE_MAX_QUEUED_API_PER_ADDRESS", 0),
                          per_address=_env_int("SKIPDECODE_MAX_QUEUED_PER_ADDRESS", 0), stream_grace_s=grace_s,
+                         places_per_address=_env_int("SKIPDECODE_PLACES_PER_ADDRESS", 8),
                          trust_forwarded_for=trust.strip().lower() in ("1", "true", "yes"))
 
 

@@ -1,10 +1,13 @@
 """A fair queue: one client's script cannot lock the class out of the model.
 
-Who is a client: a page (or gradio_client) session, known by its session id, while it holds the
-page's heartbeat connection open; everything else (REST ``/call/`` jobs, which carry no session,
-and made-up session ids with no heartbeat) is pooled per network address into ONE client,
-``api@<address>``. A classroom behind one NAT is one address but many page sessions, so it is not
-lumped together; a script inventing session ids is.
+Who is a client: a page session, known by its session id, while it holds the page's heartbeat
+connection open AND it earned its place with a page load (its first heartbeat carried the signed,
+single-use token the page set: app/page_tokens.py); everything else (REST ``/call/`` jobs, which
+carry no session, made-up session ids with or without a heartbeat, a gradio_client ``Client`` that
+did not load the page) is pooled per network address into ONE client, ``api@<address>``. A
+classroom behind one NAT is one address but many page sessions, so it is not lumped together; a
+script inventing session ids is. A script that loads the page for each session still takes at most
+``places_per_address`` places in a round for its address.
 
 Admission (when a job is pushed, in milliseconds):
   * a page session may have ``per_session`` jobs waiting (default 2);
@@ -14,8 +17,8 @@ Admission (when a job is pushed, in milliseconds):
     heaviest client's newest job's place (that job ends with a message saying why); otherwise the
     newcomer is told the queue is full.
 Place: round-robin by client, with places that stay put. A job's round is fixed when it is pushed:
-one past its client's previous job, and never before the round now being served; the queue runs
-by (round, arrival). Each client has at most one job per round, so a newcomer's first job waits for
+one past its client's previous job, and never before the round now being served, and no round
+holds more than ``places_per_address`` jobs of one address; the queue runs by (round, arrival). Each client has at most one job per round, so a newcomer's first job waits for
 the jobs already running plus at most one job per other client, and a flood's later jobs never
 overtake it.
 Abandoned jobs: a job whose result stream is not opened within ``stream_grace_s`` is dropped while
@@ -34,9 +37,12 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from app import gradio_internals as gi
+from app.page_tokens import PageTokens
 
 API_CLIENT = "api@"
 HEARTBEAT_WAIT_S = 0.5
+EARNED_S = 600.0  # a page session stays earned this long after its last heartbeat (reconnects)
+MAX_EARNED = 4096  # page sessions remembered at most (memory bounded; the oldest go first)
 SESSION_CLIENT = "session:"
 
 
@@ -49,10 +55,11 @@ class ServingLimits:
     per_address_api: int = 0  # 0: 10% of the queue (at least 1)
     per_address: int = 0  # 0: half the queue (at least per_address_api)
     stream_grace_s: float = 5.0
+    places_per_address: int = 8  # jobs of one address in one round (a class behind one NAT: 8 at a time)
     trust_forwarded_for: bool = False  # behind a proxy that appends the client's address (a Space)
 
     def __post_init__(self) -> None:
-        for name in ("queue_size", "per_session"):
+        for name in ("queue_size", "per_session", "places_per_address"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1; got {getattr(self, name)}")
         if self.stream_grace_s <= 0:
@@ -120,14 +127,21 @@ def admission(waiting: list[Job], client: str, address: str, limits: ServingLimi
 
 class Rounds:
     """Round numbers of the round-robin: a client's next job goes one round after its previous one,
-    but never before the round being served now (an idle client does not bank rounds)."""
+    but never before the round being served now (an idle client does not bank rounds), and one
+    address has at most ``places_per_address`` jobs in a round (its later ones go to later rounds)."""
 
-    def __init__(self) -> None:
+    def __init__(self, places_per_address: int = 0) -> None:
         self.current = 0
+        self.places_per_address = places_per_address  # 0: no cap
         self._next: dict[str, int] = {}
+        self._taken: collections.Counter[tuple[str, int]] = collections.Counter()  # (address, round) -> jobs
 
-    def assign(self, client: str) -> int:
+    def assign(self, client: str, address: str | None = None) -> int:
         round_ = max(self._next.get(client, 0), self.current)
+        if address is not None and self.places_per_address:
+            while self._taken[(address, round_)] >= self.places_per_address:
+                round_ += 1
+            self._taken[(address, round_)] += 1
         self._next[client] = round_ + 1
         return round_
 
@@ -137,6 +151,8 @@ class Rounds:
             self.current = round_
             for client in [c for c, n in self._next.items() if n <= self.current]:
                 del self._next[client]  # its next job would get the current round anyway
+            for key in [key for key in self._taken if key[1] < self.current]:
+                del self._taken[key]  # rounds already served take no more jobs
 
 
 def fair_key(job: Job) -> tuple[int, int]:
@@ -161,7 +177,9 @@ class FairQueue:
         self._lock = threading.Lock()
         self._jobs: dict[str, Job] = {}
         self._seq = itertools.count()
-        self._rounds = Rounds()
+        self._rounds = Rounds(limits.places_per_address)
+        self.tokens = PageTokens()
+        self._earned: collections.OrderedDict[str, float] = collections.OrderedDict()  # page sessions, by last seen
         self._streams: collections.Counter[str] = collections.Counter()  # open result streams by session/event id
         self._heartbeats: collections.Counter[str] = collections.Counter()  # open page heartbeats by session
         self.dropped_abandoned = 0
@@ -188,21 +206,46 @@ class FairQueue:
             if self._streams[key] <= 0:
                 del self._streams[key]
 
-    def heartbeat(self, session: str, is_open: bool) -> None:
+    def heartbeat(self, session: str, is_open: bool, token: str | None = None) -> None:
+        """A heartbeat opened or closed; an opening one with an unused page token makes its session a
+        page session (for ``EARNED_S`` after its last heartbeat: gradio reconnects heartbeats)."""
+        earned = is_open and session not in self._earned and self.tokens.claim(token)
         with self._lock:
             self._heartbeats[session] += 1 if is_open else -1
             if self._heartbeats[session] <= 0:
                 del self._heartbeats[session]
+            if earned or session in self._earned:
+                self._earned[session] = time.monotonic()
+                self._earned.move_to_end(session)
+            self._forget_earned()
+
+    def _forget_earned(self) -> None:
+        """Bounded: sessions with no heartbeat for EARNED_S go, and past MAX_EARNED the least recently
+        seen (a page session so forgotten is pooled with its address). Caller holds the lock."""
+        deadline = time.monotonic() - EARNED_S
+        for session in [s for s, seen in self._earned.items() if seen < deadline and s not in self._heartbeats]:
+            del self._earned[session]
+        while len(self._earned) > MAX_EARNED:
+            self._earned.popitem(last=False)
+
+    def page_sessions(self) -> int:
+        """Page sessions open now (an earned place and an open heartbeat)."""
+        with self._lock:
+            return sum(self._heartbeats.get(session, 0) > 0 for session in self._earned)
+
+    def heartbeat_open(self, session: str) -> bool:
+        with self._lock:
+            return self._heartbeats.get(session, 0) > 0
 
     def page_session(self, session: str | None) -> bool:
         with self._lock:
-            return bool(session) and self._heartbeats.get(session, 0) > 0
+            return bool(session) and self._heartbeats.get(session, 0) > 0 and session in self._earned
 
     async def _heartbeat_of(self, session: str) -> None:
         """Wait up to HEARTBEAT_WAIT_S for a session's heartbeat: gradio_client opens it in a thread
         when the Client is made, so a script's first submit can race it (a page opens it at load)."""
         deadline = time.monotonic() + HEARTBEAT_WAIT_S
-        while not self.page_session(session) and time.monotonic() < deadline:
+        while not self.heartbeat_open(session) and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
 
     # --- push -------------------------------------------------------------------------------
@@ -244,7 +287,7 @@ class FairQueue:
         client, address = context
         session = gi.body_session(body) or event_id  # gradio names a /call/ job's session by its event id
         with self._lock:
-            job = Job(event_id, client, address, session, next(self._seq), self._rounds.assign(client))
+            job = Job(event_id, client, address, session, next(self._seq), self._rounds.assign(client, address))
             job.stream_seen = self._streams[session] > 0 or self._streams[event_id] > 0
             self._jobs[event_id] = job
         self._reorder()

@@ -7,6 +7,7 @@ reason, before it waits for the model lane.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 import uuid
@@ -19,16 +20,19 @@ import gradio as gr
 
 from app import explainer
 from app.figures import schedule_figure
+from app.job_cost import UNIT_SECONDS, job_cost, session_bytes
 from app.race import RaceUpdate, race
 from app.sessions import RunHandle, SessionRuns, session_key
 from app.settings import EXAMPLE_PROMPTS, Limits, PlaygroundSettings, control_ranges, page_defaults, trained_defaults
-from app.share import as_text, qr_html, settings_from_query, share_link
+from app.share import qr_html, settings_from_query, share_link
+from app.shown_text import as_html, as_markdown
 from app.tasks import TaskGenerators, check_mr, is_task, policy_line
 from app.views import NO_CHANGE, STREAM_OUTPUTS, RaceRenderer, TokenTexts, api_message, layer_ranges, one_line
 from model.generation import TextGenerator
 from model.skipdecode.schedule import max_layer_speedup
 
 HEATMAP_EVERY_S = 0.25  # heatmap redraws at most 4x a second; text streams every step
+MAX_ERROR_CHARS = 400  # a refusal shown on the page quotes the visitor's value (capped where it is made)
 
 
 class Playground:
@@ -39,7 +43,10 @@ class Playground:
         self.get_generator = get_generator
         self.tasks = tasks or TaskGenerators()  # a task's models, loaded when first chosen
         self.limits = limits
-        self.runs = SessionRuns(limits.max_step_positions)
+        self.runs = SessionRuns(limits.max_step_positions, limits.max_step_bytes, limits.max_step_sessions_per_address)
+        # Set by the fair queue: a request's client address (step mode's sessions are bounded per address).
+        self.address_of: Callable[[object], str] = lambda request: getattr(getattr(request, "client", None), "host",
+                                                                             None) or "unknown"
         # Set by the fair queue (app/fair_queue.py): called in a queued handler, it returns a check
         # that says when that handler's client has gone (result stream closed or never opened).
         self.client_gone: Callable[[], Callable[[], bool]] = lambda: (lambda: False)
@@ -64,15 +71,16 @@ class Playground:
             return self.get_generator()
         return self.tasks.get(settings.task, settings.target_speedup, load=load)
 
-    def validated(self, values: dict) -> tuple[PlaygroundSettings, TextGenerator]:
-        """Settings the solver accepts, or a gr.Error with the reason (before any run starts)."""
+    def validated(self, values: dict, page: bool = True) -> tuple[PlaygroundSettings, TextGenerator]:
+        """Settings the solver accepts, or a gr.Error with the reason (before any run starts);
+        ``page``: the reason is shown in the page's toast (escaped), not read by an API client."""
         try:
             settings = self.settings(values)
             generator = self.generator_for(settings)
             generator.schedule_for(settings.schedule_request(num_layers=generator.num_layers), settings.max_new_tokens)
             self.validated_size(settings, generator)
         except (ValueError, TypeError) as error:
-            raise gr.Error(str(error), print_exception=False) from None
+            raise (page_error(error) if page else gr.Error(str(error), print_exception=False)) from None
         return settings, generator
 
     def validated_size(self, settings: PlaygroundSettings, generator: TextGenerator) -> int:
@@ -89,7 +97,21 @@ class Playground:
                 f"this request needs {work} token positions (batch {ids.shape[0]} x ({ids.shape[1]} prompt + "
                 f"{settings.max_new_tokens} new)); the limit per request is {self.limits.max_request_tokens}: "
                 "shorten the prompt, the batch or max new tokens")
+        self.check_cost(ids.shape[0], ids.shape[1], settings)
         return work
+
+    def check_cost(self, batch: int, prompt_tokens: int, settings: PlaygroundSettings) -> None:
+        """Refuse a job whose model time (app/job_cost.py) is over the deployer's bound:
+        the one lane serves everyone, so no admitted job may hold it for more than a few seconds."""
+        cost = job_cost(batch, prompt_tokens, settings.max_new_tokens, settings.lens)
+        limit = self.limits.max_job_cost
+        if cost > limit:
+            lens = " with the logit lens" if settings.lens else ""
+            raise ValueError(
+                f"max_new_tokens {settings.max_new_tokens} x batch_size {batch}{lens} after a {prompt_tokens}-token "
+                f"prompt costs {cost} units of model time; the limit per job is {limit} units (about "
+                f"{limit * UNIT_SECONDS:.0f} s of the one model): lower max_new_tokens, batch_size or the prompt"
+                + (", or turn the lens off" if settings.lens else ""))
 
     def schedule_preview(self, values: dict):
         """The schedule plot for the current controls (no model run)."""
@@ -97,7 +119,7 @@ class Playground:
             settings = self.settings(values)
             figure = self.preview(settings)
         except ValueError as error:
-            return gr.skip(), f"**Check the settings:** {error}"
+            return gr.skip(), f"**Check the settings:** {as_markdown(error, MAX_ERROR_CHARS)}"
         return figure, ""
 
     def preview(self, settings: PlaygroundSettings):
@@ -137,18 +159,19 @@ class Playground:
             return [gr.skip()] * (len(names) + 1)
         generator = self.get_generator()
         ranges = control_ranges(generator.num_layers, self.limits, max_layer_speedup(generator.num_layers, 1))
-        values, problems = settings_from_query(query, self.limits, page_defaults(generator), ranges)
-        # the problems quote the link's values: shown as text, never as markup
-        status = f"**The link has a problem:** {as_text(problems)}" if problems else "Settings loaded from the link."
+        values, problems = settings_from_query(query, self.limits, page_defaults(generator, self.limits), ranges)
+        # The query is anyone's text: escaped for the Markdown status line (app/shown_text.py).
+        status = (f"**The link has a problem:** {as_markdown(problems, len(problems))}" if problems
+                  else "Settings loaded from the link.")
         return [values.get(name, gr.skip()) for name in names] + [status]
 
     def share(self, page: str, values: dict) -> tuple[str, str]:
         """(link, QR code html) of the current settings: only those that differ from the page's
         defaults, so the link stays short enough to type from a projector."""
         try:
-            link = share_link(page, values, page_defaults(self.get_generator()), self.limits)
+            link = share_link(page, values, page_defaults(self.get_generator(), self.limits), self.limits)
         except ValueError as error:
-            raise gr.Error(f"cannot share these settings: {error}", print_exception=False) from None
+            raise page_error(f"cannot share these settings: {error}") from None
         return link, qr_html(link)
 
     # --- streaming generation ---------------------------------------------------------------
@@ -179,7 +202,7 @@ class Playground:
                 return "General chat: the general model and its skip policy."
             self.generator_for(settings)
         except ValueError as error:
-            return f"**{as_text(error)}**"
+            return f"**{as_markdown(error)}**"
         return policy_line(settings.task, settings.target_speedup, self.tasks.policy(settings.task, settings.target_speedup))
 
     def arm(self, request: gr.Request | None = None) -> None:
@@ -201,8 +224,8 @@ class Playground:
         if not restart:
             yield NO_CHANGE  # nothing was running: leave the outputs as they are
             return
-        notice = (f"Settings changed while generating: restarted both streams at {values['target_speedup']}x, "
-                  f"{values['decay']} decay.")
+        notice = (f"Settings changed while generating: restarted both streams at "
+                  f"{as_markdown(values['target_speedup'], 20)}x, {as_markdown(values['decay'], 20)} decay.")
         yield from self.generate(values, request, notice)
 
     def leave(self, request: gr.Request) -> None:
@@ -229,7 +252,7 @@ class Playground:
                     last_plot = now
                 yield renderer.outputs(status, update, with_plot)
         except ValueError as error:  # e.g. a prompt over the context, found at encoding time
-            raise gr.Error(str(error), print_exception=False) from None
+            raise page_error(error) from None
         if update is None or handle.reason == "restart":
             return  # a restart's new run writes the status
         final = "Stopped." if handle.cancelled else (notice + " " if notice else "") + "**Done.**"
@@ -246,12 +269,13 @@ class Playground:
             current = self.runs.steppers.get(session)
             if current is None or current[0] != settings:
                 positions = 2 * self.validated_size(settings, generator)  # both streams keep a KV cache
+                nbytes = session_bytes(generator.loaded.model.config, positions, settings.max_new_tokens, settings.lens)
                 current = (settings, self._lockstep(generator, settings, self.compute), RaceRenderer(generator, settings))
-                self.runs.steppers.put(session, current, positions)
+                self.runs.steppers.put(session, current, positions, self.address_of(request), nbytes)
             _, iterator, renderer = current
             update = next(iterator, None)
         except ValueError as error:
-            raise gr.Error(str(error), print_exception=False) from None
+            raise page_error(error) from None
         if update is None:
             self.runs.steppers.pop(session, None)
             return ("**Both outputs are complete.** Press Step again to start over.",) + NO_CHANGE[1:] + (gr.skip(),)
@@ -286,7 +310,7 @@ class Playground:
             generator = self.get_generator()
             result = generator.generate(settings.request(full=False))
         except ValueError as error:
-            raise gr.Error(str(error), print_exception=False) from None
+            raise page_error(error) from None
         depths = [len(result.decode.prefill_layers)] + result.layers_per_step
         rows = [TokenTexts(generator).update(ids) for ids in result.decode.tokens]
         lines = "\n".join(f"{i}. **{p}** → {one_line(o)}" for i, (p, o) in enumerate(zip(result.prompts, result.outputs), 1))
@@ -328,7 +352,7 @@ class Playground:
             run = (run_key, self.runs.start(run_key))
         run_key, handle = run
         try:
-            settings, generator = self.validated(values)
+            settings, generator = self.validated(values, page=False)
         except gr.Error:
             self.runs.finish(run_key, handle)
             raise
@@ -379,6 +403,12 @@ def preview_figure(generator: TextGenerator, request, max_new_tokens: int):
     return schedule_figure(generator.schedule_for(request, max_new_tokens))
 
 
+def page_error(error: object) -> gr.Error:
+    """A refusal for the page's toast, which renders its message as (sanitised) HTML: the message
+    may quote the visitor's own value, so it is escaped and capped."""
+    return gr.Error(as_html(error, MAX_ERROR_CHARS), print_exception=False)
+
+
 def cancel_when_gone(handle: RunHandle, gone: Callable[[], bool] | None) -> Callable[[], bool]:
     """The decoder's cancel check: the run's handle, which the client going away also cancels."""
     def should_cancel() -> bool:
@@ -397,6 +427,8 @@ def delta_message(message: dict, sent: int) -> tuple[dict, int]:
 
 
 def parameter_named(message: str) -> str:
-    """The setting a refusal names (the longest API name in it), for gradio_client's message."""
-    named = [name for name in PlaygroundSettings.api_names() if name in message]
-    return max(named, key=len) if named else "settings"
+    """The setting a refusal names, for gradio_client's message: the API name that comes first in
+    it as a whole word ("order must be one of warmup_top, ..." names order, not warmup)."""
+    found = [(match.start(), name) for name in PlaygroundSettings.api_names()
+             for match in [re.search(rf"(?<![A-Za-z0-9_]){name}(?![A-Za-z0-9_])", message)] if match]
+    return min(found)[1] if found else "settings"

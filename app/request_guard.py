@@ -16,10 +16,12 @@ are open, so a job nobody reads is dropped and a page session is told apart from
 from __future__ import annotations
 
 import json
+import math
 import re
 from urllib.parse import parse_qs
 
 from app import gradio_internals as gi
+from app.page_tokens import cookie_header, token_in
 
 MAX_BODY_BYTES = 256 * 1024  # the longest prompt (8000 characters, each up to 6 bytes escaped) fits 5 times
 MAX_JSON_DEPTH = 32  # the app's values are flat; gradio's own bodies are a few levels deep
@@ -58,16 +60,17 @@ class RequestGuard:
         await self._tracked(scope, receive, send, path, blocks)
 
     async def _tracked(self, scope, receive, send, path: str, blocks) -> None:
-        """GETs: a result stream or page heartbeat is reported open to the fair queue while it lasts."""
+        """GETs: a result stream or page heartbeat is reported open to the fair queue while it lasts
+        (a heartbeat with the page token its page load set); a page gets a fresh page token."""
         fair = getattr(blocks, "fair_queue", None)
         stream, heartbeat = stream_key(path, scope.get("query_string", b"").decode("latin-1")), heartbeat_key(path)
         if fair is None or (stream is None and heartbeat is None):
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, with_page_token(send, fair, _secure(scope)) if fair is not None else send)
             return
         if stream is not None:
             fair.stream_opened(stream)
         else:
-            fair.heartbeat(heartbeat, True)
+            fair.heartbeat(heartbeat, True, token_in(_headers(scope).get("cookie", "")))
         try:
             await self.app(scope, receive, send)
         finally:
@@ -222,9 +225,10 @@ def values_problem(fn, data, label: str) -> tuple[int, str] | None:
         got = len(data) if isinstance(data, list) else type(data).__name__
         return 422, (f"{label} takes a list of {expected} values in the documented order (see /gradio_api/info or "
                      f"README); got {got}")
+    pushed = gi.is_queued(fn)  # a queued job's settings are checked (with their own messages) when it is pushed
     for position, ((name, kind), value) in enumerate(zip(gi.input_specs(fn), data), 1):
-        # A setting's value is checked (with its own message) when the job is pushed; the rest here.
-        wrong = None if name is not None else type_problem(kind, value)
+        # Never a number that is not finite: gradio's Number rounds it with int() (a bare 500).
+        wrong = not_finite(value) or (None if name is not None and pushed else type_problem(kind, value))
         if wrong:
             return 422, f"{label}: value {position} ({name or 'unnamed'}) {wrong}"
     return None
@@ -244,6 +248,13 @@ def named_values_problem(fn, payload, name: str) -> tuple[int, str] | None:
     return None  # the values themselves are settings, checked when the job is pushed
 
 
+def not_finite(value) -> str | None:
+    """NaN and +-Infinity (Python's JSON reads them) are no setting's value."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"must be a finite number; got {value}"
+    return None
+
+
 def type_problem(kind: str | None, value) -> str | None:
     """What is wrong with ``value`` for a JSON-schema ``kind`` (None: anything goes, null included:
     the settings check names a missing value)."""
@@ -258,6 +269,24 @@ def type_problem(kind: str | None, value) -> str | None:
 
 
 # --- ASGI plumbing ------------------------------------------------------------------------------------
+
+
+def with_page_token(send, fair, secure: bool):
+    """``send`` that adds a page token cookie to an HTML response (a page load: app/page_tokens.py)."""
+    async def tokened_send(message) -> None:
+        if message["type"] == "http.response.start":
+            headers = list(message.get("headers", []))
+            content_type = next((v for k, v in headers if k.lower() == b"content-type"), b"")
+            if content_type.lower().startswith(b"text/html"):
+                headers.append((b"set-cookie", cookie_header(fair.tokens.issue(), secure)))
+                message = {**message, "headers": headers}
+        await send(message)
+    return tokened_send
+
+
+def _secure(scope) -> bool:
+    """Served over HTTPS (directly, or behind a proxy that says so)."""
+    return scope.get("scheme") == "https" or _headers(scope).get("x-forwarded-proto", "") == "https"
 
 
 def _headers(scope) -> dict[str, str]:

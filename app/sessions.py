@@ -32,13 +32,13 @@ class SessionRuns:
     # A Generate click that waits longer than this for its run to start no longer remembers a Stop.
     ARMED_FOR_S = 3600.0
 
-    def __init__(self, step_positions: int = 32768) -> None:
+    def __init__(self, step_positions: int = 32768, step_bytes: int = 1 << 30, step_per_address: int = 4) -> None:
         self._lock = threading.Lock()
         self._runs: dict[str, RunHandle] = {}
         # session -> (time of its Generate click, Stop pressed since): a run still waiting in the
         # queue (or between the queue and its start) has no handle for Stop to cancel yet.
         self._armed: dict[str, tuple[float, bool]] = {}
-        self.steppers = StepSessions(max_positions=step_positions)
+        self.steppers = StepSessions(max_positions=step_positions, max_bytes=step_bytes, per_owner=step_per_address)
         self.recent_seconds: collections.deque[float] = collections.deque(maxlen=20)  # finished runs' durations
 
     def arm(self, session: str) -> None:
@@ -107,38 +107,51 @@ class SessionRuns:
 
 class StepSessions:
     """Step mode's live sessions (settings, lockstep iterator, renderer), BOUNDED: at most
-    ``max_sessions``, at most ``max_positions`` KV-cache positions over all of them (a session costs
-    what ``put`` is told: both streams' batch x (prompt + new tokens)), and none idle for over
-    ``idle_s``; the least recently used go first. API clients never press Reset or close a tab, so
-    nothing else would ever free them. An evicted session's iterator is closed at once, so its KV
-    caches are freed now, not at the next garbage collection."""
+    ``max_sessions``, at most ``per_owner`` of one owner (a client's network address), at most
+    ``max_positions`` KV-cache positions and ``max_bytes`` of memory over all of them (a session costs
+    what ``put`` is told: both streams' batch x (prompt + new tokens), and its estimated bytes), and
+    none idle for over ``idle_s``. An owner over its share loses its OWN least recently used session
+    first, so one script cannot evict the class; over a global bound the least recently used go.
+    API clients never press Reset or close a tab, so nothing else would ever free them. An evicted
+    session's iterator is closed at once, so its KV caches are freed now, not at the next garbage
+    collection."""
 
-    def __init__(self, max_sessions: int = 16, idle_s: float = 600.0, max_positions: int = 32768) -> None:
+    def __init__(self, max_sessions: int = 16, idle_s: float = 600.0, max_positions: int = 32768,
+                 max_bytes: int = 2 << 30, per_owner: int = 4) -> None:
         self.max_sessions, self.idle_s, self.max_positions = max_sessions, idle_s, max_positions
+        self.max_bytes, self.per_owner = max_bytes, per_owner
         self._lock = threading.Lock()
-        self._sessions: OrderedDict[str, tuple[float, int, tuple]] = OrderedDict()
+        self._sessions: OrderedDict[str, StepEntry] = OrderedDict()
 
     def get(self, session: str) -> tuple | None:
         with self._lock:
             evicted = self._expire()
             entry = self._sessions.get(session)
             if entry is not None:
-                self._sessions[session] = (time.monotonic(), entry[1], entry[2])
+                entry.seen = time.monotonic()
                 self._sessions.move_to_end(session)
         _free(evicted)
-        return entry[2] if entry is not None else None
+        return entry.value if entry is not None else None
 
-    def put(self, session: str, value: tuple, positions: int = 0) -> None:
-        """Keep ``value`` for ``session``; ``positions`` is its KV-cache size. One session over the
-        whole budget is refused with a ValueError naming the limit."""
+    def put(self, session: str, value: tuple, positions: int = 0, owner: str = "", nbytes: int = 0) -> None:
+        """Keep ``value`` for ``session`` of ``owner``; ``positions`` is its KV-cache size and ``nbytes``
+        its memory. One session over the whole budget is refused with a ValueError naming the limit."""
         if positions > self.max_positions:
             raise ValueError(f"step mode would keep {positions} KV-cache positions for this request; the limit is "
                              f"{self.max_positions}: shorten the prompt, the batch or max new tokens")
+        if nbytes > self.max_bytes:
+            raise ValueError(f"step mode would keep about {nbytes / 2**20:.0f} MB for this request; the limit is "
+                             f"{self.max_bytes / 2**20:.0f} MB: shorten the prompt, the batch or max new tokens, or "
+                             "turn the lens off")
         with self._lock:
-            evicted = [entry[2] for entry in [self._sessions.pop(session, None)] if entry is not None]
-            self._sessions[session] = (time.monotonic(), positions, value)
-            while len(self._sessions) > self.max_sessions or self.positions() > self.max_positions:
-                evicted.append(self._sessions.popitem(last=False)[1][2])
+            evicted = [entry.value for entry in [self._sessions.pop(session, None)] if entry is not None]
+            self._sessions[session] = StepEntry(time.monotonic(), positions, value, owner, nbytes)
+            own = [key for key, entry in self._sessions.items() if entry.owner == owner]
+            for key in own[: max(0, len(own) - self.per_owner)]:  # the owner's least recently used first
+                evicted.append(self._sessions.pop(key).value)
+            while len(self._sessions) > self.max_sessions or self.positions() > self.max_positions or \
+                    self.nbytes() > self.max_bytes:
+                evicted.append(self._sessions.popitem(last=False)[1].value)
         _free(evicted)
 
     def pop(self, session: str, default=None):
@@ -146,12 +159,16 @@ class StepSessions:
             entry = self._sessions.pop(session, None)
         if entry is None:
             return default
-        _free([entry[2]])
-        return entry[2]
+        _free([entry.value])
+        return entry.value
 
     def positions(self) -> int:
         """KV-cache positions held by all sessions (the caller may hold the lock)."""
-        return sum(entry[1] for entry in self._sessions.values())
+        return sum(entry.positions for entry in self._sessions.values())
+
+    def nbytes(self) -> int:
+        """Estimated bytes held by all sessions (the caller may hold the lock)."""
+        return sum(entry.nbytes for entry in self._sessions.values())
 
     def __len__(self) -> int:
         with self._lock:
@@ -162,7 +179,16 @@ class StepSessions:
 
     def _expire(self) -> list[tuple]:
         deadline = time.monotonic() - self.idle_s
-        return [self._sessions.pop(key)[2] for key in [k for k, (seen, _, _) in self._sessions.items() if seen < deadline]]
+        return [self._sessions.pop(key).value for key in [k for k, e in self._sessions.items() if e.seen < deadline]]
+
+
+@dataclass
+class StepEntry:
+    seen: float
+    positions: int
+    value: tuple
+    owner: str = ""
+    nbytes: int = 0
 
 
 def _free(values: list[tuple]) -> None:

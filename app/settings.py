@@ -46,6 +46,9 @@ class Limits:
     max_prompt_tokens: int = 2048  # per row, after the chat template
     max_request_tokens: int = 8192  # batch x (prompt + new tokens): one request's compute budget
     max_step_positions: int = 32768  # KV-cache positions all step-mode sessions keep together (both streams)
+    max_step_bytes: int = 1 << 30  # memory all step-mode sessions keep together (estimated: app/job_cost.py)
+    max_step_sessions_per_address: int = 4  # step sessions one network address keeps (its oldest go first)
+    max_job_cost: int = 400  # one job's model time in units of app/job_cost.py: a few seconds of the one lane
 
 
 def setting(default: Any, *, label: str, help: str = "", kind: str = "number", low: float | None = None,
@@ -175,11 +178,30 @@ def control_ranges(num_layers: int, limits: Limits, top_speedup: float) -> dict[
     }
 
 
-def page_defaults(generator) -> dict:
+def page_defaults(generator, limits: Limits | None = None) -> dict:
     """What the page shows before anyone touches it: the schema's defaults, the loaded skip
-    policy's placement, and the first example prompt. A shared link leaves these out."""
+    policy's placement, and the first example prompt. A shared link leaves these out. Under a
+    deployer's ``limits`` lower than a default (SKIPDECODE_MAX_NEW_TOKENS=16), the default is the
+    limit: a share link of an untouched page must still pass the settings check."""
     defaults = {spec.name: spec.default for spec in dataclasses.fields(PlaygroundSettings)}
+    if limits is not None:
+        defaults |= within_limits(defaults, limits)
     return defaults | trained_defaults(generator) | {"prompt": EXAMPLE_PROMPTS[0]}
+
+
+def lowered_defaults(generator, limits: Limits) -> dict:
+    """The page's defaults that a deployer's limit lowers (the controls start at the limit)."""
+    return within_limits(page_defaults(generator), limits)
+
+
+def within_limits(values: dict, limits: Limits) -> dict:
+    """The settings of ``values`` whose upper bound is a deployer's limit, lowered to it."""
+    lowered = {}
+    for spec in dataclasses.fields(PlaygroundSettings):
+        high = spec.metadata["high"]
+        if isinstance(high, str) and spec.name in values:
+            lowered[spec.name] = min(values[spec.name], getattr(limits, high))
+    return lowered
 
 
 def parse_settings(limits: Limits, prompt, **values) -> PlaygroundSettings:

