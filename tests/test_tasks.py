@@ -2,6 +2,10 @@
 scores, and the task model + gated policy path (1x with the policy IS the task model, bit for bit)."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -175,3 +179,32 @@ def test_speed_rows_time_the_same_steps_for_both_arms(tiny_folder):
     assert 1.5 < row.layer_speedup < 2.5 and 1.0 < row.cost_model_bound <= row.layer_speedup
     assert row.full_decode_tps > 0 and row.skip_decode_tps > 0
     assert row.decode_speedup == pytest.approx(row.skip_decode_tps / row.full_decode_tps, rel=1e-2)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "model", *args], cwd=Path(__file__).resolve().parents[1],
+                          env=dict(os.environ, HF_HUB_OFFLINE="1"), capture_output=True, text=True, timeout=600)
+
+
+def test_generate_task_refuses_what_the_task_fixes_and_bad_mrs_before_loading():
+    fixed = _cli("generate", "--task", "e2e", "--prompt", "name[The Eagle]", "--decay", "cosine")
+    assert fixed.returncode == 2 and "--decay" in fixed.stderr and "Traceback" not in fixed.stderr
+    bad = _cli("generate", "--task", "e2e", "--prompt", "The Eagle, French")
+    assert bad.returncode == 2 and "attribute[value]" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.slow
+def test_generate_task_runs_the_shipped_policy_for_the_speedup_and_the_task_model_at_full():
+    from model.tasks.task_models import task_adapter_dir
+
+    if not (task_adapter_dir("e2e") / "adapter_config.json").is_file():
+        pytest.skip("the E2E adapters are not in assets/adapters/e2e")
+    mr = "name[The Eagle], eatType[coffee shop], food[French], area[riverside]"
+    skip = _cli("generate", "--task", "e2e", "--prompt", mr, "--speedup", "3", "--json")
+    assert skip.returncode == 0, skip.stderr
+    out = json.loads(skip.stdout)
+    assert out["model"].endswith("+e2e") and out["adapter"].endswith("skip-3x")
+    assert "Eagle" in out["outputs"][0] and out["schedule"]["min_layers"] >= 7
+    full = _cli("generate", "--task", "e2e", "--prompt", mr, "--full", "--json")
+    assert full.returncode == 0, full.stderr
+    assert set(json.loads(full.stdout)["layers_per_step"]) == {30} and "Eagle" in json.loads(full.stdout)["outputs"][0]
