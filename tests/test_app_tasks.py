@@ -51,7 +51,7 @@ def test_a_bad_mr_is_named_as_text_and_a_good_one_passes():
         check_mr("e2e", "food[French]")
     shown = mr_feedback("e2e", "name[The Eagle], <b>red</b>")  # under the prompt box, as typed
     assert shown["visible"] and "pairs near" in shown["value"] and "<b>" not in shown["value"]
-    assert "&lt;b&gt;red&lt;/b&gt;" in shown["value"]
+    assert "&#60;b&#62;red&#60;&#47;b&#62;" in shown["value"]  # character references: text, never markup
     assert not mr_feedback("e2e", MR)["visible"] and not mr_feedback("chat", "anything")["visible"]
 
 
