@@ -186,8 +186,8 @@ def test_one_e2e_generation_through_the_playground_handler(default_model, tiny_t
     assert note == "" and figure is not None
     stepped = playground.step(values)  # step mode runs the task's models too
     assert "SkipDecode ran" in stepped[0] and f"all {generator.num_layers}" in stepped[0]
-    with pytest.raises(gr.Error, match="The MR has a problem: unknown MR attribute 'colour'"):
-        list(playground.generate(values | {"prompt": "name[X], colour[red]"}))
+    with pytest.raises(gr.Error, match="The MR has a problem: unknown MR attribute &#x27;colour&#x27;"):
+        list(playground.generate(values | {"prompt": "name[X], colour[red]"}))  # the toast renders HTML: escaped
     missing = Playground(lambda: chat, Limits(), tasks=TaskGenerators(root=root / "nowhere"))
     with pytest.raises(gr.Error, match="not available on this server yet"):
         list(missing.generate(values))
