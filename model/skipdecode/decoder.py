@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Generator, Sequence
+from typing import Any, Callable, Generator, Sequence, cast
 
 import torch
 from torch import nn
@@ -224,8 +224,8 @@ class SkipDecoder:
         for index in layers:
             if should_cancel is not None and should_cancel():
                 raise Cancelled
-            if index in entries:
-                hidden = self.bridge(index, hidden)
+            if index in entries:  # entries only where there is a bridge
+                hidden = cast(EntryBridge, self.bridge)(index, hidden)
             hidden = weights.run_layer(index, hidden, inputs, cache)
             if trace is not None:
                 trace.record(index, hidden)
@@ -261,8 +261,8 @@ class SkipDecoder:
                     key_valid = torch.cat([state.key_valid[:, :cached], state.key_valid.new_ones(len(token_ids), 1)], dim=1)
                     mask = self.adapter.layer_inputs(hidden, key_valid, positions).mask
                 inputs = inputs_by_length[cached] = LayerInputs(mask=mask, position_ids=positions, extra=extras)
-            if index in entries:
-                hidden = self.bridge(index, hidden)
+            if index in entries:  # entries only where there is a bridge
+                hidden = cast(EntryBridge, self.bridge)(index, hidden)
             hidden = weights.run_layer(index, hidden, inputs, state.cache)
             if trace is not None:
                 trace.record(index, hidden)
@@ -364,7 +364,7 @@ class SkipDecoder:
         next_ids = sample_next(logits, run.sampling, run.generator)
         return next_ids, self._record(next_ids, run.result, run.finished, run.stop_check)
 
-    def generate(self, *args, **kwargs) -> DecodeResult:
+    def generate(self, *args: Any, **kwargs: Any) -> DecodeResult:
         """``stream`` run to the end; returns its DecodeResult."""
         return run_to_end(self.stream(*args, **kwargs))
 
@@ -417,7 +417,7 @@ def left_padded(rows: Sequence[Sequence[int]], pad_id: int, device: torch.device
     return ids.to(device), mask.to(device)
 
 
-def run_to_end(events: Generator):
+def run_to_end(events: Generator[Any, Any, Any]) -> Any:
     """Drain a step generator and return its return value (the result object)."""
     while True:
         try:

@@ -617,5 +617,3 @@ def _lr_factor(step: int, elapsed: float, config: TrainConfig) -> float:
     if config.max_minutes is not None:
         progress = max(progress, elapsed / (config.max_minutes * 60))
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-
-
