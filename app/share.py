@@ -91,4 +91,3 @@ def _show(value) -> str:
     if isinstance(value, float):
         return f"{value:g}" if abs(value) < 1e15 else repr(value)
     return str(value)
-

@@ -33,6 +33,7 @@ from model.skipdecode.schedule import DECAY_DESCRIPTIONS, LAYER_ORDER_DESCRIPTIO
 
 __all__ = ["api_function", "build_demo", "launch_options"]
 SPEEDUP_PRESETS = (1.0, 1.5, 2.0, 3.0)
+PRIVATE = dict(api_visibility="private")  # every event but the public ``generate`` endpoint
 GUIDE = (
     "**What you are seeing.** SkipDecode (coloured tokens: darker = more layers ran) and the full model (plain "
     "text) answer the same prompt, taking turns on one device; the heatmap under them shows which layers ran at each "
@@ -101,88 +102,114 @@ def _playground_tab(generator: TextGenerator, limits: Limits) -> dict:
     and the heatmap under them share one screen with Generate, Step and the lessons."""
     num_layers = generator.num_layers
     ranges = control_ranges(num_layers, limits, max_layer_speedup(num_layers, 1))
-    defaults = trained_defaults(generator)
-    limited = lowered_defaults(generator, limits)  # a deployer's limit under a default
     c: dict[str, gr.components.Component] = {}
     ui: dict = {"c": c}
     gr.Markdown(GUIDE, elem_id="guide")
     with gr.Row():
         with gr.Column(scale=2, min_width=320):
-            # built by hand: its choices carry labels (the value is the API's task name)
-            c["task"] = gr.Radio(task_choices(), value="chat", label="Task", elem_id="setting-task")
-            c["prompt"] = control("prompt", value=EXAMPLE_PROMPTS[0], lines=2, max_lines=12)
-            ui["mr_problem"] = gr.Markdown(visible=False, elem_id="mr-problem", latex_delimiters=[])  # a task's input, checked as typed
-            with gr.Row():
-                ui["run"] = gr.Button("Generate", variant="primary", size="md", elem_id="generate-btn", min_width=80)
-                ui["stop"] = gr.Button("Stop", variant="stop", size="md", elem_id="stop-btn", min_width=60)
-                ui["step"] = gr.Button("Step", size="md", elem_id="step-btn", min_width=60)
-                ui["reset"] = gr.Button("Reset", size="md", elem_id="step-reset-btn", min_width=60)
-            ui["load_note"] = gr.Markdown(elem_id="load-note")
-            c["target_speedup"] = control("target_speedup", *ranges["target_speedup"])
-            with gr.Row():
-                ui["presets"] = {value: gr.Button(f"{value:g}x", size="sm", min_width=50,
-                                                  elem_id=f"speedup-{str(value).replace('.', '-')}")
-                                 for value in SPEEDUP_PRESETS}
-            c["skip_policy"] = control("skip_policy", interactive=bool(generator.loaded.adapter_path))
-            ui |= mr_form(c["prompt"])  # the task's examples and form: shown while a task is chosen
-            with gr.Accordion("Lessons: eight experiments for a class", open=True, elem_id="lessons"):
-                with gr.Row(equal_height=True):
-                    ui["lesson"] = gr.Dropdown([lesson.title for lesson in LESSONS], value=LESSONS[0].title,
-                                               show_label=False, elem_id="lesson-choice", scale=3, container=False)
-                    ui["lesson_run"] = gr.Button("Run this lesson", variant="primary", size="md", elem_id="lesson-run",
-                                                 scale=1, min_width=130)
-                ui["lesson_text"] = gr.Markdown(LESSONS[0].markdown(), elem_id="lesson-text")
-                ui["lesson_then"] = gr.Button(LESSONS[0].then_label or "Then", size="sm", elem_id="lesson-then",
-                                              visible=bool(LESSONS[0].then_label))
-            c["lens"] = control("lens")
-            c["lens_kl"] = control("lens_kl")
+            _prompt_column(generator, ranges, ui)
         with gr.Column(scale=3):
-            # No LaTeX in lines that quote a visitor or a link: KaTeX would read their escaped "$$" again.
-            ui["status"] = gr.Markdown(elem_id="status", latex_delimiters=[])
-            with gr.Row(equal_height=True):
-                with gr.Column(min_width=160):
-                    gr.Markdown("**SkipDecode** (colour = layers run; darker = more)")
-                    ui["skip_out"] = gr.HTML(elem_id="skip-output")
-                with gr.Column(min_width=160):
-                    ui["full_title"] = gr.Markdown(full_title("chat"), elem_id="full-title")
-                    ui["full_out"] = gr.HTML(elem_id="full-output")
-            ui["headline"] = gr.HTML(elem_id="headline")
-            ui["heatmap"] = live_plot("heatmap", height=300)
-            ui["heatmap_note"] = gr.HTML(elem_id="heatmap-note")
-            with gr.Accordion("Details: speeds, skipped layers, exact token match, schedule", open=False,
-                              elem_id="details"):
-                ui["details"] = gr.Markdown(elem_id="stats", latex_delimiters=[])
+            _answers_column(ui)
     with gr.Row():
         with gr.Column(scale=2, min_width=320):
-            ui["task_note"] = gr.Markdown(elem_id="task-note", visible=False)
-            c["decay"] = control("decay", info="; ".join(f"{k}: {v}" for k, v in DECAY_DESCRIPTIONS.items()))
-            c["warmup"] = control("warmup", *ranges["warmup"], value=min(defaults["warmup"], ranges["warmup"][1]))
-            c["decay_length"] = control("decay_length", *ranges["decay_length"])
-            with gr.Accordion("Advanced", open=False):
-                for name in ("min_layers", "max_layers"):
-                    c[name] = control(name, *ranges[name])
-                c["order"] = gr.Radio(list(LAYER_ORDER_DESCRIPTIONS), value=defaults["order"], label="Layer order",
-                                      elem_id="setting-order",
-                                      info=" · ".join(f"{k}: {v}" for k, v in LAYER_ORDER_DESCRIPTIONS.items()))
-                for name in ("batch_size", "max_new_tokens", "temperature", "top_p"):
-                    c[name] = control(name, *ranges[name], **{"value": limited[name]} if name in limited else {})
-                c["seed"] = gr.Number(value=0, precision=0, label="Seed", minimum=0, elem_id="setting-seed")
-                c["prompt_at_full_depth"] = control("prompt_at_full_depth")
-                c["show_template"] = control("show_template")
-            with gr.Column(elem_id="chat-examples") as ui["chat_examples"]:
-                gr.Examples([[p] for p in EXAMPLE_PROMPTS], inputs=[c["prompt"]], label="Example prompts",
-                            cache_examples=False)
+            _schedule_column(generator, limits, ranges, ui)
         with gr.Column(scale=3):
-            ui["schedule_plot"] = gr.Plot(show_label=False, elem_id="schedule-plot")  # the figure's title names it
-            ui["schedule_note"] = gr.Markdown(latex_delimiters=[])
-            with gr.Row():
-                ui["share_btn"] = gr.Button("Copy a link to these settings", size="sm", elem_id="share-btn")
-                ui["page_url"] = gr.Textbox(visible=False)
-                ui["share_link"] = gr.Textbox(show_label=False, placeholder="the link appears here",
-                                              elem_id="share-link", interactive=False)
-            ui["share_note"] = gr.Markdown(elem_id="share-note", latex_delimiters=[])
-            ui["qr"] = gr.HTML(elem_id="share-qr")
+            _share_column(ui)
     return ui
+
+
+def _prompt_column(generator: TextGenerator, ranges: dict, ui: dict) -> None:
+    """Task, prompt, the run buttons, the speedup and its presets, the task's form, lessons and the lens."""
+    c = ui["c"]
+    # built by hand: its choices carry labels (the value is the API's task name)
+    c["task"] = gr.Radio(task_choices(), value="chat", label="Task", elem_id="setting-task")
+    c["prompt"] = control("prompt", value=EXAMPLE_PROMPTS[0], lines=2, max_lines=12)
+    ui["mr_problem"] = gr.Markdown(visible=False, elem_id="mr-problem", latex_delimiters=[])  # a task's input, checked as typed
+    with gr.Row():
+        ui["run"] = gr.Button("Generate", variant="primary", size="md", elem_id="generate-btn", min_width=80)
+        ui["stop"] = gr.Button("Stop", variant="stop", size="md", elem_id="stop-btn", min_width=60)
+        ui["step"] = gr.Button("Step", size="md", elem_id="step-btn", min_width=60)
+        ui["reset"] = gr.Button("Reset", size="md", elem_id="step-reset-btn", min_width=60)
+    ui["load_note"] = gr.Markdown(elem_id="load-note")
+    c["target_speedup"] = control("target_speedup", *ranges["target_speedup"])
+    with gr.Row():
+        ui["presets"] = {value: gr.Button(f"{value:g}x", size="sm", min_width=50,
+                                          elem_id=f"speedup-{str(value).replace('.', '-')}")
+                         for value in SPEEDUP_PRESETS}
+    c["skip_policy"] = control("skip_policy", interactive=bool(generator.loaded.adapter_path))
+    ui |= mr_form(c["prompt"])  # the task's examples and form: shown while a task is chosen
+    _lessons(ui)
+    c["lens"] = control("lens")
+    c["lens_kl"] = control("lens_kl")
+
+
+def _lessons(ui: dict) -> None:
+    with gr.Accordion("Lessons: eight experiments for a class", open=True, elem_id="lessons"):
+        with gr.Row(equal_height=True):
+            ui["lesson"] = gr.Dropdown([lesson.title for lesson in LESSONS], value=LESSONS[0].title,
+                                       show_label=False, elem_id="lesson-choice", scale=3, container=False)
+            ui["lesson_run"] = gr.Button("Run this lesson", variant="primary", size="md", elem_id="lesson-run",
+                                         scale=1, min_width=130)
+        ui["lesson_text"] = gr.Markdown(LESSONS[0].markdown(), elem_id="lesson-text")
+        ui["lesson_then"] = gr.Button(LESSONS[0].then_label or "Then", size="sm", elem_id="lesson-then",
+                                      visible=bool(LESSONS[0].then_label))
+
+
+def _answers_column(ui: dict) -> None:
+    """The status line, the two answers side by side, the headline, the heatmap and the details."""
+    # No LaTeX in lines that quote a visitor or a link: KaTeX would read their escaped "$$" again.
+    ui["status"] = gr.Markdown(elem_id="status", latex_delimiters=[])
+    with gr.Row(equal_height=True):
+        with gr.Column(min_width=160):
+            gr.Markdown("**SkipDecode** (colour = layers run; darker = more)")
+            ui["skip_out"] = gr.HTML(elem_id="skip-output")
+        with gr.Column(min_width=160):
+            ui["full_title"] = gr.Markdown(full_title("chat"), elem_id="full-title")
+            ui["full_out"] = gr.HTML(elem_id="full-output")
+    ui["headline"] = gr.HTML(elem_id="headline")
+    ui["heatmap"] = live_plot("heatmap", height=300)
+    ui["heatmap_note"] = gr.HTML(elem_id="heatmap-note")
+    with gr.Accordion("Details: speeds, skipped layers, exact token match, schedule", open=False,
+                      elem_id="details"):
+        ui["details"] = gr.Markdown(elem_id="stats", latex_delimiters=[])
+
+
+def _schedule_column(generator: TextGenerator, limits: Limits, ranges: dict, ui: dict) -> None:
+    """The schedule's settings (decay, warmup, decay length; the rest under Advanced) and the example prompts."""
+    c = ui["c"]
+    defaults = trained_defaults(generator)
+    limited = lowered_defaults(generator, limits)  # a deployer's limit under a default
+    ui["task_note"] = gr.Markdown(elem_id="task-note", visible=False)
+    c["decay"] = control("decay", info="; ".join(f"{k}: {v}" for k, v in DECAY_DESCRIPTIONS.items()))
+    c["warmup"] = control("warmup", *ranges["warmup"], value=min(defaults["warmup"], ranges["warmup"][1]))
+    c["decay_length"] = control("decay_length", *ranges["decay_length"])
+    with gr.Accordion("Advanced", open=False):
+        for name in ("min_layers", "max_layers"):
+            c[name] = control(name, *ranges[name])
+        c["order"] = gr.Radio(list(LAYER_ORDER_DESCRIPTIONS), value=defaults["order"], label="Layer order",
+                              elem_id="setting-order",
+                              info=" · ".join(f"{k}: {v}" for k, v in LAYER_ORDER_DESCRIPTIONS.items()))
+        for name in ("batch_size", "max_new_tokens", "temperature", "top_p"):
+            c[name] = control(name, *ranges[name], **{"value": limited[name]} if name in limited else {})
+        c["seed"] = gr.Number(value=0, precision=0, label="Seed", minimum=0, elem_id="setting-seed")
+        c["prompt_at_full_depth"] = control("prompt_at_full_depth")
+        c["show_template"] = control("show_template")
+    with gr.Column(elem_id="chat-examples") as ui["chat_examples"]:
+        gr.Examples([[p] for p in EXAMPLE_PROMPTS], inputs=[c["prompt"]], label="Example prompts",
+                    cache_examples=False)
+
+
+def _share_column(ui: dict) -> None:
+    """The schedule's figure and note, and the share link with its QR code."""
+    ui["schedule_plot"] = gr.Plot(show_label=False, elem_id="schedule-plot")  # the figure's title names it
+    ui["schedule_note"] = gr.Markdown(latex_delimiters=[])
+    with gr.Row():
+        ui["share_btn"] = gr.Button("Copy a link to these settings", size="sm", elem_id="share-btn")
+        ui["page_url"] = gr.Textbox(visible=False)
+        ui["share_link"] = gr.Textbox(show_label=False, placeholder="the link appears here",
+                                      elem_id="share-link", interactive=False)
+    ui["share_note"] = gr.Markdown(elem_id="share-note", latex_delimiters=[])
+    ui["qr"] = gr.HTML(elem_id="share-qr")
 
 
 def _how_it_works_tab() -> dict:
@@ -202,13 +229,23 @@ def _how_it_works_tab() -> dict:
 
 def _wire(demo: gr.Blocks, playground: Playground, ui: dict, defaults: dict, concurrency_limit: int) -> None:
     """Every event: plain handlers, private except the one public ``generate`` endpoint."""
-    c = ui["c"]
-    settings = set(c.values())
+    settings = set(ui["c"].values())
     stream = [ui[name] for name in ("status", "skip_out", "full_out", "headline", "details", "heatmap", "heatmap_note")]
     lane = dict(concurrency_id="model", concurrency_limit=concurrency_limit)
-    private = dict(api_visibility="private")
-    generate = gpu_handler(with_settings(playground.generate, c))
+    note = _wire_runs(demo, playground, ui, defaults, settings, stream, lane)
+    _wire_restarts(playground, ui, settings, stream, lane)
+    _wire_steps_and_previews(demo, playground, ui, settings, stream, lane)
+    _wire_sharing(demo, playground, ui)
+    gr.on([gr.Timer(4).tick, demo.load], **(note | dict(api_name="ui_load_note")), **PRIVATE)
+    demo.unload(playground.leave)
+    gr.api(gpu_handler(api_function(playground, defaults)), api_name="generate", **lane)
 
+
+def _wire_runs(demo: gr.Blocks, playground: Playground, ui: dict, defaults: dict, settings: set, stream: list,
+               lane: dict) -> dict:
+    """Generate, the lessons' runs and the task's events; returns the load note's event (the timer reuses it)."""
+    c = ui["c"]
+    generate = gpu_handler(with_settings(playground.generate, c))
     for button in (ui["run"], ui["lesson_run"], ui["lesson_then"]):
         button.click(None, None, None, js=SCROLL_TO_OUTPUTS, queue=False, api_name=False)
     note = dict(fn=lambda: playground.load_note(demo.fair_queue.waiting()), inputs=None, outputs=[ui["load_note"]],
@@ -218,51 +255,64 @@ def _wire(demo: gr.Blocks, playground: Playground, ui: dict, defaults: dict, con
     preview = dict(fn=with_settings(playground.schedule_preview, c), inputs=settings,
                    outputs=[ui["schedule_plot"], ui["schedule_note"]], queue=False, api_name=False)
     ui["run"].click(playground.arm, None, None, queue=False, api_name=False).then(
-        generate, settings, stream, api_name="ui_generate", **private, **lane).then(**note).then(**preview)
+        generate, settings, stream, api_name="ui_generate", **PRIVATE, **lane).then(**note).then(**preview)
     # A lesson sets every control it names, then generates with them (its second run: "then").
     lesson_controls = [c[name] for name in lesson_names()]
     for i, then in enumerate((False, True)):
         ui["lesson_then" if then else "lesson_run"].click(playground.arm, None, None, queue=False, api_name=False).then(
             lambda title, then=then: lesson_settings(title, defaults, then), [ui["lesson"]], lesson_controls,
-            queue=False, api_name=False).then(generate, settings, stream, api_name=f"ui_lesson_{i}", **private,
+            queue=False, api_name=False).then(generate, settings, stream, api_name=f"ui_lesson_{i}", **PRIVATE,
                                               **lane).then(**note).then(**preview)  # fresh when the run ends
     task_events(demo, playground, ui, [c[name] for name in TASK_FIXED], settings, lane)
     ui["lesson"].change(lesson_text, [ui["lesson"]], [ui["lesson_text"], ui["lesson_then"]], queue=False,
                         api_name=False)
-    # A settings change by hand while generating: end the running stream at once (outside the
-    # queue), then restart in the model lane, which that ending has just freed. (.select, not
-    # .change: a lesson or a link setting the controls must not restart anything.)
+    return note
+
+
+def _wire_restarts(playground: Playground, ui: dict, settings: set, stream: list, lane: dict) -> None:
+    """A settings change by hand while generating: end the running stream at once (outside the
+    queue), then restart in the model lane, which that ending has just freed. (.select, not
+    .change: a lesson or a link setting the controls must not restart anything.)"""
+    c = ui["c"]
     restart_flag = gr.State(False)
     preset_events = [button.click(lambda value=value: value, None, [c["target_speedup"]], queue=False,
-                                  api_name=f"ui_preset_{i}", **private)
+                                  api_name=f"ui_preset_{i}", **PRIVATE)
                      for i, (value, button) in enumerate(ui["presets"].items())]
     triggers = (c["target_speedup"].release, c["decay"].select, c["skip_policy"].select,
                 *(event.then for event in preset_events))
     for i, trigger in enumerate(triggers):
         trigger(playground.request_restart, None, [restart_flag], queue=False, api_name=f"ui_request_restart_{i}",
-                **private).then(gpu_handler(with_settings(playground.restart_if_running, c)), {restart_flag, *settings},
-                                stream, api_name=f"ui_restart_{i}", **private, **lane)
+                **PRIVATE).then(gpu_handler(with_settings(playground.restart_if_running, c)), {restart_flag, *settings},
+                                stream, api_name=f"ui_restart_{i}", **PRIVATE, **lane)
+
+
+def _wire_steps_and_previews(demo: gr.Blocks, playground: Playground, ui: dict, settings: set, stream: list,
+                             lane: dict) -> None:
+    """Stop, Step and Reset; the schedule preview on every schedule setting; the How-it-works batch view."""
+    c = ui["c"]
     # Stop ends the run through its handle: the stream finishes at its next step and says
     # "Stopped". (gradio's cancels= would kill the task mid-yield and paint an "Error" badge.)
-    ui["stop"].click(playground.stop, None, [ui["status"]], queue=False, api_name="ui_stop", **private)
+    ui["stop"].click(playground.stop, None, [ui["status"]], queue=False, api_name="ui_stop", **PRIVATE)
     ui["step"].click(gpu_handler(with_settings(playground.step, c)), settings, [*stream, ui["schedule_plot"]],
-                     api_name="ui_step", **private, **lane)
-    ui["reset"].click(playground.reset_steps, None, stream, queue=False, api_name="ui_reset_steps", **private)
+                     api_name="ui_step", **PRIVATE, **lane)
+    ui["reset"].click(playground.reset_steps, None, stream, queue=False, api_name="ui_reset_steps", **PRIVATE)
     previews = [c[name].change for name in ("task", "target_speedup", "decay", "warmup", "decay_length", "min_layers",
                                             "max_layers", "order", "max_new_tokens")]
     gr.on([*previews, demo.load], with_settings(playground.schedule_preview, c), settings,
           [ui["schedule_plot"], ui["schedule_note"]], queue=False, api_name="ui_schedule", trigger_mode="always_last",
-          **private)
+          **PRIVATE)
     speedup, decay, button, plot, text = ui["batch"]
     button.click(gpu_handler(playground.batch_view), [speedup, decay], [plot, text], api_name="ui_batch_view",
-                 **private, **lane)
+                 **PRIVATE, **lane)
+
+
+def _wire_sharing(demo: gr.Blocks, playground: Playground, ui: dict) -> None:
+    """The share link (copied, with its QR code) and the settings a link carries, set on page load."""
+    c = ui["c"]
     shared = list(PlaygroundSettings.api_names())
     ui["share_btn"].click(lambda page, *values: playground.share(page, dict(zip(shared, values))),
                           [ui["page_url"], *(c[name] for name in shared)], [ui["share_link"], ui["qr"]],
-                          js=PAGE_URL_JS, queue=False, api_name="ui_share", **private).then(
+                          js=PAGE_URL_JS, queue=False, api_name="ui_share", **PRIVATE).then(
         None, [ui["share_link"]], [ui["share_note"]], js=COPY_JS, api_name=False)
     demo.load(playground.from_link, None, [*(c[name] for name in shared), ui["status"]], queue=False,
-              api_name="ui_from_link", **private)
-    gr.on([gr.Timer(4).tick, demo.load], **(note | dict(api_name="ui_load_note")), **private)
-    demo.unload(playground.leave)
-    gr.api(gpu_handler(api_function(playground, defaults)), api_name="generate", **lane)
+              api_name="ui_from_link", **PRIVATE)

@@ -31,6 +31,7 @@ from model.skipdecode.schedule import (
 
 SCHEDULE_CACHE_SIZE = 256  # solved schedules kept per generator (see TextGenerator.schedule_for)
 
+
 @dataclass(frozen=True)
 class ScheduleRequest:
     """How the user asked for a schedule: a target layer speedup, or explicit min/max layers."""

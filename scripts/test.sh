@@ -12,6 +12,8 @@ if ! command -v chromium >/dev/null 2>&1; then
 fi
 . .venv/bin/activate
 export HF_HUB_OFFLINE=1
-# Lint first (rules in ruff.toml): a second or two, and it names the line.
+# Lint and the written-down style first (rules in ruff.toml), then the types of the method's
+# package and the tasks (mypy.ini): seconds each, and they name the line.
 ruff check .
+mypy
 exec python -m pytest -q "$@"

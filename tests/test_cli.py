@@ -63,7 +63,6 @@ def test_batch_full_and_plain_text_on_a_local_folder(tiny_folder):
         (["--prompt", "x", "--max-new-tokens", "100000"], "context"),
     ],
 )
-
 def test_bad_input_exits_2_with_a_clear_message(tiny_folder, args, needle):
     done = run_cli("generate", "--model", str(tiny_folder), *args)
     assert done.returncode == 2

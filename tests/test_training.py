@@ -166,7 +166,6 @@ def test_user_jsonl_trains_with_cross_entropy(tiny_folder, tmp_path):
         ("", "no records"),
     ],
 )
-
 def test_bad_jsonl_names_the_line(tmp_path, default_model, content, needle):
     path = tmp_path / "bad.jsonl"
     path.write_text(content)

@@ -141,7 +141,6 @@ def test_study_and_training_curve_figures_plot_every_arm_and_speedup():
     assert [trace.name for trace in curve_figure.data] == ["2x"] and list(curve_figure.data[0].y) == [0.4, 0.5]
 
 
-
 def test_an_adapters_lineage_is_one_curve_over_the_sequences_its_runs_saw():
     from model.evaluation.reporting import heldout_curve_figure
     from model.training.heldout import Stage, lineage_curve, parse_heldout_log, stage_notes

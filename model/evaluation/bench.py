@@ -219,16 +219,8 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None] = print) -> B
     device = resolve_device(config.device)
     if config.threads:
         torch.set_num_threads(config.threads)
-    weight_modes = config.quantize or (("none", "int8", "int4") if device.type == "cpu" else ("none",))
-    variants = {}  # weights label -> (loaded, generator, full decoder, skip decoder)
-    for quantize in weight_modes:
-        loaded = load_model(config.model, device=config.device, dtype=config.dtype, adapter=config.adapter,
-                            quantize=quantize)
-        full_decoder, skip_decoder = loaded.full_decoder(), loaded.skip_decoder()
-        full_decoder.eos_token_ids = skip_decoder.eos_token_ids = ()  # fixed-length runs: EOS ignored
-        variants[loaded.weights] = (loaded, TextGenerator(loaded), full_decoder, skip_decoder)
+    variants = _load_variants(config, device)
     loaded, generator = next(iter(variants.values()))[:2]
-    num_layers, cost = generator.num_layers, generator.cost
     if config.quick:
         config.batch_sizes, config.new_tokens, config.repeats = (1, 2), 8, 1
     batch_sizes = config.batch_sizes or ((1, 8, 32, 64) if device.type == "cuda" else (1, 8))
@@ -247,50 +239,87 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None] = print) -> B
         ids, mask = generator.encode(prompts)
         ids, mask = ids.to(device), mask.to(device)
         # Every mode of every weight variant, interleaved in one run: ratios are side by side.
-        modes: dict[tuple[str, str], Callable[[], Timing]] = {}
-        for weights, (variant, _, full_decoder, skip_decoder) in variants.items():
-            if config.include_hf:
-                modes[weights, "hf_generate"] = lambda m=variant.model, pad=variant.pad_token_id: time_hf_generate(
-                    m, ids, mask, config.new_tokens, pad)
-            modes[weights, "full"] = lambda d=full_decoder: time_ours(d, ids, mask, full_schedule(num_layers), config.new_tokens)
-            for s, solved in schedules.items():
-                modes[weights, f"skip@{s:g}"] = lambda d=skip_decoder, solved=solved: time_ours(
-                    d, ids, mask, solved.config, config.new_tokens)
+        modes = _bench_modes(config, variants, schedules, generator.num_layers, ids, mask)
         if llama is not None and batch == 1:
             modes["Q4_1", "llama.cpp"] = llama
-        timings: dict[tuple[str, str], list[Timing]] = {key: [] for key in modes}
-        peaks: dict[tuple[str, str], float] = {}
-        for run in modes.values():  # warm-up: first-call allocations and kernel selection
-            run()
-        keys = list(modes)
-        order_rng = random.Random(batch)
-        for _ in range(config.repeats):
-            # A fresh random order every round: no mode always runs right after another
-            # (on CPU the previous run's allocations measurably change the next one's speed).
-            order_rng.shuffle(keys)
-            for key in keys:
-                gc.collect()
-                if device.type == "cuda":
-                    torch.cuda.reset_peak_memory_stats(device)
-                timings[key].append(modes[key]())
-                peaks[key] = max(peaks.get(key, 0.0), _peak_memory_mb(device))
-        float_full = batch * config.new_tokens / statistics.median(t.seconds for t in timings["float", "full"]) \
-            if ("float", "full") in timings else None
-        llama_tps = _llama_row(report, timings, batch, config.new_tokens)
-        for weights in variants:
-            rows = _rows(batch, {name: t for (w, name), t in timings.items() if w == weights},
-                         {name: p for (w, name), p in peaks.items() if w == weights}, schedules, num_layers, cost,
-                         config.new_tokens)
-            for row in rows:
-                row.weights = weights
-                row.vs_float_full = round(row.tokens_per_second / float_full, 4) if float_full else None
-                if llama_tps and row.decode_tokens_per_second:
-                    row.vs_llama_cpp = round(row.decode_tokens_per_second / llama_tps, 4)
-            report.rows.extend(rows)
+        timings, peaks = _time_modes(modes, config.repeats, batch, device)
+        report.rows.extend(_batch_rows(config, variants, schedules, generator, batch, timings, peaks, report))
         progress(f"batch {batch}: " + ", ".join(
             f"{r.weights} {r.mode if r.target_speedup is None else f'skip {r.target_speedup:g}x'} "
             f"{r.tokens_per_second:.1f} tok/s" for r in report.rows if r.batch_size == batch))
     return report
+
+
+def _load_variants(config: BenchConfig, device: torch.device) -> dict[str, tuple]:
+    """weights label -> (loaded, generator, full decoder, skip decoder) for every weight mode benched."""
+    weight_modes = config.quantize or (("none", "int8", "int4") if device.type == "cpu" else ("none",))
+    variants = {}
+    for quantize in weight_modes:
+        loaded = load_model(config.model, device=config.device, dtype=config.dtype, adapter=config.adapter,
+                            quantize=quantize)
+        full_decoder, skip_decoder = loaded.full_decoder(), loaded.skip_decoder()
+        full_decoder.eos_token_ids = skip_decoder.eos_token_ids = ()  # fixed-length runs: EOS ignored
+        variants[loaded.weights] = (loaded, TextGenerator(loaded), full_decoder, skip_decoder)
+    return variants
+
+
+def _bench_modes(config: BenchConfig, variants: dict[str, tuple], schedules: dict, num_layers: int,
+                 ids: torch.Tensor, mask: torch.Tensor) -> dict[tuple[str, str], Callable[[], Timing]]:
+    """(weights, mode) -> one timed run on this batch's prompts, for every mode of every weight variant."""
+    modes: dict[tuple[str, str], Callable[[], Timing]] = {}
+    for weights, (variant, _, full_decoder, skip_decoder) in variants.items():
+        if config.include_hf:
+            modes[weights, "hf_generate"] = lambda m=variant.model, pad=variant.pad_token_id: time_hf_generate(
+                m, ids, mask, config.new_tokens, pad)
+        modes[weights, "full"] = lambda d=full_decoder: time_ours(d, ids, mask, full_schedule(num_layers), config.new_tokens)
+        for s, solved in schedules.items():
+            modes[weights, f"skip@{s:g}"] = lambda d=skip_decoder, solved=solved: time_ours(
+                d, ids, mask, solved.config, config.new_tokens)
+    return modes
+
+
+def _time_modes(modes: dict[tuple[str, str], Callable[[], Timing]], repeats: int, batch: int, device: torch.device
+                ) -> tuple[dict[tuple[str, str], list[Timing]], dict[tuple[str, str], float]]:
+    """Every mode warmed up once, then ``repeats`` rounds in a fresh random order: (timings, peak MB) per mode."""
+    timings: dict[tuple[str, str], list[Timing]] = {key: [] for key in modes}
+    peaks: dict[tuple[str, str], float] = {}
+    for run in modes.values():  # warm-up: first-call allocations and kernel selection
+        run()
+    keys = list(modes)
+    order_rng = random.Random(batch)
+    for _ in range(repeats):
+        # A fresh random order every round: no mode always runs right after another
+        # (on CPU the previous run's allocations measurably change the next one's speed).
+        order_rng.shuffle(keys)
+        for key in keys:
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            timings[key].append(modes[key]())
+            peaks[key] = max(peaks.get(key, 0.0), _peak_memory_mb(device))
+    return timings, peaks
+
+
+def _batch_rows(config: BenchConfig, variants: dict[str, tuple], schedules: dict, generator: TextGenerator,
+                batch: int, timings: dict[tuple[str, str], list[Timing]], peaks: dict[tuple[str, str], float],
+                report: BenchReport) -> list[BenchRow]:
+    """One batch size's rows for every weight variant, with their ratios to float full depth and to llama.cpp
+    (llama.cpp's own row goes into ``report`` first)."""
+    float_full = batch * config.new_tokens / statistics.median(t.seconds for t in timings["float", "full"]) \
+        if ("float", "full") in timings else None
+    llama_tps = _llama_row(report, timings, batch, config.new_tokens)
+    all_rows = []
+    for weights in variants:
+        rows = _rows(batch, {name: t for (w, name), t in timings.items() if w == weights},
+                     {name: p for (w, name), p in peaks.items() if w == weights}, schedules, generator.num_layers,
+                     generator.cost, config.new_tokens)
+        for row in rows:
+            row.weights = weights
+            row.vs_float_full = round(row.tokens_per_second / float_full, 4) if float_full else None
+            if llama_tps and row.decode_tokens_per_second:
+                row.vs_llama_cpp = round(row.decode_tokens_per_second / llama_tps, 4)
+        all_rows.extend(rows)
+    return all_rows
 
 
 def _decode_step_note() -> str:

@@ -697,4 +697,3 @@ def _quantization_row(config: EvalConfig, weights: str, context: _Context) -> Qu
 
 def write_report(report: EvalReport, folder: str | Path) -> tuple[Path, Path]:
     return write_result_files(folder, "eval", report.to_json(), report.to_markdown())
-

@@ -44,7 +44,8 @@ class PrefixKVCache:
         self._keys: list[torch.Tensor | None] = [None] * num_layers
         self._values: list[torch.Tensor | None] = [None] * num_layers
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any):
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
+               ) -> tuple[torch.Tensor, torch.Tensor]:
         # key_states: (B, H_kv, T, D)
         batch, heads, count, head_dim = key_states.shape
         keys, values, start = self._reserve(layer_idx, batch, heads, head_dim, key_states, count)
@@ -279,7 +280,7 @@ class LowBitParts:
     fuse: Callable[[list[nn.Module]], nn.Module | None] = lambda modules: None
     lean_lora: Callable[[nn.Module], nn.Module] = lambda module: module
     native: Callable[["LeanLlamaLayer", list[nn.Module | None]], Any] = lambda lean, projections: None
-    projections: tuple[type, ...] = ()
+    projections: tuple[type[nn.Module], ...] = ()
 
 
 _low_bit_parts = LowBitParts()
@@ -322,7 +323,9 @@ class LeanLlamaLayer:
         self.head_dim = attn.head_dim
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
-        self.q_norm, self.k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)  # Qwen3
+        # Qwen3 has both norms, other families neither (Any: both are tested by q_norm alone)
+        self.q_norm: Any = getattr(attn, "q_norm", None)
+        self.k_norm: Any = getattr(attn, "k_norm", None)
         self.rotate: Callable = sys.modules[type(attn).__module__].apply_rotary_pos_emb
         # The Llama-family rotary (x * cos + rotate_half(x) * sin over the whole head), which
         # rotate_together repeats for q and k at once; any other variant keeps the family's own.
@@ -330,8 +333,9 @@ class LeanLlamaLayer:
         # Built on the first call, often inside a request's inference_mode: the fused weights
         # must be ordinary tensors all the same (the originals become views of them).
         with torch.inference_mode(False), torch.no_grad():
-            self.qkv = parts.fuse([attn.q_proj, attn.k_proj, attn.v_proj])
-            self.gate_up = parts.fuse([mlp.gate_proj, mlp.up_proj])
+            # Any: a fused module, then (direct_call) a plain call, or None; rotates_fused says which.
+            self.qkv: Any = parts.fuse([attn.q_proj, attn.k_proj, attn.v_proj])
+            self.gate_up: Any = parts.fuse([mlp.gate_proj, mlp.up_proj])
             # A LoRA beside int4 weights: its A rides in the base's kernel call (quantization.py).
             self.o_proj, self.down_proj = parts.lean_lora(attn.o_proj), parts.lean_lora(mlp.down_proj)
         # One fused q/k/v output with the plain Llama rotary: q and k rotate together (and a

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Generator, Sequence
+from typing import Any, Callable, Generator, Sequence, cast
 
 import torch
 from torch import nn
@@ -146,6 +146,22 @@ class DecodeState:
 StopCheck = Callable[[int, list[int]], bool]
 
 
+@dataclass
+class _StreamRun:
+    """One ``stream`` call's working parts, shared by its prefill and decode steps."""
+
+    result: DecodeResult
+    finished: list[bool]  # per row
+    sampling: SamplingConfig
+    generator: torch.Generator | None
+    stop_check: StopCheck | None
+    trace: Trace | None
+
+    def event(self, step: int, new_tokens: list[int], layers: tuple[int, ...], seconds: float) -> StepEvent:
+        return StepEvent(step, new_tokens, list(self.finished), layers, seconds,
+                         self.trace.take() if self.trace else ())
+
+
 class SkipDecoder:
     """SkipDecode for one loaded causal LM (any family that architectures.py adapts).
 
@@ -208,8 +224,8 @@ class SkipDecoder:
         for index in layers:
             if should_cancel is not None and should_cancel():
                 raise Cancelled
-            if index in entries:
-                hidden = self.bridge(index, hidden)
+            if index in entries:  # entries only where there is a bridge
+                hidden = cast(EntryBridge, self.bridge)(index, hidden)
             hidden = weights.run_layer(index, hidden, inputs, cache)
             if trace is not None:
                 trace.record(index, hidden)
@@ -245,8 +261,8 @@ class SkipDecoder:
                     key_valid = torch.cat([state.key_valid[:, :cached], state.key_valid.new_ones(len(token_ids), 1)], dim=1)
                     mask = self.adapter.layer_inputs(hidden, key_valid, positions).mask
                 inputs = inputs_by_length[cached] = LayerInputs(mask=mask, position_ids=positions, extra=extras)
-            if index in entries:
-                hidden = self.bridge(index, hidden)
+            if index in entries:  # entries only where there is a bridge
+                hidden = cast(EntryBridge, self.bridge)(index, hidden)
             hidden = weights.run_layer(index, hidden, inputs, state.cache)
             if trace is not None:
                 trace.record(index, hidden)
@@ -272,6 +288,27 @@ class SkipDecoder:
         input_ids/attention_mask: (B, P), LEFT padded. Returns the DecodeResult (the
         generator's return value; ``generate`` collects it).
         """
+        capacity = self._checked_capacity(input_ids, schedule, max_new_tokens)
+        device = self.device
+        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+        run = self._start_run(attention_mask, schedule, sampling, stop_check, trace_row)
+        result = run.result
+        start = time.perf_counter()
+        try:
+            state, logits = self.prefill(input_ids, attention_mask, result.prefill_layers, capacity, should_cancel,
+                                         run.trace)
+        except Cancelled:
+            result.cancelled = True
+            return result
+        next_ids, new_tokens = self._sample_and_record(logits, run)
+        result.prefill_seconds = time.perf_counter() - start
+        yield run.event(-1, new_tokens, result.prefill_layers, result.prefill_seconds)
+        yield from self._decode_steps(state, next_ids, schedule, max_new_tokens, should_cancel, run)
+        result.cancelled = should_cancel is not None and not all(run.finished) and should_cancel()
+        return result
+
+    def _checked_capacity(self, input_ids: torch.Tensor, schedule: ScheduleConfig, max_new_tokens: int) -> int:
+        """The KV cache's capacity for this call (prompt + new tokens); ValueError on a bad call."""
         if schedule.num_layers != self.num_layers:
             raise ValueError(f"schedule is for {schedule.num_layers} layers; the model has {self.num_layers}")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
@@ -284,10 +321,14 @@ class SkipDecoder:
                 f"prompt ({input_ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
                 f"the model's context of {self.adapter.max_context} tokens"
             )
-        device = self.device
-        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-        batch = input_ids.shape[0]
-        generator = _make_generator(sampling, device)
+        return capacity
+
+    def _start_run(self, attention_mask: torch.Tensor, schedule: ScheduleConfig, sampling: SamplingConfig,
+                   stop_check: StopCheck | None, trace_row: int | None) -> _StreamRun:
+        """A stream call's working parts: its empty result, every row unfinished, the sampler's
+        generator and the trace of ``trace_row`` (ValueError when that is not a row)."""
+        batch = attention_mask.shape[0]
+        generator = _make_generator(sampling, self.device)
         result = DecodeResult(
             num_layers=self.num_layers,
             prompt_lengths=attention_mask.sum(-1).tolist(),
@@ -295,40 +336,35 @@ class SkipDecoder:
             finish_reasons=["length"] * batch,
             prefill_layers=schedule.prefill_layers(),
         )
-        finished = [False] * batch
-
         if trace_row is not None and not 0 <= trace_row < batch:
             raise ValueError(f"trace_row must be a row of the batch (0..{batch - 1}); got {trace_row}")
         trace = Trace(trace_row) if trace_row is not None else None
-        start = time.perf_counter()
-        try:
-            state, logits = self.prefill(input_ids, attention_mask, result.prefill_layers, capacity, should_cancel,
-                                         trace)
-        except Cancelled:
-            result.cancelled = True
-            return result
-        next_ids = sample_next(logits, sampling, generator)
-        new_tokens = self._record(next_ids, result, finished, stop_check)
-        result.prefill_seconds = time.perf_counter() - start
-        yield StepEvent(-1, new_tokens, list(finished), result.prefill_layers, result.prefill_seconds,
-                        trace.take() if trace else ())
+        return _StreamRun(result, [False] * batch, sampling, generator, stop_check, trace)
 
+    def _decode_steps(
+        self, state: DecodeState, next_ids: torch.Tensor, schedule: ScheduleConfig, max_new_tokens: int,
+        should_cancel: Callable[[], bool] | None, run: _StreamRun,
+    ) -> Generator[StepEvent, None, None]:
+        """The decode steps after the prefill, one StepEvent each, until every row is finished, the
+        token budget is spent or the caller cancels (checked before each step)."""
         for step in range(max_new_tokens - 1):
-            if all(finished) or (should_cancel is not None and should_cancel()):
+            if all(run.finished) or (should_cancel is not None and should_cancel()):
                 break
             layers = schedule.step_layers(step)
             start = time.perf_counter()
-            logits = self.decode_step(state, next_ids, layers, trace)
-            next_ids = sample_next(logits, sampling, generator)
-            new_tokens = self._record(next_ids, result, finished, stop_check)
+            logits = self.decode_step(state, next_ids, layers, run.trace)
+            next_ids, new_tokens = self._sample_and_record(logits, run)
             seconds = time.perf_counter() - start
-            result.step_layers.append(layers)
-            result.step_seconds.append(seconds)
-            yield StepEvent(step, new_tokens, list(finished), layers, seconds, trace.take() if trace else ())
-        result.cancelled = should_cancel is not None and not all(finished) and should_cancel()
-        return result
+            run.result.step_layers.append(layers)
+            run.result.step_seconds.append(seconds)
+            yield run.event(step, new_tokens, layers, seconds)
 
-    def generate(self, *args, **kwargs) -> DecodeResult:
+    def _sample_and_record(self, logits: torch.Tensor, run: _StreamRun) -> tuple[torch.Tensor, list[int]]:
+        """(the sampled (B,) ids the next step feeds, every row's new token as recorded)."""
+        next_ids = sample_next(logits, run.sampling, run.generator)
+        return next_ids, self._record(next_ids, run.result, run.finished, run.stop_check)
+
+    def generate(self, *args: Any, **kwargs: Any) -> DecodeResult:
         """``stream`` run to the end; returns its DecodeResult."""
         return run_to_end(self.stream(*args, **kwargs))
 
@@ -381,7 +417,7 @@ def left_padded(rows: Sequence[Sequence[int]], pad_id: int, device: torch.device
     return ids.to(device), mask.to(device)
 
 
-def run_to_end(events: Generator):
+def run_to_end(events: Generator[Any, Any, Any]) -> Any:
     """Drain a step generator and return its return value (the result object)."""
     while True:
         try:

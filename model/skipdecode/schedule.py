@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 DECAY_FUNCTIONS: tuple[str, ...] = ("linear", "exponential", "cosine", "power", "step", "constant")
 DECAY_DESCRIPTIONS: dict[str, str] = {
@@ -39,6 +39,7 @@ def default_warmup(num_layers: int) -> int:
     """DEFAULT_WARMUP for a model as deep as SmolLM2 (30 layers); proportionally fewer for
     shallower models, so every model keeps room to skip."""
     return max(0, min(DEFAULT_WARMUP, num_layers // 6))
+
 
 # The solver accepts a schedule this close (relative) to the best achievable layer speedup when
 # it starts deeper: integer layer counts cannot hit every target exactly anyway.
@@ -369,7 +370,7 @@ def solve_schedule(
             f"least {floor} layers per step the most is {limit:.2f}x"
         )
     cost = cost or CostModel()
-    common = dict(num_layers=num_layers, decay=decay, warmup=warmup, decay_length=decay_length,
+    common: dict[str, Any] = dict(num_layers=num_layers, decay=decay, warmup=warmup, decay_length=decay_length,
                   order=order, prompt_at_full_depth=prompt_at_full_depth, ranking=tuple(ranking))
 
     # Among schedules within SOLVER_TOLERANCE of the best achievable error, take the largest
@@ -399,7 +400,7 @@ def _solver_floor(num_layers: int, warmup: int, min_layers_floor: int | None) ->
     return max(warmup + 1, min_layers_floor)
 
 
-def _candidate_bounds(num_layers: int, floor: int, decay: str):
+def _candidate_bounds(num_layers: int, floor: int, decay: str) -> Iterator[tuple[int, int]]:
     """Every legal integer (max_layers, min_layers) pair with min_layers >= floor; constant decay has max = min."""
     for max_layers in range(floor, num_layers + 1):
         if decay == "constant":

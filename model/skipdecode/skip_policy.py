@@ -96,7 +96,7 @@ class _Gate:
 
 
 def _lora_b_modules(model: nn.Module) -> list[nn.Module]:
-    found = []
+    found: list[nn.Module] = []
     for module in model.modules():
         lora_b = getattr(module, "lora_B", None)
         if isinstance(lora_b, nn.ModuleDict):
@@ -112,7 +112,7 @@ def install_lora_gate(model: nn.Module) -> _Gate:
         return gate
     gate = _Gate()
 
-    def hook(_module, _inputs, output):
+    def hook(_module: nn.Module, _inputs: tuple, output: torch.Tensor) -> torch.Tensor:
         value = gate.value
         if value is None:
             return output

@@ -122,66 +122,81 @@ def run_study(config: StudyConfig, progress: Callable[[str], None] = print) -> d
     torch.set_num_threads(config.threads)
     runs = Path(config.runs_dir)
     runs.mkdir(parents=True, exist_ok=True)
-    # Short budgets: small batches of 32-token targets and a higher learning rate give each arm
-    # as many updates as the budget allows (the long run uses the defaults).
-    base = TrainConfig(max_steps=100_000, max_minutes=config.minutes, threads=config.threads,
-                       eval_every=config.eval_every, eval_prompts=config.eval_prompts, eval_tokens=config.eval_tokens,
-                       batch_size=config.batch_size, learning_rate=config.learning_rate,
-                       max_target_tokens=config.max_target_tokens, warmup_steps=5,
-                       device=config.device, save_every=100_000, **BASELINE)
-
-    importance_file = runs / "layer_importance.json"
-    if importance_file.is_file():
-        importance = json.loads(importance_file.read_text())
-    else:
-        progress("measuring layer importance (one layer bypassed at a time, untrained model) ...")
-        loaded = load_model(None, device=config.device, dtype="float32", adapter=None)
-        held = heldout_set(TextGenerator(loaded), base, runs / f"heldout-{config.eval_prompts}-{config.eval_tokens}.jsonl")
-        importance = measure_layer_importance(loaded, held.batches, held.teacher_logits)
-        importance_file.write_text(json.dumps(importance))
-        del loaded, held
+    base = _base_train_config(config)
+    importance = _layer_importance(config, base, runs, progress)
     ranking = ranking_from_importance(importance)
     progress(f"layer importance (KL when bypassed alone): {importance}; ranking {ranking}")
 
     results: list[ArmResult] = []
     for name in config.arms or tuple(ARMS):
-        description, overrides = ARMS[name]
-        folder = runs / name
-        result_file = folder / "result.json"
+        result_file = runs / name / "result.json"
         if result_file.is_file():
             results.append(ArmResult(**json.loads(result_file.read_text())))
             progress(f"[{name}] kept the earlier measurement")
             continue
-        if folder.exists():
-            shutil.rmtree(folder)  # an interrupted arm starts over: equal budgets
-        folder.mkdir(parents=True)
-        _share_teacher_cache(runs, folder)
-        arm_config = replace(base, output_dir=str(folder), **overrides)
-        if arm_config.order == "ranked":
-            arm_config = replace(arm_config, ranking=ranking)
-        progress(f"[{name}] {description}: training {config.minutes:g} min ...")
-        trained = train(arm_config)
-        minutes = trained.heldout[-1].get("cpu_minutes", 0.0) if trained.heldout else config.minutes
-        _keep_teacher_cache(folder, runs)
-        curve = trained.heldout
-        report = evaluate(EvalConfig(adapter=str(folder / "adapter"), max_prompts=config.eval_prompts,
-                                     continuation_tokens=config.eval_tokens, speedups=(2.0,), device=config.device,
-                                     include_no_adapter=False), progress=lambda line: None)
-        rouge = report.rows[0].rouge_l if report.rows else None
-        arm = ArmResult(arm=name, description=description, minutes=round(minutes, 2), steps=trained.steps,
-                        untrained=curve[0] if curve and curve[0]["step"] == 0 else {},
-                        heldout=curve[-1] if curve else {}, rouge_l_2x=rouge, curve=curve,
-                        overrides={k: list(v) if isinstance(v, tuple) else v for k, v in overrides.items()})
-        result_file.write_text(json.dumps(asdict(arm), indent=2))
-        results.append(arm)
-        progress(f"[{name}] {trained.steps} steps in {minutes:.1f} min: " + _summary(arm))
-        shutil.rmtree(folder / "checkpoints", ignore_errors=True)  # full training states: hundreds of MB
+        results.append(_run_arm(name, config, base, runs, ranking, progress))
 
     study = {"budget_minutes": config.minutes, "threads": config.threads, "eval_prompts": config.eval_prompts,
              "eval_tokens": config.eval_tokens, "hardware": cpu_summary(), "layer_importance": importance,
              "ranking": list(ranking), "arms": [asdict(r) for r in results]}
     write_study(study, config.output)
     return study
+
+
+def _base_train_config(config: StudyConfig) -> TrainConfig:
+    """Every arm's TrainConfig before its overrides. Short budgets: small batches of 32-token targets and a
+    higher learning rate give each arm as many updates as the budget allows (the long run uses the defaults)."""
+    return TrainConfig(max_steps=100_000, max_minutes=config.minutes, threads=config.threads,
+                       eval_every=config.eval_every, eval_prompts=config.eval_prompts, eval_tokens=config.eval_tokens,
+                       batch_size=config.batch_size, learning_rate=config.learning_rate,
+                       max_target_tokens=config.max_target_tokens, warmup_steps=5,
+                       device=config.device, save_every=100_000, **BASELINE)
+
+
+def _layer_importance(config: StudyConfig, base: TrainConfig, runs: Path, progress: Callable[[str], None]
+                      ) -> list[float]:
+    """The untrained model's layer importance: measured once, then read from runs/layer_importance.json."""
+    importance_file = runs / "layer_importance.json"
+    if importance_file.is_file():
+        return json.loads(importance_file.read_text())
+    progress("measuring layer importance (one layer bypassed at a time, untrained model) ...")
+    loaded = load_model(None, device=config.device, dtype="float32", adapter=None)
+    held = heldout_set(TextGenerator(loaded), base, runs / f"heldout-{config.eval_prompts}-{config.eval_tokens}.jsonl")
+    importance = measure_layer_importance(loaded, held.batches, held.teacher_logits)
+    importance_file.write_text(json.dumps(importance))
+    del loaded, held
+    return importance
+
+
+def _run_arm(name: str, config: StudyConfig, base: TrainConfig, runs: Path, ranking: tuple[int, ...],
+             progress: Callable[[str], None]) -> ArmResult:
+    """Train one arm for the budget from a clean folder, measure it, write its result.json."""
+    description, overrides = ARMS[name]
+    folder = runs / name
+    if folder.exists():
+        shutil.rmtree(folder)  # an interrupted arm starts over: equal budgets
+    folder.mkdir(parents=True)
+    _share_teacher_cache(runs, folder)
+    arm_config = replace(base, output_dir=str(folder), **overrides)
+    if arm_config.order == "ranked":
+        arm_config = replace(arm_config, ranking=ranking)
+    progress(f"[{name}] {description}: training {config.minutes:g} min ...")
+    trained = train(arm_config)
+    minutes = trained.heldout[-1].get("cpu_minutes", 0.0) if trained.heldout else config.minutes
+    _keep_teacher_cache(folder, runs)
+    curve = trained.heldout
+    report = evaluate(EvalConfig(adapter=str(folder / "adapter"), max_prompts=config.eval_prompts,
+                                 continuation_tokens=config.eval_tokens, speedups=(2.0,), device=config.device,
+                                 include_no_adapter=False), progress=lambda line: None)
+    rouge = report.rows[0].rouge_l if report.rows else None
+    arm = ArmResult(arm=name, description=description, minutes=round(minutes, 2), steps=trained.steps,
+                    untrained=curve[0] if curve and curve[0]["step"] == 0 else {},
+                    heldout=curve[-1] if curve else {}, rouge_l_2x=rouge, curve=curve,
+                    overrides={k: list(v) if isinstance(v, tuple) else v for k, v in overrides.items()})
+    (folder / "result.json").write_text(json.dumps(asdict(arm), indent=2))
+    progress(f"[{name}] {trained.steps} steps in {minutes:.1f} min: " + _summary(arm))
+    shutil.rmtree(folder / "checkpoints", ignore_errors=True)  # full training states: hundreds of MB
+    return arm
 
 
 def _summary(arm: ArmResult) -> str:

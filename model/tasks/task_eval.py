@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -42,7 +42,7 @@ def describe(generator: TextGenerator, mrs: Sequence[str], schedule: ScheduleReq
     """Greedy descriptions of ``mrs`` in batches of ``batch_size`` (lock-step decoding: a batch
     runs until its longest row ends)."""
     outputs: list[str] = []
-    totals = dict(tokens=0, decode=0.0, total=0.0, layers=0, steps=0)
+    totals: dict[str, Any] = dict(tokens=0, decode=0.0, total=0.0, layers=0, steps=0)
     result: GenerationResult | None = None
     for start in range(0, len(mrs), batch_size):
         prompts = tuple(task_prompt(mr) for mr in mrs[start:start + batch_size])

@@ -13,12 +13,12 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
 from model.common.hardware import hardware_info
-from model.generation import TextGenerator
+from model.generation import ScheduleRequest, TextGenerator
 from model.loading import load_model
 from model.tasks.e2e import E2ERecord, reported_records
 from model.tasks.task_eval import describe, measure_speed, task_scores
@@ -83,7 +83,7 @@ class Arm:
 
 
 def _arm(label: str, policy: str, speedup: float, generator: TextGenerator, records: Sequence[E2ERecord],
-         schedule, config: TaskEvalConfig, max_new_tokens: int) -> Arm:
+         schedule: ScheduleRequest, config: TaskEvalConfig, max_new_tokens: int) -> Arm:
     start = time.perf_counter()
     run = describe(generator, [r.mr for r in records], schedule, max_new_tokens, config.batch_size)
     layers = run.decode_steps * generator.num_layers / max(1, run.layers_run)
@@ -97,7 +97,7 @@ def _arm(label: str, policy: str, speedup: float, generator: TextGenerator, reco
     return arm
 
 
-def _free(*objects) -> None:
+def _free(*objects: object) -> None:
     del objects
     gc.collect()
     if torch.cuda.is_available():
@@ -107,7 +107,7 @@ def _free(*objects) -> None:
 def quality_arms(config: TaskEvalConfig, records: Sequence[E2ERecord]) -> list[Arm]:
     """Every arm's descriptions and scores on ``records``."""
     settings = check_task(config.task)
-    common = dict(device=config.device, dtype="float32" if config.weights == "float32" else "auto",
+    common: dict[str, Any] = dict(device=config.device, dtype="float32" if config.weights == "float32" else "auto",
                   quantize=config.quantize)
     arms: list[Arm] = []
     task_model = TextGenerator(load_task_model(config.task, policy=None, root=config.root, **common))
@@ -160,7 +160,7 @@ def speed_rows(config: TaskEvalConfig, records: Sequence[E2ERecord]) -> list[dic
     if not config.speed_mrs:
         return []
     settings = check_task(config.task)
-    common = dict(device=config.device, dtype="float32" if config.weights == "float32" else "auto",
+    common: dict[str, Any] = dict(device=config.device, dtype="float32" if config.weights == "float32" else "auto",
                   quantize=config.quantize)
     mrs = [r.mr for r in records[: config.speed_mrs]]
     rows = []

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from model.generation import TextGenerator
 from model.loading import load_model
@@ -83,15 +84,17 @@ class TaskRun:
 def train_config(run: TaskRun, data_file: Path) -> TrainConfig:
     """The TrainConfig of a task run (model/training.py does the training)."""
     settings = check_task(run.task)
-    common = dict(output_dir=str(run.folder), data=str(data_file), max_steps=run.steps, batch_size=run.batch_size,
-                  lora_rank=run.lora_rank or settings.lora_rank, lora_alpha=2 * (run.lora_rank or settings.lora_rank),
-                  save_every=run.save_every, eval_every=0, resume=run.resume, device=run.device,
-                  threads=run.threads, seed=run.seed, max_length=256, warmup_steps=20, init_adapter=run.init_adapter)
+    common: dict[str, Any] = dict(
+        output_dir=str(run.folder), data=str(data_file), max_steps=run.steps, batch_size=run.batch_size,
+        lora_rank=run.lora_rank or settings.lora_rank, lora_alpha=2 * (run.lora_rank or settings.lora_rank),
+        save_every=run.save_every, eval_every=0, resume=run.resume, device=run.device,
+        threads=run.threads, seed=run.seed, max_length=256, warmup_steps=20, init_adapter=run.init_adapter)
     if run.policy == "task":
         return TrainConfig(**common, learning_rate=run.learning_rate or 1e-3, fixed_speedup=1.0, gate_lora=False)
     task_dir = run.task_adapter or str(task_adapter_dir(run.task))
-    schedule = dict(fixed_decay="linear", fixed_decay_length=settings.decay_length, floor_share=settings.floor_share,
-                    decays=("linear",), kl_weight=run.kl_weight, task_adapter=task_dir, gate_lora=True)
+    schedule: dict[str, Any] = dict(
+        fixed_decay="linear", fixed_decay_length=settings.decay_length, floor_share=settings.floor_share,
+        decays=("linear",), kl_weight=run.kl_weight, task_adapter=task_dir, gate_lora=True)
     if run.policy == "all":
         return TrainConfig(**common, **schedule, learning_rate=run.learning_rate or 5e-4,
                            speedup_range=SHARED_SPEEDUP_RANGE)

@@ -135,6 +135,14 @@ class TrainConfig:
     threads: int | None = None  # CPU threads for torch (default: torch's choice)
 
     def __post_init__(self) -> None:
+        """Refuse a bad config at once (ValueError naming the field), in this order; tuples from JSON lists."""
+        self._check_numbers()
+        self._check_loss_options()
+        self._check_schedule_options()
+        self._normalise_lists()
+
+    def _check_numbers(self) -> None:
+        """Counts are integers (>= 1 or >= 0), the learning rate positive, loss weights finite and >= 0."""
         positive = ("max_steps", "batch_size", "grad_accum", "continuation_tokens", "max_prompt_tokens",
                     "max_length", "lora_rank", "lora_alpha", "save_every", "teacher_batch_size", "eval_prompts",
                     "eval_tokens")
@@ -154,6 +162,9 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be >= 0; got {value!r}")
+
+    def _check_loss_options(self) -> None:
+        """Loss options that need (or exclude) distillation data, and the CPU-time budget."""
         if self.flip_weight and self.data:
             raise ValueError("flip_weight weighs the distillation KL (a user's --data text has no teacher): leave out --data")
         if self.unlikelihood and self.data:
@@ -164,6 +175,9 @@ class TrainConfig:
             raise ValueError("unlikelihood finds each loop on the whole target: leave out --max-target-tokens")
         if self.max_minutes is not None and not self.max_minutes > 0:
             raise ValueError(f"max_minutes must be > 0; got {self.max_minutes!r}")
+
+    def _check_schedule_options(self) -> None:
+        """The schedules training draws: speedups, decays, mix and layer order (and --data's KL weight)."""
         low, high = self.speedup_range
         if not (1.0 <= low <= high):
             raise ValueError(f"speedup_range must satisfy 1 <= low <= high; got {self.speedup_range}")
@@ -184,6 +198,9 @@ class TrainConfig:
             raise ValueError(f"schedule_mix must be one of {', '.join(SCHEDULE_MIXES)}; got {self.schedule_mix!r}")
         if self.order not in LAYER_ORDERS and self.order != RANKED:
             raise ValueError(f"order must be one of {', '.join(LAYER_ORDERS)}, {RANKED}; got {self.order!r}")
+
+    def _normalise_lists(self) -> None:
+        """ranking and sequence_shares as tuples of numbers; one share per --sequences folder."""
         self.ranking = tuple(int(i) for i in self.ranking)
         self.sequence_shares = tuple(float(v) for v in self.sequence_shares)
         if self.sequence_shares:
@@ -195,7 +212,6 @@ class TrainConfig:
                 raise ValueError(f"sequence_shares must be >= 0 with a positive sum; got {self.sequence_shares!r}")
             if self.length_grouped:
                 raise ValueError("sequence_shares and length_grouped draw batches in two different ways: pick one")
-
 
 # --- data ----------------------------------------------------------------------------------
 
@@ -601,5 +617,3 @@ def _lr_factor(step: int, elapsed: float, config: TrainConfig) -> float:
     if config.max_minutes is not None:
         progress = max(progress, elapsed / (config.max_minutes * 60))
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-
-
