@@ -35,7 +35,7 @@ def mr_form(prompt: gr.Textbox) -> dict:
                         fields[key] = _field(key)
             ui["mr_fields"] = fields
             ui["mr_compose"] = gr.Button("Put this MR in the prompt box", size="sm", elem_id="mr-compose")
-            ui["mr_note"] = gr.Markdown(elem_id="mr-note")
+            ui["mr_note"] = gr.Markdown(elem_id="mr-note", latex_delimiters=[])
     return ui
 
 
@@ -88,7 +88,7 @@ def mr_feedback(task: str, prompt: str):
 def compose_into_prompt(*values: str) -> tuple:
     """The form's fields (ATTRIBUTES order) -> (the MR for the prompt box, ""), or the problem."""
     mr, problem = compose(dict(zip(ATTRIBUTES, values)))
-    return (mr if mr is not None else gr.skip()), problem
+    return (mr if mr is not None else gr.skip()), as_markdown(problem) if problem else ""
 
 
 def task_events(demo: gr.Blocks, playground: Playground, ui: dict, fixed: list, settings: set, lane: dict) -> None:

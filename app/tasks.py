@@ -7,7 +7,6 @@ policies and the schedule they were trained on); this module only picks and cach
 
 from __future__ import annotations
 
-import html
 import logging
 import threading
 from collections import OrderedDict
@@ -53,9 +52,10 @@ def fixed_note(task: str) -> str:
 
 
 def mr_problem(error: ValueError) -> str:
-    """parse_mr's message for the page: named as the MR's problem, shown as text (a visitor's
-    characters quoted in it must not become markup in the toast, which renders HTML)."""
-    return "The MR has a problem: " + html.escape(str(error), quote=False)
+    """parse_mr's message named as the MR's problem, as plain text: each place that shows it
+    escapes it for its own context (the toast's HTML: handlers.page_error; a Markdown line:
+    shown_text.as_markdown; an API client reads it as it is)."""
+    return "The MR has a problem: " + str(error)
 
 
 def check_mr(task: str, prompt: str) -> None:

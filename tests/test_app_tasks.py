@@ -6,6 +6,7 @@ import json
 import gradio as gr
 import pytest
 
+from app.handlers import page_error
 from app.lessons import LESSONS, lesson_by_title, lesson_values
 from app.results import claim_sentence, claim_verdicts, e2e_markdown, e2e_note, load_e2e
 from app.settings import Limits, PlaygroundSettings
@@ -44,7 +45,8 @@ def test_a_bad_mr_is_named_as_text_and_a_good_one_passes():
     with pytest.raises(ValueError) as error:
         check_mr("e2e", "name[The Eagle], <b>red</b>")
     message = str(error.value)
-    assert message.startswith("The MR has a problem: the MR is not a list") and "<b>" not in message
+    assert message.startswith("The MR has a problem: the MR is not a list")
+    assert "<b>" not in page_error(error.value).message  # escaped where it is shown: the toast renders HTML
     with pytest.raises(ValueError, match="unknown MR attribute 'colour'"):
         check_mr("e2e", "name[The Eagle], colour[red]")
     with pytest.raises(ValueError, match="needs a name"):
@@ -85,6 +87,8 @@ def test_the_task_switch_fixes_the_controls_and_fills_the_prompt_and_the_form_co
                                             "area[riverside], familyFriendly[yes], near[Burger King]", "")
     kept, problem = compose_into_prompt("", "pub", "", "", "", "", "", "")
     assert isinstance(kept, type(gr.skip())) and "needs a name" in problem
+    _, hostile = compose_into_prompt("A](http://evil.example)", "", "", "", "", "", "", "")  # quoted in the message
+    assert "](" not in hostile and "http:" not in hostile  # the Markdown note shows it as text
     assert len(examples()) == 8 and all(parse_mr(mr) for mr in examples())
 
 
