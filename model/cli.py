@@ -236,7 +236,6 @@ def add_eval_command(commands) -> None:
     ev.set_defaults(handler=run_eval)
 
 
-# The commands, in the order `python -m model --help` lists them.
 def add_train_task_command(commands) -> None:
     """`train-task`: a task model or one of its skip policies, and its options."""
     tt = commands.add_parser("train-task", help="a task model (the paper's 1x) or one of its skip policies "
@@ -255,6 +254,7 @@ def add_eval_task_command(commands) -> None:
     et.set_defaults(handler=run_eval_task)
 
 
+# The commands, in the order `python -m model --help` lists them.
 COMMANDS = (add_generate_command, add_make_data_command, add_train_command, add_eval_command, add_study_command, add_scaling_command, add_shape_study_command, add_export_adapter_command, add_mix_adapters_command, add_bench_command, add_lowbit_check_command,
             add_train_task_command, add_eval_task_command)
 

@@ -213,7 +213,8 @@ def load_model(
 
 
 def merge_task_adapter(model: nn.Module, adapter_path: Path) -> nn.Module:
-    """``model`` with a task's LoRA merged into its own weights (in place: no second copy)."""
+    """``model`` with a peft LoRA merged into its own weights (in place: no second copy); a task's
+    adapter, or a skip policy's on a copy (merged_copy)."""
     from peft import PeftModel  # noqa: PLC0415
 
     if not (adapter_path / "adapter_config.json").is_file():
@@ -267,10 +268,7 @@ def merged_copy(model: nn.Module, adapter_path: Path) -> nn.Module:
         tuned = AutoModelForCausalLM.from_pretrained(adapter_path, dtype=next(model.parameters()).dtype,
                                                      attn_implementation=attention_implementation(model))
         return tuned.to(next(model.parameters()).device).eval()
-    from peft import PeftModel  # noqa: PLC0415
-
-    wrapped = PeftModel.from_pretrained(copy.deepcopy(model), adapter_path)
-    return wrapped.merge_and_unload().eval()
+    return merge_task_adapter(copy.deepcopy(model), adapter_path)
 
 
 def structure_copy(model: nn.Module) -> nn.Module:

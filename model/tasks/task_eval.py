@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 
-from model.generation import GenerationRequest, GenerationResult, ScheduleRequest, TextGenerator
+from model.generation import GenerationRequest, ScheduleRequest, TextGenerator
 from model.skipdecode.decoder import SamplingConfig, SkipDecoder
 from model.skipdecode.schedule import ScheduleConfig, cost_speedup, layer_speedup
 from model.tasks.e2e import E2ERecord, task_prompt
@@ -25,45 +25,25 @@ from model.tasks.e2e import E2ERecord, task_prompt
 
 @dataclass
 class Descriptions:
-    """One arm's outputs on a list of MRs, with what the decoder ran."""
+    """One arm's outputs on a list of MRs, and the layers each decode step ran (every batch's
+    steps, in order: a batch runs until its longest row ends, every row at the same depth)."""
 
     outputs: list[str]
-    generated_tokens: int
-    decode_seconds: float  # the decode steps only (prefill excluded)
-    total_seconds: float  # prefill + decode
-    layers_run: int  # layers executed over every decode step of every batch (per row: the same)
-    decode_steps: int
-    planned_cost_speedup: float
-    planned_layer_speedup: float
+    step_layers: list[int]
 
 
 def describe(generator: TextGenerator, mrs: Sequence[str], schedule: ScheduleRequest, max_new_tokens: int,
              batch_size: int = 32) -> Descriptions:
     """Greedy descriptions of ``mrs`` in batches of ``batch_size`` (lock-step decoding: a batch
     runs until its longest row ends)."""
-    outputs: list[str] = []
-    totals: dict[str, Any] = dict(tokens=0, decode=0.0, total=0.0, layers=0, steps=0)
-    result: GenerationResult | None = None
+    run = Descriptions(outputs=[], step_layers=[])
     for start in range(0, len(mrs), batch_size):
         prompts = tuple(task_prompt(mr) for mr in mrs[start:start + batch_size])
         result = generator.generate(GenerationRequest(prompts=prompts, schedule=schedule,
                                                       max_new_tokens=max_new_tokens, sampling=SamplingConfig()))
-        outputs += [text.strip() for text in result.outputs]
-        _add_timings(totals, result)
-    summary = result.to_json() if result is not None else {}
-    return Descriptions(outputs=outputs, generated_tokens=totals["tokens"], decode_seconds=totals["decode"],
-                        total_seconds=totals["total"], layers_run=totals["layers"], decode_steps=totals["steps"],
-                        planned_cost_speedup=float(summary.get("planned_cost_model_speedup", 1.0)),
-                        planned_layer_speedup=float(summary.get("planned_layer_speedup", 1.0)))
-
-
-def _add_timings(totals: dict, result: GenerationResult) -> None:
-    decode = result.decode
-    totals["tokens"] += decode.num_generated
-    totals["decode"] += sum(decode.step_seconds)
-    totals["total"] += decode.total_seconds
-    totals["layers"] += sum(decode.layers_per_step)
-    totals["steps"] += len(decode.layers_per_step)
+        run.outputs += [text.strip() for text in result.outputs]
+        run.step_layers += result.layers_per_step
+    return run
 
 
 # --- scores ----------------------------------------------------------------------------------------

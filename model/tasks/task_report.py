@@ -19,7 +19,8 @@ import torch
 
 from model.common.hardware import hardware_info
 from model.generation import ScheduleRequest, TextGenerator
-from model.loading import load_model
+from model.loading import load_model, resolve_device
+from model.skipdecode.schedule import cost_speedup, layer_speedup
 from model.tasks.e2e import E2ERecord, reported_records
 from model.tasks.task_eval import describe, measure_speed, task_scores
 from model.tasks.task_models import (
@@ -65,8 +66,11 @@ class TaskEvalConfig:
             raise ValueError("--mrs must be >= 1")
 
     @property
-    def quantize(self) -> str:
-        return "none" if self.weights == "float32" else "auto"
+    def load_options(self) -> dict[str, Any]:
+        """How every arm's model loads: float32 throughout, or the CPU default (low-bit) weights."""
+        if self.weights == "float32":
+            return dict(device=self.device, dtype="float32", quantize="none")
+        return dict(device=self.device, dtype="auto", quantize="auto")
 
 
 @dataclass
@@ -86,19 +90,17 @@ def _arm(label: str, policy: str, speedup: float, generator: TextGenerator, reco
          schedule: ScheduleRequest, config: TaskEvalConfig, max_new_tokens: int) -> Arm:
     start = time.perf_counter()
     run = describe(generator, [r.mr for r in records], schedule, max_new_tokens, config.batch_size)
-    layers = run.decode_steps * generator.num_layers / max(1, run.layers_run)
-    cost = generator.cost
-    cost_speedup = (run.decode_steps * cost.step_cost(generator.num_layers)
-                    / max(1e-9, run.layers_run * cost.layer_cost + run.decode_steps * cost.fixed_cost))
+    num_layers = generator.num_layers
     arm = Arm(label=label, policy=policy, speedup=speedup, scores=task_scores(run.outputs, records),
-              achieved_layer_speedup=round(layers, 3), cost_model_speedup=round(cost_speedup, 3),
+              achieved_layer_speedup=round(layer_speedup(num_layers, run.step_layers), 3),
+              cost_model_speedup=round(cost_speedup(num_layers, run.step_layers, generator.cost), 3),
               seconds=round(time.perf_counter() - start, 1), outputs=run.outputs)
     print(f"eval-task: {label}: {arm.scores} (layers {arm.achieved_layer_speedup:.2f}x, {arm.seconds:.0f} s)", flush=True)
     return arm
 
 
-def _free(*objects: object) -> None:
-    del objects
+def _release_memory() -> None:
+    """After the caller dropped its last reference to an arm's model: free it before the next loads."""
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -107,8 +109,7 @@ def _free(*objects: object) -> None:
 def quality_arms(config: TaskEvalConfig, records: Sequence[E2ERecord]) -> list[Arm]:
     """Every arm's descriptions and scores on ``records``."""
     settings = check_task(config.task)
-    common: dict[str, Any] = dict(device=config.device, dtype="float32" if config.weights == "float32" else "auto",
-                  quantize=config.quantize)
+    common = config.load_options
     arms: list[Arm] = []
     task_model = TextGenerator(load_task_model(config.task, policy=None, root=config.root, **common))
     num_layers = task_model.num_layers
@@ -118,40 +119,47 @@ def quality_arms(config: TaskEvalConfig, records: Sequence[E2ERecord]) -> list[A
         arms.append(_arm(f"no policy {speedup:g}x", "none", speedup, task_model, records,
                          task_schedule(config.task, speedup, num_layers, skip_policy=False), config,
                          settings.max_new_tokens))
-    _free(task_model)
+    del task_model
+    _release_memory()
     for policy, folder_of in (("per-speedup", lambda s: policy_dir(config.task, s, config.root)),
                               ("shared", lambda s: policy_dir(config.task, None, config.root))):
+        by_folder: dict[Path, list[float]] = {}  # the shared policy loads once for all its speedups
         for speedup in config.speedups:
-            folder = folder_of(speedup)
+            by_folder.setdefault(folder_of(speedup), []).append(speedup)
+        for folder, speedups in by_folder.items():
             if not (folder / "adapter_config.json").is_file():
                 continue
             generator = TextGenerator(load_task_model(config.task, policy=folder, root=config.root, **common))
-            arms.append(_arm(f"{policy} policy {speedup:g}x", policy, speedup, generator, records,
-                             task_schedule(config.task, speedup, num_layers), config, settings.max_new_tokens))
-            _free(generator)
+            for speedup in speedups:
+                arms.append(_arm(f"{policy} policy {speedup:g}x", policy, speedup, generator, records,
+                                 task_schedule(config.task, speedup, num_layers), config, settings.max_new_tokens))
+            del generator
+            _release_memory()
     if config.baselines:
-        arms += baseline_arms(config, records, common, num_layers)
+        arms += baseline_arms(config, records, num_layers)
     task_scores_1x = arms[0].scores
     for arm in arms:
         arm.shares = {k: round(v / task_scores_1x[k], 3) if task_scores_1x[k] else None for k, v in arm.scores.items()}
     return arms
 
 
-def baseline_arms(config: TaskEvalConfig, records: Sequence[E2ERecord], common: dict, num_layers: int) -> list[Arm]:
+def baseline_arms(config: TaskEvalConfig, records: Sequence[E2ERecord], num_layers: int) -> list[Arm]:
     """The default model without the task's fine-tuning: full depth, and the general chat skip
     policy at 2x and 3x on the task's schedule."""
     settings = check_task(config.task)
     arms = []
-    untouched = TextGenerator(load_model(None, adapter=None, **common))
+    untouched = TextGenerator(load_model(None, adapter=None, **config.load_options))
     arms.append(_arm("untouched model (1x)", "untouched model", 1.0, untouched, records,
                      task_schedule(config.task, 1.0, num_layers, full=True), config, settings.max_new_tokens))
-    _free(untouched)
-    general = TextGenerator(load_model(None, adapter="auto", **common))
+    del untouched
+    _release_memory()
+    general = TextGenerator(load_model(None, adapter="auto", **config.load_options))
     if general.loaded.adapter_path:
         for speedup in (2.0, 3.0):
             arms.append(_arm(f"general chat policy {speedup:g}x", "general chat", speedup, general, records,
                              task_schedule(config.task, speedup, num_layers), config, settings.max_new_tokens))
-    _free(general)
+    del general
+    _release_memory()
     return arms
 
 
@@ -160,8 +168,7 @@ def speed_rows(config: TaskEvalConfig, records: Sequence[E2ERecord]) -> list[dic
     if not config.speed_mrs:
         return []
     settings = check_task(config.task)
-    common: dict[str, Any] = dict(device=config.device, dtype="float32" if config.weights == "float32" else "auto",
-                  quantize=config.quantize)
+    common = config.load_options
     mrs = [r.mr for r in records[: config.speed_mrs]]
     rows = []
     for speedup in config.speedups:
@@ -175,7 +182,8 @@ def speed_rows(config: TaskEvalConfig, records: Sequence[E2ERecord]) -> list[dic
                          "weights": loaded.weights})
             print(f"eval-task: speed {speedup:g}x batch {batch}: decode {row.decode_speedup:.2f}x "
                   f"(bound {row.cost_model_bound:.2f}x), end to end {row.end_to_end_speedup:.2f}x", flush=True)
-        _free(generator, loaded)
+        del generator, loaded
+        _release_memory()
     return rows
 
 
@@ -186,7 +194,7 @@ def run_task_eval(config: TaskEvalConfig) -> dict:
     start = time.perf_counter()
     arms = quality_arms(config, records) if config.quality else []
     speed = speed_rows(config, records)
-    device = torch.device("cuda" if config.device.startswith("cuda") or (config.device == "auto" and torch.cuda.is_available()) else "cpu")
+    device = resolve_device(config.device)
     report = {
         "task": config.task, "config": {**asdict(config), "adapters": portable_path(config.adapters)}, "test_mrs": len(records),
         "minutes": round((time.perf_counter() - start) / 60, 1), "hardware": hardware_info(device),

@@ -101,17 +101,15 @@ def train_config(run: TaskRun, data_file: Path) -> TrainConfig:
     return TrainConfig(**common, **schedule, learning_rate=run.learning_rate or 5e-4, fixed_speedup=run.speedup)
 
 
-def heldout_bleu(run: TaskRun, adapter: Path, speedups: tuple[float, ...]) -> dict:
-    """BLEU on the held-out devset MRs at each speedup (the task model: at 1x), float32."""
+def heldout_bleu(run: TaskRun, config: TrainConfig, adapter: Path, speedups: tuple[float, ...]) -> dict:
+    """BLEU on the held-out devset MRs at each speedup (the task model: at 1x), float32: the run's
+    adapter as the task model itself, or as a policy on the task model it trained on."""
     held = dev_split()[1][: run.heldout_mrs]
     settings = check_task(run.task)
-    task_dir = None if run.policy == "task" else (run.task_adapter or str(task_adapter_dir(run.task)))
-    if run.policy == "task":
-        loaded = load_model(None, device=run.device, dtype="float32", adapter=None, quantize="none",
-                            task_adapter=str(adapter))
-    else:
-        loaded = load_model(None, device=run.device, dtype="float32", adapter=str(adapter), quantize="none",
-                            task_adapter=task_dir)
+    task_model_run = run.policy == "task"
+    loaded = load_model(None, device=run.device, dtype="float32", quantize="none",
+                        adapter=None if task_model_run else str(adapter),
+                        task_adapter=str(adapter) if task_model_run else config.task_adapter)
     generator = TextGenerator(loaded)
     scores = {}
     for speedup in speedups:
@@ -131,7 +129,7 @@ def train_task(run: TaskRun) -> dict:
     speedups = (1.0,) if run.policy == "task" else ((run.speedup,) if run.speedup else (2.0, 3.0, 5.0))
     summary = {"run": asdict(run), "steps": result.steps, "seconds": round(result.seconds, 1),
                "final_loss": round(sum(result.losses[-20:]) / max(1, len(result.losses[-20:])), 4) if result.losses else None,
-               "heldout": heldout_bleu(run, adapter, speedups) if run.heldout_mrs else {}}
+               "heldout": heldout_bleu(run, config, adapter, speedups) if run.heldout_mrs else {}}
     (run.folder / "summary.json").write_text(json.dumps(summary, indent=2))
     if run.export:
         export_adapter(adapter, run.export)
