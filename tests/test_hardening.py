@@ -290,13 +290,9 @@ def first_message_seconds(job, timeout: float = 60) -> float | None:
 JOB = dict(prompt="Tell me about the sea.", target_speedup=1.5, max_new_tokens=16, temperature=0.0)
 
 
-@pytest.mark.server
-def test_a_rest_flood_cannot_lock_out_a_page_visitor(slow_server):
-    """One script floods by REST /call/ and by queue/join with made-up session ids, reading every
-    stream; a page visitor's first token still comes after the running job plus one per other client."""
-    import httpx
-
-    demo, _ = slow_server
+def one_job_alone(demo) -> tuple[str, float, int, list]:
+    """On an idle server: its base URL, how long one JOB takes alone (the unit a fairness bound
+    counts in), the generate endpoint's fn_index and JOB's values as the raw API sends them."""
     base = demo.local_url.rstrip("/")
     wait_idle(demo)
     alone = page_client(demo).submit(**JOB, api_name="/generate")
@@ -304,7 +300,17 @@ def test_a_rest_flood_cannot_lock_out_a_page_visitor(slow_server):
     alone.result(timeout=60)
     job_s = time.time() - started
     fn_index = next(i for i, fn in demo.fns.items() if fn.api_name == "generate")
-    data = api_values(base, **JOB)
+    return base, job_s, fn_index, api_values(base, **JOB)
+
+
+@pytest.mark.server
+def test_a_rest_flood_cannot_lock_out_a_page_visitor(slow_server):
+    """One script floods by REST /call/ and by queue/join with made-up session ids, reading every
+    stream; a page visitor's first token still comes after the running job plus one per other client."""
+    import httpx
+
+    demo, _ = slow_server
+    base, job_s, fn_index, data = one_job_alone(demo)
     stop, tally, readers = threading.Event(), collections.Counter(), []
     shares = []
 
@@ -764,14 +770,7 @@ def test_invented_heartbeat_sessions_count_as_one_client(slow_server):
     import httpx
 
     demo, _ = slow_server
-    base = demo.local_url.rstrip("/")
-    wait_idle(demo)
-    alone = page_client(demo).submit(**JOB, api_name="/generate")
-    started = time.time()
-    alone.result(timeout=60)
-    job_s = time.time() - started
-    fn_index = next(i for i, fn in demo.fns.items() if fn.api_name == "generate")
-    data = api_values(base, **JOB)
+    base, job_s, fn_index, data = one_job_alone(demo)
     stop, tally = threading.Event(), collections.Counter()
     sessions = [f"invented{i:02d}" for i in range(16)]
 
