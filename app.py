@@ -27,6 +27,8 @@ Settings (environment variables, all optional):
   SKIPDECODE_STEP_POSITIONS KV-cache positions all step-mode sessions keep together (default 32768)
   SKIPDECODE_STEP_MB         memory all step-mode sessions keep together, estimated (default 1024)
   SKIPDECODE_STEP_PER_ADDRESS  step-mode sessions one network address keeps (default 4; its oldest go first)
+  SKIPDECODE_REQUEST_READ_S seconds a client has to send a whole request, headers and body (default 30)
+  MALLOC_ARENA_MAX          glibc malloc arenas (default 2, set at start-up: flat memory under many requests)
   GRADIO_SERVER_NAME / GRADIO_SERVER_PORT  where to listen (default 127.0.0.1:7860)
 """
 
@@ -40,6 +42,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 from functools import lru_cache
 
 from app.fair_queue import ServingLimits
+from app.sessions import limit_malloc_arenas
 from app.settings import Limits
 from app.ui import build_demo, launch_options
 from model.generation import TextGenerator
@@ -108,6 +111,7 @@ def get_generator():
 
 
 def main() -> None:
+    limit_malloc_arenas()  # before the model's and the server's threads allocate
     if not os.environ.get("SKIPDECODE_MODEL"):
         ensure_default_model()
     get_generator()  # load at start-up: the first visitor should not wait for it

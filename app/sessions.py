@@ -4,6 +4,8 @@ sessions, KV-cache positions and idle time)."""
 from __future__ import annotations
 
 import collections
+import ctypes
+import os
 import threading
 import time
 import uuid
@@ -11,6 +13,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import gradio as gr
+
+M_ARENA_MAX = -8  # glibc's mallopt parameter (malloc.h)
 
 
 @dataclass
@@ -208,12 +212,23 @@ def session_key(request: gr.Request | None) -> str:
     return getattr(request, "session_hash", None) or f"no-session-{uuid.uuid4().hex}"
 
 
+def limit_malloc_arenas(default: int = 2) -> bool:
+    """glibc gives every thread that allocates its own malloc arena; a server with many request
+    threads then keeps many arenas' free memory and its RSS climbs with each burst. Cap them at
+    start-up (MALLOC_ARENA_MAX when the deployer set it, else ``default``): a Space runs app.py
+    directly, where scripts/start.sh's environment variable is not set. False off glibc."""
+    raw = os.environ.get("MALLOC_ARENA_MAX", "").strip()
+    arenas = int(raw) if raw.isdigit() and int(raw) > 0 else default
+    try:
+        return ctypes.CDLL("libc.so.6").mallopt(M_ARENA_MAX, arenas) == 1
+    except (OSError, AttributeError):
+        return False
+
+
 def release_free_memory() -> None:
     """Hand memory the allocator keeps after a long prompt back to the system (glibc's
     malloc_trim; a no-op elsewhere), so the server's RSS returns towards its baseline when idle."""
     try:
-        import ctypes  # noqa: PLC0415
-
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass

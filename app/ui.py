@@ -25,6 +25,7 @@ from app.request_guard import RequestGuard
 from app.results import results_tab
 from app.security_headers import SecurityHeaders
 from app.settings import EXAMPLE_PROMPTS, Limits, PlaygroundSettings, control_ranges, lowered_defaults, trained_defaults
+from app.slow_clients import guard_slow_clients
 from app.style import COPY_JS, PAGE_URL_JS, SCROLL_TO_OUTPUTS, launch_style
 from app.task_view import full_title, mr_form, task_events
 from app.tasks import TASK_FIXED, TaskGenerators, task_choices
@@ -45,7 +46,9 @@ def launch_options() -> dict:
     """Keyword arguments for demo.launch(): the style (CSS, system font stack, the Results link),
     no file uploads (the app takes none), no unauthenticated monitoring dashboard, and the
     request guard (malformed calls get a message) behind the security headers (a Content-Security-
-    Policy and friends on every response, the guard's refusals included)."""
+    Policy and friends on every response, the guard's refusals included). Also puts the request-read
+    deadline under gradio's server (app/slow_clients.py): a half-sent request is closed in time."""
+    guard_slow_clients()
     from starlette.middleware import Middleware  # noqa: PLC0415
 
     style = launch_style()

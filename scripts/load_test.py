@@ -60,6 +60,10 @@ the script is 127.0.0.1, a visitor 127.0.0.2 (the server reads real peer address
                    before, at peak and 10 s after
   bad numbers      a NaN seed on the page's generate event, order="random" on the API: status and the
                    parameter named
+  half-sent requests  200 sockets that send a request line and one header line a second, never ending
+                   their headers (slowloris), and a visitor loading the page meanwhile: when the server
+                   closed each (target: all, within its 30 s read deadline + 5 s) and the visitor's page
+  memory           the server's RSS when the round starts and 10 s after it ends
 
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python scripts/load_test.py --hostile --round-four
 """
@@ -678,6 +682,7 @@ HOSTILE_LINKS = {  # the issue's share links, each an unknown parameter NAME or 
 MARKUP = ("<form", "<input", "href=")
 SECURITY_HEADERS = ("content-security-policy", "x-content-type-options", "referrer-policy")
 PAGE_COOKIE = "skipdecode_page"  # app/page_tokens.py: the page token a page load sets
+READ_DEADLINE_S = 30.0  # app/slow_clients.py's default (the launched app is not told another)
 PROMPT_TEMPLATE_TOKENS = 31  # the chat template around a prompt of one-token words (1500 words: 1531 tokens)
 COUNTING = " Now count from 1 to 500, one number after another, separated by commas."
 COUNTING_TOKENS = 20  # about (the tokenizer is the server's): the cost probe keeps 10 units of margin
@@ -1043,6 +1048,66 @@ def bad_numbers(url: str) -> dict:
             "order_random": {"status": order.status_code, "parameter_named": named, "message": order.text[:300]}}
 
 
+def half_sent_socket(host: str, port: int) -> socket.socket:
+    sock = socket.create_connection((host, port), timeout=10)
+    sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")  # never the blank line that ends the headers
+    sock.setblocking(False)
+    return sock
+
+
+def trickle_until_closed(sockets: list[socket.socket], started: float, limit_s: float) -> list[float | None]:
+    """Send one header line a second on every socket (slowloris) until the server closes each one;
+    the seconds after ``started`` at which each was closed (None: still open at ``limit_s``)."""
+    closed: list[float | None] = [None] * len(sockets)
+    while time.time() - started < limit_s and None in closed:
+        for index, sock in enumerate(sockets):
+            if closed[index] is not None:
+                continue
+            try:
+                if sock.recv(4096) == b"":
+                    closed[index] = round(time.time() - started, 1)
+                    continue
+            except BlockingIOError:
+                pass
+            except OSError:
+                closed[index] = round(time.time() - started, 1)
+                continue
+            try:
+                sock.send(b"X-Slow: 1\r\n")
+            except OSError:
+                closed[index] = round(time.time() - started, 1)
+        time.sleep(1.0)
+    return closed
+
+
+def half_sent_requests(url: str, connections: int, deadline_s: float) -> dict:
+    """``connections`` slowloris sockets trickling a header line a second and never ending their
+    headers, and a visitor loading the page meanwhile: when the server closed each socket, and how
+    long the visitor's page took."""
+    host, port = url.split("//", 1)[1].rstrip("/").split(":")
+    started = time.time()
+    sockets = [half_sent_socket(host, int(port)) for _ in range(connections)]
+    visitor: dict = {}
+
+    def visit() -> None:
+        time.sleep(2)
+        began = time.time()
+        answer = httpx.get(url, timeout=60)
+        visitor.update(status=answer.status_code, seconds=round(time.time() - began, 2))
+
+    thread = threading.Thread(target=visit)
+    thread.start()
+    closed = trickle_until_closed(sockets, started, deadline_s + 30)
+    thread.join()
+    for sock in sockets:
+        sock.close()
+    done = [c for c in closed if c is not None]
+    return {"connections": connections, "trickle": "one header line a second, never the blank line",
+            "server_read_deadline_s": deadline_s, "closed": len(done), "still_open": len(closed) - len(done),
+            "closed_after_s_min": min(done, default=None), "closed_after_s_max": max(done, default=None),
+            "visitor_page_during": visitor}
+
+
 def cpu_flags() -> list[str]:
     flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
                   if line.startswith("flags")), [])
@@ -1054,6 +1119,7 @@ def round_four(url: str, process: psutil.Process | None, args: argparse.Namespac
     tiny = args.tiny
     load_before = [round(x, 2) for x in os.getloadavg()]
     started = time.time()
+    rss_start = rss_mb(process)
     report = {
         "command": command_line(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "hardware": {**hardware(), "cpu_flags": cpu_flags()},
@@ -1065,7 +1131,12 @@ def round_four(url: str, process: psutil.Process | None, args: argparse.Namespac
                                    TINY_JOBS if tiny else WORST_JOBS),
         "step_mode": step_mode_eviction(url, process, 2 if tiny else 6, 20 if tiny else 500),
         "bad_numbers": bad_numbers(url),
+        "half_sent_requests": half_sent_requests(url, 10 if tiny else 200, READ_DEADLINE_S),
     }
+    time.sleep(10)
+    report["memory"] = {"rss_mb_round_start": rss_start, "rss_mb_10s_after_round": rss_mb(process),
+                        "held_by_design": "step-mode sessions (the script's and the visitor's) keep their KV "
+                                          "caches until evicted, their page closes or 10 idle minutes"}
     load_after = [round(x, 2) for x in os.getloadavg()]
     report["seconds"] = round(time.time() - started, 1)
     report["load_average"] = {"before_1_5_15_min": load_before, "after_1_5_15_min": load_after}
@@ -1158,6 +1229,12 @@ def missed_round_four(report: dict) -> list[str]:
         missed.append(f"the issue's job was not refused (REST {cost['rest_status']})")
     if not report["step_mode"]["visitor_session_survived"]:
         missed.append(f"the visitor's step session did not survive: {report['step_mode']['visitor_second_step']!r}")
+    slow = report["half_sent_requests"]
+    if slow["still_open"] or (slow["closed_after_s_max"] or 0) > slow["server_read_deadline_s"] + 5:
+        missed.append(f"half-sent requests: {slow['still_open']} still open, the last closed after "
+                      f"{slow['closed_after_s_max']} s (deadline {slow['server_read_deadline_s']} s)")
+    if slow["visitor_page_during"].get("status") != 200:
+        missed.append(f"the visitor's page beside the half-sent requests: {slow['visitor_page_during']}")
     bad = report["bad_numbers"]
     if bad["nan_seed"]["status"] != 422 or bad["nan_seed"]["parameter_named"] != "seed":
         missed.append(f"NaN seed: {bad['nan_seed']}")

@@ -212,6 +212,7 @@ PREFILL_LAYER_S = 0.05  # each layer of a prefill
 STEP_LAYER_S = 0.012  # each layer of a decode step
 QUEUE_SIZE = 20  # API share per address: 2 jobs (10%); per address: 10; per page session: 2
 GRACE_S = 1.0
+READ_DEADLINE_S = 2.0  # the request-read deadline of the launched server (app/slow_clients.py)
 
 
 class SlowGenerator:
@@ -245,7 +246,10 @@ def slow_server(tiny_folder):
                     max_request_tokens=700, max_step_positions=200, max_job_cost=250)
     demo = build_demo(lambda: generator, limits, queue_size=QUEUE_SIZE, max_queued_per_session=2,
                       serving=ServingLimits(stream_grace_s=GRACE_S))
-    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, **launch_options())
+    with pytest.MonkeyPatch.context() as patch:  # every test on this server runs under a short read deadline
+        patch.setenv("SKIPDECODE_REQUEST_READ_S", str(READ_DEADLINE_S))
+        options = launch_options()
+    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, **options)
     yield demo, slow
     demo.close()
 
@@ -465,6 +469,78 @@ def test_closing_the_stream_mid_prefill_cancels_the_prefill(slow_server):
     assert settled - started <= 3, settled - started
 
 
+def open_socket(demo):
+    import socket
+    from urllib.parse import urlparse
+
+    url = urlparse(demo.local_url)
+    sock = socket.create_connection((url.hostname, url.port), timeout=15)
+    return sock
+
+
+def seconds_until_closed(sock, started: float, trickle: bytes = b"", every_s: float = 0.4) -> float:
+    """Send ``trickle`` every ``every_s`` (nothing if empty) until the server closes the socket."""
+    import socket
+
+    sock.settimeout(every_s)
+    while time.time() - started < 15:
+        try:
+            if sock.recv(4096) == b"":
+                return time.time() - started
+        except socket.timeout:
+            pass
+        except OSError:
+            return time.time() - started
+        if trickle:
+            try:
+                sock.sendall(trickle)
+            except OSError:
+                return time.time() - started
+    return time.time() - started
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("opening, trickle", [
+    (b"", b""),  # connects and says nothing
+    (b"GET / HTTP/1.1\r\nHost: x\r\n", b"X-A: b\r\n"),  # slowloris: a header line every 0.4 s, never the end
+    (b"POST /gradio_api/queue/join HTTP/1.1\r\nHost: x\r\nContent-Length: 900\r\n\r\n{", b" "),  # a body that trickles
+], ids=["silent", "slowloris", "trickled-body"])
+def test_a_half_sent_request_is_closed_at_the_read_deadline(slow_server, opening, trickle):
+    demo, _ = slow_server
+    sock = open_socket(demo)
+    started = time.time()
+    sock.sendall(opening)
+    try:
+        closed_after = seconds_until_closed(sock, started, trickle)
+    finally:
+        sock.close()
+    assert READ_DEADLINE_S - 0.5 < closed_after < READ_DEADLINE_S + 4, closed_after
+
+
+@pytest.mark.server
+def test_the_read_deadline_spares_slow_but_whole_requests_and_long_responses(slow_server):
+    demo, slow = slow_server
+    sock = open_socket(demo)
+    try:
+        for part in (b"GET /gradio_api/info HTTP/1.1\r\n", b"Host: x\r\n", b"Connection: close\r\n\r\n"):
+            sock.sendall(part)
+            time.sleep(0.3)  # 0.9 s in all: slow, but inside the deadline
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    finally:
+        sock.close()
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:80]
+    wait_idle(demo)
+    slow.prefill_s = 0.4  # a job that streams for longer than the read deadline
+    try:
+        started = time.time()
+        result = page_client(demo).predict(**JOB, api_name="/generate")
+    finally:
+        slow.prefill_s = PREFILL_LAYER_S
+    assert time.time() - started > READ_DEADLINE_S + 0.5 and result["done"] and result["skipdecode"]
+
+
 @pytest.mark.server
 def test_side_doors_answer_with_a_status_and_a_message(slow_server):
     import httpx
@@ -539,6 +615,17 @@ def test_api_messages_stream_deltas_and_send_the_lens_once(slow_server):
     assert len(final["lens"]) == len(final["layers_per_step"]) + 1
     whole = len(json.dumps(final))
     assert sum(len(json.dumps(m)) for m in partial) < 0.5 * whole * len(partial)
+
+
+def test_the_server_caps_malloc_arenas_at_start(monkeypatch):
+    import platform
+
+    from app.sessions import limit_malloc_arenas
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("mallopt is glibc's")
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "not a number")  # falls back to the default cap
+    assert limit_malloc_arenas() is True
 
 
 def test_step_sessions_are_bounded_in_kv_positions_and_freed_on_eviction():
