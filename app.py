@@ -19,7 +19,8 @@ Settings (environment variables, all optional):
   SKIPDECODE_MAX_QUEUED_PER_SESSION  requests one page session may have waiting (default 2)
   SKIPDECODE_MAX_QUEUED_API_PER_ADDRESS  requests one address's API clients (REST calls, sessions
                             without the page's heartbeat) may have waiting together (default 10% of the queue)
-  SKIPDECODE_MAX_QUEUED_PER_ADDRESS  requests one network address may have waiting (default half the queue)
+  SKIPDECODE_MAX_QUEUED_PER_ADDRESS  requests one network address may have waiting (default: no cap; when
+                            the queue is full the address with the most waiting gives way to the others)
   SKIPDECODE_STREAM_GRACE_S  seconds a job may wait for its client to open its result stream (default 5)
   SKIPDECODE_PLACES_PER_ADDRESS  jobs one network address may have in one round of the round-robin (default 8)
   SKIPDECODE_TRUST_FORWARDED_FOR  1: read the client address from X-Forwarded-For (behind a proxy that

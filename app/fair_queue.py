@@ -12,10 +12,15 @@ script inventing session ids is. A script that loads the page for each session s
 Admission (when a job is pushed, in milliseconds):
   * a page session may have ``per_session`` jobs waiting (default 2);
   * an address's pooled API client ``per_address_api`` (default 10% of the queue);
-  * all clients of one address together ``per_address`` (default half the queue);
-  * when the queue is full, a client with fewer waiting jobs than the heaviest client takes the
-    heaviest client's newest job's place (that job ends with a message saying why); otherwise the
-    newcomer is told the queue is full.
+  * all clients of one address together ``per_address`` (default: no cap; a class of 30 behind one
+    NAT clicking together needs 30 places, measured by scripts/classroom_test.py);
+  * when the queue is full, a job from an address with at least two fewer waiting jobs than the
+    heaviest address takes the place of that address's newest job (of its heaviest client); else a
+    client with at least two fewer than the heaviest client takes that client's newest job's place
+    (the job dropped ends with a message saying why); otherwise the newcomer is told the queue is
+    full. So one address (a class, or a script that loads the page per session: the two look
+    alike and are treated alike) may use a queue nobody else wants, and gives places back as soon
+    as other addresses come.
 Place: round-robin by client, with places that stay put. A job's round is fixed when it is pushed:
 one past its client's previous job, and never before the round now being served, and no round
 holds more than ``places_per_address`` jobs of one address; the queue runs by (round, arrival). Each client has at most one job per round, so a newcomer's first job waits for
@@ -53,7 +58,7 @@ class ServingLimits:
     queue_size: int = 32
     per_session: int = 2
     per_address_api: int = 0  # 0: 10% of the queue (at least 1)
-    per_address: int = 0  # 0: half the queue (at least per_address_api)
+    per_address: int = 0  # 0: no cap while the queue has room (a full queue makes the heaviest address give way)
     stream_grace_s: float = 5.0
     places_per_address: int = 8  # jobs of one address in one round (a class behind one NAT: 8 at a time)
     trust_forwarded_for: bool = False  # behind a proxy that appends the client's address (a Space)
@@ -72,10 +77,6 @@ class ServingLimits:
     @property
     def api_share(self) -> int:
         return self.per_address_api or max(1, self.queue_size // 10)
-
-    @property
-    def address_share(self) -> int:
-        return self.per_address or max(self.api_share, self.queue_size // 2)
 
 
 @dataclass
@@ -101,7 +102,11 @@ def client_key(session: str | None, address: str, page_session: bool) -> str:
 def admission(waiting: list[Job], client: str, address: str, limits: ServingLimits,
               total: int | None = None) -> tuple[str, Job | None]:
     """("admit", None), ("displace", the job to drop to make room) or ("refuse: <message>", None).
-    ``total``: every job waiting in the queue (default: ``waiting``, the ones this policy knows)."""
+    ``total``: every job waiting in the queue (default: ``waiting``, the ones this policy knows).
+
+    One address may fill a queue nobody else wants (a class of 30 behind one NAT clicks together);
+    when the queue is full, a job from an address with fewer waiting jobs takes the place of the
+    newest job of the address with the most, then of the client with the most."""
     per_client = collections.Counter(job.client for job in waiting)
     mine = per_client[client]
     own_cap = limits.api_share if client.startswith(API_CLIENT) else limits.per_session
@@ -110,19 +115,35 @@ def admission(waiting: list[Job], client: str, address: str, limits: ServingLimi
                f"{own_cap} waiting jobs" if client.startswith(API_CLIENT)
                else f"the limit per session is {own_cap} waiting jobs")
         return f"refuse: {mine} of your jobs are already waiting; {who}. Wait for one to finish.", None
-    from_address = sum(job.address == address for job in waiting)
-    if from_address >= limits.address_share:
-        return (f"refuse: {from_address} jobs from your network address are already waiting; the limit per "
-                f"address is {limits.address_share} (half the queue). Wait for one to finish.", None)
+    per_address = collections.Counter(job.address for job in waiting)
+    if limits.per_address and per_address[address] >= limits.per_address:
+        return (f"refuse: {per_address[address]} jobs from your network address are already waiting; the limit per "
+                f"address is {limits.per_address}. Wait for one to finish.", None)
     total = len(waiting) if total is None else total
     if total < limits.queue_size:
         return "admit", None
-    heaviest, most = per_client.most_common(1)[0]
-    if most > mine + 1 and total <= limits.queue_size:
-        newest = max((job for job in waiting if job.client == heaviest), key=lambda job: job.seq)
-        return "displace", newest
+    victim = heaviest_newest(waiting, per_address, address, lambda job: job.address)
+    victim = victim or heaviest_newest(waiting, per_client, client, lambda job: job.client)
+    if victim is not None and total <= limits.queue_size:
+        return "displace", victim
     return (f"refuse: the queue is full ({total} waiting, the limit is {limits.queue_size}) and no client "
             f"holds more than its share; try again in a minute.", None)
+
+
+def heaviest_newest(waiting: list[Job], counts: collections.Counter, mine: str,
+                    key: Callable[[Job], str]) -> Job | None:
+    """The newest job of the heaviest holder (an address or a client) when it holds at least two
+    more waiting jobs than ``mine`` does (one more would just swap who is ahead); else None. Within
+    an address, the newest job of its heaviest clients."""
+    if not counts:
+        return None
+    heaviest, most = counts.most_common(1)[0]
+    if most <= counts[mine] + 1:
+        return None
+    theirs = [job for job in waiting if key(job) == heaviest]
+    clients = collections.Counter(job.client for job in theirs)
+    top = max(clients.values())
+    return max((job for job in theirs if clients[job.client] == top), key=lambda job: job.seq)
 
 
 class Rounds:
@@ -270,8 +291,9 @@ class FairQueue:
         if refusal is not None:
             return refusal, None
         if victim is not None:
-            self._drop(victim, "dropped to make room: the queue was full and your client had the most jobs waiting "
-                               "(the fair share goes to a visitor with fewer); try again later")
+            self._drop(victim, "dropped to make room: the queue was full and your network address (or your session) "
+                               "had the most jobs waiting, so a visitor with fewer took this place; try again in a "
+                               "minute")
             self.displaced += 1
         return None, (client, address)
 

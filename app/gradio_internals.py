@@ -198,7 +198,10 @@ def drop_waiting(queue, event, message: str) -> bool:
     else:
         return False
     queue.event_ids_to_events.pop(event._id, None)
-    queue.send_message(event, ProcessCompletedMessage(output={"error": message}, success=False, title="Refused"))
+    # The page shows an error's text only when the payload says visible (as gradio's error_payload
+    # writes it for a gr.Error); without it a dropped page job showed a bare "Error" badge.
+    output = {"error": message, "visible": True, "duration": None, "title": "Refused"}
+    queue.send_message(event, ProcessCompletedMessage(output=output, success=False, title="Refused"))
     return True
 
 

@@ -670,6 +670,27 @@ def test_fair_order_serves_one_job_per_client_per_round():
     assert verdict.startswith("refuse") and "share 1 waiting" in verdict
 
 
+def test_a_class_behind_one_address_fills_an_idle_queue_and_gives_way_to_other_addresses():
+    from app.fair_queue import Job, ServingLimits, admission
+
+    limits = ServingLimits(queue_size=32, per_session=2)
+    waiting: list[Job] = []
+    for pupil in range(32):  # 32 page sessions of one NAT click together: every one is admitted
+        verdict, _ = admission(waiting, f"session:p{pupil}", "10.0.0.1", limits)
+        assert verdict == "admit", (pupil, verdict)
+        waiting.append(Job(f"p{pupil}", f"session:p{pupil}", "10.0.0.1", f"p{pupil}", seq=pupil))
+    verdict, victim = admission(waiting, "session:v", "5.6.7.8", limits)
+    assert verdict == "displace" and victim is waiting[-1]  # a visitor elsewhere takes the class's newest place
+    verdict, _ = admission(waiting, "session:late", "10.0.0.1", limits)
+    assert verdict.startswith("refuse: the queue is full")  # a 33rd pupil: nobody of its address holds 2 more
+    script = [Job(f"s{i}", "api@10.0.0.1", "10.0.0.1", f"s{i}", seq=100 + i) for i in range(3)]
+    verdict, victim = admission(waiting[:29] + script, "session:late", "10.0.0.1", limits)
+    assert verdict == "displace" and victim is script[-1]  # within the address, the heaviest client gives way
+    capped = ServingLimits(queue_size=32, per_session=2, per_address=16)  # a deployer's cap still holds
+    verdict, _ = admission(waiting[:16], "session:p16", "10.0.0.1", capped)
+    assert verdict.startswith("refuse") and "limit per address is 16" in verdict
+
+
 # --- text from a visitor or a link is shown as text (issue 37: a share link drew a sign-in form) ----
 
 HOSTILE_TEXTS = [
