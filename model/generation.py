@@ -7,12 +7,12 @@ stop strings and the choice of schedule; the decoder below it only sees token id
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass, replace
 from typing import Callable, Generator, Sequence
 
 import torch
 
+from model.common.checks import check_int, check_number
 from model.loading import LoadedModel
 from model.skipdecode.decoder import DecodeResult, SamplingConfig, SkipDecoder, StepEvent, left_padded, run_to_end
 from model.skipdecode.schedule import (
@@ -428,10 +428,8 @@ def validate_prompts(prompts: Sequence[str]) -> None:
 
 
 def validate_request(request: GenerationRequest) -> None:
+    """A request's own values (its prompts, max_new_tokens, target_speedup), before any model work;
+    the schedule's other settings are checked where they are solved."""
     validate_prompts(request.prompts)
-    tokens = request.max_new_tokens
-    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
-        raise ValueError(f"max_new_tokens must be an integer >= 1; got {tokens!r}")
-    speedup = request.schedule.target_speedup
-    if not isinstance(speedup, (int, float)) or isinstance(speedup, bool) or not math.isfinite(speedup):
-        raise ValueError(f"target_speedup must be a finite number; got {speedup!r}")
+    check_int("max_new_tokens", request.max_new_tokens, low=1)
+    check_number("target_speedup", request.schedule.target_speedup)

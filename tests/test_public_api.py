@@ -14,6 +14,7 @@ PUBLIC = {
     "model.generation": ["TextGenerator", "GenerationRequest", "ScheduleRequest", "GenerationResult", "PreparedRun",
                          "LensReading", "validate_request", "truncate_at_stop"],
     "model.cli": ["main", "build_parser"],
+    "model.common.checks": ["check_int", "check_number", "check_choice", "check_bool"],
     "model.common.paths": ["cache_root"],
     "model.common.progress": ["say"],
     "model.common.hardware": ["hardware_info", "cpu_summary"],
