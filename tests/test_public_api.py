@@ -13,6 +13,7 @@ PUBLIC = {
                       "resolve_adapter", "locate_default_gguf", "default_model_folder"],
     "model.generation": ["TextGenerator", "GenerationRequest", "ScheduleRequest", "GenerationResult", "PreparedRun",
                          "LensReading", "validate_request", "truncate_at_stop"],
+    "model.race": ["race", "RaceUpdate", "StreamProgress", "TokenTexts", "Judged", "PromptTokens"],
     "model.cli": ["main", "build_parser"],
     "model.common.checks": ["check_int", "check_number", "check_choice", "check_bool"],
     "model.common.paths": ["cache_root"],

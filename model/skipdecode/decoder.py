@@ -88,6 +88,9 @@ class StepEvent:
     # With stream(trace_row=r): (layer, hidden (C,)) after each executed layer, for row r at the
     # position that produced this step's token (a logit lens reads these; see TextGenerator.lens).
     trace: tuple[tuple[int, torch.Tensor], ...] = ()
+    # The stream's own record so far: the DecodeResult it returns at the end, the same object,
+    # extended in place by later steps (a caller that shows progress reads it, keeping no twin).
+    record: DecodeResult | None = None
 
 
 @dataclass
@@ -156,7 +159,7 @@ class _StreamRun:
 
     def event(self, step: int, new_tokens: list[int], layers: tuple[int, ...], seconds: float) -> StepEvent:
         return StepEvent(step, new_tokens, list(self.finished), layers, seconds,
-                         self.trace.take() if self.trace else ())
+                         self.trace.take() if self.trace else (), self.result)
 
 
 class SkipDecoder:
