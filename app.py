@@ -46,16 +46,25 @@ from app.fair_queue import ServingLimits
 from app.sessions import limit_malloc_arenas
 from app.settings import Limits
 from app.ui import build_demo, launch_options
+from model.common.checks import check_int, check_number
 from model.generation import TextGenerator
 from model.loading import load_model, locate_default_gguf
 
 
-def _env_int(name: str, default: int) -> int:
+def _env_number(name: str, default: float, integer: bool = True):
+    """A deployer's setting from the environment, checked as the page's values are
+    (model/common/checks.py); a bad one stops the start with the reason."""
     value = os.environ.get(name, "")
+    if not value.strip():
+        return default
     try:
-        return int(value) if value.strip() else default
-    except ValueError:
-        raise SystemExit(f"{name} must be a whole number; got {value!r}") from None
+        return (check_int if integer else check_number)(name, value, text=True)
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
+
+
+def _env_int(name: str, default: int) -> int:
+    return _env_number(name, default)
 
 
 def limits_from_env() -> Limits:
@@ -74,11 +83,7 @@ def limits_from_env() -> Limits:
 
 def serving_from_env() -> ServingLimits:
     """The fair queue's limits beyond the queue size and the per-session cap (app/fair_queue.py)."""
-    grace = os.environ.get("SKIPDECODE_STREAM_GRACE_S", "").strip()
-    try:
-        grace_s = float(grace) if grace else 5.0
-    except ValueError:
-        raise SystemExit(f"SKIPDECODE_STREAM_GRACE_S must be a number of seconds; got {grace!r}") from None
+    grace_s = _env_number("SKIPDECODE_STREAM_GRACE_S", 5.0, integer=False)  # seconds
     trust = os.environ.get("SKIPDECODE_TRUST_FORWARDED_FOR", "1" if os.environ.get("SPACE_ID") else "0")
     return ServingLimits(per_address_api=_env_int("SKIPDECODE_MAX_QUEUED_API_PER_ADDRESS", 0),
                          per_address=_env_int("SKIPDECODE_MAX_QUEUED_PER_ADDRESS", 0), stream_grace_s=grace_s,

@@ -43,6 +43,7 @@ from typing import Callable
 
 from app import gradio_internals as gi
 from app.page_tokens import PageTokens
+from model.common.checks import check_int, check_number
 
 API_CLIENT = "api@"
 HEARTBEAT_WAIT_S = 0.5
@@ -65,10 +66,8 @@ class ServingLimits:
 
     def __post_init__(self) -> None:
         for name in ("queue_size", "per_session", "places_per_address"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1; got {getattr(self, name)}")
-        if self.stream_grace_s <= 0:
-            raise ValueError(f"stream_grace_s must be > 0; got {self.stream_grace_s}")
+            check_int(name, getattr(self, name), low=1)
+        check_number("stream_grace_s", self.stream_grace_s, above=0)
 
     def sized(self, queue_size: int, per_session: int) -> ServingLimits:
         """These limits for a queue of ``queue_size`` with ``per_session`` jobs per page session."""

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import html
-from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import plotly.graph_objects as go
 
 from model.skipdecode.schedule import SolvedSchedule, decay_value
+
+if TYPE_CHECKING:  # the race's verdict type (model/race.py); figures read its fields only
+    from model.race import Judged
 
 # One colour per cell kind of the layer heatmap (z value = index). The legend is HTML next to the
 # plot (heatmap_legend_html): a plotly colourbar lost entries on a phone.
@@ -26,14 +28,6 @@ def _discrete_colorscale(colours: Sequence[str]) -> list[list]:
         scale.append([index / count, colour])
         scale.append([(index + 1) / count, colour])
     return scale
-
-
-@dataclass(frozen=True)
-class Judged:
-    """One generated token judged by the full model on the same prefix: would it pick it too?"""
-
-    same: bool
-    full_choice: str  # the full model's own top next token there
 
 
 def layer_heatmap(

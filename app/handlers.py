@@ -11,7 +11,7 @@ import re
 import threading
 import time
 import uuid
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import AsyncIterator, Callable, Iterator
 
@@ -21,18 +21,35 @@ import gradio as gr
 from app import explainer
 from app.figures import schedule_figure
 from app.job_cost import UNIT_SECONDS, job_cost, session_bytes
-from app.race import RaceUpdate, race
 from app.sessions import RunHandle, SessionRuns, session_key
 from app.settings import EXAMPLE_PROMPTS, Limits, PlaygroundSettings, control_ranges, page_defaults, trained_defaults
 from app.share import qr_html, settings_from_query, share_link
 from app.shown_text import as_html, as_markdown
 from app.tasks import TaskGenerators, check_mr, is_task, policy_line
-from app.views import NO_CHANGE, STREAM_OUTPUTS, RaceRenderer, TokenTexts, api_message, layer_ranges, one_line
-from model.generation import TextGenerator
+from app.views import NO_CHANGE, STREAM_OUTPUTS, RaceRenderer, api_message, layer_ranges, one_line
+from model.generation import PreparedRun, TextGenerator
+from model.race import RaceUpdate, TokenTexts, race
 from model.skipdecode.schedule import max_layer_speedup
 
 HEATMAP_EVERY_S = 0.25  # heatmap redraws at most 4x a second; text streams every step
 MAX_ERROR_CHARS = 400  # a refusal shown on the page quotes the visitor's value (capped where it is made)
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A click that passed every check (``Playground.checked``): its settings, parsed once; the
+    model they run; SkipDecode's PreparedRun."""
+
+    settings: PlaygroundSettings
+    generator: TextGenerator
+    run: PreparedRun
+
+    def race(self, **options) -> Iterator[RaceUpdate]:
+        """The race of this click (model/race.py): SkipDecode's run beside the full model's (the same
+        tokens under the full schedule), with the lens the settings ask for; ``options`` go to race."""
+        generator, settings = self.generator, self.settings
+        full = generator.with_schedule(self.run, settings.schedule_request(full=True, num_layers=generator.num_layers))
+        return race(generator, self.run, full, lens=settings.lens, lens_kl=settings.lens_kl, **options)
 
 
 class Playground:
@@ -71,47 +88,60 @@ class Playground:
             return self.get_generator()
         return self.tasks.get(settings.task, settings.target_speedup, load=load)
 
-    def validated(self, values: dict, page: bool = True) -> tuple[PlaygroundSettings, TextGenerator]:
-        """Settings the solver accepts, or a gr.Error with the reason (before any run starts);
-        ``page``: the reason is shown in the page's toast (escaped), not read by an API client."""
+    def validated(self, values: dict, page: bool = True) -> Checked:
+        """``checked`` for a run that starts now, or a gr.Error with the reason (before any run
+        starts); ``page``: the reason is shown in the page's toast (escaped), not read by an API client."""
         try:
-            settings = self.settings(values)
-            generator = self.generator_for(settings)
-            generator.schedule_for(settings.schedule_request(num_layers=generator.num_layers), settings.max_new_tokens)
-            self.validated_size(settings, generator)
+            checked = self.checked(values)
         except (ValueError, TypeError) as error:
             raise (page_error(error) if page else gr.Error(str(error), print_exception=False)) from None
-        return settings, generator
+        assert checked is not None  # load=True: the model is there
+        return checked
 
-    def validated_size(self, settings: PlaygroundSettings, generator: TextGenerator) -> int:
-        """Refuse, before waiting for the model, a request whose compute exceeds the limits:
-        prompt tokens per row, and (prompt + new tokens) x batch for the whole request, which
-        is returned (the KV-cache positions of one stream)."""
-        ids, mask = generator.encode(settings.prompts())
-        longest = int(mask.sum(-1).max())
-        if longest > self.limits.max_prompt_tokens:
-            raise ValueError(f"the prompt is {longest} tokens; the limit is {self.limits.max_prompt_tokens} tokens")
-        work = ids.shape[0] * (ids.shape[1] + settings.max_new_tokens)
-        if work > self.limits.max_request_tokens:
+    def checked(self, values: dict, load: bool = True, solve: bool = True) -> Checked | None:
+        """The one check every model run passes (Generate, Step, the API; and the fair queue's
+        admission when the job is pushed): the settings parsed once, then ``prepared``. A
+        ValueError names the first problem."""
+        return self.prepared(self.settings(values), load, solve)
+
+    def prepared(self, settings: PlaygroundSettings, load: bool = True, solve: bool = True) -> Checked | None:
+        """Parsed settings -> the model they run and their PreparedRun (prompts tokenized, context
+        checked, schedule solved: TextGenerator.prepare), within this server's limits (``check_size``
+        reads the run's ids). ``load=False``: None when a task's model is not loaded yet.
+        ``solve=False`` (admission, in milliseconds): the schedule is checked, not solved."""
+        generator = self.generator_for(settings, load=load)
+        if generator is None:
+            return None
+        request = settings.request(full=False, num_layers=generator.num_layers)
+        run = generator.prepare(request, solve=solve, limits=lambda run: self.check_size(run, settings.lens))
+        return Checked(settings, generator, run)
+
+    def check_size(self, run: PreparedRun, lens: bool) -> None:
+        """Refuse, before waiting for the model, a request whose compute exceeds the limits: prompt
+        tokens per row, (prompt + new tokens) x batch for the whole request (the KV-cache positions
+        of one stream), and the job's model time."""
+        longest, limits, new_tokens = run.longest_prompt, self.limits, run.request.max_new_tokens
+        if longest > limits.max_prompt_tokens:
+            raise ValueError(f"the prompt is {longest} tokens; the limit is {limits.max_prompt_tokens} tokens")
+        if run.positions > limits.max_request_tokens:
             raise ValueError(
-                f"this request needs {work} token positions (batch {ids.shape[0]} x ({ids.shape[1]} prompt + "
-                f"{settings.max_new_tokens} new)); the limit per request is {self.limits.max_request_tokens}: "
+                f"this request needs {run.positions} token positions (batch {run.batch} x ({run.prompt_width} "
+                f"prompt + {new_tokens} new)); the limit per request is {limits.max_request_tokens}: "
                 "shorten the prompt, the batch or max new tokens")
-        self.check_cost(ids.shape[0], ids.shape[1], settings)
-        return work
+        self.check_cost(run.batch, run.prompt_width, new_tokens, lens)
 
-    def check_cost(self, batch: int, prompt_tokens: int, settings: PlaygroundSettings) -> None:
+    def check_cost(self, batch: int, prompt_tokens: int, new_tokens: int, lens: bool) -> None:
         """Refuse a job whose model time (app/job_cost.py) is over the deployer's bound:
         the one lane serves everyone, so no admitted job may hold it for more than a few seconds."""
-        cost = job_cost(batch, prompt_tokens, settings.max_new_tokens, settings.lens)
+        cost = job_cost(batch, prompt_tokens, new_tokens, lens)
         limit = self.limits.max_job_cost
         if cost > limit:
-            lens = " with the logit lens" if settings.lens else ""
+            with_lens = " with the logit lens" if lens else ""
             raise ValueError(
-                f"max_new_tokens {settings.max_new_tokens} x batch_size {batch}{lens} after a {prompt_tokens}-token "
+                f"max_new_tokens {new_tokens} x batch_size {batch}{with_lens} after a {prompt_tokens}-token "
                 f"prompt costs {cost} units of model time; the limit per job is {limit} units (about "
                 f"{limit * UNIT_SECONDS:.0f} s of the one model): lower max_new_tokens, batch_size or the prompt"
-                + (", or turn the lens off" if settings.lens else ""))
+                + (", or turn the lens off" if lens else ""))
 
     def schedule_preview(self, values: dict):
         """The schedule plot for the current controls (no model run)."""
@@ -177,7 +207,8 @@ class Playground:
     # --- streaming generation ---------------------------------------------------------------
     def generate(self, values: dict, request: gr.Request | None = None, notice: str = "") -> Iterator[tuple]:
         """Stream both outputs side by side: (status, skip html, full text, stats, heatmap json)."""
-        settings, generator = self.validated(values)
+        checked = self.validated(values)
+        settings = checked.settings
         if is_task(settings.task) and not notice:  # say which model each pane runs
             notice = policy_line(settings.task, settings.target_speedup, self.tasks.policy(settings.task,
                                                                                            settings.target_speedup))
@@ -189,7 +220,7 @@ class Playground:
             if handle.cancelled:  # Stop was pressed while this run waited in the queue
                 yield ("Stopped.",) + NO_CHANGE[1:]
                 return
-            yield from self._stream(generator, settings, handle, notice, gone)
+            yield from self._stream(checked, handle, notice, gone)
         finally:
             self.runs.finish(session, handle)
 
@@ -236,15 +267,13 @@ class Playground:
         self.runs.cancel(session_key(request))
         return "Stopped."
 
-    def _stream(self, generator: TextGenerator, settings: PlaygroundSettings, handle: RunHandle, notice: str,
-                gone: Callable[[], bool] | None = None):
-        renderer = RaceRenderer(generator, settings)
+    def _stream(self, checked: Checked, handle: RunHandle, notice: str, gone: Callable[[], bool] | None = None):
+        renderer = RaceRenderer(checked.settings)
         last_plot = 0.0
         status = notice or "Generating… SkipDecode and the full model take turns; each advances by its own measured step time."
         update: RaceUpdate | None = None
         try:
-            for update in race(generator, settings, should_cancel=cancel_when_gone(handle, gone),
-                               compute_lock=self.compute):
+            for update in checked.race(should_cancel=cancel_when_gone(handle, gone), compute_lock=self.compute):
                 now = time.monotonic()
                 finished = update.skip.done and update.full.done
                 with_plot = finished or now - last_plot >= HEATMAP_EVERY_S
@@ -265,13 +294,9 @@ class Playground:
         session = session_key(request)
         try:
             settings = self.settings(values)
-            generator = self.generator_for(settings)
             current = self.runs.steppers.get(session)
             if current is None or current[0] != settings:
-                positions = 2 * self.validated_size(settings, generator)  # both streams keep a KV cache
-                nbytes = session_bytes(generator.loaded.model.config, positions, settings.max_new_tokens, settings.lens)
-                current = (settings, self._lockstep(generator, settings, self.compute), RaceRenderer(generator, settings))
-                self.runs.steppers.put(session, current, positions, self.address_of(request), nbytes)
+                current = self._step_session(session, settings, request)
             _, iterator, renderer = current
             update = next(iterator, None)
         except ValueError as error:
@@ -281,11 +306,11 @@ class Playground:
             return ("**Both outputs are complete.** Press Step again to start over.",) + NO_CHANGE[1:] + (gr.skip(),)
         skip = update.skip
         layers = skip.step_layers[-1] if skip.step_layers else skip.prefill_layers
-        position = len(renderer.prompt_tokens[0]) + renderer.prompt_tokens[1] + max(0, len(skip.step_layers) - 1)
+        position = len(update.prompt.texts) + max(0, len(skip.step_layers) - 1)
         which = (f"prefill (the prompt, up to position {position - 1})" if not skip.step_layers
                  else f"step {len(skip.step_layers) - 1} (position {position})")
-        status = (f"{which}: SkipDecode ran {len(layers)}/{generator.num_layers} layers "
-                  f"{layer_ranges(layers)}; the full model ran all {generator.num_layers}.")
+        status = (f"{which}: SkipDecode ran {len(layers)}/{update.num_layers} layers "
+                  f"{layer_ranges(layers)}; the full model ran all {update.num_layers}.")
         schedule = schedule_figure(update.solved, show_steps=settings.max_new_tokens,
                                    current_step=len(skip.step_layers) - 1 if skip.step_layers else None)
         return renderer.outputs(status, update, with_plot=True, step_mode=True) + (schedule,)
@@ -295,10 +320,22 @@ class Playground:
         self.runs.steppers.pop(session_key(request), None)
         return ("Step mode reset: press Step to start again.",) + ("",) * (STREAM_OUTPUTS - 1)
 
+    def _step_session(self, session: str, settings: PlaygroundSettings, request: gr.Request | None) -> tuple:
+        """A new step-mode run of these settings, kept for the session (bounded in KV-cache positions
+        and bytes): (settings, its lockstep race, its renderer)."""
+        checked = self.prepared(settings)
+        assert checked is not None  # load=True: the model is there
+        positions = 2 * checked.run.positions  # both streams keep a KV cache
+        nbytes = session_bytes(checked.generator.loaded.model.config, positions, settings.max_new_tokens,
+                               settings.lens)
+        current = (settings, self._lockstep(checked, self.compute), RaceRenderer(settings))
+        self.runs.steppers.put(session, current, positions, self.address_of(request), nbytes)
+        return current
+
     @staticmethod
-    def _lockstep(generator: TextGenerator, settings: PlaygroundSettings, compute) -> Iterator[RaceUpdate]:
+    def _lockstep(checked: Checked, compute) -> Iterator[RaceUpdate]:
         """Yield once both streams made one more step (a finished stream just waits)."""
-        for update in race(generator, settings, lockstep=True, compute_lock=compute):
+        for update in checked.race(lockstep=True, compute_lock=compute):
             if update.moved == "full" or update.full.done:
                 yield update
 
@@ -352,44 +389,39 @@ class Playground:
             run = (run_key, self.runs.start(run_key))
         run_key, handle = run
         try:
-            settings, generator = self.validated(values, page=False)
+            checked = self.validated(values, page=False)
         except gr.Error:
             self.runs.finish(run_key, handle)
             raise
+        settings = checked.settings
         light = replace(settings, lens=False)  # the lens is sent once, in the last message
         update, sent = None, 0
         try:
-            for update in race(generator, settings, should_cancel=cancel_when_gone(handle, gone),
-                               compute_lock=self.compute):
-                if update.skip.done and update.full.done:
-                    yield api_message(generator, update, settings)
+            for update in checked.race(should_cancel=cancel_when_gone(handle, gone), compute_lock=self.compute):
+                if update.done:
+                    yield api_message(update, settings)
                 else:
-                    message, sent = delta_message(api_message(generator, update, light), sent)
+                    message, sent = delta_message(api_message(update, light), sent)
                     yield message
         except ValueError as error:
             raise gr.Error(str(error), print_exception=False) from None
         finally:
             self.runs.finish(run_key, handle)
-        if handle.cancelled and update is not None and not (update.skip.done and update.full.done):
-            yield {**api_message(generator, update, settings), "cancelled": True,
+        if handle.cancelled and update is not None and not update.done:
+            yield {**api_message(update, settings), "cancelled": True,
                    "error": f"the run was cancelled ({handle.reason})"}
 
     # --- admission (the fair queue asks when a job is pushed) -------------------------------------
     def admission_problem(self, api_name: str, values: dict) -> tuple[str, str] | None:
         """(parameter, message) when a job that runs the model asks for settings or sizes over a
-        limit; None to admit it. Checked when the job is pushed, in milliseconds (parsing,
-        tokenizing, the solver over one step), so it is refused at once instead of after waiting
-        for the model; the full check runs again when the job starts."""
+        limit; None to admit it. The same check as the run's (``checked``), when the job is pushed
+        and in milliseconds (the schedule checked over one step, not solved), so it is refused at
+        once instead of after waiting for the model; a task whose model is not loaded yet is
+        checked when its job starts."""
         if not api_name.startswith(MODEL_RUNS):
             return None
         try:
-            settings = self.settings(values)
-            generator = self.generator_for(settings, load=False)
-            if generator is None:  # a task's model not loaded yet: checked in full when the job starts
-                return None
-            request = settings.schedule_request(num_layers=generator.num_layers)
-            generator.schedule_for(replace(request, decay_length=request.decay_length or settings.max_new_tokens), 2)
-            self.validated_size(settings, generator)
+            self.checked(values, load=False, solve=False)
         except (ValueError, TypeError) as error:
             return parameter_named(str(error)), str(error)
         return None

@@ -9,11 +9,11 @@ choices carry their descriptions); their fields here still drive validation, wir
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from app.tasks import examples
+from model.common.checks import check_bool, check_choice, check_int, check_number
 from model.generation import GenerationRequest, ScheduleRequest
 from model.skipdecode.decoder import SamplingConfig
 from model.skipdecode.schedule import DECAY_FUNCTIONS, DEFAULT_WARMUP, LAYER_ORDERS, RANKED
@@ -120,12 +120,13 @@ class PlaygroundSettings:
             if meta["kind"] == "text":
                 checked[spec.name] = clean_prompt(value, limits)
             elif meta["kind"] == "choice":
-                checked[spec.name] = _choice(spec.name, value, meta["choices"])
+                checked[spec.name] = check_choice(spec.name, value, meta["choices"])
             elif meta["kind"] == "bool":
-                checked[spec.name] = _boolean(spec.name, value)
+                checked[spec.name] = check_bool(spec.name, value)
             else:
                 high = getattr(limits, meta["high"]) if isinstance(meta["high"], str) else meta["high"]
-                checked[spec.name] = _number(spec.name, value, integer=meta["integer"], low=meta["low"], high=high)
+                check = check_int if meta["integer"] else check_number
+                checked[spec.name] = check(spec.name, value, low=meta["low"], high=high, text=True)
         return cls(**checked)
 
     # --- what the settings ask the library for ----------------------------------------------
@@ -209,57 +210,7 @@ def parse_settings(limits: Limits, prompt, **values) -> PlaygroundSettings:
     return PlaygroundSettings.from_values(limits, prompt=prompt, **values)
 
 
-# --- value checks ----------------------------------------------------------------------------
-
-
-def _number(name: str, value, *, integer: bool = False, low: float | None = None, high: float | None = None):
-    """One parameter from the UI or the API: a finite number within bounds, or a clear ValueError.
-    Whole numbers stay integers all the way (a seed near 2**63 must not pass through a float)."""
-    if isinstance(value, bool) or value is None:
-        raise ValueError(f"{name} must be a number; got {value!r}"[:300])
-    if integer and isinstance(value, int):
-        number = value
-    elif integer and isinstance(value, str) and value.strip().lstrip("+-").isdigit():
-        number = int(value.strip())
-    else:
-        try:
-            number = float(value)
-        except (TypeError, ValueError, OverflowError):
-            raise ValueError(f"{name} must be a number; got {value!r}"[:300]) from None
-        if not math.isfinite(number):
-            raise ValueError(f"{name} must be a finite number; got {value!r}"[:300])
-        if integer:
-            if number != int(number):
-                raise ValueError(f"{name} must be a whole number; got {value!r}"[:300])
-            if abs(number) > 2**53:
-                raise ValueError(f"{name}: send whole numbers above 2**53 as integers, not floats; got {value!r}")
-            number = int(number)
-    if low is not None and number < low:
-        raise ValueError(f"{name} must be >= {_show(low)}; got {value!r}"[:300])
-    if high is not None and number > high:
-        raise ValueError(f"{name} must be <= {_show(high)}; got {value!r}"[:300])
-    return number
-
-
-def _show(bound: float) -> str:
-    return str(int(bound)) if float(bound).is_integer() else f"{bound:g}"
-
-
-def _choice(name: str, value, options: tuple[str, ...]) -> str:
-    if not isinstance(value, str) or value not in options:
-        raise ValueError(f"{name} must be one of {', '.join(options)}; got {value!r}"[:300])
-    return value
-
-
-def _boolean(name: str, value) -> bool:
-    """true/false only: a string like "no" must not read as True."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-        return value.strip().lower() == "true"
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    raise ValueError(f"{name} must be true or false; got {value!r}"[:300])
+# --- the prompt (every other value: model/common/checks.py, the checks every entry point uses) ---
 
 
 def clean_prompt(prompt, limits: Limits) -> str:

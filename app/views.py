@@ -1,44 +1,23 @@
 """Views: race updates -> what the page and the API show (token html, stats table, heatmap,
-API messages). No gradio state lives here; RaceRenderer only caches token texts per run."""
+API messages). Plain formatting of model/race.py's RaceUpdate: everything shown (texts, layers,
+timings, the lens, the full model's judgement) is computed by the race; nothing here calls the
+model. No gradio state lives here.
+"""
 
 from __future__ import annotations
 
 import html
-import os
 from dataclasses import dataclass
 
 import gradio as gr
 
-from app.figures import Judged, heatmap_legend_html, layer_heatmap
-from app.race import RaceUpdate, StreamProgress
+from app.figures import heatmap_legend_html, layer_heatmap
 from app.results import e2e_note, eval_row
 from app.settings import PlaygroundSettings
 from app.shown_text import as_markdown
 from app.token_html import plain_text_html, tokens_by_depth_html
-from model.generation import TextGenerator
-from model.skipdecode.schedule import RANKED, CostModel, schedule_json, speedup_summary
-
-INCOMPLETE = "\ufffd"  # what decoding shows for a character whose bytes have not all arrived yet
-
-
-class TokenTexts:
-    """Each token's text as it reads inside the whole output (byte-level BPE needs context),
-    extended incrementally: one decode per new token. A character split over several tokens (a
-    CJK character is often 2-3 byte tokens) belongs to the token that completes it; the tokens
-    carrying its first bytes get "" (decoding them alone would show replacement marks)."""
-
-    def __init__(self, generator: TextGenerator) -> None:
-        self.generator = generator
-        self.texts: list[str] = []
-        self.decoded = ""
-
-    def update(self, ids: list[int]) -> list[str]:
-        for end in range(len(self.texts) + 1, len(ids) + 1):
-            stable = self.generator.decode_text(ids[:end]).rstrip(INCOMPLETE)
-            common = len(os.path.commonprefix([stable, self.decoded]))
-            self.texts.append(stable[common:])
-            self.decoded = stable
-        return self.texts[: len(ids)]
+from model.race import Judged, RaceUpdate, StreamProgress
+from model.skipdecode.schedule import RANKED, schedule_json, speedup_summary
 
 
 def rows_html(panes: list[str], prompts: tuple[str, ...]) -> str:
@@ -95,8 +74,8 @@ class LiveFigures:
     exact_match: float | None
 
 
-def live_figures(update: RaceUpdate, cost: CostModel) -> LiveFigures:
-    skip, full, solved = update.skip, update.full, update.solved
+def live_figures(update: RaceUpdate) -> LiveFigures:
+    skip, full, solved, cost = update.skip, update.full, update.solved, update.cost
     common = min(len(skip.step_seconds), len(full.step_seconds))
     planned = speedup_summary(solved, [len(layers) for layers in skip.step_layers], cost)
     measured = layer = cost_speed = None
@@ -125,10 +104,10 @@ SPEEDUPS_EXPLAINED = (
 )
 
 
-def details_markdown(update: RaceUpdate, cost: CostModel, step_mode: bool = False) -> str:
+def details_markdown(update: RaceUpdate, step_mode: bool = False) -> str:
     """The expander's table. In step mode the two streams take strict turns and wait for the
     button, so tokens/s and the measured speedup would mean nothing: they are left out."""
-    figures = live_figures(update, cost)
+    figures = live_figures(update)
     config = update.solved.config
     pending = f"… (after {MIN_STEPS_FOR_MEASURED} steps)"
     over = f" over the {figures.common_steps} steps both ran" if figures.common_steps else ""
@@ -152,12 +131,12 @@ def details_markdown(update: RaceUpdate, cost: CostModel, step_mode: bool = Fals
     return table + "\n\n" + SPEEDUPS_EXPLAINED
 
 
-def headline_html(update: RaceUpdate, cost: CostModel, settings: PlaygroundSettings,
-                  judged: list[Judged] | None, step_mode: bool = False) -> str:
+def headline_html(update: RaceUpdate, settings: PlaygroundSettings, step_mode: bool = False) -> str:
     """The one honest line under the panes: measured speedup, the share of SkipDecode's positions
     where the full model (on the same prefix) picks the same token, and the regression eval
     measured at this setting, with the reason and a link to the Results tab."""
-    figures = live_figures(update, cost)
+    figures = live_figures(update)
+    judged = update.judged
     if step_mode:
         speed = "Step mode: speeds are not measured (both models wait for the button)"
     elif figures.measured_speedup:
@@ -207,99 +186,64 @@ def heatmap_note_html(settings: PlaygroundSettings, solved, judged: list[Judged]
     return "".join(parts)
 
 
-def prompt_token_texts(generator: TextGenerator, settings: PlaygroundSettings, row: int = 0) -> tuple[list[str], int]:
+def shown_prompt(update: RaceUpdate, settings: PlaygroundSettings) -> tuple[tuple[str, ...], int]:
     """The prompt's tokens the heatmap shows and how many leading ones it hides: unless the user
     asked for the chat template, only the user's text and the template's tail (the system prompt
     would take most of the width)."""
-    prompt = settings.prompts()[row]
-    ids, _ = generator.encode([prompt])
-    texts = [generator.token_text(t) for t in ids[0].tolist()]
-    if settings.show_template:
-        return texts, 0
-    user_tokens = len(generator.loaded.tokenizer(prompt, add_special_tokens=False)["input_ids"])
-    shown = min(len(texts), user_tokens + generator.template_tail_tokens)
-    return texts[len(texts) - shown:], len(texts) - shown
+    texts, hidden = update.prompt.texts, update.prompt.hidden
+    return (texts, 0) if settings.show_template else (texts[hidden:], hidden)
 
 
 class RaceRenderer:
-    """Turns race updates of one run into the playground's stream outputs (STREAM_OUTPUTS of
-    them); token texts are extended incrementally across updates."""
+    """Turns race updates of one run into the playground's stream outputs (STREAM_OUTPUTS of them)."""
 
-    def __init__(self, generator: TextGenerator, settings: PlaygroundSettings) -> None:
-        self.generator, self.settings = generator, settings
-        self.prompt_tokens = prompt_token_texts(generator, settings)
-        rows = len(settings.prompts())
-        self.skip_texts = [TokenTexts(generator) for _ in range(rows)]
-        self.full_texts = [TokenTexts(generator) for _ in range(rows)]
-        self.judged_ids: list[int] | None = None
-        self.judged: list[Judged] | None = None
-        self.kl: list[dict] | None = None
+    def __init__(self, settings: PlaygroundSettings) -> None:
+        self.settings = settings
 
-    def judge(self, update: RaceUpdate, step_mode: bool) -> list[Judged] | None:
-        """The full model's verdict on SkipDecode's row 0: one full-depth forward over the prompt
-        and SkipDecode's own tokens, once it has finished (every step in step mode, where no
-        timing can suffer). The same pass gives the lens's KL when asked for."""
-        skip = update.skip
-        ids = skip.ids(0)
-        if not ids or not (skip.done or step_mode) or ids == self.judged_ids:
-            return self.judged
-        generator = self.generator
-        full = generator.full_model_log_probs(self.settings.prompts()[0], ids)
-        self.judged_ids = ids
-        self.judged = [Judged(choice == token, generator.token_text(choice))
-                       for choice, token in zip(generator.full_model_choices(full), ids)]
-        if self.settings.lens_kl and self.settings.lens and skip.traces:
-            self.kl = generator.lens_kl(skip.traces, full, self.settings.schedule_request(num_layers=generator.num_layers))
-        return self.judged
-
-    def heatmap(self, update: RaceUpdate, judged: list[Judged] | None, highlight_last: bool) -> str:
+    def heatmap(self, update: RaceUpdate, highlight_last: bool) -> str:
         view = update.skip
-        shown, hidden = self.prompt_tokens
-        generated = self.skip_texts[0].update(view.ids(0))
+        shown, hidden = shown_prompt(update, self.settings)
         return layer_heatmap(
-            self.generator.num_layers, update.solved.config.warmup, shown, view.prefill_layers, generated,
-            view.step_layers, hidden_prompt=hidden, lens=view.lens or None, judged=judged,
-            highlight_last=highlight_last, lens_kl=self.kl if self.judged_ids else None,
+            update.num_layers, update.solved.config.warmup, shown, view.prefill_layers, view.token_texts(0),
+            view.step_layers, hidden_prompt=hidden, lens=view.lens or None, judged=update.judged,
+            highlight_last=highlight_last, lens_kl=update.lens_kl,
         ).to_json()
 
     def outputs(self, status: str, update: RaceUpdate, with_plot: bool, step_mode: bool = False) -> tuple:
         """(status, SkipDecode html, full-model html, headline, details, heatmap json or gr.skip(),
         heatmap note)."""
-        generator, settings = self.generator, self.settings
-        judged = self.judge(update, step_mode)
+        settings, layers = self.settings, update.num_layers
         skip, full = update.skip, update.full
-        prompts = settings.prompts()
-        skip_panes = [tokens_by_depth_html(self.skip_texts[r].update(skip.ids(r)), skip.depths[: len(skip.ids(r))],
-                                           generator.num_layers) for r in range(skip.rows)]
-        full_panes = [plain_text_html("".join(self.full_texts[r].update(full.ids(r)))) for r in range(full.rows)]
+        skip_panes = [tokens_by_depth_html(skip.token_texts(r), skip.depths[: len(skip.ids(r))], layers)
+                      for r in range(skip.rows)]
+        full_panes = [plain_text_html("".join(full.token_texts(r))) for r in range(full.rows)]
         plot = note = gr.skip()
         if with_plot:
-            plot = self.heatmap(update, judged, highlight_last=step_mode)
-            first_generated = self.prompt_tokens[1] + len(self.prompt_tokens[0])
-            note = heatmap_note_html(settings, update.solved, judged, first_generated, update.solved.config.ranking)
+            plot = self.heatmap(update, highlight_last=step_mode)
+            note = heatmap_note_html(settings, update.solved, update.judged, len(update.prompt.texts),
+                                     update.solved.config.ranking)
         model = "the original model" if settings.task == "chat" else f"the {settings.task.upper()} task model"
-        full_note = f'<div class="pane-note">{model}: all {generator.num_layers} layers at every position</div>'
-        return (status, pane_note(settings, update.solved) + rows_html(skip_panes, prompts),
-                full_note + rows_html(full_panes, prompts),
-                headline_html(update, generator.cost, settings, judged, step_mode),
-                details_markdown(update, generator.cost, step_mode), plot, note)
+        full_note = f'<div class="pane-note">{model}: all {layers} layers at every position</div>'
+        return (status, pane_note(settings, update.solved) + rows_html(skip_panes, update.prompts),
+                full_note + rows_html(full_panes, update.prompts),
+                headline_html(update, settings, step_mode), details_markdown(update, step_mode), plot, note)
 
 
 STREAM_OUTPUTS = 7  # status, SkipDecode, full model, headline, details, heatmap, heatmap note
 NO_CHANGE = (gr.skip(),) * STREAM_OUTPUTS
 
 
-def api_message(generator: TextGenerator, update: RaceUpdate, settings: PlaygroundSettings) -> dict:
+def api_message(update: RaceUpdate, settings: PlaygroundSettings) -> dict:
     skip, full, solved = update.skip, update.full, update.solved
-    figures = live_figures(update, generator.cost)
+    figures = live_figures(update)
     return {
-        "prompts": list(settings.prompts()),  # what these outputs answer (clients can check isolation)
-        "skipdecode": [generator.decode_text(skip.ids(r)) for r in range(skip.rows)],
-        "full": [generator.decode_text(full.ids(r)) for r in range(full.rows)],
+        "prompts": list(update.prompts),  # what these outputs answer (clients can check isolation)
+        "skipdecode": [skip.text(r) for r in range(skip.rows)],
+        "full": [full.text(r) for r in range(full.rows)],
         "prefill_layers": list(skip.prefill_layers),
         "step_layers": [list(layers) for layers in skip.step_layers],
         "layers_per_step": [len(layers) for layers in skip.step_layers],
-        "num_layers": generator.num_layers,
+        "num_layers": update.num_layers,
         "skipdecode_tokens_per_second": round(skip.tokens_per_second, 3),
         "full_tokens_per_second": round(full.tokens_per_second, 3),
         "skipdecode_decode_tokens_per_second": round(figures.skip_decode_tps, 3),
@@ -309,21 +253,17 @@ def api_message(generator: TextGenerator, update: RaceUpdate, settings: Playgrou
         "measured_speedup": None if figures.measured_speedup is None else round(figures.measured_speedup, 4),
         "measured_over_steps": figures.common_steps,
         "exact_token_match": None if figures.exact_match is None else round(figures.exact_match, 4),
-        **speedup_summary(solved, [len(layers) for layers in skip.step_layers], generator.cost).to_json(),
+        **speedup_summary(solved, [len(layers) for layers in skip.step_layers], update.cost).to_json(),
         "schedule": schedule_json(solved.config),
-        "done": skip.done and full.done,
+        "done": update.done,
     } | ({"lens": lens_json(skip)} if settings.lens else {}) | (
-        {"full_model_same_next_token": full_model_share(generator, settings, skip)} if skip.done and full.done else {})
+        {"full_model_same_next_token": same_next_token_share(update.judged)} if update.done else {})
 
 
-def full_model_share(generator: TextGenerator, settings: PlaygroundSettings, skip: StreamProgress) -> float | None:
+def same_next_token_share(judged: list[Judged] | None) -> float | None:
     """Share of SkipDecode's row-0 positions where the full model, on the same prefix, picks the
-    same next token (the page's headline; one full-depth forward)."""
-    ids = skip.ids(0)
-    if not ids:
-        return None
-    choices = generator.full_model_choices(generator.full_model_log_probs(settings.prompts()[0], ids))
-    return round(sum(c == t for c, t in zip(choices, ids)) / len(ids), 4)
+    same next token (the page's headline), from the race's judgement; None without tokens."""
+    return round(sum(j.same for j in judged) / len(judged), 4) if judged else None
 
 
 def lens_json(skip: StreamProgress) -> list[list[dict]]:

@@ -7,12 +7,12 @@ stop strings and the choice of schedule; the decoder below it only sees token id
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass, replace
 from typing import Callable, Generator, Sequence
 
 import torch
 
+from model.common.checks import check_int, check_number
 from model.loading import LoadedModel
 from model.skipdecode.decoder import DecodeResult, SamplingConfig, SkipDecoder, StepEvent, left_padded, run_to_end
 from model.skipdecode.schedule import (
@@ -78,14 +78,39 @@ class GenerationRequest:
 
 @dataclass(frozen=True)
 class PreparedRun:
-    """One request checked ONCE: its prompts tokenized (left padded), its schedule solved and the
-    context length checked. The stream, the race and the views read from it instead of
-    tokenizing and solving again."""
+    """A request as ``TextGenerator.prepare`` returns it: checked (``validate_request``), its prompts
+    tokenized and left padded, the prompt plus ``max_new_tokens`` checked against the model's context,
+    and its schedule solved over the decode steps. ``TextGenerator.stream`` runs it without checking
+    or tokenizing again; ``with_schedule`` gives the same tokens under another schedule. ``schedule``
+    is None after ``prepare(solve=False)``, which only checked the schedule (an admission check):
+    such a run cannot be streamed."""
 
     request: GenerationRequest
     ids: torch.Tensor  # (B, P) left padded
     mask: torch.Tensor  # (B, P)
-    schedule: SolvedSchedule
+    schedule: SolvedSchedule | None
+
+    @property
+    def batch(self) -> int:
+        return int(self.ids.shape[0])
+
+    @property
+    def prompt_width(self) -> int:
+        """P: the longest row's prompt tokens (every row is padded to it)."""
+        return int(self.ids.shape[1])
+
+    @property
+    def longest_prompt(self) -> int:
+        return int(self.mask.sum(-1).max())
+
+    @property
+    def positions(self) -> int:
+        """The KV-cache positions one stream of this run fills: batch x (P + max_new_tokens)."""
+        return self.batch * (self.prompt_width + self.request.max_new_tokens)
+
+    def prompt_ids(self, row: int = 0) -> list[int]:
+        """Row ``row``'s prompt token ids, padding left out."""
+        return self.ids[row][self.mask[row].bool()].tolist()
 
 
 @dataclass
@@ -118,7 +143,7 @@ class GenerationResult:
             "outputs": self.outputs,
             "finish_reasons": self.decode.finish_reasons,
             "generated_tokens": [len(row) for row in self.decode.tokens],
-            "prefill_layers": len(self.decode.prefill_layers),
+            "prefill_layers": list(self.decode.prefill_layers),
             "layers_per_step": self.layers_per_step,
             **self.speedups.to_json(),
             "target_speedup": self.schedule.target_speedup,
@@ -262,6 +287,9 @@ class TextGenerator:
         """Left-padded (B, P) ids and mask. Special-token strings a user types (``<|im_start|>``)
         stay plain text: a prompt cannot forge system or assistant turns."""
         validate_prompts(prompts)
+        return self._encoded(prompts, raw)
+
+    def _encoded(self, prompts: Sequence[str], raw: bool) -> tuple[torch.Tensor, torch.Tensor]:
         rows = [self._encode_one(p, raw) for p in prompts]
         if any(not row for row in rows):
             raise ValueError("a prompt encodes to zero tokens")
@@ -290,17 +318,36 @@ class TextGenerator:
         return any(token and token in text for token in special)
 
     # --- generation -----------------------------------------------------------------------
-    def prepare(self, request: GenerationRequest) -> PreparedRun:
-        """Validate, tokenize, solve and check the context once (ValueError names what is wrong)."""
+    def prepare(self, request: GenerationRequest, solve: bool = True,
+                limits: Callable[[PreparedRun], None] | None = None) -> PreparedRun:
+        """Check the request, solve its schedule, tokenize and check the context, once (ValueError
+        names what is wrong). ``solve=False`` (an admission check, in milliseconds): the schedule
+        is only checked (``check_schedule``), not solved for the run, and the PreparedRun has none.
+        ``limits``: a caller's own limits on the tokenized run (a server's sizes), checked before
+        the model's context, so a prompt over both is refused by the caller's limit."""
         validate_request(request)
-        schedule = self.schedule_for(request.schedule, request.max_new_tokens)
-        ids, mask = self.encode(request.prompts, request.raw)
+        if solve:
+            schedule: SolvedSchedule | None = self.schedule_for(request.schedule, request.max_new_tokens)
+        else:
+            self.check_schedule(request.schedule, request.max_new_tokens)
+            schedule = None
+        ids, mask = self._encoded(request.prompts, request.raw)
+        run = PreparedRun(request=request, ids=ids, mask=mask, schedule=schedule)
+        if limits is not None:
+            limits(run)
         if ids.shape[1] + request.max_new_tokens > self.max_context:
             raise ValueError(
                 f"the prompt is {ids.shape[1]} tokens; with max_new_tokens {request.max_new_tokens} that exceeds "
                 f"the model's context of {self.max_context} tokens"
             )
-        return PreparedRun(request=request, ids=ids, mask=mask, schedule=schedule)
+        return run
+
+    def check_schedule(self, request: ScheduleRequest, max_new_tokens: int) -> None:
+        """The solver's verdict on a schedule request in milliseconds: the same request (its decay
+        length fixed to what the run's would be) solved over one decode step, which refuses exactly
+        what the run's solve would (ValueError)."""
+        decay_length = request.decay_length or max_new_tokens
+        self.schedule_for(replace(request, decay_length=decay_length), 2)
 
     def with_schedule(self, run: PreparedRun, schedule: ScheduleRequest) -> PreparedRun:
         """The same prompts (no second tokenization) under another schedule: the full model beside SkipDecode."""
@@ -315,6 +362,8 @@ class TextGenerator:
         that ran, for ``lens``); returns the GenerationResult. A PreparedRun is not checked again."""
         run = request if isinstance(request, PreparedRun) else self.prepare(request)
         request, schedule = run.request, run.schedule
+        if schedule is None:
+            raise ValueError("this PreparedRun was only checked (prepare(solve=False)): prepare it to run it")
         decode = yield from self.decoder_for(request.schedule).stream(
             run.ids,
             run.mask,
@@ -357,17 +406,29 @@ class TextGenerator:
         return readings
 
     @torch.inference_mode()
-    def full_model_log_probs(self, prompt: str, token_ids: Sequence[int]) -> torch.Tensor:
+    def full_model_log_probs(self, run: PreparedRun, token_ids: Sequence[int], row: int = 0) -> torch.Tensor:
         """(len(token_ids), V) next-token log-probabilities of the ORIGINAL model at each position
-        that produced one of ``token_ids`` (SkipDecode's own output), from ONE full-depth forward
-        over the prompt and those tokens: the full model judged on SkipDecode's prefix."""
+        that produced one of ``token_ids`` (SkipDecode's own output for ``row`` of ``run``), from ONE
+        full-depth forward over that row's prompt (the run's ids) and those tokens: the full model
+        judged on SkipDecode's prefix."""
         if not token_ids:
             return torch.empty(0)
-        ids, _ = self.encode([prompt])
-        sequence = torch.cat([ids[0], torch.tensor(list(token_ids[:-1]), dtype=torch.long)])[None]
-        with torch.no_grad():
-            logits = self.loaded.model(sequence.to(self.loaded.device)).logits[0, ids.shape[1] - 1:]
+        prompt = run.prompt_ids(row)
+        sequence = torch.tensor([*prompt, *token_ids[:-1]], dtype=torch.long)[None]
+        logits = self.loaded.model(sequence.to(self.loaded.device)).logits[0, len(prompt) - 1:]
         return logits.float().log_softmax(-1)
+
+    def prompt_tokens(self, run: PreparedRun, row: int = 0) -> tuple[list[str], int]:
+        """Row ``row``'s prompt tokens as text (the run's ids), and how many lead the user's text: the
+        chat template's system turn and user header, or without a template the leading special
+        tokens (BOS). A view of the prompt shows the rest."""
+        ids = run.prompt_ids(row)
+        if self.loaded.has_chat_template and not run.request.raw:
+            head = len(self.template_around_user[0])
+        else:
+            special = set(self.loaded.tokenizer.all_special_ids)
+            head = next((i for i, token in enumerate(ids) if token not in special), len(ids))
+        return [self.token_text(t) for t in ids], min(head, len(ids))
 
     def full_model_choices(self, full_log_probs: torch.Tensor) -> list[int]:
         """The full model's top next token at each judged position (its greedy choice there)."""
@@ -428,10 +489,8 @@ def validate_prompts(prompts: Sequence[str]) -> None:
 
 
 def validate_request(request: GenerationRequest) -> None:
+    """A request's own values (its prompts, max_new_tokens, target_speedup), before any model work;
+    the schedule's other settings are checked where they are solved."""
     validate_prompts(request.prompts)
-    tokens = request.max_new_tokens
-    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
-        raise ValueError(f"max_new_tokens must be an integer >= 1; got {tokens!r}")
-    speedup = request.schedule.target_speedup
-    if not isinstance(speedup, (int, float)) or isinstance(speedup, bool) or not math.isfinite(speedup):
-        raise ValueError(f"target_speedup must be a finite number; got {speedup!r}")
+    check_int("max_new_tokens", request.max_new_tokens, low=1)
+    check_number("target_speedup", request.schedule.target_speedup)

@@ -78,7 +78,8 @@ def test_stream_completes_and_agrees_with_the_decoder(client, server):
     assert final["step_layers"] == [list(layers) for layers in reference.decode.step_layers]
     assert final["prefill_layers"] == list(range(30))
     cli_json = reference.to_json()  # one serializer: the API and the CLI JSON name and compute alike
-    for key in ("planned_layer_speedup", "planned_cost_model_speedup", "achieved_layer_speedup", "schedule"):
+    for key in ("prefill_layers", "planned_layer_speedup", "planned_cost_model_speedup", "achieved_layer_speedup",
+                "schedule"):
         assert final[key] == cli_json[key], key
     full = generator.generate(GenerationRequest(prompts=("Name three colours.",), schedule=ScheduleRequest(full=True),
                                                 max_new_tokens=12))
@@ -386,7 +387,7 @@ def test_lens_kl_to_the_full_model_is_zero_after_the_last_layer_at_full_depth(se
         except StopIteration as end:
             result = end.value
             break
-    full = generator.full_model_log_probs("What is photosynthesis?", result.decode.tokens[0])
+    full = generator.full_model_log_probs(generator.prepare(request), result.decode.tokens[0])
     kl = generator.lens_kl(traces, full, request.schedule)
     # At 1x SkipDecode IS the full model: on its own prefix the full model picks every one of its tokens.
     assert generator.full_model_choices(full) == list(result.decode.tokens[0])

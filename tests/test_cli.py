@@ -26,6 +26,7 @@ def test_json_contract_on_the_default_model():
     for key in ("model", "device", "num_layers", "outputs", "layers_per_step", "planned_layer_speedup", "tokens_per_second"):
         assert key in out
     assert out["num_layers"] == 30 and out["device"] == "cpu"
+    assert out["prefill_layers"] == list(range(30))  # the layers the prompt ran, as the API writes them
     steps = out["layers_per_step"]
     assert all(b <= a for a, b in zip(steps, steps[1:])) and max(steps) < 30
     assert abs(out["planned_layer_speedup"] - 2.0) <= 0.1  # the policy, solved for the target
@@ -39,7 +40,7 @@ def test_batch_full_and_plain_text_on_a_local_folder(tiny_folder):
                    "--full", "--max-new-tokens", "5", "--json", "--raw", "--temperature", "0.8", "--seed", "3")
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
-    assert len(out["outputs"]) == 2 and out["num_layers"] == 4
+    assert len(out["outputs"]) == 2 and out["num_layers"] == 4 and out["prefill_layers"] == [0, 1, 2, 3]
     assert set(out["layers_per_step"]) <= {4} and out["planned_layer_speedup"] == out["achieved_layer_speedup"] == 1.0
     assert not {"layer_speedup", "cost_model_speedup"} & set(out)  # the legacy keys are gone
     plain = run_cli("generate", "--model", str(tiny_folder), "--prompt", "Hello", "--speedup", "1.5", "--max-new-tokens", "4")

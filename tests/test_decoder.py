@@ -287,12 +287,16 @@ def test_a_prepared_run_is_tokenized_and_solved_once_and_streams_like_the_reques
     assert generator.schedule_for(request.schedule, 6) is run.schedule  # solved once, then kept
     full = generator.with_schedule(run, ScheduleRequest(full=True))
     assert full.ids is run.ids and full.schedule.config.min_layers == generator.num_layers
-    encode, calls = generator.encode, []
-    generator.encode = lambda *args, **kwargs: calls.append(args) or encode(*args, **kwargs)
+    encode, calls = generator._encode_one, []
+    generator._encode_one = lambda *args, **kwargs: calls.append(args) or encode(*args, **kwargs)
     from_run = run_to_end(generator.stream(run))
     assert calls == []  # streaming a prepared run does not tokenize again
     assert from_run.decode.tokens == generator.generate(request).decode.tokens
-    assert len(calls) == 1  # a plain request is prepared on the way
+    assert len(calls) == 2  # a plain request is prepared on the way: each prompt tokenized once
+    checked = generator.prepare(request, solve=False)  # an admission check: tokenized, the schedule only checked
+    assert checked.schedule is None and torch.equal(checked.ids, run.ids) and checked.positions == run.positions
+    with pytest.raises(ValueError, match="only checked"):
+        next(generator.stream(checked))
 
 
 @pytest.mark.device

@@ -16,7 +16,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("leaves", ("model", "model.common")),
     ("method", ("model.skipdecode",)),
     ("low-bit engine", ("model.lowbit",)),
-    ("runtime", ("model.loading", "model.generation")),
+    ("runtime", ("model.loading", "model.generation", "model.race")),
     ("training", ("model.training",)),
     ("evaluation", ("model.evaluation",)),
     ("tasks", ("model.tasks",)),

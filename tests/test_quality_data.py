@@ -595,7 +595,7 @@ def test_eval_compares_a_candidate_adapter_in_pairs(tiny_folder, tmp_path):
         evaluate(EvalConfig(candidate_floor=3, speedups=(1.3, 2.0), **common), progress=lambda line: None)
     with pytest.raises(ValueError, match="ONE candidate"):
         evaluate(EvalConfig(candidate=adapter, candidate_floor=3, speedups=(1.3,), **common), progress=lambda line: None)
-    with pytest.raises(ValueError, match="layer count >= 1"):
+    with pytest.raises(ValueError, match="candidate_floor must be >= 1"):
         evaluate(EvalConfig(candidate_floor=0, speedups=(1.3,), **common), progress=lambda line: None)
 
 

@@ -1,15 +1,17 @@
 """What the playground shows, as pure functions: newline marks, token contrast, the live figures'
 spans, the heatmap's one position number, the schedule's labels and the honest headline."""
 
+import contextlib
 import re
+from dataclasses import replace
 
 import pytest
 
-from app.figures import Judged, heatmap_legend_html, layer_heatmap
-from app.race import RaceUpdate, StreamProgress
+from app.figures import heatmap_legend_html, layer_heatmap
 from app.token_html import NEWLINE_MARK, TOKEN_TEXT, depth_colour, plain_text_html, tokens_by_depth_html
 from app.views import MIN_STEPS_FOR_MEASURED, live_figures
-from model.skipdecode.decoder import StepEvent
+from model.race import Judged, RaceUpdate, StreamProgress
+from model.skipdecode.decoder import DecodeResult
 from model.skipdecode.schedule import CostModel, ScheduleConfig, evaluate_schedule
 
 
@@ -23,11 +25,12 @@ def test_newline_runs_collapse_into_one_visible_mark_and_one_break():
 
 
 def _progress(name: str, prefill_seconds: float, step_seconds: list[float], depth: int) -> StreamProgress:
-    progress = StreamProgress(name, rows=1)
-    progress.apply(StepEvent(-1, [1], [False], tuple(range(30)), prefill_seconds), eos_ids=())
-    for step, seconds in enumerate(step_seconds):
-        progress.apply(StepEvent(step, [2 + step], [False], tuple(range(30 - depth, 30)), seconds), eos_ids=())
-    return progress
+    """A stream's progress as the decoder records it: the prefill's token, then one per decode step."""
+    record = DecodeResult(num_layers=30, prompt_lengths=[3], tokens=[[1, *(2 + k for k in range(len(step_seconds)))]],
+                          finish_reasons=["length"], prefill_layers=tuple(range(30)),
+                          step_layers=[tuple(range(30 - depth, 30))] * len(step_seconds),
+                          prefill_seconds=prefill_seconds, step_seconds=list(step_seconds))
+    return StreamProgress(name, rows=1, record=record)
 
 
 def test_live_figures_leave_out_the_prefill_and_compare_the_same_steps():
@@ -36,7 +39,7 @@ def test_live_figures_leave_out_the_prefill_and_compare_the_same_steps():
     # A 5 s prefill (a long prompt) must not drag the decode figure down.
     skip = _progress("skip", 5.0, [0.05] * 12, depth=15)
     full = _progress("full", 5.0, [0.10] * 10, depth=30)
-    figures = live_figures(RaceUpdate(skip, full, solved, "skip"), cost)
+    figures = live_figures(RaceUpdate(skip, full, solved, "skip", cost))
     assert abs(figures.skip_decode_tps - 20.0) < 1e-6 and abs(figures.full_decode_tps - 10.0) < 1e-6
     assert figures.common_steps == 10
     assert abs(figures.measured_speedup - 2.0) < 1e-6  # over the 10 steps both ran, not 12 vs 10
@@ -49,7 +52,7 @@ def test_no_measured_speedup_before_enough_steps():
     solved = evaluate_schedule(ScheduleConfig(30, 30, 15, warmup=0, decay="constant", decay_length=12), 12, cost)
     steps = MIN_STEPS_FOR_MEASURED - 1
     figures = live_figures(RaceUpdate(_progress("s", 0.1, [0.05] * steps, 15), _progress("f", 0.1, [0.1] * steps, 30),
-                                      solved, "skip"), cost)
+                                      solved, "skip", cost))
     assert figures.measured_speedup is None and figures.layer_speedup is None
 
 
@@ -181,22 +184,22 @@ def test_the_headline_says_what_each_number_means_and_step_mode_hides_speeds():
 
     cost = CostModel(layer_cost=1.0, fixed_cost=0.0)
     solved = evaluate_schedule(ScheduleConfig(30, 30, 15, warmup=0, decay="constant", decay_length=12), 12, cost)
-    update = RaceUpdate(_progress("s", 0.1, [0.05] * 12, 15), _progress("f", 0.1, [0.1] * 12, 30), solved, "skip")
-    settings = PlaygroundSettings.from_values(Limits(), prompt="hi", target_speedup=2.0)
     judged = [Judged(True, "a"), Judged(True, "b"), Judged(False, "c")]
-    line = headline_html(update, cost, settings, judged)
+    update = RaceUpdate(_progress("s", 0.1, [0.05] * 12, 15), _progress("f", 0.1, [0.1] * 12, 30), solved, "skip",
+                        cost, judged=judged)
+    settings = PlaygroundSettings.from_values(Limits(), prompt="hi", target_speedup=2.0)
+    line = headline_html(update, settings)
     assert "2.00x faster" in line and "<b>67%</b> of its 3 positions" in line and "to-results" in line
-    assert "faster" not in headline_html(update, cost, settings, judged, step_mode=True)
-    assert "comes when SkipDecode finishes" in headline_html(update, cost, settings, None)
-    assert "tok/s" in details_markdown(update, cost) and "tok/s" not in details_markdown(update, cost, step_mode=True)
-    assert "exact token match" in details_markdown(update, cost)
+    assert "faster" not in headline_html(update, settings, step_mode=True)
+    assert "comes when SkipDecode finishes" in headline_html(replace(update, judged=None), settings)
+    assert "tok/s" in details_markdown(update) and "tok/s" not in details_markdown(update, step_mode=True)
+    assert "exact token match" in details_markdown(update)
     full_depth = evaluate_schedule(ScheduleConfig(30, 30, 30, warmup=0, decay="constant", decay_length=12), 12, cost)
-    assert "no regression" in headline_html(RaceUpdate(update.skip, update.full, full_depth, "skip"), cost,
-                                            settings, judged)
+    assert "no regression" in headline_html(replace(update, solved=full_depth), settings)
 
 
 def test_a_character_split_over_byte_tokens_is_shown_whole_never_as_replacement_marks():
-    from app.views import TokenTexts
+    from model.race import TokenTexts
 
     class Bytes:  # a byte-level tokenizer: one token per UTF-8 byte
         def decode_text(self, ids):
@@ -212,13 +215,128 @@ def test_a_character_split_over_byte_tokens_is_shown_whole_never_as_replacement_
     assert parts == texts and "\ufffd" not in "".join(parts)
 
 
-def test_progress_follows_the_decoders_finished_rows_eos_and_stop_alike():
-    """Row 0 ends at EOS (left out), row 1 at a stop string (its last token kept); neither
-    collects the pad ids the decoder repeats for finished rows afterwards."""
-    eos, pad = 9, 0
-    progress = StreamProgress("SkipDecode", rows=2)
-    progress.apply(StepEvent(-1, [5, 6], [False, False], (0, 1), 0.1), eos_ids=(eos,))
-    progress.apply(StepEvent(0, [eos, 7], [True, True], (0, 1), 0.1), eos_ids=(eos,))
-    progress.apply(StepEvent(1, [pad, pad], [True, True], (0, 1), 0.1), eos_ids=(eos,))
-    assert progress.ids(0) == [5] and progress.ids(1) == [6, 7]
-    assert progress.finished == [True, True] and progress.generated == 3
+def test_progress_is_the_decoders_own_record_not_a_twin():
+    """A stream's progress reads the DecodeResult the decoder extends in place (StepEvent.record):
+    a row ended at EOS (left out) or by a stop string (its last token kept) is whatever the
+    decoder recorded, and a step recorded later shows without being applied anywhere."""
+    record = DecodeResult(num_layers=2, prompt_lengths=[1, 1], tokens=[[5], [6, 7]], finish_reasons=["eos", "stop"],
+                          prefill_layers=(0, 1), step_layers=[(0, 1)], prefill_seconds=0.1, step_seconds=[0.1])
+    progress = StreamProgress("SkipDecode", rows=2, record=record)
+    assert progress.ids(0) == [5] and progress.ids(1) == [6, 7] and progress.generated == 3
+    assert progress.depths == [2, 2] and progress.seconds == pytest.approx(0.2)
+    record.step_layers.append((1,))
+    record.step_seconds.append(0.3)
+    assert progress.depths == [2, 2, 1] and progress.seconds == pytest.approx(0.5)
+    assert StreamProgress("full model", rows=1).ids(0) == [] and StreamProgress("x", rows=1).depths == []
+
+
+class Forbidden:
+    """Stands in for a part of the model while a view runs: any use of it fails the test."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __getattr__(self, attr: str):
+        raise AssertionError(f"a view called the model: {self.name}.{attr}")
+
+
+@contextlib.contextmanager
+def model_forbidden(generator):
+    """The generator's model, tokenizer and decoders replaced by Forbidden stand-ins."""
+    parts = ("loaded", "full_decoder", "skip_decoder")
+    saved = {part: generator.__dict__[part] for part in parts}
+    generator.__dict__.update({part: Forbidden(part) for part in parts})
+    try:
+        yield
+    finally:
+        generator.__dict__.update(saved)
+
+
+@pytest.fixture(scope="module")
+def tiny_generator(tiny_folder):
+    from model.generation import TextGenerator
+    from model.loading import load_model
+
+    return TextGenerator(load_model(str(tiny_folder), device="cpu", adapter=None))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lockstep", [False, True])
+def test_views_only_format_the_race_and_never_call_the_model(tiny_generator, lockstep):
+    """The race produces everything shown (texts, layers, timings, the lens and its KL, the full
+    model's judgement); the page's outputs and the API's messages are made with the model's parts
+    replaced by stand-ins that fail on any use."""
+    from app.handlers import Playground
+    from app.settings import Limits
+    from app.views import RaceRenderer, api_message
+
+    generator = tiny_generator
+    checked = Playground(lambda: generator, Limits()).checked(dict(
+        prompt="Name a fruit.", target_speedup=1.5, max_new_tokens=6, batch_size=2, lens=True, lens_kl=True))
+    renderer = RaceRenderer(checked.settings)
+    with model_forbidden(generator), pytest.raises(AssertionError, match="a view called the model"):
+        generator.decode_text([1])  # the stand-ins catch a call
+    rendered = 0
+    for update in checked.race(lockstep=lockstep):
+        with model_forbidden(generator):
+            page = renderer.outputs("", update, with_plot=True, step_mode=lockstep)
+            message = api_message(update, checked.settings)
+        rendered += 1
+    assert rendered > 4 and update.done and update.judged and update.lens_kl
+    ids = update.skip.ids(0)
+    assert len(update.judged) == len(ids) == len(message["lens"]) and f"of its {len(ids)} positions" in page[3]
+    assert message["full_model_same_next_token"] == round(sum(j.same for j in update.judged) / len(ids), 4)
+    assert message["skipdecode"] == [generator.decode_text(update.skip.ids(r)) for r in range(2)]
+    assert message["full"] == [generator.decode_text(update.full.ids(r)) for r in range(2)]
+
+
+@pytest.mark.slow
+def test_one_json_shape_prefill_layers_lists_the_layers_the_prompt_ran(tiny_generator):
+    """The CLI's JSON (GenerationResult.to_json) and the API's messages write ``prefill_layers`` alike:
+    the layer indices the prompt ran (here the first step's budget, not all layers)."""
+    from app.handlers import Playground
+    from app.settings import Limits
+    from app.views import api_message
+
+    generator = tiny_generator
+    checked = Playground(lambda: generator, Limits()).checked(dict(
+        prompt="Name a fruit.", target_speedup=1.5, max_new_tokens=4, prompt_at_full_depth=False))
+    final = api_message(list(checked.race())[-1], checked.settings)
+    cli = generator.generate(checked.run.request).to_json()
+    layers = list(checked.run.schedule.config.prefill_layers())
+    assert cli["prefill_layers"] == final["prefill_layers"] == layers and len(layers) < generator.num_layers
+
+
+@pytest.mark.slow
+def test_the_heatmap_hides_the_templates_head_read_from_the_runs_ids(tiny_generator):
+    """The prompt's shown tokens are the user's text and the template's tail, as the user's text
+    tokenized alone counts them; the texts are the run's own ids (no second tokenization)."""
+    from model.generation import GenerationRequest
+
+    generator = tiny_generator
+    for prompt in ("Name a fruit.", "Why is the sky blue? Answer in one line."):
+        run = generator.prepare(GenerationRequest(prompts=(prompt, "Hi"), max_new_tokens=2))
+        texts, hidden = generator.prompt_tokens(run)
+        user = len(generator.loaded.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        assert len(texts) == len(run.prompt_ids(0)) and len(texts) - hidden == user + generator.template_tail_tokens
+        assert "".join(texts[hidden:]).startswith(prompt)
+
+
+@pytest.mark.slow
+def test_admission_and_the_run_refuse_with_one_check(tiny_generator):
+    """The fair queue's admission and the run's own check are one helper: the same message, and
+    admission only checks the schedule (no solve for the run), in milliseconds."""
+    import gradio as gr
+
+    from app.handlers import Playground
+    from app.settings import Limits
+
+    playground = Playground(lambda: tiny_generator, Limits(max_prompt_tokens=60))
+    for values in (dict(prompt="sea " * 40), dict(prompt="hi", target_speedup=9.0)):
+        parameter, message = playground.admission_problem("generate", values)
+        with pytest.raises(gr.Error) as refused:
+            playground.validated(values, page=False)
+        assert refused.value.message == message, (message, refused.value.message)
+    assert playground.admission_problem("generate", dict(prompt="hi", max_new_tokens=6)) is None
+    admitted = playground.checked(dict(prompt="hi", max_new_tokens=6), solve=False)
+    assert admitted.run.schedule is None

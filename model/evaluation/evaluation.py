@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
+from model.common.checks import check_int
 from model.evaluation.paired import Comparison, RowItems, compare_variants, comparison_markdown
 from model.evaluation.reporting import write_result_files
 from model.generation import TextGenerator
@@ -431,9 +432,7 @@ def _check_candidate(config: EvalConfig) -> None:
         if config.candidate in ("auto", "none") or resolve_adapter(config.candidate, "") is None:
             raise ValueError(f"candidate {config.candidate!r}: give a trained adapter folder")
     if config.candidate_floor is not None:
-        if isinstance(config.candidate_floor, bool) or not isinstance(config.candidate_floor, int) \
-                or config.candidate_floor < 1:
-            raise ValueError(f"candidate_floor must be a layer count >= 1; got {config.candidate_floor!r}")
+        check_int("candidate_floor", config.candidate_floor, low=1)  # a layer count
     if config.compares and config.resamples < 100:
         raise ValueError(f"resamples must be >= 100; got {config.resamples}")
 

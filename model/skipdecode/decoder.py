@@ -13,7 +13,6 @@ Shapes: B = batch, P = padded prompt length, V = vocab, L = layers.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generator, Sequence, cast
@@ -21,6 +20,7 @@ from typing import Any, Callable, Generator, Sequence, cast
 import torch
 from torch import nn
 
+from model.common.checks import check_int, check_number
 from model.skipdecode.architectures import (
     ArchitectureAdapter,
     LayerInputs,
@@ -66,12 +66,9 @@ class SamplingConfig:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature) or self.temperature < 0:
-            raise ValueError(f"temperature must be a finite number >= 0; got {self.temperature!r}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"top_k must be an integer >= 0; got {self.top_k!r}")
-        if not isinstance(self.top_p, (int, float)) or not math.isfinite(self.top_p) or not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1]; got {self.top_p!r}")
+        check_number("temperature", self.temperature, low=0)
+        check_int("top_k", self.top_k, low=0)
+        check_number("top_p", self.top_p, above=0, high=1)
 
     @property
     def greedy(self) -> bool:
@@ -91,6 +88,9 @@ class StepEvent:
     # With stream(trace_row=r): (layer, hidden (C,)) after each executed layer, for row r at the
     # position that produced this step's token (a logit lens reads these; see TextGenerator.lens).
     trace: tuple[tuple[int, torch.Tensor], ...] = ()
+    # The stream's own record so far: the DecodeResult it returns at the end, the same object,
+    # extended in place by later steps (a caller that shows progress reads it, keeping no twin).
+    record: DecodeResult | None = None
 
 
 @dataclass
@@ -159,7 +159,7 @@ class _StreamRun:
 
     def event(self, step: int, new_tokens: list[int], layers: tuple[int, ...], seconds: float) -> StepEvent:
         return StepEvent(step, new_tokens, list(self.finished), layers, seconds,
-                         self.trace.take() if self.trace else ())
+                         self.trace.take() if self.trace else (), self.result)
 
 
 class SkipDecoder:
@@ -311,8 +311,7 @@ class SkipDecoder:
         """The KV cache's capacity for this call (prompt + new tokens); ValueError on a bad call."""
         if schedule.num_layers != self.num_layers:
             raise ValueError(f"schedule is for {schedule.num_layers} layers; the model has {self.num_layers}")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be an integer >= 1; got {max_new_tokens!r}")
+        check_int("max_new_tokens", max_new_tokens, low=1)
         if input_ids.ndim != 2 or input_ids.shape[1] == 0:
             raise ValueError("every prompt needs at least one token")
         capacity = input_ids.shape[1] + max_new_tokens

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Callable, Iterator, Sequence
 
+from model.common.checks import check_choice, check_int, check_number
+
 DECAY_FUNCTIONS: tuple[str, ...] = ("linear", "exponential", "cosine", "power", "step", "constant")
 DECAY_DESCRIPTIONS: dict[str, str] = {
     "linear": "straight line from max to min over the decay length (the paper's policy)",
@@ -192,11 +194,11 @@ class ScheduleConfig:
     _budgets: list[int] = field(default_factory=list, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        _require_int("num_layers", self.num_layers, 1)
-        _require_int("max_layers", self.max_layers, 1)
-        _require_int("min_layers", self.min_layers, 1)
-        _require_int("warmup", self.warmup, 0)
-        _require_int("decay_length", self.decay_length, 1)
+        check_int("num_layers", self.num_layers, low=1)
+        check_int("max_layers", self.max_layers, low=1)
+        check_int("min_layers", self.min_layers, low=1)
+        check_int("warmup", self.warmup, low=0)
+        check_int("decay_length", self.decay_length, low=1)
         if self.max_layers > self.num_layers:
             raise ValueError(f"max_layers ({self.max_layers}) must not exceed the model's {self.num_layers} layers")
         if self.min_layers > self.max_layers:
@@ -206,16 +208,14 @@ class ScheduleConfig:
                 f"warmup ({self.warmup}) must be smaller than min_layers ({self.min_layers}): "
                 "every step needs at least one layer above the warmup block"
             )
-        if self.decay not in DECAY_FUNCTIONS:
-            raise ValueError(f"decay must be one of {', '.join(DECAY_FUNCTIONS)}; got {self.decay!r}")
+        check_choice("decay", self.decay, DECAY_FUNCTIONS)
+        check_choice("order", self.order, (*LAYER_ORDERS, RANKED))
         if self.order == RANKED:
             if sorted(self.ranking) != list(range(self.num_layers)):
                 raise ValueError(f"order 'ranked' needs a ranking of all {self.num_layers} layers; got {self.ranking!r}")
             if set(self.ranking[: self.warmup]) != set(range(self.warmup)):
                 raise ValueError("order 'ranked': the ranking must start with the warmup layers")
             return
-        if self.order not in LAYER_ORDERS:
-            raise ValueError(f"order must be one of {', '.join(LAYER_ORDERS)}, {RANKED}; got {self.order!r}")
         check_nested(LAYER_ORDERS[self.order], self.num_layers, self.warmup, self.order)
 
     # -- budgets ----------------------------------------------------------------------------
@@ -263,13 +263,6 @@ def full_schedule(num_layers: int, decay_length: int = 1) -> ScheduleConfig:
         warmup=min(1, num_layers - 1) if num_layers > 1 else 0,
         decay_length=max(1, decay_length),
     )
-
-
-def _require_int(name: str, value: object, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an integer; got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}; got {value}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -349,17 +342,13 @@ def solve_schedule(
     the larger min_layers. ``min_layers_floor`` keeps every step at least that deep (the shape
     study's lever: a 2x schedule 22 -> 8 instead of 28 -> 1); the target must stay reachable.
     """
-    if isinstance(target_speedup, bool) or not isinstance(target_speedup, (int, float)) or not math.isfinite(target_speedup):
-        raise ValueError(f"target_speedup must be a finite number; got {target_speedup!r}")
-    if target_speedup < 1.0:
-        raise ValueError(f"target_speedup must be >= 1 (1 = full model); got {target_speedup}")
-    _require_int("num_layers", num_layers, 1)
-    _require_int("warmup", warmup, 0)
-    _require_int("decay_length", decay_length, 1)
+    check_number("target_speedup", target_speedup, low=1.0)  # 1 = the full model
+    check_int("num_layers", num_layers, low=1)
+    check_int("warmup", warmup, low=0)
+    check_int("decay_length", decay_length, low=1)
     steps = decay_length if num_steps is None else num_steps
-    _require_int("num_steps", steps, 1)
-    if decay not in DECAY_FUNCTIONS:
-        raise ValueError(f"decay must be one of {', '.join(DECAY_FUNCTIONS)}; got {decay!r}")
+    check_int("num_steps", steps, low=1)
+    check_choice("decay", decay, DECAY_FUNCTIONS)
     if warmup >= num_layers:
         raise ValueError(f"warmup ({warmup}) must be smaller than the model's {num_layers} layers")
     floor = _solver_floor(num_layers, warmup, min_layers_floor)
@@ -394,7 +383,7 @@ def _solver_floor(num_layers: int, warmup: int, min_layers_floor: int | None) ->
     """The fewest layers a solved step may run: warmup + 1, or the caller's floor when higher."""
     if min_layers_floor is None:
         return warmup + 1
-    _require_int("min_layers_floor", min_layers_floor, 1)
+    check_int("min_layers_floor", min_layers_floor, low=1)
     if min_layers_floor > num_layers:
         raise ValueError(f"min_layers_floor ({min_layers_floor}) must not exceed the model's {num_layers} layers")
     return max(warmup + 1, min_layers_floor)
@@ -414,7 +403,7 @@ def evaluate_schedule(
     config: ScheduleConfig, num_steps: int, cost: CostModel | None = None, target_speedup: float | None = None
 ) -> SolvedSchedule:
     """Figures of a given (not solved-for) schedule over ``num_steps`` generated steps."""
-    _require_int("num_steps", num_steps, 1)
+    check_int("num_steps", num_steps, low=1)
     budgets = config.budgets(num_steps)
     achieved = layer_speedup(config.num_layers, budgets)
     return SolvedSchedule(

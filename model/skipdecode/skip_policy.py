@@ -27,6 +27,8 @@ from typing import Iterator, Sequence
 import torch
 from torch import nn
 
+from model.common.checks import check_int, check_number
+
 BRIDGE_WEIGHTS = "bridge.safetensors"
 BRIDGE_CONFIG = "bridge.json"
 
@@ -168,10 +170,8 @@ class ScheduleFloor:
     up_to_speedup: float
 
     def __post_init__(self) -> None:
-        if isinstance(self.layers, bool) or not isinstance(self.layers, int) or self.layers < 1:
-            raise ValueError(f"schedule floor layers must be an integer >= 1; got {self.layers!r}")
-        if not (isinstance(self.up_to_speedup, (int, float)) and self.up_to_speedup > 1):
-            raise ValueError(f"the floor's speedup limit must be above 1; got {self.up_to_speedup!r}")
+        check_int("schedule floor layers", self.layers, low=1)
+        check_number("schedule floor up_to_speedup", self.up_to_speedup, above=1)
 
 
 def export_adapter(source: str | Path, destination: str | Path, dtype: torch.dtype = torch.bfloat16,

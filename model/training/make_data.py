@@ -46,6 +46,7 @@ from typing import Iterable, Iterator, Sequence
 import torch
 from tqdm.auto import tqdm
 
+from model.common.checks import check_choice, check_int
 from model.generation import ScheduleRequest, TextGenerator
 from model.loading import load_model, resolve_device
 from model.skipdecode.decoder import SamplingConfig, left_padded
@@ -124,18 +125,15 @@ class MakeDataConfig:
 
     def __post_init__(self) -> None:
         for name in ("magpie_turns", "template_prompts", "wordnet_prompts", "entity_questions", "pydoc_prompts", "samples"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0; got {getattr(self, name)}")
+            check_int(name, getattr(self, name), low=0)
         for name in ("max_new_tokens", "max_prompt_tokens", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1; got {getattr(self, name)}")
+            check_int(name, getattr(self, name), low=1)
         unknown = set(self.sources) - set(SOURCES)
         if unknown:
             raise ValueError(f"unknown sources {sorted(unknown)}; choose from {', '.join(SOURCES)}")
         if self.weights not in ("int8", "float", "none", "int4"):
             raise ValueError(f"weights must be int8, int4 or float; got {self.weights!r}")
-        if self.writer not in WRITERS:
-            raise ValueError(f"writer must be one of {', '.join(WRITERS)}; got {self.writer!r}")
+        check_choice("writer", self.writer, WRITERS)
         if self.writer == "skipdecode" and (not self.writer_speedups or min(self.writer_speedups) < 1.0):
             raise ValueError(f"writer_speedups must be >= 1; got {self.writer_speedups}")
 

@@ -27,6 +27,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
+from model.common.checks import check_choice, check_int, check_number
 from model.generation import TextGenerator
 from model.loading import load_model, resolve_device
 from model.skipdecode.architectures import adapter_for
@@ -147,21 +148,12 @@ class TrainConfig:
                     "max_length", "lora_rank", "lora_alpha", "save_every", "teacher_batch_size", "eval_prompts",
                     "eval_tokens")
         for name in positive:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1; got {value!r}")
+            check_int(name, getattr(self, name), low=1)
         for name in ("samples_per_prompt", "bridge_rank", "eval_every", "warmup_layers"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be an integer >= 0; got {value!r}")
-        if not (isinstance(self.learning_rate, (int, float)) and math.isfinite(self.learning_rate) and self.learning_rate > 0):
-            raise ValueError(f"learning_rate must be a positive number; got {self.learning_rate!r}")
-        if not (math.isfinite(self.hidden_weight) and self.hidden_weight >= 0):
-            raise ValueError(f"hidden_weight must be >= 0; got {self.hidden_weight!r}")
-        for name in ("unlikelihood", "flip_weight", "kl_weight"):  # loss weights: finite numbers >= 0
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise ValueError(f"{name} must be >= 0; got {value!r}")
+            check_int(name, getattr(self, name), low=0)
+        check_number("learning_rate", self.learning_rate, above=0)
+        for name in ("hidden_weight", "unlikelihood", "flip_weight", "kl_weight"):  # loss weights: finite numbers >= 0
+            check_number(name, getattr(self, name), low=0)
 
     def _check_loss_options(self) -> None:
         """Loss options that need (or exclude) distillation data, and the CPU-time budget."""
@@ -173,8 +165,8 @@ class TrainConfig:
         if self.unlikelihood and self.max_target_tokens:
             # the loop must be found on the whole target, and a cap would cut it first
             raise ValueError("unlikelihood finds each loop on the whole target: leave out --max-target-tokens")
-        if self.max_minutes is not None and not self.max_minutes > 0:
-            raise ValueError(f"max_minutes must be > 0; got {self.max_minutes!r}")
+        if self.max_minutes is not None:
+            check_number("max_minutes", self.max_minutes, above=0)
 
     def _check_schedule_options(self) -> None:
         """The schedules training draws: speedups, decays, mix and layer order (and --data's KL weight)."""
@@ -182,22 +174,16 @@ class TrainConfig:
         if not (1.0 <= low <= high):
             raise ValueError(f"speedup_range must satisfy 1 <= low <= high; got {self.speedup_range}")
         for decay in self.decays:
-            if decay not in DECAY_FUNCTIONS:
-                raise ValueError(f"decays: {decay!r} is not one of {', '.join(DECAY_FUNCTIONS)}")
-        if self.fixed_decay not in DECAY_FUNCTIONS:
-            raise ValueError(f"fixed_decay must be one of {', '.join(DECAY_FUNCTIONS)}; got {self.fixed_decay!r}")
+            check_choice("decays", decay, DECAY_FUNCTIONS)
+        check_choice("fixed_decay", self.fixed_decay, DECAY_FUNCTIONS)
         if self.kl_weight and not self.data:
             raise ValueError("kl_weight adds KL to cross-entropy on --data text (distillation without --data is all KL)")
-        if self.fixed_decay_length is not None and (isinstance(self.fixed_decay_length, bool)
-                                                    or not isinstance(self.fixed_decay_length, int)
-                                                    or self.fixed_decay_length < 1):
-            raise ValueError(f"fixed_decay_length must be an integer >= 1; got {self.fixed_decay_length!r}")
-        if self.fixed_speedup is not None and self.fixed_speedup < 1:
-            raise ValueError(f"fixed_speedup must be >= 1; got {self.fixed_speedup}")
-        if self.schedule_mix not in SCHEDULE_MIXES:
-            raise ValueError(f"schedule_mix must be one of {', '.join(SCHEDULE_MIXES)}; got {self.schedule_mix!r}")
-        if self.order not in LAYER_ORDERS and self.order != RANKED:
-            raise ValueError(f"order must be one of {', '.join(LAYER_ORDERS)}, {RANKED}; got {self.order!r}")
+        if self.fixed_decay_length is not None:
+            check_int("fixed_decay_length", self.fixed_decay_length, low=1)
+        if self.fixed_speedup is not None:
+            check_number("fixed_speedup", self.fixed_speedup, low=1)
+        check_choice("schedule_mix", self.schedule_mix, SCHEDULE_MIXES)
+        check_choice("order", self.order, (*LAYER_ORDERS, RANKED))
 
     def _normalise_lists(self) -> None:
         """ranking and sequence_shares as tuples of numbers; one share per --sequences folder."""
