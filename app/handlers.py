@@ -31,7 +31,7 @@ from model.generation import PreparedRun, TextGenerator
 from model.race import RaceUpdate, TokenTexts, race
 from model.skipdecode.schedule import max_layer_speedup
 
-HEATMAP_EVERY_S = 0.25  # heatmap redraws at most 4x a second; text streams every step
+HEATMAP_EVERY_S = 0.25  # the heatmap (and the lines drawn with it) at most 4x a second; the panes every step
 MAX_ERROR_CHARS = 400  # a refusal shown on the page quotes the visitor's value (capped where it is made)
 
 

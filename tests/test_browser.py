@@ -416,6 +416,84 @@ def test_results_tables_scroll_sideways_on_a_phone(server):
         browser.close()
 
 
+# The live heatmap as Plotly drew it: its cells (positions, z, hover), its traces and shapes.
+DRAWN_HEATMAP = """() => {
+  const gd = document.querySelector('#heatmap .plotly-live');
+  if (!gd || !gd.data) return null;
+  const cells = gd.data[0], strip = gd.data.find(t => t.type === 'scatter');
+  return {x: Array.from(cells.x), z: cells.z, text: cells.text, traces: gd.data.map(t => t.type),
+          strip: strip ? Array.from(strip.x) : [], shapes: (gd.layout.shapes || []).length,
+          nticks: gd.layout.xaxis.nticks, updates: Number(gd.dataset.updates || 0), width: gd.clientWidth,
+          svg: !!gd.querySelector('.main-svg')};
+}"""
+
+
+def _final_figure(server, **values) -> dict:
+    """The heatmap figure of a finished run with these settings (greedy: the page's run again),
+    as the page's renderer builds it, whole."""
+    from app.views import RaceRenderer
+
+    checked = server.playground.checked(values)
+    for update in checked.race(compute_lock=server.playground.compute):
+        pass
+    return RaceRenderer(checked.settings).heatmap(update, highlight_last=False)
+
+
+def _drawn_is(page, expected: dict) -> dict:
+    """The heatmap Plotly drew (patched in the page, run by run) is ``expected``, cell by cell."""
+    drawn = page.evaluate(DRAWN_HEATMAP)
+    assert drawn is not None and drawn["svg"], "the heatmap is not drawn"
+    cells = expected["data"][0]
+    assert drawn["x"] == cells["x"], (len(drawn["x"]), len(cells["x"]))  # the same positions
+    assert drawn["z"] == cells["z"] and drawn["text"] == cells["text"]  # every cell's kind and hover (the lens)
+    assert drawn["traces"] == [trace["type"] for trace in expected["data"]]
+    strip = next(trace["x"] for trace in expected["data"] if trace["type"] == "scatter")
+    assert drawn["strip"] == strip and drawn["shapes"] == len(expected["layout"]["shapes"])
+    return drawn
+
+
+def _set_run(page, prompt: str, lens: bool) -> None:
+    page.fill("#setting-prompt textarea", prompt)
+    if page.is_checked("#setting-lens input") != lens:
+        page.click("#setting-lens input")
+
+
+@pytest.mark.parametrize("width,height", SIZES)
+def test_the_streamed_heatmap_is_the_final_figure_and_the_next_run_starts_clean(server, width, height):
+    """Issue #37: the heatmap streams as one figure and then patches, applied in the page. After a
+    run with a long prompt and the lens, Plotly shows exactly the final figure; Reset clears it; a
+    second run, and a third without Reset, each draw their own figure, not the last one's patched."""
+    long_prompt = "Tell me about the sea and its old sailors. " * 25  # ~280 positions with the template
+    runs = [dict(prompt=long_prompt, lens=True), dict(prompt="Name three colours.", lens=False)]
+    with playwright.sync_playwright() as p:
+        browser, page = _open(p, server.local_url, width, height)
+        page.click("button:has-text('Advanced')")
+        tokens = page.locator("input[aria-label='number input for Max new tokens']")
+        tokens.fill("20")
+        tokens.press("Enter")
+        _set_run(page, **runs[0])
+        page.click("#generate-btn")
+        _run_to_done(page)
+        first = _final_figure(server, max_new_tokens=20, **runs[0])
+        drawn = _drawn_is(page, first)
+        assert drawn["updates"] >= 2 and len(drawn["x"]) > 250  # redrawn in place while it streamed
+        if width < 1000:  # a phone draws it too, with its own axis (fewer ticks)
+            assert drawn["nticks"] == 6 and drawn["width"] <= width
+            browser.close()
+            return
+        page.click("#step-reset-btn")
+        assert _wait(lambda: page.evaluate(DRAWN_HEATMAP) is None, 15), "Reset did not clear the heatmap"
+        _set_run(page, **runs[1])
+        page.click("#generate-btn")
+        _run_to_done(page)
+        _drawn_is(page, _final_figure(server, max_new_tokens=20, **runs[1]))
+        _set_run(page, **runs[0])  # a new Generate straight after a run (no Reset)
+        page.click("#generate-btn")
+        _run_to_done(page)
+        _drawn_is(page, first)
+        browser.close()
+
+
 @pytest.fixture(scope="module")
 def task_server(default_model, tiny_task_adapters):
     """The app with the E2E task on tiny task models trained by the fixture (the shipped ones
