@@ -518,8 +518,13 @@ def test_the_e2e_task_from_the_form_to_both_panes_and_its_lesson(task_server, wi
     with playwright.sync_playwright() as p:
         browser, page = _open(p, task_server.local_url, width, height)
         assert not page.locator("#mr-form").is_visible() and page.locator("#setting-decay").is_visible()
+        assert "the full model original" in page.inner_text("#page-header")
         page.click("#setting-task label:has-text('E2E')")
+        # the header names the task's model at once (the general model + the task's LoRA, as it loads)
+        assert _wait(lambda: "E2E task model" in page.inner_text("#page-header"), 10), page.inner_text("#page-header")
+        assert "the full model original" not in page.inner_text("#page-header")
         assert _wait(lambda: "E2E task" in page.inner_text("#status"), 120), page.inner_text("#status")
+        assert _wait(lambda: "12 layers" in page.inner_text("#page-header"), 10)  # then the loaded model's facts
         assert "name[" in page.input_value("#setting-prompt textarea")  # an example MR replaced the chat prompt
         assert not page.locator("#setting-decay").is_visible()  # the task fixes the schedule, and says so
         assert "fixes the schedule" in page.inner_text("#task-note")
@@ -546,6 +551,7 @@ def test_the_e2e_task_from_the_form_to_both_panes_and_its_lesson(task_server, wi
         _run_to_done(page, 180)
         assert page.input_value("#setting-prompt textarea").startswith("name[The Cricketers]")
         assert "at 3x" in page.inner_text("#status") and _token_count(page) > 0 and _full_length(page) > 0
+        assert "E2E task model" in page.inner_text("#page-header")
         if width >= 1000:  # once: a bad MR is named, as text; a bad task in a link is refused, escaped
             page.fill("#setting-prompt textarea", "name[X], <b>red</b>")  # quoted in parse_mr's message
             problem = page.locator("#mr-problem")
@@ -559,6 +565,9 @@ def test_the_e2e_task_from_the_form_to_both_panes_and_its_lesson(task_server, wi
             bad = _page(browser, task_server.local_url.rstrip("/") + "/?task=%3Cb%3Ebold%3C/b%3E", width, height)
             assert _wait(lambda: "task must be one of chat, e2e" in bad.inner_text("#status"), 20)
             assert bad.locator("#status b:has-text('bold')").count() == 0 and "<b>bold</b>" in bad.inner_text("#status")
+        page.click("#setting-task label:has-text('General chat')")  # back to chat: the header says so again
+        assert _wait(lambda: "the full model original" in page.inner_text("#page-header"), 10)
+        assert "task model" not in page.inner_text("#page-header")
 
 
 # Links a stranger could post (issue 37): each part tries to draw a page element of its own.
