@@ -282,8 +282,11 @@ class Playground:
                 yield renderer.outputs(status, update, with_plot)
         except ValueError as error:  # e.g. a prompt over the context, found at encoding time
             raise page_error(error) from None
-        if update is None or handle.reason == "restart":
-            return  # a restart's new run writes the status
+        if update is None:
+            return
+        if handle.reason == "restart":  # the new run writes the status; this run's last message changes nothing
+            yield NO_CHANGE  # (gradio's completion message repeats the last values: the whole heatmap, megabytes)
+            return
         final = "Stopped." if handle.cancelled else (notice + " " if notice else "") + "**Done.**"
         yield (final,) + NO_CHANGE[1:]
 

@@ -418,3 +418,24 @@ def test_a_streamed_run_sends_its_heatmap_and_lens_once_then_changes(tiny_genera
     assert total < whole / 3, (total, whole)
     skip_panes = [output[1] for output in outputs]  # one row: each pane starts with the one before
     assert sum(b.startswith(a) for a, b in zip(skip_panes, skip_panes[1:])) >= 0.8 * (len(skip_panes) - 1)
+
+
+@pytest.mark.slow
+def test_a_restarted_run_ends_on_no_change(tiny_generator):
+    """gradio's completion message repeats a stream's last values: a run ended by a settings
+    restart ends on an update that changes nothing, so it neither resends the heatmap nor draws
+    over the new run."""
+    from app.handlers import Playground
+    from app.settings import Limits
+    from app.views import NO_CHANGE
+
+    class Session:
+        session_hash = "restarted"
+
+    playground = Playground(lambda: tiny_generator, Limits())
+    stream = playground.generate(dict(prompt="Name a fruit.", max_new_tokens=12), Session())
+    first = next(stream)
+    assert first[5].startswith("{")  # the heatmap's first figure
+    playground.runs.cancel("restarted", reason="restart")
+    rest = list(stream)
+    assert rest and rest[-1] == NO_CHANGE
