@@ -122,8 +122,8 @@ def _template_json() -> str:
 
 
 def figure_json(figure: dict) -> str:
-    """One figure (``{"data", "layout"}``, plain JSON) as the component draws it: with plotly's
-    default template, as ``go.Figure.to_json`` would give it, on one line."""
+    """One figure (``{"data", "layout"}``, plain JSON) as the component draws it, on one line:
+    with plotly's default template, which a go.Figure carries (plotly.js alone would draw it plain)."""
     layout = {**figure.get("layout", {}), "template": json.loads(_template_json())}
     return json.dumps({**figure, "layout": layout}, separators=(",", ":"))
 

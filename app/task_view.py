@@ -53,13 +53,14 @@ TITLE = "## SkipDecode Playground\nLayer skipping that keeps batching and the KV
 
 def header_markdown(generator: TextGenerator, task: str = "chat", task_model: TextGenerator | None = None) -> str:
     """The page's header: the title, then which model the panes run for the task chosen. A task's
-    model (``task_model``, once loaded; else the general model with the task's LoRA merged, as it
-    loads) is the full model of both panes; in chat the general model and its skip policy."""
+    model (``task_model``, once loaded; before, the general model with the task's LoRA merged, its
+    weights not named: they are chosen as it loads) is the full model of both panes; in chat the
+    general model and its skip policy."""
     task = task if task in TASK_LABELS else "chat"  # a value the radio does not offer names nothing
     model = task_model if is_task(task) and task_model is not None else generator
-    loaded = model.loaded
-    name = loaded.name if model is task_model or not is_task(task) else f"{loaded.name}+{task}"
-    weights = f", {loaded.quantize} weights" if loaded.quantize != "none" else ""
+    loaded, named = model.loaded, model is task_model or not is_task(task)
+    name = loaded.name if named else f"{loaded.name}+{task}"
+    weights = f", {loaded.quantize} weights" if loaded.quantize != "none" and named else ""
     facts = f"{TITLE} · **{name}**, {model.num_layers} layers, {loaded.device}{weights} · "
     if is_task(task):
         return facts + (f"the {task.upper()} task model (the general model fine-tuned on the task) in both panes: "

@@ -27,7 +27,7 @@ from app.security_headers import SecurityHeaders
 from app.settings import EXAMPLE_PROMPTS, Limits, PlaygroundSettings, control_ranges, lowered_defaults, trained_defaults
 from app.slow_clients import guard_slow_clients
 from app.style import COPY_JS, PAGE_URL_JS, SCROLL_TO_OUTPUTS, launch_style
-from app.task_view import full_title, header_markdown, mr_form, task_events
+from app.task_view import full_title, header_for, header_markdown, mr_form, task_events
 from app.tasks import TASK_FIXED, TaskGenerators, task_choices
 from model.generation import TextGenerator
 from model.skipdecode.schedule import DECAY_DESCRIPTIONS, LAYER_ORDER_DESCRIPTIONS, max_layer_speedup
@@ -252,15 +252,18 @@ def _wire_runs(demo: gr.Blocks, playground: Playground, ui: dict, defaults: dict
     # the schedule plot again after a run: a task's model may have loaded only for it
     preview = dict(fn=with_settings(playground.schedule_preview, c), inputs=settings,
                    outputs=[ui["schedule_plot"], ui["schedule_note"]], queue=False, api_name=False)
+    header = dict(fn=lambda task: header_for(playground, task), inputs=[c["task"]], outputs=[ui["header"]],
+                  queue=False, api_name=False)  # a task's model may have loaded for the run: its own facts
     ui["run"].click(playground.arm, None, None, queue=False, api_name=False).then(
-        generate, settings, stream, api_name="ui_generate", **PRIVATE, **lane).then(**note).then(**preview)
+        generate, settings, stream, api_name="ui_generate", **PRIVATE, **lane).then(**note).then(**preview).then(
+        **header)
     # A lesson sets every control it names, then generates with them (its second run: "then").
     lesson_controls = [c[name] for name in lesson_names()]
     for i, then in enumerate((False, True)):
         ui["lesson_then" if then else "lesson_run"].click(playground.arm, None, None, queue=False, api_name=False).then(
             lambda title, then=then: lesson_settings(title, defaults, then), [ui["lesson"]], lesson_controls,
             queue=False, api_name=False).then(generate, settings, stream, api_name=f"ui_lesson_{i}", **PRIVATE,
-                                              **lane).then(**note).then(**preview)  # fresh when the run ends
+                                              **lane).then(**note).then(**preview).then(**header)  # fresh at the end
     task_events(demo, playground, ui, [c[name] for name in TASK_FIXED], settings, lane)
     ui["lesson"].change(lesson_text, [ui["lesson"]], [ui["lesson_text"], ui["lesson_then"]], queue=False,
                         api_name=False)

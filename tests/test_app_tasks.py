@@ -102,10 +102,11 @@ def test_the_header_names_the_model_the_task_runs():
     general = generator("SmolLM2-135M-Instruct", 30)
     chat = header_markdown(general)
     assert "**SmolLM2-135M-Instruct**, 30 layers, cpu, int4 weights" in chat and "the full model original" in chat
-    e2e = header_markdown(general, "e2e")  # chosen, its model still loading: the general model + the task's LoRA
-    assert "**SmolLM2-135M-Instruct+e2e**" in e2e and "E2E task model" in e2e and "the full model original" not in e2e
+    e2e = header_markdown(general, "e2e")  # chosen, its model not loaded yet: the general model + the task's LoRA
+    assert "**SmolLM2-135M-Instruct+e2e**, 30 layers, cpu ·" in e2e and "E2E task model" in e2e
+    assert "the full model original" not in e2e and "int4" not in e2e  # its weights are chosen as it loads
     loaded = header_markdown(general, "e2e", generator("tiny+e2e", 12))  # once loaded: its own facts
-    assert "**tiny+e2e**, 12 layers" in loaded and "E2E task model" in loaded
+    assert "**tiny+e2e**, 12 layers, cpu, int4 weights" in loaded and "E2E task model" in loaded
     assert header_markdown(general, "<b>x</b>") == chat  # a value the radio does not offer names nothing
     assert "no skip-policy adapter" in header_markdown(generator("m", 30, adapter=None))
 
