@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+from functools import lru_cache
 from typing import TYPE_CHECKING, Sequence
 
 import plotly.graph_objects as go
@@ -30,7 +31,12 @@ def _discrete_colorscale(colours: Sequence[str]) -> list[list]:
     return scale
 
 
-def layer_heatmap(
+def layer_heatmap(*args, **kwargs) -> go.Figure:
+    """``heatmap_figure`` as a plotly Figure (the How-it-works tab, tests)."""
+    return go.Figure(heatmap_figure(*args, **kwargs))
+
+
+def heatmap_figure(
     num_layers: int,
     warmup: int,
     prompt_tokens: Sequence[str],
@@ -44,7 +50,7 @@ def layer_heatmap(
     judged: Sequence[Judged] | None = None,
     highlight_last: bool = False,
     lens_kl: Sequence[dict] | None = None,
-) -> go.Figure:
+) -> dict:
     """x = sequence position (the same number in the axis, the hover and the strip), y = layer.
 
     Column p is the token AT position p and the layers that ran on it (which predict position
@@ -53,6 +59,10 @@ def layer_heatmap(
     out, but still counted in the positions). ``lens``: per generated token t, the logit-lens
     readings of the position that produced t (hover). ``judged``: per generated token, the
     full model's verdict, drawn as a strip under layer 0, each square under the token it judges.
+
+    A plain JSON figure (``{"data": [...], "layout": {...}}``, plotly's own keys, no template),
+    built without plotly's validation: the page streams it while a run goes on, redrawn up to
+    4 times a second over thousands of positions (app/live_plot.py sends the changes only).
     """
     columns = [("prompt", token, list(prefill_layers)) for token in prompt_tokens]
     columns += [("generated", token, list(step_layers[k]) if k < len(step_layers) else None)
@@ -68,22 +78,37 @@ def layer_heatmap(
             z[layer][x], hover[layer][x] = _cell(kind, token, layers, layer, warmup, num_layers, first + x,
                                                  readings[x].get(layer), kl_by_column[x].get(layer))
     xs = list(range(first, first + len(columns)))
-    figure = go.Figure(go.Heatmap(
-        x=xs, z=z, text=hover, hoverinfo="text", zmin=-0.5, zmax=len(CELL_KINDS) - 0.5,
-        colorscale=_discrete_colorscale(CELL_COLOURS), xgap=1, ygap=1, showscale=False,
-    ))
+    data: list[dict] = [dict(type="heatmap", x=xs, z=z, text=hover, hoverinfo="text", zmin=-0.5,
+                             zmax=len(CELL_KINDS) - 0.5, colorscale=_discrete_colorscale(CELL_COLOURS), xgap=1,
+                             ygap=1, showscale=False)]
+    shapes: list[dict] = []
     if lens_kl:  # executed cells of the positions that produced tokens, coloured by KL; hover stays below
         kl_z = [[kl_by_column[x].get(layer) for x in range(len(columns))] for layer in range(num_layers)]
-        figure.add_trace(go.Heatmap(x=xs, z=kl_z, colorscale="Magma", reversescale=True, zmin=0, hoverinfo="skip",
-                                    xgap=1, ygap=1, colorbar=dict(title="lens KL")))
+        data.append(dict(type="heatmap", x=xs, z=kl_z, colorscale=_magma(), reversescale=True, zmin=0,
+                         hoverinfo="skip", xgap=1, ygap=1, colorbar=dict(title=dict(text="lens KL"))))
     if judged:
-        _add_match_strip(figure, judged, first + len(prompt_tokens), generated_tokens)
-    _heatmap_axes(figure, columns, first, len(prompt_tokens), hidden_prompt, num_layers, bool(judged), title)
+        data.append(_match_strip(judged, first + len(prompt_tokens), generated_tokens, shapes))
+    layout = _heatmap_axes(columns, first, len(prompt_tokens), hidden_prompt, num_layers, bool(judged), title, shapes)
     if highlight_last and len(step_layers):  # step mode: the column the last step ran
         last = first + len(prompt_tokens) + len(step_layers) - 1
-        figure.add_shape(type="rect", x0=last - 0.5, x1=last + 0.5, y0=-0.5, y1=num_layers - 0.5,
-                         line=dict(color="#d64545", width=2))
-    return figure
+        shapes.append(dict(type="rect", x0=last - 0.5, x1=last + 0.5, y0=-0.5, y1=num_layers - 0.5,
+                           line=dict(color="#d64545", width=2)))
+    return {"data": data, "layout": layout}
+
+
+def _vline(x: float, line: dict) -> dict:
+    """A vertical line across the plot at ``x`` (as plotly's add_vline draws it)."""
+    return dict(type="line", x0=x, x1=x, xref="x", y0=0, y1=1, yref="y domain", line=line)
+
+
+@lru_cache(maxsize=1)
+def _magma_scale() -> tuple:
+    return tuple((position, colour) for position, colour in go.Heatmap(colorscale="Magma").colorscale)
+
+
+def _magma() -> list[list]:
+    """Plotly's Magma as stops (plotly.js has no Magma by name)."""
+    return [list(stop) for stop in _magma_scale()]
 
 
 def _cell(kind: str, token: str, layers: list[int] | None, layer: int, warmup: int, num_layers: int, position: int,
@@ -104,26 +129,28 @@ def _cell(kind: str, token: str, layers: list[int] | None, layer: int, warmup: i
     return z, text
 
 
-def _heatmap_axes(figure: go.Figure, columns: list, first: int, prompt_columns: int, hidden_prompt: int,
-                  num_layers: int, strip: bool, title: str) -> None:
+def _heatmap_axes(columns: list, first: int, prompt_columns: int, hidden_prompt: int, num_layers: int, strip: bool,
+                  title: str, shapes: list[dict]) -> dict:
+    """The heatmap's layout: both axes, the prompt | generated line (added to ``shapes``), margins."""
     labels = [token for _, token, _ in columns]
-    xaxis = dict(title="position (prompt | generated)", range=[first - 0.5, first + len(columns) - 0.5])
+    xaxis: dict = dict(title=dict(text="position (prompt | generated)"), range=[first - 0.5, first + len(columns) - 0.5])
     if hidden_prompt:
-        xaxis["title"] = f"position ({hidden_prompt} chat-template tokens hidden | prompt | generated)"
+        xaxis["title"] = dict(text=f"position ({hidden_prompt} chat-template tokens hidden | prompt | generated)")
     if 0 < len(labels) <= MAX_AXIS_LABELS:
         xaxis.update(tickmode="array", tickvals=list(range(first, first + len(labels))),
                      ticktext=[_short(t) for t in labels], tickangle=-60)
     if prompt_columns and len(columns) > prompt_columns:
-        figure.add_vline(x=first + prompt_columns - 0.5, line=dict(color="#333", width=2, dash="dot"))
+        shapes.append(_vline(first + prompt_columns - 0.5, dict(color="#333", width=2, dash="dot")))
     step = max(1, num_layers // 10)
     ticks = list(range(0, num_layers, step))
-    yaxis = dict(title="layer", range=[(STRIP_Y - 0.9) if strip else -0.5, num_layers - 0.5],
+    yaxis = dict(title=dict(text="layer"), range=[(STRIP_Y - 0.9) if strip else -0.5, num_layers - 0.5],
                  tickmode="array", tickvals=([STRIP_Y] if strip else []) + ticks,
                  ticktext=(["match"] if strip else []) + [str(t) for t in ticks])
-    figure.update_layout(
-        title=dict(text=title, x=0.01) if title else None, xaxis=xaxis, yaxis=yaxis,
-        margin=dict(l=55, r=10, t=30 if title else 10, b=60), height=300, uirevision="heatmap",
-    )
+    layout = dict(xaxis=xaxis, yaxis=yaxis, shapes=shapes, margin=dict(l=55, r=10, t=30 if title else 10, b=60),
+                  height=300, uirevision="heatmap")
+    if title:
+        layout["title"] = dict(text=title, x=0.01)
+    return layout
 
 
 def _by_column(per_token: Sequence[dict] | None, prompt_columns: int, columns: int) -> list[dict]:
@@ -139,23 +166,22 @@ def _by_column(per_token: Sequence[dict] | None, prompt_columns: int, columns: i
     return by_column
 
 
-def _add_match_strip(figure: go.Figure, judged: Sequence[Judged], first_generated: int,
-                     generated: Sequence[str]) -> None:
+def _match_strip(judged: Sequence[Judged], first_generated: int, generated: Sequence[str], shapes: list[dict]) -> dict:
     """A strip under layer 0, each square under the generated token it judges: blue where the
     full model, given the same prefix, picks that token too; red where it picks another (named
-    in the hover). A red line marks the first such position."""
+    in the hover). A red line (added to ``shapes``) marks the first such position."""
     count = min(len(judged), len(generated))
     xs = [first_generated + t for t in range(count)]
-    figure.add_trace(go.Scatter(
-        x=xs, y=[STRIP_Y] * count, mode="markers", showlegend=False, hoverinfo="text",
+    first_red = next((t for t in range(count) if not judged[t].same), None)
+    if first_red is not None:
+        shapes.append(_vline(first_generated + first_red, dict(color=OTHER, width=1.5)))
+    return dict(
+        type="scatter", x=xs, y=[STRIP_Y] * count, mode="markers", showlegend=False, hoverinfo="text",
         marker=dict(symbol="square", size=7, color=[SAME if judged[t].same else OTHER for t in range(count)]),
         hovertext=[f"position {xs[t]} {html.escape(repr(generated[t]), quote=False)}: " + (
             "the full model picks it too" if judged[t].same else
             f"the full model would pick {html.escape(repr(judged[t].full_choice), quote=False)} here") for t in range(count)],
-    ))
-    first_red = next((t for t in range(count) if not judged[t].same), None)
-    if first_red is not None:
-        figure.add_vline(x=first_generated + first_red, line=dict(color=OTHER, width=1.5))
+    )
 
 
 def heatmap_legend_html(warmup: int, lens_kl: bool = False, strip: bool = True) -> str:

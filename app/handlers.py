@@ -31,7 +31,7 @@ from model.generation import PreparedRun, TextGenerator
 from model.race import RaceUpdate, TokenTexts, race
 from model.skipdecode.schedule import max_layer_speedup
 
-HEATMAP_EVERY_S = 0.25  # heatmap redraws at most 4x a second; text streams every step
+HEATMAP_EVERY_S = 0.25  # the heatmap (and the lines drawn with it) at most 4x a second; the panes every step
 MAX_ERROR_CHARS = 400  # a refusal shown on the page quotes the visitor's value (capped where it is made)
 
 
@@ -282,8 +282,11 @@ class Playground:
                 yield renderer.outputs(status, update, with_plot)
         except ValueError as error:  # e.g. a prompt over the context, found at encoding time
             raise page_error(error) from None
-        if update is None or handle.reason == "restart":
-            return  # a restart's new run writes the status
+        if update is None:
+            return
+        if handle.reason == "restart":  # the new run writes the status; this run's last message changes nothing
+            yield NO_CHANGE  # (gradio's completion message repeats the last values: the whole heatmap, megabytes)
+            return
         final = "Stopped." if handle.cancelled else (notice + " " if notice else "") + "**Done.**"
         yield (final,) + NO_CHANGE[1:]
 

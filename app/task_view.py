@@ -11,7 +11,8 @@ from app.controls import with_settings
 from app.handlers import Playground
 from app.settings import EXAMPLE_PROMPTS
 from app.shown_text import as_markdown
-from app.tasks import CHAT_MAX_NEW_TOKENS, compose, examples, fixed_note, is_task, is_valid_mr
+from app.tasks import CHAT_MAX_NEW_TOKENS, TASK_LABELS, compose, examples, fixed_note, is_task, is_valid_mr
+from model.generation import TextGenerator
 from model.tasks.e2e import ATTRIBUTE_VALUES, ATTRIBUTES, parse_mr
 from model.tasks.task_models import check_task
 
@@ -45,6 +46,34 @@ def _field(key: str) -> gr.components.Component:
         return gr.Dropdown([LEAVE_OUT, *((v, v) for v in ATTRIBUTE_VALUES[key])], value="", label=key,
                            elem_id=elem_id, min_width=150)
     return gr.Textbox(label=key, placeholder=FREE_TEXT.get(key, ""), max_length=60, elem_id=elem_id, min_width=150)
+
+
+TITLE = "## SkipDecode Playground\nLayer skipping that keeps batching and the KV cache (arXiv 2307.02628)"
+
+
+def header_markdown(generator: TextGenerator, task: str = "chat", task_model: TextGenerator | None = None) -> str:
+    """The page's header: the title, then which model the panes run for the task chosen. A task's
+    model (``task_model``, once loaded; before, the general model with the task's LoRA merged, its
+    weights not named: they are chosen as it loads) is the full model of both panes; in chat the
+    general model and its skip policy."""
+    task = task if task in TASK_LABELS else "chat"  # a value the radio does not offer names nothing
+    model = task_model if is_task(task) and task_model is not None else generator
+    loaded, named = model.loaded, model is task_model or not is_task(task)
+    name = loaded.name if named else f"{loaded.name}+{task}"
+    weights = f", {loaded.quantize} weights" if loaded.quantize != "none" and named else ""
+    facts = f"{TITLE} · **{name}**, {model.num_layers} layers, {loaded.device}{weights} · "
+    if is_task(task):
+        return facts + (f"the {task.upper()} task model (the general model fine-tuned on the task) in both panes: "
+                        "SkipDecode runs it with the task's skip policy for the chosen speedup, the full model "
+                        "at every layer.")
+    return facts + ("SkipDecode with the skip-policy adapter, the full model original." if loaded.adapter_path
+                    else "no skip-policy adapter loaded: skipping will hurt quality.")
+
+
+def header_for(playground: Playground, task: str) -> str:
+    """The header for the task chosen, with the task's model facts once it has loaded."""
+    task_model = playground.tasks.any(task) if task in TASK_LABELS and is_task(task) else None
+    return header_markdown(playground.get_generator(), task, task_model)
 
 
 def full_title(task: str) -> str:
@@ -97,8 +126,9 @@ def task_events(demo: gr.Blocks, playground: Playground, ui: dict, fixed: list, 
     model in the model lane so the first Generate does not wait for it."""
     c = ui["c"]
     private = dict(api_visibility="private")
-    c["task"].change(lambda task: task_view(task, len(fixed)), [c["task"]],
-                     [*fixed, ui["task_note"], ui["e2e_box"], ui["chat_examples"], ui["full_title"], c["prompt"]],
+    c["task"].change(lambda task: task_view(task, len(fixed)) + [header_for(playground, task)], [c["task"]],
+                     [*fixed, ui["task_note"], ui["e2e_box"], ui["chat_examples"], ui["full_title"], c["prompt"],
+                      ui["header"]],
                      queue=False,
                      api_name="ui_task_view", **private)
     preview = dict(fn=with_settings(playground.schedule_preview, c), inputs=settings,
@@ -106,7 +136,8 @@ def task_events(demo: gr.Blocks, playground: Playground, ui: dict, fixed: list, 
     c["task"].input(switch_values, [c["task"], c["prompt"]], [c["prompt"], c["max_new_tokens"]], queue=False,
                     api_name="ui_task_switch", **private).then(
         with_settings(playground.load_task, c), settings, [ui["status"]], api_name="ui_task_load", **private,
-        **lane).then(**preview)
+        **lane).then(**preview).then(lambda task: header_for(playground, task), [c["task"]], [ui["header"]],
+                                     queue=False, api_name=False)  # the loaded task model's own facts
     gr.on([c["prompt"].change, c["task"].change], mr_feedback, [c["task"], c["prompt"]], [ui["mr_problem"]],
           queue=False, show_progress="hidden", trigger_mode="always_last", api_name="ui_mr_feedback", **private)
     ui["mr_compose"].click(compose_into_prompt, list(ui["mr_fields"].values()), [c["prompt"], ui["mr_note"]],

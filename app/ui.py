@@ -27,7 +27,7 @@ from app.security_headers import SecurityHeaders
 from app.settings import EXAMPLE_PROMPTS, Limits, PlaygroundSettings, control_ranges, lowered_defaults, trained_defaults
 from app.slow_clients import guard_slow_clients
 from app.style import COPY_JS, PAGE_URL_JS, SCROLL_TO_OUTPUTS, launch_style
-from app.task_view import full_title, mr_form, task_events
+from app.task_view import full_title, header_for, header_markdown, mr_form, task_events
 from app.tasks import TASK_FIXED, TaskGenerators, task_choices
 from model.generation import TextGenerator
 from model.skipdecode.schedule import DECAY_DESCRIPTIONS, LAYER_ORDER_DESCRIPTIONS, max_layer_speedup
@@ -76,15 +76,10 @@ def build_demo(get_generator: Callable[[], TextGenerator], limits: Limits | None
     generator = get_generator()
     with gr.Blocks(title="SkipDecode Playground", analytics_enabled=analytics_enabled(),
                    delete_cache=(600, 600)) as demo:
-        loaded = generator.loaded
-        gr.Markdown(f"## SkipDecode Playground\nLayer skipping that keeps batching and the KV cache (arXiv 2307.02628)"
-                    f" · **{loaded.name}**, {generator.num_layers} layers, {loaded.device}"
-                    f"{f', {loaded.quantize} weights' if loaded.quantize != 'none' else ''} · "
-                    + ("SkipDecode with the skip-policy adapter, the full model original."
-                       if loaded.adapter_path else "no skip-policy adapter loaded: skipping will hurt quality."))
+        header = gr.Markdown(header_markdown(generator), elem_id="page-header")  # follows the task chosen
         with gr.Tabs():
             with gr.Tab("Playground"):
-                ui = _playground_tab(generator, limits)
+                ui = _playground_tab(generator, limits) | {"header": header}
             with gr.Tab("How it works"):
                 ui |= _how_it_works_tab()
             with gr.Tab("Results"):
@@ -257,15 +252,18 @@ def _wire_runs(demo: gr.Blocks, playground: Playground, ui: dict, defaults: dict
     # the schedule plot again after a run: a task's model may have loaded only for it
     preview = dict(fn=with_settings(playground.schedule_preview, c), inputs=settings,
                    outputs=[ui["schedule_plot"], ui["schedule_note"]], queue=False, api_name=False)
+    header = dict(fn=lambda task: header_for(playground, task), inputs=[c["task"]], outputs=[ui["header"]],
+                  queue=False, api_name=False)  # a task's model may have loaded for the run: its own facts
     ui["run"].click(playground.arm, None, None, queue=False, api_name=False).then(
-        generate, settings, stream, api_name="ui_generate", **PRIVATE, **lane).then(**note).then(**preview)
+        generate, settings, stream, api_name="ui_generate", **PRIVATE, **lane).then(**note).then(**preview).then(
+        **header)
     # A lesson sets every control it names, then generates with them (its second run: "then").
     lesson_controls = [c[name] for name in lesson_names()]
     for i, then in enumerate((False, True)):
         ui["lesson_then" if then else "lesson_run"].click(playground.arm, None, None, queue=False, api_name=False).then(
             lambda title, then=then: lesson_settings(title, defaults, then), [ui["lesson"]], lesson_controls,
             queue=False, api_name=False).then(generate, settings, stream, api_name=f"ui_lesson_{i}", **PRIVATE,
-                                              **lane).then(**note).then(**preview)  # fresh when the run ends
+                                              **lane).then(**note).then(**preview).then(**header)  # fresh at the end
     task_events(demo, playground, ui, [c[name] for name in TASK_FIXED], settings, lane)
     ui["lesson"].change(lesson_text, [ui["lesson"]], [ui["lesson_text"], ui["lesson_then"]], queue=False,
                         api_name=False)

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from app.figures import heatmap_legend_html, layer_heatmap
+from app.figures import heatmap_figure, heatmap_legend_html
+from app.live_plot import LiveFigure, figure_json
 from app.results import e2e_note, eval_row
 from app.settings import PlaygroundSettings
 from app.shown_text import as_markdown
@@ -195,38 +196,57 @@ def shown_prompt(update: RaceUpdate, settings: PlaygroundSettings) -> tuple[tupl
 
 
 class RaceRenderer:
-    """Turns race updates of one run into the playground's stream outputs (STREAM_OUTPUTS of them)."""
+    """Turns race updates of one run into the playground's stream outputs (STREAM_OUTPUTS of them).
+
+    Streamed, each output's value changes only when it must, and grows where it can: gradio's
+    generator streaming sends an unchanged value as nothing and a value that starts with the one
+    before as its new tail (issue #37). So the heatmap is a LiveFigure (its first figure, then
+    patches), the headline, details and heatmap note change with the heatmap (at most 4 times a
+    second, and at the end), and a single row's pane leaves its last element open, so the next
+    step's pane starts with this one's (the browser closes it). Use one renderer per streamed run."""
 
     def __init__(self, settings: PlaygroundSettings) -> None:
         self.settings = settings
+        self.live = LiveFigure()
+        self.shown: tuple[str, str, str] = ("", "", "")  # headline, details, heatmap note: as last drawn
 
-    def heatmap(self, update: RaceUpdate, highlight_last: bool) -> str:
+    def heatmap(self, update: RaceUpdate, highlight_last: bool) -> dict:
         view = update.skip
         shown, hidden = shown_prompt(update, self.settings)
-        return layer_heatmap(
+        return heatmap_figure(
             update.num_layers, update.solved.config.warmup, shown, view.prefill_layers, view.token_texts(0),
             view.step_layers, hidden_prompt=hidden, lens=view.lens or None, judged=update.judged,
             highlight_last=highlight_last, lens_kl=update.lens_kl,
-        ).to_json()
+        )
 
     def outputs(self, status: str, update: RaceUpdate, with_plot: bool, step_mode: bool = False) -> tuple:
-        """(status, SkipDecode html, full-model html, headline, details, heatmap json or gr.skip(),
-        heatmap note)."""
+        """(status, SkipDecode html, full-model html, headline, details, heatmap value, heatmap note).
+        Without ``with_plot`` the heatmap and the lines drawn with it keep their last values. Step
+        mode (one event a step, nothing to continue) sends the figure whole, one line."""
         settings, layers = self.settings, update.num_layers
         skip, full = update.skip, update.full
         skip_panes = [tokens_by_depth_html(skip.token_texts(r), skip.depths[: len(skip.ids(r))], layers)
                       for r in range(skip.rows)]
         full_panes = [plain_text_html("".join(full.token_texts(r))) for r in range(full.rows)]
-        plot = note = gr.skip()
         if with_plot:
-            plot = self.heatmap(update, highlight_last=step_mode)
-            note = heatmap_note_html(settings, update.solved, update.judged, len(update.prompt.texts),
-                                     update.solved.config.ranking)
+            figure = self.heatmap(update, highlight_last=step_mode)
+            plot = figure_json(figure) if step_mode else self.live.update(figure)
+            self.shown = (headline_html(update, settings, step_mode), details_markdown(update, step_mode),
+                          heatmap_note_html(settings, update.solved, update.judged, len(update.prompt.texts),
+                                            update.solved.config.ranking))
+        else:
+            plot = self.live.value
+        headline, details, note = self.shown
         model = "the original model" if settings.task == "chat" else f"the {settings.task.upper()} task model"
         full_note = f'<div class="pane-note">{model}: all {layers} layers at every position</div>'
-        return (status, pane_note(settings, update.solved) + rows_html(skip_panes, update.prompts),
-                full_note + rows_html(full_panes, update.prompts),
-                headline_html(update, settings, step_mode), details_markdown(update, step_mode), plot, note)
+        return (status, open_end(pane_note(settings, update.solved) + rows_html(skip_panes, update.prompts)),
+                open_end(full_note + rows_html(full_panes, update.prompts)), headline, details, plot, note)
+
+
+def open_end(pane: str) -> str:
+    """A pane whose last element (the growing text) is left open: the browser closes it, and the
+    next step's pane, one token longer, starts with this one, so gradio sends just the new token."""
+    return pane.removesuffix("</div>")
 
 
 STREAM_OUTPUTS = 7  # status, SkipDecode, full model, headline, details, heatmap, heatmap note

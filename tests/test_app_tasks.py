@@ -12,7 +12,7 @@ from app.results import claim_sentence, claim_verdicts, e2e_markdown, e2e_note, 
 from app.settings import Limits, PlaygroundSettings
 from app.share import settings_from_query, share_link
 from app.shown_text import as_markdown
-from app.task_view import compose_into_prompt, mr_feedback, switch_values, task_view
+from app.task_view import compose_into_prompt, header_markdown, mr_feedback, switch_values, task_view
 from app.tasks import TASK_FIXED, check_mr, examples, fixed_note, policy_line
 from model.tasks.e2e import INSTRUCTION, parse_mr
 from model.tasks.task_models import task_schedule
@@ -90,6 +90,25 @@ def test_the_task_switch_fixes_the_controls_and_fills_the_prompt_and_the_form_co
     _, hostile = compose_into_prompt("A](http://evil.example)", "", "", "", "", "", "", "")  # quoted in the message
     assert "](" not in hostile and "http:" not in hostile  # the Markdown note shows it as text
     assert len(examples()) == 8 and all(parse_mr(mr) for mr in examples())
+
+
+def test_the_header_names_the_model_the_task_runs():
+    from types import SimpleNamespace
+
+    def generator(name: str, layers: int, adapter: str | None = "assets/adapters/skip"):
+        return SimpleNamespace(num_layers=layers, loaded=SimpleNamespace(name=name, device="cpu", quantize="int4",
+                                                                         adapter_path=adapter))
+
+    general = generator("SmolLM2-135M-Instruct", 30)
+    chat = header_markdown(general)
+    assert "**SmolLM2-135M-Instruct**, 30 layers, cpu, int4 weights" in chat and "the full model original" in chat
+    e2e = header_markdown(general, "e2e")  # chosen, its model not loaded yet: the general model + the task's LoRA
+    assert "**SmolLM2-135M-Instruct+e2e**, 30 layers, cpu ·" in e2e and "E2E task model" in e2e
+    assert "the full model original" not in e2e and "int4" not in e2e  # its weights are chosen as it loads
+    loaded = header_markdown(general, "e2e", generator("tiny+e2e", 12))  # once loaded: its own facts
+    assert "**tiny+e2e**, 12 layers, cpu, int4 weights" in loaded and "E2E task model" in loaded
+    assert header_markdown(general, "<b>x</b>") == chat  # a value the radio does not offer names nothing
+    assert "no skip-policy adapter" in header_markdown(generator("m", 30, adapter=None))
 
 
 def test_the_lesson_switches_to_the_task_at_3x_and_the_others_switch_back():

@@ -416,6 +416,84 @@ def test_results_tables_scroll_sideways_on_a_phone(server):
         browser.close()
 
 
+# The live heatmap as Plotly drew it: its cells (positions, z, hover), its traces and shapes.
+DRAWN_HEATMAP = """() => {
+  const gd = document.querySelector('#heatmap .plotly-live');
+  if (!gd || !gd.data) return null;
+  const cells = gd.data[0], strip = gd.data.find(t => t.type === 'scatter');
+  return {x: Array.from(cells.x), z: cells.z, text: cells.text, traces: gd.data.map(t => t.type),
+          strip: strip ? Array.from(strip.x) : [], shapes: (gd.layout.shapes || []).length,
+          nticks: gd.layout.xaxis.nticks, updates: Number(gd.dataset.updates || 0), width: gd.clientWidth,
+          svg: !!gd.querySelector('.main-svg')};
+}"""
+
+
+def _final_figure(server, **values) -> dict:
+    """The heatmap figure of a finished run with these settings (greedy: the page's run again),
+    as the page's renderer builds it, whole."""
+    from app.views import RaceRenderer
+
+    checked = server.playground.checked(values)
+    for update in checked.race(compute_lock=server.playground.compute):
+        pass
+    return RaceRenderer(checked.settings).heatmap(update, highlight_last=False)
+
+
+def _drawn_is(page, expected: dict) -> dict:
+    """The heatmap Plotly drew (patched in the page, run by run) is ``expected``, cell by cell."""
+    drawn = page.evaluate(DRAWN_HEATMAP)
+    assert drawn is not None and drawn["svg"], "the heatmap is not drawn"
+    cells = expected["data"][0]
+    assert drawn["x"] == cells["x"], (len(drawn["x"]), len(cells["x"]))  # the same positions
+    assert drawn["z"] == cells["z"] and drawn["text"] == cells["text"]  # every cell's kind and hover (the lens)
+    assert drawn["traces"] == [trace["type"] for trace in expected["data"]]
+    strip = next(trace["x"] for trace in expected["data"] if trace["type"] == "scatter")
+    assert drawn["strip"] == strip and drawn["shapes"] == len(expected["layout"]["shapes"])
+    return drawn
+
+
+def _set_run(page, prompt: str, lens: bool) -> None:
+    page.fill("#setting-prompt textarea", prompt)
+    if page.is_checked("#setting-lens input") != lens:
+        page.click("#setting-lens input")
+
+
+@pytest.mark.parametrize("width,height", SIZES)
+def test_the_streamed_heatmap_is_the_final_figure_and_the_next_run_starts_clean(server, width, height):
+    """Issue #37: the heatmap streams as one figure and then patches, applied in the page. After a
+    run with a long prompt and the lens, Plotly shows exactly the final figure; Reset clears it; a
+    second run, and a third without Reset, each draw their own figure, not the last one's patched."""
+    long_prompt = "Tell me about the sea and its old sailors. " * 25  # ~280 positions with the template
+    runs = [dict(prompt=long_prompt, lens=True), dict(prompt="Name three colours.", lens=False)]
+    with playwright.sync_playwright() as p:
+        browser, page = _open(p, server.local_url, width, height)
+        page.click("button:has-text('Advanced')")
+        tokens = page.locator("input[aria-label='number input for Max new tokens']")
+        tokens.fill("20")
+        tokens.press("Enter")
+        _set_run(page, **runs[0])
+        page.click("#generate-btn")
+        _run_to_done(page)
+        first = _final_figure(server, max_new_tokens=20, **runs[0])
+        drawn = _drawn_is(page, first)
+        assert drawn["updates"] >= 2 and len(drawn["x"]) > 250  # redrawn in place while it streamed
+        if width < 1000:  # a phone draws it too, with its own axis (fewer ticks)
+            assert drawn["nticks"] == 6 and drawn["width"] <= width
+            browser.close()
+            return
+        page.click("#step-reset-btn")
+        assert _wait(lambda: page.evaluate(DRAWN_HEATMAP) is None, 15), "Reset did not clear the heatmap"
+        _set_run(page, **runs[1])
+        page.click("#generate-btn")
+        _run_to_done(page)
+        _drawn_is(page, _final_figure(server, max_new_tokens=20, **runs[1]))
+        _set_run(page, **runs[0])  # a new Generate straight after a run (no Reset)
+        page.click("#generate-btn")
+        _run_to_done(page)
+        _drawn_is(page, first)
+        browser.close()
+
+
 @pytest.fixture(scope="module")
 def task_server(default_model, tiny_task_adapters):
     """The app with the E2E task on tiny task models trained by the fixture (the shipped ones
@@ -440,8 +518,13 @@ def test_the_e2e_task_from_the_form_to_both_panes_and_its_lesson(task_server, wi
     with playwright.sync_playwright() as p:
         browser, page = _open(p, task_server.local_url, width, height)
         assert not page.locator("#mr-form").is_visible() and page.locator("#setting-decay").is_visible()
+        assert "the full model original" in page.inner_text("#page-header")
         page.click("#setting-task label:has-text('E2E')")
+        # the header names the task's model at once (the general model + the task's LoRA, as it loads)
+        assert _wait(lambda: "E2E task model" in page.inner_text("#page-header"), 10), page.inner_text("#page-header")
+        assert "the full model original" not in page.inner_text("#page-header")
         assert _wait(lambda: "E2E task" in page.inner_text("#status"), 120), page.inner_text("#status")
+        assert _wait(lambda: "12 layers" in page.inner_text("#page-header"), 10)  # then the loaded model's facts
         assert "name[" in page.input_value("#setting-prompt textarea")  # an example MR replaced the chat prompt
         assert not page.locator("#setting-decay").is_visible()  # the task fixes the schedule, and says so
         assert "fixes the schedule" in page.inner_text("#task-note")
@@ -468,6 +551,7 @@ def test_the_e2e_task_from_the_form_to_both_panes_and_its_lesson(task_server, wi
         _run_to_done(page, 180)
         assert page.input_value("#setting-prompt textarea").startswith("name[The Cricketers]")
         assert "at 3x" in page.inner_text("#status") and _token_count(page) > 0 and _full_length(page) > 0
+        assert "E2E task model" in page.inner_text("#page-header")
         if width >= 1000:  # once: a bad MR is named, as text; a bad task in a link is refused, escaped
             page.fill("#setting-prompt textarea", "name[X], <b>red</b>")  # quoted in parse_mr's message
             problem = page.locator("#mr-problem")
@@ -481,6 +565,9 @@ def test_the_e2e_task_from_the_form_to_both_panes_and_its_lesson(task_server, wi
             bad = _page(browser, task_server.local_url.rstrip("/") + "/?task=%3Cb%3Ebold%3C/b%3E", width, height)
             assert _wait(lambda: "task must be one of chat, e2e" in bad.inner_text("#status"), 20)
             assert bad.locator("#status b:has-text('bold')").count() == 0 and "<b>bold</b>" in bad.inner_text("#status")
+        page.click("#setting-task label:has-text('General chat')")  # back to chat: the header says so again
+        assert _wait(lambda: "the full model original" in page.inner_text("#page-header"), 10)
+        assert "task model" not in page.inner_text("#page-header")
 
 
 # Links a stranger could post (issue 37): each part tries to draw a page element of its own.

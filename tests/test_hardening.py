@@ -219,7 +219,7 @@ class SlowGenerator:
     """Wraps a TextGenerator's layer runner with fixed sleeps and counts the layers run."""
 
     def __init__(self, generator) -> None:
-        self.generator, self.layer_calls, self.prefill_s = generator, 0, PREFILL_LAYER_S
+        self.generator, self.layer_calls, self.prefill_s, self.step_s = generator, 0, PREFILL_LAYER_S, STEP_LAYER_S
         adapters = {id(a): a for d in (generator.skip_decoder, generator.full_decoder)
                     for a in (d.adapter, d.skip_adapter)}
         for adapter in adapters.values():
@@ -227,7 +227,7 @@ class SlowGenerator:
 
             def slow(index, hidden, *args, _original=original, **kwargs):
                 self.layer_calls += 1
-                time.sleep(self.prefill_s if hidden.shape[1] > 1 else STEP_LAYER_S)
+                time.sleep(self.prefill_s if hidden.shape[1] > 1 else self.step_s)
                 return _original(index, hidden, *args, **kwargs)
 
             adapter.run_layer = slow
@@ -615,6 +615,51 @@ def test_api_messages_stream_deltas_and_send_the_lens_once(slow_server):
     assert len(final["lens"]) == len(final["layers_per_step"]) + 1
     whole = len(json.dumps(final))
     assert sum(len(json.dumps(m)) for m in partial) < 0.5 * whole * len(partial)
+
+
+@pytest.fixture(scope="module")
+def stream_server(tiny_folder):
+    """The app on a tiny model whose decode steps sleep 20 ms a layer: a page run of 40 tokens
+    lasts seconds, so the heatmap is redrawn many times (at most 4 a second) while it streams."""
+    from app.ui import build_demo, launch_options
+    from model.generation import TextGenerator
+    from model.loading import load_model
+
+    generator = TextGenerator(load_model(str(tiny_folder), device="cpu", adapter=None))
+    SlowGenerator(generator).step_s = 0.02
+    limits = Limits(max_new_tokens=48, max_prompt_tokens=480, max_request_tokens=1000, max_job_cost=1000)
+    demo = build_demo(lambda: generator, limits)
+    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, **launch_options())
+    yield demo
+    demo.close()
+
+
+def page_stream_script():
+    """scripts/page_stream_bytes.py: one page Generate through the page's own event, its stream tallied."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("page_stream_bytes", ROOT / "scripts" / "page_stream_bytes.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.server
+def test_a_page_generate_sends_the_heatmap_and_lens_once_then_changes(stream_server):
+    """Issue #37 for the page: a long prompt with the lens on. The page's stream (read from
+    queue/data as the page reads it) carries the heatmap's figure once and then patches, so it
+    costs a fraction of resending the figure at every redraw, as the page did before."""
+    script = page_stream_script()
+    prompt = "Tell me about the sea and its old sailors. " * 36  # ~390 tokens with the chat template
+    result = script.page_generate(stream_server.local_url, "streambytes01", prompt=prompt, max_new_tokens=40,
+                                  lens=True, target_speedup=1.5)
+    redraws, first = result["changed"]["heatmap"], result["heatmap_first_figure_bytes"]
+    assert result["success"] and "Done" in result["status"] and redraws >= 10, result
+    assert result["heatmap_positions"] > 350 and len(result["heatmap_figure"]["data"]) == 2  # the cells, the strip
+    # Every redraw resent whole (the page before #37) is at least redraws x the first figure.
+    assert result["bytes"] < redraws * first / 4, (result["bytes"], redraws, first)
+    assert result["bytes"] < result["heatmap_resent_whole"] / 4, (result["bytes"], result["heatmap_resent_whole"])
+    assert result["largest_message"] < 1.2 * first + 20_000  # no message carries more than the figure once
 
 
 def test_the_server_caps_malloc_arenas_at_start(monkeypatch):

@@ -2,6 +2,8 @@
 spans, the heatmap's one position number, the schedule's labels and the honest headline."""
 
 import contextlib
+import copy
+import json
 import re
 from dataclasses import replace
 
@@ -340,3 +342,100 @@ def test_admission_and_the_run_refuse_with_one_check(tiny_generator):
     assert playground.admission_problem("generate", dict(prompt="hi", max_new_tokens=6)) is None
     admitted = playground.checked(dict(prompt="hi", max_new_tokens=6), solve=False)
     assert admitted.run.schedule is None
+
+
+# --- the page's stream: sent once, then changes (issue #37) ---------------------------------------
+
+def test_a_figure_patch_turns_one_figure_into_the_next():
+    from app.live_plot import apply_patch, figure_patch
+
+    old = {"data": [{"x": [1, 2], "z": [[1, None], [0, None]], "text": [["a", "b"], ["c", "d"]]}],
+           "layout": {"range": [0.5, 2.5], "title": {"text": "t"}, "gone": 1}}
+    new = {"data": [{"x": [1, 2, 3], "z": [[1, 3, None], [0, 0, None]], "text": [["a", "B", "e"], ["c", "D", "f"]]},
+                    {"type": "scatter", "x": [2]}],
+           "layout": {"range": [0.5, 3.5], "title": {"text": "t"}, "shapes": [{"x0": 2}]}}
+    patch = figure_patch(old, new)
+    assert apply_patch(copy.deepcopy(old), patch) == new
+    assert ["extend", ["data", 0, "x"], [3]] in patch and ["delete", ["layout", "gone"]] in patch
+    assert ["set", ["data", 0, "z", 0, 1], 3] in patch  # one changed leaf, not its row
+    assert not [edit for edit in patch if edit[1] and edit[1][-1] == "title"]  # unchanged: not sent
+    assert figure_patch(new, new) == []
+    for before, after in (([1, 2, 3], [1]), ({"a": 1}, [1]), (list(range(20)), [-n for n in range(20)]), (1, 1.5)):
+        assert apply_patch(copy.deepcopy(before), figure_patch(before, after)) == after  # shrunk, retyped, all new
+
+
+def test_a_live_figure_grows_its_value_and_describes_the_last_figure():
+    from app.live_plot import LiveFigure, figure_from_value, figure_json
+
+    live, values = LiveFigure(), []
+    figures = [{"data": [{"x": list(range(n)), "z": [[k % 3 for k in range(n)]]}], "layout": {"range": [0, n]}}
+               for n in (3, 3, 5, 9)]
+    for figure in figures:
+        values.append(live.update(copy.deepcopy(figure)))
+    assert "\n" not in values[0] and values[1] == values[0]  # an unchanged figure adds nothing
+    assert all(later.startswith(earlier) for earlier, later in zip(values, values[1:]))
+    assert values[-1].count("\n") == 2 and len(values[-1]) < 2 * len(values[0]) + 200
+    assert figure_from_value(values[-1]) == json.loads(figure_json(figures[-1]))  # with plotly's template
+    assert json.loads(figure_json(figures[0]))["layout"]["template"]["data"]  # drawn as go.Figure would draw it
+    assert figure_from_value("") is None
+
+
+def _wire_bytes(outputs: list[tuple]) -> tuple[int, list]:
+    """What gradio's generator streaming sends for these successive outputs (gradio.utils.diff
+    after the first: an unchanged value is nothing, a value that extends the last one its tail)."""
+    from gradio.utils import diff
+
+    sent = [len(json.dumps(list(outputs[0])))]
+    for before, after in zip(outputs, outputs[1:]):
+        sent.append(len(json.dumps([diff(a, b) for a, b in zip(before, after)])))
+    return sum(sent), sent
+
+
+@pytest.mark.slow
+def test_a_streamed_run_sends_its_heatmap_and_lens_once_then_changes(tiny_generator):
+    """The page's stream (RaceRenderer over one run, the heatmap redrawn every third step as the
+    4-a-second throttle would): the heatmap's value only ever grows, the figure it describes at the
+    end is the final figure, and gradio's diffs cost a fraction of sending each redrawn figure whole."""
+    from app.handlers import Playground
+    from app.live_plot import figure_from_value, figure_json
+    from app.settings import Limits
+    from app.views import RaceRenderer
+
+    prompt = "Tell me about the sea and the ships that sail on it. " * 12
+    checked = Playground(lambda: tiny_generator, Limits()).checked(dict(
+        prompt=prompt, target_speedup=1.5, max_new_tokens=24, lens=True, lens_kl=True))
+    renderer = RaceRenderer(checked.settings)
+    outputs = []
+    for i, update in enumerate(checked.race()):  # rendered as each step comes (the update is the race's live state)
+        outputs.append(renderer.outputs("Generating", update, with_plot=i % 3 == 0 or update.done))
+    plots = [output[5] for output in outputs]
+    assert all(later.startswith(earlier) for earlier, later in zip(plots, plots[1:]))
+    final = renderer.heatmap(update, highlight_last=False)
+    assert figure_from_value(plots[-1]) == json.loads(figure_json(final))
+    assert update.done and len(final["data"]) == 3  # the cells, the lens's KL, the match strip
+    whole = sum(len(figure_json(figure_from_value(b))) for a, b in zip([""] + plots, plots) if a != b)
+    total, _ = _wire_bytes(outputs)
+    assert total < whole / 3, (total, whole)
+    skip_panes = [output[1] for output in outputs]  # one row: each pane starts with the one before
+    assert sum(b.startswith(a) for a, b in zip(skip_panes, skip_panes[1:])) >= 0.8 * (len(skip_panes) - 1)
+
+
+@pytest.mark.slow
+def test_a_restarted_run_ends_on_no_change(tiny_generator):
+    """gradio's completion message repeats a stream's last values: a run ended by a settings
+    restart ends on an update that changes nothing, so it neither resends the heatmap nor draws
+    over the new run."""
+    from app.handlers import Playground
+    from app.settings import Limits
+    from app.views import NO_CHANGE
+
+    class Session:
+        session_hash = "restarted"
+
+    playground = Playground(lambda: tiny_generator, Limits())
+    stream = playground.generate(dict(prompt="Name a fruit.", max_new_tokens=12), Session())
+    first = next(stream)
+    assert first[5].startswith("{")  # the heatmap's first figure
+    playground.runs.cancel("restarted", reason="restart")
+    rest = list(stream)
+    assert rest and rest[-1] == NO_CHANGE
