@@ -11,10 +11,10 @@ import torch
 from conftest import NUM_LAYERS, left_padded_batch, random_lora_adapter, tiny_model
 from model.lowbit.native_kernels import (
     Q4Blocks,
-    _has_avx2,
     codes_of,
     native_module,
     q4_bytes,
+    q4_isa,
     q4_kernel_selected,
 )
 from model.lowbit.native_step import NativeDecode
@@ -24,7 +24,7 @@ from model.skipdecode.decoder import SkipDecoder, execution_mask, masked_forward
 from model.skipdecode.schedule import ScheduleConfig
 
 has_compiler = shutil.which("c++") is not None and shutil.which("ninja") is not None
-has_q4 = has_compiler and _has_avx2() and int4_supported()
+has_q4 = has_compiler and int4_supported() and q4_isa() is not None
 pytestmark = pytest.mark.skipif(not int8_supported(), reason="no int8-weight CPU kernel in this torch build")
 
 

@@ -15,6 +15,7 @@ from torch import nn
 
 from model.lowbit.native_kernels import Q4Blocks, lora_b_windows, native_module, q4_kernel_selected, q4_scan
 from model.lowbit.quantization import Int4LoraLinear, Int4WeightLinear, Int8WeightLinear
+from model.skipdecode.architectures import step_rotation
 
 if TYPE_CHECKING:  # pragma: no cover
     from model.skipdecode.architectures import LayerInputs, LeanLlamaLayer, PrefixKVCache
@@ -62,7 +63,11 @@ def projection_spec(module: nn.Module) -> tuple[int, list[torch.Tensor], int] | 
 
 class NativeDecode:
     """One lean layer's decode step through lean_step.cpp: float32 rows on the CPU only (anything
-    else goes back to the Python step).
+    else goes back to the Python step). Where every projection is a q4 one (``q4_kernel_selected``)
+    the whole layer is one call of the project's own kernels (``fused``: norms, q4 matmuls, rotary,
+    the cache writes, attention over the cached prefix, SiLU gate, residuals:
+    model/lowbit/decode_kernels.h); otherwise it makes torch's ATen calls in the Python step's
+    order (bit for bit that step).
 
     The C++ step holds the tensors it was built with; like the projections' own decode calls
     (quantization.py, ``kernel_decode_call``) it must follow a weight re-pointed later (the skip
@@ -96,6 +101,7 @@ class NativeDecode:
         first, second = self._norms
         self._step = self._module.DecodeLayer(first.weight, float(first.variance_epsilon), second.weight,
                                               float(second.variance_epsilon), specs, *self._shape)
+        self.fused = bool(self._step.fused)
         # (the dict a module keeps the tensor in, its name there, the tensor built with)
         self._watched = [(n._parameters, "weight", n.weight) for n in self._norms]
         for projection in self._projections:
@@ -106,13 +112,16 @@ class NativeDecode:
         """True where this step applies: float32 rows on the CPU."""
         return hidden.dtype == torch.float32 and hidden.device.type == "cpu"
 
-    def __call__(self, hidden: torch.Tensor, inputs: "LayerInputs", cache: "PrefixKVCache",
-                 rotation: torch.Tensor) -> torch.Tensor:
+    def __call__(self, hidden: torch.Tensor, inputs: "LayerInputs", cache: "PrefixKVCache") -> torch.Tensor:
         for holder, name, tensor in self._watched:
             if holder[name] is not tensor:
                 self._build()
                 break
         batch = hidden.shape[0]
         keys, values, start = cache.next_slot(self.layer_idx, batch, self.num_kv_heads, self.head_dim, hidden)
-        out = self._step(hidden.view(batch, -1), rotation, keys, values, start, inputs.mask)
+        if self.fused:
+            cos, sin = inputs.extra["position_embeddings"]  # (B, 1, D) each
+            out = self._step.decode(hidden.view(batch, -1), cos, sin, keys, values, start, inputs.mask)
+        else:
+            out = self._step(hidden.view(batch, -1), step_rotation(inputs), keys, values, start, inputs.mask)
         return out.view(batch, 1, -1)

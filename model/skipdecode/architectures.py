@@ -414,7 +414,7 @@ class LeanLlamaLayer:
         so the projections need no reshapes, and q and k rotated by one matmul with the step's
         rotation matrices (built once per step, shared by every layer)."""
         if self.native is not None and self.native.runs(hidden):
-            return self.native(hidden, inputs, cache, step_rotation(inputs))
+            return self.native(hidden, inputs, cache)
         batch = hidden.shape[0]
         flat = hidden.view(batch, -1)  # (B, C)
         heads = self.qkv(self.input_norm(flat)).view(batch, -1, 1, self.head_dim)  # (B, Hq + 2 Hkv, 1, D)
