@@ -38,6 +38,7 @@ static inline vf vload_i8(const int8_t* p) {
 }
 static inline vf vround(vf a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 static inline vf vexp2i(vf p, vf n) { return _mm512_scalef_ps(p, n); }  // p * 2^n
+static inline bool vany_greater(vf a, float bound) { return _mm512_cmp_ps_mask(a, _mm512_set1_ps(bound), _CMP_GT_OQ) != 0; }
 #else
 constexpr int kW = 8;
 using vf = __m256;
@@ -67,6 +68,9 @@ static inline vf vload_i8(const int8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
 static inline vf vround(vf a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+static inline bool vany_greater(vf a, float bound) {
+  return _mm256_movemask_ps(_mm256_cmp_ps(a, _mm256_set1_ps(bound), _CMP_GT_OQ)) != 0;
+}
 static inline vf vexp2i(vf p, vf n) {  // p * 2^n for integral n in [-126, 127]
   const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
@@ -149,7 +153,8 @@ static inline void rotate_head(float* x, const float* cos, const float* sin, int
 }
 
 // Attention of `group` query heads (q: group x D, contiguous) that share one key/value head over
-// `length` cached positions (keys, values: length x D), keys where allowed[j] (nullptr: all);
+// `length` cached positions (keys, values: length x D), the earlier keys where allowed[j] (nullptr:
+// all; the last key, the step's own position, always);
 // out: group x D. scores: scratch of group * length floats.
 static void attend(const float* q, int64_t group, const float* keys, const float* values, int64_t length,
                    int64_t size, float scaling, const bool* allowed, float* scores, float* out) {
@@ -158,7 +163,7 @@ static void attend(const float* q, int64_t group, const float* keys, const float
     const float* qh = q + h * size;
     float largest = -INFINITY;
     for (int64_t j = 0; j < length; ++j) {
-      if (allowed != nullptr && !allowed[j]) {
+      if (allowed != nullptr && j + 1 < length && !allowed[j]) {
         s[j] = -INFINITY;
         continue;
       }
@@ -180,7 +185,7 @@ static void attend(const float* q, int64_t group, const float* keys, const float
     }
     if (allowed != nullptr) {  // exp(-inf - top) may not be exactly 0 after the clamp: masked keys weigh 0
       for (int64_t k = 0; k < length; ++k) {
-        if (!allowed[k]) {
+        if (k + 1 < length && !allowed[k]) {
           sum -= s[k];
           s[k] = 0.0f;
         }
@@ -294,7 +299,7 @@ struct Q4Weights {
 // R rows of x (from `first`) against O weight rows (from o): each group's weight bytes are unpacked
 // once for the R rows and each row's activation bytes loaded once for the O weight rows (loading
 // them again for every weight row had left the core waiting on its loads, not its arithmetic).
-template <int R, int O>
+template <int R, int O, bool Coarse>
 static inline void q4_tile(const Q4Weights& w, const QuantRows& q, int64_t first, int64_t o, float* y,
                            int64_t y_stride) {
   const __m512i nibble = _mm512_set1_epi8(0x0F);
@@ -334,8 +339,10 @@ static inline void q4_tile(const Q4Weights& w, const QuantRows& q, int64_t first
         __m512i t = _mm512_dpbusd_epi32(_mm512_setzero_si512(), low[j], hl);
         t = _mm512_dpbusd_epi32(t, high[j], hh);
         t = _mm512_slli_epi32(t, 8);
-        t = _mm512_dpbusd_epi32(t, low[j], ll);
-        t = _mm512_dpbusd_epi32(t, high[j], lh);
+        if (!Coarse) {  // Coarse: the high bytes alone, activations at 8 bits (the head's scan)
+          t = _mm512_dpbusd_epi32(t, low[j], ll);
+          t = _mm512_dpbusd_epi32(t, high[j], lh);
+        }
         acc[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(scale16[j], dx16), acc[r][j]);
         acc[r][j] = _mm512_fmadd_ps(scale_zero[j], fix, acc[r][j]);  // lanes 0-7: sum_b (zero - 8 scale) sum_b
       }
@@ -348,27 +355,39 @@ static inline void q4_tile(const Q4Weights& w, const QuantRows& q, int64_t first
 
 // Every row of q against weight rows [begin, end), tile by tile (a decode step's one row against
 // two weight rows at a time; a batch's rows four at a time against two).
-static void q4_rows(const Q4Weights& w, const QuantRows& q, float* y, int64_t y_stride, int64_t begin, int64_t end) {
+template <bool Coarse>
+static void q4_tiles(const Q4Weights& w, const QuantRows& q, float* y, int64_t y_stride, int64_t begin, int64_t end) {
   int64_t o = begin;
   for (; o + 1 < end; o += 2) {
     int64_t first = 0;
-    for (; first + 4 <= q.rows; first += 4) q4_tile<4, 2>(w, q, first, o, y, y_stride);
+    for (; first + 4 <= q.rows; first += 4) q4_tile<4, 2, Coarse>(w, q, first, o, y, y_stride);
     switch (q.rows - first) {
-      case 3: q4_tile<3, 2>(w, q, first, o, y, y_stride); break;
-      case 2: q4_tile<2, 2>(w, q, first, o, y, y_stride); break;
-      case 1: q4_tile<1, 2>(w, q, first, o, y, y_stride); break;
+      case 3: q4_tile<3, 2, Coarse>(w, q, first, o, y, y_stride); break;
+      case 2: q4_tile<2, 2, Coarse>(w, q, first, o, y, y_stride); break;
+      case 1: q4_tile<1, 2, Coarse>(w, q, first, o, y, y_stride); break;
       default: break;
     }
   }
   for (; o < end; ++o) {
     int64_t first = 0;
-    for (; first + 4 <= q.rows; first += 4) q4_tile<4, 1>(w, q, first, o, y, y_stride);
+    for (; first + 4 <= q.rows; first += 4) q4_tile<4, 1, Coarse>(w, q, first, o, y, y_stride);
     switch (q.rows - first) {
-      case 3: q4_tile<3, 1>(w, q, first, o, y, y_stride); break;
-      case 2: q4_tile<2, 1>(w, q, first, o, y, y_stride); break;
-      case 1: q4_tile<1, 1>(w, q, first, o, y, y_stride); break;
+      case 3: q4_tile<3, 1, Coarse>(w, q, first, o, y, y_stride); break;
+      case 2: q4_tile<2, 1, Coarse>(w, q, first, o, y, y_stride); break;
+      case 1: q4_tile<1, 1, Coarse>(w, q, first, o, y, y_stride); break;
       default: break;
     }
+  }
+}
+
+// coarse: activations at 8 bits (v's high byte) where only a ranking is asked for (the two-stage
+// head's scan: its 4-bit weights err ~10x more than 8-bit activations); AVX2 always computes all 16.
+static void q4_rows(const Q4Weights& w, const QuantRows& q, float* y, int64_t y_stride, int64_t begin, int64_t end,
+                    bool coarse = false) {
+  if (coarse) {
+    q4_tiles<true>(w, q, y, y_stride, begin, end);
+  } else {
+    q4_tiles<false>(w, q, y, y_stride, begin, end);
   }
 }
 #else
@@ -425,7 +444,8 @@ static inline void q4_row(const Q4Weights& w, const QuantRows& q, int64_t first,
 
 // Every row of q against weight rows [begin, end): four rows of x at a time (the weight row's bytes
 // unpacked once for all of them; they stay in L1 between passes).
-static void q4_rows(const Q4Weights& w, const QuantRows& q, float* y, int64_t y_stride, int64_t begin, int64_t end) {
+static void q4_rows(const Q4Weights& w, const QuantRows& q, float* y, int64_t y_stride, int64_t begin, int64_t end,
+                    bool /*coarse*/ = false) {
   for (int64_t o = begin; o < end; ++o) {
     int64_t first = 0;
     for (; first + 4 <= q.rows; first += 4) q4_row<4>(w, q, first, o, y, y_stride);
@@ -444,19 +464,80 @@ static void q4_rows(const Q4Weights& w, const QuantRows& q, float* y, int64_t y_
 static void lora_b_rows(const float* a, int64_t a_stride, int64_t rows, const int8_t* window, int64_t width,
                         const int32_t* start, const float* scale, float* y, int64_t y_stride, int64_t begin,
                         int64_t end) {
+  float weights[256];  // the window in float, converted once for every row (widths beyond: in pieces)
   for (int64_t o = begin; o < end; ++o) {
-    const int8_t* weights = window + o * width;
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* x = a + r * a_stride + start[o];
-      vf acc = vzero();
-      int64_t j = 0;
-      for (; j + kW <= width; j += kW) acc = vfma(vload_i8(weights + j), vload(x + j), acc);
-      float total = vsum(acc);
-      for (; j < width; ++j) total += static_cast<float>(weights[j]) * x[j];
-      y[r * y_stride + o] += total * scale[o];
+    for (int64_t piece = 0; piece < width; piece += 256) {
+      const int64_t span = std::min<int64_t>(256, width - piece);
+      for (int64_t j = 0; j < span; ++j) weights[j] = static_cast<float>(window[o * width + piece + j]);
+      for (int64_t r = 0; r < rows; ++r) {
+        y[r * y_stride + o] += dot(weights, a + r * a_stride + start[o] + piece, span) * scale[o];
+      }
     }
   }
 }
+
+#if SD_AVX512
+// A LoRA's x A^T rows (rank r) quantised like the q4 matmul's activations, for VNNI's byte dot
+// products: v = round(a / dx) (dx = max|a| / 32639 a row) = 256 hi + lo, stored as unsigned bytes
+// hi + 128 and lo + 128 (the window's sum times 128 * 257 is taken back out).
+struct LoraRows {
+  const uint8_t* hi;
+  const uint8_t* lo;
+  const float* dx;
+  int64_t rows, rank;
+};
+
+static LoraRows quantize_lora_rows(const float* a, int64_t a_stride, int64_t rows, int64_t rank, float* scratch) {
+  float* dx = scratch;
+  uint8_t* hi = reinterpret_cast<uint8_t*>(scratch + rows);
+  uint8_t* lo = hi + rows * rank;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* v = a + r * a_stride;
+    float largest = 0.f;
+    for (int64_t j = 0; j < rank; ++j) largest = std::max(largest, std::fabs(v[j]));
+    const float inverse = largest > 0.f ? 32639.f / largest : 0.f;
+    dx[r] = largest / 32639.f;
+    for (int64_t j = 0; j < rank; ++j) {
+      const int32_t code = static_cast<int32_t>(std::nearbyint(v[j] * inverse));
+      const int32_t high = (code + 128) >> 8;
+      hi[r * rank + j] = static_cast<uint8_t>(high + 128);
+      lo[r * rank + j] = static_cast<uint8_t>(code - 256 * high + 128);
+    }
+  }
+  return {hi, lo, dx, rows, rank};
+}
+
+// y[r, o] += scale[o] * sum_j B[o, j] a[r, start + j] for the outputs of tiles [begin, end): a tile
+// is 16 outputs sharing one window start, its bytes (width / 4) x 16 x 4 (B[o, 4i .. 4i + 3] of
+// its outputs side by side), so one VNNI instruction takes four window columns of 16 outputs.
+static void lora_b_tiles(const LoraRows& a, const int8_t* tiles, int64_t width, const int32_t* tile_start,
+                         const int32_t* window_sum, const float* scale, float* y, int64_t y_stride, int64_t begin,
+                         int64_t end) {
+  for (int64_t t = begin; t < end; ++t) {
+    const int8_t* tile = tiles + t * width * 16;
+    const __m512 sums = _mm512_cvtepi32_ps(_mm512_loadu_si512(window_sum + t * 16));
+    const __m512 scales = _mm512_loadu_ps(scale + t * 16);
+    for (int64_t r = 0; r < a.rows; ++r) {
+      const uint8_t* hi = a.hi + r * a.rank + tile_start[t];
+      const uint8_t* lo = a.lo + r * a.rank + tile_start[t];
+      __m512i high = _mm512_setzero_si512(), low = _mm512_setzero_si512();
+      for (int64_t i = 0; i < width / 4; ++i) {
+        const __m512i weights = _mm512_loadu_si512(tile + i * 64);
+        int32_t h, l;
+        std::memcpy(&h, hi + 4 * i, 4);
+        std::memcpy(&l, lo + 4 * i, 4);
+        high = _mm512_dpbusd_epi32(high, _mm512_set1_epi32(h), weights);
+        low = _mm512_dpbusd_epi32(low, _mm512_set1_epi32(l), weights);
+      }
+      // 256 hi + lo of the unsigned bytes, less (256 + 1) * 128 * the window's sum (exact in float)
+      const __m512 dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(high), _mm512_set1_ps(256.f),
+                                         _mm512_fmadd_ps(sums, _mm512_set1_ps(-32896.f), _mm512_cvtepi32_ps(low)));
+      float* out = y + r * y_stride + t * 16;
+      _mm512_storeu_ps(out, _mm512_fmadd_ps(_mm512_mul_ps(dot, scales), _mm512_set1_ps(a.dx[r]), _mm512_loadu_ps(out)));
+    }
+  }
+}
+#endif
 
 // --- one decode layer, every op here --------------------------------------------------------------
 
@@ -467,6 +548,10 @@ struct ProjectionView {
   int64_t window_width = 0;
   const int32_t* start = nullptr;
   const float* scale = nullptr;
+  const int8_t* tiles = nullptr;  // B in tiles of 16 outputs (AVX-512; nullptr: none)
+  int64_t tile_width = 0;
+  const int32_t* tile_start = nullptr;
+  const int32_t* window_sum = nullptr;
 };
 
 // y (rows x p.w.outputs; its first p.out columns are the projection) = x times the weights, + the
@@ -475,11 +560,19 @@ static void project(const ProjectionView& p, const float* x, int64_t rows, int64
   const QuantRows q = quantize_rows(x, rows, width, quant);
   const int64_t stride = p.w.outputs;
   at::parallel_for(0, p.w.outputs, 16, [&](int64_t begin, int64_t end) { q4_rows(p.w, q, y, stride, begin, end); });
-  if (p.window != nullptr) {
-    at::parallel_for(0, p.out, 64, [&](int64_t begin, int64_t end) {
-      lora_b_rows(y + p.out, stride, rows, p.window, p.window_width, p.start, p.scale, y, stride, begin, end);
+  if (p.window == nullptr) return;
+#if SD_AVX512
+  if (p.tiles != nullptr) {
+    const LoraRows a = quantize_lora_rows(y + p.out, stride, rows, p.w.outputs - p.out, quant);
+    at::parallel_for(0, p.out / 16, 4, [&](int64_t begin, int64_t end) {
+      lora_b_tiles(a, p.tiles, p.tile_width, p.tile_start, p.window_sum, p.scale, y, stride, begin, end);
     });
+    return;
   }
+#endif
+  at::parallel_for(0, p.out, 64, [&](int64_t begin, int64_t end) {
+    lora_b_rows(y + p.out, stride, rows, p.window, p.window_width, p.start, p.scale, y, stride, begin, end);
+  });
 }
 
 struct LayerView {
@@ -498,7 +591,8 @@ struct StepView {  // one decode step's rows and the layer's cache
   float* keys;          // rows x kv_heads x capacity x head_dim
   float* values;
   int64_t capacity, start;
-  const bool* allowed;  // rows x (start + 1), or nullptr: every key
+  const bool* allowed;  // row r's earlier keys allowed at allowed[r * allowed_stride + j], or nullptr: all
+  int64_t allowed_stride;
   float* out;           // rows x hidden
 };
 
@@ -533,7 +627,7 @@ static void attention(const LayerView& l, const StepView& s, const float* qkv, f
       const int64_t r = t / l.kv_heads, g = t % l.kv_heads;
       const int64_t cache = (r * l.kv_heads + g) * s.capacity * d;
       attend(qkv + r * l.qkv.w.outputs + g * group * d, group, s.keys + cache, s.values + cache, length, d,
-             l.scaling, s.allowed == nullptr ? nullptr : s.allowed + r * length, scores + t * group * length,
+             l.scaling, s.allowed == nullptr ? nullptr : s.allowed + r * s.allowed_stride, scores + t * group * length,
              attended + r * l.heads * d + g * group * d);
     }
   });
@@ -566,4 +660,77 @@ static void decode_layer(const LayerView& l, const StepView& s, float* scratch) 
   }
   project(l.down, acted, rows, inner, down, quant);
   for (int64_t r = 0; r < rows; ++r) add_rows(s.out + r * c, down + r * l.down.w.outputs, c, s.out + r * c);
+}
+
+// --- the two-stage LM head's second stage ----------------------------------------------------------
+
+// The indices of the k largest of n values (any order; k <= kMaxCandidates): a min-heap of the best
+// so far, and a vector at a time skipped while none of it beats the heap's least.
+constexpr int kMaxCandidates = 256;
+
+static void top_candidates(const float* v, int64_t n, int k, int32_t* best) {
+  float value[kMaxCandidates];
+  int count = 0;
+  const auto sift_down = [&](int at) {
+    for (;;) {
+      int least = at;
+      const int left = 2 * at + 1, right = left + 1;
+      if (left < count && value[left] < value[least]) least = left;
+      if (right < count && value[right] < value[least]) least = right;
+      if (least == at) return;
+      std::swap(value[at], value[least]);
+      std::swap(best[at], best[least]);
+      at = least;
+    }
+  };
+  const auto offer = [&](float x, int64_t index) {
+    if (count < k) {
+      int at = count++;
+      value[at] = x;
+      best[at] = static_cast<int32_t>(index);
+      while (at > 0 && value[(at - 1) / 2] > value[at]) {  // sift up
+        std::swap(value[at], value[(at - 1) / 2]);
+        std::swap(best[at], best[(at - 1) / 2]);
+        at = (at - 1) / 2;
+      }
+    } else if (x > value[0]) {
+      value[0] = x;
+      best[0] = static_cast<int32_t>(index);
+      sift_down(0);
+    }
+  };
+  int64_t j = 0;
+  for (; j + kW <= n; j += kW) {
+    if (count == k && !vany_greater(vload(v + j), value[0])) continue;
+    for (int t = 0; t < kW; ++t) offer(v[j + t], j + t);
+  }
+  for (; j < n; ++j) offer(v[j], j);
+}
+
+// logits (rows x vocab) hold the 4-bit scan; the top `k` of each row are rescored exactly: float rows
+// (the embedding the head is tied to) or int8 rows times their bfloat16 scales.
+static void rescore_candidates(const float* x, int64_t rows, int64_t width, float* logits, int64_t vocab, int k,
+                               const float* float_rows, const int8_t* int8_rows, const uint16_t* scales) {
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      int32_t best[kMaxCandidates];
+      float* row = logits + r * vocab;
+      const float* xr = x + r * width;
+      top_candidates(row, vocab, k, best);
+      for (int c = 0; c < k; ++c) {
+        const int64_t token = best[c];
+        if (float_rows != nullptr) {
+          row[token] = dot(float_rows + token * width, xr, width);
+        } else {
+          const int8_t* weights = int8_rows + token * width;
+          vf acc = vzero();
+          int64_t j = 0;
+          for (; j + kW <= width; j += kW) acc = vfma(vload_i8(weights + j), vload(xr + j), acc);
+          float total = vsum(acc);
+          for (; j < width; ++j) total += static_cast<float>(weights[j]) * xr[j];
+          row[token] = total * bf16_to_float(scales[token]);
+        }
+      }
+    }
+  });
 }

@@ -108,7 +108,7 @@ void check_q4() { TORCH_CHECK(active_isa != Isa::none, "the q4 kernels need an x
 // --- the q4 matmul and the LoRA's B, one call each (the two-stage head's scan, tests) ----------
 
 // (N, K) float32 rows times Q4 blocks: qs (O, K/2) uint8, sz (O, K/32, 2) bfloat16 (scale, zero).
-Tensor q4_matmul(const Tensor& input, const Tensor& qs, const Tensor& sz) {
+Tensor q4_matmul(const Tensor& input, const Tensor& qs, const Tensor& sz, bool coarse = false) {
   check_q4();
   TORCH_CHECK(input.dim() == 2 && input.scalar_type() == at::kFloat, "q4_matmul: (N, K) float32 rows");
   const Tensor x = input.contiguous();
@@ -126,7 +126,7 @@ Tensor q4_matmul(const Tensor& input, const Tensor& qs, const Tensor& sz) {
   if (active_isa == Isa::avx512) {
     const auto q = avx512::quantize_rows(xp, rows, width, quant);
     const avx512::Q4Weights w{qp, sp, outputs, width / 32};
-    at::parallel_for(0, outputs, 16, [&](int64_t b, int64_t e) { avx512::q4_rows(w, q, yp, outputs, b, e); });
+    at::parallel_for(0, outputs, 16, [&](int64_t b, int64_t e) { avx512::q4_rows(w, q, yp, outputs, b, e, coarse); });
   } else {
     const auto q = avx2::quantize_rows(xp, rows, width, quant);
     const avx2::Q4Weights w{qp, sp, outputs, width / 32};
@@ -134,6 +134,31 @@ Tensor q4_matmul(const Tensor& input, const Tensor& qs, const Tensor& sz) {
   }
 #endif
   return y;
+}
+
+// The two-stage LM head (model/lowbit/quantization.py, TwoStageHead) in one call: the 4-bit scan of
+// the whole vocabulary (q4 blocks qs, sz), then each row's top `candidates` rescored exactly with
+// `rows` (V, C): the tied embedding's float32 rows, or int8 rows with bfloat16 `scales`.
+Tensor two_stage_head(const Tensor& input, const Tensor& qs, const Tensor& sz, const Tensor& rows,
+                      const c10::optional<Tensor>& scales, int64_t candidates) {
+  Tensor logits = q4_matmul(input, qs, sz, /*coarse=*/true);  // a ranking: 8-bit activations suffice
+  const Tensor x = input.contiguous();
+  const int64_t vocab = logits.size(1), width = x.size(1);
+  TORCH_CHECK(candidates >= 1 && candidates <= 256 && candidates <= vocab, "two_stage_head: 1 to 256 candidates");
+  TORCH_CHECK(rows.dim() == 2 && rows.size(0) == vocab && rows.size(1) == width && rows.is_contiguous(),
+              "two_stage_head: rescoring rows (V, C)");
+  const bool int8 = rows.scalar_type() == at::kChar;
+  TORCH_CHECK(int8 ? (scales.has_value() && scales->scalar_type() == at::kBFloat16 && scales->numel() == vocab)
+                   : rows.scalar_type() == at::kFloat,
+              "two_stage_head: float32 rows, or int8 rows with bfloat16 scales");
+#ifdef SKIPDECODE_X86
+  const float* float_rows = int8 ? nullptr : rows.data_ptr<float>();
+  const int8_t* int8_rows = int8 ? rows.data_ptr<int8_t>() : nullptr;
+  const auto* scale = int8 ? reinterpret_cast<const uint16_t*>(scales->data_ptr<at::BFloat16>()) : nullptr;
+  SD_KERNEL(rescore_candidates)(x.data_ptr<float>(), x.size(0), width, logits.data_ptr<float>(), vocab,
+                                static_cast<int>(candidates), float_rows, int8_rows, scale);
+#endif
+  return logits;
 }
 
 // (N, R) float rows times a LoRA's B^T held as int8 rows (O, W), each row's nonzero window of the
@@ -155,6 +180,71 @@ Tensor lora_b_matmul(const Tensor& input, const Tensor& window, const Tensor& st
   });
 #endif
   return y;
+}
+
+// A LoRA's B (O, R) int8 (block-diagonal where q/k/v or gate/up fuse their LoRAs: most of it zeros)
+// as the kernels read it: each row's window of width W (a multiple of 16 covering its nonzero
+// columns) from column start[o], for lora_b_rows; and, where O % 16 == 0, tiles of 16 outputs, each
+// the columns [tile_start, + TW) covering its rows' nonzero entries (TW a multiple of 4), bytes
+// (TW / 4, 16, 4): columns 4i .. 4i + 3 of its outputs side by side, for lora_b_tiles (AVX-512 VNNI);
+// window_sum[o]: the row's sum. One pass here: at start-up the same through torch ops took seconds.
+std::vector<Tensor> lora_b_layout(const Tensor& weight) {
+  const Tensor b = weight.contiguous();
+  TORCH_CHECK(b.dim() == 2 && b.scalar_type() == at::kChar, "lora_b_layout: (O, R) int8");
+  const int64_t rows = b.size(0), rank = b.size(1);
+  const int8_t* bp = b.data_ptr<int8_t>();
+  std::vector<int64_t> first(rows, rank), last(rows, -1);
+  for (int64_t o = 0; o < rows; ++o) {
+    for (int64_t j = 0; j < rank; ++j) {
+      if (bp[o * rank + j] != 0) {
+        first[o] = std::min(first[o], j);
+        last[o] = j;
+      }
+    }
+  }
+  const auto width_of = [&](int64_t span, int64_t multiple) {
+    return std::min(rank, (std::max<int64_t>(span, 1) + multiple - 1) / multiple * multiple);
+  };
+  int64_t span = 1;
+  for (int64_t o = 0; o < rows; ++o) span = std::max(span, last[o] - first[o] + 1);
+  const int64_t width = width_of(span, 16);
+  Tensor window = at::empty({rows, width}, b.options()), start = at::empty({rows}, b.options().dtype(at::kInt));
+  Tensor sums = at::empty({rows}, b.options().dtype(at::kInt));
+  for (int64_t o = 0; o < rows; ++o) {
+    const int64_t at = std::min(std::min(first[o], rank - 1), rank - width);
+    start.data_ptr<int32_t>()[o] = static_cast<int32_t>(at);
+    std::memcpy(window.data_ptr<int8_t>() + o * width, bp + o * rank + at, width);
+    int32_t total = 0;
+    for (int64_t j = 0; j < rank; ++j) total += bp[o * rank + j];
+    sums.data_ptr<int32_t>()[o] = total;
+  }
+  Tensor tiles = at::empty({0}, b.options()), tile_start = at::empty({0}, b.options().dtype(at::kInt));
+  if (rows % 16 == 0 && rank % 4 == 0) {
+    const int64_t count = rows / 16;
+    std::vector<int64_t> tile_first(count, rank), tile_last(count, -1);
+    int64_t tile_span = 1;
+    for (int64_t t = 0; t < count; ++t) {
+      for (int64_t k = 0; k < 16; ++k) {
+        tile_first[t] = std::min(tile_first[t], first[t * 16 + k]);
+        tile_last[t] = std::max(tile_last[t], last[t * 16 + k]);
+      }
+      tile_span = std::max(tile_span, tile_last[t] - tile_first[t] + 1);
+    }
+    const int64_t tile_width = width_of(tile_span, 4);
+    tiles = at::empty({count, tile_width / 4, 16, 4}, b.options());
+    tile_start = at::empty({count}, b.options().dtype(at::kInt));
+    int8_t* tp = tiles.data_ptr<int8_t>();
+    for (int64_t t = 0; t < count; ++t) {
+      const int64_t at = std::min(std::min(tile_first[t], rank - 1), rank - tile_width);
+      tile_start.data_ptr<int32_t>()[t] = static_cast<int32_t>(at);
+      for (int64_t i = 0; i < tile_width / 4; ++i) {
+        for (int64_t k = 0; k < 16; ++k) {
+          std::memcpy(tp + ((t * (tile_width / 4) + i) * 16 + k) * 4, bp + (t * 16 + k) * rank + at + 4 * i, 4);
+        }
+      }
+    }
+  }
+  return {window, start, tiles, tile_start, sums};
 }
 
 // torch's packed int4 weights (N, K/2) -> the Q4_1 bytes q4_matmul reads (N, K/2): element (n, k)
@@ -196,7 +286,8 @@ struct Projection {
   // 3: Q4 blocks through q4_matmul; 4: those with a LoRA (A's blocks stacked, B in int8)
   int64_t kind;
   // 0: packed, scales_and_zeros; 1: + B int8, B scales; 2: int8 rows, scales; 3: qs, sz;
-  // 4: + B's nonzero windows (int8), their start columns, float scales (lora_b_matmul)
+  // 4: + B's nonzero windows (int8), their start columns, float scales (lora_b_matmul), and the
+  // windows as tiles of 16 outputs, each tile's start column, each window's sum (empty: no tiles)
   std::vector<Tensor> tensors;
   int64_t out;  // output features (1, 4: the base's; the stacked rows add the rank)
 
@@ -235,6 +326,12 @@ View q4_view(const Projection& p) {
     view.window_width = p.tensors[2].size(1);
     view.start = p.tensors[3].data_ptr<int32_t>();
     view.scale = p.tensors[4].data_ptr<float>();
+    if (p.tensors[5].numel() > 0) {  // the windows in tiles of 16 outputs (model/lowbit/native_kernels.py)
+      view.tiles = p.tensors[5].data_ptr<int8_t>();
+      view.tile_width = p.tensors[5].size(1) * 4;
+      view.tile_start = p.tensors[6].data_ptr<int32_t>();
+      view.window_sum = p.tensors[7].data_ptr<int32_t>();
+    }
   }
   return view;
 }
@@ -272,7 +369,7 @@ class DecodeLayer {
         num_heads_(num_heads), num_kv_heads_(num_kv_heads), head_dim_(head_dim) {
     TORCH_CHECK(projections.size() == 4, "DecodeLayer needs q/k/v, o, gate/up and down");
     for (auto& [kind, tensors, out] : projections) {
-      static const size_t counts[] = {2, 4, 2, 2, 5};
+      static const size_t counts[] = {2, 4, 2, 2, 8};
       TORCH_CHECK(kind >= 0 && kind <= 4, "unknown projection kind ", kind);
       TORCH_CHECK(tensors.size() == counts[kind], "projection kind ", kind, ": wrong tensor count");
       fused_ = fused_ && kind >= 3;
@@ -307,35 +404,44 @@ class DecodeLayer {
 
   // The same step with every op in decode_kernels.h (q4 projections only): norms, the q4 matmuls
   // and the LoRA's B, rotary from the step's (B, 1, D) cos and sin, the cache writes, attention over
-  // the layer's cached prefix (mask: (B, 1, 1, start + 1) bool, or None), SiLU gate and residuals.
+  // the layer's cached prefix, SiLU gate and residuals. Which earlier keys a row attends to: `mask`
+  // (B, 1, 1, start + 1) bool as the Python step takes it, or `key_valid` (B, capacity) bool (the
+  // decoder's, model/skipdecode/decoder.py), or neither: all.
   Tensor decode(const Tensor& flat, const Tensor& cos, const Tensor& sin, const Tensor& keys, const Tensor& values,
-                int64_t start, const c10::optional<Tensor>& mask) const {
+                int64_t start, const c10::optional<Tensor>& mask, const c10::optional<Tensor>& key_valid = c10::nullopt) const {
     TORCH_CHECK(fused_, "DecodeLayer.decode: not every projection is a q4 one");
     check_q4();
     const int64_t batch = flat.size(0);
     const Tensor x = flat.contiguous(), c = cos.contiguous(), s = sin.contiguous();
-    TORCH_CHECK(x.scalar_type() == at::kFloat && c.numel() == batch * head_dim_ && s.numel() == batch * head_dim_ &&
-                    keys.is_contiguous() && values.is_contiguous() && keys.scalar_type() == at::kFloat &&
+    TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.size(1) == input_norm_.size(0) &&
+                    c.numel() == batch * head_dim_ && s.numel() == batch * head_dim_ && keys.is_contiguous() &&
+                    values.is_contiguous() && keys.scalar_type() == at::kFloat && values.sizes() == keys.sizes() &&
                     keys.size(0) == batch && keys.size(1) == num_kv_heads_ && keys.size(3) == head_dim_ &&
                     start < keys.size(2),
                 "DecodeLayer.decode: rows, rotary or cache of the wrong shape");
     Tensor allowed;
+    int64_t allowed_stride = 0;
     if (mask.has_value() && mask->defined()) {
       allowed = mask->to(at::kBool).contiguous();
-      TORCH_CHECK(allowed.numel() == batch * (start + 1), "DecodeLayer.decode: the mask must cover start + 1 keys");
+      allowed_stride = start + 1;
+      TORCH_CHECK(allowed.numel() == batch * allowed_stride, "DecodeLayer.decode: the mask must cover start + 1 keys");
+    } else if (key_valid.has_value() && key_valid->defined()) {
+      allowed = key_valid->to(at::kBool).contiguous();
+      allowed_stride = allowed.size(-1);
+      TORCH_CHECK(allowed.numel() == batch * allowed_stride && allowed_stride > start,
+                  "DecodeLayer.decode: key_valid must be (B, capacity)");
     }
     Tensor out = at::empty_like(x);
 #ifdef SKIPDECODE_X86
     const auto run = [&](auto tag) {
-      using Layer = typename decltype(tag)::Layer;
-      using ProjectionViewT = typename decltype(tag)::Projection;
-      using Step = typename decltype(tag)::Step;
-      const Layer layer = layer_view<Layer, ProjectionViewT>(projections_, input_norm_, input_eps_, post_norm_,
-                                                            post_eps_, scaling_, num_heads_, num_kv_heads_, head_dim_);
-      const Step step{x.data_ptr<float>(), batch, c.data_ptr<float>(), s.data_ptr<float>(), keys.data_ptr<float>(),
-                      values.data_ptr<float>(), keys.size(2), start,
-                      allowed.defined() ? allowed.data_ptr<bool>() : nullptr, out.data_ptr<float>()};
-      decltype(tag)::run(layer, step, scratch_floats(decltype(tag)::scratch(layer, batch, start + 1)));
+      using Tag = decltype(tag);
+      const auto layer = layer_view<typename Tag::Layer, typename Tag::Projection>(
+          projections_, input_norm_, input_eps_, post_norm_, post_eps_, scaling_, num_heads_, num_kv_heads_, head_dim_);
+      const typename Tag::Step step{x.data_ptr<float>(), batch, c.data_ptr<float>(), s.data_ptr<float>(),
+                                    keys.data_ptr<float>(), values.data_ptr<float>(), keys.size(2), start,
+                                    allowed.defined() ? allowed.data_ptr<bool>() : nullptr, allowed_stride,
+                                    out.data_ptr<float>()};
+      Tag::run(layer, step, scratch_floats(Tag::scratch(layer, batch, start + 1)));
     };
     if (active_isa == Isa::avx512) {
       run(Avx512Tag());
@@ -370,6 +476,19 @@ class DecodeLayer {
   bool fused_ = true;
 };
 
+// A decode step's run of consecutive fused layers in one call (no interpreter between them): layer
+// i reads and writes its cache buffers keys[i], values[i] at starts[i]; key_valid (B, capacity) as
+// in DecodeLayer.decode.
+Tensor decode_layers(const std::vector<const DecodeLayer*>& layers, const Tensor& hidden, const Tensor& cos,
+                     const Tensor& sin, const std::vector<Tensor>& keys, const std::vector<Tensor>& values,
+                     const std::vector<int64_t>& starts, const c10::optional<Tensor>& key_valid) {
+  TORCH_CHECK(keys.size() == layers.size() && values.size() == layers.size() && starts.size() == layers.size(),
+              "decode_layers: one cache slot per layer");
+  Tensor h = hidden;
+  for (size_t i = 0; i < layers.size(); ++i) h = layers[i]->decode(h, cos, sin, keys[i], values[i], starts[i], c10::nullopt, key_valid);
+  return h;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
@@ -377,9 +496,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   // ours alone, so other request threads (and the server's own) run meanwhile, as they do between
   // the Python step's torch calls.
   using release = pybind11::call_guard<pybind11::gil_scoped_release>;
-  module.def("q4_matmul", &q4_matmul, release(), "(N, K) float32 rows times Q4 blocks (qs, sz): (N, O) float32");
+  module.def("q4_matmul", &q4_matmul, release(), "(N, K) float32 rows times Q4 blocks (qs, sz): (N, O) float32",
+             pybind11::arg("input"), pybind11::arg("qs"), pybind11::arg("sz"), pybind11::arg("coarse") = false);
   module.def("lora_b_matmul", &lora_b_matmul, release(), "(N, R) float32 times int8 windows of B^T: (N, O) float32");
+  module.def("two_stage_head", &two_stage_head, release(),
+             "(N, C) float32: the 4-bit scan's logits, each row's top candidates rescored exactly: (N, V) float32");
   module.def("has_q4_matmul", &has_q4_matmul);
+  module.def("lora_b_layout", &lora_b_layout, release(), "a LoRA's int8 B as windows and tiles (the kernels' layouts)");
   module.def("q4_isa", &q4_isa, "the instruction set the q4 kernels run on: avx512-vnni, avx2, or '' (none)");
   module.def("q4_isas", &q4_isas, "the instruction sets this CPU can run the q4 kernels on, best first");
   module.def("set_q4_isa", &set_q4_isa, "force avx512-vnni or avx2 (or auto); False where the CPU lacks it");
@@ -390,5 +513,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
                           double, int64_t, int64_t, int64_t>())
       .def_property_readonly("fused", &DecodeLayer::fused)
       .def("__call__", &DecodeLayer::operator(), release())
-      .def("decode", &DecodeLayer::decode, release());
+      .def("decode", &DecodeLayer::decode, release(), pybind11::arg("flat"), pybind11::arg("cos"), pybind11::arg("sin"),
+           pybind11::arg("keys"), pybind11::arg("values"), pybind11::arg("start"), pybind11::arg("mask"),
+           pybind11::arg("key_valid") = pybind11::none());
+  module.def("decode_layers", &decode_layers, release(), "consecutive fused layers of one decode step in one call");
 }

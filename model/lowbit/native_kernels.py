@@ -195,11 +195,18 @@ class Q4Blocks:
     @classmethod
     def stacked(cls, parts: list[nn.Module]) -> "Q4Blocks | None":
         """The blocks of modules whose rows are stacked in one kernel call (a LoRA's A under its
-        base): the parts' blocks concatenated, so the base is converted once for both models."""
+        base): the parts' blocks concatenated, each part's own blocks then row slices of them (the
+        base, which the original model's layers multiply too, held once)."""
         blocks = [cls.of(part) for part in parts]
         if any(b is None for b in blocks):
             return None
-        return cls(torch.cat([b.qs for b in blocks]), torch.cat([b.sz for b in blocks]))
+        joined = cls(torch.cat([b.qs for b in blocks]), torch.cat([b.sz for b in blocks]))
+        start = 0
+        for part, own in zip(parts, blocks):
+            end = start + own.qs.shape[0]
+            cls._known[part] = (cls._known[part][0], cls(joined.qs[start:end], joined.sz[start:end]))
+            start = end
+        return joined
 
     @classmethod
     def _from_packed(cls, packed: torch.Tensor, scales_and_zeros: torch.Tensor, rows: int, cols: int) -> "Q4Blocks | None":
@@ -211,31 +218,32 @@ class Q4Blocks:
     def tensors(self) -> list[torch.Tensor]:
         return [self.qs, self.sz]
 
-    def __call__(self, rows: torch.Tensor) -> torch.Tensor:
-        """(N, K) float32 rows -> (N, O) float32."""
-        return native_module().q4_matmul(rows, self.qs, self.sz)
+    def __call__(self, rows: torch.Tensor, coarse: bool = False) -> torch.Tensor:
+        """(N, K) float32 rows -> (N, O) float32 (``coarse``: activations at 8 bits, a ranking)."""
+        return native_module().q4_matmul(rows, self.qs, self.sz, coarse)
+
+    def two_stage(self, rows: torch.Tensor, exact: torch.Tensor, scales: torch.Tensor | None,
+                  candidates: int) -> torch.Tensor:
+        """(N, K) float32 rows -> (N, O) float32: these blocks' logits, each row's top ``candidates``
+        rescored with ``exact`` (O, K) float32 rows, or int8 rows times bfloat16 ``scales``
+        (quantization.py, TwoStageHead), in one call."""
+        return native_module().two_stage_head(rows, self.qs, self.sz, exact, scales, candidates)
 
 
 def _same_values(old: tuple[torch.Tensor, ...], new: tuple[torch.Tensor, ...]) -> bool:
     return all(a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(old, new))
 
 
-def lora_b_windows(weight_int8: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A LoRA's B (O, R) int8 rows as lean_step.cpp's lora_b_matmul reads them: each row's window
-    of width W (its nonzero columns, a multiple of 16) starting at column ``start``, and float scales.
-    q/k/v's and gate/up's B are block-diagonal (one LoRA per fused projection), so the windows hold
-    a third to a half of B's bytes."""
-    rows, rank = weight_int8.shape
-    nonzero = weight_int8 != 0
-    columns = torch.arange(rank)
-    first = torch.where(nonzero, columns, rank).amin(dim=1).clamp(max=rank - 1)
-    last = torch.where(nonzero, columns, -1).amax(dim=1).clamp(min=0)
-    width = min(rank, -(-int((last - first + 1).clamp(min=1).max()) // 16) * 16)
-    start = first.clamp(max=rank - width)
-    window = weight_int8.gather(1, start[:, None] + torch.arange(width)[None])
-    if not torch.equal(window.abs().sum(dim=1, dtype=torch.int64), weight_int8.abs().sum(dim=1, dtype=torch.int64)):
-        raise RuntimeError("lora_b_windows: a row's nonzero entries span more than its window")  # not block-diagonal
-    return window.contiguous(), start.to(torch.int32).contiguous(), scales.float().contiguous()
+def lora_b_layout(weight_int8: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """A LoRA's B (O, R) int8 rows (per-row ``scales``) as lean_step.cpp's kernels read it: (window, start,
+    scale, tiles, tile_start, window_sum). ``window`` (O, W): each row's nonzero columns from column
+    ``start`` (W a multiple of 16; q/k/v's and gate/up's B are block-diagonal, one LoRA per fused
+    projection, so the windows hold a third to a half of B's bytes), for the per-output kernel; ``tiles``
+    (O/16, TW/4, 16, 4): 16 outputs sharing one start column, columns 4i .. 4i + 3 of their rows side
+    by side, what one VNNI instruction multiplies (AVX-512; empty where O is not a multiple of 16),
+    with each tile's start and each row's sum."""
+    window, start, tiles, tile_start, window_sum = native_module().lora_b_layout(weight_int8)
+    return window, start, scales.float().contiguous(), tiles, tile_start, window_sum
 
 
 def q4_scan(module: nn.Module) -> Q4Blocks | None:
