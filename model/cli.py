@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
-from model.evaluation.bench import BenchConfig, run_bench, write_bench
+from model.evaluation.bench import BenchConfig, run_bench, split_weight_mode, write_bench
 from model.evaluation.evaluation import EvalConfig, evaluate, write_report
 from model.evaluation.lowbit_check import LowBitCheckConfig, run_lowbit_check
 from model.generation import GenerationRequest, ScheduleRequest, TextGenerator, validate_request
@@ -195,8 +195,11 @@ def add_bench_command(commands) -> None:
     be.add_argument("--no-hf", action="store_true", help="leave out transformers' generate")
     be.add_argument("--quick", action="store_true", help="a tiny run (tests): batch 1 and 2, 8 tokens, 1 repeat")
     be.add_argument("--quantize", default=None,
-                    help="comma-separated weight modes side by side: none, int8, int4 "
-                         "(default: none,int8,int4 on CPU, none on GPU)")
+                    help="comma-separated weight modes side by side: none, int8, int4, and int4@KERNEL for int4 on "
+                         "one kernel (torch, avx2, avx512-vnni) (default: none,int8,int4 on CPU, none on GPU)")
+    be.add_argument("--prompt-tokens", type=int, default=512,
+                    help="prompt processing and time to first token for a prompt this long, batch 1, beside "
+                         "llama-bench -p (0: leave out)")
     be.add_argument("--threads", type=int, default=None, help="torch threads, and llama-bench's -t (default: torch's)")
     be.add_argument("--no-llama-cpp", action="store_true", help="leave out the llama.cpp row (scripts/build_llama_bench.sh)")
     be.add_argument("--output", default=None, help="folder for bench.json, bench.md and speedup.json")
@@ -336,17 +339,28 @@ def _quantize_list(text: str | None) -> tuple[str, ...] | None:
     return modes
 
 
+def _bench_weight_modes(text: str | None) -> tuple[str, ...] | None:
+    """--quantize for the bench: weight modes, int4 also with its kernel (int4@avx2)."""
+    if not text:
+        return None
+    modes = tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    _quantize_list(",".join(split_weight_mode(m)[0] for m in modes))  # each mode's weights known (and a kernel's)
+    return modes
+
+
 def run_bench_command(args: argparse.Namespace) -> int:
     if args.tokens < 2 or args.repeats < 1 or (args.threads is not None and args.threads < 1):
         raise ValueError("--tokens must be >= 2, --repeats and --threads >= 1")
+    if args.prompt_tokens < 0:
+        raise ValueError("--prompt-tokens must be >= 0")
     batch_sizes = tuple(int(b) for b in _float_list(args.batch_sizes, "--batch-sizes")) if args.batch_sizes else None
     if batch_sizes and min(batch_sizes) < 1:
         raise ValueError("--batch-sizes must be >= 1")
     config = BenchConfig(model=args.model, adapter=None if args.no_adapter else args.adapter, device=args.device,
                          dtype=args.dtype, batch_sizes=batch_sizes, speedups=_float_list(args.speedups, "--speedups"),
                          decay=args.decay, new_tokens=args.tokens, repeats=args.repeats, include_hf=not args.no_hf,
-                         quick=args.quick, quantize=_quantize_list(args.quantize), threads=args.threads,
-                         llama_cpp=not args.no_llama_cpp)
+                         quick=args.quick, quantize=_bench_weight_modes(args.quantize), threads=args.threads,
+                         llama_cpp=not args.no_llama_cpp, prompt_tokens=args.prompt_tokens)
     report = run_bench(config, progress=lambda line: print(line, file=sys.stderr))
     if args.output:
         write_bench(report, args.output)

@@ -21,7 +21,13 @@ from torch import nn
 from model.common.paths import cache_root
 from model.common.progress import say
 from model.lowbit.gguf_weights import q4_1_blocks
-from model.lowbit.quantization import LowBitLoraLinear, check_low_bit_supported, quantize_weights, resolve_quantize
+from model.lowbit.quantization import (
+    LowBitLoraLinear,
+    TwoStageHead,
+    check_low_bit_supported,
+    quantize_weights,
+    resolve_quantize,
+)
 from model.lowbit.weight_cache import cache_file, restore_low_bit, save_low_bit
 from model.lowbit.weight_cache import file_key as content_key
 from model.skipdecode.architectures import (
@@ -205,6 +211,9 @@ def load_model(
     # rows, which the original's lean layers then read as they are (model/lowbit/native_step.py).
     for prepared in {id(m): m for m in (skip_model, model) if m is not None}.values():
         adapter_for(prepared).prepare_layers()
+        head = adapter_for(prepared).lm_head
+        if isinstance(head, TwoStageHead):
+            head.prepare()
     return LoadedModel(
         name=name, model=model, tokenizer=tokenizer, device=resolved_device, dtype=torch_dtype,
         skip_model=skip_model, adapter_path=str(adapter_path) if adapter_path else None,

@@ -8,7 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from model.evaluation.bench import BenchRow, Timing, _rows, parse_llama_bench
+from model.evaluation.bench import (
+    BenchRow,
+    PrefillRow,
+    Timing,
+    _rows,
+    int4_kernel,
+    parse_llama_bench,
+    split_weight_mode,
+)
+from model.lowbit.native_kernels import native_module, q4_isa, q4_kernel_selected
 from model.skipdecode.schedule import CostModel, solve_schedule
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,8 +51,31 @@ def test_llama_bench_output_is_parsed_for_the_generation_test():
                     "stddev_ts": 1.5}),
     ])
     assert parse_llama_bench(output, 64) == pytest.approx(160.25)
+    assert parse_llama_bench(output, 0, 512) == pytest.approx(900.1)  # its prompt processing test (pp512)
     with pytest.raises(RuntimeError, match="tg128"):
         parse_llama_bench(output, 128)
+    with pytest.raises(RuntimeError, match="pp256"):
+        parse_llama_bench(output, 0, 256)
+
+
+def test_a_weight_mode_names_its_int4_kernel_and_runs_on_it(monkeypatch):
+    assert split_weight_mode("int4") == ("int4", None) and split_weight_mode("int4@avx2") == ("int4", "avx2")
+    for bad in ("int8@avx2", "int4@sse2"):
+        with pytest.raises(ValueError, match="int4@"):
+            split_weight_mode(bad)
+    monkeypatch.delenv("SKIPDECODE_INT4_KERNEL", raising=False)
+    before = q4_isa()
+    with int4_kernel("torch"):
+        assert not q4_kernel_selected()  # torch's int4 kernel
+    if before is None:
+        return  # no q4 kernels on this machine: int4@avx2 cannot run
+    with int4_kernel("avx2"):
+        assert q4_kernel_selected() and q4_isa() == "avx2"
+    assert q4_isa() == before and q4_kernel_selected()  # restored
+    if "avx512-vnni" not in native_module().q4_isas():
+        with pytest.raises(ValueError, match="cannot run"):
+            with int4_kernel("avx512-vnni"):
+                pass
 
 
 @pytest.mark.slow  # spawns the CLI on a folder made from the default model
@@ -68,6 +100,13 @@ def test_bench_runs_end_to_end_and_writes_every_field(tiny_folder, tmp_path):
         assert set(row) == fields
         assert row["tokens_per_second"] > 0 and row["efficiency"] > 0 and row["vs_hf_generate"] > 0
     assert (tmp_path / "out" / "bench.md").read_text().count("| 2 |") == 12
+    prefill = report["prefill"]  # prompt processing and time to first token, batch 1, every weight variant
+    assert [r["weights"] for r in prefill] == ["float", "int8", "int4"]
+    assert all(set(r) == set(PrefillRow.__dataclass_fields__) for r in prefill)
+    assert all(r["prompt_tokens"] == 16 and r["tokens_per_second"] > 0 and r["ttft_ms"] > 0 for r in prefill)
+    assert "time to first token" in done.stdout
+    if q4_kernel_selected():  # the bench names the kernel its int4 rows ran: the path this machine takes
+        assert any(f"q4 on {q4_isa()}" in note for note in report["notes"])
     figure = json.loads((tmp_path / "out" / "speedup.json").read_text())
     assert {trace["name"] for trace in figure["data"]} >= {"layer speedup", "cost-model speedup", "measured, batch 1"}
     assert "| batch | weights | mode |" in done.stdout

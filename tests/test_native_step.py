@@ -3,28 +3,38 @@ is, bit for bit the Python step on every low-bit layout with torch's kernels (in
 the skip policy's LoRA beside), with padding, GQA and a growing cache; and its own 4-bit kernel
 (q4_matmul, the AVX2 default) multiplies exactly the weights torch's kernel does, more precisely."""
 
+import dataclasses
 import shutil
 
 import pytest
 import torch
 
 from conftest import NUM_LAYERS, left_padded_batch, random_lora_adapter, tiny_model
+from model.common.hardware import cpu_flags
 from model.lowbit.native_kernels import (
     Q4Blocks,
-    _has_avx2,
     codes_of,
     native_module,
     q4_bytes,
+    q4_isa,
     q4_kernel_selected,
+    q4_scan,
 )
-from model.lowbit.native_step import NativeDecode
-from model.lowbit.quantization import Int4Blocks, Int4WeightLinear, int4_supported, int8_supported, quantize_weights
+from model.lowbit.native_step import NativeDecode, projection_spec
+from model.lowbit.quantization import (
+    Int4Blocks,
+    Int4WeightLinear,
+    TwoStageHead,
+    int4_supported,
+    int8_supported,
+    quantize_weights,
+)
 from model.skipdecode.architectures import LeanLlamaLayer
 from model.skipdecode.decoder import SkipDecoder, execution_mask, masked_forward
 from model.skipdecode.schedule import ScheduleConfig
 
 has_compiler = shutil.which("c++") is not None and shutil.which("ninja") is not None
-has_q4 = has_compiler and _has_avx2() and int4_supported()
+has_q4 = has_compiler and int4_supported() and q4_isa() is not None
 pytestmark = pytest.mark.skipif(not int8_supported(), reason="no int8-weight CPU kernel in this torch build")
 
 
@@ -204,5 +214,142 @@ def test_the_q4_decode_step_keeps_parity_with_transformers_and_stays_close(lora,
     for lean in leans:
         lean.native = None
     python = _steps(decoder, ids, mask, schedule, 6)
-    # the same weights; only the activations' precision differs (a wrong layout is ~100% off)
-    assert all(_relative(a, b) < 0.02 for a, b in zip(native, python))
+    # the same weights; the activations' precision differs (16 bits against bfloat16's 8), and the
+    # two-stage head's rescored candidates with it: ~2% apart measured, a wrong layout is ~100% off
+    assert all(_relative(a, b) < 0.1 for a, b in zip(native, python))
+
+
+# --- the fused layer (every op of a q4 decode step in decode_kernels.h) -----------------------------
+
+
+def _exact_projection(spec):
+    """A q4 projection (projection_spec's kind 3 or 4) as float64 arithmetic on exactly the values the
+    kernels multiply: the 4-bit weights (q - 8) scale + zero, and a LoRA's int8 B times its scales."""
+    kind, tensors, out = spec
+    qs, sz = tensors[0], tensors[1]
+    rows, cols = qs.shape[0], qs.shape[1] * 2
+    weight = (codes_of(qs, rows, cols).double() - 8.0) * sz[..., 0].double().repeat_interleave(32, dim=1) \
+        + sz[..., 1].double().repeat_interleave(32, dim=1)
+    lora_b = None
+    if kind == 4:
+        window, start, scale = tensors[2:5]
+        lora_b = torch.zeros(out, rows - out, dtype=torch.float64)
+        columns = start.long()[:, None] + torch.arange(window.shape[1])[None]
+        lora_b.scatter_(1, columns, window.double() * scale.double()[:, None])
+
+    def call(x):
+        both = x.reshape(-1, cols).double() @ weight.T
+        y = both[:, :out] if lora_b is None else both[:, :out] + both[:, out:] @ lora_b.T
+        return y.float().reshape(*x.shape[:-1], out)
+    return call
+
+
+def _fused_setup(tmp_path, lora):
+    """A tiny int4 Llama (GQA, a padded batch), its skip model (with a LoRA beside the 4-bit weights
+    or none), every lean layer's projections replaced by exact float arithmetic (prefill and the
+    Python step then compute exactly what the kernels are asked to) and a float head."""
+    from model.loading import lora_side_copy
+
+    model = tiny_model("llama", hidden=256, heads=8, kv_heads=2, vocab=112)
+    head = torch.nn.Linear(256, 112, bias=False)
+    head.weight.data.copy_(model.get_output_embeddings().weight)
+    adapter = random_lora_adapter(model, tmp_path / "adapter") if lora else None
+    quantize_weights(model, "int4")
+    skip_model = lora_side_copy(model, adapter) if lora else model
+    for m in {id(model): model, id(skip_model): skip_model}.values():
+        m.lm_head = head
+    leans = _lean_layers(model) + (_lean_layers(skip_model) if lora else [])
+    for lean in leans:
+        assert lean.native is not None and lean.native.fused
+        exact = [_exact_projection(projection_spec(p)) for p in lean.native._projections]
+        lean.qkv, lean.o_proj, lean.gate_up, lean.down_proj = exact
+    return SkipDecoder(model, skip_model=skip_model), leans
+
+
+@pytest.mark.skipif(not has_q4, reason="the q4 kernels need an x86-64 CPU with AVX2 and a C++ compiler")
+@pytest.mark.parametrize("lora", [False, True])
+@pytest.mark.parametrize("isa", ["avx512-vnni", "avx2"])
+def test_the_fused_layer_computes_the_decode_step_of_its_weights(isa, lora, tmp_path, monkeypatch):
+    """Each instruction set's fused layer (norms, q4 matmuls, the LoRA's B, rotary, cache writes,
+    attention over the cached prefix with a padded row and grouped key/value heads, SiLU gate,
+    residuals; consecutive layers in one call) against the Python step on exactly its weights, in
+    float: over a prefill, then decode steps that skip layers (caches of different lengths)."""
+    module = native_module()
+    if isa not in module.q4_isas():
+        pytest.skip(f"this CPU has no {isa}")
+    runs = []
+    import model.skipdecode.architectures as architectures
+    counting = dataclasses.replace(architectures._low_bit_parts, native_run=_counting(
+        architectures._low_bit_parts.native_run, runs))
+    monkeypatch.setattr(architectures, "_low_bit_parts", counting)
+    decoder, leans = _fused_setup(tmp_path, lora)
+    ids, mask = left_padded_batch([5, 9], vocab=112)
+    schedule = ScheduleConfig(NUM_LAYERS, NUM_LAYERS, 2, warmup=1, decay="linear", decay_length=6)
+    assert module.set_q4_isa(isa)
+    try:
+        fused = _steps(decoder, ids, mask, schedule, 6)
+    finally:
+        module.set_q4_isa("auto")
+    assert len(runs) == 6  # each decode step's layers: one native call
+    for lean in leans:
+        lean.native = None
+    reference = _steps(decoder, ids, mask, schedule, 6)
+    assert torch.equal(fused[0], reference[0])  # the prefill: the same exact projections
+    # 16-bit activations: ~1e-4 apart measured; a wrong rotary, head mapping or mask is ~100% off
+    assert all(_relative(a, b) < 2e-3 for a, b in zip(fused[1:], reference[1:]))
+
+
+@pytest.mark.skipif(not has_q4, reason="the q4 kernels need an x86-64 CPU with AVX2 and a C++ compiler")
+def test_the_q4_kernels_take_the_cpus_best_instruction_set_and_agree_across_them():
+    module = native_module()
+    flags = set(cpu_flags())
+    best = "avx512-vnni" if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"} <= flags else "avx2"
+    assert q4_isa() == best  # the path this machine takes (SKIPDECODE_Q4_ISA unset in tests)
+    assert module.q4_isas()[0] == best and "avx2" in module.q4_isas()
+    assert not module.set_q4_isa("sse2") and q4_isa() == best
+    torch.manual_seed(0)
+    weight = torch.randn(176, 96) * 0.05  # 3 blocks a row: a partial group of 4
+    source = Int4Blocks.from_float(weight)
+    blocks = Q4Blocks.of(Int4WeightLinear(source))
+    scale, zero = (blocks.sz[..., i].double().repeat_interleave(32, dim=1) for i in (0, 1))
+    exact = (source.codes.double() - 8.0) * scale + zero
+    for rows in (1, 2, 5, 8, 11):  # a decode row, tiles of 4 and their remainders
+        x = torch.randn(rows, 96) * 2.0
+        x[:, 7] = 40.0  # an outlier dimension, as SmolLM2 has
+        reference = x.double() @ exact.T
+        out = {}
+        try:
+            for isa in module.q4_isas():
+                assert module.set_q4_isa(isa)
+                out[isa] = (blocks(x).double(), module.q4_matmul(x, blocks.qs, blocks.sz, True).double())
+        finally:
+            module.set_q4_isa("auto")
+        for isa, (fine, coarse) in out.items():
+            assert _relative(fine, reference) < 1e-3  # 16-bit activations: ~5e-5 measured
+            assert _relative(coarse, reference) < 0.05  # the head's 8-bit scan (AVX-512): ~1e-2
+        if len(out) == 2:  # the same integer dot products: only float additions differ (~3e-7)
+            assert _relative(out["avx2"][0], out["avx512-vnni"][0]) < 1e-5
+
+
+@pytest.mark.skipif(not has_q4, reason="the q4 kernels need an x86-64 CPU with AVX2 and a C++ compiler")
+@pytest.mark.parametrize("tied", [True, False])
+def test_the_native_two_stage_head_rescores_the_scans_top_candidates(tied):
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(256, 2048, bias=False)
+    with torch.no_grad():
+        linear.weight.mul_(4.0)
+    head = TwoStageHead.from_linear(linear, tied_rows=linear.weight.detach() if tied else None)
+    x = torch.randn(3, 1, 256)
+    ours = head(x)  # one native call: the scan, each row's top 32, their rescoring
+    logits = head.scan_logits(x).reshape(3, -1)  # the Python path's stages
+    flat = x.reshape(3, 256)
+    ranked = head.ranking(x).reshape(3, -1)  # the native scan (8-bit activations)
+    assert torch.equal(ranked, native_module().q4_matmul(flat, *q4_scan(head.scan).tensors(), True))
+    top = ranked.topk(head.candidates, dim=-1).indices
+    exact = head.dequantized_weight()[top] @ flat.unsqueeze(-1)
+    exact = exact.squeeze(-1)
+    assert torch.allclose(ours.reshape(3, -1).gather(1, top), exact, rtol=1e-4, atol=1e-4)
+    assert torch.equal(ours.reshape(3, -1).argmax(-1), top.gather(1, exact.argmax(-1, keepdim=True)).squeeze(1))
+    outside = torch.ones_like(ranked, dtype=torch.bool).scatter_(1, top, False)
+    assert torch.equal(ours.reshape(3, -1)[outside], ranked[outside])  # the rest keep the scan's values
+    assert _relative(ranked, logits) < 0.05  # the 8-bit scan is the 16-bit one's ranking, coarser

@@ -350,7 +350,7 @@ def test_two_stage_head_picks_the_int8_heads_winner_and_scores_it_exactly():
     assert two_stage.shape == reference.shape
     assert torch.equal(two_stage.argmax(-1), exact.argmax(-1))  # the winner: the int8 head's, at full precision
     with torch.no_grad():
-        top = head.scan_logits(x).topk(16, dim=-1).indices  # the candidates the 4-bit scan found
+        top = head.ranking(x).topk(16, dim=-1).indices  # the candidates the 4-bit scan found
     torch.testing.assert_close(two_stage.gather(-1, top), exact.gather(-1, top), atol=1e-4, rtol=1e-4)
     tail = (two_stage - exact).abs().max()
     assert 0 < tail < 0.25 * exact.abs().max()  # outside the candidates: 4-bit values, close
@@ -378,7 +378,7 @@ def test_a_tied_head_is_rescored_with_the_embeddings_float_rows():
     x = torch.randn(200, 1, 64, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         two_stage, exact = head(x), x @ float_head.T
-        top = head.scan_logits(x).topk(head.candidates, dim=-1).indices
+        top = head.ranking(x).topk(head.candidates, dim=-1).indices
     assert torch.equal(two_stage.argmax(-1), exact.argmax(-1))  # the winner: the FLOAT head's
     torch.testing.assert_close(two_stage.gather(-1, top), exact.gather(-1, top), atol=1e-5, rtol=1e-5)
     untied = quantize_weights(tiny_model("llama", vocab=4096), "int8")  # an untied head keeps int8 rows

@@ -7,6 +7,10 @@ For each batch size, the same prompts and a FIXED generated length (EOS ignored)
                 users run: the skip-policy adapter merged into its weights
   llama.cpp     llama.cpp's own `llama-bench` on the SAME GGUF file (the default model only, batch 1, the
                 same thread count and token count), when scripts/build_llama_bench.sh has built it
+Prompt processing: a prompt of --prompt-tokens tokens (default 512) through our prefill, and the time to its first
+token (prefill, head, argmax), beside llama-bench's `-p N` (pp512) on the same GGUF, batch 1.
+A weight mode may name the int4 kernel it runs (``int4@torch``, ``int4@avx2``, ``int4@avx512-vnni``; plain ``int4``
+takes the machine's default), so kernels compare side by side in one run.
 Modes run interleaved (a fresh random order each round) and repeated; medians are reported and every ratio is
 taken between medians of the same run. Efficiency = measured speedup / cost-model speedup. llama-bench's
 figure is pure decoding (its "tg" test), so our modes are compared with it on DECODE tokens/s (1 / median
@@ -15,6 +19,7 @@ step time, prefill excluded).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -25,7 +30,7 @@ import subprocess
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -34,7 +39,7 @@ from model.common.paths import cache_root
 from model.evaluation.reporting import speed_figure
 from model.generation import ScheduleRequest, TextGenerator
 from model.loading import DEFAULT_MODEL, load_model, locate_default_gguf, resolve_device
-from model.lowbit.native_kernels import native_module, q4_kernel_selected
+from model.lowbit.native_kernels import native_module, q4_isa, q4_kernel_selected
 from model.skipdecode.decoder import SkipDecoder
 from model.skipdecode.schedule import ScheduleConfig, full_schedule, speedup_summary
 
@@ -66,6 +71,7 @@ class BenchConfig:
     quantize: tuple[str, ...] | None = None  # weight modes side by side; default: none, int8, int4 on CPU
     threads: int | None = None  # torch threads (and llama-bench's -t); None: torch's default
     llama_cpp: bool = True  # add llama-bench's row when its binary is there (default model, CPU, batch 1)
+    prompt_tokens: int = 512  # prompt processing and time to first token at batch 1 (0: not measured)
 
 
 @dataclass
@@ -91,6 +97,17 @@ class BenchRow:
 
 
 @dataclass
+class PrefillRow:
+    """One prompt of ``prompt_tokens`` tokens at batch 1: prompt processing and time to the first token."""
+
+    weights: str  # as BenchRow.weights; "Q4_1" for llama.cpp
+    prompt_tokens: int
+    tokens_per_second: float  # prompt tokens / median prefill time (llama.cpp: its pp test)
+    ttft_ms: float  # median time from the prompt's token ids to the first generated token (llama.cpp: the prompt's time)
+    vs_llama_cpp: float | None = None  # prompt tokens/s over llama-bench's pp on the same GGUF
+
+
+@dataclass
 class BenchReport:
     model: str
     adapter: str | None
@@ -102,6 +119,7 @@ class BenchReport:
     decay: str
     rows: list[BenchRow] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # e.g. why there is no llama.cpp row
+    prefill: list[PrefillRow] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -129,6 +147,12 @@ class BenchReport:
                 f"{_fmt(r.efficiency)} | {_fmt(r.vs_hf_generate, 'x')} | {_fmt(r.vs_float_full, 'x')} | "
                 f"{_fmt(r.vs_llama_cpp, 'x')} |"
             )
+        if self.prefill:
+            lines += ["", f"Prompt processing, batch 1, a {self.prefill[0].prompt_tokens}-token prompt (llama.cpp: "
+                      "llama-bench -p on the same GGUF):", "",
+                      "| weights | prompt tokens/s | time to first token ms | vs llama.cpp |", "|---|---|---|---|"]
+            lines += [f"| {self.dtype if r.weights == 'float' else r.weights} | {r.tokens_per_second:.1f} | "
+                      f"{r.ttft_ms:.1f} | {_fmt(r.vs_llama_cpp, 'x')} |" for r in self.prefill]
         return "\n".join(lines)
 
 
@@ -145,25 +169,32 @@ def llama_bench_binary() -> Path | None:
     return path if path.is_file() and os.access(path, os.X_OK) else None
 
 
-def parse_llama_bench(output: str, new_tokens: int) -> float:
-    """tokens/s of llama-bench's generation test ("tg", n_prompt 0) from its ``-o jsonl`` output."""
+def parse_llama_bench(output: str, new_tokens: int, prompt_tokens: int = 0) -> float:
+    """tokens/s of llama-bench's generation test ("tg", n_prompt 0), or with ``prompt_tokens`` its prompt
+    processing test ("pp", n_gen 0), from its ``-o jsonl`` output."""
     for line in output.splitlines():
         line = line.strip()
         if not line.startswith("{"):
             continue
         record = json.loads(line)
-        if int(record.get("n_prompt", -1)) == 0 and int(record.get("n_gen", -1)) == new_tokens:
+        if int(record.get("n_prompt", -1)) == prompt_tokens and int(record.get("n_gen", -1)) == new_tokens:
             return float(record["avg_ts"])
-    raise RuntimeError(f"llama-bench printed no tg{new_tokens} result:\n{output[-2000:]}")
+    test = f"pp{prompt_tokens}" if prompt_tokens else f"tg{new_tokens}"
+    raise RuntimeError(f"llama-bench printed no {test} result:\n{output[-2000:]}")
 
 
-def time_llama_cpp(binary: Path, gguf: Path, threads: int, new_tokens: int) -> Timing:
-    """One llama-bench run (its own warm-up, then one repetition): batch 1, pure decoding."""
-    command = [str(binary), "-m", str(gguf), "-t", str(threads), "-p", "0", "-n", str(new_tokens), "-r", "1",
-               "-o", "jsonl"]
+def time_llama_cpp(binary: Path, gguf: Path, threads: int, new_tokens: int, prompt_tokens: int = 0) -> Timing:
+    """One llama-bench run (its own warm-up, then one repetition), batch 1: pure decoding of
+    ``new_tokens`` (its tg test), or with ``prompt_tokens`` its prompt processing test (pp, no decoding)."""
+    generated = 0 if prompt_tokens else new_tokens
+    command = [str(binary), "-m", str(gguf), "-t", str(threads), "-p", str(prompt_tokens), "-n", str(generated),
+               "-r", "1", "-o", "jsonl"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         raise RuntimeError(f"llama-bench failed ({done.returncode}): {done.stderr[-2000:]}")
+    if prompt_tokens:
+        tokens_per_second = parse_llama_bench(done.stdout, 0, prompt_tokens)
+        return Timing(prompt_tokens / tokens_per_second, 0.0)
     tokens_per_second = parse_llama_bench(done.stdout, new_tokens)
     return Timing(new_tokens / tokens_per_second, 1.0 / tokens_per_second)
 
@@ -223,6 +254,7 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None] = print) -> B
     loaded, generator = next(iter(variants.values()))[:2]
     if config.quick:
         config.batch_sizes, config.new_tokens, config.repeats = (1, 2), 8, 1
+        config.prompt_tokens = min(config.prompt_tokens, 16)
     batch_sizes = config.batch_sizes or ((1, 8, 32, 64) if device.type == "cuda" else (1, 8))
     # The shape the product runs (the policy's placement and measured floor), over the bench's tokens.
     schedules = {s: generator.schedule_for(ScheduleRequest(target_speedup=s, decay=config.decay), config.new_tokens)
@@ -231,7 +263,7 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None] = print) -> B
                          dtype=str(loaded.dtype).replace("torch.", ""), hardware=hardware_info(device),
                          new_tokens=config.new_tokens, repeats=config.repeats, decay=config.decay)
     llama = _llama_cpp_mode(config, loaded, device, report.notes)
-    if device.type == "cpu" and any(w in variants for w in ("int4", "int8")):
+    if device.type == "cpu" and any(v[4] != "float" for v in variants.values()):
         report.notes.append(_decode_step_note())
 
     for batch in batch_sizes:
@@ -241,41 +273,131 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None] = print) -> B
         # Every mode of every weight variant, interleaved in one run: ratios are side by side.
         modes = _bench_modes(config, variants, schedules, generator.num_layers, ids, mask)
         if llama is not None and batch == 1:
-            modes["Q4_1", "llama.cpp"] = llama
+            modes["Q4_1", "llama.cpp"] = lambda: llama(0)
         timings, peaks = _time_modes(modes, config.repeats, batch, device)
         report.rows.extend(_batch_rows(config, variants, schedules, generator, batch, timings, peaks, report))
         progress(f"batch {batch}: " + ", ".join(
             f"{r.weights} {r.mode if r.target_speedup is None else f'skip {r.target_speedup:g}x'} "
             f"{r.tokens_per_second:.1f} tok/s" for r in report.rows if r.batch_size == batch))
+    if config.prompt_tokens:
+        report.prefill = _prefill_rows(config, variants, llama, device)
+        progress("prompt processing: " + ", ".join(f"{r.weights} {r.tokens_per_second:.1f} tok/s, first token "
+                                                   f"{r.ttft_ms:.0f} ms" for r in report.prefill))
     return report
 
 
+INT4_KERNELS = ("torch", "avx2", "avx512-vnni")  # a weight mode's @kernel: torch's int4 kernel, or the q4 kernels' ISA
+
+
+def split_weight_mode(mode: str) -> tuple[str, str | None]:
+    """"int4@avx2" -> ("int4", "avx2"); a plain mode has no kernel of its own (the machine's default)."""
+    quantize, _, kernel = mode.partition("@")
+    if kernel and (quantize != "int4" or kernel not in INT4_KERNELS):
+        raise ValueError(f"a weight mode's kernel is int4@{'|'.join(INT4_KERNELS)}; got {mode!r}")
+    return quantize, kernel or None
+
+
+@contextlib.contextmanager
+def int4_kernel(kernel: str | None) -> Iterator[None]:
+    """Run (and load) with the int4 kernel a weight mode names: torch's, or the q4 kernels on one
+    instruction set; None changes nothing. The lean layers read the choice when they are built (at
+    load), the two-stage head and the q4 kernels at each call, so a variant's runs happen inside it."""
+    if kernel is None:
+        yield
+        return
+    module, saved = native_module(), os.environ.get("SKIPDECODE_INT4_KERNEL")
+    before = module.q4_isa() if module is not None else ""
+    os.environ["SKIPDECODE_INT4_KERNEL"] = "torch" if kernel == "torch" else "native"
+    try:
+        if kernel != "torch" and (module is None or not module.set_q4_isa(kernel)):
+            raise ValueError(f"int4@{kernel}: the q4 kernels cannot run on {kernel} here")
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("SKIPDECODE_INT4_KERNEL", None)
+        else:
+            os.environ["SKIPDECODE_INT4_KERNEL"] = saved
+        if module is not None and before:
+            module.set_q4_isa(before)
+
+
 def _load_variants(config: BenchConfig, device: torch.device) -> dict[str, tuple]:
-    """weights label -> (loaded, generator, full decoder, skip decoder) for every weight mode benched."""
+    """weights label -> (loaded, generator, full decoder, skip decoder, weights, kernel) for every weight mode
+    benched (the label is the mode: "int4@avx2" names its kernel)."""
     weight_modes = config.quantize or (("none", "int8", "int4") if device.type == "cpu" else ("none",))
     variants = {}
-    for quantize in weight_modes:
-        loaded = load_model(config.model, device=config.device, dtype=config.dtype, adapter=config.adapter,
-                            quantize=quantize)
+    for mode in weight_modes:
+        quantize, kernel = split_weight_mode(mode)
+        with int4_kernel(kernel):
+            loaded = load_model(config.model, device=config.device, dtype=config.dtype, adapter=config.adapter,
+                                quantize=quantize)
         full_decoder, skip_decoder = loaded.full_decoder(), loaded.skip_decoder()
         full_decoder.eos_token_ids = skip_decoder.eos_token_ids = ()  # fixed-length runs: EOS ignored
-        variants[loaded.weights] = (loaded, TextGenerator(loaded), full_decoder, skip_decoder)
+        label = loaded.weights + (f"@{kernel}" if kernel else "")
+        variants[label] = (loaded, TextGenerator(loaded), full_decoder, skip_decoder, loaded.weights, kernel)
     return variants
+
+
+def _in_kernel(kernel: str | None, run: Callable[[], Timing]) -> Callable[[], Timing]:
+    def timed() -> Timing:
+        with int4_kernel(kernel):
+            return run()
+    return timed
 
 
 def _bench_modes(config: BenchConfig, variants: dict[str, tuple], schedules: dict, num_layers: int,
                  ids: torch.Tensor, mask: torch.Tensor) -> dict[tuple[str, str], Callable[[], Timing]]:
     """(weights, mode) -> one timed run on this batch's prompts, for every mode of every weight variant."""
     modes: dict[tuple[str, str], Callable[[], Timing]] = {}
-    for weights, (variant, _, full_decoder, skip_decoder) in variants.items():
+    for weights, (variant, _, full_decoder, skip_decoder, _, kernel) in variants.items():
         if config.include_hf:
-            modes[weights, "hf_generate"] = lambda m=variant.model, pad=variant.pad_token_id: time_hf_generate(
-                m, ids, mask, config.new_tokens, pad)
-        modes[weights, "full"] = lambda d=full_decoder: time_ours(d, ids, mask, full_schedule(num_layers), config.new_tokens)
+            modes[weights, "hf_generate"] = _in_kernel(kernel, lambda m=variant.model, pad=variant.pad_token_id:
+                                                       time_hf_generate(m, ids, mask, config.new_tokens, pad))
+        modes[weights, "full"] = _in_kernel(kernel, lambda d=full_decoder: time_ours(
+            d, ids, mask, full_schedule(num_layers), config.new_tokens))
         for s, solved in schedules.items():
-            modes[weights, f"skip@{s:g}"] = lambda d=skip_decoder, solved=solved: time_ours(
-                d, ids, mask, solved.config, config.new_tokens)
+            modes[weights, f"skip@{s:g}"] = _in_kernel(kernel, lambda d=skip_decoder, solved=solved: time_ours(
+                d, ids, mask, solved.config, config.new_tokens))
     return modes
+
+
+def time_prefill(decoder: SkipDecoder, ids: torch.Tensor, mask: torch.Tensor) -> Timing:
+    """A prompt through every layer, then its first token (the head, argmax): the time to first token."""
+    device = decoder.device
+    _sync(device)
+    start = time.perf_counter()
+    _, logits = decoder.prefill(ids, mask, list(range(decoder.num_layers)), ids.shape[1] + 1)
+    logits.argmax(-1).tolist()
+    _sync(device)
+    return Timing(time.perf_counter() - start, 0.0)
+
+
+def bench_prompt(generator: TextGenerator, tokens: int) -> torch.Tensor:
+    """(1, tokens) ids: the bench prompts' text, tokenized and repeated to exactly ``tokens``."""
+    pieces = [generator.loaded.tokenizer(p + "\n")["input_ids"] for p in BENCH_PROMPTS]
+    ids: list[int] = []
+    while len(ids) < tokens:
+        ids += pieces[len(ids) % len(pieces)]
+    return torch.tensor([ids[:tokens]])
+
+
+def _prefill_rows(config: BenchConfig, variants: dict[str, tuple], llama: Callable[[int], Timing] | None,
+                  device: torch.device) -> list[PrefillRow]:
+    """Prompt processing at batch 1 for every weight variant (and llama-bench's pp), interleaved in rounds."""
+    generator = next(iter(variants.values()))[1]
+    ids = bench_prompt(generator, config.prompt_tokens).to(device)
+    mask = torch.ones_like(ids)
+    modes: dict[tuple[str, str], Callable[[], Timing]] = {
+        (weights, "prefill"): _in_kernel(v[5], lambda d=v[2]: time_prefill(d, ids, mask)) for weights, v in variants.items()}
+    if llama is not None:
+        modes["Q4_1", "prefill"] = lambda: llama(config.prompt_tokens)
+    timings, _ = _time_modes(modes, config.repeats, 1, device)
+    seconds = {weights: statistics.median(t.seconds for t in runs) for (weights, _), runs in timings.items()}
+    llama_tps = config.prompt_tokens / seconds["Q4_1"] if "Q4_1" in seconds else None
+    return [PrefillRow(weights=w, prompt_tokens=config.prompt_tokens, tokens_per_second=round(config.prompt_tokens / t, 2),
+                       ttft_ms=round(1000 * t, 2),
+                       vs_llama_cpp=round(config.prompt_tokens / t / llama_tps, 4) if llama_tps else None)
+            for w, t in seconds.items()]
 
 
 def _time_modes(modes: dict[tuple[str, str], Callable[[], Timing]], repeats: int, batch: int, device: torch.device
@@ -323,15 +445,20 @@ def _batch_rows(config: BenchConfig, variants: dict[str, tuple], schedules: dict
 
 
 def _decode_step_note() -> str:
-    """Which decode step and int4 kernel this run's low-bit rows used (model/lowbit/native_step.py)."""
+    """Which decode step, int4 kernel and head this run's low-bit rows used (model/lowbit/native_step.py);
+    a weight mode that names its kernel (int4@torch, int4@avx2) ran that one instead."""
     if native_module() is None:
         return "low-bit decode steps: the Python step (no native step on this machine); int4 kernel: torch's"
-    kernel = "q4_matmul (native, int16 activations)" if q4_kernel_selected() else "torch's _weight_int4pack_mm_for_cpu"
-    return f"low-bit decode steps: the native C++ step; int4 kernel: {kernel}"
+    if not q4_kernel_selected():
+        return "low-bit decode steps: the native C++ step (torch's ATen ops); int4 kernel: torch's _weight_int4pack_mm_for_cpu"
+    return (f"low-bit decode steps: the native C++ step, int4 layers fused (one call a run of layers); int4 kernel: "
+            f"q4 on {q4_isa()} (16-bit activations); LM head: 4-bit scan (8-bit activations) + top 32 rescored, native")
 
 
-def _llama_cpp_mode(config: BenchConfig, loaded, device: torch.device, notes: list[str]) -> Callable[[], Timing] | None:
-    """llama-bench on the default model's GGUF, or None with a note saying why there is no row."""
+def _llama_cpp_mode(config: BenchConfig, loaded, device: torch.device, notes: list[str]
+                    ) -> Callable[[int], Timing] | None:
+    """llama-bench on the default model's GGUF (a function of the prompt tokens: 0 times its decoding, N its
+    pp test), or None with a note saying why there is no row."""
     if not config.llama_cpp or config.quick:
         return None
     if device.type != "cpu" or loaded.name != DEFAULT_MODEL:
@@ -343,7 +470,7 @@ def _llama_cpp_mode(config: BenchConfig, loaded, device: torch.device, notes: li
         return None
     gguf, threads = locate_default_gguf(), torch.get_num_threads()
     notes.append(f"llama.cpp: {binary} ({_llama_version(binary)}), {gguf.name}, {threads} threads, batch 1")
-    return lambda: time_llama_cpp(binary, gguf, threads, config.new_tokens)
+    return lambda prompt_tokens: time_llama_cpp(binary, gguf, threads, config.new_tokens, prompt_tokens)
 
 
 def _llama_version(binary: Path) -> str:

@@ -12,12 +12,34 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <string>
 #include <utility>
 #include <vector>
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
-#define SKIPDECODE_Q4 1
+#define SKIPDECODE_X86 1
+#endif
+
+// The kernels, compiled once per instruction set (model/lowbit/decode_kernels.h says what they compute).
+#ifdef SKIPDECODE_X86
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+namespace avx2 {
+#define SD_AVX512 0
+#include "decode_kernels.h"
+#undef SD_AVX512
+}  // namespace avx2
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
+namespace avx512 {
+#define SD_AVX512 1
+#include "decode_kernels.h"
+#undef SD_AVX512
+}  // namespace avx512
+#pragma GCC pop_options
 #endif
 
 namespace {
@@ -26,156 +48,204 @@ using at::Tensor;
 
 constexpr int64_t kInt4Group = 32;  // the GGUF Q4_1 block size (model/lowbit/quantization.py, INT4_GROUP)
 
-// --- a 4-bit matmul for few rows (decode) on AVX2 ------------------------------------------------
-//
-// Weights as the GGUF's Q4_1 blocks: w[o, 32 b + j] = d[o, b] * q + m[o, b], q in 0..15, byte j of
-// a block's 16 holding q for j (low nibble) and j + 16 (high). Activations are quantised per block of
-// 32 to int16 (scale = max|x| / 32767: a relative error ~1e-5, far below the bfloat16 activations
-// of torch's int4 kernel), so a block's dot product is integer multiply-adds (vpmaddwd), one float
-// scale per block, and m times the block's float sum. Why: torch's int4 CPU kernel converts to
-// bfloat16, which an AVX2-only CPU computes in software: ~3 GB/s of weights on one thread, where
-// this streams ~6 (README, "Speed").
-#ifdef SKIPDECODE_Q4
-// One weight row in Q4_1 blocks.
-struct Q4Row {
-  const uint8_t* qs;
-  const float* d;
-  const float* m;
-  int64_t blocks;
-};
+// --- which instruction set's kernels run (chosen once from the CPU; set_q4_isa forces one) -----
 
-// y[r, o] for R rows of x at once (R a constant: the accumulators stay in registers, and each
-// block's nibbles are expanded once for all R rows).
-template <int R>
-inline void q4_dot(const Q4Row& row, const int16_t* codes, const float* scales, const float* sums, int64_t width,
-                   int64_t first, float* out, int64_t out_stride) {
-  const __m256i low_nibbles = _mm256_set1_epi16(0x0F);
-  const int64_t blocks = row.blocks;
-  // Two accumulators a row (even and odd blocks): one fused multiply-add chain would wait on its
-  // own latency at every block.
-  __m256 even[R], odd[R];
-  for (int r = 0; r < R; ++r) even[r] = odd[r] = _mm256_setzero_ps();
-  const auto block = [&](int64_t b, __m256* acc) {
-    // The block's 16 bytes widened once to 16-bit lanes (q[j] | q[j + 16] << 4 each): the low
-    // nibbles by a mask, the high ones by a shift (fewer shuffles than widening each half).
-    const __m256i both = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row.qs + b * 16)));
-    const __m256i low = _mm256_and_si256(both, low_nibbles);
-    const __m256i high = _mm256_srli_epi16(both, 4);
-    const __m256 weight_scale = _mm256_broadcast_ss(row.d + b);
-    for (int r = 0; r < R; ++r) {
-      const int16_t* xb = codes + (first + r) * width + b * 32;
-      const __m256i dot = _mm256_add_epi32(
-          _mm256_madd_epi16(low, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb))),
-          _mm256_madd_epi16(high, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + 16))));
-      const __m256 scale = _mm256_mul_ps(weight_scale, _mm256_broadcast_ss(scales + (first + r) * blocks + b));
-      acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot), acc[r]);
-    }
-  };
-  int64_t b = 0;
-  for (; b + 1 < blocks; b += 2) {
-    block(b, even);
-    block(b + 1, odd);
+enum class Isa { none, avx2, avx512 };
+
+bool cpu_has(Isa isa) {
+#ifdef SKIPDECODE_X86
+  __builtin_cpu_init();
+  if (isa == Isa::avx2) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (isa == Isa::avx512) {
+    return cpu_has(Isa::avx2) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512vnni");
   }
-  if (b < blocks) block(b, even);
-  for (int r = 0; r < R; ++r) {
-    const float* block_sums = sums + (first + r) * blocks;
-    float offset = 0.f;  // sum over blocks of m times the block's float sum of x
-    for (int64_t b = 0; b < blocks; ++b) offset += row.m[b] * block_sums[b];
-    const __m256 total = _mm256_add_ps(even[r], odd[r]);
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(total), _mm256_extractf128_ps(total, 1));
-    s = _mm_hadd_ps(s, s);
-    s = _mm_hadd_ps(s, s);
-    out[(first + r) * out_stride] = _mm_cvtss_f32(s) + offset;
-  }
+#endif
+  return false;
 }
 
-Tensor q4_matmul(const Tensor& input, const Tensor& qs, const Tensor& d, const Tensor& m) {
+Isa best_isa() { return cpu_has(Isa::avx512) ? Isa::avx512 : cpu_has(Isa::avx2) ? Isa::avx2 : Isa::none; }
+
+Isa active_isa = best_isa();
+
+const char* isa_name(Isa isa) { return isa == Isa::avx512 ? "avx512-vnni" : isa == Isa::avx2 ? "avx2" : ""; }
+
+std::string q4_isa() { return isa_name(active_isa); }
+
+// "avx512-vnni", "avx2" or "auto" (the CPU's best); false where this CPU lacks it (nothing changes).
+bool set_q4_isa(const std::string& name) {
+  const Isa wanted = name == "auto" ? best_isa() : name == "avx512-vnni" ? Isa::avx512 : name == "avx2" ? Isa::avx2 : Isa::none;
+  if (wanted == Isa::none || !cpu_has(wanted)) return false;
+  active_isa = wanted;
+  return true;
+}
+
+std::vector<std::string> q4_isas() {
+  std::vector<std::string> names;
+  for (Isa isa : {Isa::avx512, Isa::avx2}) {
+    if (cpu_has(isa)) names.emplace_back(isa_name(isa));
+  }
+  return names;
+}
+
+bool has_q4_matmul() { return active_isa != Isa::none; }
+
+// Per calling thread: the fused step's and the kernels' scratch (a request thread at a time runs a
+// decoder; OpenMP's workers only read and write the slices they are given).
+float* scratch_floats(int64_t count) {
+  thread_local std::vector<float> buffer;
+  if (static_cast<int64_t>(buffer.size()) < count) buffer.resize(static_cast<size_t>(count));
+  return buffer.data();
+}
+
+#ifdef SKIPDECODE_X86
+#define SD_KERNEL(name) (active_isa == Isa::avx512 ? avx512::name : avx2::name)
+#endif
+
+void check_q4() { TORCH_CHECK(active_isa != Isa::none, "the q4 kernels need an x86-64 CPU with AVX2 and FMA"); }
+
+// --- the q4 matmul and the LoRA's B, one call each (the two-stage head's scan, tests) ----------
+
+// (N, K) float32 rows times Q4 blocks: qs (O, K/2) uint8, sz (O, K/32, 2) bfloat16 (scale, zero).
+Tensor q4_matmul(const Tensor& input, const Tensor& qs, const Tensor& sz, bool coarse = false) {
+  check_q4();
   TORCH_CHECK(input.dim() == 2 && input.scalar_type() == at::kFloat, "q4_matmul: (N, K) float32 rows");
   const Tensor x = input.contiguous();
-  const int64_t rows = x.size(0), width = x.size(1), outputs = qs.size(0), blocks = width / 32;
-  TORCH_CHECK(width % 32 == 0 && qs.size(1) == width / 2 && d.size(1) == blocks && m.size(1) == blocks,
+  const int64_t rows = x.size(0), width = x.size(1), outputs = qs.size(0);
+  TORCH_CHECK(width % 32 == 0 && qs.size(1) == width / 2 && sz.size(0) == outputs && sz.size(1) == width / 32 &&
+                  sz.scalar_type() == at::kBFloat16 && qs.is_contiguous() && sz.is_contiguous(),
               "q4_matmul: shapes do not match");
-  Tensor codes = at::empty({rows, width}, x.options().dtype(at::kShort));
-  Tensor scales = at::empty({rows, blocks}, x.options());
-  Tensor sums = at::empty({rows, blocks}, x.options());
-  const float* xp = x.data_ptr<float>();
-  int16_t* cp = codes.data_ptr<int16_t>();
-  float* sp = scales.data_ptr<float>();
-  float* up = sums.data_ptr<float>();
-  for (int64_t i = 0; i < rows * blocks; ++i) {
-    const float* v = xp + i * 32;
-    float largest = 0.f, sum = 0.f;
-    for (int j = 0; j < 32; ++j) {
-      largest = std::max(largest, std::fabs(v[j]));
-      sum += v[j];
-    }
-    const float inverse = largest > 0.f ? 32767.f / largest : 0.f;
-    for (int j = 0; j < 32; ++j) cp[i * 32 + j] = static_cast<int16_t>(std::nearbyint(v[j] * inverse));
-    sp[i] = largest / 32767.f;
-    up[i] = sum;
-  }
   Tensor y = at::empty({rows, outputs}, x.options());
+#ifdef SKIPDECODE_X86
+  float* quant = scratch_floats(avx2::quant_floats(rows, width));
+  const float* xp = x.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  const uint8_t* qp = qs.data_ptr<uint8_t>();
-  const float* dp = d.data_ptr<float>();
-  const float* mp = m.data_ptr<float>();
-  at::parallel_for(0, outputs, 32, [&](int64_t begin, int64_t end) {
-    for (int64_t o = begin; o < end; ++o) {
-      const Q4Row row{qp + o * (width / 2), dp + o * blocks, mp + o * blocks, blocks};
-      int64_t first = 0;
-      for (; first + 4 <= rows; first += 4) q4_dot<4>(row, cp, sp, up, width, first, yp + o, outputs);
-      switch (rows - first) {  // the rest: a decode step's one row, or a batch's last few
-        case 3: q4_dot<3>(row, cp, sp, up, width, first, yp + o, outputs); break;
-        case 2: q4_dot<2>(row, cp, sp, up, width, first, yp + o, outputs); break;
-        case 1: q4_dot<1>(row, cp, sp, up, width, first, yp + o, outputs); break;
-        default: break;
-      }
-    }
-  });
+  const auto* qp = qs.data_ptr<uint8_t>();
+  const auto* sp = reinterpret_cast<const uint16_t*>(sz.data_ptr<at::BFloat16>());
+  if (active_isa == Isa::avx512) {
+    const auto q = avx512::quantize_rows(xp, rows, width, quant);
+    const avx512::Q4Weights w{qp, sp, outputs, width / 32};
+    at::parallel_for(0, outputs, 16, [&](int64_t b, int64_t e) { avx512::q4_rows(w, q, yp, outputs, b, e, coarse); });
+  } else {
+    const auto q = avx2::quantize_rows(xp, rows, width, quant);
+    const avx2::Q4Weights w{qp, sp, outputs, width / 32};
+    at::parallel_for(0, outputs, 16, [&](int64_t b, int64_t e) { avx2::q4_rows(w, q, yp, outputs, b, e); });
+  }
+#endif
   return y;
+}
+
+// The two-stage LM head (model/lowbit/quantization.py, TwoStageHead) in one call: the 4-bit scan of
+// the whole vocabulary (q4 blocks qs, sz), then each row's top `candidates` rescored exactly with
+// `rows` (V, C): the tied embedding's float32 rows, or int8 rows with bfloat16 `scales`.
+Tensor two_stage_head(const Tensor& input, const Tensor& qs, const Tensor& sz, const Tensor& rows,
+                      const c10::optional<Tensor>& scales, int64_t candidates) {
+  Tensor logits = q4_matmul(input, qs, sz, /*coarse=*/true);  // a ranking: 8-bit activations suffice
+  const Tensor x = input.contiguous();
+  const int64_t vocab = logits.size(1), width = x.size(1);
+  TORCH_CHECK(candidates >= 1 && candidates <= 256 && candidates <= vocab, "two_stage_head: 1 to 256 candidates");
+  TORCH_CHECK(rows.dim() == 2 && rows.size(0) == vocab && rows.size(1) == width && rows.is_contiguous(),
+              "two_stage_head: rescoring rows (V, C)");
+  const bool int8 = rows.scalar_type() == at::kChar;
+  TORCH_CHECK(int8 ? (scales.has_value() && scales->scalar_type() == at::kBFloat16 && scales->numel() == vocab)
+                   : rows.scalar_type() == at::kFloat,
+              "two_stage_head: float32 rows, or int8 rows with bfloat16 scales");
+#ifdef SKIPDECODE_X86
+  const float* float_rows = int8 ? nullptr : rows.data_ptr<float>();
+  const int8_t* int8_rows = int8 ? rows.data_ptr<int8_t>() : nullptr;
+  const auto* scale = int8 ? reinterpret_cast<const uint16_t*>(scales->data_ptr<at::BFloat16>()) : nullptr;
+  SD_KERNEL(rescore_candidates)(x.data_ptr<float>(), x.size(0), width, logits.data_ptr<float>(), vocab,
+                                static_cast<int>(candidates), float_rows, int8_rows, scale);
+#endif
+  return logits;
 }
 
 // (N, R) float rows times a LoRA's B^T held as int8 rows (O, W), each row's nonzero window of the
 // block-diagonal B (q/k/v and gate/up fuse their LoRAs: most of B is zeros) starting at column
-// start[o], one float scale a row: (N, O) float32. The float rows keep x A^T's precision (torch's
-// int8 kernel takes bfloat16, which AVX2 computes in software).
+// start[o], one float scale a row: (N, O) float32. The float rows keep x A^T's precision.
 Tensor lora_b_matmul(const Tensor& input, const Tensor& window, const Tensor& start, const Tensor& scale) {
+  check_q4();
   const Tensor x = input.contiguous();
-  const int64_t rows = x.size(0), rank = x.size(1), outputs = window.size(0), width = window.size(1);
-  TORCH_CHECK(width % 8 == 0 && start.size(0) == outputs && scale.size(0) == outputs, "lora_b_matmul: shapes");
-  Tensor y = at::empty({rows, outputs}, x.options());
+  const int64_t rows = x.size(0), outputs = window.size(0), width = window.size(1);
+  TORCH_CHECK(start.size(0) == outputs && scale.size(0) == outputs, "lora_b_matmul: shapes");
+  Tensor y = at::zeros({rows, outputs}, x.options());
+#ifdef SKIPDECODE_X86
   const float* xp = x.data_ptr<float>();
-  const int8_t* wp = window.data_ptr<int8_t>();
-  const int32_t* sp = start.data_ptr<int32_t>();
-  const float* cp = scale.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  at::parallel_for(0, outputs, 64, [&](int64_t begin, int64_t end) {
-    for (int64_t o = begin; o < end; ++o) {
-      const int8_t* weights = wp + o * width;
-      for (int64_t r = 0; r < rows; ++r) {
-        const float* xr = xp + r * rank + sp[o];
-        __m256 acc = _mm256_setzero_ps();
-        for (int64_t j = 0; j < width; j += 8) {
-          const __m128i eight = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(weights + j));
-          acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(eight)), _mm256_loadu_ps(xr + j), acc);
-        }
-        __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-        s = _mm_hadd_ps(s, s);
-        s = _mm_hadd_ps(s, s);
-        yp[r * outputs + o] = _mm_cvtss_f32(s) * cp[o];
-      }
-    }
+  const auto run = SD_KERNEL(lora_b_rows);
+  at::parallel_for(0, outputs, 64, [&](int64_t b, int64_t e) {
+    run(xp, x.size(1), rows, window.data_ptr<int8_t>(), width, start.data_ptr<int32_t>(), scale.data_ptr<float>(),
+        yp, outputs, b, e);
   });
+#endif
   return y;
 }
-#else
-Tensor lora_b_matmul(const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
-  TORCH_CHECK(false, "lora_b_matmul needs AVX2 and FMA (this build has neither)");
+
+// A LoRA's B (O, R) int8 (block-diagonal where q/k/v or gate/up fuse their LoRAs: most of it zeros)
+// as the kernels read it: each row's window of width W (a multiple of 16 covering its nonzero
+// columns) from column start[o], for lora_b_rows; and, where O % 16 == 0, tiles of 16 outputs, each
+// the columns [tile_start, + TW) covering its rows' nonzero entries (TW a multiple of 4), bytes
+// (TW / 4, 16, 4): columns 4i .. 4i + 3 of its outputs side by side, for lora_b_tiles (AVX-512 VNNI);
+// window_sum[o]: the row's sum. One pass here: at start-up the same through torch ops took seconds.
+std::vector<Tensor> lora_b_layout(const Tensor& weight) {
+  const Tensor b = weight.contiguous();
+  TORCH_CHECK(b.dim() == 2 && b.scalar_type() == at::kChar, "lora_b_layout: (O, R) int8");
+  const int64_t rows = b.size(0), rank = b.size(1);
+  const int8_t* bp = b.data_ptr<int8_t>();
+  std::vector<int64_t> first(rows, rank), last(rows, -1);
+  for (int64_t o = 0; o < rows; ++o) {
+    for (int64_t j = 0; j < rank; ++j) {
+      if (bp[o * rank + j] != 0) {
+        first[o] = std::min(first[o], j);
+        last[o] = j;
+      }
+    }
+  }
+  const auto width_of = [&](int64_t span, int64_t multiple) {
+    return std::min(rank, (std::max<int64_t>(span, 1) + multiple - 1) / multiple * multiple);
+  };
+  int64_t span = 1;
+  for (int64_t o = 0; o < rows; ++o) span = std::max(span, last[o] - first[o] + 1);
+  const int64_t width = width_of(span, 16);
+  Tensor window = at::empty({rows, width}, b.options()), start = at::empty({rows}, b.options().dtype(at::kInt));
+  Tensor sums = at::empty({rows}, b.options().dtype(at::kInt));
+  for (int64_t o = 0; o < rows; ++o) {
+    const int64_t at = std::min(std::min(first[o], rank - 1), rank - width);
+    start.data_ptr<int32_t>()[o] = static_cast<int32_t>(at);
+    std::memcpy(window.data_ptr<int8_t>() + o * width, bp + o * rank + at, width);
+    int32_t total = 0;
+    for (int64_t j = 0; j < rank; ++j) total += bp[o * rank + j];
+    sums.data_ptr<int32_t>()[o] = total;
+  }
+  Tensor tiles = at::empty({0}, b.options()), tile_start = at::empty({0}, b.options().dtype(at::kInt));
+  if (rows % 16 == 0 && rank % 4 == 0) {
+    const int64_t count = rows / 16;
+    std::vector<int64_t> tile_first(count, rank), tile_last(count, -1);
+    int64_t tile_span = 1;
+    for (int64_t t = 0; t < count; ++t) {
+      for (int64_t k = 0; k < 16; ++k) {
+        tile_first[t] = std::min(tile_first[t], first[t * 16 + k]);
+        tile_last[t] = std::max(tile_last[t], last[t * 16 + k]);
+      }
+      tile_span = std::max(tile_span, tile_last[t] - tile_first[t] + 1);
+    }
+    const int64_t tile_width = width_of(tile_span, 4);
+    tiles = at::empty({count, tile_width / 4, 16, 4}, b.options());
+    tile_start = at::empty({count}, b.options().dtype(at::kInt));
+    int8_t* tp = tiles.data_ptr<int8_t>();
+    for (int64_t t = 0; t < count; ++t) {
+      const int64_t at = std::min(std::min(tile_first[t], rank - 1), rank - tile_width);
+      tile_start.data_ptr<int32_t>()[t] = static_cast<int32_t>(at);
+      for (int64_t i = 0; i < tile_width / 4; ++i) {
+        for (int64_t k = 0; k < 16; ++k) {
+          std::memcpy(tp + ((t * (tile_width / 4) + i) * 16 + k) * 4, bp + (t * 16 + k) * rank + at + 4 * i, 4);
+        }
+      }
+    }
+  }
+  return {window, start, tiles, tile_start, sums};
 }
-Tensor q4_matmul(const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
-  TORCH_CHECK(false, "q4_matmul needs AVX2 and FMA (this build has neither)");
-}
-#endif
 
 // torch's packed int4 weights (N, K/2) -> the Q4_1 bytes q4_matmul reads (N, K/2): element (n, k)
 // of each block of `period` rows sits in packed nibble nibble_of[(n % period) * K + k] of its block
@@ -210,30 +280,23 @@ Tensor q4_from_packed(const Tensor& packed, const Tensor& nibble_of, int64_t per
   return out;
 }
 
-bool has_q4_matmul() {
-#ifdef SKIPDECODE_Q4
-  return true;
-#else
-  return false;
-#endif
-}
-
 // One low-bit projection of (B, in) float rows, exactly as model/lowbit/quantization.py computes it.
 struct Projection {
   // 0: int4; 1: int4 with a LoRA (A stacked under the base rows, B in int8); 2: int8;
-  // 3: Q4_1 blocks through q4_matmul; 4: those with a LoRA (A's blocks stacked, B in int8)
+  // 3: Q4 blocks through q4_matmul; 4: those with a LoRA (A's blocks stacked, B in int8)
   int64_t kind;
-  // 0: packed, scales_and_zeros; 1: + B int8, B scales; 2: int8 rows, scales; 3: qs, d, m;
-  // 4: + B's nonzero windows (int8), their start columns, float scales (lora_b_matmul)
+  // 0: packed, scales_and_zeros; 1: + B int8, B scales; 2: int8 rows, scales; 3: qs, sz;
+  // 4: + B's nonzero windows (int8), their start columns, float scales (lora_b_matmul), and the
+  // windows as tiles of 16 outputs, each tile's start column, each window's sum (empty: no tiles)
   std::vector<Tensor> tensors;
   int64_t out;  // output features (1, 4: the base's; the stacked rows add the rank)
 
   Tensor operator()(const Tensor& x) const {
     if (kind >= 3) {
-      const Tensor both = q4_matmul(x, tensors[0], tensors[1], tensors[2]);  // float32 (N, out [+ r])
+      const Tensor both = q4_matmul(x, tensors[0], tensors[1]);  // float32 (N, out [+ r])
       if (kind == 3) return both;
-      return both.narrow(1, 0, out).add(lora_b_matmul(both.narrow(1, out, both.size(1) - out), tensors[3],
-                                                      tensors[4], tensors[5]));
+      return both.narrow(1, 0, out).add(lora_b_matmul(both.narrow(1, out, both.size(1) - out), tensors[2],
+                                                      tensors[3], tensors[4]));
     }
     const Tensor rows = x.to(at::kBFloat16);
     if (kind == 2) {
@@ -249,55 +312,83 @@ struct Projection {
   }
 };
 
-// RMSNorm of (B, C) float32 rows, x * rsqrt(mean(x^2) + eps) * weight, as one loop: torch's own
-// rms_norm costs ~28 us a call on an AVX2-only CPU at one thread for a 576-wide row, two calls a
-// layer. Used with the q4 projections only (their steps are close to, not bit for bit, the Python
-// step's anyway); the torch-kernel layouts keep at::rms_norm and stay bit for bit.
-Tensor rms_norm_rows(const Tensor& x, const Tensor& weight, double eps) {
-  const Tensor rows = x.contiguous();
-  const int64_t count = rows.size(0), width = rows.size(1);
-  Tensor out = at::empty_like(rows);
-  const float* xp = rows.data_ptr<float>();
-  const float* wp = weight.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  for (int64_t r = 0; r < count; ++r) {
-    const float* v = xp + r * width;
-    float squares = 0.f;
-    for (int64_t j = 0; j < width; ++j) squares += v[j] * v[j];
-    const float scale = 1.f / std::sqrt(squares / static_cast<float>(width) + static_cast<float>(eps));
-    for (int64_t j = 0; j < width; ++j) op[r * width + j] = v[j] * scale * wp[j];
+#ifdef SKIPDECODE_X86
+// A q4 projection as the fused layer reads it (the tensors stay alive in the layer's Projection).
+template <class View>
+View q4_view(const Projection& p) {
+  View view;
+  const Tensor& qs = p.tensors[0];
+  view.w = {qs.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(p.tensors[1].data_ptr<at::BFloat16>()),
+            qs.size(0), qs.size(1) / 16};
+  view.out = p.out;
+  if (p.kind == 4) {
+    view.window = p.tensors[2].data_ptr<int8_t>();
+    view.window_width = p.tensors[2].size(1);
+    view.start = p.tensors[3].data_ptr<int32_t>();
+    view.scale = p.tensors[4].data_ptr<float>();
+    if (p.tensors[5].numel() > 0) {  // the windows in tiles of 16 outputs (model/lowbit/native_kernels.py)
+      view.tiles = p.tensors[5].data_ptr<int8_t>();
+      view.tile_width = p.tensors[5].size(1) * 4;
+      view.tile_start = p.tensors[6].data_ptr<int32_t>();
+      view.window_sum = p.tensors[7].data_ptr<int32_t>();
+    }
   }
-  return out;
+  return view;
 }
+
+template <class LayerView, class ProjectionView>
+LayerView layer_view(const std::vector<Projection>& p, const Tensor& input_norm, double input_eps,
+                     const Tensor& post_norm, double post_eps, double scaling, int64_t heads, int64_t kv_heads,
+                     int64_t head_dim) {
+  LayerView view;
+  view.input_norm = input_norm.data_ptr<float>();
+  view.post_norm = post_norm.data_ptr<float>();
+  view.input_eps = static_cast<float>(input_eps);
+  view.post_eps = static_cast<float>(post_eps);
+  view.scaling = static_cast<float>(scaling);
+  view.qkv = q4_view<ProjectionView>(p[0]);
+  view.o = q4_view<ProjectionView>(p[1]);
+  view.gate_up = q4_view<ProjectionView>(p[2]);
+  view.down = q4_view<ProjectionView>(p[3]);
+  view.heads = heads;
+  view.kv_heads = kv_heads;
+  view.head_dim = head_dim;
+  view.hidden = input_norm.size(0);
+  view.intermediate = p[2].out / 2;
+  return view;
+}
+#endif
 
 class DecodeLayer {
  public:
   DecodeLayer(Tensor input_norm, double input_eps, Tensor post_norm, double post_eps,
               std::vector<std::tuple<int64_t, std::vector<Tensor>, int64_t>> projections,
               double scaling, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim)
-      : input_norm_(std::move(input_norm)), post_norm_(std::move(post_norm)),
+      : input_norm_(input_norm.contiguous()), post_norm_(post_norm.contiguous()),
         input_eps_(input_eps), post_eps_(post_eps), scaling_(scaling),
         num_heads_(num_heads), num_kv_heads_(num_kv_heads), head_dim_(head_dim) {
     TORCH_CHECK(projections.size() == 4, "DecodeLayer needs q/k/v, o, gate/up and down");
     for (auto& [kind, tensors, out] : projections) {
-      static const size_t counts[] = {2, 4, 2, 3, 6};
+      static const size_t counts[] = {2, 4, 2, 2, 8};
       TORCH_CHECK(kind >= 0 && kind <= 4, "unknown projection kind ", kind);
       TORCH_CHECK(tensors.size() == counts[kind], "projection kind ", kind, ": wrong tensor count");
-      exact_ops_ = exact_ops_ && kind < 3;
+      fused_ = fused_ && kind >= 3;
       projections_.push_back(Projection{kind, std::move(tensors), out});
     }
+    fused_ = fused_ && head_dim <= 512 && num_heads % num_kv_heads == 0 &&
+             input_norm_.scalar_type() == at::kFloat && post_norm_.scalar_type() == at::kFloat;
   }
 
-  Tensor norm(const Tensor& x, const Tensor& weight, double eps) const {
-    return exact_ops_ ? at::rms_norm(x, {x.size(1)}, weight, eps) : rms_norm_rows(x, weight, eps);
-  }
+  // True where every op of the step runs in decode_kernels.h (`decode`); else `__call__`.
+  bool fused() const { return fused_; }
 
   // flat: (B, C) float rows of one new position each; keys/values: the layer's (B, Hkv, capacity,
   // D) cache buffers, written at `start`; rotation: (B, 1, D, D) (architectures.py, step_rotation).
+  // torch's ops in the Python step's order: bit for bit that step with torch's kernels.
   Tensor operator()(const Tensor& flat, const Tensor& rotation, const Tensor& keys, const Tensor& values,
                     int64_t start, const c10::optional<Tensor>& mask) const {
     const int64_t batch = flat.size(0);
-    const Tensor heads = projections_[0](norm(flat, input_norm_, input_eps_))
+    const Tensor heads = projections_[0](at::rms_norm(flat, {flat.size(1)}, input_norm_, input_eps_))
                              .view({batch, -1, 1, head_dim_});  // (B, Hq + 2 Hkv, 1, D)
     const int64_t rotating = num_heads_ + num_kv_heads_;
     const Tensor rotated = at::matmul(heads.narrow(1, 0, rotating), rotation);
@@ -307,17 +398,96 @@ class DecodeLayer {
         rotated.narrow(1, 0, num_heads_), keys.narrow(2, 0, start + 1), values.narrow(2, 0, start + 1), mask,
         /*dropout_p=*/0.0, /*is_causal=*/false, scaling_, /*enable_gqa=*/num_kv_heads_ != num_heads_);
     const Tensor hidden = flat + projections_[1](attended.reshape({batch, -1}));
-    const auto gate_up = projections_[2](norm(hidden, post_norm_, post_eps_)).chunk(2, -1);
+    const auto gate_up = projections_[2](at::rms_norm(hidden, {hidden.size(1)}, post_norm_, post_eps_)).chunk(2, -1);
     return hidden + projections_[3](at::silu(gate_up[0]) * gate_up[1]);
   }
 
+  // The same step with every op in decode_kernels.h (q4 projections only): norms, the q4 matmuls
+  // and the LoRA's B, rotary from the step's (B, 1, D) cos and sin, the cache writes, attention over
+  // the layer's cached prefix, SiLU gate and residuals. Which earlier keys a row attends to: `mask`
+  // (B, 1, 1, start + 1) bool as the Python step takes it, or `key_valid` (B, capacity) bool (the
+  // decoder's, model/skipdecode/decoder.py), or neither: all.
+  Tensor decode(const Tensor& flat, const Tensor& cos, const Tensor& sin, const Tensor& keys, const Tensor& values,
+                int64_t start, const c10::optional<Tensor>& mask, const c10::optional<Tensor>& key_valid = c10::nullopt) const {
+    TORCH_CHECK(fused_, "DecodeLayer.decode: not every projection is a q4 one");
+    check_q4();
+    const int64_t batch = flat.size(0);
+    const Tensor x = flat.contiguous(), c = cos.contiguous(), s = sin.contiguous();
+    TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.size(1) == input_norm_.size(0) &&
+                    c.numel() == batch * head_dim_ && s.numel() == batch * head_dim_ && keys.is_contiguous() &&
+                    values.is_contiguous() && keys.scalar_type() == at::kFloat && values.sizes() == keys.sizes() &&
+                    keys.size(0) == batch && keys.size(1) == num_kv_heads_ && keys.size(3) == head_dim_ &&
+                    start < keys.size(2),
+                "DecodeLayer.decode: rows, rotary or cache of the wrong shape");
+    Tensor allowed;
+    int64_t allowed_stride = 0;
+    if (mask.has_value() && mask->defined()) {
+      allowed = mask->to(at::kBool).contiguous();
+      allowed_stride = start + 1;
+      TORCH_CHECK(allowed.numel() == batch * allowed_stride, "DecodeLayer.decode: the mask must cover start + 1 keys");
+    } else if (key_valid.has_value() && key_valid->defined()) {
+      allowed = key_valid->to(at::kBool).contiguous();
+      allowed_stride = allowed.size(-1);
+      TORCH_CHECK(allowed.numel() == batch * allowed_stride && allowed_stride > start,
+                  "DecodeLayer.decode: key_valid must be (B, capacity)");
+    }
+    Tensor out = at::empty_like(x);
+#ifdef SKIPDECODE_X86
+    const auto run = [&](auto tag) {
+      using Tag = decltype(tag);
+      const auto layer = layer_view<typename Tag::Layer, typename Tag::Projection>(
+          projections_, input_norm_, input_eps_, post_norm_, post_eps_, scaling_, num_heads_, num_kv_heads_, head_dim_);
+      const typename Tag::Step step{x.data_ptr<float>(), batch, c.data_ptr<float>(), s.data_ptr<float>(),
+                                    keys.data_ptr<float>(), values.data_ptr<float>(), keys.size(2), start,
+                                    allowed.defined() ? allowed.data_ptr<bool>() : nullptr, allowed_stride,
+                                    out.data_ptr<float>()};
+      Tag::run(layer, step, scratch_floats(Tag::scratch(layer, batch, start + 1)));
+    };
+    if (active_isa == Isa::avx512) {
+      run(Avx512Tag());
+    } else {
+      run(Avx2Tag());
+    }
+#endif
+    return out;
+  }
+
  private:
+#ifdef SKIPDECODE_X86
+  struct Avx2Tag {
+    using Layer = avx2::LayerView;
+    using Projection = avx2::ProjectionView;
+    using Step = avx2::StepView;
+    static int64_t scratch(const Layer& l, int64_t rows, int64_t length) { return avx2::layer_scratch_floats(l, rows, length); }
+    static void run(const Layer& l, const Step& s, float* scratch) { avx2::decode_layer(l, s, scratch); }
+  };
+  struct Avx512Tag {
+    using Layer = avx512::LayerView;
+    using Projection = avx512::ProjectionView;
+    using Step = avx512::StepView;
+    static int64_t scratch(const Layer& l, int64_t rows, int64_t length) { return avx512::layer_scratch_floats(l, rows, length); }
+    static void run(const Layer& l, const Step& s, float* scratch) { avx512::decode_layer(l, s, scratch); }
+  };
+#endif
   Tensor input_norm_, post_norm_;
   double input_eps_, post_eps_, scaling_;
   int64_t num_heads_, num_kv_heads_, head_dim_;
   std::vector<Projection> projections_;
-  bool exact_ops_ = true;  // every projection on torch's kernels: at::rms_norm, bit for bit the Python step
+  bool fused_ = true;
 };
+
+// A decode step's run of consecutive fused layers in one call (no interpreter between them): layer
+// i reads and writes its cache buffers keys[i], values[i] at starts[i]; key_valid (B, capacity) as
+// in DecodeLayer.decode.
+Tensor decode_layers(const std::vector<const DecodeLayer*>& layers, const Tensor& hidden, const Tensor& cos,
+                     const Tensor& sin, const std::vector<Tensor>& keys, const std::vector<Tensor>& values,
+                     const std::vector<int64_t>& starts, const c10::optional<Tensor>& key_valid) {
+  TORCH_CHECK(keys.size() == layers.size() && values.size() == layers.size() && starts.size() == layers.size(),
+              "decode_layers: one cache slot per layer");
+  Tensor h = hidden;
+  for (size_t i = 0; i < layers.size(); ++i) h = layers[i]->decode(h, cos, sin, keys[i], values[i], starts[i], c10::nullopt, key_valid);
+  return h;
+}
 
 }  // namespace
 
@@ -326,13 +496,25 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   // ours alone, so other request threads (and the server's own) run meanwhile, as they do between
   // the Python step's torch calls.
   using release = pybind11::call_guard<pybind11::gil_scoped_release>;
-  module.def("q4_matmul", &q4_matmul, release(), "(N, K) float32 rows times Q4_1 blocks (qs, d, m): (N, O) float32");
+  module.def("q4_matmul", &q4_matmul, release(), "(N, K) float32 rows times Q4 blocks (qs, sz): (N, O) float32",
+             pybind11::arg("input"), pybind11::arg("qs"), pybind11::arg("sz"), pybind11::arg("coarse") = false);
   module.def("lora_b_matmul", &lora_b_matmul, release(), "(N, R) float32 times int8 windows of B^T: (N, O) float32");
+  module.def("two_stage_head", &two_stage_head, release(),
+             "(N, C) float32: the 4-bit scan's logits, each row's top candidates rescored exactly: (N, V) float32");
   module.def("has_q4_matmul", &has_q4_matmul);
+  module.def("lora_b_layout", &lora_b_layout, release(), "a LoRA's int8 B as windows and tiles (the kernels' layouts)");
+  module.def("q4_isa", &q4_isa, "the instruction set the q4 kernels run on: avx512-vnni, avx2, or '' (none)");
+  module.def("q4_isas", &q4_isas, "the instruction sets this CPU can run the q4 kernels on, best first");
+  module.def("set_q4_isa", &set_q4_isa, "force avx512-vnni or avx2 (or auto); False where the CPU lacks it");
   module.def("q4_from_packed", &q4_from_packed, release(), "torch's packed int4 rows as Q4_1 bytes (learned layout)");
   pybind11::class_<DecodeLayer>(module, "DecodeLayer")
       .def(pybind11::init<Tensor, double, Tensor, double,
                           std::vector<std::tuple<int64_t, std::vector<Tensor>, int64_t>>,
                           double, int64_t, int64_t, int64_t>())
-      .def("__call__", &DecodeLayer::operator(), release());
+      .def_property_readonly("fused", &DecodeLayer::fused)
+      .def("__call__", &DecodeLayer::operator(), release())
+      .def("decode", &DecodeLayer::decode, release(), pybind11::arg("flat"), pybind11::arg("cos"), pybind11::arg("sin"),
+           pybind11::arg("keys"), pybind11::arg("values"), pybind11::arg("start"), pybind11::arg("mask"),
+           pybind11::arg("key_valid") = pybind11::none());
+  module.def("decode_layers", &decode_layers, release(), "consecutive fused layers of one decode step in one call");
 }

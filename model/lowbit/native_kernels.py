@@ -22,7 +22,6 @@ import functools
 import hashlib
 import math
 import os
-import platform
 import shutil
 import sys
 import threading
@@ -37,6 +36,7 @@ from model.common.paths import cache_root
 from model.common.progress import say
 
 SOURCE = Path(__file__).with_name("lean_step.cpp")
+HEADERS = (Path(__file__).with_name("decode_kernels.h"),)  # included by SOURCE: copied and keyed with it
 _build_lock = threading.Lock()
 
 
@@ -56,53 +56,67 @@ def native_module() -> ModuleType | None:
     if shutil.which(os.environ.get("CXX", "c++")) is None or shutil.which("ninja") is None:
         say("no C++ compiler or ninja here: decode steps run the Python path (a few % slower on a CPU)")
         return None
-    source = SOURCE.read_bytes()
+    sources = [SOURCE.read_bytes()] + [header.read_bytes() for header in HEADERS]
     # -fopenmp: at::parallel_for is inline (header) code, serial unless the extension itself is built
-    # with OpenMP; -mavx2 -mfma: the q4 kernel's instructions, where the CPU has them.
-    flags = ["-O3", "-fopenmp"] + (["-mavx2", "-mfma"] if _has_avx2() else [])
-    # Keyed by the source's content, torch (its version and install: a build links against the
+    # with OpenMP. No instruction-set flags: the kernels are compiled once per instruction set
+    # (GCC target regions in lean_step.cpp) and chosen at run time from the CPU, so one build runs
+    # the AVX-512 kernels where the CPU has them and the AVX2 ones elsewhere.
+    flags = ["-O3", "-fopenmp"]
+    # Keyed by the sources' content, torch (its version and install: a build links against the
     # torch it was built with; another virtual environment builds its own) and the flags. The build
-    # reads a copy of the source inside its folder: a second checkout of the same code (another
+    # reads a copy of the sources inside its folder: a second checkout of the same code (another
     # path) finds the build current instead of rebuilding it.
     identity = [torch.__version__, str(Path(torch.__file__).resolve().parent), " ".join(flags)]
-    key = hashlib.sha256(source + "\n".join(identity).encode()).hexdigest()[:16]
+    key = hashlib.sha256(b"\n".join(sources) + "\n".join(identity).encode()).hexdigest()[:16]
     folder = cache_root() / "native" / f"lean-step-{key}"
     with _build_lock:
         try:
             from torch.utils.cpp_extension import load  # noqa: PLC0415 (imports setuptools: only when used)
 
             folder.mkdir(parents=True, exist_ok=True)
-            copy = folder / SOURCE.name
-            if not copy.is_file() or copy.read_bytes() != source:
-                copy.write_bytes(source)
+            for path, content in zip((SOURCE, *HEADERS), sources):
+                copy = folder / path.name
+                if not copy.is_file() or copy.read_bytes() != content:
+                    copy.write_bytes(content)
             if not any(folder.glob("*.so")):
                 say("one-time preparation: compiling the native decode step (C++, about a minute); "
                     f"cached in {folder.parent}")
-            return load(name=f"skipdecode_lean_step_{key}", sources=[str(copy)], build_directory=str(folder),
-                        extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
+            module = load(name=f"skipdecode_lean_step_{key}", sources=[str(folder / SOURCE.name)],
+                          build_directory=str(folder), extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
         except Exception as error:  # noqa: BLE001 (any build failure: the Python path still works)
             say(f"the native decode step could not be built ({type(error).__name__}: {str(error)[:200]}); "
                 "decode steps run the Python path")
             return None
+    _force_isa(module)
+    return module
 
 
-@functools.cache
-def _has_avx2() -> bool:
-    return platform.machine().lower() in ("x86_64", "amd64") and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+def _force_isa(module: ModuleType) -> None:
+    """``SKIPDECODE_Q4_ISA=avx2`` (or ``avx512-vnni``) runs the q4 kernels on that instruction set
+    instead of the CPU's best (comparisons; a CPU without it keeps its own, and the log says so)."""
+    wanted = os.environ.get("SKIPDECODE_Q4_ISA", "").strip().lower()
+    if wanted and not module.set_q4_isa(wanted):
+        say(f"SKIPDECODE_Q4_ISA={wanted}: not on this CPU (it has {', '.join(module.q4_isas()) or 'none'}); "
+            f"the q4 kernels run on {module.q4_isa() or 'nothing'}")
+
+
+def q4_isa() -> str | None:
+    """The instruction set the q4 kernels run on here ("avx512-vnni", "avx2"), or None where there
+    are none (no build, not x86-64, no AVX2)."""
+    module = native_module()
+    return (module.q4_isa() or None) if module is not None else None
 
 
 def q4_kernel_selected() -> bool:
-    """True where decode steps multiply int4 weights with lean_step.cpp's ``q4_matmul`` instead of
-    torch's int4 kernel: by default on CPUs whose best instruction set torch reports as AVX2 (torch's
-    kernel computes in bfloat16, which such a CPU lacks in hardware; docs/RESULTS.md, "Speed"), and wherever
-    ``SKIPDECODE_INT4_KERNEL=native``; ``=torch`` keeps torch's kernel everywhere."""
-    choice = os.environ.get("SKIPDECODE_INT4_KERNEL", "auto").strip().lower()
-    if choice == "torch" or not _has_avx2():
+    """True where decode steps multiply int4 weights with lean_step.cpp's q4 kernels (and the whole
+    layer runs in C++) instead of torch's int4 kernel: wherever they exist (x86-64 with AVX2: the
+    AVX-512 VNNI kernel where the CPU has it), unless ``SKIPDECODE_INT4_KERNEL=torch``. Why by
+    default: their int16 activations are ~40x closer to float than torch's bfloat16 ones (agreement
+    with float 0.9941 against 0.9890, docs/RESULTS.md), and they are the faster path on both kinds of
+    CPU measured (AVX2 only: torch computes bfloat16 in software; AVX-512: docs/RESULTS.md, "Speed")."""
+    if os.environ.get("SKIPDECODE_INT4_KERNEL", "auto").strip().lower() == "torch":
         return False
-    module = native_module()
-    if module is None or not module.has_q4_matmul():
-        return False
-    return choice == "native" or torch.backends.cpu.get_cpu_capability() == "AVX2"
+    return q4_isa() is not None
 
 
 # --- Q4_1 blocks back out of torch's packed int4 layout -------------------------------------------
@@ -154,16 +168,16 @@ def q4_bytes(packed: torch.Tensor, rows: int, cols: int) -> torch.Tensor | None:
 
 
 class Q4Blocks:
-    """An int4 module's weights as lean_step.cpp's q4_matmul reads them: ``qs`` (O, K/2) uint8, a
-    block's 16 bytes holding q[j] (low nibble) and q[j + 16] (high); ``d``, ``m`` (O, K/32) float32,
-    w = d q + m — the same values torch's kernel multiplies ((q - 8) scale + zero, scale and zero
-    in bfloat16). A second copy of the 4-bit weights (the Python path and prefill keep torch's)."""
+    """An int4 module's weights as lean_step.cpp's q4 kernels read them: ``qs`` (O, K/2) uint8, a
+    block's 16 bytes holding q[j] (low nibble) and q[j + 16] (high); ``sz`` (O, K/32, 2) bfloat16,
+    each block's (scale, zero): w = (q - 8) scale + zero — the values torch's kernel multiplies. A
+    second copy of the 4-bit weights (the Python path and prefill keep torch's)."""
 
     _known: "weakref.WeakKeyDictionary[nn.Module, tuple[tuple[torch.Tensor, ...], Q4Blocks | None]]" = (
         weakref.WeakKeyDictionary())
 
-    def __init__(self, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> None:
-        self.qs, self.d, self.m = qs, d, m
+    def __init__(self, qs: torch.Tensor, sz: torch.Tensor) -> None:
+        self.qs, self.sz = qs, sz
 
     @classmethod
     def of(cls, module: nn.Module) -> "Q4Blocks | None":
@@ -181,48 +195,55 @@ class Q4Blocks:
     @classmethod
     def stacked(cls, parts: list[nn.Module]) -> "Q4Blocks | None":
         """The blocks of modules whose rows are stacked in one kernel call (a LoRA's A under its
-        base): the parts' blocks concatenated, so the base is converted once for both models."""
+        base): the parts' blocks concatenated, each part's own blocks then row slices of them (the
+        base, which the original model's layers multiply too, held once)."""
         blocks = [cls.of(part) for part in parts]
         if any(b is None for b in blocks):
             return None
-        return cls(*(torch.cat([getattr(b, name) for b in blocks]) for name in ("qs", "d", "m")))
+        joined = cls(torch.cat([b.qs for b in blocks]), torch.cat([b.sz for b in blocks]))
+        start = 0
+        for part, own in zip(parts, blocks):
+            end = start + own.qs.shape[0]
+            cls._known[part] = (cls._known[part][0], cls(joined.qs[start:end], joined.sz[start:end]))
+            start = end
+        return joined
 
     @classmethod
     def _from_packed(cls, packed: torch.Tensor, scales_and_zeros: torch.Tensor, rows: int, cols: int) -> "Q4Blocks | None":
         qs = q4_bytes(packed, rows, cols)
         if qs is None:
             return None
-        scale = scales_and_zeros[..., 0].t().float().contiguous()  # (O, K/32)
-        return cls(qs, scale, (scales_and_zeros[..., 1].t().float() - 8.0 * scale).contiguous())
+        return cls(qs, scales_and_zeros.to(torch.bfloat16).transpose(0, 1).contiguous())  # (K/32, O, 2) -> (O, K/32, 2)
 
     def tensors(self) -> list[torch.Tensor]:
-        return [self.qs, self.d, self.m]
+        return [self.qs, self.sz]
 
-    def __call__(self, rows: torch.Tensor) -> torch.Tensor:
-        """(N, K) float32 rows -> (N, O) float32."""
-        return native_module().q4_matmul(rows, self.qs, self.d, self.m)
+    def __call__(self, rows: torch.Tensor, coarse: bool = False) -> torch.Tensor:
+        """(N, K) float32 rows -> (N, O) float32 (``coarse``: activations at 8 bits, a ranking)."""
+        return native_module().q4_matmul(rows, self.qs, self.sz, coarse)
+
+    def two_stage(self, rows: torch.Tensor, exact: torch.Tensor, scales: torch.Tensor | None,
+                  candidates: int) -> torch.Tensor:
+        """(N, K) float32 rows -> (N, O) float32: these blocks' logits, each row's top ``candidates``
+        rescored with ``exact`` (O, K) float32 rows, or int8 rows times bfloat16 ``scales``
+        (quantization.py, TwoStageHead), in one call."""
+        return native_module().two_stage_head(rows, self.qs, self.sz, exact, scales, candidates)
 
 
 def _same_values(old: tuple[torch.Tensor, ...], new: tuple[torch.Tensor, ...]) -> bool:
     return all(a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(old, new))
 
 
-def lora_b_windows(weight_int8: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A LoRA's B (O, R) int8 rows as lean_step.cpp's lora_b_matmul reads them: each row's window
-    of width W (its nonzero columns, a multiple of 8) starting at column ``start``, and float scales.
-    q/k/v's and gate/up's B are block-diagonal (one LoRA per fused projection), so the windows hold
-    a third to a half of B's bytes."""
-    rows, rank = weight_int8.shape
-    nonzero = weight_int8 != 0
-    columns = torch.arange(rank)
-    first = torch.where(nonzero, columns, rank).amin(dim=1).clamp(max=rank - 1)
-    last = torch.where(nonzero, columns, -1).amax(dim=1).clamp(min=0)
-    width = min(rank, -(-int((last - first + 1).clamp(min=1).max()) // 8) * 8)
-    start = first.clamp(max=rank - width)
-    window = weight_int8.gather(1, start[:, None] + torch.arange(width)[None])
-    if not torch.equal(window.abs().sum(dim=1, dtype=torch.int64), weight_int8.abs().sum(dim=1, dtype=torch.int64)):
-        raise RuntimeError("lora_b_windows: a row's nonzero entries span more than its window")  # not block-diagonal
-    return window.contiguous(), start.to(torch.int32).contiguous(), scales.float().contiguous()
+def lora_b_layout(weight_int8: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """A LoRA's B (O, R) int8 rows (per-row ``scales``) as lean_step.cpp's kernels read it: (window, start,
+    scale, tiles, tile_start, window_sum). ``window`` (O, W): each row's nonzero columns from column
+    ``start`` (W a multiple of 16; q/k/v's and gate/up's B are block-diagonal, one LoRA per fused
+    projection, so the windows hold a third to a half of B's bytes), for the per-output kernel; ``tiles``
+    (O/16, TW/4, 16, 4): 16 outputs sharing one start column, columns 4i .. 4i + 3 of their rows side
+    by side, what one VNNI instruction multiplies (AVX-512; empty where O is not a multiple of 16),
+    with each tile's start and each row's sum."""
+    window, start, tiles, tile_start, window_sum = native_module().lora_b_layout(weight_int8)
+    return window, start, scales.float().contiguous(), tiles, tile_start, window_sum
 
 
 def q4_scan(module: nn.Module) -> Q4Blocks | None:

@@ -13,8 +13,15 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from model.lowbit.native_kernels import Q4Blocks, lora_b_windows, native_module, q4_kernel_selected, q4_scan
+from model.lowbit.native_kernels import (
+    Q4Blocks,
+    lora_b_layout,
+    native_module,
+    q4_kernel_selected,
+    q4_scan,
+)
 from model.lowbit.quantization import Int4LoraLinear, Int4WeightLinear, Int8WeightLinear
+from model.skipdecode.architectures import step_rotation
 
 if TYPE_CHECKING:  # pragma: no cover
     from model.skipdecode.architectures import LayerInputs, LeanLlamaLayer, PrefixKVCache
@@ -27,10 +34,10 @@ _windows: "weakref.WeakKeyDictionary[nn.Module, tuple[torch.Tensor, tuple[torch.
 
 
 def _lora_b_windows_of(b: nn.Module) -> tuple[torch.Tensor, ...]:
-    """lora_b_windows of an int8 B module, kept while its rows stay the same tensor."""
+    """lora_b_layout of an int8 B module (windows and tiles), kept while its rows stay the same tensor."""
     known = _windows.get(b)
     if known is None or known[0] is not b.weight_int8:
-        known = _windows[b] = (b.weight_int8, lora_b_windows(b.weight_int8, b.scales))
+        known = _windows[b] = (b.weight_int8, lora_b_layout(b.weight_int8, b.scales))
     return known[1]
 
 
@@ -62,7 +69,11 @@ def projection_spec(module: nn.Module) -> tuple[int, list[torch.Tensor], int] | 
 
 class NativeDecode:
     """One lean layer's decode step through lean_step.cpp: float32 rows on the CPU only (anything
-    else goes back to the Python step).
+    else goes back to the Python step). Where every projection is a q4 one (``q4_kernel_selected``)
+    the whole layer is one call of the project's own kernels (``fused``: norms, q4 matmuls, rotary,
+    the cache writes, attention over the cached prefix, SiLU gate, residuals:
+    model/lowbit/decode_kernels.h); otherwise it makes torch's ATen calls in the Python step's
+    order (bit for bit that step).
 
     The C++ step holds the tensors it was built with; like the projections' own decode calls
     (quantization.py, ``kernel_decode_call``) it must follow a weight re-pointed later (the skip
@@ -96,6 +107,7 @@ class NativeDecode:
         first, second = self._norms
         self._step = self._module.DecodeLayer(first.weight, float(first.variance_epsilon), second.weight,
                                               float(second.variance_epsilon), specs, *self._shape)
+        self.fused = bool(self._step.fused)
         # (the dict a module keeps the tensor in, its name there, the tensor built with)
         self._watched = [(n._parameters, "weight", n.weight) for n in self._norms]
         for projection in self._projections:
@@ -106,13 +118,42 @@ class NativeDecode:
         """True where this step applies: float32 rows on the CPU."""
         return hidden.dtype == torch.float32 and hidden.device.type == "cpu"
 
-    def __call__(self, hidden: torch.Tensor, inputs: "LayerInputs", cache: "PrefixKVCache",
-                 rotation: torch.Tensor) -> torch.Tensor:
+    def refresh(self) -> None:
+        """Rebuild the C++ step where a module's tensor was re-pointed since it was built."""
         for holder, name, tensor in self._watched:
             if holder[name] is not tensor:
                 self._build()
-                break
+                return
+
+    def __call__(self, hidden: torch.Tensor, inputs: "LayerInputs", cache: "PrefixKVCache") -> torch.Tensor:
+        self.refresh()
         batch = hidden.shape[0]
         keys, values, start = cache.next_slot(self.layer_idx, batch, self.num_kv_heads, self.head_dim, hidden)
-        out = self._step(hidden.view(batch, -1), rotation, keys, values, start, inputs.mask)
+        if self.fused:
+            cos, sin = inputs.extra["position_embeddings"]  # (B, 1, D) each
+            out = self._step.decode(hidden.view(batch, -1), cos, sin, keys, values, start, inputs.mask)
+        else:
+            out = self._step(hidden.view(batch, -1), step_rotation(inputs), keys, values, start, inputs.mask)
         return out.view(batch, 1, -1)
+
+
+def run_native_layers(leans: list["LeanLlamaLayer"], hidden: torch.Tensor, extra: dict, cache: "PrefixKVCache",
+                      key_valid: torch.Tensor | None) -> torch.Tensor | None:
+    """A decode step's run of consecutive lean layers as ONE native call (``decode_layers``: no
+    interpreter between the layers; at one thread the Python around each layer's call was ~20 us,
+    a tenth of a layer), or None where any of them is not a fused native step (the caller then runs
+    them one by one). ``key_valid``: the decoder's (B, capacity) bool, None where nothing is padded."""
+    natives = [lean.native for lean in leans]
+    if not natives or any(native is None for native in natives) or not natives[0].runs(hidden):
+        return None
+    for native in natives:
+        native.refresh()
+        if not native.fused:
+            return None
+    batch = hidden.shape[0]
+    slots = [cache.next_slot(n.layer_idx, batch, n.num_kv_heads, n.head_dim, hidden) for n in natives]
+    cos, sin = extra["position_embeddings"]  # (B, 1, D) each
+    out = natives[0]._module.decode_layers([n._step for n in natives], hidden.view(batch, -1), cos, sin,
+                                           [slot[0] for slot in slots], [slot[1] for slot in slots],
+                                           [slot[2] for slot in slots], key_valid)
+    return out.view(batch, 1, -1)

@@ -615,6 +615,13 @@ class TwoStageHead(nn.Module):
     bias = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32 and x.device.type == "cpu":
+            blocks = q4_scan(self.scan)
+            if blocks is not None:  # the scan, the top candidates and their rescoring in one native call
+                exact, scales = (self._tied[0], None) if self._tied is not None else (self.exact_int8, self.exact_scales)
+                if exact.dtype in (torch.float32, torch.int8) and exact.is_contiguous():
+                    rows = blocks.two_stage(x.reshape(-1, self.in_features), exact, scales, self.candidates)
+                    return rows.reshape(*x.shape[:-1], self.out_features)
         logits = self.scan_logits(x)  # (..., V): 4-bit
         top = logits.topk(self.candidates, dim=-1).indices  # (..., K)
         if self._tied is not None:
@@ -625,6 +632,15 @@ class TwoStageHead(nn.Module):
             exact = (rows @ x.unsqueeze(-1)).squeeze(-1) * self.exact_scales[top].to(x.dtype)  # (..., K)
         return logits.scatter(-1, top, exact)
 
+    def ranking(self, x: torch.Tensor) -> torch.Tensor:
+        """The logits the candidates are picked from: where the native head runs, its scan with 8-bit
+        activations (a ranking; the 4-bit weights err ~10x more), else ``scan_logits``."""
+        if x.dtype == torch.float32 and x.device.type == "cpu":
+            blocks = q4_scan(self.scan)
+            if blocks is not None:
+                return blocks(x.reshape(-1, self.in_features), coarse=True).reshape(*x.shape[:-1], self.out_features)
+        return self.scan_logits(x)
+
     def scan_logits(self, x: torch.Tensor) -> torch.Tensor:
         """The 4-bit logits: the native q4 kernel where it is selected (float32 rows on the CPU;
         model/lowbit/native_kernels.py), else torch's int4 kernel."""
@@ -633,6 +649,11 @@ class TwoStageHead(nn.Module):
             if blocks is not None:
                 return blocks(x.reshape(-1, self.in_features)).reshape(*x.shape[:-1], self.out_features)
         return self.scan(x)
+
+    def prepare(self) -> None:
+        """Build now what the first call would (the scan's q4 blocks where the q4 kernels run: ~0.2 s
+        for SmolLM2's vocabulary), at load rather than inside a visitor's first request."""
+        q4_scan(self.scan)
 
     def dequantized_weight(self) -> torch.Tensor:
         """(out, in) float32: the rows the winning candidates are scored with."""

@@ -171,6 +171,17 @@ class ArchitectureAdapter(ABC):
     def run_layer(self, index: int, hidden: torch.Tensor, inputs: LayerInputs, cache: PrefixKVCache | None) -> torch.Tensor:
         """Decoder layer ``index`` on (B, T, C); appends its keys/values to ``cache`` when given."""
 
+    def run_layers(self, indices: list[int], hidden: torch.Tensor, inputs_for: Callable[[int], LayerInputs],
+                   cache: PrefixKVCache, key_valid: torch.Tensor | None) -> torch.Tensor:
+        """A decode step's layers ``indices`` in order (a run with no bridge between them): one
+        ``run_layer`` each, with ``inputs_for(index)`` taken just before that layer runs. A family
+        may run them in fewer calls; ``key_valid`` is the decoder's (B, capacity) bool of the
+        positions a row may attend to, None where nothing is padded (what ``inputs_for``'s masks
+        say)."""
+        for index in indices:
+            hidden = self.run_layer(index, hidden, inputs_for(index), cache)
+        return hidden
+
     @abstractmethod
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm (and output projection where the family has one)."""
@@ -254,6 +265,19 @@ class LlamaFamilyAdapter(ArchitectureAdapter):
             position_embeddings=inputs.extra["position_embeddings"],
         )
 
+    def run_layers(self, indices: list[int], hidden: torch.Tensor, inputs_for: Callable[[int], LayerInputs],
+                   cache: PrefixKVCache, key_valid: torch.Tensor | None) -> torch.Tensor:
+        """Several decode layers whose lean layers all take the native step run as one native call
+        (the low-bit engine's ``native_run``); anything else one by one."""
+        if len(indices) > 1 and hidden.shape[1] == 1:
+            leans = [lean for lean in (LeanLlamaLayer.of(self.layers[index], self.config) for index in indices)
+                     if lean is not None]
+            if len(leans) == len(indices):
+                out = _low_bit_parts.native_run(leans, hidden, inputs_for(indices[0]).extra, cache, key_valid)
+                if out is not None:
+                    return out
+        return super().run_layers(indices, hidden, inputs_for, cache, key_valid)
+
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
         return self._backbone.norm(hidden)
 
@@ -281,6 +305,9 @@ class LowBitParts:
     lean_lora: Callable[[nn.Module], nn.Module] = lambda module: module
     native: Callable[["LeanLlamaLayer", list[nn.Module | None]], Any] = lambda lean, projections: None
     projections: tuple[type[nn.Module], ...] = ()
+    # a decode step's run of lean layers as one native call, or None (then one by one)
+    native_run: Callable[[list["LeanLlamaLayer"], torch.Tensor, dict[str, Any], "PrefixKVCache", torch.Tensor | None],
+                         torch.Tensor | None] = lambda leans, hidden, extra, cache, key_valid: None
 
 
 _low_bit_parts = LowBitParts()
@@ -414,7 +441,7 @@ class LeanLlamaLayer:
         so the projections need no reshapes, and q and k rotated by one matmul with the step's
         rotation matrices (built once per step, shared by every layer)."""
         if self.native is not None and self.native.runs(hidden):
-            return self.native(hidden, inputs, cache, step_rotation(inputs))
+            return self.native(hidden, inputs, cache)
         batch = hidden.shape[0]
         flat = hidden.view(batch, -1)  # (B, C)
         heads = self.qkv(self.input_norm(flat)).view(batch, -1, 1, self.head_dim)  # (B, Hq + 2 Hkv, 1, D)

@@ -251,8 +251,8 @@ class SkipDecoder:
         hidden = self.adapter.embed(token_ids[:, None], positions)  # (B, 1, C)
         extras = self.adapter.layer_extras(hidden, positions)
         inputs_by_length: dict[int, LayerInputs] = {}
-        weights, entries = self._weights_for(layers)
-        for index in layers:
+
+        def inputs_for(index: int) -> LayerInputs:  # a layer attends to its own cached prefix plus the new position
             cached = state.cache.lengths[index]
             inputs = inputs_by_length.get(cached)
             if inputs is None:
@@ -261,11 +261,16 @@ class SkipDecoder:
                     key_valid = torch.cat([state.key_valid[:, :cached], state.key_valid.new_ones(len(token_ids), 1)], dim=1)
                     mask = self.adapter.layer_inputs(hidden, key_valid, positions).mask
                 inputs = inputs_by_length[cached] = LayerInputs(mask=mask, position_ids=positions, extra=extras)
-            if index in entries:  # entries only where there is a bridge
-                hidden = cast(EntryBridge, self.bridge)(index, hidden)
-            hidden = weights.run_layer(index, hidden, inputs, state.cache)
+            return inputs
+
+        weights, entries = self._weights_for(layers)
+        for run in layer_runs(layers, entries, one_by_one=trace is not None):
+            if run[0] in entries:  # entries only where there is a bridge
+                hidden = cast(EntryBridge, self.bridge)(run[0], hidden)
+            hidden = weights.run_layers(run, hidden, inputs_for, state.cache,
+                                        state.key_valid if state.has_padding else None)
             if trace is not None:
-                trace.record(index, hidden)
+                trace.record(run[0], hidden)
         state.next_position += 1
         state.length += 1
         return self.adapter.logits(hidden)[:, -1]
@@ -401,6 +406,18 @@ class SkipDecoder:
             if stop_check is not None and stop_check(row, result.tokens[row]):
                 finished[row], result.finish_reasons[row] = True, "stop"
         return new_tokens
+
+
+def layer_runs(layers: Sequence[int], entries: frozenset[int], one_by_one: bool = False) -> list[list[int]]:
+    """A step's layers cut into runs an adapter may run in one call: a new run at every entry layer
+    (its bridge runs first), and one layer a run where each layer's output is recorded (the trace)."""
+    runs: list[list[int]] = []
+    for index in layers:
+        if one_by_one or not runs or index in entries:
+            runs.append([index])
+        else:
+            runs[-1].append(index)
+    return runs
 
 
 def left_padded(rows: Sequence[Sequence[int]], pad_id: int, device: torch.device | str = "cpu"
