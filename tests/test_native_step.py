@@ -1,7 +1,8 @@
 """The native decode step (model/lowbit/native_step.py, model/lowbit/lean_step.cpp): built where a C++ compiler
 is, bit for bit the Python step on every low-bit layout with torch's kernels (int8, int4, int4 with
-the skip policy's LoRA beside), with padding, GQA and a growing cache; and its own 4-bit kernel
-(q4_matmul, the AVX2 default) multiplies exactly the weights torch's kernel does, more precisely."""
+the skip policy's LoRA beside), with padding, GQA and a growing cache; its own 4-bit kernels (q4,
+AVX2 and AVX-512 VNNI, chosen at run time) multiply exactly the weights torch's kernel does, more
+precisely, and agree with each other; the fused layer computes the step of exactly its weights."""
 
 import dataclasses
 import shutil

@@ -427,19 +427,29 @@ static inline void q4_row(const Q4Weights& w, const QuantRows& q, int64_t first,
     block(b + 1, odd);
   }
   if (b < w.blocks) block(b, even);
-  // sum over blocks of (zero - 8 scale) times the block's float sum: four blocks a vector
+  // sum over blocks of (zero - 8 scale) times the block's float sum: four blocks a vector, the
+  // row's last partial group one block at a time (no read past the row's end)
   __m256 fix[R];
-  for (int r = 0; r < R; ++r) fix[r] = _mm256_setzero_ps();
-  for (int64_t g = 0; g * 4 < w.blocks; ++g) {
-    const int64_t present = std::min<int64_t>(4, w.blocks - g * 4);
-    alignas(16) uint16_t pairs[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    std::memcpy(pairs, sz + g * 8, sizeof(uint16_t) * 2 * present);
-    const __m256 scale_zero = _mm256_castsi256_ps(
-        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(pairs))), 16));
+  float tail[R];
+  for (int r = 0; r < R; ++r) {
+    fix[r] = _mm256_setzero_ps();
+    tail[r] = 0.f;
+  }
+  int64_t g = 0;
+  for (; (g + 1) * 4 <= w.blocks; ++g) {
+    const __m256 scale_zero = _mm256_castsi256_ps(_mm256_slli_epi32(
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sz + g * 8))), 16));
     const float* fx = q.fix + (g * q.rows + first) * 8;
     for (int r = 0; r < R; ++r) fix[r] = _mm256_fmadd_ps(scale_zero, _mm256_loadu_ps(fx + r * 8), fix[r]);
   }
-  for (int r = 0; r < R; ++r) y[(first + r) * y_stride + o] = vsum(_mm256_add_ps(_mm256_add_ps(even[r], odd[r]), fix[r]));
+  for (int64_t b = g * 4; b < w.blocks; ++b) {
+    const float scale = bf16_to_float(sz[2 * b]), zero = bf16_to_float(sz[2 * b + 1]);
+    const float* fx = q.fix + (g * q.rows + first) * 8 + (b % 4) * 2;
+    for (int r = 0; r < R; ++r) tail[r] += scale * fx[r * 8] + zero * fx[r * 8 + 1];
+  }
+  for (int r = 0; r < R; ++r) {
+    y[(first + r) * y_stride + o] = vsum(_mm256_add_ps(_mm256_add_ps(even[r], odd[r]), fix[r])) + tail[r];
+  }
 }
 
 // Every row of q against weight rows [begin, end): four rows of x at a time (the weight row's bytes

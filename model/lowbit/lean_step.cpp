@@ -1,12 +1,15 @@
 // The lean Llama-family layer's decode step (model/skipdecode/architectures.py, LeanLlamaLayer._decode_one)
-// as one C++ call over torch's own ops, for low-bit projections on a CPU.
+// as one C++ call, for low-bit projections on a CPU.
 //
 // Why: a small model's decode step on a CPU is a few hundred small ops, and at one thread the
 // Python interpreter's cost per op call (argument parsing, the Python-side dispatch) is a large
-// share of each layer. The same ATen calls in the same order from C++ give the same numbers bit
-// for bit (the tests compare with torch.equal) and cost only the dispatcher's share. Built once
-// per machine by model/lowbit/native_step.py; everything else (prefill, float weights, other devices)
-// stays on the Python path.
+// share of each layer. Two forms: with int4 weights on the q4 kernels every op is this extension's
+// own (decode_kernels.h, compiled here once per instruction set and chosen at run time), and a
+// decode step's run of layers is one call (decode_layers); with torch's kernels the same ATen calls
+// in the same order as the Python step give the same numbers bit for bit (the tests compare with
+// torch.equal) and cost only the dispatcher's share. Built once per machine by
+// model/lowbit/native_kernels.py; everything else (prefill, float weights, other devices) stays on
+// the Python path.
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 

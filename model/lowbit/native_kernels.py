@@ -1,14 +1,14 @@
-"""The compiled extension behind the native decode step (model/lowbit/lean_step.cpp) and its q4 kernel's
-weight layout; the step itself is model/lowbit/native_step.py.
-
-The lean layer's decode step as one C++ call, for low-bit weights on a CPU.
+"""The compiled extension behind the native decode step (model/lowbit/lean_step.cpp with its kernels,
+model/lowbit/decode_kernels.h) and the q4 kernels' weight layouts; the step itself is
+model/lowbit/native_step.py.
 
 A decode step of the default model at 2x runs ~15 layers of ~25 small torch ops each; at one
 thread the interpreter's cost per op call was a measured ~17% of those layers (docs/RESULTS.md, "Speed").
-lean_step.cpp makes the same ATen calls in the same order from C++, so with torch's kernels its
-output is the Python step's bit for bit (tests/test_native_step.py compares them with torch.equal).
-Where torch's int4 kernel is slow (it computes in bfloat16, which an AVX2-only CPU lacks), the step
-multiplies the same 4-bit weights with its own kernel, q4_matmul (``q4_kernel_selected``).
+Where the layer's projections are int4 and the q4 kernels run (``q4_kernel_selected``: x86-64 with
+AVX2; the AVX-512 VNNI build where the CPU has it, ``q4_isa``), every op of the step is the
+extension's own code and a step's run of layers is one call; elsewhere lean_step.cpp makes the
+Python step's ATen calls in the same order, so with torch's kernels its output is the Python step's
+bit for bit (tests/test_native_step.py compares them with torch.equal).
 
 Built once per machine and torch version with torch's own extension builder (a C++ compiler and
 ninja, about a minute on 2 cores), cached under the project's cache folder; where it cannot be
