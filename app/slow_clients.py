@@ -24,6 +24,8 @@ import uvicorn
 import uvicorn.config
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from model.common.checks import check_number
+
 SUPPORTED_UVICORN = "0.54."  # requirements.txt pins uvicorn==0.54.0
 DEFAULT_REQUEST_READ_S = 30.0  # a phone on a slow link sends a few KB of request well inside this (nginx: 60 s per phase)
 
@@ -31,13 +33,9 @@ DEFAULT_REQUEST_READ_S = 30.0  # a phone on a slow link sends a few KB of reques
 def request_read_seconds() -> float:
     """The deadline (``SKIPDECODE_REQUEST_READ_S``; the tests use a short one)."""
     raw = os.environ.get("SKIPDECODE_REQUEST_READ_S", "").strip()
-    try:
-        value = float(raw) if raw else DEFAULT_REQUEST_READ_S
-    except ValueError:
-        raise ValueError(f"SKIPDECODE_REQUEST_READ_S must be a number of seconds; got {raw!r}") from None
-    if not 0.1 <= value <= 3600:
-        raise ValueError(f"SKIPDECODE_REQUEST_READ_S must be between 0.1 and 3600 seconds; got {raw!r}")
-    return value
+    if not raw:
+        return DEFAULT_REQUEST_READ_S
+    return check_number("SKIPDECODE_REQUEST_READ_S", raw, low=0.1, high=3600, text=True)
 
 
 class DeadlineH11Protocol(H11Protocol):

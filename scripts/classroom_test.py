@@ -64,18 +64,12 @@ def wire_pupil(url: str, name: str, data: list, fn_index: int, go: threading.Eve
 
 def read_to_end(http, session: str, pushed: float, timeout_s: float) -> dict:
     """Seconds from the push to the first message and to the end of the job, and whether it ended well."""
-    first = None
-    with http.stream("GET", f"/gradio_api/queue/data?session_hash={session}") as response:
-        for line in response.iter_lines():
-            if first is None and ('"process_generating"' in line or '"process_completed"' in line):
-                first = round(time.time() - pushed, 2)
-            if '"process_completed"' in line:
-                ok = '"success":true' in line.replace(" ", "")
-                return {"first_message_s": first, "done_s": round(time.time() - pushed, 2), "ok": ok,
-                        **({} if ok else {"refused": load_test.message_of(line.removeprefix("data: "))[:300]})}
-            if time.time() - pushed > timeout_s:
-                break
-    return {"first_message_s": first, "done_s": None, "ok": False}
+    first, _, done, end = load_test.event_times(http, session, pushed, timeout_s, to_end=True)
+    if done is None:
+        return {"first_message_s": first, "done_s": None, "ok": False}
+    ok = '"success":true' in end.replace(" ", "")
+    return {"first_message_s": first, "done_s": done, "ok": ok,
+            **({} if ok else {"refused": load_test.message_of(end.removeprefix("data: "))[:300]})}
 
 
 def browser_pupils(url: str, count: int, go: threading.Event, timeout_s: float, results: list) -> None:

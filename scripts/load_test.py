@@ -822,7 +822,7 @@ def page_visitor_job(url: str, address: str, session: str, data: list, fn_index:
         joined = visitor.post("/gradio_api/queue/join", json={"data": data, "fn_index": fn_index, "session_hash": session})
         waited, first, job_s = None, joined.text[:300], None
         if joined.status_code == 200:
-            waited, first, job_s = event_times(visitor, session, pushed, 120, to_end)
+            waited, first, job_s, _ = event_times(visitor, session, pushed, 120, to_end)
         total = round(time.time() - pushed, 2)
         readers.stop.set()
     return {"page_token_set": PAGE_COOKIE in loaded.cookies, "joined": joined.status_code,
@@ -830,8 +830,9 @@ def page_visitor_job(url: str, address: str, session: str, data: list, fn_index:
 
 
 def event_times(http: httpx.Client, session: str, pushed: float, timeout: float,
-                to_end: bool) -> tuple[float | None, str, float | None]:
-    """(seconds to the first message, that message, seconds to the job's end or None) on queue/data."""
+                to_end: bool) -> tuple[float | None, str, float | None, str]:
+    """(seconds to the first message, that message, seconds to the job's end or None, the end's
+    message) on queue/data."""
     first, line_seen = None, ""
     with http.stream("GET", f"/gradio_api/queue/data?session_hash={session}") as response:
         for line in response.iter_lines():
@@ -840,10 +841,10 @@ def event_times(http: httpx.Client, session: str, pushed: float, timeout: float,
                 if not to_end:
                     break
             if '"process_completed"' in line:
-                return first, line_seen, round(time.time() - pushed, 2)
+                return first, line_seen, round(time.time() - pushed, 2), line
             if time.time() - pushed > timeout:
                 break
-    return first, line_seen, None
+    return first, line_seen, None, ""
 
 
 def invented_sessions(url: str, sessions: int, rounds: int, visitor_job: dict) -> dict:
