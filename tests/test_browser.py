@@ -466,11 +466,12 @@ def test_the_streamed_heatmap_is_the_final_figure_and_the_next_run_starts_clean(
     long_prompt = "Tell me about the sea and its old sailors. " * 25  # ~280 positions with the template
     runs = [dict(prompt=long_prompt, lens=True), dict(prompt="Name three colours.", lens=False)]
     with playwright.sync_playwright() as p:
-        browser, page = _open(p, server.local_url, width, height)
+        # The token limit comes from a share link, not typed: a typed number could reach the page's
+        # state after Generate's click on a slow machine (CI ran one run at the default 48).
+        browser, page = _open(p, server.local_url + "?max_new_tokens=20", width, height)
+        assert _wait(lambda: "loaded from the link" in page.inner_text("#status"), 30), page.inner_text("#status")
         page.click("button:has-text('Advanced')")
-        tokens = page.locator("input[aria-label='number input for Max new tokens']")
-        tokens.fill("20")
-        tokens.press("Enter")
+        assert page.locator("input[aria-label='number input for Max new tokens']").input_value() == "20"
         _set_run(page, **runs[0])
         page.click("#generate-btn")
         _run_to_done(page)
