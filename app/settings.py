@@ -21,7 +21,7 @@ from model.tasks.e2e import task_prompt
 from model.tasks.task_models import TASKS, task_schedule
 
 # Each checked with the full model (greedy, 48 tokens): a fluent answer, no loops
-# (tests/test_default_model.py guards this). The first is the default prompt.
+# (tests/model/test_default_model.py guards this). The first is the default prompt.
 EXAMPLE_PROMPTS = [
     "What is photosynthesis?",
     "Why do we have seasons?",

@@ -8,7 +8,7 @@ Where the layer's projections are int4 and the q4 kernels run (``q4_kernel_selec
 AVX2; the AVX-512 VNNI build where the CPU has it, ``q4_isa``), every op of the step is the
 extension's own code and a step's run of layers is one call; elsewhere lean_step.cpp makes the
 Python step's ATen calls in the same order, so with torch's kernels its output is the Python step's
-bit for bit (tests/test_native_step.py compares them with torch.equal).
+bit for bit (tests/model/lowbit/test_native_step.py compares them with torch.equal).
 
 Built once per machine and torch version with torch's own extension builder (a C++ compiler and
 ninja, about a minute on 2 cores), cached under the project's cache folder; where it cannot be

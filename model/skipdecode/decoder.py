@@ -508,7 +508,7 @@ def masked_forward(
     Returns logits (B, T - logits_from, V) for positions >= ``logits_from`` (the LM head is a
     big share of a small model's compute; training needs only the generated positions).
     Because the positions that execute a layer form a causal prefix, these equal the cached
-    decoder's logits (tests/test_decoder.py proves it). Differentiable: training runs through
+    decoder's logits (tests/model/skipdecode/test_decoder.py proves it). Differentiable: training runs through
     this. When a layer's executing positions are a prefix shared by the batch, the layer runs
     on that prefix only (same result, less compute: causal attention never looks ahead).
     """

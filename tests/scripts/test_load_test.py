@@ -2,9 +2,8 @@
 tag, and the prompts it sizes to the job cost cap. Fast: no server."""
 
 import importlib.util
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support import ROOT
 
 
 def load_test():

@@ -1,19 +1,19 @@
 """The skip policy's learned parts act only where layers are bypassed, and the cached decoder
 (original + merged weights, bridge) equals the gated teacher-forced forward that training uses.
 
-Tests marked ``device`` run on SKIPDECODE_TEST_DEVICE (tests/conftest.py; default cpu)."""
+Tests marked ``device`` run on SKIPDECODE_TEST_DEVICE (tests/support.py; default cpu)."""
 
 import copy
 
 import pytest
 import torch
 
-from conftest import NUM_LAYERS, TEST_DEVICE, left_padded_batch, tiny_model
 from model.skipdecode.decoder import SkipDecoder, execution_mask, masked_forward
 from model.skipdecode.schedule import ScheduleConfig, full_schedule, ranked_layers
 from model.skipdecode.skip_policy import EntryBridge, bypasses, entry_layers, gated, install_lora_gate
 from model.training.losses import hidden_matching_loss
 from model.training.scoring import skip_policy_logits
+from tests.support import NUM_LAYERS, TEST_DEVICE, left_padded_batch, tiny_model
 
 LENGTHS = [6, 3, 8]
 NEW_TOKENS = 10

@@ -9,8 +9,8 @@ from gradio_client import Client
 
 from app.settings import Limits, PlaygroundSettings, trained_defaults
 from app.ui import build_demo, launch_options
-from conftest import page_token_client
 from model.generation import GenerationRequest, ScheduleRequest, TextGenerator
+from tests.support import page_token_client
 
 pytestmark = pytest.mark.server
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support import ROOT
 
 # Bottom first. A module may import from its own layer and the layers below it, never above.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [

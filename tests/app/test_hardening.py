@@ -7,15 +7,14 @@ import re
 import threading
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.settings import Limits, PlaygroundSettings, clean_prompt, parse_settings
+from tests.support import ROOT, page_token_client
 
-ROOT = Path(__file__).resolve().parents[1]
 LIMITS = Limits(max_new_tokens=64, max_batch_size=4, max_prompt_chars=500)
 
 anything = st.one_of(
@@ -265,7 +264,6 @@ def api_values(base: str, **overrides) -> list:
 
 def page_client(demo):
     """A gradio_client session once the server sees its heartbeat (as a page's session)."""
-    from conftest import page_token_client
 
     client = page_token_client(demo.local_url)
     deadline = time.time() + 10

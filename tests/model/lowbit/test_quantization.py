@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import NUM_LAYERS, left_padded_batch, random_lora_adapter, tiny_model
 from model.lowbit.gguf_weights import rotary_row_order, unpack_q4_1
 from model.lowbit.quantization import (
     HEAD_STAYS_INT8,
@@ -24,6 +23,7 @@ from model.lowbit.quantization import (
 from model.skipdecode.architectures import adapter_for
 from model.skipdecode.decoder import SkipDecoder, execution_mask, masked_forward
 from model.skipdecode.schedule import ScheduleConfig, full_schedule
+from tests.support import NUM_LAYERS, left_padded_batch, random_lora_adapter, tiny_model
 
 pytestmark = pytest.mark.skipif(not int8_supported(), reason="no int8-weight CPU kernel in this torch build")
 

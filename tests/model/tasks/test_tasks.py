@@ -5,7 +5,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -28,6 +27,7 @@ from model.tasks.e2e import (
 from model.tasks.task_eval import bleu, nist, rouge_l
 from model.tasks.task_models import policy_for, policy_name, task_schedule
 from model.tasks.task_training import TaskRun, train_config
+from tests.support import ROOT
 
 
 def test_the_split_holds_out_fifty_dev_mrs_and_never_a_test_mr(tmp_path):
@@ -182,7 +182,7 @@ def test_speed_rows_time_the_same_steps_for_both_arms(tiny_folder):
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "model", *args], cwd=Path(__file__).resolve().parents[1],
+    return subprocess.run([sys.executable, "-m", "model", *args], cwd=ROOT,
                           env=dict(os.environ, HF_HUB_OFFLINE="1"), capture_output=True, text=True, timeout=600)
 
 

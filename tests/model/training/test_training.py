@@ -1,5 +1,5 @@
 """Skip-policy training and evaluation on tiny models (CPU, seconds). The test marked ``device``
-runs on SKIPDECODE_TEST_DEVICE (tests/conftest.py; default cpu); training itself stays on the CPU."""
+runs on SKIPDECODE_TEST_DEVICE (tests/support.py; default cpu); training itself stays on the CPU."""
 
 import json
 import random
@@ -7,13 +7,13 @@ import random
 import pytest
 import torch
 
-from conftest import NUM_LAYERS, TEST_DEVICE, tiny_model
 from model.evaluation.evaluation import EvalConfig, evaluate, rouge_l, write_report
 from model.skipdecode.decoder import SkipDecoder
 from model.skipdecode.schedule import ScheduleConfig, full_schedule
 from model.training.data import DEFAULT_TRAIN_PROMPTS, Example, collate, read_jsonl, user_examples
 from model.training.scoring import distillation_loss, skip_policy_logits
 from model.training.training import Budget, TrainConfig, draw_batch, draw_schedule, train
+from tests.support import NUM_LAYERS, TEST_DEVICE, tiny_model
 
 
 @pytest.mark.device

@@ -4,13 +4,12 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow  # every test here spawns the CLI (most on a folder made from the default model)
+from tests.support import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow  # every test here spawns the CLI (most on a folder made from the default model)
 
 
 def run_cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:

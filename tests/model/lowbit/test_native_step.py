@@ -10,7 +10,6 @@ import shutil
 import pytest
 import torch
 
-from conftest import NUM_LAYERS, left_padded_batch, random_lora_adapter, tiny_model
 from model.common.hardware import cpu_flags
 from model.lowbit.native_kernels import (
     Q4Blocks,
@@ -33,6 +32,7 @@ from model.lowbit.quantization import (
 from model.skipdecode.architectures import LeanLlamaLayer
 from model.skipdecode.decoder import SkipDecoder, execution_mask, masked_forward
 from model.skipdecode.schedule import ScheduleConfig
+from tests.support import NUM_LAYERS, left_padded_batch, random_lora_adapter, tiny_model
 
 has_compiler = shutil.which("c++") is not None and shutil.which("ninja") is not None
 has_q4 = has_compiler and int4_supported() and q4_isa() is not None

@@ -1,11 +1,10 @@
 """The heart of the suite: the decoder against transformers and against its teacher-forced twin.
 
-Tests marked ``device`` run on SKIPDECODE_TEST_DEVICE (tests/conftest.py; default cpu)."""
+Tests marked ``device`` run on SKIPDECODE_TEST_DEVICE (tests/support.py; default cpu)."""
 
 import pytest
 import torch
 
-from conftest import FAMILIES, NUM_LAYERS, TEST_DEVICE, left_padded_batch, tiny_model
 from model.skipdecode.decoder import (
     SamplingConfig,
     SkipDecoder,
@@ -15,6 +14,7 @@ from model.skipdecode.decoder import (
     sample_next,
 )
 from model.skipdecode.schedule import ScheduleConfig, full_schedule
+from tests.support import FAMILIES, NUM_LAYERS, TEST_DEVICE, left_padded_batch, tiny_model
 
 LENGTHS = [7, 4, 9]  # different prompt lengths -> left padding
 NEW_TOKENS = 12

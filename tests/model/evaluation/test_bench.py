@@ -4,7 +4,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -19,8 +18,7 @@ from model.evaluation.bench import (
 )
 from model.lowbit.native_kernels import native_module, q4_isa, q4_kernel_selected
 from model.skipdecode.schedule import CostModel, solve_schedule
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support import ROOT
 
 
 def test_ratios_and_efficiency_are_taken_between_medians():

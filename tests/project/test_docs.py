@@ -4,7 +4,8 @@ README.md and docs/ resolves, and every figure (image) is reachable from the REA
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support import ROOT
+
 README_MAX_LINES = 250
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 
