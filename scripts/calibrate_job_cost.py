@@ -1,0 +1,155 @@
+"""Calibrate the job cost (app/job_cost.py) on this CPU: time page jobs of known shape, fit the
+weights, and time the costliest jobs the cap admits (issue #37: "the worst admitted job is a few
+seconds of the lane").
+
+Each job runs as the page's Generate does in the one model lane: the checked settings, the race of
+SkipDecode and the full model, and the page's rendering of every update (token html, heatmap,
+lens). Nothing else should run on the CPU meanwhile (pause a training run: ``kill -STOP PID``).
+Jobs are timed in-process (no server, no queue: the lane's own time). The fit is least squares on
+
+    seconds = unit x (steps x (1 + row x (batch - 1)) + prompt x batch x prompt_tokens + lens x steps x lens_on) + fixed
+
+with ``steps`` the decode steps the two streams really took (a prompt that ends early costs less
+than its max_new_tokens; the cap charges max_new_tokens, the worst case). It prints one JSON
+object (the CPU and its flags, threads, each job's seconds and shape, the fitted weights, the
+cost formula's prediction beside each measured job, and the costliest admitted jobs at the cap
+with the weights in app/job_cost.py) and writes it to --output.
+
+    HF_HUB_OFFLINE=1 python scripts/calibrate_job_cost.py --output assets/load/job_cost.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(ROOT)]
+from load_test import COUNTING, COUNTING_TOKENS, PROMPT_TEMPLATE_TOKENS, WORST_JOBS, long_prompt, words_for_cost  # noqa: E402
+
+from app import job_cost  # noqa: E402
+
+
+@dataclass(frozen=True)
+class JobShape:
+    batch: int
+    prompt_words: int  # one-token words before the counting instruction (0: the instruction alone)
+    new_tokens: int
+    lens: bool
+
+
+# Shapes that separate the terms: decode alone, widened by the batch, prompt-heavy, lens-heavy.
+CALIBRATION = (
+    JobShape(1, 0, 48, False), JobShape(1, 0, 160, False), JobShape(1, 0, 256, False),
+    JobShape(4, 0, 64, False), JobShape(8, 0, 48, False), JobShape(8, 0, 96, False),
+    JobShape(1, 600, 8, False), JobShape(1, 1200, 8, False), JobShape(4, 300, 8, False),
+    JobShape(1, 0, 64, True), JobShape(1, 0, 160, True), JobShape(1, 300, 32, True),
+)
+
+
+def job_values(shape: JobShape) -> dict:
+    prompt = long_prompt("sea", shape.prompt_words) + COUNTING if shape.prompt_words else COUNTING.strip()
+    return dict(prompt=prompt, batch_size=shape.batch, max_new_tokens=shape.new_tokens, lens=shape.lens,
+                target_speedup=2.0, temperature=0.0)
+
+
+def run_job(playground, shape: JobShape) -> dict:
+    """One page job, timed from its check to its last rendered update (the lane's whole hold)."""
+    from app.views import RaceRenderer
+
+    start = time.perf_counter()
+    checked = playground.checked(job_values(shape))
+    renderer = RaceRenderer(checked.settings)
+    steps = {"skip": 0, "full": 0}
+    for update in checked.race(compute_lock=playground.compute):
+        steps[update.moved] += 1
+        renderer.outputs("", update, True)  # the page renders every update (the heatmap at most 4x a second)
+    seconds = time.perf_counter() - start
+    return dict(shape=asdict(shape), seconds=round(seconds, 3), prompt_tokens=checked.run.longest_prompt,
+                steps=(steps["skip"] + steps["full"]) / 2)
+
+
+def features(batch: int, prompt_tokens: int, steps: float, lens: bool) -> list[float]:
+    """The formula's terms, in the order of fit's coefficients (the last is the fixed cost)."""
+    return [steps, steps * (batch - 1), batch * prompt_tokens, steps * lens, 1.0]
+
+
+def fit(jobs: list[dict]) -> dict:
+    """Least-squares weights from timed jobs: seconds per unit, then each term relative to it."""
+    x = np.array([features(j["shape"]["batch"], j["prompt_tokens"], j["steps"], j["shape"]["lens"]) for j in jobs])
+    y = np.array([j["seconds"] for j in jobs])
+    (unit, row, prompt, lens, fixed), *_ = np.linalg.lstsq(x, y, rcond=None)
+    return dict(unit_seconds=float(unit), batch_row_weight=float(row / unit), prompt_token_weight=float(prompt / unit),
+                lens_token_weight=float(lens / unit), fixed_seconds=float(fixed))
+
+
+def predicted_seconds(weights: dict, batch: int, prompt_tokens: int, steps: float, lens: bool) -> float:
+    unit = weights["unit_seconds"]
+    terms = (steps * (1 + weights["batch_row_weight"] * (batch - 1)) + weights["prompt_token_weight"] * batch * prompt_tokens
+             + weights["lens_token_weight"] * steps * lens)
+    return unit * terms + weights["fixed_seconds"]
+
+
+def worst_admitted(limit: int) -> list[JobShape]:
+    """The costliest jobs the cap admits (app/job_cost.py's weights): the load test's three kinds,
+    each with the longest prompt that still fits."""
+    template = PROMPT_TEMPLATE_TOKENS + COUNTING_TOKENS  # as the load test sizes them (10 units of margin)
+    return [JobShape(job["batch_size"], words_for_cost(job["batch_size"], job["max_new_tokens"], job["lens"], limit - 10,
+                                                       template), job["max_new_tokens"], job["lens"]) for job in WORST_JOBS]
+
+
+def cpu_name_and_flags() -> dict:
+    from model.common.hardware import cpu_flags
+
+    name = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                 if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
+    return dict(cpu=name, cores=os.cpu_count(), flags=sorted(cpu_flags() & {"avx2", "avx512f", "avx512_vnni", "avx512_bf16",
+                                                                              "amx_tile"}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each calibration job (the fit takes them all)")
+    parser.add_argument("--output", type=Path, help="also write the JSON here")
+    args = parser.parse_args()
+    import torch
+
+    from app.handlers import Playground
+    from app.settings import Limits
+    from model.generation import TextGenerator
+    from model.loading import load_model
+
+    generator = TextGenerator(load_model(None, adapter="auto", quantize="auto"))  # as app.py serves it
+    playground = Playground(lambda: generator, Limits(max_job_cost=10**9))  # the calibration jobs go past the cap
+    run_job(playground, JobShape(1, 0, 8, False))  # warm: kernels built, caches filled
+    jobs = [run_job(playground, shape) for _ in range(args.repeats) for shape in CALIBRATION]
+    weights = fit(jobs)
+    for job in jobs:
+        shape = job["shape"]
+        job["fitted_seconds"] = round(predicted_seconds(weights, shape["batch"], job["prompt_tokens"], job["steps"], shape["lens"]), 3)
+    worst = []
+    for shape in worst_admitted(Limits().max_job_cost):  # the server's own cap, not the calibration's
+        job = run_job(playground, shape)
+        job["cost_units"] = job_cost.job_cost(shape.batch, job["prompt_tokens"], shape.new_tokens, shape.lens)
+        worst.append(job)
+    report = dict(hardware=cpu_name_and_flags(), torch_threads=torch.get_num_threads(), fitted=weights,
+                  in_use=dict(unit_seconds=job_cost.UNIT_SECONDS, batch_row_weight=job_cost.BATCH_ROW_WEIGHT,
+                              prompt_token_weight=job_cost.PROMPT_TOKEN_WEIGHT, lens_token_weight=job_cost.LENS_TOKEN_WEIGHT,
+                              max_job_cost=Limits().max_job_cost),
+                  jobs=jobs, worst_admitted=worst)
+    text = json.dumps(report, indent=1)
+    print(text)
+    if args.output:
+        args.output.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
