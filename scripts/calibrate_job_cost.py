@@ -2,9 +2,9 @@
 weights, and time the costliest jobs the cap admits (issue #37: "the worst admitted job is a few
 seconds of the lane").
 
-Each job runs as the page's Generate does in the one model lane: the checked settings, the race of
-SkipDecode and the full model, and the page's rendering of every update (token html, heatmap,
-lens). Nothing else should run on the CPU meanwhile (pause a training run: ``kill -STOP PID``).
+Each job runs through the page's Generate handler as it does in the one model lane: the checked
+settings, the race of SkipDecode and the full model, and the page's rendering (token html every
+step, the heatmap and its lens at most 4x a second). Nothing else should run on the CPU meanwhile (pause a training run: ``kill -STOP PID``).
 Jobs are timed in-process (no server, no queue: the lane's own time). The fit is least squares on
 
     seconds = unit x (steps x (1 + row x (batch - 1)) + prompt x batch x prompt_tokens + lens x steps x lens_on) + fixed
@@ -13,7 +13,8 @@ with ``steps`` the decode steps the two streams really took (a prompt that ends 
 than its max_new_tokens; the cap charges max_new_tokens, the worst case). It prints one JSON
 object (the CPU and its flags, threads, each job's seconds and shape, the fitted weights, the
 cost formula's prediction beside each measured job, and the costliest admitted jobs at the cap
-with the weights in app/job_cost.py) and writes it to --output.
+with the weights in app/job_cost.py, measured and, at their full length, fitted) and writes it to
+--output.
 
     HF_HUB_OFFLINE=1 python scripts/calibrate_job_cost.py --output assets/load/job_cost.json
 """
@@ -62,19 +63,15 @@ def job_values(shape: JobShape) -> dict:
 
 
 def run_job(playground, shape: JobShape) -> dict:
-    """One page job, timed from its check to its last rendered update (the lane's whole hold)."""
-    from app.views import RaceRenderer
-
+    """One page job through the page's own handler (``Playground.generate``: the check, the race,
+    the rendering with the heatmap at most 4x a second), timed from its check to its last message:
+    the lane's whole hold. The handler yields once per stream step and once at the end."""
+    values = job_values(shape)
+    prompt_tokens = playground.checked(values).run.longest_prompt
     start = time.perf_counter()
-    checked = playground.checked(job_values(shape))
-    renderer = RaceRenderer(checked.settings)
-    steps = {"skip": 0, "full": 0}
-    for update in checked.race(compute_lock=playground.compute):
-        steps[update.moved] += 1
-        renderer.outputs("", update, True)  # the page renders every update (the heatmap at most 4x a second)
+    messages = sum(1 for _ in playground.generate(values))
     seconds = time.perf_counter() - start
-    return dict(shape=asdict(shape), seconds=round(seconds, 3), prompt_tokens=checked.run.longest_prompt,
-                steps=(steps["skip"] + steps["full"]) / 2)
+    return dict(shape=asdict(shape), seconds=round(seconds, 3), prompt_tokens=prompt_tokens, steps=(messages - 1) / 2)
 
 
 def features(batch: int, prompt_tokens: int, steps: float, lens: bool) -> list[float]:
@@ -111,7 +108,7 @@ def cpu_name_and_flags() -> dict:
 
     name = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                  if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
-    return dict(cpu=name, cores=os.cpu_count(), flags=sorted(cpu_flags() & {"avx2", "avx512f", "avx512_vnni", "avx512_bf16",
+    return dict(cpu=name, cores=os.cpu_count(), flags=sorted(set(cpu_flags()) & {"avx2", "avx512f", "avx512_vnni", "avx512_bf16",
                                                                               "amx_tile"}))
 
 
@@ -127,6 +124,7 @@ def main() -> None:
     from model.generation import TextGenerator
     from model.loading import load_model
 
+    hardware = cpu_name_and_flags()  # first: a failure here costs no measurement
     generator = TextGenerator(load_model(None, adapter="auto", quantize="auto"))  # as app.py serves it
     playground = Playground(lambda: generator, Limits(max_job_cost=10**9))  # the calibration jobs go past the cap
     run_job(playground, JobShape(1, 0, 8, False))  # warm: kernels built, caches filled
@@ -139,8 +137,11 @@ def main() -> None:
     for shape in worst_admitted(Limits().max_job_cost):  # the server's own cap, not the calibration's
         job = run_job(playground, shape)
         job["cost_units"] = job_cost.job_cost(shape.batch, job["prompt_tokens"], shape.new_tokens, shape.lens)
+        # A prompt may end before max_new_tokens; the bound is the fit at the full length (what the cap charges).
+        job["fitted_seconds_at_full_length"] = round(predicted_seconds(weights, shape.batch, job["prompt_tokens"],
+                                                                       shape.new_tokens, shape.lens), 3)
         worst.append(job)
-    report = dict(hardware=cpu_name_and_flags(), torch_threads=torch.get_num_threads(), fitted=weights,
+    report = dict(hardware=hardware, torch_threads=torch.get_num_threads(), fitted=weights,
                   in_use=dict(unit_seconds=job_cost.UNIT_SECONDS, batch_row_weight=job_cost.BATCH_ROW_WEIGHT,
                               prompt_token_weight=job_cost.PROMPT_TOKEN_WEIGHT, lens_token_weight=job_cost.LENS_TOKEN_WEIGHT,
                               max_job_cost=Limits().max_job_cost),

@@ -971,7 +971,17 @@ def job_cost_probe(url: str, server_limit: int, limit: int, worst: tuple[dict, .
             "rest_message": detail_text(rest.text)[:400], "admitted_jobs_sized_to_units": limit, "gradio_client_refused": not admitted,
             "gradio_client_refused_in_s": round(client_s, 2), "gradio_client_message": client_message[:300],
             "costliest_admitted_jobs": admitted_jobs,
-            "worst_admitted_wall_s": max((job["seconds"] for job in ran), default=None)}
+            "worst_admitted_wall_s": max((job["seconds"] for job in ran), default=None),
+            "promised_s": round(server_limit * job_cost_unit_seconds(), 2)}
+
+
+def job_cost_unit_seconds() -> float:
+    """The server's seconds per unit of job cost on a quiet 2-core CPU (app/job_cost.py, calibrated)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from app.job_cost import UNIT_SECONDS  # the server's own constant
+
+    return UNIT_SECONDS
 
 
 def step_once(http: httpx.Client, session: str, fn_index: int, data: list, timeout: float = 120) -> str:
@@ -1236,6 +1246,9 @@ def missed_round_four(report: dict) -> list[str]:
     cost = report["job_cost"]
     if not cost["gradio_client_refused"] or cost["rest_status"] != 422:
         missed.append(f"the issue's job was not refused (REST {cost['rest_status']})")
+    if (cost["worst_admitted_wall_s"] or 0) > 1.5 * cost["promised_s"]:  # the README's bound, with room for a busy CPU
+        missed.append(f"the costliest admitted job took {cost['worst_admitted_wall_s']} s (promised about "
+                      f"{cost['promised_s']} s)")
     if not report["step_mode"]["visitor_session_survived"]:
         missed.append(f"the visitor's step session did not survive: {report['step_mode']['visitor_second_step']!r}")
     slow = report["half_sent_requests"]
@@ -1290,7 +1303,7 @@ def main() -> int:
                         help="--hostile: only the round-four attacks (issue 37), written under \"round_four\"")
     parser.add_argument("--tiny", action="store_true", help="--round-four: a dry run with tiny counts (writes "
                                                             "only to --json)")
-    parser.add_argument("--max-job-cost", type=int, default=int(os.environ.get("SKIPDECODE_MAX_JOB_COST", "400")),
+    parser.add_argument("--max-job-cost", type=int, default=int(os.environ.get("SKIPDECODE_MAX_JOB_COST", "300")),
                         help="--hostile: the server's job cost cap (the costliest admitted jobs are sized to it)")
     parser.add_argument("--queue-size", type=int, default=int(os.environ.get("SKIPDECODE_QUEUE_SIZE", "32")),
                         help="--hostile: the server's queue size (for the queue share)")

@@ -242,7 +242,7 @@ def slow_server(tiny_folder):
     generator = TextGenerator(load_model(str(tiny_folder), device="cpu", adapter=None))
     slow = SlowGenerator(generator)
     limits = Limits(max_new_tokens=16, max_batch_size=2, max_prompt_chars=3000, max_prompt_tokens=400,
-                    max_request_tokens=700, max_step_positions=200, max_job_cost=250)
+                    max_request_tokens=700, max_step_positions=200, max_job_cost=150)
     demo = build_demo(lambda: generator, limits, queue_size=QUEUE_SIZE, max_queued_per_session=2,
                       serving=ServingLimits(stream_grace_s=GRACE_S))
     with pytest.MonkeyPatch.context() as patch:  # every test on this server runs under a short read deadline
@@ -412,7 +412,7 @@ def test_the_readme_client_example_ends_on_a_refusal(slow_server):
     (dict(prompt="y" * 3001), "limit is 3000"),
     (dict(prompt="sea " * 500), "the limit is 400 tokens"),
     (dict(prompt="sea " * 340, batch_size=2), "the limit per request is 700"),
-    (dict(prompt="sea " * 240, batch_size=2), "the limit per job is 250 units"),
+    (dict(prompt="sea " * 280, batch_size=2), "the limit per job is 150 units"),
     (dict(target_speedup=9.0), "unreachable"),
 ])
 def test_over_limit_requests_are_refused_when_pushed_not_after_the_wait(slow_server, overrides, needle):
@@ -871,18 +871,21 @@ def test_an_unknown_order_is_refused_naming_order(slow_server):
 
 
 def test_the_job_cost_admits_the_page_and_its_lessons_and_refuses_the_lane_hogs():
-    """Units of ~13 ms (a batch-1 step of both streams on a quiet 2-core CPU): the page's default run
-    and every lesson fit the default bound with room to spare; the issue's 67-98 s job does not."""
+    """Units of ~17 ms (a batch-1 step of both streams as the page runs it, on a quiet 2-core CPU:
+    scripts/calibrate_job_cost.py): the page's default run and every lesson fit the default bound
+    with room to spare, the longest run and the widest batch fit it; the issue's 67-98 s job does not."""
     from app.job_cost import job_cost
 
     limit = Limits().max_job_cost
-    admitted = {"the page's default": job_cost(1, 34, 48, False), "lesson: batch 4": job_cost(4, 37, 48, False),
-                "lesson: the lens": job_cost(1, 34, 48, True), "batch 8 x 48": job_cost(8, 42, 48, False),
-                "256 new tokens": job_cost(1, 34, 256, False), "a 500-token prompt": job_cost(1, 500, 48, False)}
-    assert max(admitted.values()) <= 0.8 * limit, admitted
+    everyday = {"the page's default": job_cost(1, 34, 48, False), "lesson: batch 4": job_cost(4, 37, 48, False),
+                "lesson: the lens": job_cost(1, 34, 48, True)}
+    assert max(everyday.values()) <= 0.4 * limit, everyday
+    admitted = {"batch 8 x 48": job_cost(8, 42, 48, False), "256 new tokens": job_cost(1, 34, 256, False),
+                "a 500-token prompt": job_cost(1, 500, 48, False), "160 with the lens": job_cost(1, 34, 160, True)}
+    assert max(admitted.values()) <= limit, admitted
     refused = {"the issue's job": job_cost(8, 768, 256, True), "batch 8 x 256": job_cost(8, 42, 256, False),
                "256 with the lens": job_cost(1, 34, 256, True), "a 2000-token prompt": job_cost(1, 2000, 16, False)}
-    assert min(refused.values()) > limit and job_cost(8, 768, 256, True) > 8 * limit, refused
+    assert min(refused.values()) > limit and job_cost(8, 768, 256, True) > 7 * limit, refused
 
 
 # --- a client is what a script cannot multiply for free (issue 37 items 2 and 4) ------------------------
