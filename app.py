@@ -12,7 +12,7 @@ Settings (environment variables, all optional):
   SKIPDECODE_MAX_PROMPT_CHARS  longest prompt in characters (default 8000)
   SKIPDECODE_MAX_PROMPT_TOKENS longest prompt in tokens, chat template included (default 2048)
   SKIPDECODE_MAX_REQUEST_TOKENS one request's compute: batch x (prompt + new tokens) (default 8192)
-  SKIPDECODE_MAX_JOB_COST   one job's model time in units of app/job_cost.py (default 300: ~5 s of the lane)
+  SKIPDECODE_MAX_JOB_COST   one job's model time in units of app/job_cost.py (default 300: ~4 s of the lane)
   GRADIO_ANALYTICS_ENABLED  telemetry and gradio's version check (default False)
   SKIPDECODE_CONCURRENCY    generations running at once (default 1: one model, one CPU)
   SKIPDECODE_QUEUE_SIZE     requests waiting at most before new ones are turned away (default 32)

@@ -4,17 +4,17 @@ a step-mode session's memory, so that step mode is bounded in bytes, not positio
 Units: one batch-1 step of BOTH streams (SkipDecode and the full model) as the page runs it (the
 race, the full model's judgement, the page's rendering). The weights are fitted to page jobs timed
 in the lane by scripts/calibrate_job_cost.py on a quiet 2-core EPYC (avx2, avx512f, avx512_vnni)
-with the int4 default model: assets/load/job_cost.json (two runs: 17.1 and 18.2 ms a unit, each
-further row 0.23 and 0.21, each prompt token 0.25 and 0.24, the lens 0.55 and 0.54 a token).
+with the int4 default model (assets/load/job_cost.json; two quiet runs: 13.7 and 14.5 ms a unit,
+each further row 0.23 and 0.24, each prompt token 0.28 and 0.26, the lens 0.66 and 0.52 a token).
 Limits.max_job_cost bounds the sum.
 """
 
 from __future__ import annotations
 
-UNIT_SECONDS = 0.017  # one unit on a quiet 2-core CPU (what the refusal's "about N s" is made of)
+UNIT_SECONDS = 0.014  # one unit on a quiet 2-core CPU (what the refusal's "about N s" is made of)
 BATCH_ROW_WEIGHT = 0.23  # each further row of a decode step: a batch-8 step costs ~2.6x a batch-1 step
-PROMPT_TOKEN_WEIGHT = 0.25  # each prompt token of each row (one batched prefill per stream)
-LENS_TOKEN_WEIGHT = 0.55  # the logit lens on row 0: a vocabulary projection per layer run, per new token
+PROMPT_TOKEN_WEIGHT = 0.27  # each prompt token of each row (one batched prefill per stream)
+LENS_TOKEN_WEIGHT = 0.6  # the logit lens on row 0: a vocabulary projection per layer run, per new token
 
 
 def job_cost(batch: int, prompt_tokens: int, new_tokens: int, lens: bool) -> int:

@@ -48,7 +48,7 @@ class Limits:
     max_step_positions: int = 32768  # KV-cache positions all step-mode sessions keep together (both streams)
     max_step_bytes: int = 1 << 30  # memory all step-mode sessions keep together (estimated: app/job_cost.py)
     max_step_sessions_per_address: int = 4  # step sessions one network address keeps (its oldest go first)
-    max_job_cost: int = 300  # one job's model time in units of app/job_cost.py: ~5 s of the one lane
+    max_job_cost: int = 300  # one job's model time in units of app/job_cost.py: ~4 s of the one lane
 
 
 def setting(default: Any, *, label: str, help: str = "", kind: str = "number", low: float | None = None,
