@@ -137,13 +137,9 @@ def test_stop_and_closed_tab_end_the_generation(server, how):
 
 def test_changing_the_decay_while_generating_restarts_both_streams(server):
     with playwright.sync_playwright() as p:
-        browser, page = _open(p, server.local_url)
+        browser, page = _open(p, server.local_url + "?max_new_tokens=256")  # a link: typed numbers can race the click
+        assert _wait(lambda: "loaded from the link" in page.inner_text("#status"), 30), page.inner_text("#status")
         page.fill("textarea", "Tell me a very long story about the sea and its sailors.")
-        page.click("button:has-text('Advanced')")
-        tokens = page.locator("input[aria-label='number input for Max new tokens']")
-        tokens.fill("256")
-        tokens.press("Enter")
-        time.sleep(0.5)
         page.click("#generate-btn")
         assert _wait(lambda: _full_length(page) >= 10, 90), "generation did not start"
         page.click("input[aria-label='Decay function']")
