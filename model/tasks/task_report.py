@@ -51,6 +51,9 @@ class TaskEvalConfig:
     output: str = "assets/eval"
     threads: int | None = None
     adapters: str = str(TASK_ASSETS)  # the folder holding <task>/task and <task>/skip-*
+    # Fold this run's arms into the report already in --output (same labels replaced, the rest
+    # kept): re-measure one retrained policy without re-running every arm. Its 1x must match.
+    update: bool = False
 
     @property
     def root(self) -> Path:
@@ -205,14 +208,54 @@ def run_task_eval(config: TaskEvalConfig) -> dict:
     output = Path(config.output)
     output.mkdir(parents=True, exist_ok=True)
     stem = config.task if config.weights == "float32" else f"{config.task}-{config.weights}"
+    outputs = {arm.label: arm.outputs for arm in arms}
+    if config.update:
+        report, outputs = _folded_into_existing(output, stem, report, outputs)
     (output / f"{stem}.json").write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     (output / f"{stem}.md").write_text(report_markdown(report))
     if not arms:  # a speed-only run leaves the quality files as they are
         return report
     with (output / f"{stem}-outputs.jsonl").open("w", encoding="utf-8") as handle:
-        for arm in arms:
-            handle.write(json.dumps({"label": arm.label, "outputs": arm.outputs}, ensure_ascii=False) + "\n")
+        for label, texts in outputs.items():
+            handle.write(json.dumps({"label": label, "outputs": texts}, ensure_ascii=False) + "\n")
     return report
+
+
+def _folded_into_existing(output: Path, stem: str, report: dict, outputs: dict) -> tuple[dict, dict]:
+    """--update: this run's report and outputs folded into the ones already in ``output``."""
+    existing_file = output / f"{stem}.json"
+    if not existing_file.is_file():
+        raise ValueError(f"--update: there is no {existing_file} to update")
+    merged = merged_report(json.loads(existing_file.read_text()), report)
+    lines = output / f"{stem}-outputs.jsonl"
+    kept = [json.loads(line) for line in lines.read_text(encoding="utf-8").splitlines()] if lines.is_file() else []
+    return merged, {row["label"]: row["outputs"] for row in kept} | outputs
+
+
+def merged_report(existing: dict, fresh: dict) -> dict:
+    """``fresh`` (a run of some arms) folded into ``existing`` (the full report): arms with the same
+    label replaced in place, new ones added, the others kept; the replaced arms' policies' details
+    updated; each fold recorded under "updates" (its arms, config, hardware, minutes). Both must
+    score the same test MRs and the same task model: a differing 1x is refused (the shares would
+    mix two task models)."""
+    if existing["task"] != fresh["task"] or existing["test_mrs"] != fresh["test_mrs"]:
+        raise ValueError(f"--update: the report has {existing['test_mrs']} {existing['task']} MRs, this run "
+                         f"{fresh['test_mrs']} {fresh['task']} MRs")
+    old_1x, new_1x = (next((a for a in r["arms"] if a["speedup"] == 1.0 and a["policy"] == "task model"), None)
+                      for r in (existing, fresh))
+    if old_1x is None or new_1x is None or old_1x["scores"] != new_1x["scores"]:
+        raise ValueError(f"--update: the task model scores differently here ({new_1x and new_1x['scores']}) than "
+                         f"in the report ({old_1x and old_1x['scores']}): re-run every arm instead")
+    replaced = {a["label"]: a for a in fresh["arms"] if a is not new_1x}
+    arms = [replaced.pop(a["label"], a) for a in existing["arms"]] + list(replaced.values())
+    changed = [a["label"] for a in fresh["arms"] if a is not new_1x]
+    policies = dict(existing.get("policies", {}))
+    for arm in fresh["arms"]:
+        if arm["policy"] == "per-speedup":
+            name = f"skip-{arm['speedup']:g}x"
+            policies[name] = fresh["policies"].get(name, policies.get(name))
+    update = {"arms": changed, "config": fresh["config"], "hardware": fresh["hardware"], "minutes": fresh["minutes"]}
+    return {**existing, "arms": arms, "policies": policies, "updates": [*existing.get("updates", []), update]}
 
 
 def report_markdown(report: dict) -> str:
@@ -225,6 +268,10 @@ def report_markdown(report: dict) -> str:
              f"{' '.join(hw.get('cpu_flags', []))}; torch {hw.get('torch', '?')}; {report['minutes']} min.", "",
              *(["| arm | target | BLEU | ROUGE-L | NIST | BLEU share | ROUGE-L share | layer speedup | cost-model |",
                 "|---|---|---|---|---|---|---|---|---|"] if report["arms"] else [])]
+    for update in report.get("updates", []):
+        uhw = update["hardware"]
+        lines[3:3] = ["", f"Re-measured later ({update['config']['device']}, {uhw.get('summary', '?')}; "
+                          f"{update['minutes']} min): {', '.join(update['arms'])}."]
     for arm in report["arms"]:
         s, sh = arm["scores"], arm["shares"]
         lines.append(f"| {arm['label']} | {arm['speedup']:g}x | {s['bleu']:.2f} | {s['rouge_l']:.2f} | {s['nist']:.3f} | "

@@ -208,3 +208,40 @@ def test_generate_task_runs_the_shipped_policy_for_the_speedup_and_the_task_mode
     full = _cli("generate", "--task", "e2e", "--prompt", mr, "--full", "--json")
     assert full.returncode == 0, full.stderr
     assert set(json.loads(full.stdout)["layers_per_step"]) == {30} and "Eagle" in json.loads(full.stdout)["outputs"][0]
+
+
+def _report(arms: list[tuple[str, str, float, float]], minutes: float = 1.0, device: str = "cuda") -> dict:
+    """A small eval-task report: arms as (label, policy, speedup, BLEU)."""
+    return {"task": "e2e", "test_mrs": 630, "minutes": minutes, "config": {"device": device, "weights": "float32"},
+            "hardware": {"summary": device}, "policies": {"skip-3x": {"step": 200 if device == "cuda" else 260}},
+            "speed": [], "arms": [{"label": label, "policy": policy, "speedup": speedup, "scores": {"bleu": bleu, "rouge_l": bleu, "nist": 5.0},
+                                   "shares": dict.fromkeys(("bleu", "rouge_l", "nist"), round(bleu / 56.3, 3)), "achieved_layer_speedup": speedup,
+                                   "cost_model_speedup": speedup} for label, policy, speedup, bleu in arms]}
+
+
+def test_an_update_replaces_only_the_re_measured_arms_and_says_so():
+    from model.tasks.task_report import merged_report, report_markdown
+
+    existing = _report([("task model (1x)", "task model", 1.0, 56.3), ("no policy 3x", "none", 3.0, 0.94),
+                        ("per-speedup policy 2x", "per-speedup", 2.0, 55.55),
+                        ("per-speedup policy 3x", "per-speedup", 3.0, 45.57)])
+    fresh = _report([("task model (1x)", "task model", 1.0, 56.3), ("no policy 3x", "none", 3.0, 0.94),
+                     ("per-speedup policy 3x", "per-speedup", 3.0, 50.0)], minutes=30.0, device="cpu")
+    merged = merged_report(existing, fresh)
+    assert [(a["label"], a["scores"]["bleu"]) for a in merged["arms"]] == [  # in the report's order
+        ("task model (1x)", 56.3), ("no policy 3x", 0.94), ("per-speedup policy 2x", 55.55),
+        ("per-speedup policy 3x", 50.0)]
+    assert merged["policies"]["skip-3x"] == {"step": 260} and merged["config"]["device"] == "cuda"
+    assert merged["updates"][0]["arms"] == ["no policy 3x", "per-speedup policy 3x"]
+    assert "Re-measured later (cpu, cpu; 30.0 min): no policy 3x, per-speedup policy 3x." in report_markdown(merged)
+
+
+def test_an_update_with_another_task_model_or_other_mrs_is_refused():
+    from model.tasks.task_report import merged_report
+
+    existing = _report([("task model (1x)", "task model", 1.0, 56.3), ("per-speedup policy 3x", "per-speedup", 3.0, 45.6)])
+    other_1x = _report([("task model (1x)", "task model", 1.0, 57.0), ("per-speedup policy 3x", "per-speedup", 3.0, 50.0)])
+    with pytest.raises(ValueError, match="task model scores differently"):
+        merged_report(existing, other_1x)
+    with pytest.raises(ValueError, match="630 e2e MRs, this run 160"):
+        merged_report(existing, existing | {"test_mrs": 160})
