@@ -15,6 +15,7 @@ UNIT_SECONDS = 0.014  # one unit on a quiet 2-core CPU (what the refusal's "abou
 BATCH_ROW_WEIGHT = 0.23  # each further row of a decode step: a batch-8 step costs ~2.6x a batch-1 step
 PROMPT_TOKEN_WEIGHT = 0.27  # each prompt token of each row (one batched prefill per stream)
 LENS_TOKEN_WEIGHT = 0.6  # the logit lens on row 0: a vocabulary projection per layer run, per new token
+DEFAULT_MAX_JOB_COST = 300  # units a job may cost (Limits.max_job_cost): ~4 s of the one lane at UNIT_SECONDS
 
 
 def job_cost(batch: int, prompt_tokens: int, new_tokens: int, lens: bool) -> int:

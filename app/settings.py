@@ -12,6 +12,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.job_cost import DEFAULT_MAX_JOB_COST
 from app.tasks import examples
 from model.common.checks import check_bool, check_choice, check_int, check_number
 from model.generation import GenerationRequest, ScheduleRequest
@@ -48,7 +49,7 @@ class Limits:
     max_step_positions: int = 32768  # KV-cache positions all step-mode sessions keep together (both streams)
     max_step_bytes: int = 1 << 30  # memory all step-mode sessions keep together (estimated: app/job_cost.py)
     max_step_sessions_per_address: int = 4  # step sessions one network address keeps (its oldest go first)
-    max_job_cost: int = 300  # one job's model time in units of app/job_cost.py: ~4 s of the one lane
+    max_job_cost: int = DEFAULT_MAX_JOB_COST  # one job's model time in units of app/job_cost.py: ~4 s of the one lane
 
 
 def setting(default: Any, *, label: str, help: str = "", kind: str = "number", low: float | None = None,

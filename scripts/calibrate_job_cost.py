@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -89,10 +87,11 @@ def fit(jobs: list[dict]) -> dict:
 
 
 def predicted_seconds(weights: dict, batch: int, prompt_tokens: int, steps: float, lens: bool) -> float:
+    """The fitted formula's seconds for a job: ``features`` times fit's coefficients."""
     unit = weights["unit_seconds"]
-    terms = (steps * (1 + weights["batch_row_weight"] * (batch - 1)) + weights["prompt_token_weight"] * batch * prompt_tokens
-             + weights["lens_token_weight"] * steps * lens)
-    return unit * terms + weights["fixed_seconds"]
+    coefficients = (unit, unit * weights["batch_row_weight"], unit * weights["prompt_token_weight"],
+                    unit * weights["lens_token_weight"], weights["fixed_seconds"])
+    return sum(term * c for term, c in zip(features(batch, prompt_tokens, steps, lens), coefficients))
 
 
 def worst_admitted(limit: int) -> list[JobShape]:
@@ -101,15 +100,6 @@ def worst_admitted(limit: int) -> list[JobShape]:
     template = PROMPT_TEMPLATE_TOKENS + COUNTING_TOKENS  # as the load test sizes them (10 units of margin)
     return [JobShape(job["batch_size"], words_for_cost(job["batch_size"], job["max_new_tokens"], job["lens"], limit - 10,
                                                        template), job["max_new_tokens"], job["lens"]) for job in WORST_JOBS]
-
-
-def cpu_name_and_flags() -> dict:
-    from model.common.hardware import cpu_flags
-
-    name = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                 if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
-    return dict(cpu=name, cores=os.cpu_count(), flags=sorted(set(cpu_flags()) & {"avx2", "avx512f", "avx512_vnni", "avx512_bf16",
-                                                                              "amx_tile"}))
 
 
 def main() -> None:
@@ -121,10 +111,11 @@ def main() -> None:
 
     from app.handlers import Playground
     from app.settings import Limits
+    from model.common.hardware import hardware_info
     from model.generation import TextGenerator
     from model.loading import load_model
 
-    hardware = cpu_name_and_flags()  # first: a failure here costs no measurement
+    hardware = hardware_info(torch.device("cpu"))  # first: a failure here costs no measurement
     generator = TextGenerator(load_model(None, adapter="auto", quantize="auto"))  # as app.py serves it
     playground = Playground(lambda: generator, Limits(max_job_cost=10**9))  # the calibration jobs go past the cap
     run_job(playground, JobShape(1, 0, 8, False))  # warm: kernels built, caches filled

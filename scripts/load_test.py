@@ -897,12 +897,17 @@ def invented_sessions(url: str, sessions: int, rounds: int, visitor_job: dict) -
             and during["first_message_s"] <= bound}
 
 
-def job_cost_units(batch: int, prompt_tokens: int, new_tokens: int, lens: bool) -> int:
+def server_job_cost():
+    """The server's own job-cost module (app/job_cost.py: pure arithmetic, no torch or gradio)."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    from app.job_cost import job_cost  # the server's own formula (a pure function)
+    from app import job_cost
 
-    return job_cost(batch, prompt_tokens, new_tokens, lens)
+    return job_cost
+
+
+def job_cost_units(batch: int, prompt_tokens: int, new_tokens: int, lens: bool) -> int:
+    return server_job_cost().job_cost(batch, prompt_tokens, new_tokens, lens)
 
 
 def words_for_cost(batch: int, new_tokens: int, lens: bool, limit: int, template: int = PROMPT_TEMPLATE_TOKENS) -> int:
@@ -972,16 +977,7 @@ def job_cost_probe(url: str, server_limit: int, limit: int, worst: tuple[dict, .
             "gradio_client_refused_in_s": round(client_s, 2), "gradio_client_message": client_message[:300],
             "costliest_admitted_jobs": admitted_jobs,
             "worst_admitted_wall_s": max((job["seconds"] for job in ran), default=None),
-            "promised_s": round(server_limit * job_cost_unit_seconds(), 2)}
-
-
-def job_cost_unit_seconds() -> float:
-    """The server's seconds per unit of job cost on a quiet 2-core CPU (app/job_cost.py, calibrated)."""
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    from app.job_cost import UNIT_SECONDS  # the server's own constant
-
-    return UNIT_SECONDS
+            "promised_s": round(server_limit * server_job_cost().UNIT_SECONDS, 2)}
 
 
 def step_once(http: httpx.Client, session: str, fn_index: int, data: list, timeout: float = 120) -> str:
@@ -1306,7 +1302,7 @@ def main() -> int:
                         help="--hostile: only the round-four attacks (issue 37), written under \"round_four\"")
     parser.add_argument("--tiny", action="store_true", help="--round-four: a dry run with tiny counts (writes "
                                                             "only to --json)")
-    parser.add_argument("--max-job-cost", type=int, default=int(os.environ.get("SKIPDECODE_MAX_JOB_COST", "300")),
+    parser.add_argument("--max-job-cost", type=int, default=int(os.environ.get("SKIPDECODE_MAX_JOB_COST", server_job_cost().DEFAULT_MAX_JOB_COST)),
                         help="--hostile: the server's job cost cap (the costliest admitted jobs are sized to it)")
     parser.add_argument("--queue-size", type=int, default=int(os.environ.get("SKIPDECODE_QUEUE_SIZE", "32")),
                         help="--hostile: the server's queue size (for the queue share)")

@@ -247,8 +247,8 @@ def merged_report(existing: dict, fresh: dict) -> dict:
         raise ValueError(f"--update: the task model scores differently here ({new_1x and new_1x['scores']}) than "
                          f"in the report ({old_1x and old_1x['scores']}): re-run every arm instead")
     replaced = {a["label"]: a for a in fresh["arms"] if a is not new_1x}
+    changed = list(replaced)
     arms = [replaced.pop(a["label"], a) for a in existing["arms"]] + list(replaced.values())
-    changed = [a["label"] for a in fresh["arms"] if a is not new_1x]
     policies = dict(existing.get("policies", {}))
     for arm in fresh["arms"]:
         if arm["policy"] == "per-speedup":

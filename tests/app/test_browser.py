@@ -44,6 +44,14 @@ def _page(browser, url, width: int = 1400, height: int = 1000):
     return page
 
 
+def _open_from_link(p, url: str, query: str, width: int = 1400, height: int = 1400):
+    """A page opened from a share link (``query``), once the link's settings are in the controls:
+    a number typed into a control can reach the page's state after the next click on a slow machine."""
+    browser, page = _open(p, f"{url}?{query}", width, height)
+    assert _wait(lambda: "loaded from the link" in page.inner_text("#status"), 30), page.inner_text("#status")
+    return browser, page
+
+
 def _wait(condition, timeout: float) -> bool:
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -137,8 +145,7 @@ def test_stop_and_closed_tab_end_the_generation(server, how):
 
 def test_changing_the_decay_while_generating_restarts_both_streams(server):
     with playwright.sync_playwright() as p:
-        browser, page = _open(p, server.local_url + "?max_new_tokens=256")  # a link: typed numbers can race the click
-        assert _wait(lambda: "loaded from the link" in page.inner_text("#status"), 30), page.inner_text("#status")
+        browser, page = _open_from_link(p, server.local_url, "max_new_tokens=256")
         page.fill("textarea", "Tell me a very long story about the sea and its sailors.")
         page.click("#generate-btn")
         assert _wait(lambda: _full_length(page) >= 10, 90), "generation did not start"
@@ -462,10 +469,7 @@ def test_the_streamed_heatmap_is_the_final_figure_and_the_next_run_starts_clean(
     long_prompt = "Tell me about the sea and its old sailors. " * 25  # ~280 positions with the template
     runs = [dict(prompt=long_prompt, lens=True), dict(prompt="Name three colours.", lens=False)]
     with playwright.sync_playwright() as p:
-        # The token limit comes from a share link, not typed: a typed number could reach the page's
-        # state after Generate's click on a slow machine (CI ran one run at the default 48).
-        browser, page = _open(p, server.local_url + "?max_new_tokens=20", width, height)
-        assert _wait(lambda: "loaded from the link" in page.inner_text("#status"), 30), page.inner_text("#status")
+        browser, page = _open_from_link(p, server.local_url, "max_new_tokens=20", width, height)  # CI ran one at 48
         page.click("button:has-text('Advanced')")
         assert page.locator("input[aria-label='number input for Max new tokens']").input_value() == "20"
         _set_run(page, **runs[0])
