@@ -28,7 +28,7 @@ from model.studies.study import StudyConfig, best_arm, run_study, study_markdown
 from model.tasks.e2e import parse_mr, task_prompt
 from model.tasks.task_models import TASKS, check_task, load_task_model, task_schedule
 from model.tasks.task_report import TaskEvalConfig, run_task_eval
-from model.tasks.task_training import TaskRun, train_task
+from model.tasks.task_training import TARGET_KINDS, TaskRun, train_task
 from model.training.data import DEFAULT_EVAL_PROMPTS, DEFAULT_FACTS
 from model.training.make_data import MakeDataConfig, make_data
 from model.training.training import TrainConfig, train
@@ -437,6 +437,10 @@ TRAIN_OPTION_HELP = {
     "resume": "continue from the newest checkpoint in --output-dir",
     "init_adapter": "start from this trained adapter folder's weights (same rank, alpha, modules; new optimiser)",
     "threads": "CPU threads for torch",
+    "targets": "what a skip policy learns to write: the references (the paper's way) or the task model's own "
+               "greedy descriptions (sequence-level distillation)",
+    "synthetic_mrs": "new MRs (devset names, the challenge's closed values) described by the task model, "
+                     "with --targets task-model",
 }
 
 
@@ -467,7 +471,8 @@ def add_dataclass_options(parser: argparse.ArgumentParser, config_class: type, s
                                 type=lambda text: tuple(t.strip() for t in text.split(",") if t.strip()))
         else:
             cast = int if kind.startswith("int") else float if kind.startswith("float") else str
-            choices = {"order": (*LAYER_ORDERS, "ranked"), "fixed_decay": DECAY_FUNCTIONS}.get(spec.name)
+            choices = {"order": (*LAYER_ORDERS, "ranked"), "fixed_decay": DECAY_FUNCTIONS,
+                       "targets": TARGET_KINDS}.get(spec.name)
             parser.add_argument(flag, dest=spec.name, type=cast, default=default, choices=choices, help=help_text)
 
 

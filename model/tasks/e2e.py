@@ -151,6 +151,36 @@ def compose_mr(values: dict[str, str | None]) -> str:
     return mr
 
 
+def synthetic_mrs(records: Sequence[E2ERecord], count: int, seed: int = 0, attribute_share: float = 0.75,
+                  folder: Path = E2E_DATA) -> list[str]:
+    """``count`` new MRs for distillation targets (they have no references): a name and a ``near``
+    drawn from the names ``records`` use (either role), each other attribute present with
+    probability ``attribute_share`` and its value drawn from the challenge's closed values
+    (ATTRIBUTE_VALUES: the playground form's, pubs and restaurants and all seven cuisines, which
+    the devset alone never shows). None is one of ``records``, a held-out or a test MR."""
+    places = sorted({value for r in records for key, value in parse_mr(r.mr).items() if key in ("name", "near")})
+    if len(places) < 2:
+        raise ValueError("synthetic MRs need at least two place names in the records")
+    taken = {normalise_mr(r.mr) for r in (*records, *dev_split(folder)[1], *reported_records(folder))}
+    rng = random.Random(seed)
+    made: list[str] = []
+    for _ in range(100 * count):  # a bounded number of draws: a tiny vocabulary cannot loop forever
+        if len(made) == count:
+            break
+        name, near = rng.sample(places, 2)
+        values: dict[str, str | None] = {"name": name}
+        for key, options in ATTRIBUTE_VALUES.items():
+            values[key] = rng.choice(options) if rng.random() < attribute_share else None
+        values["near"] = near if rng.random() < attribute_share else None
+        mr = compose_mr(values)
+        if normalise_mr(mr) not in taken:
+            taken.add(normalise_mr(mr))
+            made.append(mr)
+    if len(made) < count:
+        raise ValueError(f"only {len(made)} distinct new MRs can be composed from these records, not {count}")
+    return made
+
+
 def example_mrs(count: int = 8, folder: Path = E2E_DATA) -> list[str]:
     """Test-set MRs for the playground's examples: one per restaurant name, the richer MRs first,
     so the examples show different places and most of the attributes."""

@@ -9,6 +9,10 @@
 * ``--policy all``: one gated LoRA for every speedup, a random target in [1.5, 5] per batch on the
   same schedule shape (the project's random-schedule recipe).
 
+A policy learns the references (``--targets references``, the paper's way) or the task model's
+own greedy descriptions (``--targets task-model``: sequence-level distillation,
+model/tasks/task_distill.py), which can add ``--synthetic-mrs`` new MRs that have no references.
+
 Both train on devset.csv less its held-out MRs (model/tasks/e2e.py); checkpoints every
 ``--save-every`` steps, ``--resume`` continues the last one. At the end the run scores itself on
 the held-out MRs (BLEU), the number used to choose between runs; the test set is never read.
@@ -21,16 +25,20 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from model.generation import TextGenerator
-from model.loading import load_model
+from model.loading import load_model, resolve_device
 from model.skipdecode.skip_policy import export_adapter
 from model.tasks.e2e import dev_split, write_training_file
+from model.tasks.task_distill import DistillSource, write_distillation_file
 from model.tasks.task_eval import describe, task_scores
 from model.tasks.task_models import check_task, policy_name, task_adapter_dir, task_schedule
 from model.training.training import TrainConfig, TrainResult, train
 
 SHARED_SPEEDUP_RANGE = (1.5, 5.0)
 HELDOUT_BATCH = 25
+TARGET_KINDS = ("references", "task-model")
 
 
 @dataclass
@@ -54,9 +62,19 @@ class TaskRun:
     seed: int = 0
     heldout_mrs: int = 50  # held-out MRs scored at the end (0: none)
     init_adapter: str | None = None  # continue from a trained adapter's weights (e.g. a GPU run's export)
+    targets: str = "references"  # or "task-model": the task model's greedy descriptions (a policy only)
+    synthetic_mrs: int = 0  # new MRs besides the devset's (task-model targets only: they have no references)
 
     def __post_init__(self) -> None:
         check_task(self.task)
+        if self.targets not in TARGET_KINDS:
+            raise ValueError(f"--targets must be one of {', '.join(TARGET_KINDS)}; got {self.targets!r}")
+        if self.targets == "task-model" and self.policy == "task":
+            raise ValueError("--targets task-model distils the task model into a skip policy: it needs --policy 2 ... 5 or all")
+        if self.synthetic_mrs and self.targets != "task-model":
+            raise ValueError("--synthetic-mrs have no references: they need --targets task-model")
+        if not 0 <= self.synthetic_mrs <= 20000:
+            raise ValueError(f"--synthetic-mrs must be in [0, 20000]; got {self.synthetic_mrs}")
         if self.policy not in ("task", "all"):
             try:
                 speedup = float(self.policy)
@@ -74,7 +92,8 @@ class TaskRun:
     @property
     def name(self) -> str:
         base = "task" if self.policy == "task" else policy_name(self.speedup)
-        return base + (f"-kl{self.kl_weight:g}" if self.kl_weight else "")
+        distilled = f"-distil{self.synthetic_mrs or ''}" if self.targets == "task-model" else ""
+        return base + (f"-kl{self.kl_weight:g}" if self.kl_weight else "") + distilled
 
     @property
     def folder(self) -> Path:
@@ -119,10 +138,23 @@ def heldout_bleu(run: TaskRun, config: TrainConfig, adapter: Path, speedups: tup
     return scores
 
 
+def training_file(run: TaskRun) -> Path:
+    """The run's training JSONL (per run: parallel runs never share one): the references, or the
+    task model's descriptions of the training MRs and the run's synthetic ones."""
+    if run.targets == "references":
+        return write_training_file(run.folder / "train.jsonl")
+    if run.threads:
+        torch.set_num_threads(run.threads)
+    source = DistillSource(task_adapter=str(Path(run.task_adapter or task_adapter_dir(run.task)).resolve()),
+                           training_mrs=len(dev_split()[0]), synthetic_mrs=run.synthetic_mrs, seed=run.seed,
+                           device=resolve_device(run.device).type)
+    return write_distillation_file(run.folder / "distilled.jsonl", source, run.task)
+
+
 def train_task(run: TaskRun) -> dict:
     """Train, score on the held-out MRs, export if asked; returns (and writes) the run's summary."""
     run.folder.mkdir(parents=True, exist_ok=True)
-    data_file = write_training_file(run.folder / "train.jsonl")  # per run: parallel runs never share it
+    data_file = training_file(run)
     config = train_config(run, data_file)
     result: TrainResult = train(config)
     adapter = run.folder / "adapter"

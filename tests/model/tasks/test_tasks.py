@@ -13,6 +13,7 @@ from model.skipdecode.schedule import depth_share_floor
 from model.tasks.e2e import (
     ATTRIBUTES,
     HELDOUT_MRS,
+    E2ERecord,
     assert_no_test_mr,
     compose_mr,
     dev_split,
@@ -245,3 +246,62 @@ def test_an_update_with_another_task_model_or_other_mrs_is_refused():
         merged_report(existing, other_1x)
     with pytest.raises(ValueError, match="630 e2e MRs, this run 160"):
         merged_report(existing, existing | {"test_mrs": 160})
+
+
+def test_synthetic_mrs_are_new_parse_and_reach_values_the_devset_never_shows():
+    from model.tasks.e2e import ATTRIBUTE_VALUES, synthetic_mrs
+
+    train, held = dev_split()
+    made = synthetic_mrs(train, 300, seed=3)
+    assert len(made) == len(set(made)) == 300 and made == synthetic_mrs(train, 300, seed=3)
+    assert made != synthetic_mrs(train, 300, seed=4)
+    known = {normalise_mr(r.mr) for r in (*train, *held, *reported_records())}
+    assert not {normalise_mr(mr) for mr in made} & known
+    assert_no_test_mr(made)
+    names = {v for r in train for k, v in parse_mr(r.mr).items() if k in ("name", "near")}
+    parsed = [parse_mr(mr) for mr in made]
+    assert all(p["name"] in names and p.get("near", p["name"]) in names and p.get("near") != p["name"] for p in parsed)
+    seen_in_dev = {(k, v) for r in train for k, v in parse_mr(r.mr).items()}
+    new_values = {(k, v) for p in parsed for k, v in p.items() if k in ATTRIBUTE_VALUES} - seen_in_dev
+    assert ("eatType", "pub") in new_values and ("food", "Italian") in new_values
+    with pytest.raises(ValueError, match="two place names"):
+        synthetic_mrs([E2ERecord("name[Solo]", ("Solo is a place.",))], 5)
+
+
+def test_distillation_targets_are_the_task_models_own_greedy_descriptions(tiny_task_adapters, tmp_path):
+    """Each row is one MR's prompt and the task model's greedy description of it (the same text a
+    full-depth generation gives); a file made from the same source is reused, another is remade."""
+    from model.generation import TextGenerator
+    from model.tasks.task_distill import DistillSource, write_distillation_file
+    from model.tasks.task_eval import describe
+
+    root, loader = tiny_task_adapters
+    model = str(root.parent / "model")
+    source = DistillSource(task_adapter=str(root / "e2e" / "task"), training_mrs=3, synthetic_mrs=2, seed=0, device="cpu")
+    path = write_distillation_file(tmp_path / "distilled.jsonl", source, model=model)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    mrs = [r.mr for r in dev_split()[0][:3]]
+    assert 1 <= len(rows) <= 5 and all(row["completion"] for row in rows)
+    generator = TextGenerator(loader("e2e", None))
+    expected = describe(generator, mrs, task_schedule("e2e", 1.0, generator.num_layers, full=True), 96).outputs
+    by_prompt = {row["prompt"]: row["completion"] for row in rows}
+    assert [by_prompt.get(task_prompt(mr)) for mr in mrs] == [text or None for text in expected]
+    assert not {row["prompt"] for row in rows} & {task_prompt(r.mr) for r in reported_records()}
+    stamp = path.stat().st_mtime_ns
+    assert write_distillation_file(path, source, model=model).stat().st_mtime_ns == stamp
+    other = DistillSource(**{**source.__dict__, "synthetic_mrs": 1})
+    write_distillation_file(path, other, model=model)
+    assert len(path.read_text().splitlines()) <= 4 and json.loads(path.with_suffix(".source.json").read_text())["synthetic_mrs"] == 1
+
+
+def test_distilled_task_runs_are_checked_and_named():
+    with pytest.raises(ValueError, match="--targets must be"):
+        TaskRun(policy="3", targets="teacher")
+    with pytest.raises(ValueError, match="needs --policy"):
+        TaskRun(policy="task", targets="task-model")
+    with pytest.raises(ValueError, match="need --targets task-model"):
+        TaskRun(policy="3", synthetic_mrs=10)
+    with pytest.raises(ValueError, match="synthetic-mrs must be"):
+        TaskRun(policy="3", targets="task-model", synthetic_mrs=-1)
+    assert TaskRun(policy="3", targets="task-model", synthetic_mrs=1000).folder.name == "e2e-skip-3x-distil1000"
+    assert TaskRun(policy="2", targets="task-model").folder.name == "e2e-skip-2x-distil"

@@ -1,0 +1,74 @@
+"""Sequence-level distillation targets for a task's skip policy: the task model's own greedy
+descriptions, in place of the human references, as the text the policy learns to write.
+
+Why: a policy is judged by how much of the task model's quality it keeps, and greedy decoding
+keeps the task model's single most likely wording, while the references spread over several
+wordings per MR (8.6 on average in E2E's devset). Learning that one wording is an easier job for
+a few layers than learning the references' spread, and it can cover MRs that have no references
+(model/tasks/e2e.py: synthetic_mrs). One greedy pass of the task model per MR, written once and
+reused by ``--resume``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Sequence
+
+from model.generation import TextGenerator
+from model.loading import load_model
+from model.tasks.e2e import E2ERecord, assert_no_test_mr, dev_split, synthetic_mrs, task_prompt
+from model.tasks.task_eval import describe
+from model.tasks.task_models import check_task, task_schedule
+
+DISTILL_BATCH = 32
+
+
+@dataclass(frozen=True)
+class DistillSource:
+    """What a distillation file was made from: a file made from anything else is made again."""
+
+    task_adapter: str
+    training_mrs: int
+    synthetic_mrs: int
+    seed: int
+    device: str
+
+
+def distillation_mrs(train: Sequence[E2ERecord], synthetic: int, seed: int) -> list[str]:
+    """The MRs whose task-model descriptions become targets: the training MRs, then ``synthetic`` new ones."""
+    mrs = [r.mr for r in train] + (synthetic_mrs(train, synthetic, seed) if synthetic else [])
+    assert_no_test_mr(mrs)
+    return mrs
+
+
+def task_model_rows(task: str, task_adapter: str, mrs: Sequence[str], device: str = "cpu",
+                    model: str | None = None, batch_size: int = DISTILL_BATCH) -> list[dict]:
+    """prompt/completion records: the task model's greedy description of each MR (float32, full
+    depth, the task's output budget). Empty descriptions are left out: they teach nothing."""
+    settings = check_task(task)
+    loaded = load_model(model, device=device, dtype="float32", quantize="none", adapter=None, task_adapter=task_adapter)
+    generator = TextGenerator(loaded)
+    full = task_schedule(task, 1.0, generator.num_layers, full=True)
+    outputs = describe(generator, mrs, full, settings.max_new_tokens, batch_size).outputs
+    return [{"prompt": task_prompt(mr), "completion": text} for mr, text in zip(mrs, outputs) if text]
+
+
+def write_distillation_file(path: Path, source: DistillSource, task: str = "e2e", model: str | None = None) -> Path:
+    """The task model's descriptions as a JSONL training file at ``path``, with ``path``.source.json
+    beside it; a file already made from the same source is reused (a resumed run, a second policy)."""
+    path = Path(path)
+    record = path.with_suffix(".source.json")
+    if path.is_file() and record.is_file() and json.loads(record.read_text()) == asdict(source):
+        return path
+    train, _ = dev_split()
+    rows = task_model_rows(task, source.task_adapter, distillation_mrs(train[: source.training_mrs],
+                                                                         source.synthetic_mrs, source.seed),
+                           device=source.device, model=model)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+    record.write_text(json.dumps(asdict(source), indent=2))
+    return path
