@@ -3,8 +3,9 @@ checkpoint copy, or a shipped policy): the curve a continuation is judged by, ne
 
     PYTHONPATH=. python scripts/task_heldout_curve.py runs/e2e-skip-2x-cont/adapter-step-50 --speedup 2
 
-Prints one JSON line: the task model's scores at 1x and the policy's at the speedup (50 held-out
-MRs of devset.csv, float32, CPU; model/tasks/task_training.py: heldout_bleu).
+Prints one JSON line: the task model's scores at 1x and the policy's at the speedup, with how close
+it stays to the task model's own descriptions (50 held-out MRs of devset.csv, float32, CPU;
+model/tasks/task_training.py: heldout_bleu).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -32,7 +32,7 @@ from model.loading import load_model, resolve_device
 from model.skipdecode.skip_policy import export_adapter
 from model.tasks.e2e import dev_split, write_training_file
 from model.tasks.task_distill import DistillSource, write_distillation_file
-from model.tasks.task_eval import describe, task_scores
+from model.tasks.task_eval import bleu, describe, task_scores
 from model.tasks.task_models import check_task, policy_name, task_adapter_dir, task_schedule
 from model.training.training import TrainConfig, TrainResult, train
 
@@ -122,7 +122,9 @@ def train_config(run: TaskRun, data_file: Path) -> TrainConfig:
 
 def heldout_bleu(run: TaskRun, config: TrainConfig, adapter: Path, speedups: tuple[float, ...]) -> dict:
     """BLEU on the held-out devset MRs at each speedup (the task model: at 1x), float32: the run's
-    adapter as the task model itself, or as a policy on the task model it trained on."""
+    adapter as the task model itself, or as a policy on the task model it trained on. Where 1x is
+    among ``speedups``, each other speedup also says how close it stays to the task model's own
+    descriptions: BLEU with those as the one reference, and the share of MRs described identically."""
     held = dev_split()[1][: run.heldout_mrs]
     settings = check_task(run.task)
     task_model_run = run.policy == "task"
@@ -130,12 +132,22 @@ def heldout_bleu(run: TaskRun, config: TrainConfig, adapter: Path, speedups: tup
                         adapter=None if task_model_run else str(adapter),
                         task_adapter=str(adapter) if task_model_run else config.task_adapter)
     generator = TextGenerator(loaded)
-    scores = {}
+    scores, outputs = {}, {}
     for speedup in speedups:
         schedule = task_schedule(run.task, speedup, generator.num_layers)
-        outputs = describe(generator, [r.mr for r in held], schedule, settings.max_new_tokens, HELDOUT_BATCH).outputs
-        scores[f"{speedup:g}x"] = task_scores(outputs, held)
+        outputs[speedup] = describe(generator, [r.mr for r in held], schedule, settings.max_new_tokens, HELDOUT_BATCH).outputs
+        scores[f"{speedup:g}x"] = task_scores(outputs[speedup], held)
+    if 1.0 in outputs:
+        for speedup in (s for s in speedups if s != 1.0):
+            scores[f"{speedup:g}x"]["vs_task_model"] = closeness(outputs[speedup], outputs[1.0])
     return scores
+
+
+def closeness(outputs: Sequence[str], task_model_outputs: Sequence[str]) -> dict:
+    """How close descriptions stay to the task model's own of the same MRs: BLEU with the task
+    model's as the one reference, and the share of MRs described identically."""
+    same = sum(a == b for a, b in zip(outputs, task_model_outputs)) / max(1, len(task_model_outputs))
+    return {"bleu": round(bleu(outputs, [(text,) for text in task_model_outputs]), 2), "same_share": round(same, 3)}
 
 
 def training_file(run: TaskRun) -> Path:

@@ -305,3 +305,12 @@ def test_distilled_task_runs_are_checked_and_named():
         TaskRun(policy="3", targets="task-model", synthetic_mrs=-1)
     assert TaskRun(policy="3", targets="task-model", synthetic_mrs=1000).folder.name == "e2e-skip-3x-distil1000"
     assert TaskRun(policy="2", targets="task-model").folder.name == "e2e-skip-2x-distil"
+
+
+def test_closeness_to_the_task_model_counts_identical_descriptions():
+    from model.tasks.task_training import closeness
+
+    full = ["Aromi is a coffee shop near the river.", "Zizzi is a cheap pub in the city centre."]
+    assert closeness(full, full) == {"bleu": pytest.approx(100.0), "same_share": 1.0}
+    half = closeness([full[0], "Zizzi is a pub."], full)
+    assert half["same_share"] == 0.5 and 20 < half["bleu"] < 90
