@@ -150,15 +150,22 @@ def _share(value) -> str:
 
 def e2e_quality_table(report: dict) -> str:
     """Every arm: BLEU and ROUGE-L and their share of the task model's, per speedup and policy."""
-    lines = ["| arm | policy | target | BLEU | ROUGE-L | BLEU share | ROUGE-L share | layer speedup |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| arm | policy | target | BLEU | ROUGE-L | BLEU share | ROUGE-L share | same text as the task model | "
+             "layer speedup |", "|---|---|---|---|---|---|---|---|---|"]
     for arm in report["arms"]:
         scores, shares = arm["scores"], arm["shares"]
         layers = arm.get("achieved_layer_speedup")
         lines.append(f"| {_text(arm.get('label', ''))} | {_text(arm.get('policy', ''))} | {arm['speedup']:g}x | "
                      f"{scores['bleu']:.2f} | {scores['rouge_l']:.2f} | {_share(shares.get('bleu'))} | "
-                     f"{_share(shares.get('rouge_l'))} | {f'{layers:.2f}x' if _is_number(layers) else 'n/a'} |")
+                     f"{_share(shares.get('rouge_l'))} | {_same_text(arm.get('vs_task_model'))} | "
+                     f"{f'{layers:.2f}x' if _is_number(layers) else 'n/a'} |")
     return "\n".join(lines)
+
+
+def _same_text(closeness) -> str:
+    """The share of MRs an arm describes word for word as the task model does ("n/a" where unknown)."""
+    share = closeness.get("same_share") if isinstance(closeness, dict) else None
+    return f"{100 * share:.1f}%" if _is_number(share) else "n/a"
 
 
 def e2e_speed_table(report: dict) -> str:

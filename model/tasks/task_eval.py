@@ -85,6 +85,13 @@ def task_scores(outputs: Sequence[str], records: Sequence[E2ERecord]) -> dict:
             "nist": round(nist(outputs, references), 3)}
 
 
+def closeness(outputs: Sequence[str], task_model_outputs: Sequence[str]) -> dict:
+    """How close descriptions stay to the task model's own of the same MRs: BLEU with the task
+    model's as the one reference, and the share of MRs described identically."""
+    same = sum(a == b for a, b in zip(outputs, task_model_outputs)) / max(1, len(task_model_outputs))
+    return {"bleu": round(bleu(outputs, [(text,) for text in task_model_outputs]), 2), "same_share": round(same, 3)}
+
+
 # --- speed -------------------------------------------------------------------------------------------
 
 

@@ -22,7 +22,7 @@ from model.generation import ScheduleRequest, TextGenerator
 from model.loading import load_model, resolve_device
 from model.skipdecode.schedule import cost_speedup, layer_speedup
 from model.tasks.e2e import E2ERecord, reported_records
-from model.tasks.task_eval import describe, measure_speed, task_scores
+from model.tasks.task_eval import closeness, describe, measure_speed, task_scores
 from model.tasks.task_models import (
     POLICY_SPEEDUPS,
     TASK_ASSETS,
@@ -211,6 +211,8 @@ def run_task_eval(config: TaskEvalConfig) -> dict:
     outputs = {arm.label: arm.outputs for arm in arms}
     if config.update:
         report, outputs = _folded_into_existing(output, stem, report, outputs)
+    if arms:
+        add_closeness(report, outputs)
     (output / f"{stem}.json").write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     (output / f"{stem}.md").write_text(report_markdown(report))
     if not arms:  # a speed-only run leaves the quality files as they are
@@ -218,6 +220,30 @@ def run_task_eval(config: TaskEvalConfig) -> dict:
     with (output / f"{stem}-outputs.jsonl").open("w", encoding="utf-8") as handle:
         for label, texts in outputs.items():
             handle.write(json.dumps({"label": label, "outputs": texts}, ensure_ascii=False) + "\n")
+    return report
+
+
+TASK_MODEL_LABEL = "task model (1x)"
+
+
+def add_closeness(report: dict, outputs: dict[str, list[str]]) -> dict:
+    """Each arm's closeness to the task model's own descriptions of the same MRs (BLEU against
+    them, the share described identically), from the arms' outputs; arms without outputs get none."""
+    full = outputs.get(TASK_MODEL_LABEL)
+    for arm in report["arms"]:
+        texts = outputs.get(arm["label"])
+        arm["vs_task_model"] = closeness(texts, full) if full is not None and texts is not None else None
+    return report
+
+
+def refresh_report(output: str | Path, stem: str) -> dict:
+    """A written report re-derived from its own files (closeness added, Markdown rewritten): no model runs."""
+    output = Path(output)
+    report = json.loads((output / f"{stem}.json").read_text())
+    lines = (output / f"{stem}-outputs.jsonl").read_text(encoding="utf-8").splitlines()
+    add_closeness(report, {row["label"]: row["outputs"] for row in map(json.loads, lines)})
+    (output / f"{stem}.json").write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+    (output / f"{stem}.md").write_text(report_markdown(report))
     return report
 
 
@@ -266,16 +292,18 @@ def report_markdown(report: dict) -> str:
     lines = [f"# {report['task'].upper()} {title}", "",
              f"Weights: {report['config']['weights']}; {hw.get('summary', '?')}; CPU flags: "
              f"{' '.join(hw.get('cpu_flags', []))}; torch {hw.get('torch', '?')}; {report['minutes']} min.", "",
-             *(["| arm | target | BLEU | ROUGE-L | NIST | BLEU share | ROUGE-L share | layer speedup | cost-model |",
-                "|---|---|---|---|---|---|---|---|---|"] if report["arms"] else [])]
+             *(["| arm | target | BLEU | ROUGE-L | NIST | BLEU share | ROUGE-L share | BLEU against the task model's "
+                "text | same text as the task model | layer speedup | cost-model |",
+                "|---|---|---|---|---|---|---|---|---|---|---|"] if report["arms"] else [])]
     for update in report.get("updates", []):
         uhw = update["hardware"]
         lines[3:3] = ["", f"Re-measured later ({update['config']['device']}, {uhw.get('summary', '?')}; "
                           f"{update['minutes']} min): {', '.join(update['arms'])}."]
     for arm in report["arms"]:
-        s, sh = arm["scores"], arm["shares"]
+        s, sh, near = arm["scores"], arm["shares"], arm.get("vs_task_model")
+        closeness_cells = f"{near['bleu']:.2f} | {100 * near['same_share']:.1f}%" if near else "- | -"
         lines.append(f"| {arm['label']} | {arm['speedup']:g}x | {s['bleu']:.2f} | {s['rouge_l']:.2f} | {s['nist']:.3f} | "
-                     f"{sh['bleu']:.3f} | {sh['rouge_l']:.3f} | {arm['achieved_layer_speedup']:.2f}x | "
+                     f"{sh['bleu']:.3f} | {sh['rouge_l']:.3f} | {closeness_cells} | {arm['achieved_layer_speedup']:.2f}x | "
                      f"{arm['cost_model_speedup']:.2f}x |")
     if report["speed"]:
         lines += ["", f"Speed: {report['speed'][0]['steps']} decode steps per prompt (the decay length), EOS "

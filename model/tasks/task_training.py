@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -32,7 +32,7 @@ from model.loading import load_model, resolve_device
 from model.skipdecode.skip_policy import export_adapter
 from model.tasks.e2e import dev_split, write_training_file
 from model.tasks.task_distill import DistillSource, write_distillation_file
-from model.tasks.task_eval import bleu, describe, task_scores
+from model.tasks.task_eval import closeness, describe, task_scores
 from model.tasks.task_models import check_task, policy_name, task_adapter_dir, task_schedule
 from model.training.training import TrainConfig, TrainResult, train
 
@@ -141,13 +141,6 @@ def heldout_bleu(run: TaskRun, config: TrainConfig, adapter: Path, speedups: tup
         for speedup in (s for s in speedups if s != 1.0):
             scores[f"{speedup:g}x"]["vs_task_model"] = closeness(outputs[speedup], outputs[1.0])
     return scores
-
-
-def closeness(outputs: Sequence[str], task_model_outputs: Sequence[str]) -> dict:
-    """How close descriptions stay to the task model's own of the same MRs: BLEU with the task
-    model's as the one reference, and the share of MRs described identically."""
-    same = sum(a == b for a, b in zip(outputs, task_model_outputs)) / max(1, len(task_model_outputs))
-    return {"bleu": round(bleu(outputs, [(text,) for text in task_model_outputs]), 2), "same_share": round(same, 3)}
 
 
 def training_file(run: TaskRun) -> Path:

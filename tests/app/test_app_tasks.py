@@ -138,7 +138,8 @@ def test_results_say_where_the_papers_claim_holds_computed_from_the_file(tmp_pat
         _arm("task model (1x)", "task model", 1.0, 1.0, 1.0),
         _arm("per-speedup policy 2x", "per-speedup", 2.0, 0.995, 0.998),
         _arm("shared policy 2x", "shared", 2.0, 0.985, 0.999),
-        _arm("per-speedup policy 3x", "per-speedup", 3.0, 0.97, 0.98),
+        {**_arm("per-speedup policy 3x", "per-speedup", 3.0, 0.97, 0.98),
+         "vs_task_model": {"bleu": 80.0, "same_share": 0.412}},
         _arm("per-speedup policy 5x", "per-speedup", 5.0, 0.96, 0.951),
         _arm("no policy 5x", "none", 5.0, 0.2, 0.4),
     ], speed=[{"speedup": 2.0, "batch_size": 8, "policy": "skip-2x", "weights": "float32", "decode_speedup": 1.71,
@@ -150,7 +151,8 @@ def test_results_say_where_the_papers_claim_holds_computed_from_the_file(tmp_pat
     assert "holds for the per-speedup policy at 2x" in sentence and "per-speedup policy at 5x" in sentence
     assert "does not hold for the shared policy at 2x (BLEU 0.985 < 0.99)" in sentence
     text = e2e_markdown(report)
-    assert "| per-speedup policy 3x | per-speedup | 3x | 58.20 | 63.70 | 0.970 | 0.980 | 3.00x |" in text
+    assert "| per-speedup policy 3x | per-speedup | 3x | 58.20 | 63.70 | 0.970 | 0.980 | 41.2% | 3.00x |" in text
+    assert "| per-speedup policy 2x | per-speedup | 2x | 59.70 | 64.87 | 0.995 | 0.998 | n/a | 2.00x |" in text
     assert "| 2x | 8 | skip-2x | float32 | 1.71x | 1.90x | 1.50x |" in text
     assert text.index("paper claims") < text.index("| arm |")
     assert "0.970 of the task model's BLEU" in e2e_note(3.2, True, path)

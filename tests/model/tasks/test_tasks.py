@@ -221,7 +221,7 @@ def _report(arms: list[tuple[str, str, float, float]], minutes: float = 1.0, dev
 
 
 def test_an_update_replaces_only_the_re_measured_arms_and_says_so():
-    from model.tasks.task_report import merged_report, report_markdown
+    from model.tasks.task_report import add_closeness, merged_report, report_markdown
 
     existing = _report([("task model (1x)", "task model", 1.0, 56.3), ("no policy 3x", "none", 3.0, 0.94),
                         ("per-speedup policy 2x", "per-speedup", 2.0, 55.55),
@@ -235,6 +235,10 @@ def test_an_update_replaces_only_the_re_measured_arms_and_says_so():
     assert merged["policies"]["skip-3x"] == {"step": 260} and merged["config"]["device"] == "cuda"
     assert merged["updates"][0]["arms"] == ["no policy 3x", "per-speedup policy 3x"]
     assert "Re-measured later (cpu, cpu; 30.0 min): no policy 3x, per-speedup policy 3x." in report_markdown(merged)
+    outputs = {"task model (1x)": ["A is a pub.", "B is a cafe."], "per-speedup policy 3x": ["A is a pub.", "B."]}
+    closer = add_closeness(merged, outputs)
+    assert [a["vs_task_model"] and a["vs_task_model"]["same_share"] for a in closer["arms"]] == [1.0, None, None, 0.5]
+    assert "| 100.00 | 100.0% |" in report_markdown(closer) and "| - | - |" in report_markdown(closer)
 
 
 def test_an_update_with_another_task_model_or_other_mrs_is_refused():
@@ -308,7 +312,7 @@ def test_distilled_task_runs_are_checked_and_named():
 
 
 def test_closeness_to_the_task_model_counts_identical_descriptions():
-    from model.tasks.task_training import closeness
+    from model.tasks.task_eval import closeness
 
     full = ["Aromi is a coffee shop near the river.", "Zizzi is a cheap pub in the city centre."]
     assert closeness(full, full) == {"bleu": pytest.approx(100.0), "same_share": 1.0}
