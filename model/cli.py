@@ -437,6 +437,7 @@ TRAIN_OPTION_HELP = {
     "resume": "continue from the newest checkpoint in --output-dir",
     "init_adapter": "start from this trained adapter folder's weights (same rank, alpha, modules; new optimiser)",
     "threads": "CPU threads for torch",
+    "policy_free_arms": "eval-task: also the task model skipping without a policy at each speedup",
     "targets": "what a skip policy learns to write: the references (the paper's way) or the task model's own "
                "greedy descriptions (sequence-level distillation)",
     "synthetic_mrs": "new MRs (devset names, the challenge's closed values) described by the task model, "

@@ -47,6 +47,7 @@ class TaskEvalConfig:
     speed_batches: tuple[int, ...] = (1, 8)
     speed_repeats: int = 2
     baselines: bool = True  # the untouched model and the general chat policy on the same MRs
+    policy_free_arms: bool = True  # the task model skipping without a policy at each speedup
     quality: bool = True  # False: the speed rows only
     output: str = "assets/eval"
     threads: int | None = None
@@ -118,7 +119,7 @@ def quality_arms(config: TaskEvalConfig, records: Sequence[E2ERecord]) -> list[A
     num_layers = task_model.num_layers
     arms.append(_arm("task model (1x)", "task model", 1.0, task_model, records,
                      task_schedule(config.task, 1.0, num_layers, full=True), config, settings.max_new_tokens))
-    for speedup in config.speedups:
+    for speedup in config.speedups if config.policy_free_arms else ():
         arms.append(_arm(f"no policy {speedup:g}x", "none", speedup, task_model, records,
                          task_schedule(config.task, speedup, num_layers, skip_policy=False), config,
                          settings.max_new_tokens))

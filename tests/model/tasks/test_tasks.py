@@ -318,3 +318,24 @@ def test_closeness_to_the_task_model_counts_identical_descriptions():
     assert closeness(full, full) == {"bleu": pytest.approx(100.0), "same_share": 1.0}
     half = closeness([full[0], "Zizzi is a pub."], full)
     assert half["same_share"] == 0.5 and 20 < half["bleu"] < 90
+
+
+def test_eval_task_arms_run_each_policy_and_the_policy_free_arms_only_when_asked(tiny_task_adapters, monkeypatch):
+    """quality_arms on a tiny task model: the task model, its 3x policy and (when asked) the task
+    model skipping without a policy; the 3x arm's closeness is measured against the 1x outputs."""
+    import model.tasks.task_report as task_report
+
+    root, loader = tiny_task_adapters
+    monkeypatch.setattr(task_report, "load_task_model",
+                        lambda task, speedup=None, *, policy="auto", **_: loader(task, None if policy == "auto" else policy))
+    records = reported_records()[:2]
+    labels = {}
+    for policy_free in (True, False):
+        config = task_report.TaskEvalConfig(speedups=(3.0,), baselines=False, policy_free_arms=policy_free,
+                                            adapters=str(root), device="cpu", batch_size=2)
+        arms = task_report.quality_arms(config, records)
+        labels[policy_free] = [arm.label for arm in arms]
+    assert labels[True] == ["task model (1x)", "no policy 3x", "per-speedup policy 3x"]
+    assert labels[False] == ["task model (1x)", "per-speedup policy 3x"]
+    report = task_report.add_closeness({"arms": [{"label": a.label} for a in arms]}, {a.label: a.outputs for a in arms})
+    assert report["arms"][0]["vs_task_model"]["same_share"] == 1.0 and arms[0].shares["bleu"] in (1.0, None)
