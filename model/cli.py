@@ -518,7 +518,8 @@ def run_eval_task(args: argparse.Namespace) -> int:
 
     config = TaskEvalConfig(**{spec.name: getattr(args, spec.name) for spec in dataclasses.fields(TaskEvalConfig)})
     report = run_task_eval(config)
-    print(f"wrote {config.output}/{config.task}*.json and .md ({report['minutes']} min)")
+    minutes = report["updates"][-1]["minutes"] if config.update else report["minutes"]  # this run's, not the report's first
+    print(f"wrote {config.output}/{config.task}*.json and .md ({minutes} min)")
     return 0
 
 

@@ -296,10 +296,12 @@ def report_markdown(report: dict) -> str:
              *(["| arm | target | BLEU | ROUGE-L | NIST | BLEU share | ROUGE-L share | BLEU against the task model's "
                 "text | same text as the task model | layer speedup | cost-model |",
                 "|---|---|---|---|---|---|---|---|---|---|---|"] if report["arms"] else [])]
-    for update in report.get("updates", []):
+    remeasured = []
+    for update in report.get("updates", []):  # in the order they were made
         uhw = update["hardware"]
-        lines[3:3] = ["", f"Re-measured later ({update['config']['device']}, {uhw.get('summary', '?')}; "
-                          f"{update['minutes']} min): {', '.join(update['arms'])}."]
+        remeasured += ["", f"Re-measured later ({update['config']['device']}, {uhw.get('summary', '?')}; "
+                           f"{update['minutes']} min): {', '.join(update['arms'])}."]
+    lines[3:3] = remeasured
     for arm in report["arms"]:
         s, sh, near = arm["scores"], arm["shares"], arm.get("vs_task_model")
         closeness_cells = f"{near['bleu']:.2f} | {100 * near['same_share']:.1f}%" if near else "- | -"
