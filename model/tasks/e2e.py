@@ -173,8 +173,9 @@ def synthetic_mrs(records: Sequence[E2ERecord], count: int, seed: int = 0, attri
             values[key] = rng.choice(options) if rng.random() < attribute_share else None
         values["near"] = near if rng.random() < attribute_share else None
         mr = compose_mr(values)
-        if normalise_mr(mr) not in taken:
-            taken.add(normalise_mr(mr))
+        key = normalise_mr(mr)
+        if key not in taken:
+            taken.add(key)
             made.append(mr)
     if len(made) < count:
         raise ValueError(f"only {len(made)} distinct new MRs can be composed from these records, not {count}")

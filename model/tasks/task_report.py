@@ -34,6 +34,8 @@ from model.tasks.task_models import (
 )
 from model.training.checkpoints import portable_path
 
+TASK_MODEL_LABEL = "task model (1x)"  # the 1x arm: the full model every closeness is measured against
+
 
 @dataclass
 class TaskEvalConfig:
@@ -117,7 +119,7 @@ def quality_arms(config: TaskEvalConfig, records: Sequence[E2ERecord]) -> list[A
     arms: list[Arm] = []
     task_model = TextGenerator(load_task_model(config.task, policy=None, root=config.root, **common))
     num_layers = task_model.num_layers
-    arms.append(_arm("task model (1x)", "task model", 1.0, task_model, records,
+    arms.append(_arm(TASK_MODEL_LABEL, "task model", 1.0, task_model, records,
                      task_schedule(config.task, 1.0, num_layers, full=True), config, settings.max_new_tokens))
     for speedup in config.speedups if config.policy_free_arms else ():
         arms.append(_arm(f"no policy {speedup:g}x", "none", speedup, task_model, records,
@@ -214,17 +216,13 @@ def run_task_eval(config: TaskEvalConfig) -> dict:
         report, outputs = _folded_into_existing(output, stem, report, outputs)
     if arms:
         add_closeness(report, outputs)
-    (output / f"{stem}.json").write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
-    (output / f"{stem}.md").write_text(report_markdown(report))
+    _write_report(output, stem, report)
     if not arms:  # a speed-only run leaves the quality files as they are
         return report
     with (output / f"{stem}-outputs.jsonl").open("w", encoding="utf-8") as handle:
         for label, texts in outputs.items():
             handle.write(json.dumps({"label": label, "outputs": texts}, ensure_ascii=False) + "\n")
     return report
-
-
-TASK_MODEL_LABEL = "task model (1x)"
 
 
 def add_closeness(report: dict, outputs: dict[str, list[str]]) -> dict:
@@ -241,11 +239,23 @@ def refresh_report(output: str | Path, stem: str) -> dict:
     """A written report re-derived from its own files (closeness added, Markdown rewritten): no model runs."""
     output = Path(output)
     report = json.loads((output / f"{stem}.json").read_text())
-    lines = (output / f"{stem}-outputs.jsonl").read_text(encoding="utf-8").splitlines()
-    add_closeness(report, {row["label"]: row["outputs"] for row in map(json.loads, lines)})
+    if not (output / f"{stem}-outputs.jsonl").is_file():
+        raise ValueError(f"{output / stem}-outputs.jsonl does not exist: closeness needs the arms' outputs")
+    add_closeness(report, _read_outputs(output, stem))
+    _write_report(output, stem, report)
+    return report
+
+
+def _write_report(output: Path, stem: str, report: dict) -> None:
     (output / f"{stem}.json").write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     (output / f"{stem}.md").write_text(report_markdown(report))
-    return report
+
+
+def _read_outputs(output: Path, stem: str) -> dict[str, list[str]]:
+    """Each arm's descriptions as the report keeps them (label -> outputs); none without the file."""
+    path = output / f"{stem}-outputs.jsonl"
+    rows = map(json.loads, path.read_text(encoding="utf-8").splitlines()) if path.is_file() else ()
+    return {row["label"]: row["outputs"] for row in rows}
 
 
 def _folded_into_existing(output: Path, stem: str, report: dict, outputs: dict) -> tuple[dict, dict]:
@@ -254,9 +264,7 @@ def _folded_into_existing(output: Path, stem: str, report: dict, outputs: dict) 
     if not existing_file.is_file():
         raise ValueError(f"--update: there is no {existing_file} to update")
     merged = merged_report(json.loads(existing_file.read_text()), report)
-    lines = output / f"{stem}-outputs.jsonl"
-    kept = [json.loads(line) for line in lines.read_text(encoding="utf-8").splitlines()] if lines.is_file() else []
-    return merged, {row["label"]: row["outputs"] for row in kept} | outputs
+    return merged, _read_outputs(output, stem) | outputs
 
 
 def merged_report(existing: dict, fresh: dict) -> dict:

@@ -148,8 +148,6 @@ def training_file(run: TaskRun) -> Path:
     task model's descriptions of the training MRs and the run's synthetic ones."""
     if run.targets == "references":
         return write_training_file(run.folder / "train.jsonl")
-    if run.threads:
-        torch.set_num_threads(run.threads)
     source = DistillSource(task_adapter=str(Path(run.task_adapter or task_adapter_dir(run.task)).resolve()),
                            training_mrs=len(dev_split()[0]), synthetic_mrs=run.synthetic_mrs, seed=run.seed,
                            device=resolve_device(run.device).type)
@@ -159,6 +157,8 @@ def training_file(run: TaskRun) -> Path:
 def train_task(run: TaskRun) -> dict:
     """Train, score on the held-out MRs, export if asked; returns (and writes) the run's summary."""
     run.folder.mkdir(parents=True, exist_ok=True)
+    if run.threads:  # before the data: a distillation pass runs the task model ahead of train()
+        torch.set_num_threads(run.threads)
     data_file = training_file(run)
     config = train_config(run, data_file)
     result: TrainResult = train(config)
