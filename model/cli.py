@@ -442,6 +442,8 @@ TRAIN_OPTION_HELP = {
                "greedy descriptions (sequence-level distillation)",
     "synthetic_mrs": "new MRs (devset names, the challenge's closed values) described by the task model, "
                      "with --targets task-model",
+    "relexicalised": "rewritten copies of each training MR and its references with another eatType and food "
+                     "(pubs, restaurants, the seven cuisines the test set asks for), with --targets references",
 }
 
 
@@ -509,6 +511,7 @@ def run_train_task(args: argparse.Namespace) -> int:
     run = TaskRun(**{spec.name: getattr(args, spec.name) for spec in dataclasses.fields(TaskRun)})
     summary = train_task(run)
     print(json.dumps({"steps": summary["steps"], "seconds": summary["seconds"], "heldout": summary["heldout"],
+                      "heldout_relexicalised": summary.get("heldout_relexicalised"),
                       "adapter": str(run.folder / "adapter"), "exported": summary.get("exported")}))
     return 0
 

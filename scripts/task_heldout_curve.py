@@ -2,6 +2,11 @@
 checkpoint copy, or a shipped policy): the curve a continuation is judged by, never the test set.
 
     PYTHONPATH=. python scripts/task_heldout_curve.py runs/e2e-skip-2x-cont/adapter-step-50 --speedup 2
+    PYTHONPATH=. python scripts/task_heldout_curve.py runs/e2e-task-relex2/adapter-step-40 --speedup 1 --relexicalised 2
+
+``--speedup 1`` scores the folder as a task model itself (full depth). ``--relexicalised K`` scores K
+rewritten copies of each held-out MR instead (pubs, restaurants, the other cuisines:
+model/tasks/e2e.py relexicalised_records), the test set's values that the devset lacks.
 
 Prints one JSON line: the task model's scores at 1x and the policy's at the speedup, with how close
 it stays to the task model's own descriptions (50 held-out MRs of devset.csv, float32, CPU;
@@ -16,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from model.tasks.task_training import TaskRun, heldout_bleu, train_config
+from model.tasks.task_training import TaskRun, heldout_bleu, heldout_records, train_config
 
 
 def main() -> None:
@@ -25,12 +30,17 @@ def main() -> None:
     parser.add_argument("--speedup", type=float, default=2.0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--mrs", type=int, default=50)
+    parser.add_argument("--relexicalised", type=int, default=0)
+    parser.add_argument("--task-adapter", default=None, help="the task model a policy runs on (default: the shipped one)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    run = TaskRun(policy=f"{args.speedup:g}", device="cpu", heldout_mrs=args.mrs)
+    task_model = args.speedup == 1
+    run = TaskRun(policy="task" if task_model else f"{args.speedup:g}", device="cpu", heldout_mrs=args.mrs,
+                  task_adapter=args.task_adapter)
     config = train_config(run, Path("unused-train.jsonl"))  # only its task adapter is read
-    scores = heldout_bleu(run, config, Path(args.adapter), (1.0, args.speedup))
-    print(json.dumps({"adapter": args.adapter, **scores}))
+    held = heldout_records(run, args.relexicalised)
+    scores = heldout_bleu(run, config, Path(args.adapter), (1.0,) if task_model else (1.0, args.speedup), held)
+    print(json.dumps({"adapter": args.adapter, "task_adapter": config.task_adapter, "relexicalised": args.relexicalised, "mrs": len(held), **scores}))
 
 
 if __name__ == "__main__":

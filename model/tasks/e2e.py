@@ -94,14 +94,133 @@ def assert_no_test_mr(mrs: Sequence[str], folder: Path = E2E_DATA) -> None:
         raise ValueError(f"{len(leaked)} test-set MRs in training data, e.g. {leaked[0]!r}")
 
 
+# --- Relexicalised copies (value substitution) ---------------------------------------------------
+# The devset's MRs are all coffee shops serving Chinese or English food; the test set's are mostly
+# pubs and restaurants, across seven cuisines. A reference that names its MR's eatType or food in
+# the usual words is rewritten for another value (the MR with it), so the task model sees the
+# values it will be asked for. A reference that words a value otherwise ("a café", "British food")
+# cannot be rewritten safely and is left out of that copy.
+_EAT_TYPE = re.compile(r"\b(?:(an?|An?) +)?(coffee[ -]shop)(s?)\b", re.IGNORECASE)
+_VOWEL_VALUES = ("English", "Indian", "Italian")  # the values that take "an"
+_FOOD_NOUNS = r"(?: +(?:food|foods|cuisine))?"
+
+
+def _article(article: str | None, word: str) -> str:
+    """``article`` ("a"/"an", any case, or None) made right for ``word``, with its trailing space."""
+    if not article:
+        return ""
+    right = "an" if word.startswith(_VOWEL_VALUES) else "a"
+    return (right.capitalize() if article[0].isupper() else right) + " "
+
+
+def _sentence_case(text: str, start: int, word: str) -> str:
+    """``word`` capitalised where it starts ``text`` or a sentence (a lower-case value such as "fast food")."""
+    before = text[:start].rstrip()
+    return word[0].upper() + word[1:] if not before or before.endswith((".", "!", "?")) else word
+
+
+def _replace_eat_type(reference: str, new: str) -> str | None:
+    """"coffee shop" -> ``new`` ("pub", "restaurant"), with the article and plural kept right; None
+    where the reference does not say "coffee shop"."""
+    if not _EAT_TYPE.search(reference):
+        return None
+
+    def swap(match: re.Match) -> str:
+        word = new + match.group(3)
+        word = _sentence_case(reference, match.start(), word) if not match.group(1) else word
+        return _article(match.group(1), word) + word
+    return _EAT_TYPE.sub(swap, reference)
+
+
+def _replace_food(reference: str, old: str, new: str) -> str | None:
+    """The cuisine ``old`` -> ``new`` ("Chinese food" -> "Italian food"; "Fast food" reads "fast food",
+    never "fast food food"), the article kept right; None where the reference does not name ``old``."""
+    pattern = re.compile(rf"\b(?:(an?|An?) +)?({re.escape(old)}){_FOOD_NOUNS}\b" if new == "Fast food"
+                         else rf"\b(?:(an?|An?) +)?({re.escape(old)})\b")
+    if not pattern.search(reference):
+        return None
+
+    def swap(match: re.Match) -> str:
+        word = "fast food" if new == "Fast food" else new
+        word = _sentence_case(reference, match.start(), word) if not match.group(1) else word
+        return _article(match.group(1), word) + word
+    return pattern.sub(swap, reference)
+
+
+def _still_says(reference: str, mr: dict[str, str], words: tuple[str, ...]) -> bool:
+    """Whether ``reference`` still uses one of ``words`` outside the MR's own names (a place called
+    "Café Sicilia" is a name, "a café" is the old eatType left behind)."""
+    text = reference.lower()
+    for key in ("name", "near"):
+        if key in mr:
+            text = text.replace(mr[key].lower(), " ")
+    return any(word in text for word in words)
+
+
+def relexicalise(record: E2ERecord, eat_type: str | None, food: str | None) -> E2ERecord | None:
+    """``record`` with its eatType and/or food replaced (None: kept) in the MR and in every reference
+    that words them as the challenge's values; None when no reference can be rewritten."""
+    pairs = parse_mr(record.mr)
+    mr = record.mr
+    if eat_type is not None:
+        if "eatType" not in pairs:
+            raise ValueError("relexicalise: the MR has no eatType to replace")
+        mr = mr.replace(f"eatType[{pairs['eatType']}]", f"eatType[{eat_type}]")
+    if food is not None:
+        if "food" not in pairs:
+            raise ValueError("relexicalise: the MR has no food to replace")
+        mr = mr.replace(f"food[{pairs['food']}]", f"food[{food}]")
+    references = []
+    for reference in record.references:
+        text: str | None = reference
+        if eat_type is not None and pairs["eatType"] != eat_type:
+            if pairs["eatType"] != "coffee shop":
+                return None  # only the devset's coffee shops are worded predictably enough
+            text = _replace_eat_type(text, eat_type)
+            if text is not None and _still_says(text, pairs, ("coffee", "café", "cafe")):
+                text = None
+        if text is not None and food is not None and pairs["food"] != food:
+            text = _replace_food(text, pairs["food"], food)
+            if text is not None and _still_says(text, pairs, (pairs["food"].lower(),)):
+                text = None
+        if text is not None:
+            references.append(text)
+    return E2ERecord(mr, tuple(references)) if references else None
+
+
+def relexicalised_records(records: Sequence[E2ERecord], copies: int, seed: int = 0,
+                          folder: Path = E2E_DATA) -> list[E2ERecord]:
+    """Up to ``copies`` rewritten copies of each record (eatType and food drawn anew from the other
+    closed values, where the MR has them), skipping any copy whose MR is a devset or test MR."""
+    if not 0 <= copies <= 20:
+        raise ValueError(f"relexicalised copies per MR must be in [0, 20]; got {copies}")
+    taken = {normalise_mr(r.mr) for r in (*read_split(DEV_FILE, folder), *reported_records(folder))}
+    rng = random.Random(seed)
+    made: list[E2ERecord] = []
+    for record in records:
+        pairs = parse_mr(record.mr)
+        if "eatType" not in pairs and "food" not in pairs:
+            continue
+        for _ in range(copies):
+            eat_type = rng.choice([v for v in ATTRIBUTE_VALUES["eatType"] if v != pairs["eatType"]]) if "eatType" in pairs else None
+            food = rng.choice([v for v in ATTRIBUTE_VALUES["food"] if v != pairs["food"]]) if "food" in pairs else None
+            copy = relexicalise(record, eat_type, food)
+            if copy is not None and normalise_mr(copy.mr) not in taken:
+                taken.add(normalise_mr(copy.mr))
+                made.append(copy)
+    return made
+
+
 def training_rows(records: Sequence[E2ERecord]) -> list[dict]:
     """prompt/completion records (model/data.py user_examples): one per (MR, reference)."""
     return [{"prompt": task_prompt(r.mr), "completion": ref} for r in records for ref in r.references]
 
 
-def write_training_file(path: str | Path, folder: Path = E2E_DATA) -> Path:
-    """The training references as JSONL (devset less the held-out MRs), checked against the test set."""
+def write_training_file(path: str | Path, folder: Path = E2E_DATA, relexicalised: int = 0, seed: int = 0) -> Path:
+    """The training references as JSONL (devset less the held-out MRs, and ``relexicalised`` rewritten
+    copies of each), checked against the test set."""
     train, _ = dev_split(folder)
+    train = [*train, *relexicalised_records(train, relexicalised, seed, folder)]
     assert_no_test_mr([r.mr for r in train], folder)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -30,7 +30,7 @@ import torch
 from model.generation import TextGenerator
 from model.loading import load_model, resolve_device
 from model.skipdecode.skip_policy import export_adapter
-from model.tasks.e2e import dev_split, write_training_file
+from model.tasks.e2e import E2ERecord, dev_split, relexicalised_records, write_training_file
 from model.tasks.task_distill import DistillSource, write_distillation_file
 from model.tasks.task_eval import closeness, describe, task_scores
 from model.tasks.task_models import check_task, policy_name, task_adapter_dir, task_schedule
@@ -39,6 +39,8 @@ from model.training.training import TrainConfig, TrainResult, train
 SHARED_SPEEDUP_RANGE = (1.5, 5.0)
 HELDOUT_BATCH = 25
 TARGET_KINDS = ("references", "task-model")
+HELDOUT_RELEX_COPIES = 2  # rewritten copies of each held-out MR scored by a --relexicalised run
+HELDOUT_RELEX_SEED = 1
 
 
 @dataclass
@@ -64,6 +66,7 @@ class TaskRun:
     init_adapter: str | None = None  # continue from a trained adapter's weights (e.g. a GPU run's export)
     targets: str = "references"  # or "task-model": the task model's greedy descriptions (a policy only)
     synthetic_mrs: int = 0  # new MRs besides the devset's (task-model targets only: they have no references)
+    relexicalised: int = 0  # rewritten copies of each training MR, other eatType/food (references targets only)
 
     def __post_init__(self) -> None:
         check_task(self.task)
@@ -73,6 +76,10 @@ class TaskRun:
             raise ValueError("--targets task-model distils the task model into a skip policy: it needs --policy 2 ... 5 or all")
         if self.synthetic_mrs and self.targets != "task-model":
             raise ValueError("--synthetic-mrs have no references: they need --targets task-model")
+        if self.relexicalised and self.targets != "references":
+            raise ValueError("--relexicalised rewrites references: it needs --targets references")
+        if not 0 <= self.relexicalised <= 20:
+            raise ValueError(f"--relexicalised must be in [0, 20] copies per MR; got {self.relexicalised}")
         if not 0 <= self.synthetic_mrs <= 20000:
             raise ValueError(f"--synthetic-mrs must be in [0, 20000]; got {self.synthetic_mrs}")
         if self.policy not in ("task", "all"):
@@ -93,7 +100,8 @@ class TaskRun:
     def name(self) -> str:
         base = "task" if self.policy == "task" else policy_name(self.speedup)
         distilled = f"-distil{self.synthetic_mrs or ''}" if self.targets == "task-model" else ""
-        return base + (f"-kl{self.kl_weight:g}" if self.kl_weight else "") + distilled
+        relexicalised = f"-relex{self.relexicalised}" if self.relexicalised else ""
+        return base + (f"-kl{self.kl_weight:g}" if self.kl_weight else "") + distilled + relexicalised
 
     @property
     def folder(self) -> Path:
@@ -120,12 +128,21 @@ def train_config(run: TaskRun, data_file: Path) -> TrainConfig:
     return TrainConfig(**common, **schedule, learning_rate=run.learning_rate or 5e-4, fixed_speedup=run.speedup)
 
 
-def heldout_bleu(run: TaskRun, config: TrainConfig, adapter: Path, speedups: tuple[float, ...]) -> dict:
+def heldout_records(run: TaskRun, relexicalised: int = 0) -> list[E2ERecord]:
+    """The first ``run.heldout_mrs`` held-out devset MRs, or (``relexicalised`` > 0) that many
+    rewritten copies of each: pubs, restaurants and the other cuisines, the test set's values that
+    the devset lacks, still never a test MR."""
+    held = dev_split()[1][: run.heldout_mrs]
+    return relexicalised_records(held, relexicalised, seed=HELDOUT_RELEX_SEED) if relexicalised else held
+
+
+def heldout_bleu(run: TaskRun, config: TrainConfig, adapter: Path, speedups: tuple[float, ...],
+                 held: list[E2ERecord] | None = None) -> dict:
     """BLEU on the held-out devset MRs at each speedup (the task model: at 1x), float32: the run's
     adapter as the task model itself, or as a policy on the task model it trained on. Where 1x is
     among ``speedups``, each other speedup also says how close it stays to the task model's own
     descriptions: BLEU with those as the one reference, and the share of MRs described identically."""
-    held = dev_split()[1][: run.heldout_mrs]
+    held = heldout_records(run) if held is None else held
     settings = check_task(run.task)
     task_model_run = run.policy == "task"
     loaded = load_model(None, device=run.device, dtype="float32", quantize="none",
@@ -147,7 +164,7 @@ def training_file(run: TaskRun) -> Path:
     """The run's training JSONL (per run: parallel runs never share one): the references, or the
     task model's descriptions of the training MRs and the run's synthetic ones."""
     if run.targets == "references":
-        return write_training_file(run.folder / "train.jsonl")
+        return write_training_file(run.folder / "train.jsonl", relexicalised=run.relexicalised, seed=run.seed)
     source = DistillSource(task_adapter=str(Path(run.task_adapter or task_adapter_dir(run.task)).resolve()),
                            training_mrs=len(dev_split()[0]), synthetic_mrs=run.synthetic_mrs, seed=run.seed,
                            device=resolve_device(run.device).type)
@@ -167,6 +184,8 @@ def train_task(run: TaskRun) -> dict:
     summary = {"run": asdict(run), "steps": result.steps, "seconds": round(result.seconds, 1),
                "final_loss": round(sum(result.losses[-20:]) / max(1, len(result.losses[-20:])), 4) if result.losses else None,
                "heldout": heldout_bleu(run, config, adapter, speedups) if run.heldout_mrs else {}}
+    if run.heldout_mrs and run.relexicalised:  # what the copies are for: the values the devset lacks
+        summary["heldout_relexicalised"] = heldout_bleu(run, config, adapter, speedups, heldout_records(run, HELDOUT_RELEX_COPIES))
     (run.folder / "summary.json").write_text(json.dumps(summary, indent=2))
     if run.export:
         export_adapter(adapter, run.export)

@@ -339,3 +339,53 @@ def test_eval_task_arms_run_each_policy_and_the_policy_free_arms_only_when_asked
     assert labels[False] == ["task model (1x)", "per-speedup policy 3x"]
     report = task_report.add_closeness({"arms": [{"label": a.label} for a in arms]}, {a.label: a.outputs for a in arms})
     assert report["arms"][0]["vs_task_model"]["same_share"] == 1.0 and arms[0].shares["bleu"] in (1.0, None)
+
+
+def test_relexicalise_rewrites_eat_type_and_food_with_articles_and_names_kept():
+    from model.tasks.e2e import relexicalise
+
+    record = E2ERecord("name[Café Sicilia], eatType[coffee shop], food[English], near[Rainbow Vegetarian Café]", (
+        "Café Sicilia is an English coffee shop near Rainbow Vegetarian Café.",
+        "English food is served at the coffee shops of Café Sicilia.",
+        "Café Sicilia is a café serving English food.",           # a café: the eatType worded otherwise
+        "Café Sicilia, a coffee shop, serves British food.",       # the food worded otherwise
+    ))
+    copy = relexicalise(record, "pub", "Italian")
+    assert copy.mr == "name[Café Sicilia], eatType[pub], food[Italian], near[Rainbow Vegetarian Café]"
+    assert copy.references == ("Café Sicilia is an Italian pub near Rainbow Vegetarian Café.",
+                               "Italian food is served at the pubs of Café Sicilia.")
+    fast = relexicalise(record, "restaurant", "Fast food")
+    assert fast.references == ("Café Sicilia is a fast food restaurant near Rainbow Vegetarian Café.",
+                               "Fast food is served at the restaurants of Café Sicilia.")
+    assert relexicalise(record, None, "French").references[0] == "Café Sicilia is a French coffee shop near Rainbow Vegetarian Café."
+    assert relexicalise(E2ERecord(record.mr, record.references[2:3]), "pub", None) is None
+    with pytest.raises(ValueError, match="no eatType"):
+        relexicalise(E2ERecord("name[X], food[English]", ("X serves English food.",)), "pub", None)
+
+
+def test_relexicalised_copies_are_new_mrs_with_the_test_sets_values_and_enter_training(tmp_path):
+    from model.tasks.e2e import relexicalised_records
+
+    train, held = dev_split()
+    copies = relexicalised_records(train, 2, seed=0)
+    assert len(copies) > len(train) and copies == relexicalised_records(train, 2, seed=0)
+    known = {normalise_mr(r.mr) for r in (*train, *held, *reported_records())}
+    assert len({normalise_mr(r.mr) for r in copies}) == len(copies) and not {normalise_mr(r.mr) for r in copies} & known
+    values = {(k, v) for r in copies for k, v in parse_mr(r.mr).items()}
+    assert {("eatType", "pub"), ("eatType", "restaurant"), ("food", "Japanese"), ("food", "Fast food")} <= values
+    for record in copies:
+        pairs = parse_mr(record.mr)
+        for reference in record.references:
+            text = reference.lower()
+            if "eatType" in pairs:
+                assert pairs["eatType"] in text and "coffee shop" not in text
+            if "food" in pairs:
+                assert ("fast food" if pairs["food"] == "Fast food" else pairs["food"].lower()) in text
+    path = write_training_file(tmp_path / "train.jsonl", relexicalised=2)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(rows) == len(training_rows(train)) + sum(len(r.references) for r in copies)
+    with pytest.raises(ValueError, match="in \\[0, 20\\]"):
+        relexicalised_records(train, 21)
+    assert TaskRun(policy="task", relexicalised=2).folder.name == "e2e-task-relex2"
+    with pytest.raises(ValueError, match="needs --targets references"):
+        TaskRun(policy="3", targets="task-model", relexicalised=2)
