@@ -11,6 +11,7 @@ reused by ``--resume``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -34,6 +35,18 @@ class DistillSource:
     synthetic_mrs: int
     seed: int
     device: str
+    task_weights: str = ""  # adapter_fingerprint(task_adapter): a task model retrained at the same path is another source
+
+
+def adapter_fingerprint(folder: str | Path) -> str:
+    """A short hash of an adapter folder's weight files: two folders with the same weights match."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        digest.update(path.name.encode())
+        with path.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()[:16]
 
 
 def distillation_mrs(train: Sequence[E2ERecord], synthetic: int, seed: int) -> list[str]:

@@ -31,7 +31,7 @@ from model.generation import TextGenerator
 from model.loading import load_model, resolve_device
 from model.skipdecode.skip_policy import export_adapter
 from model.tasks.e2e import E2ERecord, dev_split, relexicalised_records, write_training_file
-from model.tasks.task_distill import DistillSource, write_distillation_file
+from model.tasks.task_distill import DistillSource, adapter_fingerprint, write_distillation_file
 from model.tasks.task_eval import closeness, describe, task_scores
 from model.tasks.task_models import check_task, policy_name, task_adapter_dir, task_schedule
 from model.training.training import TrainConfig, TrainResult, train
@@ -165,9 +165,9 @@ def training_file(run: TaskRun) -> Path:
     task model's descriptions of the training MRs and the run's synthetic ones."""
     if run.targets == "references":
         return write_training_file(run.folder / "train.jsonl", relexicalised=run.relexicalised, seed=run.seed)
-    source = DistillSource(task_adapter=str(Path(run.task_adapter or task_adapter_dir(run.task)).resolve()),
-                           training_mrs=len(dev_split()[0]), synthetic_mrs=run.synthetic_mrs, seed=run.seed,
-                           device=resolve_device(run.device).type)
+    task_dir = Path(run.task_adapter or task_adapter_dir(run.task)).resolve()
+    source = DistillSource(task_adapter=str(task_dir), training_mrs=len(dev_split()[0]), synthetic_mrs=run.synthetic_mrs,
+                           seed=run.seed, device=resolve_device(run.device).type, task_weights=adapter_fingerprint(task_dir))
     return write_distillation_file(run.folder / "distilled.jsonl", source, run.task)
 
 

@@ -296,6 +296,19 @@ def test_distillation_targets_are_the_task_models_own_greedy_descriptions(tiny_t
     other = DistillSource(**{**source.__dict__, "synthetic_mrs": 1})
     write_distillation_file(path, other, model=model)
     assert len(path.read_text().splitlines()) <= 4 and json.loads(path.with_suffix(".source.json").read_text())["synthetic_mrs"] == 1
+    retrained = DistillSource(**{**other.__dict__, "task_weights": "another-task-model"})
+    write_distillation_file(path, retrained, model=model)
+    assert json.loads(path.with_suffix(".source.json").read_text())["task_weights"] == "another-task-model"
+
+
+def test_adapter_fingerprint_follows_the_weights_not_the_folder(tmp_path):
+    from model.tasks.task_distill import adapter_fingerprint
+
+    for name, weights in (("a", b"one"), ("b", b"one"), ("c", b"two")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "adapter_model.safetensors").write_bytes(weights)
+        (tmp_path / name / "training_info.json").write_text(name)
+    assert adapter_fingerprint(tmp_path / "a") == adapter_fingerprint(tmp_path / "b") != adapter_fingerprint(tmp_path / "c")
 
 
 def test_distilled_task_runs_are_checked_and_named():
