@@ -161,15 +161,11 @@ def relexicalise(record: E2ERecord, eat_type: str | None, food: str | None) -> E
     """``record`` with its eatType and/or food replaced (None: kept) in the MR and in every reference
     that words them as the challenge's values; None when no reference can be rewritten."""
     pairs = parse_mr(record.mr)
-    mr = record.mr
-    if eat_type is not None:
-        if "eatType" not in pairs:
-            raise ValueError("relexicalise: the MR has no eatType to replace")
-        mr = mr.replace(f"eatType[{pairs['eatType']}]", f"eatType[{eat_type}]")
-    if food is not None:
-        if "food" not in pairs:
-            raise ValueError("relexicalise: the MR has no food to replace")
-        mr = mr.replace(f"food[{pairs['food']}]", f"food[{food}]")
+    new_values = {key: value for key, value in (("eatType", eat_type), ("food", food)) if value is not None}
+    for key in new_values:
+        if key not in pairs:
+            raise ValueError(f"relexicalise: the MR has no {key} to replace")
+    mr = ", ".join(f"{key}[{new_values.get(key, value)}]" for key, value in pairs.items())  # the MR's own order
     references = []
     for reference in record.references:
         text: str | None = reference

@@ -370,6 +370,8 @@ def test_relexicalise_rewrites_eat_type_and_food_with_articles_and_names_kept():
     fast = relexicalise(record, "restaurant", "Fast food")
     assert fast.references == ("Café Sicilia is a fast food restaurant near Rainbow Vegetarian Café.",
                                "Fast food is served at the restaurants of Café Sicilia.")
+    spaced = relexicalise(E2ERecord("name[X],  eatType[ coffee shop ], food[English]", ("X is a coffee shop.",)), "pub", None)
+    assert spaced.mr == "name[X], eatType[pub], food[English]" and spaced.references == ("X is a pub.",)
     assert relexicalise(record, None, "French").references[0] == "Café Sicilia is a French coffee shop near Rainbow Vegetarian Café."
     assert relexicalise(E2ERecord(record.mr, record.references[2:3]), "pub", None) is None
     with pytest.raises(ValueError, match="no eatType"):
