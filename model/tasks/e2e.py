@@ -166,22 +166,27 @@ def relexicalise(record: E2ERecord, eat_type: str | None, food: str | None) -> E
         if key not in pairs:
             raise ValueError(f"relexicalise: the MR has no {key} to replace")
     mr = ", ".join(f"{key}[{new_values.get(key, value)}]" for key, value in pairs.items())  # the MR's own order
-    references = []
-    for reference in record.references:
-        text: str | None = reference
-        if eat_type is not None and pairs["eatType"] != eat_type:
-            if pairs["eatType"] != "coffee shop":
-                return None  # only the devset's coffee shops are worded predictably enough
-            text = _replace_eat_type(text, eat_type)
-            if text is not None and _still_says(text, pairs, ("coffee", "café", "cafe")):
-                text = None
-        if text is not None and food is not None and pairs["food"] != food:
-            text = _replace_food(text, pairs["food"], food)
-            if text is not None and _still_says(text, pairs, (pairs["food"].lower(),)):
-                text = None
-        if text is not None:
-            references.append(text)
+    if eat_type is not None and pairs["eatType"] not in (eat_type, "coffee shop"):
+        return None  # only the devset's coffee shops are worded predictably enough
+    references = [text for text in (_rewrite(reference, pairs, eat_type, food) for reference in record.references)
+                  if text is not None]
     return E2ERecord(mr, tuple(references)) if references else None
+
+
+def _rewrite(reference: str, pairs: dict[str, str], eat_type: str | None, food: str | None) -> str | None:
+    """One reference with the MR's eatType and food replaced; None where it words either otherwise."""
+    text = reference
+    if eat_type is not None and pairs["eatType"] != eat_type:
+        rewritten = _replace_eat_type(text, eat_type)
+        if rewritten is None or _still_says(rewritten, pairs, ("coffee", "café", "cafe")):
+            return None
+        text = rewritten
+    if food is not None and pairs["food"] != food:
+        rewritten = _replace_food(text, pairs["food"], food)
+        if rewritten is None or _still_says(rewritten, pairs, (pairs["food"].lower(),)):
+            return None
+        text = rewritten
+    return text
 
 
 def relexicalised_records(records: Sequence[E2ERecord], copies: int, seed: int = 0,
