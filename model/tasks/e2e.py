@@ -15,7 +15,7 @@ import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 E2E_DATA = Path(__file__).resolve().parents[2] / "assets" / "data" / "e2e"
 DEV_FILE = "devset.csv"
@@ -86,6 +86,11 @@ def normalise_mr(mr: str) -> str:
     return ", ".join(f"{k}[{v}]" for k, v in sorted(parse_mr(mr).items()))
 
 
+def known_mrs(folder: Path = E2E_DATA) -> set[str]:
+    """Every devset and test MR, normalised: what a made-up MR (synthetic, relexicalised) must not be."""
+    return {normalise_mr(r.mr) for r in (*read_split(DEV_FILE, folder), *reported_records(folder))}
+
+
 def assert_no_test_mr(mrs: Sequence[str], folder: Path = E2E_DATA) -> None:
     """Raise if any of ``mrs`` is a test-set MR (in any attribute order)."""
     test = {normalise_mr(r.mr) for r in reported_records(folder)}
@@ -119,17 +124,23 @@ def _sentence_case(text: str, start: int, word: str) -> str:
     return word[0].upper() + word[1:] if not before or before.endswith((".", "!", "?")) else word
 
 
-def _replace_eat_type(reference: str, new: str) -> str | None:
-    """"coffee shop" -> ``new`` ("pub", "restaurant"), with the article and plural kept right; None
-    where the reference does not say "coffee shop"."""
-    if not _EAT_TYPE.search(reference):
+def _substitute(pattern: re.Pattern, reference: str, word_for: Callable[[re.Match], str]) -> str | None:
+    """Every match of ``pattern`` (group 1: an optional article) -> ``word_for(match)``, the article
+    made right for the new word and a sentence-initial word capitalised; None without a match."""
+    if not pattern.search(reference):
         return None
 
     def swap(match: re.Match) -> str:
-        word = new + match.group(3)
+        word = word_for(match)
         word = _sentence_case(reference, match.start(), word) if not match.group(1) else word
         return _article(match.group(1), word) + word
-    return _EAT_TYPE.sub(swap, reference)
+    return pattern.sub(swap, reference)
+
+
+def _replace_eat_type(reference: str, new: str) -> str | None:
+    """"coffee shop" -> ``new`` ("pub", "restaurant"), with the article and plural kept right; None
+    where the reference does not say "coffee shop"."""
+    return _substitute(_EAT_TYPE, reference, lambda match: new + match.group(3))
 
 
 def _replace_food(reference: str, old: str, new: str) -> str | None:
@@ -137,14 +148,8 @@ def _replace_food(reference: str, old: str, new: str) -> str | None:
     never "fast food food"), the article kept right; None where the reference does not name ``old``."""
     pattern = re.compile(rf"\b(?:(an?|An?) +)?({re.escape(old)}){_FOOD_NOUNS}\b" if new == "Fast food"
                          else rf"\b(?:(an?|An?) +)?({re.escape(old)})\b")
-    if not pattern.search(reference):
-        return None
-
-    def swap(match: re.Match) -> str:
-        word = "fast food" if new == "Fast food" else new
-        word = _sentence_case(reference, match.start(), word) if not match.group(1) else word
-        return _article(match.group(1), word) + word
-    return pattern.sub(swap, reference)
+    word = "fast food" if new == "Fast food" else new
+    return _substitute(pattern, reference, lambda match: word)
 
 
 def _still_says(reference: str, mr: dict[str, str], words: tuple[str, ...]) -> bool:
@@ -195,7 +200,7 @@ def relexicalised_records(records: Sequence[E2ERecord], copies: int, seed: int =
     closed values, where the MR has them), skipping any copy whose MR is a devset or test MR."""
     if not 0 <= copies <= 20:
         raise ValueError(f"relexicalised copies per MR must be in [0, 20]; got {copies}")
-    taken = {normalise_mr(r.mr) for r in (*read_split(DEV_FILE, folder), *reported_records(folder))}
+    taken = known_mrs(folder)
     rng = random.Random(seed)
     made: list[E2ERecord] = []
     for record in records:
@@ -206,8 +211,11 @@ def relexicalised_records(records: Sequence[E2ERecord], copies: int, seed: int =
             eat_type = rng.choice([v for v in ATTRIBUTE_VALUES["eatType"] if v != pairs["eatType"]]) if "eatType" in pairs else None
             food = rng.choice([v for v in ATTRIBUTE_VALUES["food"] if v != pairs["food"]]) if "food" in pairs else None
             copy = relexicalise(record, eat_type, food)
-            if copy is not None and normalise_mr(copy.mr) not in taken:
-                taken.add(normalise_mr(copy.mr))
+            if copy is None:
+                continue
+            key = normalise_mr(copy.mr)
+            if key not in taken:
+                taken.add(key)
                 made.append(copy)
     return made
 
@@ -281,7 +289,7 @@ def synthetic_mrs(records: Sequence[E2ERecord], count: int, seed: int = 0, attri
     places = sorted({value for r in records for key, value in parse_mr(r.mr).items() if key in ("name", "near")})
     if len(places) < 2:
         raise ValueError("synthetic MRs need at least two place names in the records")
-    taken = {normalise_mr(r.mr) for r in (*records, *dev_split(folder)[1], *reported_records(folder))}
+    taken = known_mrs(folder) | {normalise_mr(r.mr) for r in records}
     rng = random.Random(seed)
     made: list[str] = []
     for _ in range(100 * count):  # a bounded number of draws: a tiny vocabulary cannot loop forever

@@ -19,6 +19,7 @@ from typing import Sequence
 
 from model.generation import TextGenerator
 from model.loading import load_model
+from model.lowbit.weight_cache import file_key
 from model.tasks.e2e import E2ERecord, assert_no_test_mr, dev_split, synthetic_mrs, task_prompt
 from model.tasks.task_eval import describe
 from model.tasks.task_models import check_task, task_schedule
@@ -39,13 +40,12 @@ class DistillSource:
 
 
 def adapter_fingerprint(folder: str | Path) -> str:
-    """A short hash of an adapter folder's weight files: two folders with the same weights match."""
+    """A short hash of an adapter folder's weight files (their content keys, model/lowbit/weight_cache.py
+    file_key): two folders with the same weights match, whatever their json files say."""
     digest = hashlib.sha256()
     for path in sorted(Path(folder).glob("*.safetensors")):
         digest.update(path.name.encode())
-        with path.open("rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
+        digest.update(file_key(path).encode())
     return digest.hexdigest()[:16]
 
 
