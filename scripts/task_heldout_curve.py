@@ -8,9 +8,9 @@ checkpoint copy, or a shipped policy): the curve a continuation is judged by, ne
 rewritten copies of each held-out MR instead (pubs, restaurants, the other cuisines:
 model/tasks/e2e.py relexicalised_records), the test set's values that the devset lacks.
 
-Prints one JSON line: the task model's scores at 1x and the policy's at the speedup, with how close
-it stays to the task model's own descriptions (50 held-out MRs of devset.csv, float32, CPU;
-model/tasks/task_training.py: heldout_bleu).
+Prints one JSON line per adapter and held-out set: the task model's scores at 1x and the policy's
+at the speedup, with how close it stays to the task model's own descriptions (50 held-out MRs of
+devset.csv, float32, CPU unless ``--device``; model/tasks/task_training.py: heldout_bleu).
 """
 
 from __future__ import annotations
@@ -26,21 +26,29 @@ from model.tasks.task_training import TaskRun, heldout_bleu, heldout_records, tr
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("adapter")
+    parser.add_argument("adapters", nargs="+", help="one or more adapter folders (a run's checkpoint copies)")
     parser.add_argument("--speedup", type=float, default=2.0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--mrs", type=int, default=50)
-    parser.add_argument("--relexicalised", type=int, default=0)
+    parser.add_argument("--relexicalised", type=int, nargs="+", default=[0],
+                        help="copies per held-out MR; several values score several sets (0: the MRs as written)")
     parser.add_argument("--task-adapter", default=None, help="the task model a policy runs on (default: the shipped one)")
+    parser.add_argument("--device", default="cpu", help="cpu (the figures in the docs) or cuda")
+    parser.add_argument("--no-task-model", action="store_true",
+                        help="score the policy alone: no 1x pass, so no closeness to the task model's text")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     task_model = args.speedup == 1
-    run = TaskRun(policy="task" if task_model else f"{args.speedup:g}", device="cpu", heldout_mrs=args.mrs,
+    run = TaskRun(policy="task" if task_model else f"{args.speedup:g}", device=args.device, heldout_mrs=args.mrs,
                   task_adapter=args.task_adapter)
     config = train_config(run, Path("unused-train.jsonl"))  # only its task adapter is read
-    held = heldout_records(run, args.relexicalised)
-    scores = heldout_bleu(run, config, Path(args.adapter), (1.0,) if task_model else (1.0, args.speedup), held)
-    print(json.dumps({"adapter": args.adapter, "task_adapter": config.task_adapter, "relexicalised": args.relexicalised, "mrs": len(held), **scores}))
+    speedups = (1.0,) if task_model else ((args.speedup,) if args.no_task_model else (1.0, args.speedup))
+    for adapter in args.adapters:
+        for copies in args.relexicalised:
+            held = heldout_records(run, copies)
+            scores = heldout_bleu(run, config, Path(adapter), speedups, held)
+            print(json.dumps({"adapter": adapter, "task_adapter": config.task_adapter, "relexicalised": copies,
+                              "mrs": len(held), "device": args.device, **scores}), flush=True)
 
 
 if __name__ == "__main__":

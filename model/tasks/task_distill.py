@@ -21,7 +21,7 @@ from model.generation import TextGenerator
 from model.loading import load_model
 from model.lowbit.weight_cache import file_key
 from model.tasks.e2e import E2ERecord, assert_no_test_mr, dev_split, synthetic_mrs, task_prompt
-from model.tasks.task_eval import describe
+from model.tasks.task_eval import batch_for, describe
 from model.tasks.task_models import check_task, task_schedule
 
 DISTILL_BATCH = 32
@@ -57,14 +57,15 @@ def distillation_mrs(train: Sequence[E2ERecord], synthetic: int, seed: int) -> l
 
 
 def task_model_rows(task: str, task_adapter: str, mrs: Sequence[str], device: str = "cpu",
-                    model: str | None = None, batch_size: int = DISTILL_BATCH) -> list[dict]:
+                    model: str | None = None, batch_size: int | None = None) -> list[dict]:
     """prompt/completion records: the task model's greedy description of each MR (float32, full
     depth, the task's output budget). Empty descriptions are left out: they teach nothing."""
     settings = check_task(task)
     loaded = load_model(model, device=device, dtype="float32", quantize="none", adapter=None, task_adapter=task_adapter)
     generator = TextGenerator(loaded)
     full = task_schedule(task, 1.0, generator.num_layers, full=True)
-    outputs = describe(generator, mrs, full, settings.max_new_tokens, batch_size).outputs
+    batch = batch_size or batch_for(loaded.device, DISTILL_BATCH)
+    outputs = describe(generator, mrs, full, settings.max_new_tokens, batch).outputs
     return [{"prompt": task_prompt(mr), "completion": text} for mr, text in zip(mrs, outputs) if text]
 
 

@@ -23,6 +23,9 @@ from model.skipdecode.schedule import ScheduleConfig, cost_speedup, layer_speedu
 from model.tasks.e2e import E2ERecord, task_prompt
 
 
+GPU_BATCH = 512  # MRs a CUDA device decodes at once (a distillation pass, the held-out sets)
+
+
 @dataclass
 class Descriptions:
     """One arm's outputs on a list of MRs, and the layers each decode step ran (every batch's
@@ -44,6 +47,13 @@ def describe(generator: TextGenerator, mrs: Sequence[str], schedule: ScheduleReq
         run.outputs += [text.strip() for text in result.outputs]
         run.step_layers += result.layers_per_step
     return run
+
+
+def batch_for(device: torch.device | str, cpu_batch: int) -> int:
+    """A generation batch for ``device``: a GPU decodes hundreds of MRs in one lock-step batch for
+    little more than the cost of one, while a CPU pays for every row (and for the padding a batch
+    decodes until its longest row ends), so it keeps the caller's small batch."""
+    return cpu_batch if torch.device(device).type == "cpu" else max(cpu_batch, GPU_BATCH)
 
 
 # --- scores ----------------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from model.loading import load_model, resolve_device
 from model.skipdecode.skip_policy import export_adapter
 from model.tasks.e2e import E2ERecord, dev_split, relexicalised_records, write_training_file
 from model.tasks.task_distill import DistillSource, adapter_fingerprint, write_distillation_file
-from model.tasks.task_eval import closeness, describe, task_scores
+from model.tasks.task_eval import batch_for, closeness, describe, task_scores
 from model.tasks.task_models import check_task, policy_name, task_adapter_dir, task_schedule
 from model.training.training import TrainConfig, TrainResult, train
 
@@ -152,7 +152,8 @@ def heldout_bleu(run: TaskRun, config: TrainConfig, adapter: Path, speedups: tup
     scores, outputs = {}, {}
     for speedup in speedups:
         schedule = task_schedule(run.task, speedup, generator.num_layers)
-        outputs[speedup] = describe(generator, [r.mr for r in held], schedule, settings.max_new_tokens, HELDOUT_BATCH).outputs
+        outputs[speedup] = describe(generator, [r.mr for r in held], schedule, settings.max_new_tokens,
+                                     batch_for(loaded.device, HELDOUT_BATCH)).outputs
         scores[f"{speedup:g}x"] = task_scores(outputs[speedup], held)
     if 1.0 in outputs:
         for speedup in (s for s in speedups if s != 1.0):

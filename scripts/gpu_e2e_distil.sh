@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# The E2E skip policies distilled from the shipped task model on one CUDA GPU: the task model's
+# greedy descriptions of the training MRs and of SYNTH new ones (one pass, one file shared by every
+# run), then the 2x, 3x, 4x, 5x and shared policies side by side, each from its shipped weights
+# (`--init-adapter`), checkpoints every SAVE steps; then every checkpoint (and the shipped weights,
+# "step 0") scored on the held-out devset MRs as written and on their rewritten copies (pubs,
+# restaurants, the other cuisines), never the test set; then, per policy, the checkpoint with the
+# best mean of those two BLEUs is exported in bf16 and packed into OUT_DIR (one tar each), with the
+# logs, scores and targets (report.tar.gz). Every step is a plain `python -m model ...` or
+# scripts/task_heldout_curve.py command; this script runs them in parallel and picks.
+#   bash scripts/gpu_e2e_distil.sh OUT_DIR
+# A dry run on a CPU: DEVICE=cpu STEPS=2 SAVE=1 SYNTH=4 HELDOUT=2 POLICIES="3 all" bash scripts/gpu_e2e_distil.sh OUT
+set -uo pipefail
+OUT_DIR=${1:?usage: gpu_e2e_distil.sh OUT_DIR}
+WORK=${WORK:-runs/gpu-distil}
+STEPS=${STEPS:-400}
+SAVE=${SAVE:-100}
+SYNTH=${SYNTH:-3000}
+BATCH=${BATCH:-32}
+DEVICE=${DEVICE:-cuda}
+HELDOUT=${HELDOUT:-50}
+TRAIN_LIMIT=${TRAIN_LIMIT:-270}   # seconds the training phase may take (checkpoints survive a stop)
+POLICIES=${POLICIES:-2 3 4 5 all}
+PY=${PYTHON:-python3}
+export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false PYTHONPATH=${PYTHONPATH:-}${PYTHONPATH:+:}$PWD
+mkdir -p "$OUT_DIR" "$WORK/logs"
+log() { echo "[$(date +%T)] $*" | tee -a "$WORK/logs/timeline.txt"; }
+shipped() { if [ "$1" = all ]; then echo assets/adapters/e2e/skip-all; else echo "assets/adapters/e2e/skip-${1}x"; fi; }
+report() {
+  for p in $POLICIES; do
+    cp "$WORK/skip-$p/train_log.jsonl" "$WORK/logs/trainlog-skip-$p.jsonl" 2>/dev/null
+  done
+  cp "$WORK/targets/distilled.jsonl" "$WORK/targets/distilled.source.json" "$WORK/logs/" 2>/dev/null
+  tar -C "$WORK/logs" -czf "$OUT_DIR/report.tar.gz" .
+}
+# adapter/ -> adapter-step-N whenever the run's training_info.json says step N (the trainer keeps one adapter/)
+snap() {
+  local run=$1 info n
+  while true; do
+    info="$run/adapter/training_info.json"
+    n=$($PY -c "import json; print(json.load(open('$info'))['step'])" 2>/dev/null)
+    if [ -n "$n" ] && [ ! -d "$run/adapter-step-$n" ]; then
+      sleep 2; cp -r "$run/adapter" "$run/adapter-step-$n.partial" && mv "$run/adapter-step-$n.partial" "$run/adapter-step-$n"
+    fi
+    sleep 3
+  done
+}
+
+log "device: $($PY -c "import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'cpu', torch.__version__)")"
+log "distillation targets: the task model's descriptions of the training MRs and $SYNTH new ones"
+$PY - > "$WORK/logs/targets.log" 2>&1 <<EOF || { log "targets failed"; report; exit 1; }
+from model.tasks.task_training import TaskRun, training_file
+print(training_file(TaskRun(policy="3", targets="task-model", synthetic_mrs=$SYNTH, device="$DEVICE", output_dir="$WORK/targets")))
+EOF
+log "targets: $(wc -l < "$WORK/targets/distilled.jsonl") descriptions"
+
+log "policies $POLICIES: $STEPS steps of $BATCH, from the shipped weights"
+snappers=()
+for p in $POLICIES; do
+  run="$WORK/skip-$p"
+  mkdir -p "$run"
+  cp "$WORK/targets/distilled.jsonl" "$WORK/targets/distilled.source.json" "$run/"  # same source: reused
+  lr=3e-4; [ "$p" = 2 ] && lr=2e-4
+  timeout "$TRAIN_LIMIT" $PY -m model train-task e2e --policy "$p" --targets task-model --synthetic-mrs "$SYNTH" \
+    --init-adapter "$(shipped "$p")" --steps "$STEPS" --lr "$lr" --batch-size "$BATCH" --save-every "$SAVE" \
+    --threads 2 --device "$DEVICE" --heldout-mrs 0 --output-dir "$run" > "$WORK/logs/skip-$p.log" 2>&1 &
+  snap "$run" & snappers+=($!)
+done
+while [ "$(jobs -rp | wc -l)" -gt "${#snappers[@]}" ]; do sleep 2; done
+kill "${snappers[@]}" 2>/dev/null; wait 2>/dev/null
+for p in $POLICIES; do  # the last save, if the snapper had not copied it yet
+  run="$WORK/skip-$p"
+  n=$($PY -c "import json; print(json.load(open('$run/adapter/training_info.json'))['step'])" 2>/dev/null)
+  [ -n "$n" ] && [ ! -d "$run/adapter-step-$n" ] && cp -r "$run/adapter" "$run/adapter-step-$n"
+done
+for p in $POLICIES; do log "skip-$p: $(tail -c 300 "$WORK/logs/skip-$p.log" | tr '\r' '\n' | tail -1)"; done
+report
+
+log "held-out scores of every checkpoint and the shipped weights (as written; rewritten copies)"
+for p in $POLICIES; do
+  speeds=$p; [ "$p" = all ] && speeds="2 3 5"
+  ckpts=$(ls -d "$WORK/skip-$p"/adapter-step-* 2>/dev/null | sort -V)
+  for s in $speeds; do
+    $PY scripts/task_heldout_curve.py "$(shipped "$p")" $ckpts --speedup "$s" --relexicalised 0 2 --mrs "$HELDOUT" \
+      --device "$DEVICE" --no-task-model > "$WORK/logs/heldout-skip-$p-$s.jsonl" 2> "$WORK/logs/heldout-skip-$p-$s.err" &
+  done
+done
+wait
+report
+
+log "per policy: the best mean of the two held-out BLEUs (at all its speedups for the shared one)"
+$PY - "$WORK" "$POLICIES" > "$WORK/logs/picked.txt" <<'EOF'
+import glob, json, sys
+from collections import defaultdict
+work, policies = sys.argv[1], sys.argv[2].split()
+for policy in policies:
+    bleus = defaultdict(list)
+    for path in glob.glob(f"{work}/logs/heldout-skip-{policy}-*.jsonl"):
+        for line in open(path):
+            row = json.loads(line)
+            score = next(v for k, v in row.items() if k.endswith("x") and isinstance(v, dict))
+            bleus[row["adapter"]].append(score["bleu"])
+    ranked = sorted(bleus.items(), key=lambda item: -sum(item[1]) / len(item[1]))
+    print(policy, ranked[0][0] if ranked else "none", *(f"{a}={sum(b) / len(b):.2f}" for a, b in ranked))
+EOF
+cat "$WORK/logs/picked.txt" | tee -a "$WORK/logs/timeline.txt"
+while read -r p best _; do
+  case "$best" in *adapter-step-*)
+    name=skip-${p}x; [ "$p" = all ] && name=skip-all
+    $PY -m model export-adapter "$best" "$WORK/export/$name" > "$WORK/logs/export-$name.log" 2>&1 \
+      && tar -C "$WORK/export" -cf "$OUT_DIR/$name.tar" "$name" && log "packed $name from $best" ;;
+  *) log "skip-$p: the shipped weights stay best" ;;
+  esac
+done < "$WORK/logs/picked.txt"
+log "done"
+report
