@@ -22,7 +22,6 @@ from model.skipdecode.decoder import SamplingConfig, SkipDecoder
 from model.skipdecode.schedule import ScheduleConfig, cost_speedup, layer_speedup
 from model.tasks.e2e import E2ERecord, task_prompt
 
-
 GPU_BATCH = 512  # MRs a CUDA device decodes at once (a distillation pass, the held-out sets)
 
 
