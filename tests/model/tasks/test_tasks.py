@@ -301,6 +301,16 @@ def test_distillation_targets_are_the_task_models_own_greedy_descriptions(tiny_t
     assert json.loads(path.with_suffix(".source.json").read_text())["task_weights"] == "another-task-model"
 
 
+def test_a_gpu_decodes_the_distillation_pass_and_the_held_out_sets_in_large_batches():
+    """The CPU keeps the caller's small batch (its figures were measured so); a CUDA device takes
+    GPU_BATCH MRs at once, or more where the caller asks for more."""
+    from model.tasks.task_eval import GPU_BATCH, batch_for
+
+    assert batch_for("cpu", 25) == 25 and batch_for(torch.device("cpu"), 32) == 32
+    assert batch_for("cuda", 25) == GPU_BATCH == 512
+    assert batch_for(torch.device("cuda:0"), 1024) == 1024
+
+
 def test_adapter_fingerprint_follows_the_weights_not_the_folder(tmp_path):
     from model.tasks.task_distill import adapter_fingerprint
 

@@ -1,0 +1,58 @@
+"""Where an E2E arm loses its BLEU: the test MRs grouped by how many attributes they name, each
+group's corpus BLEU per arm, and how many descriptions name the MR's ``near[...]`` place word for
+word (the value a description tends to reach last, after the skip schedule's decay has ended).
+
+    PYTHONPATH=. python scripts/e2e_by_attributes.py assets/eval/e2e-outputs.jsonl
+    PYTHONPATH=. python scripts/e2e_by_attributes.py assets/eval/e2e-outputs.jsonl --arms "task model (1x)" "per-speedup policy 2x"
+
+Reads an eval-task outputs file (one JSON line per arm: its label and one output per test MR, in
+the test set's order) and prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+
+from model.tasks.e2e import E2ERecord, parse_mr, reported_records
+from model.tasks.task_eval import bleu
+
+
+def groups_by_attribute_count(records: list[E2ERecord]) -> dict[int, list[int]]:
+    """Indices of the records, keyed by how many attributes each MR names."""
+    groups: dict[int, list[int]] = defaultdict(list)
+    for index, record in enumerate(records):
+        groups[len(parse_mr(record.mr))].append(index)
+    return dict(sorted(groups.items()))
+
+
+def near_named(outputs: list[str], records: list[E2ERecord], indices: list[int]) -> tuple[int, int]:
+    """(descriptions that contain the MR's near[...] value verbatim, MRs that have one)."""
+    asked = [i for i in indices if "near" in parse_mr(records[i].mr)]
+    return sum(parse_mr(records[i].mr)["near"] in outputs[i] for i in asked), len(asked)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("outputs", type=Path)
+    parser.add_argument("--arms", nargs="*", default=None, help="labels to show (default: every arm in the file)")
+    args = parser.parse_args()
+    arms = {row["label"]: row["outputs"] for row in map(json.loads, args.outputs.read_text().splitlines())}
+    labels = args.arms or list(arms)
+    records = reported_records()
+    print("| attributes | MRs | " + " | ".join(f"{label}: BLEU, near named" for label in labels) + " |")
+    print("|---|---|" + "---|" * len(labels))
+    for count, indices in groups_by_attribute_count(records).items():
+        cells = []
+        for label in labels:
+            outputs = arms[label]
+            score = bleu([outputs[i] for i in indices], [records[i].references for i in indices])
+            named, asked = near_named(outputs, records, indices)
+            cells.append(f"{score:.1f}, {named}/{asked}" if asked else f"{score:.1f}, -")
+        print(f"| {count} | {len(indices)} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,32 @@
+"""The E2E breakdown by attribute count (scripts/e2e_by_attributes.py): the grouping and the
+near-place count it reports. Fast: no model."""
+
+import importlib.util
+
+from model.tasks.e2e import E2ERecord
+from tests.support import ROOT
+
+
+def by_attributes():
+    spec = importlib.util.spec_from_file_location("e2e_by_attributes", ROOT / "scripts" / "e2e_by_attributes.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+RECORDS = [
+    E2ERecord("name[Aromi], eatType[pub], near[Burger King]", ("Aromi is a pub near Burger King.",)),
+    E2ERecord("name[Zizzi], food[French]", ("Zizzi serves French food.",)),
+    E2ERecord("name[Bibimbap House], area[riverside], near[Express by Holiday Inn]", ("x",)),
+]
+
+
+def test_mrs_are_grouped_by_how_many_attributes_they_name():
+    assert by_attributes().groups_by_attribute_count(RECORDS) == {2: [1], 3: [0, 2]}
+
+
+def test_the_near_place_counts_only_when_written_word_for_word_and_only_where_asked():
+    script = by_attributes()
+    outputs = ["Aromi is a pub near Burger King.", "Zizzi is near Burger King.", "Bibimbap House is near Express."]
+    assert script.near_named(outputs, RECORDS, [0, 1, 2]) == (1, 2)
+    assert script.near_named(outputs, RECORDS, [1]) == (0, 0)
