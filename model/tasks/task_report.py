@@ -272,7 +272,9 @@ def merged_report(existing: dict, fresh: dict) -> dict:
     label replaced in place, new ones added, the others kept; the replaced arms' policies' details
     updated; each fold recorded under "updates" (its arms, config, hardware, minutes). Both must
     score the same test MRs and the same task model: a differing 1x is refused (the shares would
-    mix two task models)."""
+    mix two task models). A speed-only run (``--no-quality``) replaces the speed rows it timed instead."""
+    if not fresh["arms"]:
+        return _merged_speed(existing, fresh)
     if existing["task"] != fresh["task"] or existing["test_mrs"] != fresh["test_mrs"]:
         raise ValueError(f"--update: the report has {existing['test_mrs']} {existing['task']} MRs, this run "
                          f"{fresh['test_mrs']} {fresh['task']} MRs")
@@ -291,6 +293,24 @@ def merged_report(existing: dict, fresh: dict) -> dict:
             policies[name] = fresh["policies"].get(name, policies.get(name))
     update = {"arms": changed, "config": fresh["config"], "hardware": fresh["hardware"], "minutes": fresh["minutes"]}
     return {**existing, "arms": arms, "policies": policies, "updates": [*existing.get("updates", []), update]}
+
+
+def _merged_speed(existing: dict, fresh: dict) -> dict:
+    """A speed-only run folded in: its (target, batch) rows replace the same rows, the others kept,
+    their policies' details updated. Refused for another task or task model (its training record
+    differs), or a run that timed nothing."""
+    if not fresh["speed"]:
+        raise ValueError("--update: this run measured neither quality nor speed")
+    if existing["task"] != fresh["task"] or existing["policies"].get("task") != fresh["policies"].get("task"):
+        raise ValueError("--update: this speed run used another task or task model than the report")
+    fresh_rows = {(row["speedup"], row["batch_size"]): row for row in fresh["speed"]}
+    speed = [fresh_rows.pop((row["speedup"], row["batch_size"]), row) for row in existing.get("speed", [])]
+    speed += list(fresh_rows.values())
+    policies = dict(existing.get("policies", {}))
+    policies.update({row["policy"]: fresh["policies"][row["policy"]] for row in fresh["speed"] if row["policy"] in fresh["policies"]})
+    timed = [f"speed {row['speedup']:g}x batch {row['batch_size']}" for row in fresh["speed"]]
+    update = {"arms": timed, "config": fresh["config"], "hardware": fresh["hardware"], "minutes": fresh["minutes"]}
+    return {**existing, "speed": speed, "policies": policies, "updates": [*existing.get("updates", []), update]}
 
 
 def report_markdown(report: dict) -> str:
