@@ -78,8 +78,8 @@ LESSONS = (
     Lesson("The paper's task: 3x, the same description", "The paper fine-tunes a model for one task (E2E: a "
            "restaurant's facts in, a description out) and then skips layers in it. Does the description survive "
            "running about a third of the layers?",
-           "the same description word for word, while the heatmap shows the SkipDecode pane running about a third "
-           "of the task model's layers per token. Compose a longer MR (all eight facts): the place it is near comes "
+           "the same description word for word (as for a third of the test MRs at 3x), while the heatmap shows the "
+           "SkipDecode pane running about a third of the task model's layers per token. Compose a longer MR (all eight facts): the place it is near comes "
            "late, where the schedule is at its fewest layers, and that is the fact SkipDecode tends to drop. The "
            "Results tab says, over the whole test set, how much of the task model's score it keeps and how often it "
            "writes the very same text.",

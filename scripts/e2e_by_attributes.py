@@ -6,7 +6,7 @@ word (the value a description tends to reach last, after the skip schedule's dec
     PYTHONPATH=. python scripts/e2e_by_attributes.py assets/eval/e2e-outputs.jsonl --arms "task model (1x)" "per-speedup policy 2x"
 
 Reads an eval-task outputs file (one JSON line per arm: its label and one output per test MR, in
-the test set's order) and prints a Markdown table.
+the test set's order; an ``--mrs N`` run's file covers the first N) and prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -41,7 +41,11 @@ def main() -> None:
     args = parser.parse_args()
     arms = {row["label"]: row["outputs"] for row in map(json.loads, args.outputs.read_text().splitlines())}
     labels = args.arms or list(arms)
-    records = reported_records()
+    unknown = [label for label in labels if label not in arms]
+    if unknown:
+        parser.error(f"no arm {unknown[0]!r} in {args.outputs}; it has: {', '.join(arms)}")
+    # an --mrs run (e2e-default-outputs.jsonl) described the first N test MRs
+    records = reported_records()[: len(arms[labels[0]])]
     print("| attributes | MRs | " + " | ".join(f"{label}: BLEU, near named" for label in labels) + " |")
     print("|---|---|" + "---|" * len(labels))
     for count, indices in groups_by_attribute_count(records).items():

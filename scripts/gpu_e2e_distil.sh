@@ -33,14 +33,19 @@ report() {
   cp "$WORK/targets/distilled.jsonl" "$WORK/targets/distilled.source.json" "$WORK/logs/" 2>/dev/null
   tar -C "$WORK/logs" -czf "$OUT_DIR/report.tar.gz" .
 }
-# adapter/ -> adapter-step-N whenever the run's training_info.json says step N (the trainer keeps one adapter/)
+step_of() { $PY -c "import json; print(json.load(open('$1/training_info.json'))['step'])" 2>/dev/null; }
+# adapter/ -> adapter-step-N whenever the run's training_info.json says step N (the trainer keeps one
+# adapter/); the copy is named by the step its own training_info.json says, read after copying
 snap() {
-  local run=$1 info n
+  local run=$1 n copied
   while true; do
-    info="$run/adapter/training_info.json"
-    n=$($PY -c "import json; print(json.load(open('$info'))['step'])" 2>/dev/null)
+    n=$(step_of "$run/adapter")
     if [ -n "$n" ] && [ ! -d "$run/adapter-step-$n" ]; then
-      sleep 2; cp -r "$run/adapter" "$run/adapter-step-$n.partial" && mv "$run/adapter-step-$n.partial" "$run/adapter-step-$n"
+      sleep 2; rm -rf "$run/copy.partial"
+      if cp -r "$run/adapter" "$run/copy.partial"; then
+        copied=$(step_of "$run/copy.partial")
+        if [ -n "$copied" ] && [ ! -d "$run/adapter-step-$copied" ]; then mv "$run/copy.partial" "$run/adapter-step-$copied"; fi
+      fi
     fi
     sleep 3
   done
@@ -55,7 +60,7 @@ EOF
 log "targets: $(wc -l < "$WORK/targets/distilled.jsonl") descriptions"
 
 log "policies $POLICIES: $STEPS steps of $BATCH, from the shipped weights"
-snappers=()
+snappers=(); trainers=()
 for p in $POLICIES; do
   run="$WORK/skip-$p"
   mkdir -p "$run"
@@ -64,13 +69,15 @@ for p in $POLICIES; do
   timeout "$TRAIN_LIMIT" $PY -m model train-task e2e --policy "$p" --targets task-model --synthetic-mrs "$SYNTH" \
     --init-adapter "$(shipped "$p")" --steps "$STEPS" --lr "$lr" --batch-size "$BATCH" --save-every "$SAVE" \
     --threads 2 --device "$DEVICE" --heldout-mrs 0 --output-dir "$run" > "$WORK/logs/skip-$p.log" 2>&1 &
+  trainers+=($!)
   snap "$run" & snappers+=($!)
 done
-while [ "$(jobs -rp | wc -l)" -gt "${#snappers[@]}" ]; do sleep 2; done
-kill "${snappers[@]}" 2>/dev/null; wait 2>/dev/null
-for p in $POLICIES; do  # the last save, if the snapper had not copied it yet
+wait "${trainers[@]}"  # a run stopped by TRAIN_LIMIT keeps its last checkpoint (the steps after it are lost)
+kill "${snappers[@]}" 2>/dev/null; wait "${snappers[@]}" 2>/dev/null
+for p in $POLICIES; do  # the last save, if the snapper had not copied it yet; no half copies
   run="$WORK/skip-$p"
-  n=$($PY -c "import json; print(json.load(open('$run/adapter/training_info.json'))['step'])" 2>/dev/null)
+  rm -rf "$run/copy.partial"
+  n=$(step_of "$run/adapter")
   [ -n "$n" ] && [ ! -d "$run/adapter-step-$n" ] && cp -r "$run/adapter" "$run/adapter-step-$n"
 done
 for p in $POLICIES; do log "skip-$p: $(tail -c 300 "$WORK/logs/skip-$p.log" | tr '\r' '\n' | tail -1)"; done
@@ -79,7 +86,7 @@ report
 log "held-out scores of every checkpoint and the shipped weights (as written; rewritten copies)"
 for p in $POLICIES; do
   speeds=$p; [ "$p" = all ] && speeds="2 3 5"
-  ckpts=$(ls -d "$WORK/skip-$p"/adapter-step-* 2>/dev/null | sort -V)
+  ckpts=$(ls -d "$WORK/skip-$p"/adapter-step-[0-9]* 2>/dev/null | grep -E 'adapter-step-[0-9]+$' | sort -V)
   for s in $speeds; do
     $PY scripts/task_heldout_curve.py "$(shipped "$p")" $ckpts --speedup "$s" --relexicalised 0 2 --mrs "$HELDOUT" \
       --device "$DEVICE" --no-task-model > "$WORK/logs/heldout-skip-$p-$s.jsonl" 2> "$WORK/logs/heldout-skip-$p-$s.err" &
@@ -96,11 +103,16 @@ work, policies = sys.argv[1], sys.argv[2].split()
 for policy in policies:
     bleus = defaultdict(list)
     for path in glob.glob(f"{work}/logs/heldout-skip-{policy}-*.jsonl"):
+        speed = path.rsplit("-", 1)[1].removesuffix(".jsonl") + "x"  # heldout-skip-P-S.jsonl scores speed S
         for line in open(path):
-            row = json.loads(line)
-            score = next(v for k, v in row.items() if k.endswith("x") and isinstance(v, dict))
-            bleus[row["adapter"]].append(score["bleu"])
-    ranked = sorted(bleus.items(), key=lambda item: -sum(item[1]) / len(item[1]))
+            try:
+                row = json.loads(line)
+                bleus[row["adapter"]].append(row[speed]["bleu"])
+            except (ValueError, KeyError):
+                print(f"# {path}: a line that is not a score, skipped", file=sys.stderr)
+    full = max((len(scores) for scores in bleus.values()), default=0)
+    complete = {a: b for a, b in bleus.items() if len(b) == full}  # every set and speed scored: comparable means
+    ranked = sorted(complete.items(), key=lambda item: -sum(item[1]) / len(item[1]))
     print(policy, ranked[0][0] if ranked else "none", *(f"{a}={sum(b) / len(b):.2f}" for a, b in ranked))
 EOF
 cat "$WORK/logs/picked.txt" | tee -a "$WORK/logs/timeline.txt"
@@ -109,6 +121,7 @@ while read -r p best _; do
     name=skip-${p}x; [ "$p" = all ] && name=skip-all
     $PY -m model export-adapter "$best" "$WORK/export/$name" > "$WORK/logs/export-$name.log" 2>&1 \
       && tar -C "$WORK/export" -cf "$OUT_DIR/$name.tar" "$name" && log "packed $name from $best" ;;
+  none) log "skip-$p: nothing was scored" ;;
   *) log "skip-$p: the shipped weights stay best" ;;
   esac
 done < "$WORK/logs/picked.txt"

@@ -9,7 +9,8 @@ rewritten copies of each held-out MR instead (pubs, restaurants, the other cuisi
 model/tasks/e2e.py relexicalised_records), the test set's values that the devset lacks.
 
 Prints one JSON line per adapter and held-out set: the task model's scores at 1x and the policy's
-at the speedup, with how close it stays to the task model's own descriptions (50 held-out MRs of
+at the speedup, with how close it stays to the task model's own descriptions (the policy's alone
+with ``--no-task-model``) (50 held-out MRs of
 devset.csv, float32, CPU unless ``--device``; model/tasks/task_training.py: heldout_bleu).
 """
 

@@ -49,9 +49,9 @@ def describe(generator: TextGenerator, mrs: Sequence[str], schedule: ScheduleReq
 
 
 def batch_for(device: torch.device | str, cpu_batch: int) -> int:
-    """A generation batch for ``device``: a GPU decodes hundreds of MRs in one lock-step batch for
-    little more than the cost of one, while a CPU pays for every row (and for the padding a batch
-    decodes until its longest row ends), so it keeps the caller's small batch."""
+    """A generation batch for ``device``: an accelerator (CUDA, MPS) decodes hundreds of MRs in one
+    lock-step batch for little more than the cost of one, while a CPU pays for every row (and for
+    the padding a batch decodes until its longest row ends), so it keeps the caller's small batch."""
     return cpu_batch if torch.device(device).type == "cpu" else max(cpu_batch, GPU_BATCH)
 
 

@@ -296,21 +296,29 @@ def merged_report(existing: dict, fresh: dict) -> dict:
 
 
 def _merged_speed(existing: dict, fresh: dict) -> dict:
-    """A speed-only run folded in: its (target, batch) rows replace the same rows, the others kept,
-    their policies' details updated. Refused for another task or task model (its training record
-    differs), or a run that timed nothing."""
+    """A speed-only run folded in: its (target, batch) rows replace the same rows, the others kept.
+    Refused for another task or task model (its training record differs), for other weights of a
+    policy than the report's quality rows were measured with, for rows timed over other MRs,
+    repeats or steps than the report's, and for a run that timed nothing."""
     if not fresh["speed"]:
         raise ValueError("--update: this run measured neither quality nor speed")
-    if existing["task"] != fresh["task"] or existing["policies"].get("task") != fresh["policies"].get("task"):
+    old_policies, new_policies = existing.get("policies", {}), fresh.get("policies", {})
+    if existing["task"] != fresh["task"] or old_policies.get("task") != new_policies.get("task"):
         raise ValueError("--update: this speed run used another task or task model than the report")
+    for row in fresh["speed"]:
+        if row["policy"] in old_policies and old_policies[row["policy"]] != new_policies.get(row["policy"]):
+            raise ValueError(f"--update: this speed run timed other {row['policy']} weights than the report's "
+                             "quality rows: re-measure its quality first")
+    shape = {(row.get("mrs"), row.get("repeats"), row.get("steps")) for row in existing.get("speed", []) + fresh["speed"]}
+    if len(shape) > 1:
+        raise ValueError(f"--update: speed rows timed differently (MRs, repeats, steps: {sorted(shape, key=str)}) "
+                         "would share one table")
     fresh_rows = {(row["speedup"], row["batch_size"]): row for row in fresh["speed"]}
     speed = [fresh_rows.pop((row["speedup"], row["batch_size"]), row) for row in existing.get("speed", [])]
     speed += list(fresh_rows.values())
-    policies = dict(existing.get("policies", {}))
-    policies.update({row["policy"]: fresh["policies"][row["policy"]] for row in fresh["speed"] if row["policy"] in fresh["policies"]})
     timed = [f"speed {row['speedup']:g}x batch {row['batch_size']}" for row in fresh["speed"]]
     update = {"arms": timed, "config": fresh["config"], "hardware": fresh["hardware"], "minutes": fresh["minutes"]}
-    return {**existing, "speed": speed, "policies": policies, "updates": [*existing.get("updates", []), update]}
+    return {**existing, "speed": speed, "updates": [*existing.get("updates", []), update]}
 
 
 def report_markdown(report: dict) -> str:

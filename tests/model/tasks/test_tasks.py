@@ -245,20 +245,24 @@ def test_a_speed_only_update_replaces_the_rows_it_timed_and_keeps_the_scores():
     from model.tasks.task_report import merged_report, report_markdown
 
     def row(speedup, batch, decode):
-        return {"speedup": speedup, "batch_size": batch, "steps": 32, "policy": f"skip-{speedup:g}x", "weights": "int8",
+        return {"speedup": speedup, "batch_size": batch, "steps": 32, "mrs": 16, "repeats": 2, "policy": f"skip-{speedup:g}x", "weights": "int8",
                 "full_decode_tps": 60.0, "skip_decode_tps": 60.0 * decode, "decode_speedup": decode,
                 "cost_model_bound": 1.6, "share_of_bound": decode / 1.6, "end_to_end_speedup": 1.4}
 
     existing = _report([("task model (1x)", "task model", 1.0, 56.3), ("per-speedup policy 2x", "per-speedup", 2.0, 55.0)])
     existing |= {"speed": [row(2.0, 1, 1.85), row(2.0, 8, 1.91)], "policies": {"task": {"step": 120}, "skip-2x": {"step": 80}}}
     fresh = {**existing, "arms": [], "test_mrs": 16, "minutes": 3.5, "config": {"device": "cpu", "weights": "default"},
-             "speed": [row(2.0, 8, 1.82)], "policies": {"task": {"step": 120}, "skip-2x": {"step": 400}}}
+             "speed": [row(2.0, 8, 1.82)], "policies": {"task": {"step": 120}, "skip-2x": {"step": 80}}}
     merged = merged_report(existing, fresh)
     assert [r["decode_speedup"] for r in merged["speed"]] == [1.85, 1.82] and merged["arms"] == existing["arms"]
-    assert merged["policies"]["skip-2x"] == {"step": 400} and merged["test_mrs"] == 630
+    assert merged["test_mrs"] == 630
     assert "Re-measured later (cpu, cuda; 3.5 min): speed 2x batch 8." in report_markdown(merged)
     with pytest.raises(ValueError, match="another task or task model"):
-        merged_report(existing, fresh | {"policies": {"task": {"step": 400}}})
+        merged_report(existing, fresh | {"policies": {"task": {"step": 400}, "skip-2x": {"step": 80}}})
+    with pytest.raises(ValueError, match="other skip-2x weights"):
+        merged_report(existing, fresh | {"policies": {"task": {"step": 120}, "skip-2x": {"step": 400}}})
+    with pytest.raises(ValueError, match="timed differently"):
+        merged_report(existing, fresh | {"speed": [row(2.0, 8, 1.82) | {"mrs": 8}]})
     with pytest.raises(ValueError, match="neither quality nor speed"):
         merged_report(existing, fresh | {"speed": []})
 
