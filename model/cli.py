@@ -442,6 +442,8 @@ TRAIN_OPTION_HELP = {
                "greedy descriptions (sequence-level distillation)",
     "synthetic_mrs": "new MRs (devset names, the challenge's closed values) described by the task model, "
                      "with --targets task-model",
+    "invented_places": "the share of the --synthetic-mrs about invented places (in no devset or test MR), so "
+                       "that a policy learns to copy a place from the prompt, with --targets task-model",
     "relexicalised": "rewritten copies of each training MR and its references with another eatType and food "
                      "(pubs, restaurants, the seven cuisines the test set asks for), with --targets references",
 }

@@ -1,6 +1,7 @@
 """Where an E2E arm loses its BLEU: the test MRs grouped by how many attributes they name, each
 group's corpus BLEU per arm, and how many descriptions name the MR's ``near[...]`` place word for
-word (the value a description tends to reach last, after the skip schedule's decay has ended).
+word; then the same count per near place, with whether the devset (all the training data) ever
+names that place: a place never seen in training must be copied from the prompt.
 
     PYTHONPATH=. python scripts/e2e_by_attributes.py assets/eval/e2e-outputs.jsonl
     PYTHONPATH=. python scripts/e2e_by_attributes.py assets/eval/e2e-outputs.jsonl --arms "task model (1x)" "per-speedup policy 2x"
@@ -16,7 +17,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from model.tasks.e2e import E2ERecord, parse_mr, reported_records
+from model.tasks.e2e import E2ERecord, dev_split, parse_mr, reported_records
 from model.tasks.task_eval import bleu
 
 
@@ -32,6 +33,22 @@ def near_named(outputs: list[str], records: list[E2ERecord], indices: list[int])
     """(descriptions that contain the MR's near[...] value verbatim, MRs that have one)."""
     asked = [i for i in indices if "near" in parse_mr(records[i].mr)]
     return sum(parse_mr(records[i].mr)["near"] in outputs[i] for i in asked), len(asked)
+
+
+def devset_places() -> set[str]:
+    """Every place name the devset (training and held-out MRs) uses, as a name or a near place."""
+    train, held = dev_split()
+    return {value for r in [*train, *held] for key, value in parse_mr(r.mr).items() if key in ("name", "near")}
+
+
+def near_place_rows(records: list[E2ERecord]) -> dict[str, list[int]]:
+    """Indices of the records that have a near place, keyed by that place, the most frequent first."""
+    rows: dict[str, list[int]] = defaultdict(list)
+    for index, record in enumerate(records):
+        near = parse_mr(record.mr).get("near")
+        if near:
+            rows[near].append(index)
+    return dict(sorted(rows.items(), key=lambda item: -len(item[1])))
 
 
 def main() -> None:
@@ -56,6 +73,13 @@ def main() -> None:
             named, asked = near_named(outputs, records, indices)
             cells.append(f"{score:.1f}, {named}/{asked}" if asked else f"{score:.1f}, -")
         print(f"| {count} | {len(indices)} | " + " | ".join(cells) + " |")
+    seen = devset_places()
+    print()
+    print("| near place | in the devset | MRs | " + " | ".join(f"{label}: near named" for label in labels) + " |")
+    print("|---|---|---|" + "---|" * len(labels))
+    for near, indices in near_place_rows(records).items():
+        cells = [f"{near_named(arms[label], records, indices)[0]}/{len(indices)}" for label in labels]
+        print(f"| {near} | {'yes' if near in seen else 'no'} | {len(indices)} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

@@ -4,12 +4,14 @@
 # run), then the 2x, 3x, 4x, 5x and shared policies side by side, each from its shipped weights
 # (`--init-adapter`), checkpoints every SAVE steps; then every checkpoint (and the shipped weights,
 # "step 0") scored on the held-out devset MRs as written and on their rewritten copies (pubs,
-# restaurants, the other cuisines), never the test set; then, per policy, the checkpoint with the
-# best mean of those two BLEUs is exported in bf16 and packed into OUT_DIR (one tar each), with the
-# logs, scores and targets (report.tar.gz). Every step is a plain `python -m model ...` or
-# scripts/task_heldout_curve.py command; this script runs them in parallel and picks.
+# restaurants, the other cuisines), never the test set, and on LONG new MRs naming all eight
+# attributes against the task model's own text (logs/long-*.jsonl, reported beside the pick);
+# then, per policy, the checkpoint with the best mean of the two held-out BLEUs is exported in
+# bf16 and packed into OUT_DIR (one tar each), with the logs, scores and targets (report.tar.gz).
+# Every step is a plain `python -m model ...` or scripts/task_heldout_curve.py command; this script
+# runs them in parallel and picks.
 #   bash scripts/gpu_e2e_distil.sh OUT_DIR
-# A dry run on a CPU: DEVICE=cpu STEPS=2 SAVE=1 SYNTH=4 HELDOUT=2 POLICIES="3 all" bash scripts/gpu_e2e_distil.sh OUT
+# A dry run on a CPU: DEVICE=cpu STEPS=2 SAVE=1 SYNTH=4 HELDOUT=2 LONG=4 POLICIES="3 all" bash scripts/gpu_e2e_distil.sh OUT
 set -uo pipefail
 OUT_DIR=${1:?usage: gpu_e2e_distil.sh OUT_DIR}
 WORK=${WORK:-runs/gpu-distil}
@@ -19,6 +21,7 @@ SYNTH=${SYNTH:-3000}
 BATCH=${BATCH:-32}
 DEVICE=${DEVICE:-cuda}
 HELDOUT=${HELDOUT:-50}
+LONG=${LONG:-100}                 # new eight-attribute MRs: near place named, closeness (reported, not in the pick)
 TRAIN_LIMIT=${TRAIN_LIMIT:-270}   # seconds the training phase may take (checkpoints survive a stop)
 POLICIES=${POLICIES:-2 3 4 5 all}
 PY=${PYTHON:-python3}
@@ -90,6 +93,8 @@ for p in $POLICIES; do
   for s in $speeds; do
     $PY scripts/task_heldout_curve.py "$(shipped "$p")" $ckpts --speedup "$s" --relexicalised 0 2 --mrs "$HELDOUT" \
       --device "$DEVICE" --no-task-model > "$WORK/logs/heldout-skip-$p-$s.jsonl" 2> "$WORK/logs/heldout-skip-$p-$s.err" &
+    [ "$LONG" -gt 0 ] && $PY scripts/task_heldout_curve.py "$(shipped "$p")" $ckpts --speedup "$s" --relexicalised \
+      --long "$LONG" --device "$DEVICE" > "$WORK/logs/long-skip-$p-$s.jsonl" 2> "$WORK/logs/long-skip-$p-$s.err" &
   done
 done
 wait

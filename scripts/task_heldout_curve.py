@@ -6,7 +6,13 @@ checkpoint copy, or a shipped policy): the curve a continuation is judged by, ne
 
 ``--speedup 1`` scores the folder as a task model itself (full depth). ``--relexicalised K`` scores K
 rewritten copies of each held-out MR instead (pubs, restaurants, the other cuisines:
-model/tasks/e2e.py relexicalised_records), the test set's values that the devset lacks.
+model/tasks/e2e.py relexicalised_records), the test set's values that the devset lacks. ``--long N``
+also judges a policy on N new MRs that name all eight attributes (the test set's hardest, rare in
+the devset), against the task model's own text since they have no references: the share of
+descriptions naming the MR's near place, and closeness; ``--invented-places`` takes their name and
+near place from places no training data names (the test set's own restaurants are such places).
+
+    PYTHONPATH=. python scripts/task_heldout_curve.py assets/adapters/e2e/skip-2x --speedup 2 --relexicalised --long 100 --invented-places
 
 Prints one JSON line per adapter and held-out set: the task model's scores at 1x and the policy's
 at the speedup, with how close it stays to the task model's own descriptions (the policy's alone
@@ -22,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from model.tasks.task_training import TaskRun, heldout_bleu, heldout_records, train_config
+from model.tasks.task_training import TaskRun, heldout_bleu, heldout_records, long_mr_fidelity, train_config
 
 
 def main() -> None:
@@ -31,13 +37,21 @@ def main() -> None:
     parser.add_argument("--speedup", type=float, default=2.0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--mrs", type=int, default=50)
-    parser.add_argument("--relexicalised", type=int, nargs="+", default=[0],
-                        help="copies per held-out MR; several values score several sets (0: the MRs as written)")
+    parser.add_argument("--relexicalised", type=int, nargs="*", default=[0],
+                        help="copies per held-out MR; several values score several sets (0: the MRs as written; "
+                             "none: no such set)")
+    parser.add_argument("--long", type=int, default=0,
+                        help="also N new MRs naming all eight attributes, judged against the task model's text "
+                             "(no references): how often the near place is named, closeness")
+    parser.add_argument("--invented-places", action="store_true",
+                        help="with --long: their name and near place invented, in no training data")
     parser.add_argument("--task-adapter", default=None, help="the task model a policy runs on (default: the shipped one)")
     parser.add_argument("--device", default="cpu", help="cpu (the figures in the docs) or cuda")
     parser.add_argument("--no-task-model", action="store_true",
                         help="score the policy alone: no 1x pass, so no closeness to the task model's text")
     args = parser.parse_args()
+    if args.long and args.speedup == 1:
+        parser.error("--long judges a policy against the task model: give a --speedup above 1")
     torch.set_num_threads(args.threads)
     task_model = args.speedup == 1
     run = TaskRun(policy="task" if task_model else f"{args.speedup:g}", device=args.device, heldout_mrs=args.mrs,
@@ -50,6 +64,11 @@ def main() -> None:
             scores = heldout_bleu(run, config, Path(adapter), speedups, held)
             print(json.dumps({"adapter": adapter, "task_adapter": config.task_adapter, "relexicalised": copies,
                               "mrs": len(held), "device": args.device, **scores}), flush=True)
+        if args.long:
+            scores = long_mr_fidelity(run, config, Path(adapter), args.speedup, args.long, args.invented_places)
+            kind = "long-invented-places" if args.invented_places else "long"
+            print(json.dumps({"adapter": adapter, "task_adapter": config.task_adapter, "set": kind, "mrs": args.long,
+                              "device": args.device, **scores}), flush=True)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,20 @@ ATTRIBUTE_VALUES = {
     "area": ("city centre", "riverside"),
     "familyFriendly": ("yes", "no"),
 }
+# Places invented for this project: neither the devset's nor the test set's (tested). The test set
+# asks about restaurants the devset never names, which a skip policy must copy from the prompt; a
+# policy distilled only on the devset's 30 places learns those instead. The held-out ones judge a
+# policy on places no training data has (scripts/task_heldout_curve.py --long N --invented-places).
+INVENTED_PLACES_HELDOUT = ("The Copper Kettle", "Silver Heron", "The Old Granary", "Harbour Lights",
+                           "The Velvet Fig", "Juniper Hall", "The Gilded Pear", "Kingfisher Rooms",
+                           "Tamarind Corner", "The Wandering Goose")
+# Invented places a policy may train on (train-task --invented-places): "The <adjective> <noun>",
+# no word shared with the held-out ones above, none a devset or test place (tested).
+_INVENTED_ADJECTIVES = ("Amber", "Cedar", "Coral", "Dappled", "Emerald", "Hazel", "Ivory", "Jade",
+                        "Maple", "Misty", "Rustic", "Scarlet", "Saffron", "Sunlit", "Thatched", "Wild")
+_INVENTED_NOUNS = ("Lantern", "Anchor", "Orchard", "Meadow", "Thistle", "Badger", "Lark", "Acorn",
+                   "Barrel", "Compass", "Otter", "Quill", "Spoon", "Willow", "Wren", "Bramble")
+INVENTED_PLACES_TRAINING = tuple(f"The {adjective} {noun}" for adjective in _INVENTED_ADJECTIVES for noun in _INVENTED_NOUNS)
 MAX_VALUE_CHARS = 60  # a restaurant's or landmark's name; longer is not an MR
 _PAIR = re.compile(r"\s*([A-Za-z][A-Za-z ]*?)\s*\[([^\[\]]*)\]\s*(?:,|$)")
 
@@ -308,6 +322,26 @@ def synthetic_mrs(records: Sequence[E2ERecord], count: int, seed: int = 0, attri
     if len(made) < count:
         raise ValueError(f"only {len(made)} distinct new MRs can be composed from these records, not {count}")
     return made
+
+
+def place_records(places: Sequence[str]) -> list[E2ERecord]:
+    """Reference-less records that name ``places`` (each as a name and as a near place), so that
+    synthetic_mrs draws its names from them: MRs about places no devset record names."""
+    return [E2ERecord(f"name[{a}], near[{b}]", ()) for a, b in zip(places, [*places[1:], places[0]])]
+
+
+def long_heldout_mrs(records: Sequence[E2ERecord], count: int, seed: int, trained_seed: int = 0,
+                     trained_cap: int = 20000, places: Sequence[str] = (), folder: Path = E2E_DATA) -> list[str]:
+    """``count`` new MRs naming all eight attributes, for judging a policy where the test set is
+    hardest (41% of its MRs name all eight, 13% of the devset's). Their name and near place come
+    from ``records`` or, given, from ``places`` (e.g. INVENTED_PLACES_HELDOUT: places no training
+    data names). None is a devset or test MR, nor one of the synthetic MRs a run with
+    ``trained_seed`` trains on (any ``--synthetic-mrs`` up to the cap: synthetic_mrs draws the same
+    sequence for a seed, whatever the count)."""
+    trained = {normalise_mr(mr) for mr in synthetic_mrs(records, trained_cap, trained_seed, folder=folder)}
+    source = place_records(places) if places else records
+    drawn = synthetic_mrs(source, count + len(trained), seed, attribute_share=1.0, folder=folder)
+    return [mr for mr in drawn if normalise_mr(mr) not in trained][:count]
 
 
 def example_mrs(count: int = 8, folder: Path = E2E_DATA) -> list[str]:

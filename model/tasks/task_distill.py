@@ -13,14 +13,22 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Sequence
 
 from model.generation import TextGenerator
 from model.loading import load_model
 from model.lowbit.weight_cache import file_key
-from model.tasks.e2e import E2ERecord, assert_no_test_mr, dev_split, synthetic_mrs, task_prompt
+from model.tasks.e2e import (
+    INVENTED_PLACES_TRAINING,
+    E2ERecord,
+    assert_no_test_mr,
+    dev_split,
+    place_records,
+    synthetic_mrs,
+    task_prompt,
+)
 from model.tasks.task_eval import batch_for, describe
 from model.tasks.task_models import check_task, task_schedule
 
@@ -37,6 +45,7 @@ class DistillSource:
     seed: int
     device: str
     task_weights: str = ""  # adapter_fingerprint(task_adapter): a task model retrained at the same path is another source
+    invented_places: float = 0.0  # the share of the synthetic MRs about invented places (INVENTED_PLACES_TRAINING)
 
 
 def adapter_fingerprint(folder: str | Path) -> str:
@@ -49,9 +58,14 @@ def adapter_fingerprint(folder: str | Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def distillation_mrs(train: Sequence[E2ERecord], synthetic: int, seed: int) -> list[str]:
-    """The MRs whose task-model descriptions become targets: the training MRs, then ``synthetic`` new ones."""
-    mrs = [r.mr for r in train] + (synthetic_mrs(train, synthetic, seed) if synthetic else [])
+def distillation_mrs(train: Sequence[E2ERecord], synthetic: int, seed: int, invented_share: float = 0.0) -> list[str]:
+    """The MRs whose task-model descriptions become targets: the training MRs, then ``synthetic`` new
+    ones, ``invented_share`` of them about invented places (a policy that only ever sees the devset's
+    30 places learns them instead of copying a new one from the prompt, which the test set asks for)."""
+    invented = round(synthetic * invented_share)
+    mrs = [r.mr for r in train] + (synthetic_mrs(train, synthetic - invented, seed) if synthetic > invented else [])
+    if invented:
+        mrs += synthetic_mrs(place_records(INVENTED_PLACES_TRAINING), invented, seed)
     assert_no_test_mr(mrs)
     return mrs
 
@@ -69,17 +83,22 @@ def task_model_rows(task: str, task_adapter: str, mrs: Sequence[str], device: st
     return [{"prompt": task_prompt(mr), "completion": text} for mr, text in zip(mrs, outputs) if text]
 
 
+def _recorded_source(record: Path) -> dict:
+    """A distillation file's recorded source; a field added since it was written reads as its default."""
+    defaults = {spec.name: spec.default for spec in fields(DistillSource) if spec.default is not MISSING}
+    return {**defaults, **json.loads(record.read_text())}
+
+
 def write_distillation_file(path: Path, source: DistillSource, task: str = "e2e", model: str | None = None) -> Path:
     """The task model's descriptions as a JSONL training file at ``path``, with ``path``.source.json
     beside it; a file already made from the same source is reused (a resumed run, a second policy)."""
     path = Path(path)
     record = path.with_suffix(".source.json")
-    if path.is_file() and record.is_file() and json.loads(record.read_text()) == asdict(source):
+    if path.is_file() and record.is_file() and _recorded_source(record) == asdict(source):
         return path
     train, _ = dev_split()
-    rows = task_model_rows(task, source.task_adapter, distillation_mrs(train[: source.training_mrs],
-                                                                         source.synthetic_mrs, source.seed),
-                           device=source.device, model=model)
+    mrs = distillation_mrs(train[: source.training_mrs], source.synthetic_mrs, source.seed, source.invented_places)
+    rows = task_model_rows(task, source.task_adapter, mrs, device=source.device, model=model)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as handle:
         for row in rows:

@@ -30,7 +30,15 @@ import torch
 from model.generation import TextGenerator
 from model.loading import load_model, resolve_device
 from model.skipdecode.skip_policy import export_adapter
-from model.tasks.e2e import E2ERecord, dev_split, relexicalised_records, write_training_file
+from model.tasks.e2e import (
+    INVENTED_PLACES_HELDOUT,
+    E2ERecord,
+    dev_split,
+    long_heldout_mrs,
+    parse_mr,
+    relexicalised_records,
+    write_training_file,
+)
 from model.tasks.task_distill import DistillSource, adapter_fingerprint, write_distillation_file
 from model.tasks.task_eval import batch_for, closeness, describe, task_scores
 from model.tasks.task_models import check_task, policy_name, task_adapter_dir, task_schedule
@@ -41,6 +49,7 @@ HELDOUT_BATCH = 25
 TARGET_KINDS = ("references", "task-model")
 HELDOUT_RELEX_COPIES = 2  # rewritten copies of each held-out MR scored by a --relexicalised run
 HELDOUT_RELEX_SEED = 1
+HELDOUT_LONG_SEED = 2  # the long held-out MRs (all eight attributes), never a training MR of a seed-0 run
 
 
 @dataclass
@@ -67,6 +76,7 @@ class TaskRun:
     targets: str = "references"  # or "task-model": the task model's greedy descriptions (a policy only)
     synthetic_mrs: int = 0  # new MRs besides the devset's (task-model targets only: they have no references)
     relexicalised: int = 0  # rewritten copies of each training MR, other eatType/food (references targets only)
+    invented_places: float = 0.0  # the share of the synthetic MRs about invented places (task-model targets)
 
     def __post_init__(self) -> None:
         check_task(self.task)
@@ -80,6 +90,10 @@ class TaskRun:
             raise ValueError("--relexicalised rewrites references: it needs --targets references")
         if not 0 <= self.relexicalised <= 20:
             raise ValueError(f"--relexicalised must be in [0, 20] copies per MR; got {self.relexicalised}")
+        if not 0 <= self.invented_places <= 1:
+            raise ValueError(f"--invented-places is a share of the synthetic MRs, in [0, 1]; got {self.invented_places}")
+        if self.invented_places and not self.synthetic_mrs:
+            raise ValueError("--invented-places shares out the --synthetic-mrs: give some")
         if not 0 <= self.synthetic_mrs <= 20000:
             raise ValueError(f"--synthetic-mrs must be in [0, 20000]; got {self.synthetic_mrs}")
         if self.policy not in ("task", "all"):
@@ -100,6 +114,7 @@ class TaskRun:
     def name(self) -> str:
         base = "task" if self.policy == "task" else policy_name(self.speedup)
         distilled = f"-distil{self.synthetic_mrs or ''}" if self.targets == "task-model" else ""
+        distilled += f"-invented{self.invented_places:g}" if self.invented_places else ""
         relexicalised = f"-relex{self.relexicalised}" if self.relexicalised else ""
         return base + (f"-kl{self.kl_weight:g}" if self.kl_weight else "") + distilled + relexicalised
 
@@ -161,6 +176,30 @@ def heldout_bleu(run: TaskRun, config: TrainConfig, adapter: Path, speedups: tup
     return scores
 
 
+def long_mr_fidelity(run: TaskRun, config: TrainConfig, adapter: Path, speedup: float, count: int,
+                     invented_places: bool = False) -> dict:
+    """A policy on ``count`` new MRs that name all eight attributes (long_heldout_mrs), with the
+    devset's places or places no training data names, judged against the task model's own
+    descriptions, since they have no references: the share of descriptions that name the MR's
+    near place word for word (a place new to the policy must be copied from the prompt), and
+    BLEU / identical share against the task model's text."""
+    places = INVENTED_PLACES_HELDOUT if invented_places else ()
+    mrs = long_heldout_mrs(dev_split()[0], count, seed=HELDOUT_LONG_SEED, trained_seed=run.seed, places=places)
+    settings = check_task(run.task)
+    loaded = load_model(None, device=run.device, dtype="float32", quantize="none", adapter=str(adapter),
+                        task_adapter=config.task_adapter)
+    generator = TextGenerator(loaded)
+    outputs = {s: describe(generator, mrs, task_schedule(run.task, s, generator.num_layers), settings.max_new_tokens,
+                           batch_for(loaded.device, HELDOUT_BATCH)).outputs for s in (1.0, speedup)}
+    nears = [parse_mr(mr)["near"] for mr in mrs]
+
+    def near_named(texts: list[str]) -> float:
+        return round(sum(near in text for near, text in zip(nears, texts)) / len(mrs), 3)
+
+    return {"1x": {"near_named": near_named(outputs[1.0])},
+            f"{speedup:g}x": {"near_named": near_named(outputs[speedup]), "vs_task_model": closeness(outputs[speedup], outputs[1.0])}}
+
+
 def training_file(run: TaskRun) -> Path:
     """The run's training JSONL (per run: parallel runs never share one): the references, or the
     task model's descriptions of the training MRs and the run's synthetic ones."""
@@ -168,7 +207,8 @@ def training_file(run: TaskRun) -> Path:
         return write_training_file(run.folder / "train.jsonl", relexicalised=run.relexicalised, seed=run.seed)
     task_dir = Path(run.task_adapter or task_adapter_dir(run.task)).resolve()
     source = DistillSource(task_adapter=str(task_dir), training_mrs=len(dev_split()[0]), synthetic_mrs=run.synthetic_mrs,
-                           seed=run.seed, device=resolve_device(run.device).type, task_weights=adapter_fingerprint(task_dir))
+                           seed=run.seed, device=resolve_device(run.device).type, task_weights=adapter_fingerprint(task_dir),
+                           invented_places=run.invented_places)
     return write_distillation_file(run.folder / "distilled.jsonl", source, run.task)
 
 

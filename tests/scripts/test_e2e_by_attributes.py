@@ -30,3 +30,10 @@ def test_the_near_place_counts_only_when_written_word_for_word_and_only_where_as
     outputs = ["Aromi is a pub near Burger King.", "Zizzi is near Burger King.", "Bibimbap House is near Express."]
     assert script.near_named(outputs, RECORDS, [0, 1, 2]) == (1, 2)
     assert script.near_named(outputs, RECORDS, [1]) == (0, 0)
+
+
+def test_near_places_are_grouped_most_frequent_first_and_the_devset_places_are_known():
+    script = by_attributes()
+    assert script.near_place_rows(RECORDS) == {"Burger King": [0], "Express by Holiday Inn": [2]}
+    places = script.devset_places()
+    assert {"Crowne Plaza Hotel", "Burger King"} <= places and "All Bar One" not in places

@@ -337,6 +337,58 @@ def test_a_gpu_decodes_the_distillation_pass_and_the_held_out_sets_in_large_batc
     assert batch_for(torch.device("cuda:0"), 1024) == 1024
 
 
+def test_long_held_out_mrs_name_all_eight_attributes_and_are_never_trained_on():
+    from model.tasks.e2e import long_heldout_mrs, synthetic_mrs
+
+    train = dev_split()[0]
+    mrs = long_heldout_mrs(train, 40, seed=2, trained_cap=300)
+    assert len(mrs) == 40 and all(len(parse_mr(mr)) == 8 for mr in mrs)
+    assert mrs == long_heldout_mrs(train, 40, seed=2, trained_cap=300)  # seeded
+    known = {normalise_mr(r.mr) for r in [*train, *dev_split()[1], *reported_records()]}
+    assert not {normalise_mr(mr) for mr in mrs} & known
+    # two places only: a small space, where the training draws would overlap without the exclusion
+    two = [E2ERecord("name[Aromi], near[Zizzi]", ("Aromi is near Zizzi.",))]
+    trained = {normalise_mr(mr) for mr in synthetic_mrs(two, 5000, 0)}
+    overlap = {normalise_mr(mr) for mr in synthetic_mrs(two, 200, 2, attribute_share=1.0)} & trained
+    assert overlap  # what the exclusion is for
+    assert not {normalise_mr(mr) for mr in long_heldout_mrs(two, 200, seed=2, trained_cap=5000)} & trained
+
+
+def test_invented_places_are_no_devset_or_test_place_and_make_long_held_out_mrs():
+    from model.tasks.e2e import INVENTED_PLACES_HELDOUT, INVENTED_PLACES_TRAINING, long_heldout_mrs
+
+    records = [*dev_split()[0], *dev_split()[1], *reported_records()]
+    real = {value.lower() for r in records for key, value in parse_mr(r.mr).items() if key in ("name", "near")}
+    assert len(set(INVENTED_PLACES_HELDOUT)) == len(INVENTED_PLACES_HELDOUT) >= 8
+    assert not any(real_place in place.lower() or place.lower() in real_place
+                   for place in INVENTED_PLACES_HELDOUT for real_place in real)
+    training_words = {word for place in INVENTED_PLACES_TRAINING for word in place.split()[1:]}
+    assert not training_words & {word for place in INVENTED_PLACES_HELDOUT for word in place.split()[1:]}
+    assert not any(real_place in place.lower() or place.lower() in real_place
+                   for place in INVENTED_PLACES_TRAINING for real_place in real)
+    mrs = long_heldout_mrs(dev_split()[0], 30, seed=2, trained_cap=300, places=INVENTED_PLACES_HELDOUT)
+    assert len(mrs) == 30 and all(len(parse_mr(mr)) == 8 for mr in mrs)
+    assert {parse_mr(mr)[key] for mr in mrs for key in ("name", "near")} <= set(INVENTED_PLACES_HELDOUT)
+
+
+def test_a_share_of_the_synthetic_mrs_is_about_invented_places_and_the_run_says_so():
+    from model.tasks.e2e import INVENTED_PLACES_TRAINING
+    from model.tasks.task_distill import distillation_mrs
+
+    train = dev_split()[0][:20]
+    mrs = distillation_mrs(train, 40, seed=0, invented_share=0.25)
+    synthetic = mrs[len(train):]
+    invented = [mr for mr in synthetic if parse_mr(mr)["name"] in INVENTED_PLACES_TRAINING]
+    assert len(synthetic) == 40 and len(invented) == 10 and synthetic[-10:] == invented
+    assert distillation_mrs(train, 40, seed=0)[len(train):] != synthetic  # the share changes the file's source
+    run = TaskRun(policy="2", targets="task-model", synthetic_mrs=1000, invented_places=0.5)
+    assert run.name.endswith("-distil1000-invented0.5")
+    with pytest.raises(ValueError, match="give some"):
+        TaskRun(policy="2", targets="task-model", invented_places=0.5)
+    with pytest.raises(ValueError, match=r"in \[0, 1\]"):
+        TaskRun(policy="2", targets="task-model", synthetic_mrs=10, invented_places=1.5)
+
+
 def test_adapter_fingerprint_follows_the_weights_not_the_folder(tmp_path):
     from model.tasks.task_distill import adapter_fingerprint
 
