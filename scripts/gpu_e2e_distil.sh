@@ -1,27 +1,31 @@
 #!/usr/bin/env bash
 # The E2E skip policies distilled from the shipped task model on one CUDA GPU: the task model's
-# greedy descriptions of the training MRs and of SYNTH new ones (one pass, one file shared by every
-# run), then the 2x, 3x, 4x, 5x and shared policies side by side, each from its shipped weights
+# greedy descriptions of the training MRs and of SYNTH new ones, INVENTED of them about invented
+# places so that a policy learns to copy a place (one pass, one file shared by every run), then
+# the 2x, 3x, 4x, 5x and shared policies side by side, each from its shipped weights
 # (`--init-adapter`), checkpoints every SAVE steps; then every checkpoint (and the shipped weights,
 # "step 0") scored on the held-out devset MRs as written and on their rewritten copies (pubs,
 # restaurants, the other cuisines), never the test set, and on LONG new MRs naming all eight
-# attributes against the task model's own text (logs/long-*.jsonl, reported beside the pick);
-# then, per policy, the checkpoint with the best mean of the two held-out BLEUs is exported in
-# bf16 and packed into OUT_DIR (one tar each), with the logs, scores and targets (report.tar.gz).
+# attributes about invented held-out places, against the task model's own text (logs/long-*.jsonl,
+# reported beside the pick); then, per policy, the checkpoint with the best mean of the two
+# held-out BLEUs is exported in bf16 and packed into OUT_DIR (one tar each), with the logs, scores
+# and targets (report.tar.gz).
 # Every step is a plain `python -m model ...` or scripts/task_heldout_curve.py command; this script
 # runs them in parallel and picks.
 #   bash scripts/gpu_e2e_distil.sh OUT_DIR
 # A dry run on a CPU: DEVICE=cpu STEPS=2 SAVE=1 SYNTH=4 HELDOUT=2 LONG=4 POLICIES="3 all" bash scripts/gpu_e2e_distil.sh OUT
+# (the study of 2026-11-26 ran it before invented places existed: INVENTED=0 LONG=0 reproduces it)
 set -uo pipefail
 OUT_DIR=${1:?usage: gpu_e2e_distil.sh OUT_DIR}
 WORK=${WORK:-runs/gpu-distil}
 STEPS=${STEPS:-400}
 SAVE=${SAVE:-100}
 SYNTH=${SYNTH:-3000}
+INVENTED=${INVENTED:-0.5}         # the share of the synthetic MRs about invented places (train-task --invented-places)
 BATCH=${BATCH:-32}
 DEVICE=${DEVICE:-cuda}
 HELDOUT=${HELDOUT:-50}
-LONG=${LONG:-100}                 # new eight-attribute MRs: near place named, closeness (reported, not in the pick)
+LONG=${LONG:-100}                 # new eight-attribute MRs about invented held-out places: near place named (reported)
 TRAIN_LIMIT=${TRAIN_LIMIT:-270}   # seconds the training phase may take (checkpoints survive a stop)
 POLICIES=${POLICIES:-2 3 4 5 all}
 PY=${PYTHON:-python3}
@@ -55,10 +59,11 @@ snap() {
 }
 
 log "device: $($PY -c "import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'cpu', torch.__version__)")"
-log "distillation targets: the task model's descriptions of the training MRs and $SYNTH new ones"
+log "distillation targets: the task model's descriptions of the training MRs and $SYNTH new ones ($INVENTED of them about invented places)"
 $PY - > "$WORK/logs/targets.log" 2>&1 <<EOF || { log "targets failed"; report; exit 1; }
 from model.tasks.task_training import TaskRun, training_file
-print(training_file(TaskRun(policy="3", targets="task-model", synthetic_mrs=$SYNTH, device="$DEVICE", output_dir="$WORK/targets")))
+print(training_file(TaskRun(policy="3", targets="task-model", synthetic_mrs=$SYNTH, invented_places=$INVENTED,
+                            device="$DEVICE", output_dir="$WORK/targets")))
 EOF
 log "targets: $(wc -l < "$WORK/targets/distilled.jsonl") descriptions"
 
@@ -70,6 +75,7 @@ for p in $POLICIES; do
   cp "$WORK/targets/distilled.jsonl" "$WORK/targets/distilled.source.json" "$run/"  # same source: reused
   lr=3e-4; [ "$p" = 2 ] && lr=2e-4
   timeout "$TRAIN_LIMIT" $PY -m model train-task e2e --policy "$p" --targets task-model --synthetic-mrs "$SYNTH" \
+    --invented-places "$INVENTED" \
     --init-adapter "$(shipped "$p")" --steps "$STEPS" --lr "$lr" --batch-size "$BATCH" --save-every "$SAVE" \
     --threads 2 --device "$DEVICE" --heldout-mrs 0 --output-dir "$run" > "$WORK/logs/skip-$p.log" 2>&1 &
   trainers+=($!)
@@ -94,7 +100,7 @@ for p in $POLICIES; do
     $PY scripts/task_heldout_curve.py "$(shipped "$p")" $ckpts --speedup "$s" --relexicalised 0 2 --mrs "$HELDOUT" \
       --device "$DEVICE" --no-task-model > "$WORK/logs/heldout-skip-$p-$s.jsonl" 2> "$WORK/logs/heldout-skip-$p-$s.err" &
     [ "$LONG" -gt 0 ] && $PY scripts/task_heldout_curve.py "$(shipped "$p")" $ckpts --speedup "$s" --relexicalised \
-      --long "$LONG" --device "$DEVICE" > "$WORK/logs/long-skip-$p-$s.jsonl" 2> "$WORK/logs/long-skip-$p-$s.err" &
+      --long "$LONG" --invented-places --device "$DEVICE" > "$WORK/logs/long-skip-$p-$s.jsonl" 2> "$WORK/logs/long-skip-$p-$s.err" &
   done
 done
 wait
