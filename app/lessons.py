@@ -79,10 +79,10 @@ LESSONS = (
            "restaurant's facts in, a description out) and then skips layers in it. Does the description survive "
            "running about a third of the layers?",
            "the same description word for word (as for a third of the test MRs at 3x), while the heatmap shows the "
-           "SkipDecode pane running about a third of the task model's layers per token. Compose a longer MR (all eight facts): the place it is near comes "
-           "late, where the schedule is at its fewest layers, and that is the fact SkipDecode tends to drop. The "
-           "Results tab says, over the whole test set, how much of the task model's score it keeps and how often it "
-           "writes the very same text.",
+           "SkipDecode pane running about a third of the task model's layers per token. Now change near[...] to a "
+           "place of your own: the task model copies it, SkipDecode often garbles it (near[The Painted Lighthouse] "
+           "came out \"near The Painter\"), since its policy learned the training data's places. The Results tab says, over the whole test set, how much of "
+           "the task model's score it keeps and how often it writes the very same text.",
            dict(task="e2e", target_speedup=3.0, prompt=E2E_MR, max_new_tokens=check_task("e2e").max_new_tokens)),
 )
 
