@@ -17,8 +17,8 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from model.tasks.e2e import E2ERecord, dev_split, parse_mr, reported_records
-from model.tasks.task_eval import bleu
+from model.tasks.e2e import E2ERecord, dev_split, parse_mr, place_names, reported_records
+from model.tasks.task_eval import bleu, names_near_place
 
 
 def groups_by_attribute_count(records: list[E2ERecord]) -> dict[int, list[int]]:
@@ -31,14 +31,15 @@ def groups_by_attribute_count(records: list[E2ERecord]) -> dict[int, list[int]]:
 
 def near_named(outputs: list[str], records: list[E2ERecord], indices: list[int]) -> tuple[int, int]:
     """(descriptions that contain the MR's near[...] value verbatim, MRs that have one)."""
-    asked = [i for i in indices if "near" in parse_mr(records[i].mr)]
-    return sum(parse_mr(records[i].mr)["near"] in outputs[i] for i in asked), len(asked)
+    flags = [names_near_place(records[i].mr, outputs[i]) for i in indices]
+    asked = [flag for flag in flags if flag is not None]
+    return sum(asked), len(asked)
 
 
 def devset_places() -> set[str]:
     """Every place name the devset (training and held-out MRs) uses, as a name or a near place."""
     train, held = dev_split()
-    return {value for r in [*train, *held] for key, value in parse_mr(r.mr).items() if key in ("name", "near")}
+    return place_names([*train, *held])
 
 
 def near_place_rows(records: list[E2ERecord]) -> dict[str, list[int]]:

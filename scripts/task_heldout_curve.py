@@ -15,9 +15,9 @@ near place from places no training data names (the test set's own restaurants ar
     PYTHONPATH=. python scripts/task_heldout_curve.py assets/adapters/e2e/skip-2x --speedup 2 --relexicalised --long 100 --invented-places
 
 Prints one JSON line per adapter and held-out set: the task model's scores at 1x and the policy's
-at the speedup, with how close it stays to the task model's own descriptions (the policy's alone
-with ``--no-task-model``) (50 held-out MRs of
-devset.csv, float32, CPU unless ``--device``; model/tasks/task_training.py: heldout_bleu).
+at the speedup, with how close it stays to the task model's own descriptions (with
+``--no-task-model``, the policy's scores alone). 50 held-out MRs of devset.csv, float32, CPU unless
+``--device`` (model/tasks/task_training.py: heldout_bleu, long_mr_fidelity).
 """
 
 from __future__ import annotations

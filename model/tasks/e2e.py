@@ -293,6 +293,11 @@ def compose_mr(values: dict[str, str | None]) -> str:
     return mr
 
 
+def place_names(records: Sequence[E2ERecord]) -> set[str]:
+    """Every place the records' MRs name, as a name or as a near place."""
+    return {value for r in records for key, value in parse_mr(r.mr).items() if key in ("name", "near")}
+
+
 def synthetic_mrs(records: Sequence[E2ERecord], count: int, seed: int = 0, attribute_share: float = 0.75,
                   folder: Path = E2E_DATA) -> list[str]:
     """``count`` new MRs for distillation targets (they have no references): a name and a ``near``
@@ -300,7 +305,7 @@ def synthetic_mrs(records: Sequence[E2ERecord], count: int, seed: int = 0, attri
     probability ``attribute_share`` and its value drawn from the challenge's closed values
     (ATTRIBUTE_VALUES: the playground form's, pubs and restaurants and all seven cuisines, which
     the devset alone never shows). None is one of ``records``, a held-out or a test MR."""
-    places = sorted({value for r in records for key, value in parse_mr(r.mr).items() if key in ("name", "near")})
+    places = sorted(place_names(records))
     if len(places) < 2:
         raise ValueError("synthetic MRs need at least two place names in the records")
     taken = known_mrs(folder) | {normalise_mr(r.mr) for r in records}
@@ -334,13 +339,14 @@ def long_heldout_mrs(records: Sequence[E2ERecord], count: int, seed: int, traine
                      trained_cap: int = 20000, places: Sequence[str] = (), folder: Path = E2E_DATA) -> list[str]:
     """``count`` new MRs naming all eight attributes, for judging a policy where the test set is
     hardest (41% of its MRs name all eight, 13% of the devset's). Their name and near place come
-    from ``records`` or, given, from ``places`` (e.g. INVENTED_PLACES_HELDOUT: places no training
-    data names). None is a devset or test MR, nor one of the synthetic MRs a run with
-    ``trained_seed`` trains on (any ``--synthetic-mrs`` up to the cap: synthetic_mrs draws the same
-    sequence for a seed, whatever the count)."""
+    from ``records``, and then none is one of the synthetic MRs a run with ``trained_seed`` trains on
+    (any ``--synthetic-mrs`` up to the cap: synthetic_mrs draws the same sequence for a seed,
+    whatever the count); or from ``places`` that no training data names (INVENTED_PLACES_HELDOUT),
+    where no trained MR can be drawn. None is a devset or test MR."""
+    if places:  # no synthetic MR a run trains on names these places: nothing to leave out
+        return synthetic_mrs(place_records(places), count, seed, attribute_share=1.0, folder=folder)
     trained = {normalise_mr(mr) for mr in synthetic_mrs(records, trained_cap, trained_seed, folder=folder)}
-    source = place_records(places) if places else records
-    drawn = synthetic_mrs(source, count + len(trained), seed, attribute_share=1.0, folder=folder)
+    drawn = synthetic_mrs(records, count + len(trained), seed, attribute_share=1.0, folder=folder)
     return [mr for mr in drawn if normalise_mr(mr) not in trained][:count]
 
 

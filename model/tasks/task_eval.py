@@ -20,7 +20,7 @@ import torch
 from model.generation import GenerationRequest, ScheduleRequest, TextGenerator
 from model.skipdecode.decoder import SamplingConfig, SkipDecoder
 from model.skipdecode.schedule import ScheduleConfig, cost_speedup, layer_speedup
-from model.tasks.e2e import E2ERecord, task_prompt
+from model.tasks.e2e import E2ERecord, parse_mr, task_prompt
 
 GPU_BATCH = 512  # MRs a CUDA device decodes at once (a distillation pass, the held-out sets)
 
@@ -92,6 +92,19 @@ def task_scores(outputs: Sequence[str], records: Sequence[E2ERecord]) -> dict:
     references = [r.references for r in records]
     return {"bleu": round(bleu(outputs, references), 2), "rouge_l": round(rouge_l(outputs, references), 2),
             "nist": round(nist(outputs, references), 3)}
+
+
+def names_near_place(mr: str, text: str) -> bool | None:
+    """Whether ``text`` names the MR's near[...] place word for word (None: the MR names none), the
+    fact a description must copy from the prompt when the place is new to the model."""
+    near = parse_mr(mr).get("near")
+    return None if near is None else near in text
+
+
+def near_named_share(mrs: Sequence[str], texts: Sequence[str]) -> float:
+    """The share of descriptions that name their MR's near place, over the MRs that have one."""
+    named = [flag for flag in map(names_near_place, mrs, texts) if flag is not None]
+    return round(sum(named) / len(named), 3) if named else 0.0
 
 
 def closeness(outputs: Sequence[str], task_model_outputs: Sequence[str]) -> dict:

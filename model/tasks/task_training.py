@@ -35,12 +35,11 @@ from model.tasks.e2e import (
     E2ERecord,
     dev_split,
     long_heldout_mrs,
-    parse_mr,
     relexicalised_records,
     write_training_file,
 )
 from model.tasks.task_distill import DistillSource, adapter_fingerprint, write_distillation_file
-from model.tasks.task_eval import batch_for, closeness, describe, task_scores
+from model.tasks.task_eval import batch_for, closeness, describe, near_named_share, task_scores
 from model.tasks.task_models import check_task, policy_name, task_adapter_dir, task_schedule
 from model.training.training import TrainConfig, TrainResult, train
 
@@ -151,6 +150,20 @@ def heldout_records(run: TaskRun, relexicalised: int = 0) -> list[E2ERecord]:
     return relexicalised_records(held, relexicalised, seed=HELDOUT_RELEX_SEED) if relexicalised else held
 
 
+def _descriptions(run: TaskRun, config: TrainConfig, adapter: Path, mrs: list[str],
+                  speedups: tuple[float, ...]) -> dict[float, list[str]]:
+    """Greedy descriptions of ``mrs`` at each speedup, float32: the run's adapter as the task model
+    itself, or as a policy on the task model it trained on."""
+    task_model_run = run.policy == "task"
+    loaded = load_model(None, device=run.device, dtype="float32", quantize="none",
+                        adapter=None if task_model_run else str(adapter),
+                        task_adapter=str(adapter) if task_model_run else config.task_adapter)
+    generator = TextGenerator(loaded)
+    max_new_tokens, batch = check_task(run.task).max_new_tokens, batch_for(loaded.device, HELDOUT_BATCH)
+    return {speedup: describe(generator, mrs, task_schedule(run.task, speedup, generator.num_layers), max_new_tokens,
+                              batch).outputs for speedup in speedups}
+
+
 def heldout_bleu(run: TaskRun, config: TrainConfig, adapter: Path, speedups: tuple[float, ...],
                  held: list[E2ERecord] | None = None) -> dict:
     """BLEU on the held-out devset MRs at each speedup (the task model: at 1x), float32: the run's
@@ -158,18 +171,8 @@ def heldout_bleu(run: TaskRun, config: TrainConfig, adapter: Path, speedups: tup
     among ``speedups``, each other speedup also says how close it stays to the task model's own
     descriptions: BLEU with those as the one reference, and the share of MRs described identically."""
     held = heldout_records(run) if held is None else held
-    settings = check_task(run.task)
-    task_model_run = run.policy == "task"
-    loaded = load_model(None, device=run.device, dtype="float32", quantize="none",
-                        adapter=None if task_model_run else str(adapter),
-                        task_adapter=str(adapter) if task_model_run else config.task_adapter)
-    generator = TextGenerator(loaded)
-    scores, outputs = {}, {}
-    for speedup in speedups:
-        schedule = task_schedule(run.task, speedup, generator.num_layers)
-        outputs[speedup] = describe(generator, [r.mr for r in held], schedule, settings.max_new_tokens,
-                                     batch_for(loaded.device, HELDOUT_BATCH)).outputs
-        scores[f"{speedup:g}x"] = task_scores(outputs[speedup], held)
+    outputs = _descriptions(run, config, adapter, [r.mr for r in held], speedups)
+    scores = {f"{speedup:g}x": task_scores(outputs[speedup], held) for speedup in speedups}
     if 1.0 in outputs:
         for speedup in (s for s in speedups if s != 1.0):
             scores[f"{speedup:g}x"]["vs_task_model"] = closeness(outputs[speedup], outputs[1.0])
@@ -185,19 +188,10 @@ def long_mr_fidelity(run: TaskRun, config: TrainConfig, adapter: Path, speedup: 
     BLEU / identical share against the task model's text."""
     places = INVENTED_PLACES_HELDOUT if invented_places else ()
     mrs = long_heldout_mrs(dev_split()[0], count, seed=HELDOUT_LONG_SEED, trained_seed=run.seed, places=places)
-    settings = check_task(run.task)
-    loaded = load_model(None, device=run.device, dtype="float32", quantize="none", adapter=str(adapter),
-                        task_adapter=config.task_adapter)
-    generator = TextGenerator(loaded)
-    outputs = {s: describe(generator, mrs, task_schedule(run.task, s, generator.num_layers), settings.max_new_tokens,
-                           batch_for(loaded.device, HELDOUT_BATCH)).outputs for s in (1.0, speedup)}
-    nears = [parse_mr(mr)["near"] for mr in mrs]
-
-    def near_named(texts: list[str]) -> float:
-        return round(sum(near in text for near, text in zip(nears, texts)) / len(mrs), 3)
-
-    return {"1x": {"near_named": near_named(outputs[1.0])},
-            f"{speedup:g}x": {"near_named": near_named(outputs[speedup]), "vs_task_model": closeness(outputs[speedup], outputs[1.0])}}
+    outputs = _descriptions(run, config, adapter, mrs, (1.0, speedup))
+    return {"1x": {"near_named": near_named_share(mrs, outputs[1.0])},
+            f"{speedup:g}x": {"near_named": near_named_share(mrs, outputs[speedup]),
+                              "vs_task_model": closeness(outputs[speedup], outputs[1.0])}}
 
 
 def training_file(run: TaskRun) -> Path:

@@ -421,6 +421,15 @@ def test_closeness_to_the_task_model_counts_identical_descriptions():
     assert half["same_share"] == 0.5 and 20 < half["bleu"] < 90
 
 
+def test_the_near_place_counts_only_word_for_word_and_only_where_the_mr_names_one():
+    from model.tasks.task_eval import names_near_place, near_named_share
+
+    mrs = ["name[Aromi], near[All Bar One]", "name[Zizzi], near[Café Rouge]", "name[Cotto], food[French]"]
+    texts = ["Aromi is near All Bar One.", "Zizzi is near Café.", "Cotto serves French food near All Bar One."]
+    assert [names_near_place(mr, text) for mr, text in zip(mrs, texts)] == [True, False, None]
+    assert near_named_share(mrs, texts) == 0.5 and near_named_share(mrs[2:], texts[2:]) == 0.0
+
+
 def test_eval_task_arms_run_each_policy_and_the_policy_free_arms_only_when_asked(tiny_task_adapters, monkeypatch):
     """quality_arms on a tiny task model: the task model, its 3x policy and (when asked) the task
     model skipping without a policy; the 3x arm's closeness is measured against the 1x outputs."""
