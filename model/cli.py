@@ -437,6 +437,9 @@ TRAIN_OPTION_HELP = {
     "resume": "continue from the newest checkpoint in --output-dir",
     "init_adapter": "start from this trained adapter folder's weights (same rank, alpha, modules; new optimiser)",
     "threads": "CPU threads for torch",
+    "delexicalised_places": "eval-task: swap each place the training MRs never name for one they do before "
+                            "decoding and back after (the challenge baseline's delexicalisation); its own report, "
+                            "<task>-delexicalised.json",
     "policy_free_arms": "eval-task: also the task model skipping without a policy at each speedup",
     "targets": "what a skip policy learns to write: the references (the paper's way) or the task model's own "
                "greedy descriptions (sequence-level distillation)",
@@ -444,6 +447,8 @@ TRAIN_OPTION_HELP = {
                      "with --targets task-model",
     "invented_places": "the share of the --synthetic-mrs about invented places (in no devset or test MR), so "
                        "that a policy learns to copy a place from the prompt, with --targets task-model",
+    "invented_style": "with --invented-places: the 256 fixed names (fixed) or a fresh name of any shape for "
+                      "nearly every MR (varied), which cannot be learned by heart",
     "relexicalised": "rewritten copies of each training MR and its references with another eatType and food "
                      "(pubs, restaurants, the seven cuisines the test set asks for), with --targets references",
 }

@@ -45,6 +45,9 @@ def main() -> None:
                              "(no references): how often the near place is named, closeness")
     parser.add_argument("--invented-places", action="store_true",
                         help="with --long: their name and near place invented, in no training data")
+    parser.add_argument("--delexicalised-places", action="store_true",
+                        help="with --long: places the training MRs never name are swapped for known ones in the "
+                             "prompt and back in the text (the challenge baseline's delexicalisation)")
     parser.add_argument("--task-adapter", default=None, help="the task model a policy runs on (default: the shipped one)")
     parser.add_argument("--device", default="cpu", help="cpu (the figures in the docs) or cuda")
     parser.add_argument("--no-task-model", action="store_true",
@@ -65,8 +68,10 @@ def main() -> None:
             print(json.dumps({"adapter": adapter, "task_adapter": config.task_adapter, "relexicalised": copies,
                               "mrs": len(held), "device": args.device, **scores}), flush=True)
         if args.long:
-            scores = long_mr_fidelity(run, config, Path(adapter), args.speedup, args.long, args.invented_places)
-            kind = "long-invented-places" if args.invented_places else "long"
+            scores = long_mr_fidelity(run, config, Path(adapter), args.speedup, args.long, args.invented_places,
+                                      args.delexicalised_places)
+            kind = ("long-invented-places" if args.invented_places else "long") + (
+                "-delexicalised" if args.delexicalised_places else "")
             print(json.dumps({"adapter": adapter, "task_adapter": config.task_adapter, "set": kind, "mrs": args.long,
                               "device": args.device, **scores}), flush=True)
 

@@ -15,7 +15,7 @@ import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 E2E_DATA = Path(__file__).resolve().parents[2] / "assets" / "data" / "e2e"
 DEV_FILE = "devset.csv"
@@ -48,6 +48,69 @@ _INVENTED_ADJECTIVES = ("Amber", "Cedar", "Coral", "Dappled", "Emerald", "Hazel"
 _INVENTED_NOUNS = ("Lantern", "Anchor", "Orchard", "Meadow", "Thistle", "Badger", "Lark", "Acorn",
                    "Barrel", "Compass", "Otter", "Quill", "Spoon", "Willow", "Wren", "Bramble")
 INVENTED_PLACES_TRAINING = tuple(f"The {adjective} {noun}" for adjective in _INVENTED_ADJECTIVES for noun in _INVENTED_NOUNS)
+INVENTED_STYLES = ("fixed", "varied")  # train-task --invented-style: the 256 names above, or varied_places
+# Words and made-up words for varied_places. Why a second kind: a policy trained on the 256 names
+# above can learn their 32 words instead of copying (it names 22 of 100 held-out invented places, the
+# task model 96); the test set's places are of every shape ("Rainbow Vegetarian Café", "All Bar One",
+# "Zizzi"), and a name drawn afresh for nearly every MR can only be copied.
+_VARIED_WORDS = ("Blue", "Stone", "Bridge", "Garden", "Fox", "Crown", "Oak", "River", "Moon", "Golden",
+                 "Red", "Green", "Little", "Grand", "Royal", "North", "Market", "Castle", "Mill", "Tower",
+                 "Rose", "Bell", "Swan", "Bear", "Lion", "Eagle", "Star", "Sun", "Harvest", "Pepper",
+                 "Olive", "Lemon", "Ginger", "Basil", "Honey", "Salt", "Smoke", "Fire", "Iron", "Brick",
+                 "Cobble", "Lantern", "Harbor", "Dock", "Pier", "Quay", "Orchid", "Lotus", "Bamboo", "Tiger",
+                 "Dragon", "Panda", "Mango", "Spice", "Saffron", "Curry", "Noodle", "Dumpling", "Sushi", "Wasabi",
+                 "Bistro", "Vine", "Cellar", "Barn", "Cottage", "Chapel", "Abbey", "Meadow", "Valley", "Hill")
+_VARIED_SUFFIXES = ("Kitchen", "House", "Tavern", "Grill", "Bistro", "Inn", "Café", "Bar", "Diner", "Lounge",
+                    "Brasserie", "Trattoria", "Arms", "Canteen", "Eatery", "Express", "Hotel", "Plaza")
+_SYLLABLE_ONSETS = ("b", "br", "c", "ch", "d", "f", "g", "gr", "h", "j", "k", "l", "m", "n", "p", "r", "s",
+                    "sh", "st", "t", "tr", "v", "w", "z")
+_SYLLABLE_VOWELS = ("a", "e", "i", "o", "u", "ai", "ea", "ou", "io")
+_SYLLABLE_CODAS = ("", "", "", "n", "r", "l", "s", "m", "nd", "tt")
+
+
+def _made_up_word(rng: random.Random) -> str:
+    """A pronounceable made-up word of two or three syllables ("Brovanti", "Kelmora")."""
+    syllables = rng.choice((2, 2, 3))
+    return "".join(rng.choice(_SYLLABLE_ONSETS) + rng.choice(_SYLLABLE_VOWELS) + rng.choice(_SYLLABLE_CODAS)
+                   for _ in range(syllables)).capitalize()
+
+
+def _varied_place(rng: random.Random) -> str:
+    """One place name in one of the shapes real ones take: "The Olive Lantern", "Brovanti Kitchen",
+    "Zelmai", "The Fox and Bell", "Kelmora Garden", "Golden Dragon Express"."""
+    first, second = rng.sample(_VARIED_WORDS, 2)
+    shape = rng.randrange(6)
+    if shape == 0:
+        return f"The {first} {second}"
+    if shape == 1:
+        return f"{_made_up_word(rng)} {rng.choice(_VARIED_SUFFIXES)}"
+    if shape == 2:
+        return _made_up_word(rng)
+    if shape == 3:
+        return f"The {first} and {second}"
+    if shape == 4:
+        return f"{_made_up_word(rng)} {first}"
+    return f"{first} {second} {rng.choice(_VARIED_SUFFIXES)}"
+
+
+def varied_places(count: int, seed: int = 0, avoid: Iterable[str] = ()) -> tuple[str, ...]:
+    """``count`` distinct invented place names of varied shapes (_varied_place), none sharing a word
+    with INVENTED_PLACES_HELDOUT and none containing or contained in a place of ``avoid`` (the
+    devset's and test set's: the caller passes them, so that no training place is a test place)."""
+    held_words = {word.lower() for place in INVENTED_PLACES_HELDOUT for word in place.split() if word != "The"}
+    avoided = [place.lower() for place in avoid]
+    rng = random.Random(seed)
+    made: dict[str, None] = {}
+    for _ in range(100 * count):  # bounded: a small shape space cannot loop forever
+        if len(made) == count:
+            break
+        place = _varied_place(rng)
+        lowered = place.lower()
+        if (held_words & set(lowered.split()) or place in made
+                or any(real in lowered or lowered in real for real in avoided)):
+            continue
+        made[place] = None
+    return tuple(made)
 MAX_VALUE_CHARS = 60  # a restaurant's or landmark's name; longer is not an MR
 _PAIR = re.compile(r"\s*([A-Za-z][A-Za-z ]*?)\s*\[([^\[\]]*)\]\s*(?:,|$)")
 
@@ -327,6 +390,56 @@ def synthetic_mrs(records: Sequence[E2ERecord], count: int, seed: int = 0, attri
     if len(made) < count:
         raise ValueError(f"only {len(made)} distinct new MRs can be composed from these records, not {count}")
     return made
+
+
+def real_places(folder: Path = E2E_DATA) -> set[str]:
+    """Every place a devset or test MR names: what an invented place must not be."""
+    return place_names([*read_split(DEV_FILE, folder), *reported_records(folder)])
+
+
+# Delexicalised places, the E2E challenge baseline's (TGen's) way: a place the model never trained
+# on is swapped for one it knows before decoding and swapped back in the text after. Why: a third of
+# the test MRs are near a place the devset never names, and copying a new name from the prompt is
+# what a skip policy's few late layers do worst ("Tamarind Corner" -> "Tamor"). A known place of the
+# same shape ("The ..." or not), never one the MR already names.
+SURROGATE_PLACES = {True: ("The Eagle", "The Punter", "The Phoenix"), False: ("Aromi", "Cotto", "Wildwood")}
+
+
+@dataclass(frozen=True)
+class PlaceSwap:
+    """An MR with its unknown places swapped for known ones, and how to swap them back."""
+
+    mr: str
+    swaps: tuple[tuple[str, str], ...] = ()  # (surrogate, original place)
+
+
+def delexicalise_places(mr: str, known: set[str]) -> PlaceSwap:
+    """``mr`` with each name/near place not in ``known`` replaced by a surrogate (SURROGATE_PLACES);
+    the other pairs and their order unchanged."""
+    pairs = parse_mr(mr)
+    used = {pairs[key] for key in ("name", "near") if key in pairs}
+    swaps = []
+    for key in ("name", "near"):
+        place = pairs.get(key)
+        if place is None or place in known:
+            continue
+        surrogate = next(s for s in SURROGATE_PLACES[place.startswith("The ")] if s not in used)
+        used.add(surrogate)
+        swaps.append((surrogate, place))
+        pairs[key] = surrogate
+    return PlaceSwap(", ".join(f"{key}[{value}]" for key, value in pairs.items()) if swaps else mr, tuple(swaps))
+
+
+def restore_places(text: str, swaps: Sequence[tuple[str, str]]) -> str:
+    """A description of a delexicalised MR with each surrogate written back as the original place
+    (a sentence-inner "the Eagle" keeps its lower-case article: "the Vaults")."""
+    for surrogate, place in swaps:
+        if surrogate.startswith("The ") and place.startswith("The "):
+            pattern = re.compile(r"\b([Tt])he " + re.escape(surrogate[4:]) + r"\b")
+            text = pattern.sub(lambda m, rest=place[4:]: f"{m.group(1)}he {rest}", text)
+        else:
+            text = re.sub(r"\b" + re.escape(surrogate) + r"\b", lambda _m, p=place: p, text)
+    return text
 
 
 def place_records(places: Sequence[str]) -> list[E2ERecord]:

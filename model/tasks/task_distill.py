@@ -26,8 +26,10 @@ from model.tasks.e2e import (
     assert_no_test_mr,
     dev_split,
     place_records,
+    real_places,
     synthetic_mrs,
     task_prompt,
+    varied_places,
 )
 from model.tasks.task_eval import batch_for, describe
 from model.tasks.task_models import check_task, task_schedule
@@ -46,6 +48,7 @@ class DistillSource:
     device: str
     task_weights: str = ""  # adapter_fingerprint(task_adapter): a task model retrained at the same path is another source
     invented_places: float = 0.0  # the share of the synthetic MRs about invented places (INVENTED_PLACES_TRAINING)
+    invented_style: str = "fixed"  # "varied": a fresh name of any shape for nearly every MR (varied_places)
 
 
 def adapter_fingerprint(folder: str | Path) -> str:
@@ -58,14 +61,19 @@ def adapter_fingerprint(folder: str | Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def distillation_mrs(train: Sequence[E2ERecord], synthetic: int, seed: int, invented_share: float = 0.0) -> list[str]:
+def distillation_mrs(train: Sequence[E2ERecord], synthetic: int, seed: int, invented_share: float = 0.0,
+                     invented_style: str = "fixed") -> list[str]:
     """The MRs whose task-model descriptions become targets: the training MRs, then ``synthetic`` new
     ones, ``invented_share`` of them about invented places (a policy that only ever sees the devset's
-    30 places learns them instead of copying a new one from the prompt, which the test set asks for)."""
+    30 places learns them instead of copying a new one from the prompt, which the test set asks for):
+    the 256 fixed names, or ("varied") two fresh names of varied shapes per MR, so that each name
+    comes up about twice and none can be learned by heart."""
     invented = round(synthetic * invented_share)
     mrs = [r.mr for r in train] + (synthetic_mrs(train, synthetic - invented, seed) if synthetic > invented else [])
     if invented:
-        mrs += synthetic_mrs(place_records(INVENTED_PLACES_TRAINING), invented, seed)
+        places = (INVENTED_PLACES_TRAINING if invented_style == "fixed"
+                  else varied_places(2 * invented, seed, avoid=real_places()))
+        mrs += synthetic_mrs(place_records(places), invented, seed)
     assert_no_test_mr(mrs)
     return mrs
 
@@ -97,7 +105,8 @@ def write_distillation_file(path: Path, source: DistillSource, task: str = "e2e"
     if path.is_file() and record.is_file() and _recorded_source(record) == asdict(source):
         return path
     train, _ = dev_split()
-    mrs = distillation_mrs(train[: source.training_mrs], source.synthetic_mrs, source.seed, source.invented_places)
+    mrs = distillation_mrs(train[: source.training_mrs], source.synthetic_mrs, source.seed, source.invented_places,
+                           source.invented_style)
     rows = task_model_rows(task, source.task_adapter, mrs, device=source.device, model=model)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as handle:

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Collection, Sequence
 
 import torch
 
 from model.generation import GenerationRequest, ScheduleRequest, TextGenerator
 from model.skipdecode.decoder import SamplingConfig, SkipDecoder
 from model.skipdecode.schedule import ScheduleConfig, cost_speedup, layer_speedup
-from model.tasks.e2e import E2ERecord, parse_mr, task_prompt
+from model.tasks.e2e import E2ERecord, PlaceSwap, delexicalise_places, parse_mr, restore_places, task_prompt
 
 GPU_BATCH = 512  # MRs a CUDA device decodes at once (a distillation pass, the held-out sets)
 
@@ -35,15 +35,19 @@ class Descriptions:
 
 
 def describe(generator: TextGenerator, mrs: Sequence[str], schedule: ScheduleRequest, max_new_tokens: int,
-             batch_size: int = 32) -> Descriptions:
+             batch_size: int = 32, known_places: Collection[str] | None = None) -> Descriptions:
     """Greedy descriptions of ``mrs`` in batches of ``batch_size`` (lock-step decoding: a batch
-    runs until its longest row ends)."""
+    runs until its longest row ends). With ``known_places``, every other place is delexicalised:
+    swapped for a known one in the prompt and written back in the text (e2e.delexicalise_places)."""
+    known = set(known_places) if known_places is not None else None
+    swapped = [delexicalise_places(mr, known) if known is not None else PlaceSwap(mr) for mr in mrs]
     run = Descriptions(outputs=[], step_layers=[])
     for start in range(0, len(mrs), batch_size):
-        prompts = tuple(task_prompt(mr) for mr in mrs[start:start + batch_size])
+        batch = swapped[start:start + batch_size]
+        prompts = tuple(task_prompt(swap.mr) for swap in batch)
         result = generator.generate(GenerationRequest(prompts=prompts, schedule=schedule,
                                                       max_new_tokens=max_new_tokens, sampling=SamplingConfig()))
-        run.outputs += [text.strip() for text in result.outputs]
+        run.outputs += [restore_places(text.strip(), swap.swaps) for text, swap in zip(result.outputs, batch)]
         run.step_layers += result.layers_per_step
     return run
 

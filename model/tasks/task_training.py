@@ -32,9 +32,11 @@ from model.loading import load_model, resolve_device
 from model.skipdecode.skip_policy import export_adapter
 from model.tasks.e2e import (
     INVENTED_PLACES_HELDOUT,
+    INVENTED_STYLES,
     E2ERecord,
     dev_split,
     long_heldout_mrs,
+    place_names,
     relexicalised_records,
     write_training_file,
 )
@@ -76,6 +78,7 @@ class TaskRun:
     synthetic_mrs: int = 0  # new MRs besides the devset's (task-model targets only: they have no references)
     relexicalised: int = 0  # rewritten copies of each training MR, other eatType/food (references targets only)
     invented_places: float = 0.0  # the share of the synthetic MRs about invented places (task-model targets)
+    invented_style: str = "fixed"  # the 256 fixed names, or "varied" (model/tasks/e2e.py: varied_places)
 
     def __post_init__(self) -> None:
         check_task(self.task)
@@ -91,6 +94,8 @@ class TaskRun:
             raise ValueError(f"--relexicalised must be in [0, 20] copies per MR; got {self.relexicalised}")
         if not 0 <= self.invented_places <= 1:
             raise ValueError(f"--invented-places is a share of the synthetic MRs, in [0, 1]; got {self.invented_places}")
+        if self.invented_style not in INVENTED_STYLES:
+            raise ValueError(f"--invented-style must be one of {', '.join(INVENTED_STYLES)}; got {self.invented_style!r}")
         if self.invented_places and not self.synthetic_mrs:
             raise ValueError("--invented-places shares out the --synthetic-mrs: give some")
         if not 0 <= self.synthetic_mrs <= 20000:
@@ -114,6 +119,7 @@ class TaskRun:
         base = "task" if self.policy == "task" else policy_name(self.speedup)
         distilled = f"-distil{self.synthetic_mrs or ''}" if self.targets == "task-model" else ""
         distilled += f"-invented{self.invented_places:g}" if self.invented_places else ""
+        distilled += "-varied" if self.invented_places and self.invented_style == "varied" else ""
         relexicalised = f"-relex{self.relexicalised}" if self.relexicalised else ""
         return base + (f"-kl{self.kl_weight:g}" if self.kl_weight else "") + distilled + relexicalised
 
@@ -151,7 +157,7 @@ def heldout_records(run: TaskRun, relexicalised: int = 0) -> list[E2ERecord]:
 
 
 def _descriptions(run: TaskRun, config: TrainConfig, adapter: Path, mrs: list[str],
-                  speedups: tuple[float, ...]) -> dict[float, list[str]]:
+                  speedups: tuple[float, ...], delexicalised: bool = False) -> dict[float, list[str]]:
     """Greedy descriptions of ``mrs`` at each speedup, float32: the run's adapter as the task model
     itself, or as a policy on the task model it trained on."""
     task_model_run = run.policy == "task"
@@ -160,8 +166,9 @@ def _descriptions(run: TaskRun, config: TrainConfig, adapter: Path, mrs: list[st
                         task_adapter=str(adapter) if task_model_run else config.task_adapter)
     generator = TextGenerator(loaded)
     max_new_tokens, batch = check_task(run.task).max_new_tokens, batch_for(loaded.device, HELDOUT_BATCH)
+    known = place_names(dev_split()[0]) if delexicalised else None
     return {speedup: describe(generator, mrs, task_schedule(run.task, speedup, generator.num_layers), max_new_tokens,
-                              batch).outputs for speedup in speedups}
+                              batch, known).outputs for speedup in speedups}
 
 
 def heldout_bleu(run: TaskRun, config: TrainConfig, adapter: Path, speedups: tuple[float, ...],
@@ -180,7 +187,7 @@ def heldout_bleu(run: TaskRun, config: TrainConfig, adapter: Path, speedups: tup
 
 
 def long_mr_fidelity(run: TaskRun, config: TrainConfig, adapter: Path, speedup: float, count: int,
-                     invented_places: bool = False) -> dict:
+                     invented_places: bool = False, delexicalised: bool = False) -> dict:
     """A policy on ``count`` new MRs that name all eight attributes (long_heldout_mrs), with the
     devset's places or places no training data names, judged against the task model's own
     descriptions, since they have no references: the share of descriptions that name the MR's
@@ -188,7 +195,7 @@ def long_mr_fidelity(run: TaskRun, config: TrainConfig, adapter: Path, speedup: 
     BLEU / identical share against the task model's text."""
     places = INVENTED_PLACES_HELDOUT if invented_places else ()
     mrs = long_heldout_mrs(dev_split()[0], count, seed=HELDOUT_LONG_SEED, trained_seed=run.seed, places=places)
-    outputs = _descriptions(run, config, adapter, mrs, (1.0, speedup))
+    outputs = _descriptions(run, config, adapter, mrs, (1.0, speedup), delexicalised)
     return {"1x": {"near_named": near_named_share(mrs, outputs[1.0])},
             f"{speedup:g}x": {"near_named": near_named_share(mrs, outputs[speedup]),
                               "vs_task_model": closeness(outputs[speedup], outputs[1.0])}}
@@ -202,7 +209,7 @@ def training_file(run: TaskRun) -> Path:
     task_dir = Path(run.task_adapter or task_adapter_dir(run.task)).resolve()
     source = DistillSource(task_adapter=str(task_dir), training_mrs=len(dev_split()[0]), synthetic_mrs=run.synthetic_mrs,
                            seed=run.seed, device=resolve_device(run.device).type, task_weights=adapter_fingerprint(task_dir),
-                           invented_places=run.invented_places)
+                           invented_places=run.invented_places, invented_style=run.invented_style)
     return write_distillation_file(run.folder / "distilled.jsonl", source, run.task)
 
 

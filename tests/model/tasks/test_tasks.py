@@ -389,6 +389,32 @@ def test_a_share_of_the_synthetic_mrs_is_about_invented_places_and_the_run_says_
         TaskRun(policy="2", targets="task-model", synthetic_mrs=10, invented_places=1.5)
 
 
+def test_varied_invented_places_are_fresh_unlearnable_names_no_real_or_held_out_place():
+    from model.tasks.e2e import INVENTED_PLACES_HELDOUT, real_places, varied_places
+    from model.tasks.task_distill import distillation_mrs
+
+    real = real_places()
+    places = varied_places(600, seed=0, avoid=real)
+    assert len(places) == len(set(places)) == 600 and places == varied_places(600, seed=0, avoid=real)
+    assert places != varied_places(600, seed=1, avoid=real)
+    lowered_real = [place.lower() for place in real]
+    assert not any(r in p.lower() or p.lower() in r for p in places for r in lowered_real)
+    held_words = {w.lower() for place in INVENTED_PLACES_HELDOUT for w in place.split() if w != "The"}
+    assert not any(held_words & set(p.lower().split()) for p in places)
+    assert len({p.split()[0] for p in places}) > 100  # varied shapes and words, not a short list to learn
+    assert varied_places(20, avoid=["the blue stone"]) and "The Blue Stone" not in varied_places(3000, avoid=["the blue stone"])
+    train = dev_split()[0][:20]
+    fixed = distillation_mrs(train, 40, seed=0, invented_share=0.5)
+    varied = distillation_mrs(train, 40, seed=0, invented_share=0.5, invented_style="varied")
+    assert fixed[:40] == varied[:40] and fixed[40:] != varied[40:]
+    names = [parse_mr(mr)[key] for mr in varied[40:] for key in ("name", "near") if key in parse_mr(mr)]
+    assert len(set(names)) > 0.6 * len(names)  # each name comes up about once or twice
+    run = TaskRun(policy="2", targets="task-model", synthetic_mrs=100, invented_places=1, invented_style="varied")
+    assert run.name.endswith("-invented1-varied")
+    with pytest.raises(ValueError, match="invented-style"):
+        TaskRun(policy="2", targets="task-model", synthetic_mrs=100, invented_places=1, invented_style="random")
+
+
 def test_adapter_fingerprint_follows_the_weights_not_the_folder(tmp_path):
     from model.tasks.task_distill import adapter_fingerprint
 
@@ -501,3 +527,64 @@ def test_relexicalised_copies_are_new_mrs_with_the_test_sets_values_and_enter_tr
     assert TaskRun(policy="task", relexicalised=2).folder.name == "e2e-task-relex2"
     with pytest.raises(ValueError, match="needs --targets references"):
         TaskRun(policy="3", targets="task-model", relexicalised=2)
+
+
+def test_delexicalised_places_swap_unknown_places_for_known_ones_and_back():
+    from model.tasks.e2e import SURROGATE_PLACES, delexicalise_places, place_names, restore_places
+
+    known = place_names(dev_split()[0])
+    assert all(place in known for places in SURROGATE_PLACES.values() for place in places)
+    swap = delexicalise_places("name[The Vaults], eatType[pub], near[Rainbow Vegetarian Café]", known)
+    assert swap.mr == "name[The Eagle], eatType[pub], near[Aromi]"
+    assert restore_places("The Eagle is a pub near Aromi. Try the Eagle.", swap.swaps) == \
+        "The Vaults is a pub near Rainbow Vegetarian Café. Try the Vaults."
+    assert delexicalise_places("name[The Eagle], near[The Sorrento]", known).swaps == ()  # known places stay
+    # a surrogate is never a place the MR already names: here The Eagle is the (known) near place
+    swap = delexicalise_places("name[The Mill Pond], near[The Eagle]", known)
+    assert swap.mr == "name[The Punter], near[The Eagle]" and swap.swaps == (("The Punter", "The Mill Pond"),)
+    assert restore_places("The Punter is near The Eagle.", swap.swaps) == "The Mill Pond is near The Eagle."
+    assert restore_places("Aromiana is a pub.", (("Aromi", "Zizzi"),)) == "Aromiana is a pub."  # whole words only
+
+
+def test_describe_prompts_the_delexicalised_mr_and_writes_the_place_back():
+    from types import SimpleNamespace
+
+    from model.generation import ScheduleRequest
+    from model.tasks.e2e import place_names
+    from model.tasks.task_eval import describe
+
+    class EchoNames:  # the real model's job is elsewhere: this checks what describe sends and returns
+        prompts: list[str] = []
+
+        def generate(self, request):
+            self.prompts += list(request.prompts)
+            texts = [f" {parse_mr(prompt.rsplit(': ', 1)[1])['name']} is near it." for prompt in request.prompts]
+            return SimpleNamespace(outputs=texts, layers_per_step=[30] * len(texts))
+
+    known = place_names(dev_split()[0])
+    generator = EchoNames()
+    mrs = ["name[Loch Fyne], food[French]", "name[Aromi], food[French]"]
+    run = describe(generator, mrs, ScheduleRequest(), 8, known_places=known)
+    assert run.outputs == ["Loch Fyne is near it.", "Aromi is near it."]
+    assert "name[Loch Fyne]" not in generator.prompts[0] and "name[Aromi]" in generator.prompts[0]
+    generator.prompts.clear()
+    assert describe(generator, mrs, ScheduleRequest(), 8).outputs == run.outputs
+    assert "name[Loch Fyne]" in generator.prompts[0]
+
+
+def test_a_delexicalised_report_says_so_and_is_its_own_file(tiny_task_adapters, monkeypatch, tmp_path):
+    import model.tasks.task_report as task_report
+
+    root, loader = tiny_task_adapters
+    monkeypatch.setattr(task_report, "load_task_model",
+                        lambda task, speedup=None, *, policy="auto", **_: loader(task, None if policy == "auto" else policy))
+    monkeypatch.setattr(task_report, "reported_records", lambda: reported_records()[:2])
+    config = task_report.TaskEvalConfig(speedups=(3.0,), baselines=False, policy_free_arms=False, speed_mrs=0,
+                                        adapters=str(root), device="cpu", batch_size=2, output=str(tmp_path),
+                                        delexicalised_places=True)
+    report = task_report.run_task_eval(config)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e2e-delexicalised-outputs.jsonl", "e2e-delexicalised.json",
+                                                          "e2e-delexicalised.md"]
+    assert "Places delexicalised" in (tmp_path / "e2e-delexicalised.md").read_text()
+    assert "Places delexicalised" not in task_report.report_markdown({**report, "config": {**report["config"],
+                                                                                           "delexicalised_places": False}})
