@@ -80,8 +80,10 @@ LESSONS = (
            "running about a third of the layers?",
            "the same description word for word (as for a third of the test MRs at 3x), while the heatmap shows the "
            "SkipDecode pane running about a third of the task model's layers per token. Now change near[...] to a "
-           "place of your own: the task model copies it, SkipDecode often garbles it (near[The Painted Lighthouse] "
-           "came out \"near The Painter\"), since its policy learned the training data's places. The Results tab "
+           "place of your own: the note above the SkipDecode pane says which place the training data knows both "
+           "models were given in its place, and both name yours again in the text. Without that swap (the E2E "
+           "challenge baseline's delexicalisation) SkipDecode garbles a new place (near[The Painted Lighthouse] "
+           "came out \"near The Painter\"): its policy's few late layers copy a new name badly. The Results tab "
            "says, over the whole test set, how much of the task model's score it keeps and how often it writes the "
            "very same text.",
            dict(task="e2e", target_speedup=3.0, prompt=E2E_MR, max_new_tokens=check_task("e2e").max_new_tokens)),

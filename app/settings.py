@@ -18,7 +18,7 @@ from model.common.checks import check_bool, check_choice, check_int, check_numbe
 from model.generation import GenerationRequest, ScheduleRequest
 from model.skipdecode.decoder import SamplingConfig
 from model.skipdecode.schedule import DECAY_FUNCTIONS, DEFAULT_WARMUP, LAYER_ORDERS, RANKED
-from model.tasks.e2e import task_prompt
+from model.tasks.e2e import PlaceSwap, delexicalise_places, task_prompt, training_places
 from model.tasks.task_models import TASKS, task_schedule
 
 # Each checked with the full model (greedy, 48 tokens): a fluent answer, no loops
@@ -59,6 +59,15 @@ def setting(default: Any, *, label: str, help: str = "", kind: str = "number", l
     for a view-only control the public API leaves out."""
     return field(default=default, metadata=dict(label=label, help=help, kind=kind, low=low, high=high, step=step,
                                                  choices=choices, integer=integer, api=api))
+
+
+def _delexicalised(mr: str) -> PlaceSwap:
+    """``mr`` delexicalised; as it is where it cannot be (an MR the task refuses says why elsewhere,
+    and without the E2E data there are no known places to swap in)."""
+    try:
+        return delexicalise_places(mr, training_places())
+    except (OSError, ValueError):
+        return PlaceSwap(mr)
 
 
 @dataclass(frozen=True)
@@ -133,12 +142,22 @@ class PlaygroundSettings:
     # --- what the settings ask the library for ----------------------------------------------
     def prompts(self) -> tuple[str, ...]:
         """What the model sees. Row 0 is the user's prompt; further rows take example prompts (a
-        real, mixed batch). A task wraps each MR in its fixed instruction (test-set MRs as the rows)."""
+        real, mixed batch). A task wraps each MR in its fixed instruction (test-set MRs as the rows),
+        its places delexicalised (place_swaps)."""
         if self.task == "chat":
             others = [p for p in EXAMPLE_PROMPTS if p != self.prompt]
             return (self.prompt, *others[: self.batch_size - 1])
+        return tuple(task_prompt(swap.mr) for swap in self.place_swaps())
+
+    def place_swaps(self) -> tuple[PlaceSwap, ...]:
+        """Per row of a task's batch: its MR with every place the task model never trained on
+        swapped for one it did (the E2E challenge baseline's delexicalisation: a skip policy's few
+        late layers copy a new name badly, and so would lose the fact for a reason that is not the
+        schedule's), and how to write each back in the text shown. Chat: none."""
+        if self.task == "chat":
+            return tuple(PlaceSwap(prompt) for prompt in self.prompts())
         others = [mr for mr in examples() if mr != self.prompt.strip()]
-        return tuple(task_prompt(mr) for mr in (self.prompt.strip(), *others[: self.batch_size - 1]))
+        return tuple(_delexicalised(mr) for mr in (self.prompt.strip(), *others[: self.batch_size - 1]))
 
     def schedule_request(self, full: bool = False, num_layers: int | None = None) -> ScheduleRequest:
         """The schedule these settings ask for. A task's is the one its policies were trained on

@@ -18,6 +18,7 @@ from app.settings import PlaygroundSettings
 from app.shown_text import as_markdown
 from app.token_html import plain_text_html, tokens_by_depth_html
 from model.race import Judged, RaceUpdate, StreamProgress
+from model.tasks.e2e import restore_places, surrogate_spans
 from model.skipdecode.schedule import RANKED, schedule_json, speedup_summary
 
 
@@ -30,13 +31,51 @@ def rows_html(panes: list[str], prompts: tuple[str, ...]) -> str:
 
 
 def pane_note(settings: PlaygroundSettings, solved) -> str:
-    """Above SkipDecode's text: the skip policy's state and the schedule this run used."""
+    """Above SkipDecode's text: the skip policy's state and the schedule this run used, and which
+    places both models were given in place of ones the task model never trained on."""
     model = "the untouched model" if settings.task == "chat" else "the task model without its policy"
     policy = ((f"the {settings.task.upper()} task's skip policy ON" if settings.task != "chat" else
                "skip policy ON (the fine-tuned adapter)") if settings.skip_policy
               else f"skip policy OFF: {model} skips the same layers")
     return (f'<div class="pane-note">{policy} · {settings.target_speedup:g}x target, {solved.config.decay}, '
-            f'{solved.config.order}</div>')
+            f'{solved.config.order}</div>' + swap_note(settings.place_swaps()[0].swaps))
+
+
+def swap_note(swaps) -> str:
+    """A line naming the places swapped in row 0 (none: nothing)."""
+    if not swaps:
+        return ""
+    pairs = "; ".join(f"{html.escape(place)} → {html.escape(surrogate)}" for surrogate, place in swaps)
+    return (f'<div class="pane-note">New places swapped for ones the task model trained on, in both panes, and '
+            f'written back in the text (the E2E challenge baseline\'s delexicalisation; the heatmap shows the '
+            f'tokens written): {pairs}</div>')
+
+
+def restored_tokens(tokens: list[str], depths: list[int], swaps) -> tuple[list[str], list[int]]:
+    """A row's tokens with each delexicalised place written back: the tokens that spell a surrogate
+    become one piece, the original place, coloured by the depth of the first of them."""
+    spans = surrogate_spans("".join(tokens), swaps) if swaps else []
+    if not spans:
+        return list(tokens), list(depths)
+    starts = [0]
+    for token in tokens:
+        starts.append(starts[-1] + len(token))
+    pieces, piece_depths, index = [], [], 0
+    while index < len(tokens):
+        end = starts[index + 1]
+        span = next((sp for sp in spans if sp[1] > starts[index]), None)
+        if span is None or span[0] >= end:
+            pieces.append(tokens[index])
+            piece_depths.append(depths[index])
+            index += 1
+            continue
+        last = index
+        while last + 1 < len(tokens) and starts[last + 1] < span[1]:
+            last += 1
+        pieces.append(restore_places("".join(tokens[index:last + 1]), swaps))
+        piece_depths.append(depths[index])
+        index = last + 1
+    return pieces, piece_depths
 
 
 def token_matches(skip: StreamProgress, full: StreamProgress, row: int = 0) -> list[bool]:
@@ -225,9 +264,12 @@ class RaceRenderer:
         mode (one event a step, nothing to continue) sends the figure whole, one line."""
         settings, layers = self.settings, update.num_layers
         skip, full = update.skip, update.full
-        skip_panes = [tokens_by_depth_html(skip.token_texts(r), skip.depths[: len(skip.ids(r))], layers)
+        swaps = [swap.swaps for swap in settings.place_swaps()]
+        skip_panes = [tokens_by_depth_html(*restored_tokens(skip.token_texts(r), skip.depths[: len(skip.ids(r))],
+                                                            _row(swaps, r)), layers)
                       for r in range(skip.rows)]
-        full_panes = [plain_text_html("".join(full.token_texts(r))) for r in range(full.rows)]
+        full_panes = [plain_text_html(restore_places("".join(full.token_texts(r)), _row(swaps, r)))
+                      for r in range(full.rows)]
         if with_plot:
             figure = self.heatmap(update, highlight_last=step_mode)
             plot = figure_json(figure) if step_mode else self.live.update(figure)
@@ -239,8 +281,18 @@ class RaceRenderer:
         headline, details, note = self.shown
         model = "the original model" if settings.task == "chat" else f"the {settings.task.upper()} task model"
         full_note = f'<div class="pane-note">{model}: all {layers} layers at every position</div>'
-        return (status, open_end(pane_note(settings, update.solved) + rows_html(skip_panes, update.prompts)),
-                open_end(full_note + rows_html(full_panes, update.prompts)), headline, details, plot, note)
+        prompts = shown_prompts(update.prompts, swaps)
+        return (status, open_end(pane_note(settings, update.solved) + rows_html(skip_panes, prompts)),
+                open_end(full_note + rows_html(full_panes, prompts)), headline, details, plot, note)
+
+
+def _row(swaps: list, row: int) -> tuple:
+    return swaps[row] if row < len(swaps) else ()
+
+
+def shown_prompts(prompts: tuple[str, ...], swaps: list) -> tuple[str, ...]:
+    """The rows' prompts as the visitor wrote them (delexicalised places written back)."""
+    return tuple(restore_places(prompt, _row(swaps, r)) for r, prompt in enumerate(prompts))
 
 
 def open_end(pane: str) -> str:
@@ -256,10 +308,13 @@ NO_CHANGE = (gr.skip(),) * STREAM_OUTPUTS
 def api_message(update: RaceUpdate, settings: PlaygroundSettings) -> dict:
     skip, full, solved = update.skip, update.full, update.solved
     figures = live_figures(update)
+    swaps = [swap.swaps for swap in settings.place_swaps()]
     return {
-        "prompts": list(update.prompts),  # what these outputs answer (clients can check isolation)
-        "skipdecode": [skip.text(r) for r in range(skip.rows)],
-        "full": [full.text(r) for r in range(full.rows)],
+        "prompts": list(shown_prompts(update.prompts, swaps)),  # what these outputs answer (clients can check isolation)
+        "skipdecode": [restore_places(skip.text(r), _row(swaps, r)) for r in range(skip.rows)],
+        "full": [restore_places(full.text(r), _row(swaps, r)) for r in range(full.rows)],
+        # a task's places the task model never trained on, per row: [written back, given to the models]
+        "places_swapped": [[[place, surrogate] for surrogate, place in _row(swaps, r)] for r in range(skip.rows)],
         "prefill_layers": list(skip.prefill_layers),
         "step_layers": [list(layers) for layers in skip.step_layers],
         "layers_per_step": [len(layers) for layers in skip.step_layers],

@@ -14,6 +14,7 @@ import json
 import random
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
@@ -430,16 +431,35 @@ def delexicalise_places(mr: str, known: set[str]) -> PlaceSwap:
     return PlaceSwap(", ".join(f"{key}[{value}]" for key, value in pairs.items()) if swaps else mr, tuple(swaps))
 
 
+@lru_cache(maxsize=4)
+def training_places(folder: Path = E2E_DATA) -> frozenset[str]:
+    """The places the task model and its policies trained on (the training split's): every other
+    place is delexicalised where asked (the playground's E2E task, eval-task --delexicalised-places)."""
+    return frozenset(place_names(dev_split(folder)[0]))
+
+
+def _surrogate_pattern(surrogate: str, place: str) -> re.Pattern:
+    """Where a description writes ``surrogate``: whole words, and for a "The ..." pair either case of
+    the article (a sentence-inner "the Eagle")."""
+    if surrogate.startswith("The ") and place.startswith("The "):
+        return re.compile(r"\b([Tt])he " + re.escape(surrogate[4:]) + r"\b")
+    return re.compile(r"\b" + re.escape(surrogate) + r"\b")
+
+
 def restore_places(text: str, swaps: Sequence[tuple[str, str]]) -> str:
     """A description of a delexicalised MR with each surrogate written back as the original place
     (a sentence-inner "the Eagle" keeps its lower-case article: "the Vaults")."""
     for surrogate, place in swaps:
         if surrogate.startswith("The ") and place.startswith("The "):
-            pattern = re.compile(r"\b([Tt])he " + re.escape(surrogate[4:]) + r"\b")
-            text = pattern.sub(lambda m, rest=place[4:]: f"{m.group(1)}he {rest}", text)
+            text = _surrogate_pattern(surrogate, place).sub(lambda m, rest=place[4:]: f"{m.group(1)}he {rest}", text)
         else:
-            text = re.sub(r"\b" + re.escape(surrogate) + r"\b", lambda _m, p=place: p, text)
+            text = _surrogate_pattern(surrogate, place).sub(lambda _m, p=place: p, text)
     return text
+
+
+def surrogate_spans(text: str, swaps: Sequence[tuple[str, str]]) -> list[tuple[int, int]]:
+    """The character spans of ``text`` where restore_places writes a place back, in order."""
+    return sorted(m.span() for surrogate, place in swaps for m in _surrogate_pattern(surrogate, place).finditer(text))
 
 
 def place_records(places: Sequence[str]) -> list[E2ERecord]:

@@ -21,7 +21,7 @@ from model.common.hardware import hardware_info
 from model.generation import ScheduleRequest, TextGenerator
 from model.loading import load_model, resolve_device
 from model.skipdecode.schedule import cost_speedup, layer_speedup
-from model.tasks.e2e import E2ERecord, dev_split, place_names, reported_records
+from model.tasks.e2e import E2ERecord, reported_records, training_places
 from model.tasks.task_eval import closeness, describe, measure_speed, task_scores
 from model.tasks.task_models import (
     POLICY_SPEEDUPS,
@@ -99,7 +99,7 @@ class Arm:
 def _arm(label: str, policy: str, speedup: float, generator: TextGenerator, records: Sequence[E2ERecord],
          schedule: ScheduleRequest, config: TaskEvalConfig, max_new_tokens: int) -> Arm:
     start = time.perf_counter()
-    known = place_names(dev_split()[0]) if config.delexicalised_places else None
+    known = training_places() if config.delexicalised_places else None
     run = describe(generator, [r.mr for r in records], schedule, max_new_tokens, config.batch_size, known)
     num_layers = generator.num_layers
     arm = Arm(label=label, policy=policy, speedup=speedup, scores=task_scores(run.outputs, records),

@@ -36,8 +36,8 @@ from model.tasks.e2e import (
     E2ERecord,
     dev_split,
     long_heldout_mrs,
-    place_names,
     relexicalised_records,
+    training_places,
     write_training_file,
 )
 from model.tasks.task_distill import DistillSource, adapter_fingerprint, write_distillation_file
@@ -166,7 +166,7 @@ def _descriptions(run: TaskRun, config: TrainConfig, adapter: Path, mrs: list[st
                         task_adapter=str(adapter) if task_model_run else config.task_adapter)
     generator = TextGenerator(loaded)
     max_new_tokens, batch = check_task(run.task).max_new_tokens, batch_for(loaded.device, HELDOUT_BATCH)
-    known = place_names(dev_split()[0]) if delexicalised else None
+    known = training_places() if delexicalised else None
     return {speedup: describe(generator, mrs, task_schedule(run.task, speedup, generator.num_layers), max_new_tokens,
                               batch, known).outputs for speedup in speedups}
 

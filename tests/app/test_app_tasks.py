@@ -204,6 +204,13 @@ def test_one_e2e_generation_through_the_playground_handler(default_model, tiny_t
     assert final[1] and final[2]  # both panes filled
     message = list(playground.api_stream(values))[-1]  # the same run through the API: its texts
     assert message["skipdecode"][0] == reference.outputs[0] and message["full"][0] == full.outputs[0]
+    assert message["places_swapped"] == [[]]  # The Eagle is a place the task model trained on
+    new = "name[Loch Fyne], food[French]"  # a test-set place the devset never names: the models see Aromi
+    swapped = list(playground.api_stream(values | {"prompt": new}))[-1]
+    given = generator.generate(GenerationRequest(prompts=(INSTRUCTION + "name[Aromi], food[French]",),
+                                                 schedule=schedule, max_new_tokens=12))
+    assert swapped["places_swapped"] == [[["Loch Fyne", "Aromi"]]] and swapped["prompts"] == [INSTRUCTION + new]
+    assert swapped["skipdecode"][0] == given.outputs[0].replace("Aromi", "Loch Fyne")
     assert message["step_layers"] == [list(layers) for layers in reference.decode.step_layers]
     assert reference.layers_per_step and max(reference.layers_per_step) < generator.num_layers
     assert tasks.get("e2e", 3.0) is generator and tasks.get("e2e", 1.0) is generator  # cached, 1x reuses it
@@ -217,3 +224,29 @@ def test_one_e2e_generation_through_the_playground_handler(default_model, tiny_t
     with pytest.raises(gr.Error, match="not available on this server yet"):
         list(missing.generate(values))
     assert "not available" in missing.load_task(values)
+
+
+def test_new_places_are_swapped_for_known_ones_and_written_back_in_what_the_page_shows():
+    """The models see a place they trained on in place of one they never did (a skip policy's few
+    late layers copy a new name badly); the panes, the row labels and the API show the original."""
+    from app.views import restored_tokens, shown_prompts, swap_note
+
+    new = "name[The Vaults], eatType[pub], near[Rainbow Vegetarian Café]"
+    settings = PlaygroundSettings.from_values(Limits(), prompt=new, task="e2e", batch_size=2)
+    swaps = settings.place_swaps()
+    assert swaps[0].mr == "name[The Eagle], eatType[pub], near[Aromi]"
+    assert settings.request(full=False, num_layers=30).prompts[0] == INSTRUCTION + swaps[0].mr
+    assert shown_prompts(settings.prompts(), [s.swaps for s in swaps])[0] == INSTRUCTION + new
+    tokens, depths = ["The", " E", "agle", " is", " near", " the", " Eagle", "."], [20, 19, 18, 17, 16, 15, 14, 13]
+    assert restored_tokens(tokens, depths, swaps[0].swaps) == (
+        ["The Vaults", " is", " near", " the Vaults", "."], [20, 17, 16, 15, 13])
+    assert restored_tokens(["The", " E"], [20, 19], swaps[0].swaps) == (["The", " E"], [20, 19])  # not yet spelt
+    note = swap_note(swaps[0].swaps)
+    assert "The Vaults → The Eagle" in note and "Rainbow Vegetarian Café → Aromi" in note
+    known = PlaygroundSettings.from_values(Limits(), prompt=MR, task="e2e")
+    assert known.place_swaps()[0].swaps == () and swap_note(()) == ""
+    assert known.prompts()[0] == INSTRUCTION + MR
+    chat = PlaygroundSettings.from_values(Limits(), prompt="name[The Vaults]")
+    assert chat.prompts()[0] == "name[The Vaults]" and chat.place_swaps()[0].swaps == ()
+    bad = PlaygroundSettings(**{**settings.__dict__, "prompt": "name[X], colour[red]"})
+    assert bad.place_swaps()[0].mr == "name[X], colour[red]"  # refused elsewhere, with its reason
