@@ -47,7 +47,7 @@ def results_tab(e2e_file: Path | None = None) -> None:
     """The paper's task (E2E) first; then the general chat model's quality (eval), the shipped
     adapter's held-out curve, the recipe study, speed (bench). Tables sit in a container that
     scrolls sideways on a phone (CSS class results-table)."""
-    e2e_section(e2e_file or E2E_FILE)
+    e2e_section(e2e_file or E2E_FILE, delexicalised_file(e2e_file or E2E_FILE))
     _results_section("Quality under skipping (held-out prompts)", "eval", "eval", quality_figure)
     _training_curve()
     _results_section("Which recipe: the skip-policy study", "study", "study", study_figure)
@@ -234,17 +234,49 @@ def e2e_markdown(report: dict | None) -> str:
                                            "Measured speed against the task model:" if speed else "", speed) if part)
 
 
-def e2e_section(path: Path = E2E_FILE) -> None:
+def delexicalised_file(path: Path) -> Path:
+    """The delexicalised run's report beside a plain one (eval-task --delexicalised-places)."""
+    return Path(path).with_name(Path(path).name.replace("e2e", "e2e-delexicalised", 1))
+
+
+def delexicalised_markdown(report: dict) -> str:
+    """The E2E section's first part: the figures of the playground's own pipeline, in which places
+    the task model never trained on are swapped for known ones and written back."""
+    mrs = report.get("test_mrs")
+    return "\n\n".join((
+        "### The paper's task, as the playground runs it: new places delexicalised "
+        "(`python -m model eval-task e2e --delexicalised-places`)",
+        claim_sentence(report),
+        (f"On {mrs:d} test MRs" if isinstance(mrs, int) else "On the test MRs") + (
+            ", every arm given a place the task model trained on in place of each name or near place it never "
+            "saw (a third of the test MRs), written back in the text: the E2E challenge baseline's "
+            "delexicalisation. Below it, the same policies copying those places themselves."),
+        e2e_quality_table(report)))
+
+
+def e2e_section(path: Path = E2E_FILE, delexicalised_path: Path | None = None) -> None:
+    delexicalised = load_e2e(delexicalised_path) if delexicalised_path else None
+    if delexicalised is not None:
+        gr.Markdown(delexicalised_markdown(delexicalised), elem_id="results-e2e-delexicalised",
+                    elem_classes=["results-table"])
     gr.Markdown(e2e_markdown(load_e2e(path)), elem_id="results-e2e", elem_classes=["results-table"])
 
 
 def e2e_note(target_speedup: float, skip_policy: bool, path: Path = E2E_FILE) -> str:
-    """Under the panes for the task: what the test set says at the nearest evaluated speedup."""
-    report = _cached_e2e(str(path))
+    """Under the panes for the task: what the test set says at the nearest evaluated speedup, from
+    the delexicalised run (what the playground runs) where it has the arm, else the plain one."""
+    for report_path in (delexicalised_file(path), path):
+        note = _note_from(_cached_e2e(str(report_path)), target_speedup, skip_policy)
+        if note:
+            return note + (" New places delexicalised, as here." if report_path != path else "")
+    return "" if _cached_e2e(str(path)) else "The E2E task is not evaluated yet (Results)."
+
+
+def _note_from(report: dict | None, target_speedup: float, skip_policy: bool) -> str:
     wanted = SKIP_ARMS if skip_policy else ("none",)
     arms = [a for a in (report or {}).get("arms", []) if a.get("policy") in wanted and a["speedup"] > 1]
     if not arms:
-        return "" if report else "The E2E task is not evaluated yet (Results)."
+        return ""
     arm = min(arms, key=lambda a: (abs(a["speedup"] - target_speedup), SKIP_ARMS.index(a["policy"])
                                    if a["policy"] in SKIP_ARMS else 0))
     bleu, rouge = (_share(arm["shares"].get(key)) for key, _ in SCORES)

@@ -6,6 +6,7 @@ Bad input exits with status 2 and one line ``error: ...`` on stderr, never a tra
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -25,7 +26,7 @@ from model.skipdecode.skip_policy import ScheduleFloor, export_adapter, mix_adap
 from model.studies.scaling_study import ScalingConfig, run_scaling, write_scaling
 from model.studies.shape_study import ShapeConfig, run_shape_study
 from model.studies.study import StudyConfig, best_arm, run_study, study_markdown
-from model.tasks.e2e import parse_mr, task_prompt
+from model.tasks.e2e import PlaceSwap, delexicalise_places, parse_mr, restore_places, task_prompt, training_places
 from model.tasks.task_models import TASKS, check_task, load_task_model, task_schedule
 from model.tasks.task_report import TaskEvalConfig, run_task_eval
 from model.tasks.task_training import TARGET_KINDS, TaskRun, train_task
@@ -87,6 +88,10 @@ def add_generate_command(commands) -> None:
     gen.add_argument("--task", default=None, choices=TASKS,
                      help="a fine-tuned task (e2e: the paper's E2E restaurant descriptions): --prompt is an MR "
                           "as in the CSV, the task model is the full model and SkipDecode runs the task's policy")
+    gen.add_argument("--delexicalised-places", action="store_true",
+                     help="with --task: swap each place the task model never trained on for one it did before "
+                          "decoding and write it back in the text (the E2E challenge baseline's way; the playground "
+                          "always does)")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     gen.add_argument("--top-k", type=int, default=0)
     gen.add_argument("--top-p", type=float, default=1.0)
@@ -286,7 +291,6 @@ def run_study_command(args: argparse.Namespace) -> int:
 
 
 def run_shape_study_command(args: argparse.Namespace) -> int:
-    import dataclasses  # noqa: PLC0415
 
     config = ShapeConfig(**{spec.name: getattr(args, spec.name) for spec in dataclasses.fields(ShapeConfig)})
     run_shape_study(config, lambda line: print(line, file=sys.stderr, flush=True))
@@ -294,7 +298,6 @@ def run_shape_study_command(args: argparse.Namespace) -> int:
 
 
 def run_scaling_command(args: argparse.Namespace) -> int:
-    import dataclasses  # noqa: PLC0415
 
     config = ScalingConfig(**{spec.name: getattr(args, spec.name) for spec in dataclasses.fields(ScalingConfig)})
     report = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
@@ -456,7 +459,6 @@ TRAIN_OPTION_HELP = {
 
 def add_dataclass_options(parser: argparse.ArgumentParser, config_class: type, skip: tuple[str, ...] = ()) -> None:
     """One option per field of a config dataclass (less ``skip``), its default and type taken from the dataclass."""
-    import dataclasses  # noqa: PLC0415
 
     for spec in dataclasses.fields(config_class):
         if spec.name in skip or not spec.init:
@@ -487,7 +489,6 @@ def add_dataclass_options(parser: argparse.ArgumentParser, config_class: type, s
 
 
 def run_make_data(args: argparse.Namespace) -> int:
-    import dataclasses  # noqa: PLC0415
 
     config = MakeDataConfig(**{spec.name: getattr(args, spec.name) for spec in dataclasses.fields(MakeDataConfig)})
     manifest = make_data(config)
@@ -497,7 +498,6 @@ def run_make_data(args: argparse.Namespace) -> int:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    import dataclasses  # noqa: PLC0415
 
     values = {spec.name: getattr(args, spec.name) for spec in dataclasses.fields(TrainConfig)}
     values["speedup_range"] = tuple(values["speedup_range"])  # argparse gives a list
@@ -513,7 +513,6 @@ def load_model_from_args(args: argparse.Namespace):
 
 
 def run_train_task(args: argparse.Namespace) -> int:
-    import dataclasses  # noqa: PLC0415
 
     run = TaskRun(**{spec.name: getattr(args, spec.name) for spec in dataclasses.fields(TaskRun)})
     summary = train_task(run)
@@ -524,7 +523,6 @@ def run_train_task(args: argparse.Namespace) -> int:
 
 
 def run_eval_task(args: argparse.Namespace) -> int:
-    import dataclasses  # noqa: PLC0415
 
     config = TaskEvalConfig(**{spec.name: getattr(args, spec.name) for spec in dataclasses.fields(TaskEvalConfig)})
     report = run_task_eval(config)
@@ -553,19 +551,27 @@ def run_task_generate(args: argparse.Namespace) -> int:
     loaded = load_task_model(args.task, speedup, policy=None if args.no_adapter else "auto", device=args.device,
                              dtype=args.dtype, quantize=args.quantize)
     generator = TextGenerator(loaded)
-    request = GenerationRequest(prompts=tuple(task_prompt(mr) for mr in args.prompt),
+    swaps = [delexicalise_places(mr, training_places()) if args.delexicalised_places else PlaceSwap(mr)
+             for mr in args.prompt]
+    request = GenerationRequest(prompts=tuple(task_prompt(swap.mr) for swap in swaps),
                                 schedule=task_schedule(args.task, speedup, generator.num_layers, full=args.full,
                                                        skip_policy=not args.no_adapter),
                                 max_new_tokens=args.max_new_tokens or settings.max_new_tokens,
                                 sampling=SamplingConfig(), stop=tuple(args.stop))
     validate_request(request)
     generator.schedule_for(request.schedule, request.max_new_tokens)
-    return print_result(generator.generate(request), args.json)
+    result = generator.generate(request)
+    if args.delexicalised_places:  # the texts and prompts as the caller wrote the MRs
+        result = dataclasses.replace(result, prompts=[task_prompt(mr) for mr in args.prompt],
+                                     outputs=[restore_places(text, swap.swaps) for text, swap in zip(result.outputs, swaps)])
+    return print_result(result, args.json)
 
 
 def run_generate(args: argparse.Namespace) -> int:
     if args.task:
         return run_task_generate(args)
+    if args.delexicalised_places:
+        raise CliError("--delexicalised-places swaps a task's places: it needs --task")
     if args.max_new_tokens is None:
         args.max_new_tokens = 64
     request = GenerationRequest(

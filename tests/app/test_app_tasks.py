@@ -175,6 +175,27 @@ def test_results_without_a_file_say_not_evaluated_and_file_text_is_never_markup(
     assert "cannot be checked" in claim_sentence(load_e2e(path))
 
 
+def test_the_playgrounds_own_delexicalised_figures_lead_and_the_note_quotes_them(tmp_path):
+    from app.results import _cached_e2e, delexicalised_file, delexicalised_markdown
+
+    plain = _report(tmp_path, [_arm("task model (1x)", "task model", 1.0, 1.0, 1.0),
+                               _arm("per-speedup policy 2x", "per-speedup", 2.0, 0.94, 0.97),
+                               _arm("no policy 2x", "none", 2.0, 0.05, 0.2)])
+    assert delexicalised_file(plain) == tmp_path / "e2e-delexicalised.json"
+    assert "0.940 of the task model's BLEU" in e2e_note(2.0, True, plain)  # no delexicalised run: the plain one
+    delexicalised = tmp_path / "e2e-delexicalised.json"
+    delexicalised.write_text(json.dumps({"arms": [_arm("task model (1x)", "task model", 1.0, 1.0, 1.0),
+                                                  _arm("per-speedup policy 2x", "per-speedup", 2.0, 0.998, 1.001)],
+                                         "test_mrs": 630}))
+    _cached_e2e.cache_clear()  # the server reads each file once; this test writes one after
+    note = e2e_note(2.0, True, plain)
+    assert "0.998 of the task model's BLEU" in note and "delexicalised, as here" in note
+    assert "no policy 2x" in e2e_note(2.0, False, plain) and "as here" not in e2e_note(2.0, False, plain)
+    text = delexicalised_markdown(load_e2e(delexicalised))
+    assert "holds for the per-speedup policy at 2x" in text and "On 630 test MRs" in text
+    assert "| per-speedup policy 2x | per-speedup | 2x |" in text
+
+
 @pytest.mark.slow
 def test_one_e2e_generation_through_the_playground_handler(default_model, tiny_task_adapters):
     """The task choice switches both panes to the task's models: the full pane is the task model at

@@ -209,6 +209,14 @@ def test_generate_task_runs_the_shipped_policy_for_the_speedup_and_the_task_mode
     full = _cli("generate", "--task", "e2e", "--prompt", mr, "--full", "--json")
     assert full.returncode == 0, full.stderr
     assert set(json.loads(full.stdout)["layers_per_step"]) == {30} and "Eagle" in json.loads(full.stdout)["outputs"][0]
+    new = "name[Loch Fyne], food[French], near[The Painted Lighthouse]"  # places the devset never names
+    swapped = _cli("generate", "--task", "e2e", "--prompt", new, "--speedup", "3", "--delexicalised-places", "--json")
+    assert swapped.returncode == 0, swapped.stderr
+    out = json.loads(swapped.stdout)
+    assert out["prompts"][0].endswith(new) and "Loch Fyne" in out["outputs"][0]  # written back
+    assert "Aromi" not in out["outputs"][0] and "The Eagle" not in out["outputs"][0]
+    chat = _cli("generate", "--prompt", "Hi", "--delexicalised-places")
+    assert chat.returncode == 2 and "needs --task" in chat.stderr
 
 
 def _report(arms: list[tuple[str, str, float, float]], minutes: float = 1.0, device: str = "cuda") -> dict:
