@@ -80,7 +80,8 @@ def pick_e2e(page, seconds: float = 300) -> None:
 
 
 def e2e_views(browser, port: int) -> list[Path]:
-    """The E2E task at 3x, an MR composed in the form, both panes done, at each size."""
+    """The E2E task at 3x, an MR composed in the form (near a place the task model never trained on,
+    so the pane note names the swap), both panes done, at each size."""
     written = []
     for width, height in VIEWPORTS.values():
         page = browser.new_page(viewport={"width": width, "height": height})
@@ -93,7 +94,7 @@ def e2e_views(browser, port: int) -> list[Path]:
         for key, value in (("eattype", "coffee shop"), ("food", "French"), ("area", "riverside")):
             page.click(f"#mr-{key} input")
             page.click(f"li[role=option]:has-text(\"{value}\")")
-        page.fill("#mr-near textarea, #mr-near input", "Burger King")
+        page.fill("#mr-near textarea, #mr-near input", "The Painted Lighthouse")  # new: swapped, written back
         page.click("#mr-compose")
         time.sleep(1.0)
         page.click("#generate-btn")
