@@ -220,9 +220,13 @@ def claim_sentence(report: dict) -> str:
     return " ".join(parts)
 
 
-def e2e_markdown(report: dict | None) -> str:
+PLAIN_TITLE = "### The paper's task: E2E restaurant descriptions (`python -m model eval-task e2e`)"
+BELOW_DELEXICALISED_TITLE = ("### The same policies copying new places themselves, no swap "
+                             "(`python -m model eval-task e2e`)")
+
+
+def e2e_markdown(report: dict | None, title: str = PLAIN_TITLE) -> str:
     """The E2E section's text: the claim, the quality table and the speed table."""
-    title = "### The paper's task: E2E restaurant descriptions (`python -m model eval-task e2e`)"
     if report is None:
         return (f"{title}\n\nNot evaluated yet: there is no assets/eval/e2e.json. "
                 "`python -m model eval-task e2e` writes it once the task's models are trained.")
@@ -259,7 +263,8 @@ def e2e_section(path: Path = E2E_FILE, delexicalised_path: Path | None = None) -
     if delexicalised is not None:
         gr.Markdown(delexicalised_markdown(delexicalised), elem_id="results-e2e-delexicalised",
                     elem_classes=["results-table"])
-    gr.Markdown(e2e_markdown(load_e2e(path)), elem_id="results-e2e", elem_classes=["results-table"])
+    title = BELOW_DELEXICALISED_TITLE if delexicalised is not None else PLAIN_TITLE
+    gr.Markdown(e2e_markdown(load_e2e(path), title), elem_id="results-e2e", elem_classes=["results-table"])
 
 
 def e2e_note(target_speedup: float, skip_policy: bool, path: Path = E2E_FILE) -> str:

@@ -534,9 +534,9 @@ def test_the_e2e_task_from_the_form_to_both_panes_and_its_lesson(task_server, wi
         page.fill("#mr-name input, #mr-name textarea", "The Eagle")
         _pick(page, "#mr-eattype", "coffee shop")
         _pick(page, "#mr-food", "French")
-        page.fill("#mr-near input, #mr-near textarea", "Burger King")
+        page.fill("#mr-near input, #mr-near textarea", "The Painted Lighthouse")  # a place no training MR names
         page.click("#mr-compose")
-        mr = "name[The Eagle], eatType[coffee shop], food[French], near[Burger King]"
+        mr = "name[The Eagle], eatType[coffee shop], food[French], near[The Painted Lighthouse]"
         assert _wait(lambda: page.input_value("#setting-prompt textarea") == mr, 10)
         page.locator("#generate-btn").scroll_into_view_if_needed()
         page.click("#generate-btn")
@@ -544,6 +544,8 @@ def test_the_e2e_task_from_the_form_to_both_panes_and_its_lesson(task_server, wi
         assert "skip policy skip-3x" in page.inner_text("#status")
         assert _token_count(page) > 0 and _full_length(page) > 0  # both panes filled
         assert "E2E task model" in page.inner_text("#full-output")
+        # both models were given a place they trained on, and the pane says which
+        assert "The Painted Lighthouse → The Punter" in page.inner_text("#skip-output")
         page.locator("#lesson-choice").scroll_into_view_if_needed()
         page.click("#lesson-choice input")
         page.click("li[role=option]:has-text(\"The paper's task\")")
