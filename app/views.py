@@ -18,8 +18,8 @@ from app.settings import PlaygroundSettings
 from app.shown_text import as_markdown
 from app.token_html import plain_text_html, tokens_by_depth_html
 from model.race import Judged, RaceUpdate, StreamProgress
-from model.tasks.e2e import restore_places, surrogate_spans
 from model.skipdecode.schedule import RANKED, schedule_json, speedup_summary
+from model.tasks.e2e import restore_places, surrogate_spans
 
 
 def rows_html(panes: list[str], prompts: tuple[str, ...]) -> str:

@@ -112,6 +112,8 @@ def varied_places(count: int, seed: int = 0, avoid: Iterable[str] = ()) -> tuple
             continue
         made[place] = None
     return tuple(made)
+
+
 MAX_VALUE_CHARS = 60  # a restaurant's or landmark's name; longer is not an MR
 _PAIR = re.compile(r"\s*([A-Za-z][A-Za-z ]*?)\s*\[([^\[\]]*)\]\s*(?:,|$)")
 
