@@ -452,11 +452,17 @@ def restore_places(text: str, swaps: Sequence[tuple[str, str]]) -> str:
     """A description of a delexicalised MR with each surrogate written back as the original place
     (a sentence-inner "the Eagle" keeps its lower-case article: "the Vaults")."""
     for surrogate, place in swaps:
-        if surrogate.startswith("The ") and place.startswith("The "):
-            text = _surrogate_pattern(surrogate, place).sub(lambda m, rest=place[4:]: f"{m.group(1)}he {rest}", text)
-        else:
-            text = _surrogate_pattern(surrogate, place).sub(lambda _m, p=place: p, text)
+        text = _surrogate_pattern(surrogate, place).sub(_place_writer(surrogate, place), text)
     return text
+
+
+def _place_writer(surrogate: str, place: str) -> Callable[[re.Match[str]], str]:
+    """What replaces one match of _surrogate_pattern: the place, keeping a "The ..." pair's article case."""
+    def write(match: re.Match[str]) -> str:
+        if surrogate.startswith("The ") and place.startswith("The "):
+            return f"{match.group(1)}he {place[4:]}"
+        return place
+    return write
 
 
 def surrogate_spans(text: str, swaps: Sequence[tuple[str, str]]) -> list[tuple[int, int]]:
