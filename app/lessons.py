@@ -78,8 +78,9 @@ LESSONS = (
     Lesson("The paper's task: 3x, the same description", "The paper fine-tunes a model for one task (E2E: a "
            "restaurant's facts in, a description out) and then skips layers in it. Does the description survive "
            "running about a third of the layers?",
-           "the same description word for word (as for a third of the test MRs at 3x), while the heatmap shows the "
-           "SkipDecode pane running about a third of the task model's layers per token. Now change near[...] to a "
+           "the same description word for word (as for half the test MRs at 3x on this CPU's int8 weights, 70% "
+           "in float32), while the heatmap shows the SkipDecode pane running about a third of the task model's "
+           "layers per token. Now change near[...] to a "
            "place of your own: the note above the SkipDecode pane says which place the training data knows both "
            "models were given in its place, and both name yours again in the text. Without that swap (the E2E "
            "challenge baseline's delexicalisation) SkipDecode garbles a new place (near[The Painted Lighthouse] "
