@@ -238,9 +238,11 @@ def e2e_markdown(report: dict | None, title: str = PLAIN_TITLE) -> str:
                                            "Measured speed against the task model:" if speed else "", speed) if part)
 
 
-def delexicalised_file(path: Path) -> Path:
-    """The delexicalised run's report beside a plain one (eval-task --delexicalised-places)."""
-    return Path(path).with_name(Path(path).name.replace("e2e", "e2e-delexicalised", 1))
+def delexicalised_file(path: Path) -> Path | None:
+    """The delexicalised run's report beside a plain one (eval-task --delexicalised-places); None
+    for a file not named as eval-task names its reports."""
+    name = Path(path).name
+    return Path(path).with_name(name.replace("e2e", "e2e-delexicalised", 1)) if "e2e" in name else None
 
 
 def delexicalised_markdown(report: dict) -> str:
@@ -269,8 +271,9 @@ def e2e_section(path: Path = E2E_FILE, delexicalised_path: Path | None = None) -
 
 def e2e_note(target_speedup: float, skip_policy: bool, path: Path = E2E_FILE) -> str:
     """Under the panes for the task: what the test set says at the nearest evaluated speedup, from
-    the delexicalised run (what the playground runs) where it has the arm, else the plain one."""
-    for report_path in (delexicalised_file(path), path):
+    the delexicalised run (what the playground runs) where it has an arm of the kind asked for (a
+    policy, or none), else the plain one."""
+    for report_path in (p for p in (delexicalised_file(path), path) if p is not None):
         note = _note_from(_cached_e2e(str(report_path)), target_speedup, skip_policy)
         if note:
             return note + (" New places delexicalised, as here." if report_path != path else "")

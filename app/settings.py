@@ -9,6 +9,7 @@ choices carry their descriptions); their fields here still drive validation, wir
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +19,7 @@ from model.common.checks import check_bool, check_choice, check_int, check_numbe
 from model.generation import GenerationRequest, ScheduleRequest
 from model.skipdecode.decoder import SamplingConfig
 from model.skipdecode.schedule import DECAY_FUNCTIONS, DEFAULT_WARMUP, LAYER_ORDERS, RANKED
-from model.tasks.e2e import PlaceSwap, delexicalise_places, task_prompt, training_places
+from model.tasks.e2e import PlaceSwap, delexicalise_places, place_swaps, task_prompt, training_places
 from model.tasks.task_models import TASKS, task_schedule
 
 # Each checked with the full model (greedy, 48 tokens): a fluent answer, no loops
@@ -61,13 +62,20 @@ def setting(default: Any, *, label: str, help: str = "", kind: str = "number", l
                                                  choices=choices, integer=integer, api=api))
 
 
-def _delexicalised(mr: str) -> PlaceSwap:
-    """``mr`` delexicalised; as it is where it cannot be (an MR the task refuses says why elsewhere,
-    and without the E2E data there are no known places to swap in)."""
+def _delexicalised(mrs: list[str]) -> list[PlaceSwap]:
+    """``mrs`` delexicalised; each as it is where it cannot be (an MR the task refuses says why
+    elsewhere, and without the E2E data there are no known places to swap in)."""
     try:
-        return delexicalise_places(mr, training_places())
+        known = training_places()
     except (OSError, ValueError):
-        return PlaceSwap(mr)
+        return place_swaps(mrs, None)
+    swaps = []
+    for mr in mrs:
+        try:
+            swaps.append(delexicalise_places(mr, known))
+        except ValueError:
+            swaps.append(PlaceSwap(mr))
+    return swaps
 
 
 @dataclass(frozen=True)
@@ -154,10 +162,14 @@ class PlaygroundSettings:
         swapped for one it did (the E2E challenge baseline's delexicalisation: a skip policy's few
         late layers copy a new name badly, and so would lose the fact for a reason that is not the
         schedule's), and how to write each back in the text shown. Chat: none."""
+        return self._place_swaps
+
+    @functools.cached_property
+    def _place_swaps(self) -> tuple[PlaceSwap, ...]:  # every streamed update reads it: made once
         if self.task == "chat":
             return tuple(PlaceSwap(prompt) for prompt in self.prompts())
         others = [mr for mr in examples() if mr != self.prompt.strip()]
-        return tuple(_delexicalised(mr) for mr in (self.prompt.strip(), *others[: self.batch_size - 1]))
+        return tuple(_delexicalised([self.prompt.strip(), *others[: self.batch_size - 1]]))
 
     def schedule_request(self, full: bool = False, num_layers: int | None = None) -> ScheduleRequest:
         """The schedule these settings ask for. A task's is the one its policies were trained on

@@ -19,7 +19,7 @@ from app.shown_text import as_markdown
 from app.token_html import plain_text_html, tokens_by_depth_html
 from model.race import Judged, RaceUpdate, StreamProgress
 from model.skipdecode.schedule import RANKED, schedule_json, speedup_summary
-from model.tasks.e2e import restore_places, surrogate_spans
+from model.tasks.e2e import PlaceSwap, restore_places, surrogate_spans, task_prompt
 
 
 def rows_html(panes: list[str], prompts: tuple[str, ...]) -> str:
@@ -48,7 +48,7 @@ def swap_note(swaps) -> str:
     pairs = "; ".join(f"{html.escape(place)} → {html.escape(surrogate)}" for surrogate, place in swaps)
     return (f'<div class="pane-note">New places swapped for ones the task model trained on, in both panes, and '
             f'written back in the text (the E2E challenge baseline\'s delexicalisation; the heatmap shows the '
-            f'tokens written): {pairs}</div>')
+            f'tokens the models were given and wrote): {pairs}</div>')
 
 
 def restored_tokens(tokens: list[str], depths: list[int], swaps) -> tuple[list[str], list[int]]:
@@ -281,7 +281,7 @@ class RaceRenderer:
         headline, details, note = self.shown
         model = "the original model" if settings.task == "chat" else f"the {settings.task.upper()} task model"
         full_note = f'<div class="pane-note">{model}: all {layers} layers at every position</div>'
-        prompts = shown_prompts(update.prompts, swaps)
+        prompts = shown_prompts(update.prompts, settings.place_swaps())
         return (status, open_end(pane_note(settings, update.solved) + rows_html(skip_panes, prompts)),
                 open_end(full_note + rows_html(full_panes, prompts)), headline, details, plot, note)
 
@@ -290,9 +290,11 @@ def _row(swaps: list, row: int) -> tuple:
     return swaps[row] if row < len(swaps) else ()
 
 
-def shown_prompts(prompts: tuple[str, ...], swaps: list) -> tuple[str, ...]:
-    """The rows' prompts as the visitor wrote them (delexicalised places written back)."""
-    return tuple(restore_places(prompt, _row(swaps, r)) for r, prompt in enumerate(prompts))
+def shown_prompts(prompts: tuple[str, ...], place_swaps: tuple[PlaceSwap, ...]) -> tuple[str, ...]:
+    """The rows' prompts as the visitor wrote them: a row whose places were swapped shows its MR as
+    written, character for character (clients compare it with what they sent)."""
+    return tuple(task_prompt(place_swaps[r].as_written) if r < len(place_swaps) and place_swaps[r].swaps else prompt
+                 for r, prompt in enumerate(prompts))
 
 
 def open_end(pane: str) -> str:
@@ -310,7 +312,7 @@ def api_message(update: RaceUpdate, settings: PlaygroundSettings) -> dict:
     figures = live_figures(update)
     swaps = [swap.swaps for swap in settings.place_swaps()]
     return {
-        "prompts": list(shown_prompts(update.prompts, swaps)),  # what these outputs answer (clients can check isolation)
+        "prompts": list(shown_prompts(update.prompts, settings.place_swaps())),  # what these outputs answer (clients can check isolation)
         "skipdecode": [restore_places(skip.text(r), _row(swaps, r)) for r in range(skip.rows)],
         "full": [restore_places(full.text(r), _row(swaps, r)) for r in range(full.rows)],
         # a task's places the task model never trained on, per row: [written back, given to the models]

@@ -26,7 +26,7 @@ from model.skipdecode.skip_policy import ScheduleFloor, export_adapter, mix_adap
 from model.studies.scaling_study import ScalingConfig, run_scaling, write_scaling
 from model.studies.shape_study import ShapeConfig, run_shape_study
 from model.studies.study import StudyConfig, best_arm, run_study, study_markdown
-from model.tasks.e2e import PlaceSwap, delexicalise_places, parse_mr, restore_places, task_prompt, training_places
+from model.tasks.e2e import parse_mr, place_swaps, restore_places, task_prompt, training_places
 from model.tasks.task_models import TASKS, check_task, load_task_model, task_schedule
 from model.tasks.task_report import TaskEvalConfig, run_task_eval
 from model.tasks.task_training import TARGET_KINDS, TaskRun, train_task
@@ -551,8 +551,7 @@ def run_task_generate(args: argparse.Namespace) -> int:
     loaded = load_task_model(args.task, speedup, policy=None if args.no_adapter else "auto", device=args.device,
                              dtype=args.dtype, quantize=args.quantize)
     generator = TextGenerator(loaded)
-    swaps = [delexicalise_places(mr, training_places()) if args.delexicalised_places else PlaceSwap(mr)
-             for mr in args.prompt]
+    swaps = place_swaps(args.prompt, training_places() if args.delexicalised_places else None)
     request = GenerationRequest(prompts=tuple(task_prompt(swap.mr) for swap in swaps),
                                 schedule=task_schedule(args.task, speedup, generator.num_layers, full=args.full,
                                                        skip_policy=not args.no_adapter),

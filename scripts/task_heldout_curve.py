@@ -53,6 +53,8 @@ def main() -> None:
     parser.add_argument("--no-task-model", action="store_true",
                         help="score the policy alone: no 1x pass, so no closeness to the task model's text")
     args = parser.parse_args()
+    if args.delexicalised_places and not args.long:
+        parser.error("--delexicalised-places applies to the --long MRs (the held-out devset MRs name no new place)")
     if args.long and args.speedup == 1:
         parser.error("--long judges a policy against the task model: give a --speedup above 1")
     torch.set_num_threads(args.threads)

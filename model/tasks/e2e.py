@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Collection, Iterable, Sequence
 
 E2E_DATA = Path(__file__).resolve().parents[2] / "assets" / "data" / "e2e"
 DEV_FILE = "devset.csv"
@@ -412,25 +412,47 @@ SURROGATE_PLACES = {True: ("The Eagle", "The Punter", "The Phoenix"), False: ("A
 class PlaceSwap:
     """An MR with its unknown places swapped for known ones, and how to swap them back."""
 
-    mr: str
+    mr: str  # what the models are given
     swaps: tuple[tuple[str, str], ...] = ()  # (surrogate, original place)
+    original: str | None = None  # the MR as written, where anything was swapped
+
+    @property
+    def as_written(self) -> str:
+        return self.mr if self.original is None else self.original
 
 
-def delexicalise_places(mr: str, known: set[str]) -> PlaceSwap:
-    """``mr`` with each name/near place not in ``known`` replaced by a surrogate (SURROGATE_PLACES);
-    the other pairs and their order unchanged."""
+def _words(place: str) -> set[str]:
+    return set(re.findall(r"\w+", place.lower()))
+
+
+def delexicalise_places(mr: str, known: Collection[str]) -> PlaceSwap:
+    """``mr`` with each name/near place not in ``known`` replaced by a surrogate (SURROGATE_PLACES)
+    that shares no word with a place the MR names, so that writing back can never meet a place
+    already written back; a place left as it is when no surrogate fits. The other pairs and their
+    order unchanged."""
     pairs = parse_mr(mr)
-    used = {pairs[key] for key in ("name", "near") if key in pairs}
+    named = [pairs[key] for key in ("name", "near") if key in pairs]
+    taken = set().union(*(_words(place) for place in named)) if named else set()
     swaps = []
     for key in ("name", "near"):
         place = pairs.get(key)
         if place is None or place in known:
             continue
-        surrogate = next(s for s in SURROGATE_PLACES[place.startswith("The ")] if s not in used)
-        used.add(surrogate)
+        surrogate = next((s for s in SURROGATE_PLACES[place.startswith("The ")]
+                          if not (_words(s) - {"the"}) & taken), None)
+        if surrogate is None:
+            continue
+        taken |= _words(surrogate)
         swaps.append((surrogate, place))
         pairs[key] = surrogate
-    return PlaceSwap(", ".join(f"{key}[{value}]" for key, value in pairs.items()) if swaps else mr, tuple(swaps))
+    if not swaps:
+        return PlaceSwap(mr)
+    return PlaceSwap(", ".join(f"{key}[{value}]" for key, value in pairs.items()), tuple(swaps), original=mr)
+
+
+def place_swaps(mrs: Sequence[str], known: Collection[str] | None) -> list[PlaceSwap]:
+    """Each MR delexicalised against ``known`` places, or (None) as it is."""
+    return [delexicalise_places(mr, known) if known is not None else PlaceSwap(mr) for mr in mrs]
 
 
 @lru_cache(maxsize=4)
@@ -440,34 +462,36 @@ def training_places(folder: Path = E2E_DATA) -> frozenset[str]:
     return frozenset(place_names(dev_split(folder)[0]))
 
 
-def _surrogate_pattern(surrogate: str, place: str) -> re.Pattern:
-    """Where a description writes ``surrogate``: whole words, and for a "The ..." pair either case of
-    the article (a sentence-inner "the Eagle")."""
-    if surrogate.startswith("The ") and place.startswith("The "):
-        return re.compile(r"\b([Tt])he " + re.escape(surrogate[4:]) + r"\b")
-    return re.compile(r"\b" + re.escape(surrogate) + r"\b")
+def _keeps_article(surrogate: str, place: str) -> bool:
+    """A "The ..." surrogate for a "The ..." place: either case of the article is the place's."""
+    return surrogate.startswith("The ") and place.startswith("The ")
+
+
+def _surrogates_pattern(swaps: Sequence[tuple[str, str]]) -> re.Pattern:
+    """Where a description writes any of the surrogates: whole words, and for a "The ..." pair either
+    case of the article (a sentence-inner "the Eagle"), one alternative (group) per swap."""
+    parts = [(r"\b[Tt]he " + re.escape(surrogate[4:]) if _keeps_article(surrogate, place)
+              else r"\b" + re.escape(surrogate)) + r"\b" for surrogate, place in swaps]
+    return re.compile("|".join(f"({part})" for part in parts))
 
 
 def restore_places(text: str, swaps: Sequence[tuple[str, str]]) -> str:
-    """A description of a delexicalised MR with each surrogate written back as the original place
-    (a sentence-inner "the Eagle" keeps its lower-case article: "the Vaults")."""
-    for surrogate, place in swaps:
-        text = _surrogate_pattern(surrogate, place).sub(_place_writer(surrogate, place), text)
-    return text
+    """A description of a delexicalised MR with each surrogate written back as the original place,
+    in one pass (a place written back is never searched again); a sentence-inner "the Eagle" keeps
+    its lower-case article: "the Vaults"."""
+    if not swaps:
+        return text
 
-
-def _place_writer(surrogate: str, place: str) -> Callable[[re.Match[str]], str]:
-    """What replaces one match of _surrogate_pattern: the place, keeping a "The ..." pair's article case."""
     def write(match: re.Match[str]) -> str:
-        if surrogate.startswith("The ") and place.startswith("The "):
-            return f"{match.group(1)}he {place[4:]}"
-        return place
-    return write
+        surrogate, place = swaps[match.lastindex - 1]  # type: ignore[operator]
+        return match.group(0)[0] + place[1:] if _keeps_article(surrogate, place) else place
+
+    return _surrogates_pattern(swaps).sub(write, text)
 
 
 def surrogate_spans(text: str, swaps: Sequence[tuple[str, str]]) -> list[tuple[int, int]]:
     """The character spans of ``text`` where restore_places writes a place back, in order."""
-    return sorted(m.span() for surrogate, place in swaps for m in _surrogate_pattern(surrogate, place).finditer(text))
+    return [m.span() for m in _surrogates_pattern(swaps).finditer(text)] if swaps else []
 
 
 def place_records(places: Sequence[str]) -> list[E2ERecord]:

@@ -20,7 +20,7 @@ import torch
 from model.generation import GenerationRequest, ScheduleRequest, TextGenerator
 from model.skipdecode.decoder import SamplingConfig, SkipDecoder
 from model.skipdecode.schedule import ScheduleConfig, cost_speedup, layer_speedup
-from model.tasks.e2e import E2ERecord, PlaceSwap, delexicalise_places, parse_mr, restore_places, task_prompt
+from model.tasks.e2e import E2ERecord, parse_mr, place_swaps, restore_places, task_prompt
 
 GPU_BATCH = 512  # MRs a CUDA device decodes at once (a distillation pass, the held-out sets)
 
@@ -39,8 +39,7 @@ def describe(generator: TextGenerator, mrs: Sequence[str], schedule: ScheduleReq
     """Greedy descriptions of ``mrs`` in batches of ``batch_size`` (lock-step decoding: a batch
     runs until its longest row ends). With ``known_places``, every other place is delexicalised:
     swapped for a known one in the prompt and written back in the text (e2e.delexicalise_places)."""
-    known = set(known_places) if known_places is not None else None
-    swapped = [delexicalise_places(mr, known) if known is not None else PlaceSwap(mr) for mr in mrs]
+    swapped = place_swaps(mrs, known_places)
     run = Descriptions(outputs=[], step_layers=[])
     for start in range(0, len(mrs), batch_size):
         batch = swapped[start:start + batch_size]

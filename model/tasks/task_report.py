@@ -21,7 +21,7 @@ from model.common.hardware import hardware_info
 from model.generation import ScheduleRequest, TextGenerator
 from model.loading import load_model, resolve_device
 from model.skipdecode.schedule import cost_speedup, layer_speedup
-from model.tasks.e2e import E2ERecord, reported_records, training_places
+from model.tasks.e2e import E2ERecord, place_swaps, reported_records, training_places
 from model.tasks.task_eval import closeness, describe, measure_speed, task_scores
 from model.tasks.task_models import (
     POLICY_SPEEDUPS,
@@ -180,7 +180,8 @@ def speed_rows(config: TaskEvalConfig, records: Sequence[E2ERecord]) -> list[dic
         return []
     settings = check_task(config.task)
     common = config.load_options
-    mrs = [r.mr for r in records[: config.speed_mrs]]
+    known = training_places() if config.delexicalised_places else None  # the prompts the quality arms saw
+    mrs = [swap.mr for swap in place_swaps([r.mr for r in records[: config.speed_mrs]], known)]
     rows = []
     for speedup in config.speedups:
         loaded = load_task_model(config.task, speedup, root=config.root, **common)
@@ -344,7 +345,7 @@ def report_markdown(report: dict) -> str:
                 "text | same text as the task model | layer speedup | cost-model |",
                 "|---|---|---|---|---|---|---|---|---|---|---|"] if report["arms"] else [])]
     if report["config"].get("delexicalised_places"):
-        lines[3:3] = ["Places delexicalised: each name or near place the training MRs never name was swapped for "
+        lines[4:4] = ["Places delexicalised: each name or near place the training MRs never name was swapped for "
                       "one they do before decoding and written back after (the challenge baseline's way), in "
                       "every arm alike.", ""]
     remeasured = []

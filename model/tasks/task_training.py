@@ -96,6 +96,8 @@ class TaskRun:
             raise ValueError(f"--invented-places is a share of the synthetic MRs, in [0, 1]; got {self.invented_places}")
         if self.invented_style not in INVENTED_STYLES:
             raise ValueError(f"--invented-style must be one of {', '.join(INVENTED_STYLES)}; got {self.invented_style!r}")
+        if self.invented_style != "fixed" and not self.invented_places:
+            raise ValueError("--invented-style chooses the names of the --invented-places: give a share")
         if self.invented_places and not self.synthetic_mrs:
             raise ValueError("--invented-places shares out the --synthetic-mrs: give some")
         if not 0 <= self.synthetic_mrs <= 20000:

@@ -1,6 +1,7 @@
 """The paper's E2E task in the playground: settings, validation, links, the MR form, the Results
 section (pure logic), and one E2E generation through the Playground handler on tiny task models."""
 
+import dataclasses
 import json
 
 import gradio as gr
@@ -181,7 +182,7 @@ def test_the_playgrounds_own_delexicalised_figures_lead_and_the_note_quotes_them
     plain = _report(tmp_path, [_arm("task model (1x)", "task model", 1.0, 1.0, 1.0),
                                _arm("per-speedup policy 2x", "per-speedup", 2.0, 0.94, 0.97),
                                _arm("no policy 2x", "none", 2.0, 0.05, 0.2)])
-    assert delexicalised_file(plain) == tmp_path / "e2e-delexicalised.json"
+    assert delexicalised_file(plain) == tmp_path / "e2e-delexicalised.json" and delexicalised_file(tmp_path / "x.json") is None
     assert "0.940 of the task model's BLEU" in e2e_note(2.0, True, plain)  # no delexicalised run: the plain one
     delexicalised = tmp_path / "e2e-delexicalised.json"
     delexicalised.write_text(json.dumps({"arms": [_arm("task model (1x)", "task model", 1.0, 1.0, 1.0),
@@ -257,7 +258,7 @@ def test_new_places_are_swapped_for_known_ones_and_written_back_in_what_the_page
     swaps = settings.place_swaps()
     assert swaps[0].mr == "name[The Eagle], eatType[pub], near[Aromi]"
     assert settings.request(full=False, num_layers=30).prompts[0] == INSTRUCTION + swaps[0].mr
-    assert shown_prompts(settings.prompts(), [s.swaps for s in swaps])[0] == INSTRUCTION + new
+    assert shown_prompts(settings.prompts(), swaps)[0] == INSTRUCTION + new
     tokens, depths = ["The", " E", "agle", " is", " near", " the", " Eagle", "."], [20, 19, 18, 17, 16, 15, 14, 13]
     assert restored_tokens(tokens, depths, swaps[0].swaps) == (
         ["The Vaults", " is", " near", " the Vaults", "."], [20, 17, 16, 15, 13])
@@ -269,5 +270,7 @@ def test_new_places_are_swapped_for_known_ones_and_written_back_in_what_the_page
     assert known.prompts()[0] == INSTRUCTION + MR
     chat = PlaygroundSettings.from_values(Limits(), prompt="name[The Vaults]")
     assert chat.prompts()[0] == "name[The Vaults]" and chat.place_swaps()[0].swaps == ()
-    bad = PlaygroundSettings(**{**settings.__dict__, "prompt": "name[X], colour[red]"})
+    spaced = dataclasses.replace(settings, prompt="name[The Vaults],eatType[pub]")  # shown as the visitor wrote it
+    assert shown_prompts(spaced.prompts(), spaced.place_swaps())[0] == INSTRUCTION + "name[The Vaults],eatType[pub]"
+    bad = dataclasses.replace(settings, prompt="name[X], colour[red]")
     assert bad.place_swaps()[0].mr == "name[X], colour[red]"  # refused elsewhere, with its reason

@@ -410,7 +410,8 @@ def test_varied_invented_places_are_fresh_unlearnable_names_no_real_or_held_out_
     held_words = {w.lower() for place in INVENTED_PLACES_HELDOUT for w in place.split() if w != "The"}
     assert not any(held_words & set(p.lower().split()) for p in places)
     assert len({p.split()[0] for p in places}) > 100  # varied shapes and words, not a short list to learn
-    assert varied_places(20, avoid=["the blue stone"]) and "The Blue Stone" not in varied_places(3000, avoid=["the blue stone"])
+    assert not any("blue" in place.lower() for place in varied_places(3000, avoid=["blue"]))
+    assert any("blue" in place.lower() for place in varied_places(3000))
     train = dev_split()[0][:20]
     fixed = distillation_mrs(train, 40, seed=0, invented_share=0.5)
     varied = distillation_mrs(train, 40, seed=0, invented_share=0.5, invented_style="varied")
@@ -421,6 +422,8 @@ def test_varied_invented_places_are_fresh_unlearnable_names_no_real_or_held_out_
     assert run.name.endswith("-invented1-varied")
     with pytest.raises(ValueError, match="invented-style"):
         TaskRun(policy="2", targets="task-model", synthetic_mrs=100, invented_places=1, invented_style="random")
+    with pytest.raises(ValueError, match="give a share"):
+        TaskRun(policy="2", targets="task-model", synthetic_mrs=100, invented_style="varied")
 
 
 def test_adapter_fingerprint_follows_the_weights_not_the_folder(tmp_path):
@@ -552,6 +555,21 @@ def test_delexicalised_places_swap_unknown_places_for_known_ones_and_back():
     assert swap.mr == "name[The Punter], near[The Eagle]" and swap.swaps == (("The Punter", "The Mill Pond"),)
     assert restore_places("The Punter is near The Eagle.", swap.swaps) == "The Mill Pond is near The Eagle."
     assert restore_places("Aromiana is a pub.", (("Aromi", "Zizzi"),)) == "Aromiana is a pub."  # whole words only
+    # a surrogate never shares a word with a place the MR names, and writing back is one pass: a place
+    # written back is never searched again
+    swap = delexicalise_places("name[The Punter's Rest], near[The Vaults]", known)
+    assert swap.mr == "name[The Eagle], near[The Phoenix]"
+    assert restore_places("The Eagle is near the Phoenix.", swap.swaps) == "The Punter's Rest is near the Vaults."
+    swap = delexicalise_places("name[Cotto Lounge], near[Zizzi]", known)
+    assert restore_places("Aromi is near Wildwood.", swap.swaps) == "Cotto Lounge is near Zizzi."
+    assert restore_places("Aromi is near Wildwood.", (("Aromi", "Wildwood"), ("Wildwood", "Aromi"))) == \
+        "Wildwood is near Aromi."
+    # no surrogate fits: the place stays as written (no error)
+    swap = delexicalise_places("name[The Eagle], near[The Punter]", set())
+    assert swap.swaps == (("The Phoenix", "The Eagle"),) and swap.mr == "name[The Phoenix], near[The Punter]"
+    # the MR as written is kept, character for character
+    swap = delexicalise_places("name[The Vaults],eatType[pub]", known)
+    assert swap.mr == "name[The Eagle], eatType[pub]" and swap.as_written == "name[The Vaults],eatType[pub]"
 
 
 def test_describe_prompts_the_delexicalised_mr_and_writes_the_place_back():
@@ -586,7 +604,12 @@ def test_a_delexicalised_report_says_so_and_is_its_own_file(tiny_task_adapters, 
     root, loader = tiny_task_adapters
     monkeypatch.setattr(task_report, "load_task_model",
                         lambda task, speedup=None, *, policy="auto", **_: loader(task, None if policy == "auto" else policy))
-    monkeypatch.setattr(task_report, "reported_records", lambda: reported_records()[:2])
+    records = [*reported_records()[:1], E2ERecord("name[Loch Fyne], food[French]", ("Loch Fyne serves French food.",))]
+    monkeypatch.setattr(task_report, "reported_records", lambda: records)
+    given = []
+    real_describe = task_report.describe
+    monkeypatch.setattr(task_report, "describe", lambda generator, mrs, *args: given.append(args[-1]) or
+                        real_describe(generator, mrs, *args))
     config = task_report.TaskEvalConfig(speedups=(3.0,), baselines=False, policy_free_arms=False, speed_mrs=0,
                                         adapters=str(root), device="cpu", batch_size=2, output=str(tmp_path),
                                         delexicalised_places=True)
@@ -594,5 +617,6 @@ def test_a_delexicalised_report_says_so_and_is_its_own_file(tiny_task_adapters, 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["e2e-delexicalised-outputs.jsonl", "e2e-delexicalised.json",
                                                           "e2e-delexicalised.md"]
     assert "Places delexicalised" in (tmp_path / "e2e-delexicalised.md").read_text()
+    assert given and all(known is not None and "Loch Fyne" not in known and "Aromi" in known for known in given)
     assert "Places delexicalised" not in task_report.report_markdown({**report, "config": {**report["config"],
                                                                                            "delexicalised_places": False}})
