@@ -38,7 +38,7 @@ def pane_note(settings: PlaygroundSettings, solved) -> str:
                "skip policy ON (the fine-tuned adapter)") if settings.skip_policy
               else f"skip policy OFF: {model} skips the same layers")
     return (f'<div class="pane-note">{policy} · {settings.target_speedup:g}x target, {solved.config.decay}, '
-            f'{solved.config.order}</div>' + swap_note(settings.place_swaps()[0].swaps))
+            f'{solved.config.order}</div>' + swap_note(row_swaps(settings, 0)))
 
 
 def swap_note(swaps) -> str:
@@ -264,11 +264,10 @@ class RaceRenderer:
         mode (one event a step, nothing to continue) sends the figure whole, one line."""
         settings, layers = self.settings, update.num_layers
         skip, full = update.skip, update.full
-        swaps = [swap.swaps for swap in settings.place_swaps()]
         skip_panes = [tokens_by_depth_html(*restored_tokens(skip.token_texts(r), skip.depths[: len(skip.ids(r))],
-                                                            _row(swaps, r)), layers)
+                                                            row_swaps(settings, r)), layers)
                       for r in range(skip.rows)]
-        full_panes = [plain_text_html(restore_places("".join(full.token_texts(r)), _row(swaps, r)))
+        full_panes = [plain_text_html(restore_places("".join(full.token_texts(r)), row_swaps(settings, r)))
                       for r in range(full.rows)]
         if with_plot:
             figure = self.heatmap(update, highlight_last=step_mode)
@@ -286,8 +285,10 @@ class RaceRenderer:
                 open_end(full_note + rows_html(full_panes, prompts)), headline, details, plot, note)
 
 
-def _row(swaps: list, row: int) -> tuple:
-    return swaps[row] if row < len(swaps) else ()
+def row_swaps(settings: PlaygroundSettings, row: int) -> tuple[tuple[str, str], ...]:
+    """Row ``row``'s (surrogate, place) swaps (none past the rows the settings make)."""
+    swaps = settings.place_swaps()
+    return swaps[row].swaps if row < len(swaps) else ()
 
 
 def shown_prompts(prompts: tuple[str, ...], place_swaps: tuple[PlaceSwap, ...]) -> tuple[str, ...]:
@@ -310,13 +311,13 @@ NO_CHANGE = (gr.skip(),) * STREAM_OUTPUTS
 def api_message(update: RaceUpdate, settings: PlaygroundSettings) -> dict:
     skip, full, solved = update.skip, update.full, update.solved
     figures = live_figures(update)
-    swaps = [swap.swaps for swap in settings.place_swaps()]
     return {
         "prompts": list(shown_prompts(update.prompts, settings.place_swaps())),  # what these outputs answer (clients can check isolation)
-        "skipdecode": [restore_places(skip.text(r), _row(swaps, r)) for r in range(skip.rows)],
-        "full": [restore_places(full.text(r), _row(swaps, r)) for r in range(full.rows)],
+        "skipdecode": [restore_places(skip.text(r), row_swaps(settings, r)) for r in range(skip.rows)],
+        "full": [restore_places(full.text(r), row_swaps(settings, r)) for r in range(full.rows)],
         # a task's places the task model never trained on, per row: [written back, given to the models]
-        "places_swapped": [[[place, surrogate] for surrogate, place in _row(swaps, r)] for r in range(skip.rows)],
+        "places_swapped": [[[place, surrogate] for surrogate, place in row_swaps(settings, r)]
+                           for r in range(skip.rows)],
         "prefill_layers": list(skip.prefill_layers),
         "step_layers": [list(layers) for layers in skip.step_layers],
         "layers_per_step": [len(layers) for layers in skip.step_layers],

@@ -76,6 +76,11 @@ class TaskEvalConfig:
             raise ValueError("--mrs must be >= 1")
 
     @property
+    def known_places(self) -> frozenset[str] | None:
+        """The places left as written when places are delexicalised (None: nothing is swapped)."""
+        return training_places() if self.delexicalised_places else None
+
+    @property
     def load_options(self) -> dict[str, Any]:
         """How every arm's model loads: float32 throughout, or the CPU default (low-bit) weights."""
         if self.weights == "float32":
@@ -99,8 +104,8 @@ class Arm:
 def _arm(label: str, policy: str, speedup: float, generator: TextGenerator, records: Sequence[E2ERecord],
          schedule: ScheduleRequest, config: TaskEvalConfig, max_new_tokens: int) -> Arm:
     start = time.perf_counter()
-    known = training_places() if config.delexicalised_places else None
-    run = describe(generator, [r.mr for r in records], schedule, max_new_tokens, config.batch_size, known)
+    run = describe(generator, [r.mr for r in records], schedule, max_new_tokens, config.batch_size,
+                   config.known_places)
     num_layers = generator.num_layers
     arm = Arm(label=label, policy=policy, speedup=speedup, scores=task_scores(run.outputs, records),
               achieved_layer_speedup=round(layer_speedup(num_layers, run.step_layers), 3),
@@ -180,8 +185,8 @@ def speed_rows(config: TaskEvalConfig, records: Sequence[E2ERecord]) -> list[dic
         return []
     settings = check_task(config.task)
     common = config.load_options
-    known = training_places() if config.delexicalised_places else None  # the prompts the quality arms saw
-    mrs = [swap.mr for swap in place_swaps([r.mr for r in records[: config.speed_mrs]], known)]
+    # the prompts the quality arms saw
+    mrs = [swap.mr for swap in place_swaps([r.mr for r in records[: config.speed_mrs]], config.known_places)]
     rows = []
     for speedup in config.speedups:
         loaded = load_task_model(config.task, speedup, root=config.root, **common)
