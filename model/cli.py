@@ -452,6 +452,8 @@ TRAIN_OPTION_HELP = {
                        "that a policy learns to copy a place from the prompt, with --targets task-model",
     "invented_style": "with --invented-places: the 256 fixed names (fixed) or a fresh name of any shape for "
                       "nearly every MR (varied), which cannot be learned by heart",
+    "targets_file": "with --targets task-model: a distillation file made before from the same task weights, MRs "
+                    "and seed on any device (a GPU's distilled.jsonl and its .source.json), instead of a new pass",
     "relexicalised": "rewritten copies of each training MR and its references with another eatType and food "
                      "(pubs, restaurants, the seven cuisines the test set asks for), with --targets references",
 }

@@ -21,6 +21,7 @@ from model.generation import TextGenerator
 from model.loading import load_model
 from model.lowbit.weight_cache import file_key
 from model.tasks.e2e import (
+    INSTRUCTION,
     INVENTED_PLACES_TRAINING,
     E2ERecord,
     assert_no_test_mr,
@@ -95,6 +96,33 @@ def _recorded_source(record: Path) -> dict:
     """A distillation file's recorded source; a field added since it was written reads as its default."""
     defaults = {spec.name: spec.default for spec in fields(DistillSource) if spec.default is not MISSING}
     return {**defaults, **json.loads(record.read_text())}
+
+
+PORTABLE_FIELDS = ("task_adapter", "device")  # where a pass ran: the same weights give the same targets anywhere
+
+
+def adopt_distillation_file(made: Path, path: Path, source: DistillSource) -> Path:
+    """A distillation file made elsewhere (a GPU's pass, another run's folder), copied to ``path``
+    with its record when it was made from ``source``: the same task weights, MRs and seed; only
+    where it ran (device, the adapter's path on that machine) may differ. Anything else is refused,
+    since the policy would learn another task model's text."""
+    made = Path(made)
+    record = made.with_suffix(".source.json")
+    if not made.is_file() or not record.is_file():
+        raise ValueError(f"--targets-file {made}: needs the file and its {record.name} beside it")
+    recorded, wanted = _recorded_source(record), asdict(source)
+    differ = sorted(k for k in wanted if k not in PORTABLE_FIELDS and recorded.get(k) != wanted[k])
+    if differ:
+        raise ValueError(f"--targets-file {made} was made from another source ({', '.join(differ)} differ): "
+                         "leave it out to make the targets for this run")
+    rows = [json.loads(line) for line in made.read_text(encoding="utf-8").splitlines() if line.strip()]
+    assert_no_test_mr([row["prompt"].removeprefix(INSTRUCTION) for row in rows])
+    path = Path(path)
+    if path.resolve() != made.resolve():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(made.read_text(encoding="utf-8"), encoding="utf-8")
+        path.with_suffix(".source.json").write_text(record.read_text())
+    return path
 
 
 def write_distillation_file(path: Path, source: DistillSource, task: str = "e2e", model: str | None = None) -> Path:

@@ -40,7 +40,12 @@ from model.tasks.e2e import (
     training_places,
     write_training_file,
 )
-from model.tasks.task_distill import DistillSource, adapter_fingerprint, write_distillation_file
+from model.tasks.task_distill import (
+    DistillSource,
+    adapter_fingerprint,
+    adopt_distillation_file,
+    write_distillation_file,
+)
 from model.tasks.task_eval import batch_for, closeness, describe, near_named_share, task_scores
 from model.tasks.task_models import check_task, policy_name, task_adapter_dir, task_schedule
 from model.training.training import TrainConfig, TrainResult, train
@@ -79,6 +84,7 @@ class TaskRun:
     relexicalised: int = 0  # rewritten copies of each training MR, other eatType/food (references targets only)
     invented_places: float = 0.0  # the share of the synthetic MRs about invented places (task-model targets)
     invented_style: str = "fixed"  # the 256 fixed names, or "varied" (model/tasks/e2e.py: varied_places)
+    targets_file: str | None = None  # task-model targets made elsewhere from the same source (a GPU's pass)
 
     def __post_init__(self) -> None:
         check_task(self.task)
@@ -98,6 +104,8 @@ class TaskRun:
             raise ValueError(f"--invented-style must be one of {', '.join(INVENTED_STYLES)}; got {self.invented_style!r}")
         if self.invented_style != "fixed" and not self.invented_places:
             raise ValueError("--invented-style chooses the names of the --invented-places: give a share")
+        if self.targets_file and self.targets != "task-model":
+            raise ValueError("--targets-file holds the task model's descriptions: it needs --targets task-model")
         if self.invented_places and not self.synthetic_mrs:
             raise ValueError("--invented-places shares out the --synthetic-mrs: give some")
         if not 0 <= self.synthetic_mrs <= 20000:
@@ -212,6 +220,8 @@ def training_file(run: TaskRun) -> Path:
     source = DistillSource(task_adapter=str(task_dir), training_mrs=len(dev_split()[0]), synthetic_mrs=run.synthetic_mrs,
                            seed=run.seed, device=resolve_device(run.device).type, task_weights=adapter_fingerprint(task_dir),
                            invented_places=run.invented_places, invented_style=run.invented_style)
+    if run.targets_file:
+        return adopt_distillation_file(Path(run.targets_file), run.folder / "distilled.jsonl", source)
     return write_distillation_file(run.folder / "distilled.jsonl", source, run.task)
 
 

@@ -620,3 +620,38 @@ def test_a_delexicalised_report_says_so_and_is_its_own_file(tiny_task_adapters, 
     assert given and all(known is not None and "Loch Fyne" not in known and "Aromi" in known for known in given)
     assert "Places delexicalised" not in task_report.report_markdown({**report, "config": {**report["config"],
                                                                                            "delexicalised_places": False}})
+
+
+def test_a_distillation_file_made_on_another_device_is_adopted_only_from_the_same_source(tmp_path):
+    """--targets-file: a GPU's pass over the same task weights, MRs and seed is copied into the run
+    (the record kept as written, so the run says where its targets came from); another task model,
+    another MR count, a missing record or a test MR in the rows is refused."""
+    from dataclasses import asdict
+
+    from model.tasks.task_distill import DistillSource, adopt_distillation_file
+
+    here = DistillSource(task_adapter="/here/task", training_mrs=2, synthetic_mrs=0, seed=0, device="cpu",
+                         task_weights="abc")
+    made = tmp_path / "gpu" / "distilled.jsonl"
+    made.parent.mkdir()
+    rows = [{"prompt": task_prompt(r.mr), "completion": r.references[0]} for r in dev_split()[0][:2]]
+    made.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    record = {**asdict(here), "task_adapter": "/gpu/machine/task", "device": "cuda"}
+    made.with_suffix(".source.json").write_text(json.dumps(record))
+
+    run_file = adopt_distillation_file(made, tmp_path / "run" / "distilled.jsonl", here)
+    assert run_file.read_text() == made.read_text()
+    assert json.loads(run_file.with_suffix(".source.json").read_text())["device"] == "cuda"
+    assert adopt_distillation_file(run_file, run_file, here) == run_file  # a resumed run adopts its own copy
+
+    for field, value in (("task_weights", "another"), ("synthetic_mrs", 5), ("seed", 1)):
+        with pytest.raises(ValueError, match=f"{field} differ"):
+            adopt_distillation_file(made, tmp_path / "other" / "distilled.jsonl", DistillSource(**{**asdict(here), field: value}))
+    with pytest.raises(ValueError, match="needs the file"):
+        adopt_distillation_file(tmp_path / "nowhere.jsonl", tmp_path / "x.jsonl", here)
+    test_mr = reported_records()[0].mr
+    made.write_text(made.read_text() + json.dumps({"prompt": task_prompt(test_mr), "completion": "x"}) + "\n")
+    with pytest.raises(ValueError, match="test-set MRs"):
+        adopt_distillation_file(made, tmp_path / "leak" / "distilled.jsonl", here)
+    with pytest.raises(ValueError, match="needs --targets task-model"):
+        TaskRun(policy="3", targets_file=str(made))
