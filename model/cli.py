@@ -452,6 +452,9 @@ TRAIN_OPTION_HELP = {
                        "that a policy learns to copy a place from the prompt, with --targets task-model",
     "invented_style": "with --invented-places: the 256 fixed names (fixed) or a fresh name of any shape for "
                       "nearly every MR (varied), which cannot be learned by heart",
+    "complete_references": "only the references that mention every fact of their MR (an MR none of whose do keeps "
+                           "them all): the devset's annotators left facts out, and greedy decoding learns the "
+                           "likeliest wording, with --targets references",
     "targets_file": "with --targets task-model: a distillation file made before from the same task weights, MRs "
                     "and seed on any device (a GPU's distilled.jsonl and its .source.json), instead of a new pass",
     "relexicalised": "rewritten copies of each training MR and its references with another eatType and food "

@@ -1,7 +1,9 @@
 """Where an E2E arm loses its BLEU: the test MRs grouped by how many attributes they name, each
 group's corpus BLEU per arm, and how many descriptions name the MR's ``near[...]`` place word for
 word; then the same count per near place, with whether the devset (all the training data) ever
-names that place: a place never seen in training must be copied from the prompt.
+names that place: a place never seen in training must be copied from the prompt; last, per
+attribute, how many descriptions mention it at all (model/tasks/e2e.py: unmentioned_attributes),
+and how many mention every fact of their MR.
 
     PYTHONPATH=. python scripts/e2e_by_attributes.py assets/eval/e2e-outputs.jsonl
     PYTHONPATH=. python scripts/e2e_by_attributes.py assets/eval/e2e-outputs.jsonl --arms "task model (1x)" "per-speedup policy 2x"
@@ -17,7 +19,15 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from model.tasks.e2e import E2ERecord, dev_split, parse_mr, place_names, reported_records
+from model.tasks.e2e import (
+    ATTRIBUTES,
+    E2ERecord,
+    dev_split,
+    parse_mr,
+    place_names,
+    reported_records,
+    unmentioned_attributes,
+)
 from model.tasks.task_eval import bleu, names_near_place
 
 
@@ -52,6 +62,18 @@ def near_place_rows(records: list[E2ERecord]) -> dict[str, list[int]]:
     return dict(sorted(rows.items(), key=lambda item: -len(item[1])))
 
 
+def mention_counts(outputs: list[str], records: list[E2ERecord]) -> tuple[dict[str, int], int]:
+    """(per attribute, the descriptions that never mention it; the descriptions that mention every fact)."""
+    missing: dict[str, int] = defaultdict(int)
+    complete = 0
+    for record, text in zip(records, outputs):
+        unmentioned = unmentioned_attributes(record.mr, text)
+        complete += not unmentioned
+        for attribute in unmentioned:
+            missing[attribute] += 1
+    return dict(missing), complete
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("outputs", type=Path)
@@ -81,6 +103,15 @@ def main() -> None:
     for near, indices in near_place_rows(records).items():
         cells = [f"{near_named(arms[label], records, indices)[0]}/{len(indices)}" for label in labels]
         print(f"| {near} | {'yes' if near in seen else 'no'} | {len(indices)} | " + " | ".join(cells) + " |")
+    asked = {attribute: sum(attribute in parse_mr(r.mr) for r in records) for attribute in ATTRIBUTES}
+    counts = {label: mention_counts(arms[label], records) for label in labels}
+    print()
+    print("| attribute | MRs | " + " | ".join(f"{label}: mentioned" for label in labels) + " |")
+    print("|---|---|" + "---|" * len(labels))
+    for attribute, total in asked.items():
+        cells = [f"{total - counts[label][0].get(attribute, 0)}" for label in labels]
+        print(f"| {attribute} | {total} | " + " | ".join(cells) + " |")
+    print(f"| every fact | {len(records)} | " + " | ".join(str(counts[label][1]) for label in labels) + " |")
 
 
 if __name__ == "__main__":

@@ -305,11 +305,27 @@ def training_rows(records: Sequence[E2ERecord]) -> list[dict]:
     return [{"prompt": task_prompt(r.mr), "completion": ref} for r in records for ref in r.references]
 
 
-def write_training_file(path: str | Path, folder: Path = E2E_DATA, relexicalised: int = 0, seed: int = 0) -> Path:
+def complete_references(records: Sequence[E2ERecord]) -> list[E2ERecord]:
+    """Each record with only the references that mention every fact of its MR
+    (unmentioned_attributes); a record none of whose references does keeps them all, so no MR is lost.
+    Why: greedy decoding learns the likeliest wording, and in the devset that is often an
+    annotator's template that leaves a fact out ("X is a pub providing Chinese food It is located in
+    the riverside. It is near Y." for a family-friendly pub): the E2E cleaning idea, as a filter."""
+    kept = []
+    for record in records:
+        complete = tuple(ref for ref in record.references if not unmentioned_attributes(record.mr, ref))
+        kept.append(E2ERecord(record.mr, complete or record.references))
+    return kept
+
+
+def write_training_file(path: str | Path, folder: Path = E2E_DATA, relexicalised: int = 0, seed: int = 0,
+                        complete_only: bool = False) -> Path:
     """The training references as JSONL (devset less the held-out MRs, and ``relexicalised`` rewritten
-    copies of each), checked against the test set."""
+    copies of each; ``complete_only``: only those that mention every fact, complete_references),
+    checked against the test set."""
     train, _ = dev_split(folder)
     train = [*train, *relexicalised_records(train, relexicalised, seed, folder)]
+    train = complete_references(train) if complete_only else train
     assert_no_test_mr([r.mr for r in train], folder)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -492,6 +508,38 @@ def restore_places(text: str, swaps: Sequence[tuple[str, str]]) -> str:
 def surrogate_spans(text: str, swaps: Sequence[tuple[str, str]]) -> list[tuple[int, int]]:
     """The character spans of ``text`` where restore_places writes a place back, in order."""
     return [m.span() for m in _surrogates_pattern(swaps).finditer(text)] if swaps else []
+
+
+# --- Facts a description mentions (a cue-word check, as E2E slot-error scripts do) ---------------
+# Whether a text MENTIONS each attribute of its MR, not whether it states the value rightly: a
+# name or near place word for word, an eatType or food by its words, the others by any word of
+# their kind ("priced", "rating", "river", "children"). The E2E challenge's devset has annotators
+# who left facts out; a model trained on them can learn the omission as the likeliest wording.
+_MENTION_CUES = {
+    "eatType": {"coffee shop": r"coffee|caf[eé]", "pub": r"\bpubs?\b", "restaurant": r"restaurant"},
+    "food": {"Chinese": r"chinese", "English": r"english|british", "Fast food": r"fast[ -]?food",
+             "French": r"french", "Indian": r"indian", "Italian": r"italian", "Japanese": r"japanese|sushi"},
+    "priceRange": r"pric|cheap|expensive|afford|cost|£|moderate|budget|\bvalue\b",
+    "customer rating": r"rat(ed|ing|es)|stars?\b|review|score",
+    "area": {"city centre": r"cent(re|er)|city|downtown", "riverside": r"river"},
+    "familyFriendly": r"famil|child|kid",
+}
+
+
+def unmentioned_attributes(mr: str, text: str) -> list[str]:
+    """The attributes of ``mr`` (in its order) that ``text`` never mentions (_MENTION_CUES)."""
+    lowered = text.lower()
+    missing = []
+    for attribute, value in parse_mr(mr).items():
+        cue = _MENTION_CUES.get(attribute)
+        if cue is None:  # name, near: the place itself
+            found = value.lower() in lowered
+        else:
+            pattern = cue.get(value, re.escape(value.lower())) if isinstance(cue, dict) else cue
+            found = re.search(pattern, lowered) is not None
+        if not found:
+            missing.append(attribute)
+    return missing
 
 
 def place_records(places: Sequence[str]) -> list[E2ERecord]:

@@ -84,6 +84,7 @@ class TaskRun:
     relexicalised: int = 0  # rewritten copies of each training MR, other eatType/food (references targets only)
     invented_places: float = 0.0  # the share of the synthetic MRs about invented places (task-model targets)
     invented_style: str = "fixed"  # the 256 fixed names, or "varied" (model/tasks/e2e.py: varied_places)
+    complete_references: bool = False  # only references that mention every fact of their MR (references targets)
     targets_file: str | None = None  # task-model targets made elsewhere from the same source (a GPU's pass)
 
     def __post_init__(self) -> None:
@@ -104,6 +105,8 @@ class TaskRun:
             raise ValueError(f"--invented-style must be one of {', '.join(INVENTED_STYLES)}; got {self.invented_style!r}")
         if self.invented_style != "fixed" and not self.invented_places:
             raise ValueError("--invented-style chooses the names of the --invented-places: give a share")
+        if self.complete_references and self.targets != "references":
+            raise ValueError("--complete-references filters the references: it needs --targets references")
         if self.targets_file and self.targets != "task-model":
             raise ValueError("--targets-file holds the task model's descriptions: it needs --targets task-model")
         if self.invented_places and not self.synthetic_mrs:
@@ -131,6 +134,7 @@ class TaskRun:
         distilled += f"-invented{self.invented_places:g}" if self.invented_places else ""
         distilled += "-varied" if self.invented_places and self.invented_style == "varied" else ""
         relexicalised = f"-relex{self.relexicalised}" if self.relexicalised else ""
+        relexicalised += "-complete" if self.complete_references else ""
         return base + (f"-kl{self.kl_weight:g}" if self.kl_weight else "") + distilled + relexicalised
 
     @property
@@ -215,7 +219,8 @@ def training_file(run: TaskRun) -> Path:
     """The run's training JSONL (per run: parallel runs never share one): the references, or the
     task model's descriptions of the training MRs and the run's synthetic ones."""
     if run.targets == "references":
-        return write_training_file(run.folder / "train.jsonl", relexicalised=run.relexicalised, seed=run.seed)
+        return write_training_file(run.folder / "train.jsonl", relexicalised=run.relexicalised, seed=run.seed,
+                                   complete_only=run.complete_references)
     task_dir = Path(run.task_adapter or task_adapter_dir(run.task)).resolve()
     source = DistillSource(task_adapter=str(task_dir), training_mrs=len(dev_split()[0]), synthetic_mrs=run.synthetic_mrs,
                            seed=run.seed, device=resolve_device(run.device).type, task_weights=adapter_fingerprint(task_dir),

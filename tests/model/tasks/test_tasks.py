@@ -249,6 +249,23 @@ def test_an_update_replaces_only_the_re_measured_arms_and_says_so():
     assert "| 100.00 | 100.0% |" in report_markdown(closer) and "| - | - |" in report_markdown(closer)
 
 
+def test_an_update_scored_more_ways_folds_into_a_report_scored_fewer():
+    """A report made before "facts" was scored takes an update whose task model has the same
+    BLEU / ROUGE-L / NIST: its 1x row gains the new score; a task model that writes otherwise is refused."""
+    from model.tasks.task_report import merged_report
+
+    existing = _report([("task model (1x)", "task model", 1.0, 56.3), ("per-speedup policy 5x", "per-speedup", 5.0, 50.0)])
+    fresh = _report([("task model (1x)", "task model", 1.0, 56.3), ("per-speedup policy 5x", "per-speedup", 5.0, 53.0)])
+    for arm in fresh["arms"]:
+        arm["scores"]["facts"], arm["shares"]["facts"] = 0.2, 1.0
+    merged = merged_report(existing, fresh)
+    assert merged["arms"][0]["scores"] == {"bleu": 56.3, "rouge_l": 56.3, "nist": 5.0, "facts": 0.2}
+    assert merged["arms"][1]["scores"]["bleu"] == 53.0 and merged["updates"][0]["arms"] == ["per-speedup policy 5x"]
+    fresh["arms"][0]["scores"]["nist"] = 5.5
+    with pytest.raises(ValueError, match="scores differently"):
+        merged_report(existing, fresh)
+
+
 def test_a_speed_only_update_replaces_the_rows_it_timed_and_keeps_the_scores():
     from model.tasks.task_report import merged_report, report_markdown
 
@@ -447,6 +464,37 @@ def test_distilled_task_runs_are_checked_and_named():
         TaskRun(policy="3", targets="task-model", synthetic_mrs=-1)
     assert TaskRun(policy="3", targets="task-model", synthetic_mrs=1000).folder.name == "e2e-skip-3x-distil1000"
     assert TaskRun(policy="2", targets="task-model").folder.name == "e2e-skip-2x-distil"
+    with pytest.raises(ValueError, match="--complete-references filters the references"):
+        TaskRun(policy="3", targets="task-model", complete_references=True)
+    assert TaskRun(policy="task", relexicalised=2, complete_references=True).folder.name == "e2e-task-relex2-complete"
+
+
+def test_a_description_is_checked_for_every_fact_its_mr_names(tmp_path):
+    """unmentioned_attributes: names word for word, eatType and food by their words, the others by any
+    word of their kind; the facts share counts descriptions that miss none; complete_references keeps
+    an MR's complete references, or all of them where none is complete."""
+    from model.tasks.e2e import complete_references, unmentioned_attributes
+    from model.tasks.task_eval import task_scores
+
+    mr = ("name[Blue Spice], eatType[pub], food[Chinese], priceRange[cheap], customer rating[5 out of 5], "
+          "area[riverside], familyFriendly[yes], near[Rainbow Vegetarian Café]")
+    full = ("Blue Spice is a cheap, kid friendly Chinese pub by the river near Rainbow Vegetarian Café, "
+            "rated 5 out of 5.")
+    template = "Blue Spice is a pub providing Chinese food It is located in the riverside. It is near Rainbow Vegetarian Café."
+    assert unmentioned_attributes(mr, full) == []
+    assert unmentioned_attributes(mr, template) == ["priceRange", "customer rating", "familyFriendly"]
+    assert unmentioned_attributes("name[Aromi], eatType[coffee shop], area[city centre]",
+                                  "Aromi is a pub in the riverside area.") == ["eatType", "area"]
+    record = E2ERecord(mr, (template, full))
+    assert task_scores([template], [record])["facts"] == 0.0 and task_scores([full], [record])["facts"] == 1.0
+    lone = E2ERecord("name[Aromi], area[riverside]", ("Aromi is a place.",))
+    assert complete_references([record, lone]) == [E2ERecord(mr, (full,)), lone]
+    every = [json.loads(line) for line in write_training_file(tmp_path / "all.jsonl").read_text().splitlines()]
+    kept = [json.loads(line) for line in write_training_file(tmp_path / "complete.jsonl", complete_only=True).read_text().splitlines()]
+    assert 0.6 * len(every) < len(kept) < 0.8 * len(every)  # 3,010 of the 4,262 devset references
+    assert {row["prompt"] for row in kept} == {row["prompt"] for row in every}  # no MR lost
+    prefix = len(task_prompt(""))
+    assert sum(not unmentioned_attributes(row["prompt"][prefix:], row["completion"]) for row in kept) > 0.99 * len(kept)
 
 
 def test_closeness_to_the_task_model_counts_identical_descriptions():
