@@ -515,7 +515,7 @@ def surrogate_spans(text: str, swaps: Sequence[tuple[str, str]]) -> list[tuple[i
 # name or near place word for word, an eatType or food by its words, the others by any word of
 # their kind ("priced", "rating", "river", "children"). The E2E challenge's devset has annotators
 # who left facts out; a model trained on them can learn the omission as the likeliest wording.
-_MENTION_CUES = {
+_MENTION_CUES: dict[str, str | dict[str, str]] = {
     "eatType": {"coffee shop": r"coffee|caf[eé]", "pub": r"\bpubs?\b", "restaurant": r"restaurant"},
     "food": {"Chinese": r"chinese", "English": r"english|british", "Fast food": r"fast[ -]?food",
              "French": r"french", "Indian": r"indian", "Italian": r"italian", "Japanese": r"japanese|sushi"},
