@@ -84,7 +84,11 @@ LESSONS = (
            "place of your own: the note above the SkipDecode pane says which place the training data knows both "
            "models were given in its place, and both name yours again in the text. Without that swap (the E2E "
            "challenge baseline's delexicalisation) SkipDecode garbles a new place (near[The Painted Lighthouse] "
-           "came out \"near The Painter\"): its policy's few late layers copy a new name badly. The Results tab "
+           "came out \"near The Painter\"): its policy's few late layers copy a new name badly. The line under the "
+           "panes counts the MR's facts each description mentions: with name[The Cricketers], eatType[pub], "
+           "food[Chinese], area[riverside], familyFriendly[yes], near[Burger King] both panes leave "
+           "family-friendliness out, because the task model itself does (a wording it learned from the data). "
+           "The Results tab "
            "says, over the whole test set, how much of the task model's score it keeps and how often it writes the "
            "very same text.",
            dict(task="e2e", target_speedup=3.0, prompt=E2E_MR, max_new_tokens=check_task("e2e").max_new_tokens)),
