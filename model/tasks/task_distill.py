@@ -115,12 +115,13 @@ def adopt_distillation_file(made: Path, path: Path, source: DistillSource) -> Pa
     if differ:
         raise ValueError(f"--targets-file {made} was made from another source ({', '.join(differ)} differ): "
                          "leave it out to make the targets for this run")
-    rows = [json.loads(line) for line in made.read_text(encoding="utf-8").splitlines() if line.strip()]
+    text = made.read_text(encoding="utf-8")
+    rows = [json.loads(line) for line in text.splitlines() if line.strip()]
     assert_no_test_mr([row["prompt"].removeprefix(INSTRUCTION) for row in rows])
     path = Path(path)
     if path.resolve() != made.resolve():
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(made.read_text(encoding="utf-8"), encoding="utf-8")
+        path.write_text(text, encoding="utf-8")
         path.with_suffix(".source.json").write_text(record.read_text())
     return path
 
