@@ -425,7 +425,7 @@ TRAIN_OPTION_HELP = {
                     "and push down each token there that repeats a 4-gram, weight x -log(1 - p); its steps read "
                     "the whole targets (0 = off)",
     "flip_weight": "> 0: a target position where the student's top token is not the teacher's weighs 1 + this in "
-                   "the KL (0 = off)",
+                   "the KL; with --data (and train-task), not the text's in the cross-entropy (0 = off)",
     "sequence_shares": "comma-separated share of each --sequences folder in the batches, whatever their sizes "
                        "(default: uniform over all sequences)",
     "decays": "comma-separated decays to draw schedules from",

@@ -3,7 +3,8 @@ group's corpus BLEU per arm, and how many descriptions name the MR's ``near[...]
 word; then the same count per near place, with whether the devset (all the training data) ever
 names that place: a place never seen in training must be copied from the prompt; last, per
 attribute, how many descriptions mention it at all (model/tasks/e2e.py: unmentioned_attributes),
-and how many mention every fact of their MR.
+and how many mention every fact of their MR; and how many mention it though their MR does not give
+it, a fact made up (added_attributes), and how many make up none.
 
     PYTHONPATH=. python scripts/e2e_by_attributes.py assets/eval/e2e-outputs.jsonl
     PYTHONPATH=. python scripts/e2e_by_attributes.py assets/eval/e2e-outputs.jsonl --arms "task model (1x)" "per-speedup policy 2x"
@@ -22,6 +23,7 @@ from pathlib import Path
 from model.tasks.e2e import (
     ATTRIBUTES,
     E2ERecord,
+    added_attributes,
     dev_split,
     parse_mr,
     place_names,
@@ -74,6 +76,19 @@ def mention_counts(outputs: list[str], records: list[E2ERecord]) -> tuple[dict[s
     return dict(missing), complete
 
 
+def made_up_counts(outputs: list[str], records: list[E2ERecord]) -> tuple[dict[str, int], int]:
+    """(per attribute, the descriptions that mention it though their MR does not give it; the
+    descriptions that make up no fact)."""
+    added: dict[str, int] = defaultdict(int)
+    clean = 0
+    for record, text in zip(records, outputs):
+        made_up = added_attributes(record.mr, text)
+        clean += not made_up
+        for attribute in made_up:
+            added[attribute] += 1
+    return dict(added), clean
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("outputs", type=Path)
@@ -112,6 +127,16 @@ def main() -> None:
         cells = [f"{total - counts[label][0].get(attribute, 0)}" for label in labels]
         print(f"| {attribute} | {total} | " + " | ".join(cells) + " |")
     print(f"| every fact | {len(records)} | " + " | ".join(str(counts[label][1]) for label in labels) + " |")
+    not_given = {attribute: len(records) - total for attribute, total in asked.items()}
+    made_up = {label: made_up_counts(arms[label], records) for label in labels}
+    print()
+    print("| attribute | MRs without it | " + " | ".join(f"{label}: made up" for label in labels) + " |")
+    print("|---|---|" + "---|" * len(labels))
+    for attribute, total in not_given.items():
+        if total:
+            cells = [str(made_up[label][0].get(attribute, 0)) for label in labels]
+            print(f"| {attribute} | {total} | " + " | ".join(cells) + " |")
+    print(f"| no fact made up | {len(records)} | " + " | ".join(str(made_up[label][1]) for label in labels) + " |")
 
 
 if __name__ == "__main__":

@@ -542,6 +542,30 @@ def unmentioned_attributes(mr: str, text: str) -> list[str]:
     return missing
 
 
+_ADDED_CUES: dict[str, str] = {
+    "eatType": "|".join(_MENTION_CUES["eatType"].values()),  # type: ignore[union-attr]
+    "food": "|".join(_MENTION_CUES["food"].values()),  # type: ignore[union-attr]
+    "priceRange": _MENTION_CUES["priceRange"],  # type: ignore[dict-item]
+    "customer rating": _MENTION_CUES["customer rating"],  # type: ignore[dict-item]
+    "area": "|".join(_MENTION_CUES["area"].values()),  # type: ignore[union-attr]
+    "familyFriendly": _MENTION_CUES["familyFriendly"],  # type: ignore[dict-item]
+    "near": r"\bnear\b|\bnext to\b|\bclose to\b",
+}
+
+
+def added_attributes(mr: str, text: str) -> list[str]:
+    """The attributes ``mr`` does NOT give that ``text`` mentions anyway (a fact made up: the other
+    half of an E2E slot error), by the same cue words, once the MR's own places are taken out of the
+    text ("Café Sicilia" names a near place, not an eatType). In _ADDED_CUES' order."""
+    given = parse_mr(mr)
+    lowered = text.lower()
+    for place in (given.get("name"), given.get("near")):
+        if place:
+            lowered = lowered.replace(place.lower(), " ")
+    return [attribute for attribute, cue in _ADDED_CUES.items()
+            if attribute not in given and re.search(cue, lowered) is not None]
+
+
 def place_records(places: Sequence[str]) -> list[E2ERecord]:
     """Reference-less records that name ``places`` (each as a name and as a near place), so that
     synthetic_mrs draws its names from them: MRs about places no devset record names."""

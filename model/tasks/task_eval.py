@@ -20,7 +20,15 @@ import torch
 from model.generation import GenerationRequest, ScheduleRequest, TextGenerator
 from model.skipdecode.decoder import SamplingConfig, SkipDecoder
 from model.skipdecode.schedule import ScheduleConfig, cost_speedup, layer_speedup
-from model.tasks.e2e import E2ERecord, parse_mr, place_swaps, restore_places, task_prompt, unmentioned_attributes
+from model.tasks.e2e import (
+    E2ERecord,
+    added_attributes,
+    parse_mr,
+    place_swaps,
+    restore_places,
+    task_prompt,
+    unmentioned_attributes,
+)
 
 GPU_BATCH = 512  # MRs a CUDA device decodes at once (a distillation pass, the held-out sets)
 
@@ -92,12 +100,16 @@ def nist(outputs: Sequence[str], references: Sequence[Sequence[str]]) -> float:
 
 
 def task_scores(outputs: Sequence[str], records: Sequence[E2ERecord]) -> dict:
-    """BLEU, ROUGE-L and NIST against the references, and ``facts``: the share of descriptions that
-    mention every fact of their MR (unmentioned_attributes), which BLEU does not see."""
+    """BLEU, ROUGE-L and NIST against the references, and what BLEU does not see: ``facts``, the
+    share of descriptions that mention every fact of their MR (unmentioned_attributes), and
+    ``made_up``, the share that mention a fact their MR does not give (added_attributes)."""
     references = [r.references for r in records]
     complete = sum(not unmentioned_attributes(r.mr, text) for r, text in zip(records, outputs))
+    made_up = sum(bool(added_attributes(r.mr, text)) for r, text in zip(records, outputs))
+    count = max(1, len(records))
     return {"bleu": round(bleu(outputs, references), 2), "rouge_l": round(rouge_l(outputs, references), 2),
-            "nist": round(nist(outputs, references), 3), "facts": round(complete / max(1, len(records)), 3)}
+            "nist": round(nist(outputs, references), 3), "facts": round(complete / count, 3),
+            "made_up": round(made_up / count, 3)}
 
 
 def names_near_place(mr: str, text: str) -> bool | None:

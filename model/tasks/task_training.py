@@ -21,6 +21,7 @@ the held-out MRs (BLEU), the number used to choose between runs; the test set is
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,9 @@ class TaskRun:
     learning_rate: float | None = None  # None: 1e-3 for the task model, 5e-4 for a policy
     lora_rank: int | None = None  # None: the task's (TaskSettings.lora_rank)
     kl_weight: float = 0.0
+    # > 0: a target token the policy's greedy choice misses weighs 1 + this in the cross-entropy (a
+    # policy only): the stop the task model makes and a policy at its floor runs past
+    flip_weight: float = 0.0
     task_adapter: str | None = None  # None: the shipped task model (assets/adapters/<task>/task)
     output_dir: str | None = None  # None: runs/<task>-<policy name>
     export: str | None = None  # a folder to export the final adapter to (bfloat16)
@@ -120,6 +124,10 @@ class TaskRun:
                 raise ValueError(f"--policy must be task, all or a target speedup such as 3; got {self.policy!r}") from None
             if not 1 < speedup <= 6:
                 raise ValueError(f"--policy speedup must be in (1, 6]; got {self.policy}")
+        if self.flip_weight and self.policy == "task":
+            raise ValueError("--flip-weight weighs the tokens a skip policy's greedy choice misses: it needs --policy 2 ... 5 or all")
+        if not (self.flip_weight >= 0 and math.isfinite(self.flip_weight)):
+            raise ValueError(f"--flip-weight must be a finite number >= 0; got {self.flip_weight}")
         if self.kl_weight and self.policy == "task":
             raise ValueError("--kl adds KL to the task model: it applies to a skip policy, not to the task model itself")
 
@@ -135,7 +143,8 @@ class TaskRun:
         distilled += "-varied" if self.invented_places and self.invented_style == "varied" else ""
         relexicalised = f"-relex{self.relexicalised}" if self.relexicalised else ""
         relexicalised += "-complete" if self.complete_references else ""
-        return base + (f"-kl{self.kl_weight:g}" if self.kl_weight else "") + distilled + relexicalised
+        weighted = (f"-kl{self.kl_weight:g}" if self.kl_weight else "") + (f"-flip{self.flip_weight:g}" if self.flip_weight else "")
+        return base + weighted + distilled + relexicalised
 
     @property
     def folder(self) -> Path:
@@ -155,7 +164,7 @@ def train_config(run: TaskRun, data_file: Path) -> TrainConfig:
     task_dir = run.task_adapter or str(task_adapter_dir(run.task))
     schedule: dict[str, Any] = dict(
         fixed_decay="linear", fixed_decay_length=settings.decay_length, floor_share=settings.floor_share,
-        decays=("linear",), kl_weight=run.kl_weight, task_adapter=task_dir, gate_lora=True)
+        decays=("linear",), kl_weight=run.kl_weight, flip_weight=run.flip_weight, task_adapter=task_dir, gate_lora=True)
     if run.policy == "all":
         return TrainConfig(**common, **schedule, learning_rate=run.learning_rate or 5e-4,
                            speedup_range=SHARED_SPEEDUP_RANGE)

@@ -12,10 +12,17 @@ from model.skipdecode.skip_policy import entry_layers
 from model.training.data import loop_start, repeated_ngram_ends
 
 
-def cross_entropy_loss(student_logits, ids, target_mask, prompt_len: int) -> torch.Tensor:
-    targets = ids[:, prompt_len:]
-    losses = F.cross_entropy(student_logits.float().transpose(1, 2), targets, reduction="none")
-    return (losses * target_mask).sum() / target_mask.sum().clamp(min=1)
+def cross_entropy_loss(student_logits, ids, target_mask, prompt_len: int, flip_weight: float = 0.0) -> torch.Tensor:
+    """Cross-entropy on the target tokens, averaged over real targets; with ``flip_weight`` a position
+    whose student argmax is not the target token weighs 1 + flip_weight (a weighted mean): where the
+    targets are a model's greedy text, the tokens greedy decoding would get wrong (a missed stop)."""
+    targets = ids[:, prompt_len:]  # (B, N)
+    losses = F.cross_entropy(student_logits.float().transpose(1, 2), targets, reduction="none")  # (B, N)
+    weight = target_mask.float()
+    if flip_weight:
+        flipped = student_logits.detach().argmax(-1) != targets
+        weight = weight * (1.0 + flip_weight * flipped.float())
+    return (losses * weight).sum() / weight.sum().clamp(min=1)
 
 
 def loop_masks(targets: torch.Tensor, target_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

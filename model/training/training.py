@@ -95,7 +95,8 @@ class TrainConfig:
     # the student's probability of every token there that repeats a 4-gram: weight x -log(1 - p)
     unlikelihood: float = 0.0
     # > 0: each target position's KL weighs 1 + flip_weight where the student's argmax is not the
-    # teacher's (a flipped token: what agreement counts and a lost fact answer is), 1 elsewhere
+    # teacher's (a flipped token: what agreement counts and a lost fact answer is), 1 elsewhere; with
+    # --data, the cross-entropy where the student's argmax is not the text's token
     flip_weight: float = 0.0
     samples_per_prompt: int = 0  # sampled teacher continuations per prompt, besides the greedy one
     sample_temperature: float = 0.8
@@ -157,8 +158,6 @@ class TrainConfig:
 
     def _check_loss_options(self) -> None:
         """Loss options that need (or exclude) distillation data, and the CPU-time budget."""
-        if self.flip_weight and self.data:
-            raise ValueError("flip_weight weighs the distillation KL (a user's --data text has no teacher): leave out --data")
         if self.unlikelihood and self.data:
             raise ValueError("unlikelihood acts on distillation targets (a user's --data text is its own target): "
                              "leave out --data")
@@ -439,7 +438,7 @@ def train_step(model, teacher: Teacher | None, optimizer, accelerator, batch: tu
             student_states = [] if config.hidden_weight and teacher else None
             student = model(ids, mask, schedule, prompt_len, student_states)
             if config.data:  # user data: the text itself is the target (+ KL to the model without the adapter)
-                loss = cross_entropy_loss(student, ids, target_mask, prompt_len)
+                loss = cross_entropy_loss(student, ids, target_mask, prompt_len, flip_weight=config.flip_weight)
                 if teacher is not None:
                     loss = loss + config.kl_weight * distillation_loss(
                         student, teacher.logits(ids, mask, prompt_len), target_mask)

@@ -37,3 +37,11 @@ def test_near_places_are_grouped_most_frequent_first_and_the_devset_places_are_k
     assert script.near_place_rows(RECORDS) == {"Burger King": [0], "Express by Holiday Inn": [2]}
     places = script.devset_places()
     assert {"Crowne Plaza Hotel", "Burger King"} <= places and "All Bar One" not in places
+
+
+def test_made_up_facts_are_counted_per_attribute_the_mr_does_not_give():
+    script = by_attributes()
+    outputs = ["Aromi is a pub near Burger King. Its customer rating is average.",  # a rating made up
+               "Zizzi serves French food.", "Bibimbap House is a riverside pub near Express by Holiday Inn."]
+    added, clean = script.made_up_counts(outputs, RECORDS)
+    assert added == {"customer rating": 1, "eatType": 1} and clean == 1

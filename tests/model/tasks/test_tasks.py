@@ -108,6 +108,12 @@ def test_task_runs_are_checked_and_configured_the_papers_way(tmp_path):
         TaskRun(policy="9")
     with pytest.raises(ValueError, match="not to the task model"):
         TaskRun(policy="task", kl_weight=1.0)
+    with pytest.raises(ValueError, match="--flip-weight"):
+        TaskRun(policy="task", flip_weight=2.0)
+    with pytest.raises(ValueError, match="--flip-weight"):
+        TaskRun(policy="3", flip_weight=float("nan"))
+    flipped = TaskRun(policy="3", flip_weight=2.0)
+    assert train_config(flipped, tmp_path / "d.jsonl").flip_weight == 2.0 and flipped.name == "skip-3x-flip2"
     task = train_config(TaskRun(policy="task"), tmp_path / "d.jsonl")
     assert task.fixed_speedup == 1.0 and not task.gate_lora and task.task_adapter is None
     three = train_config(TaskRun(policy="3", kl_weight=0.5), tmp_path / "d.jsonl")
@@ -495,6 +501,23 @@ def test_a_description_is_checked_for_every_fact_its_mr_names(tmp_path):
     assert {row["prompt"] for row in kept} == {row["prompt"] for row in every}  # no MR lost
     prefix = len(task_prompt(""))
     assert sum(not unmentioned_attributes(row["prompt"][prefix:], row["completion"]) for row in kept) > 0.99 * len(kept)
+
+
+def test_a_description_that_adds_a_fact_its_mr_does_not_give_is_counted():
+    """added_attributes: a kind of fact the MR leaves out but the text mentions (the policy's "Its
+    customer rating is average." after the task model would have stopped), once the MR's own places
+    are taken out ("Café Sicilia" is a near place, not an eatType); made_up is the share of such texts."""
+    from model.tasks.e2e import added_attributes
+    from model.tasks.task_eval import task_scores
+
+    mr = "name[Cocum], eatType[pub], customer rating[high], near[Café Sicilia]"
+    stopped = "Cocum is a pub near Café Sicilia. It has a high customer rating."
+    ran_on = stopped[:-1] + " and is located in the city centre. It is family friendly and cheap."
+    assert added_attributes(mr, stopped) == []
+    assert added_attributes(mr, ran_on) == ["priceRange", "area", "familyFriendly"]
+    assert added_attributes("name[Aromi], area[riverside]", "Aromi is near the river. It serves Italian food.") == ["food", "near"]
+    record = E2ERecord(mr, (stopped,))
+    assert task_scores([stopped], [record])["made_up"] == 0.0 and task_scores([ran_on], [record])["made_up"] == 1.0
 
 
 def test_closeness_to_the_task_model_counts_identical_descriptions():

@@ -175,7 +175,7 @@ def test_bad_jsonl_names_the_line(tmp_path, default_model, content, needle):
 
 @pytest.mark.parametrize("bad", [dict(max_steps=0), dict(learning_rate=-1), dict(speedup_range=(3, 2)),
                                  dict(decays=("zigzag",)), dict(batch_size=1.5), dict(flip_weight=-1),
-                                 dict(flip_weight=float("nan")), dict(flip_weight=2.0, data="mine.jsonl")])
+                                 dict(flip_weight=float("nan"))])
 def test_bad_training_options_are_rejected(bad):
     with pytest.raises(ValueError):
         TrainConfig(**bad)
@@ -258,6 +258,21 @@ def test_flip_weight_weighs_the_positions_whose_top_token_differs():
     assert float(distillation_loss(student, teacher, padded, flip_weight=3.0)) == pytest.approx(agreeing)
 
 
+def test_flip_weight_weighs_the_cross_entropy_where_the_top_token_misses_the_text():
+    """--data (and train-task) texts: a position whose student argmax is not the text's token (the
+    second, a missed stop) weighs 1 + flip_weight in the cross-entropy's weighted mean."""
+    from model.training.losses import cross_entropy_loss
+
+    student = torch.log_softmax(torch.tensor([[[3.0, 0.0, 0.0], [3.0, 0.0, 0.0]]]), -1)  # (B=1, N=2, V=3)
+    ids = torch.tensor([[2, 0, 1]])  # a prompt token, then the text: token 0 (the argmax), token 1 (not)
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    hit, miss = (-student[0, 0, 0]).item(), (-student[0, 1, 1]).item()
+    assert cross_entropy_loss(student, ids, mask, 1).item() == pytest.approx((hit + miss) / 2)
+    assert cross_entropy_loss(student, ids, mask, 1, flip_weight=3.0).item() == pytest.approx((hit + 4 * miss) / 5)
+    padded = torch.tensor([[True, False]])  # a padded position counts for nothing, missed or not
+    assert cross_entropy_loss(student, ids, padded, 1, flip_weight=3.0).item() == pytest.approx(hit)
+
+
 @pytest.mark.slow
 def test_train_passes_the_flip_weight_to_the_distillation_loss(tiny_folder, tmp_path, monkeypatch):
     import model.training.training as training
@@ -280,3 +295,24 @@ def test_train_passes_the_flip_weight_to_the_distillation_loss(tiny_folder, tmp_
     assert seen == [2.5, 2.5]
     info = json.loads((tmp_path / "run" / "adapter" / "training_info.json").read_text())
     assert info["config"]["flip_weight"] == 2.5
+
+
+@pytest.mark.slow
+def test_train_passes_the_flip_weight_to_the_cross_entropy_on_data(tiny_folder, tmp_path, monkeypatch):
+    """With --data (how train-task trains a policy) the flip weight reaches the cross-entropy."""
+    import model.training.training as training
+
+    data = tmp_path / "data.jsonl"
+    data.write_text(json.dumps({"prompt": "Say hi", "completion": "Hi there, friend!"}) + "\n")
+    seen = []
+    real = training.cross_entropy_loss
+
+    def recording(student, ids, target_mask, prompt_len, flip_weight=0.0):
+        seen.append(flip_weight)
+        return real(student, ids, target_mask, prompt_len, flip_weight=flip_weight)
+
+    monkeypatch.setattr(training, "cross_entropy_loss", recording)
+    training.train(TrainConfig(model=str(tiny_folder), output_dir=str(tmp_path / "run"), data=str(data),
+                               max_steps=2, batch_size=1, warmup_steps=1, fixed_speedup=2.0, warmup_layers=1,
+                               lora_rank=4, save_every=2, eval_every=0, device="cpu", flip_weight=1.5))
+    assert seen == [1.5, 1.5]
