@@ -19,7 +19,15 @@ from app.shown_text import as_markdown
 from app.token_html import plain_text_html, tokens_by_depth_html
 from model.race import Judged, RaceUpdate, StreamProgress
 from model.skipdecode.schedule import RANKED, schedule_json, speedup_summary
-from model.tasks.e2e import PlaceSwap, parse_mr, restore_places, surrogate_spans, task_prompt, unmentioned_attributes
+from model.tasks.e2e import (
+    PlaceSwap,
+    added_attributes,
+    parse_mr,
+    restore_places,
+    surrogate_spans,
+    task_prompt,
+    unmentioned_attributes,
+)
 
 
 def rows_html(panes: list[str], prompts: tuple[str, ...]) -> str:
@@ -189,14 +197,16 @@ def headline_html(update: RaceUpdate, settings: PlaygroundSettings, step_mode: b
                  f"<b>{same / len(judged):.0%}</b> of its {len(judged)} positions")
     else:
         share = "the full model's verdict on SkipDecode's text comes when SkipDecode finishes"
-    facts = facts_note(unmentioned_facts(update, settings))
+    facts = facts_note(fact_check(update, settings))
     return (f'<div class="headline">{speed} · {share}.{facts} {regression_note(settings, update.solved)} '
             f'<a href="#results" class="to-results">Results</a></div>')
 
 
-def unmentioned_facts(update: RaceUpdate, settings: PlaygroundSettings) -> dict | None:
-    """A task's row-0 MR (as written) and, per pane, the attributes its text does not mention so far
-    (model/tasks/e2e.py unmentioned_attributes); None in chat or for an MR the task cannot read."""
+def fact_check(update: RaceUpdate, settings: PlaygroundSettings) -> dict | None:
+    """A task's row-0 MR (as written) checked against each pane's text so far (model/tasks/e2e.py):
+    {"facts": how many the MR gives, pane: {"unmentioned": attributes the text does not mention,
+    "made_up": attributes the MR does not give that the text mentions}}; None in chat or for an MR
+    the task cannot read."""
     swaps = settings.place_swaps()
     if settings.task == "chat" or not swaps:
         return None
@@ -207,16 +217,23 @@ def unmentioned_facts(update: RaceUpdate, settings: PlaygroundSettings) -> dict 
         return None
     texts = {pane: restore_places(stream.text(0), row_swaps(settings, 0))
              for pane, stream in (("SkipDecode", update.skip), ("full model", update.full))}
-    return {"facts": facts, **{pane: unmentioned_attributes(mr, text) for pane, text in texts.items()}}
+    return {"facts": facts, **{pane: {"unmentioned": unmentioned_attributes(mr, text),
+                                      "made_up": added_attributes(mr, text)} for pane, text in texts.items()}}
 
 
-def facts_note(unmentioned: dict | None) -> str:
-    """" Facts of the MR mentioned: SkipDecode 5 of 6 (not familyFriendly) · full model 6 of 6" ("" in chat)."""
-    if unmentioned is None:
+def facts_note(checked: dict | None) -> str:
+    """" Facts of the MR mentioned: SkipDecode 5 of 6 (not familyFriendly; made up: customer rating)
+    · full model 6 of 6." ("" in chat)."""
+    if checked is None:
         return ""
-    total = unmentioned["facts"]
-    parts = [f"{pane} {total - len(missing)} of {total}" + (f" (not {html.escape(', '.join(missing))})" if missing else "")
-             for pane, missing in unmentioned.items() if pane != "facts"]
+    total = checked["facts"]
+    parts = []
+    for pane, check in checked.items():
+        if pane == "facts":
+            continue
+        missing, made_up = check["unmentioned"], check["made_up"]
+        notes = ([f"not {', '.join(missing)}"] if missing else []) + ([f"made up: {', '.join(made_up)}"] if made_up else [])
+        parts.append(f"{pane} {total - len(missing)} of {total}" + (f" ({html.escape('; '.join(notes))})" if notes else ""))
     return " Facts of the MR mentioned: " + " · ".join(parts) + "."
 
 
@@ -345,8 +362,10 @@ def api_message(update: RaceUpdate, settings: PlaygroundSettings) -> dict:
         # a task's places the task model never trained on, per row: [written back, given to the models]
         "places_swapped": [[[place, surrogate] for surrogate, place in row_swaps(settings, r)]
                            for r in range(skip.rows)],
-        # a task's row 0: the MR's attributes each text does not mention (a cue-word check); chat: null
-        "unmentioned_facts": _api_facts(update, settings),
+        # a task's row 0: the MR's attributes each text does not mention, and the attributes it does not
+        # give that each text mentions anyway (cue-word checks); chat: null
+        "unmentioned_facts": _api_facts(update, settings, "unmentioned"),
+        "made_up_facts": _api_facts(update, settings, "made_up"),
         "prefill_layers": list(skip.prefill_layers),
         "step_layers": [list(layers) for layers in skip.step_layers],
         "layers_per_step": [len(layers) for layers in skip.step_layers],
@@ -373,9 +392,9 @@ def same_next_token_share(judged: list[Judged] | None) -> float | None:
     return round(sum(j.same for j in judged) / len(judged), 4) if judged else None
 
 
-def _api_facts(update: RaceUpdate, settings: PlaygroundSettings) -> dict | None:
-    facts = unmentioned_facts(update, settings)
-    return None if facts is None else {"skipdecode": facts["SkipDecode"], "full": facts["full model"]}
+def _api_facts(update: RaceUpdate, settings: PlaygroundSettings, kind: str) -> dict | None:
+    checked = fact_check(update, settings)
+    return None if checked is None else {"skipdecode": checked["SkipDecode"][kind], "full": checked["full model"][kind]}
 
 
 def lens_json(skip: StreamProgress) -> list[list[dict]]:

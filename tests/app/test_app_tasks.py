@@ -15,7 +15,7 @@ from app.share import settings_from_query, share_link
 from app.shown_text import as_markdown
 from app.task_view import compose_into_prompt, header_markdown, mr_feedback, switch_values, task_view
 from app.tasks import TASK_FIXED, check_mr, examples, fixed_note, policy_line
-from model.tasks.e2e import INSTRUCTION, parse_mr, unmentioned_attributes
+from model.tasks.e2e import INSTRUCTION, added_attributes, parse_mr, unmentioned_attributes
 from model.tasks.task_models import task_schedule
 
 MR = "name[The Eagle], food[French]"
@@ -229,9 +229,11 @@ def test_one_e2e_generation_through_the_playground_handler(default_model, tiny_t
     assert message["places_swapped"] == [[]]  # The Eagle is a place the task model trained on
     assert message["unmentioned_facts"] == {"skipdecode": unmentioned_attributes(MR, message["skipdecode"][0]),
                                             "full": unmentioned_attributes(MR, message["full"][0])}
+    assert message["made_up_facts"] == {"skipdecode": added_attributes(MR, message["skipdecode"][0]),
+                                        "full": added_attributes(MR, message["full"][0])}
     assert "Facts of the MR mentioned: SkipDecode " in final[3]
     chat_message = list(playground.api_stream({"prompt": "Hi", "max_new_tokens": 2}))[-1]
-    assert chat_message["unmentioned_facts"] is None
+    assert chat_message["unmentioned_facts"] is None and chat_message["made_up_facts"] is None
     new = "name[Loch Fyne], food[French]"  # a test-set place the devset never names: the models see Aromi
     swapped = list(playground.api_stream(values | {"prompt": new}))[-1]
     given = generator.generate(GenerationRequest(prompts=(INSTRUCTION + "name[Aromi], food[French]",),
@@ -285,5 +287,10 @@ def test_the_headline_says_which_facts_of_the_mr_each_pane_mentions():
     from app.views import facts_note
 
     assert facts_note(None) == ""
-    note = facts_note({"facts": 6, "SkipDecode": ["familyFriendly", "near"], "full model": []})
+    note = facts_note({"facts": 6, "SkipDecode": {"unmentioned": ["familyFriendly", "near"], "made_up": []},
+                       "full model": {"unmentioned": [], "made_up": []}})
     assert note == " Facts of the MR mentioned: SkipDecode 4 of 6 (not familyFriendly, near) · full model 6 of 6."
+    ran_on = facts_note({"facts": 4, "SkipDecode": {"unmentioned": [], "made_up": ["customer rating"]},
+                         "full model": {"unmentioned": ["area"], "made_up": []}})
+    assert ran_on == (" Facts of the MR mentioned: SkipDecode 4 of 4 (made up: customer rating) · "
+                      "full model 3 of 4 (not area).")
