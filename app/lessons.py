@@ -46,6 +46,10 @@ EXERCISE = "What are the benefits of exercise?"
 ROMEO = "Who wrote Romeo and Juliet?"
 # A test-set MR of five facts (assets/data/e2e/testset_w_refs.csv): short enough to check by eye.
 E2E_MR = "name[The Cricketers], eatType[coffee shop], customer rating[5 out of 5], familyFriendly[yes], near[Crowne Plaza Hotel]"
+# A test-set MR where the 3x policy writes the task model's description and a clause more ("and is
+# located in the city centre", a fact the MR does not give): checked at batch 1 on this CPU's default
+# weights, as the lesson runs it. The 3x policy does this for 59 of the 630 test MRs (float32).
+E2E_RUN_ON_MR = "name[Cocum], eatType[coffee shop], customer rating[high], near[Burger King]"
 
 LESSONS = (
     Lesson("1x is the full model", "With no skipping, does SkipDecode give exactly the full model's text?",
@@ -88,10 +92,14 @@ LESSONS = (
            "panes counts the MR's facts each description mentions: with name[The Cricketers], eatType[pub], "
            "food[Chinese], area[riverside], familyFriendly[yes], near[Burger King] both panes leave "
            "family-friendliness out, because the task model itself does (a wording it learned from the data). "
-           "The Results tab "
+           "The second run gives an MR where SkipDecode writes the task model's description and then one clause "
+           "more, a fact the MR never gave (the line names it \"made up\"): a stop missed at the end of the "
+           "description, where a 3x schedule runs 7 of the 30 layers, and nearly all of what 3x loses over the "
+           "test set. The Results tab "
            "says, over the whole test set, how much of the task model's score it keeps and how often it writes the "
            "very same text.",
-           dict(task="e2e", target_speedup=3.0, prompt=E2E_MR, max_new_tokens=check_task("e2e").max_new_tokens)),
+           dict(task="e2e", target_speedup=3.0, prompt=E2E_MR, max_new_tokens=check_task("e2e").max_new_tokens),
+           "Run an MR where 3x runs on", dict(prompt=E2E_RUN_ON_MR)),
 )
 
 
