@@ -542,13 +542,14 @@ def unmentioned_attributes(mr: str, text: str) -> list[str]:
     return missing
 
 
+def _any_value_cue(attribute: str) -> str:
+    """The cue for any value of ``attribute`` (a made-up fact may state any)."""
+    cue = _MENTION_CUES[attribute]
+    return "|".join(cue.values()) if isinstance(cue, dict) else cue
+
+
 _ADDED_CUES: dict[str, str] = {
-    "eatType": "|".join(_MENTION_CUES["eatType"].values()),  # type: ignore[union-attr]
-    "food": "|".join(_MENTION_CUES["food"].values()),  # type: ignore[union-attr]
-    "priceRange": _MENTION_CUES["priceRange"],  # type: ignore[dict-item]
-    "customer rating": _MENTION_CUES["customer rating"],  # type: ignore[dict-item]
-    "area": "|".join(_MENTION_CUES["area"].values()),  # type: ignore[union-attr]
-    "familyFriendly": _MENTION_CUES["familyFriendly"],  # type: ignore[dict-item]
+    **{attribute: _any_value_cue(attribute) for attribute in _MENTION_CUES},
     "near": r"\bnear\b|\bnext to\b|\bclose to\b",
 }
 
