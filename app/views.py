@@ -355,6 +355,7 @@ NO_CHANGE = (gr.skip(),) * STREAM_OUTPUTS
 def api_message(update: RaceUpdate, settings: PlaygroundSettings) -> dict:
     skip, full, solved = update.skip, update.full, update.solved
     figures = live_figures(update)
+    checked = fact_check(update, settings)
     return {
         "prompts": list(shown_prompts(update.prompts, settings.place_swaps())),  # what these outputs answer (clients can check isolation)
         "skipdecode": [restore_places(skip.text(r), row_swaps(settings, r)) for r in range(skip.rows)],
@@ -364,8 +365,8 @@ def api_message(update: RaceUpdate, settings: PlaygroundSettings) -> dict:
                            for r in range(skip.rows)],
         # a task's row 0: the MR's attributes each text does not mention, and the attributes it does not
         # give that each text mentions anyway (cue-word checks); chat: null
-        "unmentioned_facts": _api_facts(update, settings, "unmentioned"),
-        "made_up_facts": _api_facts(update, settings, "made_up"),
+        "unmentioned_facts": _api_facts(checked, "unmentioned"),
+        "made_up_facts": _api_facts(checked, "made_up"),
         "prefill_layers": list(skip.prefill_layers),
         "step_layers": [list(layers) for layers in skip.step_layers],
         "layers_per_step": [len(layers) for layers in skip.step_layers],
@@ -392,8 +393,8 @@ def same_next_token_share(judged: list[Judged] | None) -> float | None:
     return round(sum(j.same for j in judged) / len(judged), 4) if judged else None
 
 
-def _api_facts(update: RaceUpdate, settings: PlaygroundSettings, kind: str) -> dict | None:
-    checked = fact_check(update, settings)
+def _api_facts(checked: dict | None, kind: str) -> dict | None:
+    """One kind of fact_check's result as the API names the panes."""
     return None if checked is None else {"skipdecode": checked["SkipDecode"][kind], "full": checked["full model"][kind]}
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 from model.tasks.e2e import (
@@ -64,29 +65,28 @@ def near_place_rows(records: list[E2ERecord]) -> dict[str, list[int]]:
     return dict(sorted(rows.items(), key=lambda item: -len(item[1])))
 
 
+def attribute_counts(check: Callable[[str, str], list[str]], outputs: list[str],
+                     records: list[E2ERecord]) -> tuple[dict[str, int], int]:
+    """(per attribute, the descriptions ``check(mr, text)`` names it for; the descriptions it names none for)."""
+    counts: dict[str, int] = defaultdict(int)
+    clear = 0
+    for record, text in zip(records, outputs):
+        named = check(record.mr, text)
+        clear += not named
+        for attribute in named:
+            counts[attribute] += 1
+    return dict(counts), clear
+
+
 def mention_counts(outputs: list[str], records: list[E2ERecord]) -> tuple[dict[str, int], int]:
     """(per attribute, the descriptions that never mention it; the descriptions that mention every fact)."""
-    missing: dict[str, int] = defaultdict(int)
-    complete = 0
-    for record, text in zip(records, outputs):
-        unmentioned = unmentioned_attributes(record.mr, text)
-        complete += not unmentioned
-        for attribute in unmentioned:
-            missing[attribute] += 1
-    return dict(missing), complete
+    return attribute_counts(unmentioned_attributes, outputs, records)
 
 
 def made_up_counts(outputs: list[str], records: list[E2ERecord]) -> tuple[dict[str, int], int]:
     """(per attribute, the descriptions that mention it though their MR does not give it; the
     descriptions that make up no fact)."""
-    added: dict[str, int] = defaultdict(int)
-    clean = 0
-    for record, text in zip(records, outputs):
-        made_up = added_attributes(record.mr, text)
-        clean += not made_up
-        for attribute in made_up:
-            added[attribute] += 1
-    return dict(added), clean
+    return attribute_counts(added_attributes, outputs, records)
 
 
 def main() -> None:

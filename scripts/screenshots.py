@@ -37,16 +37,21 @@ def wait_done(page, seconds: float = 180) -> None:
     time.sleep(1.5)
 
 
+def start_and_wait(page, button: str, seconds: float = 180) -> None:
+    """Press ``button`` (a run starts), let the previous run's "Done" clear, wait for the new one's."""
+    page.click(button)
+    deadline = time.time() + 30
+    while time.time() < deadline and "Done" in page.inner_text("#status"):  # the previous run's status
+        time.sleep(0.2)
+    wait_done(page, seconds)
+
+
 def run_lesson(page, title: str) -> None:
     """Pick a lesson and press "Run this lesson" (it sets the controls, generates, scrolls)."""
     page.click("#lesson-choice input")
     page.click(f"li[role=option]:has-text(\"{title}\")")
     time.sleep(0.5)
-    page.click("#lesson-run")
-    deadline = time.time() + 30
-    while time.time() < deadline and "Done" in page.inner_text("#status"):  # the previous run's status
-        time.sleep(0.2)
-    wait_done(page)
+    start_and_wait(page, "#lesson-run")
 
 
 def visitor_views(browser, port: int, name: str) -> list[Path]:
@@ -106,11 +111,7 @@ def e2e_views(browser, port: int) -> list[Path]:
         written.append(path)
         page.evaluate("window.scrollTo(0, 0)")
         run_lesson(page, "The paper's task: 3x")  # then its second run: the MR where 3x runs past the stop
-        page.click("#lesson-then")
-        deadline = time.time() + 30
-        while time.time() < deadline and "Done" in page.inner_text("#status"):  # the first run's status
-            time.sleep(0.2)
-        wait_done(page, 600)
+        start_and_wait(page, "#lesson-then", 600)
         path = OUT / "visitor" / f"e2e-lesson-then-{width}x{height}.png"
         path.parent.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(path))

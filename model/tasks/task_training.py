@@ -21,13 +21,13 @@ the held-out MRs (BLEU), the number used to choose between runs; the test set is
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from model.common.checks import check_number
 from model.generation import TextGenerator
 from model.loading import load_model, resolve_device
 from model.skipdecode.skip_policy import export_adapter
@@ -126,8 +126,7 @@ class TaskRun:
                 raise ValueError(f"--policy speedup must be in (1, 6]; got {self.policy}")
         if self.flip_weight and self.policy == "task":
             raise ValueError("--flip-weight weighs the tokens a skip policy's greedy choice misses: it needs --policy 2 ... 5 or all")
-        if not (self.flip_weight >= 0 and math.isfinite(self.flip_weight)):
-            raise ValueError(f"--flip-weight must be a finite number >= 0; got {self.flip_weight}")
+        check_number("--flip-weight", self.flip_weight, low=0)
         if self.kl_weight and self.policy == "task":
             raise ValueError("--kl adds KL to the task model: it applies to a skip policy, not to the task model itself")
 
