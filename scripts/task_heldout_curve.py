@@ -28,7 +28,14 @@ from pathlib import Path
 
 import torch
 
-from model.tasks.task_training import TaskRun, heldout_bleu, heldout_records, long_mr_fidelity, train_config
+from model.tasks.task_training import (
+    TaskRun,
+    heldout_bleu,
+    heldout_records,
+    long_mr_fidelity,
+    sparse_mr_made_up,
+    train_config,
+)
 
 
 def main() -> None:
@@ -43,6 +50,9 @@ def main() -> None:
     parser.add_argument("--long", type=int, default=0,
                         help="also N new MRs naming all eight attributes, judged against the task model's text "
                              "(no references): how often the near place is named, closeness")
+    parser.add_argument("--sparse", type=int, default=0,
+                        help="also N new MRs with few facts (each optional attribute present half the time), "
+                             "judged by how many descriptions make up a fact the MR does not give, at 1x and here")
     parser.add_argument("--invented-places", action="store_true",
                         help="with --long: their name and near place invented, in no training data")
     parser.add_argument("--delexicalised-places", action="store_true",
@@ -55,8 +65,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.delexicalised_places and not args.long:
         parser.error("--delexicalised-places applies to the --long MRs (the held-out devset MRs name no new place)")
-    if args.long and args.speedup == 1:
-        parser.error("--long judges a policy against the task model: give a --speedup above 1")
+    if (args.long or args.sparse) and args.speedup == 1:
+        parser.error("--long and --sparse judge a policy against the task model: give a --speedup above 1")
     torch.set_num_threads(args.threads)
     task_model = args.speedup == 1
     run = TaskRun(policy="task" if task_model else f"{args.speedup:g}", device=args.device, heldout_mrs=args.mrs,
@@ -76,6 +86,10 @@ def main() -> None:
                 "-delexicalised" if args.delexicalised_places else "")
             print(json.dumps({"adapter": adapter, "task_adapter": config.task_adapter, "set": kind, "mrs": args.long,
                               "device": args.device, **scores}), flush=True)
+        if args.sparse:
+            scores = sparse_mr_made_up(run, config, Path(adapter), args.speedup, args.sparse)
+            print(json.dumps({"adapter": adapter, "task_adapter": config.task_adapter, "set": "sparse",
+                              "mrs": args.sparse, "device": args.device, **scores}), flush=True)
 
 
 if __name__ == "__main__":

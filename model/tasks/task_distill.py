@@ -23,6 +23,7 @@ from model.lowbit.weight_cache import file_key
 from model.tasks.e2e import (
     INSTRUCTION,
     INVENTED_PLACES_TRAINING,
+    SYNTHETIC_ATTRIBUTE_SHARE,
     E2ERecord,
     assert_no_test_mr,
     dev_split,
@@ -50,6 +51,7 @@ class DistillSource:
     task_weights: str = ""  # adapter_fingerprint(task_adapter): a task model retrained at the same path is another source
     invented_places: float = 0.0  # the share of the synthetic MRs about invented places (INVENTED_PLACES_TRAINING)
     invented_style: str = "fixed"  # "varied": a fresh name of any shape for nearly every MR (varied_places)
+    attribute_share: float = SYNTHETIC_ATTRIBUTE_SHARE  # each optional attribute's chance in a synthetic MR
 
 
 def adapter_fingerprint(folder: str | Path) -> str:
@@ -63,18 +65,20 @@ def adapter_fingerprint(folder: str | Path) -> str:
 
 
 def distillation_mrs(train: Sequence[E2ERecord], synthetic: int, seed: int, invented_share: float = 0.0,
-                     invented_style: str = "fixed") -> list[str]:
+                     invented_style: str = "fixed", attribute_share: float = SYNTHETIC_ATTRIBUTE_SHARE) -> list[str]:
     """The MRs whose task-model descriptions become targets: the training MRs, then ``synthetic`` new
     ones, ``invented_share`` of them about invented places (a policy that only ever sees the devset's
     30 places learns them instead of copying a new one from the prompt, which the test set asks for):
     the 256 fixed names, or ("varied") names drawn from twice as many fresh ones of varied shapes as
-    there are such MRs, so that a name comes up about once and none can be learned by heart."""
+    there are such MRs, so that a name comes up about once and none can be learned by heart. Each optional attribute is
+    in a synthetic MR with probability ``attribute_share``."""
     invented = round(synthetic * invented_share)
-    mrs = [r.mr for r in train] + (synthetic_mrs(train, synthetic - invented, seed) if synthetic > invented else [])
+    mrs = [r.mr for r in train] + (synthetic_mrs(train, synthetic - invented, seed, attribute_share)
+                                   if synthetic > invented else [])
     if invented:
         places = (INVENTED_PLACES_TRAINING if invented_style == "fixed"
                   else varied_places(2 * invented, seed, avoid=real_places()))
-        mrs += synthetic_mrs(place_records(places), invented, seed)
+        mrs += synthetic_mrs(place_records(places), invented, seed, attribute_share)
     assert_no_test_mr(mrs)
     return mrs
 
@@ -135,7 +139,7 @@ def write_distillation_file(path: Path, source: DistillSource, task: str = "e2e"
         return path
     train, _ = dev_split()
     mrs = distillation_mrs(train[: source.training_mrs], source.synthetic_mrs, source.seed, source.invented_places,
-                           source.invented_style)
+                           source.invented_style, source.attribute_share)
     rows = task_model_rows(task, source.task_adapter, mrs, device=source.device, model=model)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as handle:

@@ -34,8 +34,11 @@ from model.skipdecode.skip_policy import export_adapter
 from model.tasks.e2e import (
     INVENTED_PLACES_HELDOUT,
     INVENTED_STYLES,
+    SYNTHETIC_ATTRIBUTE_SHARE,
     E2ERecord,
+    added_attributes,
     dev_split,
+    heldout_new_mrs,
     long_heldout_mrs,
     relexicalised_records,
     training_places,
@@ -57,6 +60,8 @@ TARGET_KINDS = ("references", "task-model")
 HELDOUT_RELEX_COPIES = 2  # rewritten copies of each held-out MR scored by a --relexicalised run
 HELDOUT_RELEX_SEED = 1
 HELDOUT_LONG_SEED = 2  # the long held-out MRs (all eight attributes), never a training MR of a seed-0 run
+HELDOUT_SPARSE_SEED = 3  # the held-out MRs with few facts (sparse_mr_made_up), never a training MR of a seed-0 run
+SPARSE_ATTRIBUTE_SHARE = 0.5
 
 
 @dataclass
@@ -90,6 +95,8 @@ class TaskRun:
     invented_style: str = "fixed"  # the 256 fixed names, or "varied" (model/tasks/e2e.py: varied_places)
     complete_references: bool = False  # only references that mention every fact of their MR (references targets)
     targets_file: str | None = None  # task-model targets made elsewhere from the same source (a GPU's pass)
+    # each optional attribute's chance in a synthetic MR (0.5: every subset of the facts equally likely)
+    synthetic_attribute_share: float = SYNTHETIC_ATTRIBUTE_SHARE
 
     def __post_init__(self) -> None:
         check_task(self.task)
@@ -113,6 +120,9 @@ class TaskRun:
             raise ValueError("--complete-references filters the references: it needs --targets references")
         if self.targets_file and self.targets != "task-model":
             raise ValueError("--targets-file holds the task model's descriptions: it needs --targets task-model")
+        check_number("--synthetic-attribute-share", self.synthetic_attribute_share, above=0, high=1)
+        if self.synthetic_attribute_share != SYNTHETIC_ATTRIBUTE_SHARE and not self.synthetic_mrs:
+            raise ValueError("--synthetic-attribute-share shapes the --synthetic-mrs: give some")
         if self.invented_places and not self.synthetic_mrs:
             raise ValueError("--invented-places shares out the --synthetic-mrs: give some")
         if not 0 <= self.synthetic_mrs <= 20000:
@@ -140,6 +150,8 @@ class TaskRun:
         distilled = f"-distil{self.synthetic_mrs or ''}" if self.targets == "task-model" else ""
         distilled += f"-invented{self.invented_places:g}" if self.invented_places else ""
         distilled += "-varied" if self.invented_places and self.invented_style == "varied" else ""
+        if self.synthetic_attribute_share != SYNTHETIC_ATTRIBUTE_SHARE:
+            distilled += f"-share{self.synthetic_attribute_share:g}"
         relexicalised = f"-relex{self.relexicalised}" if self.relexicalised else ""
         relexicalised += "-complete" if self.complete_references else ""
         weighted = (f"-kl{self.kl_weight:g}" if self.kl_weight else "") + (f"-flip{self.flip_weight:g}" if self.flip_weight else "")
@@ -223,6 +235,24 @@ def long_mr_fidelity(run: TaskRun, config: TrainConfig, adapter: Path, speedup: 
                               "vs_task_model": closeness(outputs[speedup], outputs[1.0])}}
 
 
+def sparse_mr_made_up(run: TaskRun, config: TrainConfig, adapter: Path, speedup: float, count: int) -> dict:
+    """A policy on ``count`` new MRs with few facts (each optional attribute present with
+    probability 0.5; heldout_new_mrs), where a description must stop early: the share of
+    descriptions that mention a kind of fact the MR does not give (added_attributes: a policy at its
+    floor that runs past the task model's stop appends one), at 1x and at ``speedup``, and how
+    close the policy stays to the task model's own text."""
+    mrs = heldout_new_mrs(dev_split()[0], count, seed=HELDOUT_SPARSE_SEED, attribute_share=SPARSE_ATTRIBUTE_SHARE,
+                          trained_seed=run.seed, trained_shares=(SYNTHETIC_ATTRIBUTE_SHARE, SPARSE_ATTRIBUTE_SHARE))
+    outputs = _descriptions(run, config, adapter, mrs, (1.0, speedup))
+
+    def made_up(texts: list[str]) -> float:
+        return round(sum(bool(added_attributes(mr, text)) for mr, text in zip(mrs, texts)) / len(mrs), 3)
+
+    return {"1x": {"made_up": made_up(outputs[1.0])},
+            f"{speedup:g}x": {"made_up": made_up(outputs[speedup]),
+                              "vs_task_model": closeness(outputs[speedup], outputs[1.0])}}
+
+
 def training_file(run: TaskRun) -> Path:
     """The run's training JSONL (per run: parallel runs never share one): the references, or the
     task model's descriptions of the training MRs and the run's synthetic ones."""
@@ -232,7 +262,8 @@ def training_file(run: TaskRun) -> Path:
     task_dir = Path(run.task_adapter or task_adapter_dir(run.task)).resolve()
     source = DistillSource(task_adapter=str(task_dir), training_mrs=len(dev_split()[0]), synthetic_mrs=run.synthetic_mrs,
                            seed=run.seed, device=resolve_device(run.device).type, task_weights=adapter_fingerprint(task_dir),
-                           invented_places=run.invented_places, invented_style=run.invented_style)
+                           invented_places=run.invented_places, invented_style=run.invented_style,
+                           attribute_share=run.synthetic_attribute_share)
     if run.targets_file:
         return adopt_distillation_file(Path(run.targets_file), run.folder / "distilled.jsonl", source)
     return write_distillation_file(run.folder / "distilled.jsonl", source, run.task)

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -418,6 +419,80 @@ def test_a_share_of_the_synthetic_mrs_is_about_invented_places_and_the_run_says_
         TaskRun(policy="2", targets="task-model", invented_places=0.5)
     with pytest.raises(ValueError, match=r"in \[0, 1\]"):
         TaskRun(policy="2", targets="task-model", synthetic_mrs=10, invented_places=1.5)
+
+
+def test_synthetic_mrs_with_a_lower_attribute_share_give_fewer_facts_and_the_run_says_so(tmp_path):
+    """--synthetic-attribute-share 0.5: every subset of the optional facts equally likely, so a policy
+    also learns to stop where an MR gives few; the default draws are unchanged (an earlier pass's
+    record, written before the field existed, still reads as the same source)."""
+    from dataclasses import asdict
+
+    from model.tasks.task_distill import DistillSource, _recorded_source, distillation_mrs
+
+    train = dev_split()[0]
+    default = distillation_mrs(train, 600, seed=0)
+    assert default == distillation_mrs(train, 600, seed=0, attribute_share=0.75)
+    sparse = distillation_mrs(train, 600, seed=0, attribute_share=0.5)
+    assert sparse[:len(train)] == default[:len(train)]  # the training MRs themselves are the same
+    rated = [sum("customer rating" in parse_mr(mr) for mr in mrs[len(train):]) / 600 for mrs in (default, sparse)]
+    assert 0.68 < rated[0] < 0.82 and 0.42 < rated[1] < 0.58
+    facts = [sum(len(parse_mr(mr)) for mr in mrs[len(train):]) / 600 for mrs in (default, sparse)]
+    assert facts[0] - facts[1] > 1.2  # 1 + 7 x 0.75 against 1 + 7 x 0.5 on average
+    assert_no_test_mr(sparse)
+    old = DistillSource(task_adapter="t", training_mrs=2, synthetic_mrs=3, seed=0, device="cpu")
+    record = {key: value for key, value in asdict(old).items() if key != "attribute_share"}
+    (tmp_path / "distilled.source.json").write_text(json.dumps(record))
+    assert _recorded_source(tmp_path / "distilled.source.json") == asdict(old)
+    run = TaskRun(policy="3", targets="task-model", synthetic_mrs=3000, synthetic_attribute_share=0.5)
+    assert run.folder.name == "e2e-skip-3x-distil3000-share0.5"
+    with pytest.raises(ValueError, match="give some"):
+        TaskRun(policy="3", targets="task-model", synthetic_attribute_share=0.5)
+    for share in (0, 1.5, float("nan")):
+        with pytest.raises(ValueError, match="synthetic-attribute-share"):
+            TaskRun(policy="3", targets="task-model", synthetic_mrs=10, synthetic_attribute_share=share)
+
+
+def test_sparse_held_out_mrs_give_few_facts_and_are_never_trained_on():
+    """The held-out MRs a missed stop is judged on (sparse_mr_made_up): drawn at attribute share 0.5,
+    seeded, none a synthetic MR a seed-0 run trains on at either share, nor a devset or test MR."""
+    from model.tasks.e2e import heldout_new_mrs, synthetic_mrs
+
+    train = dev_split()[0]
+    mrs = heldout_new_mrs(train, 60, seed=3, attribute_share=0.5, trained_cap=400, trained_shares=(0.75, 0.5))
+    assert len(mrs) == len(set(mrs)) == 60 and mrs == heldout_new_mrs(train, 60, 3, 0.5, trained_cap=400,
+                                                                        trained_shares=(0.75, 0.5))
+    assert 3 < sum(len(parse_mr(mr)) for mr in mrs) / 60 < 6
+    known = {normalise_mr(r.mr) for r in [*train, *dev_split()[1], *reported_records()]}
+    assert not {normalise_mr(mr) for mr in mrs} & known
+    two = [E2ERecord("name[Aromi], near[Zizzi]", ("Aromi is near Zizzi.",))]
+    trained = {normalise_mr(mr) for share in (0.75, 0.5) for mr in synthetic_mrs(two, 400, 0, share)}
+    assert {normalise_mr(mr) for mr in synthetic_mrs(two, 100, 3, 0.5)} & trained  # what the exclusion is for
+    held = heldout_new_mrs(two, 100, seed=3, attribute_share=0.5, trained_cap=400, trained_shares=(0.75, 0.5))
+    assert len(held) == 100 and not {normalise_mr(mr) for mr in held} & trained
+
+
+def test_the_sparse_check_counts_the_descriptions_that_make_up_a_fact(monkeypatch):
+    """sparse_mr_made_up: at 1x and at the speedup, the share of descriptions naming a kind of fact
+    their MR does not give, and how close the policy's text stays to the task model's."""
+    from model.tasks import task_training
+    from model.tasks.e2e import parse_mr
+
+    def descriptions(run, config, adapter, mrs, speedups):
+        plain = [f"{parse_mr(mr)['name']} is a place." for mr in mrs]
+        run_on = [text + " It has a high customer rating." if "customer rating" not in parse_mr(mr) else text
+                  for mr, text in zip(mrs, plain)]
+        return {1.0: plain, speedups[1]: run_on[:10] + plain[10:]}
+
+    monkeypatch.setattr(task_training, "_descriptions", descriptions)
+    run = TaskRun(policy="3")
+    scores = task_training.sparse_mr_made_up(run, None, Path("unused"), 3.0, 40)
+    mrs = task_training.heldout_new_mrs(dev_split()[0], 40, seed=task_training.HELDOUT_SPARSE_SEED,
+                                        attribute_share=0.5, trained_shares=(0.75, 0.5))
+    unrated = sum("customer rating" not in parse_mr(mr) for mr in mrs[:10])
+    assert unrated >= 2
+    assert scores["1x"]["made_up"] == 0.0
+    assert scores["3x"]["made_up"] == round(unrated / 40, 3)
+    assert scores["3x"]["vs_task_model"]["same_share"] == round((40 - unrated) / 40, 3)
 
 
 def test_varied_invented_places_are_fresh_unlearnable_names_no_real_or_held_out_place():
