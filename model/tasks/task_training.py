@@ -238,18 +238,23 @@ def long_mr_fidelity(run: TaskRun, config: TrainConfig, adapter: Path, speedup: 
 def sparse_mr_made_up(run: TaskRun, config: TrainConfig, adapter: Path, speedup: float, count: int) -> dict:
     """A policy on ``count`` new MRs with few facts (each optional attribute present with
     probability 0.5; heldout_new_mrs), where a description must stop early: the share of
-    descriptions that mention a kind of fact the MR does not give (added_attributes: a policy at its
-    floor that runs past the task model's stop appends one), at 1x and at ``speedup``, and how
-    close the policy stays to the task model's own text."""
+    descriptions that mention a kind of fact the MR does not give (added_attributes), at 1x and at
+    ``speedup``; ``beyond_task_model``, the share where the policy makes up a kind of fact that the
+    task model's own description of the MR does not (a policy at its floor that runs past the task
+    model's stop appends one; the task model itself calls a place with no eatType "a restaurant");
+    and how close the policy stays to the task model's own text."""
     mrs = heldout_new_mrs(dev_split()[0], count, seed=HELDOUT_SPARSE_SEED, attribute_share=SPARSE_ATTRIBUTE_SHARE,
                           trained_seed=run.seed, trained_shares=(SYNTHETIC_ATTRIBUTE_SHARE, SPARSE_ATTRIBUTE_SHARE))
     outputs = _descriptions(run, config, adapter, mrs, (1.0, speedup))
+    made_up = {s: [set(added_attributes(mr, text)) for mr, text in zip(mrs, outputs[s])] for s in (1.0, speedup)}
 
-    def made_up(texts: list[str]) -> float:
-        return round(sum(bool(added_attributes(mr, text)) for mr, text in zip(mrs, texts)) / len(mrs), 3)
+    def share(flags: list[bool]) -> float:
+        return round(sum(flags) / len(mrs), 3)
 
-    return {"1x": {"made_up": made_up(outputs[1.0])},
-            f"{speedup:g}x": {"made_up": made_up(outputs[speedup]),
+    beyond = [bool(policy - task) for policy, task in zip(made_up[speedup], made_up[1.0])]
+    return {"1x": {"made_up": share([bool(kinds) for kinds in made_up[1.0]])},
+            f"{speedup:g}x": {"made_up": share([bool(kinds) for kinds in made_up[speedup]]),
+                              "beyond_task_model": share(beyond),
                               "vs_task_model": closeness(outputs[speedup], outputs[1.0])}}
 
 

@@ -473,26 +473,30 @@ def test_sparse_held_out_mrs_give_few_facts_and_are_never_trained_on():
 
 def test_the_sparse_check_counts_the_descriptions_that_make_up_a_fact(monkeypatch):
     """sparse_mr_made_up: at 1x and at the speedup, the share of descriptions naming a kind of fact
-    their MR does not give, and how close the policy's text stays to the task model's."""
+    their MR does not give; beyond the task model, the share where the policy makes up one that the
+    task model's own description does not; how close the policy's text stays to the task model's."""
     from model.tasks import task_training
     from model.tasks.e2e import parse_mr
 
     def descriptions(run, config, adapter, mrs, speedups):
-        plain = [f"{parse_mr(mr)['name']} is a place." for mr in mrs]
-        run_on = [text + " It has a high customer rating." if "customer rating" not in parse_mr(mr) else text
+        # the task model calls every place a restaurant (made up where the MR gives no eatType); the
+        # policy also runs on with a rating for the first 10 MRs where the MR gives none
+        plain = [f"{parse_mr(mr)['name']} is a restaurant." for mr in mrs]
+        run_on = [text + (" It has a high customer rating." if "customer rating" not in parse_mr(mr) else "")
                   for mr, text in zip(mrs, plain)]
         return {1.0: plain, speedups[1]: run_on[:10] + plain[10:]}
 
     monkeypatch.setattr(task_training, "_descriptions", descriptions)
-    run = TaskRun(policy="3")
-    scores = task_training.sparse_mr_made_up(run, None, Path("unused"), 3.0, 40)
+    scores = task_training.sparse_mr_made_up(TaskRun(policy="3"), None, Path("unused"), 3.0, 40)
     mrs = task_training.heldout_new_mrs(dev_split()[0], 40, seed=task_training.HELDOUT_SPARSE_SEED,
                                         attribute_share=0.5, trained_shares=(0.75, 0.5))
-    unrated = sum("customer rating" not in parse_mr(mr) for mr in mrs[:10])
-    assert unrated >= 2
-    assert scores["1x"]["made_up"] == 0.0
-    assert scores["3x"]["made_up"] == round(unrated / 40, 3)
-    assert scores["3x"]["vs_task_model"]["same_share"] == round((40 - unrated) / 40, 3)
+    no_eat_type = ["eatType" not in parse_mr(mr) for mr in mrs]
+    ran_on = [i < 10 and "customer rating" not in parse_mr(mr) for i, mr in enumerate(mrs)]
+    assert 0 < sum(no_eat_type) < 40 and sum(ran_on) >= 2
+    assert scores["1x"]["made_up"] == round(sum(no_eat_type) / 40, 3)
+    assert scores["3x"]["made_up"] == round(sum(a or b for a, b in zip(no_eat_type, ran_on)) / 40, 3)
+    assert scores["3x"]["beyond_task_model"] == round(sum(ran_on) / 40, 3)
+    assert scores["3x"]["vs_task_model"]["same_share"] == round((40 - sum(ran_on)) / 40, 3)
 
 
 def test_varied_invented_places_are_fresh_unlearnable_names_no_real_or_held_out_place():
