@@ -7,14 +7,16 @@
 # "step 0") scored on the held-out devset MRs as written and on their rewritten copies (pubs,
 # restaurants, the other cuisines), never the test set, and on LONG new MRs naming all eight
 # attributes about invented held-out places, against the task model's own text (logs/long-*.jsonl,
-# reported beside the pick); then, per policy, the checkpoint with the best mean of the two
+# reported beside the pick), and on SPARSE new MRs with few facts, how often a policy makes up a
+# fact the task model's text does not (logs/sparse-*.jsonl, reported); then, per policy, the checkpoint with the best mean of the two
 # held-out BLEUs is exported in bf16 and packed into OUT_DIR (one tar each), with the logs, scores
 # and targets (report.tar.gz).
 # Every step is a plain `python -m model ...` or scripts/task_heldout_curve.py command; this script
 # runs them in parallel and picks.
 #   bash scripts/gpu_e2e_distil.sh OUT_DIR
-# A dry run on a CPU: DEVICE=cpu STEPS=2 SAVE=1 SYNTH=4 HELDOUT=2 LONG=4 POLICIES="3 all" bash scripts/gpu_e2e_distil.sh OUT
-# (the study of 2026-11-26 ran it before invented places existed: INVENTED=0 LONG=0 reproduces it)
+# A dry run on a CPU: DEVICE=cpu STEPS=2 SAVE=1 SYNTH=4 HELDOUT=2 LONG=4 SPARSE=4 POLICIES="3 all" bash scripts/gpu_e2e_distil.sh OUT
+# (the study of 2026-11-26 ran it before invented places existed: INVENTED=0 LONG=0 SPARSE=0 reproduces it;
+# SHARE=0.5 draws the synthetic MRs with fewer facts: train-task --synthetic-attribute-share)
 set -uo pipefail
 OUT_DIR=${1:?usage: gpu_e2e_distil.sh OUT_DIR}
 WORK=${WORK:-runs/gpu-distil}
@@ -22,6 +24,8 @@ STEPS=${STEPS:-400}
 SAVE=${SAVE:-100}
 SYNTH=${SYNTH:-3000}
 INVENTED=${INVENTED:-0.5}         # the share of the synthetic MRs about invented places (train-task --invented-places)
+SHARE=${SHARE:-0.75}              # each optional attribute's chance in a synthetic MR (train-task --synthetic-attribute-share)
+SPARSE=${SPARSE:-100}             # new MRs with few facts: facts made up beyond the task model's (reported)
 BATCH=${BATCH:-32}
 DEVICE=${DEVICE:-cuda}
 HELDOUT=${HELDOUT:-50}
@@ -63,7 +67,7 @@ log "distillation targets: the task model's descriptions of the training MRs and
 $PY - > "$WORK/logs/targets.log" 2>&1 <<EOF || { log "targets failed"; report; exit 1; }
 from model.tasks.task_training import TaskRun, training_file
 print(training_file(TaskRun(policy="3", targets="task-model", synthetic_mrs=$SYNTH, invented_places=$INVENTED,
-                            device="$DEVICE", output_dir="$WORK/targets")))
+                            synthetic_attribute_share=$SHARE, device="$DEVICE", output_dir="$WORK/targets")))
 EOF
 log "targets: $(wc -l < "$WORK/targets/distilled.jsonl") descriptions"
 
@@ -75,7 +79,7 @@ for p in $POLICIES; do
   cp "$WORK/targets/distilled.jsonl" "$WORK/targets/distilled.source.json" "$run/"  # same source: reused
   lr=3e-4; [ "$p" = 2 ] && lr=2e-4
   timeout "$TRAIN_LIMIT" $PY -m model train-task e2e --policy "$p" --targets task-model --synthetic-mrs "$SYNTH" \
-    --invented-places "$INVENTED" \
+    --invented-places "$INVENTED" --synthetic-attribute-share "$SHARE" \
     --init-adapter "$(shipped "$p")" --steps "$STEPS" --lr "$lr" --batch-size "$BATCH" --save-every "$SAVE" \
     --threads 2 --device "$DEVICE" --heldout-mrs 0 --output-dir "$run" > "$WORK/logs/skip-$p.log" 2>&1 &
   trainers+=($!)
@@ -101,6 +105,8 @@ for p in $POLICIES; do
       --device "$DEVICE" --no-task-model > "$WORK/logs/heldout-skip-$p-$s.jsonl" 2> "$WORK/logs/heldout-skip-$p-$s.err" &
     [ "$LONG" -gt 0 ] && $PY scripts/task_heldout_curve.py "$(shipped "$p")" $ckpts --speedup "$s" --relexicalised \
       --long "$LONG" --invented-places --device "$DEVICE" > "$WORK/logs/long-skip-$p-$s.jsonl" 2> "$WORK/logs/long-skip-$p-$s.err" &
+    [ "$SPARSE" -gt 0 ] && $PY scripts/task_heldout_curve.py "$(shipped "$p")" $ckpts --speedup "$s" --relexicalised \
+      --sparse "$SPARSE" --device "$DEVICE" > "$WORK/logs/sparse-skip-$p-$s.jsonl" 2> "$WORK/logs/sparse-skip-$p-$s.err" &
   done
 done
 wait
