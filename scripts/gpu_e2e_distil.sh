@@ -16,7 +16,8 @@
 #   bash scripts/gpu_e2e_distil.sh OUT_DIR
 # A dry run on a CPU: DEVICE=cpu STEPS=2 SAVE=1 SYNTH=4 HELDOUT=2 LONG=4 SPARSE=4 POLICIES="3 all" bash scripts/gpu_e2e_distil.sh OUT
 # (the study of 2026-11-26 ran it before invented places existed: INVENTED=0 LONG=0 SPARSE=0 reproduces it;
-# SHARE=0.5 draws the synthetic MRs with fewer facts: train-task --synthetic-attribute-share)
+# SHARE=0.5 draws the synthetic MRs with fewer facts: train-task --synthetic-attribute-share; BRIDGE=16 adds
+# an entry bridge to every policy, zero-initialised on top of its shipped weights: train-task --bridge-rank)
 set -uo pipefail
 OUT_DIR=${1:?usage: gpu_e2e_distil.sh OUT_DIR}
 WORK=${WORK:-runs/gpu-distil}
@@ -26,6 +27,7 @@ SYNTH=${SYNTH:-3000}
 INVENTED=${INVENTED:-0.5}         # the share of the synthetic MRs about invented places (train-task --invented-places)
 SHARE=${SHARE:-0.75}              # each optional attribute's chance in a synthetic MR (train-task --synthetic-attribute-share)
 SPARSE=${SPARSE:-100}             # new MRs with few facts: facts made up beyond the task model's (reported)
+BRIDGE=${BRIDGE:-0}               # > 0: each policy also learns an entry bridge of this rank (train-task --bridge-rank)
 BATCH=${BATCH:-32}
 DEVICE=${DEVICE:-cuda}
 HELDOUT=${HELDOUT:-50}
@@ -79,7 +81,7 @@ for p in $POLICIES; do
   cp "$WORK/targets/distilled.jsonl" "$WORK/targets/distilled.source.json" "$run/"  # same source: reused
   lr=3e-4; [ "$p" = 2 ] && lr=2e-4
   timeout "$TRAIN_LIMIT" $PY -m model train-task e2e --policy "$p" --targets task-model --synthetic-mrs "$SYNTH" \
-    --invented-places "$INVENTED" --synthetic-attribute-share "$SHARE" \
+    --invented-places "$INVENTED" --synthetic-attribute-share "$SHARE" --bridge-rank "$BRIDGE" \
     --init-adapter "$(shipped "$p")" --steps "$STEPS" --lr "$lr" --batch-size "$BATCH" --save-every "$SAVE" \
     --threads 2 --device "$DEVICE" --heldout-mrs 0 --output-dir "$run" > "$WORK/logs/skip-$p.log" 2>&1 &
   trainers+=($!)

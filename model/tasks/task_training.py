@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from model.common.checks import check_number
+from model.common.checks import check_int, check_number
 from model.generation import TextGenerator
 from model.loading import load_model, resolve_device
 from model.skipdecode.skip_policy import export_adapter
@@ -74,6 +74,10 @@ class TaskRun:
     batch_size: int = 16
     learning_rate: float | None = None  # None: 1e-3 for the task model, 5e-4 for a policy
     lora_rank: int | None = None  # None: the task's (TaskSettings.lora_rank)
+    # > 0: a policy also learns an entry bridge of this rank where the hidden state enters a layer
+    # after bypassed ones (docs/DESIGN.md); zero-initialised, so a run continuing a bridgeless
+    # policy (--init-adapter) starts from exactly its outputs
+    bridge_rank: int = 0
     kl_weight: float = 0.0
     # > 0: a target token the policy's greedy choice misses weighs 1 + this in the cross-entropy (a
     # policy only): the stop the task model makes and a policy at its floor runs past
@@ -137,6 +141,9 @@ class TaskRun:
         if self.flip_weight and self.policy == "task":
             raise ValueError("--flip-weight weighs the tokens a skip policy's greedy choice misses: it needs --policy 2 ... 5 or all")
         check_number("--flip-weight", self.flip_weight, low=0)
+        check_int("--bridge-rank", self.bridge_rank, low=0, high=256)
+        if self.bridge_rank and self.policy == "task":
+            raise ValueError("--bridge-rank adds an entry bridge to a skip policy: the task model bypasses no layer")
         if self.kl_weight and self.policy == "task":
             raise ValueError("--kl adds KL to the task model: it applies to a skip policy, not to the task model itself")
 
@@ -155,6 +162,7 @@ class TaskRun:
         relexicalised = f"-relex{self.relexicalised}" if self.relexicalised else ""
         relexicalised += "-complete" if self.complete_references else ""
         weighted = (f"-kl{self.kl_weight:g}" if self.kl_weight else "") + (f"-flip{self.flip_weight:g}" if self.flip_weight else "")
+        weighted += f"-bridge{self.bridge_rank}" if self.bridge_rank else ""
         return base + weighted + distilled + relexicalised
 
     @property
@@ -175,7 +183,8 @@ def train_config(run: TaskRun, data_file: Path) -> TrainConfig:
     task_dir = run.task_adapter or str(task_adapter_dir(run.task))
     schedule: dict[str, Any] = dict(
         fixed_decay="linear", fixed_decay_length=settings.decay_length, floor_share=settings.floor_share,
-        decays=("linear",), kl_weight=run.kl_weight, flip_weight=run.flip_weight, task_adapter=task_dir, gate_lora=True)
+        decays=("linear",), kl_weight=run.kl_weight, flip_weight=run.flip_weight, task_adapter=task_dir, gate_lora=True,
+        bridge_rank=run.bridge_rank)
     if run.policy == "all":
         return TrainConfig(**common, **schedule, learning_rate=run.learning_rate or 5e-4,
                            speedup_range=SHARED_SPEEDUP_RANGE)

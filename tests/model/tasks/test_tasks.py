@@ -123,6 +123,14 @@ def test_task_runs_are_checked_and_configured_the_papers_way(tmp_path):
     shared = train_config(TaskRun(policy="all"), tmp_path / "d.jsonl")
     assert shared.fixed_speedup is None and shared.speedup_range == (1.5, 5.0) and shared.decays == ("linear",)
     assert policy_name(3.0) == "skip-3x" and policy_name(None) == "skip-all"
+    assert three.bridge_rank == 0 and task.bridge_rank == 0
+    bridged = TaskRun(policy="3", bridge_rank=16)
+    assert train_config(bridged, tmp_path / "d.jsonl").bridge_rank == 16 and bridged.name == "skip-3x-bridge16"
+    with pytest.raises(ValueError, match="the task model bypasses no layer"):
+        TaskRun(policy="task", bridge_rank=8)
+    for rank in (-1, 2.5, 1000):
+        with pytest.raises(ValueError, match="--bridge-rank"):
+            TaskRun(policy="3", bridge_rank=rank)
 
 
 def test_policy_for_prefers_its_own_speedup_then_the_shared_policy(tmp_path):
