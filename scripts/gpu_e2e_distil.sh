@@ -8,9 +8,9 @@
 # restaurants, the other cuisines), never the test set, and on LONG new MRs naming all eight
 # attributes about invented held-out places, against the task model's own text (logs/long-*.jsonl,
 # reported beside the pick), and on SPARSE new MRs with few facts, how often a policy makes up a
-# fact the task model's text does not (logs/sparse-*.jsonl, reported); then, per policy, the checkpoint with the best mean of the two
-# held-out BLEUs is exported in bf16 and packed into OUT_DIR (one tar each), with the logs, scores
-# and targets (report.tar.gz).
+# fact the task model's text does not (logs/sparse-*.jsonl, reported); then, per policy, the
+# checkpoint with the best mean of the two held-out BLEUs is exported in bf16 and packed into
+# OUT_DIR (one tar each), with the logs, scores and targets (report.tar.gz).
 # Every step is a plain `python -m model ...` or scripts/task_heldout_curve.py command; this script
 # runs them in parallel and picks.
 #   bash scripts/gpu_e2e_distil.sh OUT_DIR

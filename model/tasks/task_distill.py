@@ -70,8 +70,8 @@ def distillation_mrs(train: Sequence[E2ERecord], synthetic: int, seed: int, inve
     ones, ``invented_share`` of them about invented places (a policy that only ever sees the devset's
     30 places learns them instead of copying a new one from the prompt, which the test set asks for):
     the 256 fixed names, or ("varied") names drawn from twice as many fresh ones of varied shapes as
-    there are such MRs, so that a name comes up about once and none can be learned by heart. Each optional attribute is
-    in a synthetic MR with probability ``attribute_share``."""
+    there are such MRs, so that a name comes up about once and none can be learned by heart. Each
+    optional attribute is in a synthetic MR with probability ``attribute_share``."""
     invented = round(synthetic * invented_share)
     mrs = [r.mr for r in train] + (synthetic_mrs(train, synthetic - invented, seed, attribute_share)
                                    if synthetic > invented else [])

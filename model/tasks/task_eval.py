@@ -105,11 +105,10 @@ def task_scores(outputs: Sequence[str], records: Sequence[E2ERecord]) -> dict:
     ``made_up``, the share that mention a fact their MR does not give (added_attributes)."""
     references = [r.references for r in records]
     complete = sum(not unmentioned_attributes(r.mr, text) for r, text in zip(records, outputs))
-    made_up = sum(bool(added_attributes(r.mr, text)) for r, text in zip(records, outputs))
     count = max(1, len(records))
     return {"bleu": round(bleu(outputs, references), 2), "rouge_l": round(rouge_l(outputs, references), 2),
             "nist": round(nist(outputs, references), 3), "facts": round(complete / count, 3),
-            "made_up": round(made_up / count, 3)}
+            "made_up": made_up_share([r.mr for r in records], outputs)}
 
 
 def names_near_place(mr: str, text: str) -> bool | None:
@@ -123,6 +122,19 @@ def near_named_share(mrs: Sequence[str], texts: Sequence[str]) -> float:
     """The share of descriptions that name their MR's near place, over the MRs that have one."""
     named = [flag for flag in map(names_near_place, mrs, texts) if flag is not None]
     return round(sum(named) / len(named), 3) if named else 0.0
+
+
+def made_up_share(mrs: Sequence[str], texts: Sequence[str]) -> float:
+    """The share of descriptions that mention a kind of fact their MR does not give (added_attributes)."""
+    return round(sum(bool(added_attributes(mr, text)) for mr, text in zip(mrs, texts)) / max(1, len(mrs)), 3)
+
+
+def made_up_beyond_share(mrs: Sequence[str], texts: Sequence[str], task_model_texts: Sequence[str]) -> float:
+    """The share of descriptions that make up a kind of fact the task model's own description of the
+    same MR does not (a policy at its floor running past the task model's stop appends one)."""
+    beyond = sum(bool(set(added_attributes(mr, text)) - set(added_attributes(mr, task_text)))
+                 for mr, text, task_text in zip(mrs, texts, task_model_texts))
+    return round(beyond / max(1, len(mrs)), 3)
 
 
 def closeness(outputs: Sequence[str], task_model_outputs: Sequence[str]) -> dict:

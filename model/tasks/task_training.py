@@ -36,7 +36,6 @@ from model.tasks.e2e import (
     INVENTED_STYLES,
     SYNTHETIC_ATTRIBUTE_SHARE,
     E2ERecord,
-    added_attributes,
     dev_split,
     heldout_new_mrs,
     long_heldout_mrs,
@@ -50,7 +49,15 @@ from model.tasks.task_distill import (
     adopt_distillation_file,
     write_distillation_file,
 )
-from model.tasks.task_eval import batch_for, closeness, describe, near_named_share, task_scores
+from model.tasks.task_eval import (
+    batch_for,
+    closeness,
+    describe,
+    made_up_beyond_share,
+    made_up_share,
+    near_named_share,
+    task_scores,
+)
 from model.tasks.task_models import check_task, policy_name, task_adapter_dir, task_schedule
 from model.training.training import TrainConfig, TrainResult, train
 
@@ -255,15 +262,9 @@ def sparse_mr_made_up(run: TaskRun, config: TrainConfig, adapter: Path, speedup:
     mrs = heldout_new_mrs(dev_split()[0], count, seed=HELDOUT_SPARSE_SEED, attribute_share=SPARSE_ATTRIBUTE_SHARE,
                           trained_seed=run.seed, trained_shares=(SYNTHETIC_ATTRIBUTE_SHARE, SPARSE_ATTRIBUTE_SHARE))
     outputs = _descriptions(run, config, adapter, mrs, (1.0, speedup))
-    made_up = {s: [set(added_attributes(mr, text)) for mr, text in zip(mrs, outputs[s])] for s in (1.0, speedup)}
-
-    def share(flags: list[bool]) -> float:
-        return round(sum(flags) / len(mrs), 3)
-
-    beyond = [bool(policy - task) for policy, task in zip(made_up[speedup], made_up[1.0])]
-    return {"1x": {"made_up": share([bool(kinds) for kinds in made_up[1.0]])},
-            f"{speedup:g}x": {"made_up": share([bool(kinds) for kinds in made_up[speedup]]),
-                              "beyond_task_model": share(beyond),
+    return {"1x": {"made_up": made_up_share(mrs, outputs[1.0])},
+            f"{speedup:g}x": {"made_up": made_up_share(mrs, outputs[speedup]),
+                              "beyond_task_model": made_up_beyond_share(mrs, outputs[speedup], outputs[1.0]),
                               "vs_task_model": closeness(outputs[speedup], outputs[1.0])}}
 
 

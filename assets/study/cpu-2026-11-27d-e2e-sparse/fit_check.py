@@ -17,8 +17,7 @@ from pathlib import Path
 
 import torch
 
-from model.tasks.e2e import added_attributes
-from model.tasks.task_eval import closeness
+from model.tasks.task_eval import closeness, made_up_beyond_share
 from model.tasks.task_training import TaskRun, _descriptions, train_config
 
 TRAINING_MRS = 497  # the distillation file's devset MRs come first, then the synthetic ones
@@ -34,10 +33,8 @@ def main() -> None:
     config = train_config(run, Path("unused"))
     for name, group in groups.items():
         out = _descriptions(run, config, adapter, group, (1.0, 3.0))
-        beyond = sum(bool(set(added_attributes(mr, policy)) - set(added_attributes(mr, task)))
-                     for mr, task, policy in zip(group, out[1.0], out[3.0]))
         print(json.dumps({"adapter": str(adapter), "set": name, "mrs": len(group), **closeness(out[3.0], out[1.0]),
-                          "beyond_task_model": beyond / len(group)}), flush=True)
+                          "beyond_task_model": made_up_beyond_share(group, out[3.0], out[1.0])}), flush=True)
 
 
 if __name__ == "__main__":

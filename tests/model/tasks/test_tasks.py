@@ -484,7 +484,6 @@ def test_the_sparse_check_counts_the_descriptions_that_make_up_a_fact(monkeypatc
     their MR does not give; beyond the task model, the share where the policy makes up one that the
     task model's own description does not; how close the policy's text stays to the task model's."""
     from model.tasks import task_training
-    from model.tasks.e2e import parse_mr
 
     def descriptions(run, config, adapter, mrs, speedups):
         # the task model calls every place a restaurant (made up where the MR gives no eatType); the
