@@ -17,7 +17,10 @@
 # A dry run on a CPU: DEVICE=cpu STEPS=2 SAVE=1 SYNTH=4 HELDOUT=2 LONG=4 SPARSE=4 POLICIES="3 all" bash scripts/gpu_e2e_distil.sh OUT
 # (the study of 2026-11-26 ran it before invented places existed: INVENTED=0 LONG=0 SPARSE=0 reproduces it;
 # SHARE=0.5 draws the synthetic MRs with fewer facts: train-task --synthetic-attribute-share; BRIDGE=16 adds
-# an entry bridge to every policy, zero-initialised on top of its shipped weights: train-task --bridge-rank)
+# an entry bridge to every policy, zero-initialised on top of its shipped weights: train-task --bridge-rank;
+# TASK_ADAPTER=DIR distils another task model and runs every policy on it (train-task --task-adapter);
+# INIT_ROOT=DIR takes the starting weights from DIR/skip-2x ... DIR/skip-all instead of assets/adapters/e2e;
+# TARGETS_FILE=FILE adopts a distillation file made earlier from the same source instead of a pass)
 set -uo pipefail
 OUT_DIR=${1:?usage: gpu_e2e_distil.sh OUT_DIR}
 WORK=${WORK:-runs/gpu-distil}
@@ -34,11 +37,15 @@ HELDOUT=${HELDOUT:-50}
 LONG=${LONG:-100}                 # new eight-attribute MRs about invented held-out places: near place named (reported)
 TRAIN_LIMIT=${TRAIN_LIMIT:-270}   # seconds the training phase may take (checkpoints survive a stop)
 POLICIES=${POLICIES:-2 3 4 5 all}
+INIT_ROOT=${INIT_ROOT:-assets/adapters/e2e}   # the starting weights: INIT_ROOT/skip-2x ... skip-all
+TASK_ADAPTER=${TASK_ADAPTER:-}    # empty: the shipped task model
+TARGETS_FILE=${TARGETS_FILE:-}    # empty: the task model's pass here
 PY=${PYTHON:-python3}
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false PYTHONPATH=${PYTHONPATH:-}${PYTHONPATH:+:}$PWD
 mkdir -p "$OUT_DIR" "$WORK/logs"
 log() { echo "[$(date +%T)] $*" | tee -a "$WORK/logs/timeline.txt"; }
-shipped() { if [ "$1" = all ]; then echo assets/adapters/e2e/skip-all; else echo "assets/adapters/e2e/skip-${1}x"; fi; }
+shipped() { if [ "$1" = all ]; then echo "$INIT_ROOT/skip-all"; else echo "$INIT_ROOT/skip-${1}x"; fi; }
+on_task=(); [ -n "$TASK_ADAPTER" ] && on_task=(--task-adapter "$TASK_ADAPTER")
 report() {
   for p in $POLICIES; do
     cp "$WORK/skip-$p/train_log.jsonl" "$WORK/logs/trainlog-skip-$p.jsonl" 2>/dev/null
@@ -69,7 +76,8 @@ log "distillation targets: the task model's descriptions of the training MRs and
 $PY - > "$WORK/logs/targets.log" 2>&1 <<EOF || { log "targets failed"; report; exit 1; }
 from model.tasks.task_training import TaskRun, training_file
 print(training_file(TaskRun(policy="3", targets="task-model", synthetic_mrs=$SYNTH, invented_places=$INVENTED,
-                            synthetic_attribute_share=$SHARE, device="$DEVICE", output_dir="$WORK/targets")))
+                            synthetic_attribute_share=$SHARE, device="$DEVICE", output_dir="$WORK/targets",
+                            task_adapter="$TASK_ADAPTER" or None, targets_file="$TARGETS_FILE" or None)))
 EOF
 log "targets: $(wc -l < "$WORK/targets/distilled.jsonl") descriptions"
 
@@ -82,7 +90,7 @@ for p in $POLICIES; do
   lr=3e-4; [ "$p" = 2 ] && lr=2e-4
   timeout "$TRAIN_LIMIT" $PY -m model train-task e2e --policy "$p" --targets task-model --synthetic-mrs "$SYNTH" \
     --invented-places "$INVENTED" --synthetic-attribute-share "$SHARE" --bridge-rank "$BRIDGE" \
-    --init-adapter "$(shipped "$p")" --steps "$STEPS" --lr "$lr" --batch-size "$BATCH" --save-every "$SAVE" \
+    --init-adapter "$(shipped "$p")" "${on_task[@]}" --steps "$STEPS" --lr "$lr" --batch-size "$BATCH" --save-every "$SAVE" \
     --threads 2 --device "$DEVICE" --heldout-mrs 0 --output-dir "$run" > "$WORK/logs/skip-$p.log" 2>&1 &
   trainers+=($!)
   snap "$run" & snappers+=($!)
@@ -104,11 +112,11 @@ for p in $POLICIES; do
   ckpts=$(ls -d "$WORK/skip-$p"/adapter-step-[0-9]* 2>/dev/null | grep -E 'adapter-step-[0-9]+$' | sort -V)
   for s in $speeds; do
     $PY scripts/task_heldout_curve.py "$(shipped "$p")" $ckpts --speedup "$s" --relexicalised 0 2 --mrs "$HELDOUT" \
-      --device "$DEVICE" --no-task-model > "$WORK/logs/heldout-skip-$p-$s.jsonl" 2> "$WORK/logs/heldout-skip-$p-$s.err" &
+      "${on_task[@]}" --device "$DEVICE" --no-task-model > "$WORK/logs/heldout-skip-$p-$s.jsonl" 2> "$WORK/logs/heldout-skip-$p-$s.err" &
     [ "$LONG" -gt 0 ] && $PY scripts/task_heldout_curve.py "$(shipped "$p")" $ckpts --speedup "$s" --relexicalised \
-      --long "$LONG" --invented-places --device "$DEVICE" > "$WORK/logs/long-skip-$p-$s.jsonl" 2> "$WORK/logs/long-skip-$p-$s.err" &
+      --long "$LONG" --invented-places "${on_task[@]}" --device "$DEVICE" > "$WORK/logs/long-skip-$p-$s.jsonl" 2> "$WORK/logs/long-skip-$p-$s.err" &
     [ "$SPARSE" -gt 0 ] && $PY scripts/task_heldout_curve.py "$(shipped "$p")" $ckpts --speedup "$s" --relexicalised \
-      --sparse "$SPARSE" --device "$DEVICE" > "$WORK/logs/sparse-skip-$p-$s.jsonl" 2> "$WORK/logs/sparse-skip-$p-$s.err" &
+      --sparse "$SPARSE" "${on_task[@]}" --device "$DEVICE" > "$WORK/logs/sparse-skip-$p-$s.jsonl" 2> "$WORK/logs/sparse-skip-$p-$s.err" &
   done
 done
 wait
