@@ -125,7 +125,7 @@ if [ "$BRIDGE_ALSO" -gt 0 ]; then
   gunzip -c assets/study/gpu-2026-11-26-e2e-distil/distilled.jsonl.gz > "$WORK/shipped-targets.jsonl"
   cp assets/study/gpu-2026-11-26-e2e-distil/distilled.source.json "$WORK/shipped-targets.source.json"
   env WORK="$WORK/bridge" POLICIES=3 BRIDGE="$BRIDGE_ALSO" INIT_ROOT="$INIT_ROOT" TASK_ADAPTER="$INIT_ROOT/task" \
-    TARGETS_FILE="$WORK/shipped-targets.jsonl" DEVICE="$DEVICE" HELDOUT="$HELDOUT" LONG=0 $BRIDGE_ENV \
+    TARGETS_FILE="$WORK/shipped-targets.jsonl" INVENTED=0 DEVICE="$DEVICE" HELDOUT="$HELDOUT" LONG=0 $BRIDGE_ENV \
     bash scripts/gpu_e2e_distil.sh "$OUT_DIR/bridge" > "$WORK/logs/bridge.log" 2>&1 &
 fi
 log "the family's skip policies, distilled from $best"
