@@ -5,8 +5,8 @@ writes, at desktop (1440x900) and phone (390x844) size, what the screen shows wi
 on arrival, ~3 s after Generate, when done, after running a lesson (the batch one), and the
 Results and How it works tabs; plus the README's assets/images/playground.png and results.png,
 and the paper's E2E task at both sizes (assets/images/e2e-1440x900.png, e2e-390x844.png: the task
-picked, an MR composed in the form, generated at 3x; then its lesson's second run, the MR where 3x runs
-past the stop: assets/images/visitor/e2e-lesson-then-*.png; SKIPDECODE_TASK_ADAPTERS names other adapters).
+picked, an MR composed in the form, generated at 3x; then its lesson's second run, the MR where the task
+model states every fact and 3x drops one: assets/images/visitor/e2e-lesson-then-*.png; SKIPDECODE_TASK_ADAPTERS names other adapters).
 
     python scripts/screenshots.py [--only desktop|phone|readme|e2e]
 """
@@ -110,7 +110,7 @@ def e2e_views(browser, port: int) -> list[Path]:
         page.screenshot(path=str(path))
         written.append(path)
         page.evaluate("window.scrollTo(0, 0)")
-        run_lesson(page, "The paper's task: 3x")  # then its second run: the MR where 3x runs past the stop
+        run_lesson(page, "The paper's task: 3x")  # then its second run: 3x drops a fact the task model states
         start_and_wait(page, "#lesson-then", 600)
         path = OUT / "visitor" / f"e2e-lesson-then-{width}x{height}.png"
         path.parent.mkdir(parents=True, exist_ok=True)
