@@ -44,12 +44,15 @@ LESSON_BASE = dict(task="chat", prompt=EXAMPLE_PROMPTS[0], target_speedup=2.0, d
 TRAINED = "the loaded skip policy's placement"  # a then-value: back to the trained warmup/order
 EXERCISE = "What are the benefits of exercise?"
 ROMEO = "Who wrote Romeo and Juliet?"
-# A test-set MR of five facts (assets/data/e2e/testset_w_refs.csv): short enough to check by eye.
-E2E_MR = "name[The Cricketers], eatType[coffee shop], customer rating[5 out of 5], familyFriendly[yes], near[Crowne Plaza Hotel]"
-# A test-set MR where the 3x policy writes the task model's description and a clause more ("and is
-# located in the city centre", a fact the MR does not give): checked at batch 1 on this CPU's default
-# weights, as the lesson runs it. The 3x policy does this for 59 of the 630 test MRs (float32).
-E2E_RUN_ON_MR = "name[Cocum], eatType[coffee shop], customer rating[high], near[Burger King]"
+# A test-set MR of six facts (assets/data/e2e/testset_w_refs.csv) where 3x writes the task model's
+# very description, every fact in it: checked at batch 1 on this CPU's default weights, as the lesson runs it.
+E2E_MR = "name[Giraffe], eatType[pub], food[French], area[riverside], familyFriendly[yes], near[Raja Indian Cuisine]"
+# A test-set MR of seven facts where 3x, at its floor of 7 layers, says "It is not kid friendly." twice
+# and leaves the price out, which the task model states: checked the same way. Over the test set
+# (float32) the task model mentions every fact of the MR in 95% of its descriptions, 3x in 72%:
+# dropping a last fact is now what 3x loses most often.
+E2E_DROPPED_FACT_MR = ("name[The Mill], eatType[pub], food[English], priceRange[moderate], area[city centre], "
+                       "familyFriendly[no], near[Raja Indian Cuisine]")
 
 LESSONS = (
     Lesson("1x is the full model", "With no skipping, does SkipDecode give exactly the full model's text?",
@@ -82,24 +85,22 @@ LESSONS = (
     Lesson("The paper's task: 3x, the same description", "The paper fine-tunes a model for one task (E2E: a "
            "restaurant's facts in, a description out) and then skips layers in it. Does the description survive "
            "running about a third of the layers?",
-           "the same description word for word (as for half the test MRs at 3x on this CPU's int8 weights, 70% "
-           "in float32), while the heatmap shows the SkipDecode pane running about a third of the task model's "
-           "layers per token. Now change near[...] to a "
+           "the same description word for word, every fact of the MR in it, while the heatmap shows the SkipDecode "
+           "pane running about a third of the task model's layers per token (over the test set 3x writes the task "
+           "model's very text for only 17% of the MRs, keeping 0.993 of its BLEU: this task model words the same "
+           "facts several ways, and the policy follows its facts more than its words). Now change near[...] to a "
            "place of your own: the note above the SkipDecode pane says which place the training data knows both "
            "models were given in its place, and both name yours again in the text. Without that swap (the E2E "
            "challenge baseline's delexicalisation) SkipDecode garbles a new place (near[The Painted Lighthouse] "
-           "came out \"near The Painter\"): its policy's few late layers copy a new name badly. The line under the "
-           "panes counts the MR's facts each description mentions: with name[The Cricketers], eatType[pub], "
-           "food[Chinese], area[riverside], familyFriendly[yes], near[Burger King] both panes leave "
-           "family-friendliness out, because the task model itself does (a wording it learned from the data). "
-           "The second run gives an MR where SkipDecode writes the task model's description and then one clause "
-           "more, a fact the MR never gave (the line names it \"made up\"): a stop missed at the end of the "
-           "description, where a 3x schedule runs 7 of the 30 layers, and nearly all of what 3x loses over the "
-           "test set. The Results tab "
-           "says, over the whole test set, how much of the task model's score it keeps and how often it writes the "
-           "very same text.",
+           "came out \"near The Paintened\"): its policy's few late layers copy a new name badly. The line under "
+           "the panes counts the MR's facts each description mentions and names any it makes up. The second run "
+           "gives an MR of seven facts where SkipDecode says \"It is not kid friendly.\" twice and leaves the price "
+           "out, which the task model states: at the end of a long description a 3x schedule runs 7 of the 30 "
+           "layers, and a dropped last fact is what 3x loses most often (the task model mentions every fact in "
+           "95% of the test MRs, 3x in 72%). The Results tab says, over the whole test set, how much of the task "
+           "model's score SkipDecode keeps and how often it writes the very same text.",
            dict(task="e2e", target_speedup=3.0, prompt=E2E_MR, max_new_tokens=check_task("e2e").max_new_tokens),
-           "Run an MR where 3x runs on", dict(prompt=E2E_RUN_ON_MR)),
+           "Run an MR where 3x drops a fact", dict(prompt=E2E_DROPPED_FACT_MR)),
 )
 
 

@@ -122,7 +122,7 @@ def test_the_lesson_switches_to_the_task_at_3x_and_the_others_switch_back():
     second = lesson_values(lesson, DEFAULTS, then=True)
     assert second["task"] == "e2e" and second["target_speedup"] == 3.0 and second["prompt"] != values["prompt"]
     check_mr("e2e", second["prompt"])
-    assert "Run an MR where 3x runs on" in lesson.markdown()
+    assert "Run an MR where 3x drops a fact" in lesson.markdown()
 
 
 def _report(tmp_path, arms, speed=()):
