@@ -260,21 +260,55 @@ def delexicalised_markdown(report: dict) -> str:
         e2e_quality_table(report)))
 
 
+EARLIER_FAMILY_TITLE = ("### An earlier task model and its policies copying new places themselves, no swap "
+                        "(`python -m model eval-task e2e`): not yet re-measured for the task model above, so "
+                        "its shares are not comparable with those")
+
+
+def _task_record(report: dict | None) -> object:
+    """The task model's training record in a report (the same adapter gives the same record)."""
+    return ((report or {}).get("policies") or {}).get("task")
+
+
+def other_task_model(report: dict | None, other: dict | None) -> bool:
+    """Whether two reports measured different task models (both records there and unequal; a
+    report without the record is taken as the same)."""
+    first, second = _task_record(report), _task_record(other)
+    return first is not None and second is not None and first != second
+
+
+def plain_title(plain: dict | None, delexicalised: dict | None) -> str:
+    """The no-swap section's title: below the delexicalised one, and named an earlier family's
+    where its task model is not the one the delexicalised report measured (a new task model ships
+    before every report is re-run)."""
+    if delexicalised is None:
+        return PLAIN_TITLE
+    if other_task_model(plain, delexicalised):
+        return EARLIER_FAMILY_TITLE
+    return BELOW_DELEXICALISED_TITLE
+
+
 def e2e_section(path: Path = E2E_FILE, delexicalised_path: Path | None = None) -> None:
     delexicalised = load_e2e(delexicalised_path) if delexicalised_path else None
     if delexicalised is not None:
         gr.Markdown(delexicalised_markdown(delexicalised), elem_id="results-e2e-delexicalised",
                     elem_classes=["results-table"])
-    title = BELOW_DELEXICALISED_TITLE if delexicalised is not None else PLAIN_TITLE
-    gr.Markdown(e2e_markdown(load_e2e(path), title), elem_id="results-e2e", elem_classes=["results-table"])
+    plain = load_e2e(path)
+    gr.Markdown(e2e_markdown(plain, plain_title(plain, delexicalised)), elem_id="results-e2e",
+                elem_classes=["results-table"])
 
 
 def e2e_note(target_speedup: float, skip_policy: bool, path: Path = E2E_FILE) -> str:
     """Under the panes for the task: what the test set says at the nearest evaluated speedup, from
     the delexicalised run (what the playground runs) where it has an arm of the kind asked for (a
     policy, or none), else the plain one."""
-    for report_path in (p for p in (delexicalised_file(path), path) if p is not None):
-        note = _note_from(_cached_e2e(str(report_path)), target_speedup, skip_policy)
+    delexicalised = delexicalised_file(path)
+    for report_path in (p for p in (delexicalised, path) if p is not None):
+        report = _cached_e2e(str(report_path))
+        if report_path == path and delexicalised is not None \
+                and other_task_model(report, _cached_e2e(str(delexicalised))):
+            continue  # an earlier task model's figures: not what this pane runs
+        note = _note_from(report, target_speedup, skip_policy)
         if note:
             return note + (" New places delexicalised, as here." if report_path != path else "")
     return "" if _cached_e2e(str(path)) else "The E2E task is not evaluated yet (Results)."

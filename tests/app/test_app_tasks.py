@@ -9,7 +9,16 @@ import pytest
 
 from app.handlers import page_error
 from app.lessons import LESSONS, lesson_by_title, lesson_values
-from app.results import claim_sentence, claim_verdicts, e2e_markdown, e2e_note, load_e2e
+from app.results import (
+    BELOW_DELEXICALISED_TITLE,
+    EARLIER_FAMILY_TITLE,
+    claim_sentence,
+    claim_verdicts,
+    e2e_markdown,
+    e2e_note,
+    load_e2e,
+    plain_title,
+)
 from app.settings import Limits, PlaygroundSettings
 from app.share import settings_from_query, share_link
 from app.shown_text import as_markdown
@@ -162,6 +171,24 @@ def test_results_say_where_the_papers_claim_holds_computed_from_the_file(tmp_pat
     assert text.index("paper claims") < text.index("| arm |")
     assert "0.970 of the task model's BLEU" in e2e_note(3.2, True, path)
     assert "no policy 5x" in e2e_note(5.0, False, path)
+
+
+def test_a_no_swap_report_of_an_earlier_task_model_is_named_so_and_never_quoted_under_the_panes(tmp_path):
+    """A new task model ships before every report is re-run: the no-swap report left from the
+    earlier one is titled as such in Results, and the note under the panes does not quote it."""
+    plain = {"task": "e2e", "test_mrs": 630, "policies": {"task": {"step": 120}}, "speed": [],
+             "arms": [_arm("task model (1x)", "task model", 1.0, 1.0, 1.0), _arm("no policy 3x", "none", 3.0, 0.02, 0.3)]}
+    delexicalised = {**plain, "policies": {"task": {"step": 240}},
+                     "arms": [_arm("task model (1x)", "task model", 1.0, 1.0, 1.0),
+                              _arm("per-speedup policy 3x", "per-speedup", 3.0, 0.993, 0.996)]}
+    (tmp_path / "e2e.json").write_text(json.dumps(plain))
+    (tmp_path / "e2e-delexicalised.json").write_text(json.dumps(delexicalised))
+    assert plain_title(load_e2e(tmp_path / "e2e.json"), load_e2e(tmp_path / "e2e-delexicalised.json")) == EARLIER_FAMILY_TITLE
+    assert "0.993 of the task model's BLEU" in e2e_note(3.0, True, tmp_path / "e2e.json")
+    assert "no policy" not in e2e_note(3.0, False, tmp_path / "e2e.json")  # the earlier model's arm: not quoted
+    same = {**plain, "policies": {"task": {"step": 240}}}
+    assert plain_title(same, delexicalised) == BELOW_DELEXICALISED_TITLE
+    assert plain_title({k: v for k, v in plain.items() if k != "policies"}, delexicalised) == BELOW_DELEXICALISED_TITLE
 
 
 def test_results_without_a_file_say_not_evaluated_and_file_text_is_never_markup(tmp_path):

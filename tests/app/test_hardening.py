@@ -375,9 +375,11 @@ def test_an_unread_rest_job_is_dropped_and_stops_computing(slow_server):
     assert demo.playground.runs.active_count() == 0 and demo.fair_queue.waiting() == 0
     settled = slow.layer_calls
     time.sleep(0.5)
-    # A decode step checks for cancellation between steps: the step under way may finish its
-    # layers (4 in the tiny model), but a job that kept computing would run ~40 in this time.
-    assert slow.layer_calls - settled <= 4, "the unread job kept computing"
+    # A decode step checks for cancellation between steps: the step under way in each of the two
+    # streams (SkipDecode and the full model) may finish its layers (4 each in the tiny model; on a
+    # starved CPU both can be mid-step: 6 were seen beside an evaluation run), but a job that kept
+    # computing would run ~40 in this time.
+    assert slow.layer_calls - settled <= 8, "the unread job kept computing"
     late = httpx.get(f"{base}/call/generate/{first.json()['event_id']}", timeout=10).text
     assert "cancelled" in late or "not opened" in late, late[-300:]
 
