@@ -53,23 +53,7 @@ report() {
   cp "$WORK/targets/distilled.jsonl" "$WORK/targets/distilled.source.json" "$WORK/logs/" 2>/dev/null
   tar -C "$WORK/logs" -czf "$OUT_DIR/report.tar.gz" .
 }
-step_of() { $PY -c "import json; print(json.load(open('$1/training_info.json'))['step'])" 2>/dev/null; }
-# adapter/ -> adapter-step-N whenever the run's training_info.json says step N (the trainer keeps one
-# adapter/); the copy is named by the step its own training_info.json says, read after copying
-snap() {
-  local run=$1 n copied
-  while true; do
-    n=$(step_of "$run/adapter")
-    if [ -n "$n" ] && [ ! -d "$run/adapter-step-$n" ]; then
-      sleep 2; rm -rf "$run/copy.partial"
-      if cp -r "$run/adapter" "$run/copy.partial"; then
-        copied=$(step_of "$run/copy.partial")
-        if [ -n "$copied" ] && [ ! -d "$run/adapter-step-$copied" ]; then mv "$run/copy.partial" "$run/adapter-step-$copied"; fi
-      fi
-    fi
-    sleep 3
-  done
-}
+. "$(dirname "$0")/checkpoint_snaps.sh"  # step_of, snap, snap_last
 
 log "device: $($PY -c "import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'cpu', torch.__version__)")"
 log "distillation targets: the task model's descriptions of the training MRs and $SYNTH new ones ($INVENTED of them about invented places)"
@@ -97,12 +81,7 @@ for p in $POLICIES; do
 done
 wait "${trainers[@]}"  # a run stopped by TRAIN_LIMIT keeps its last checkpoint (the steps after it are lost)
 kill "${snappers[@]}" 2>/dev/null; wait "${snappers[@]}" 2>/dev/null
-for p in $POLICIES; do  # the last save, if the snapper had not copied it yet; no half copies
-  run="$WORK/skip-$p"
-  rm -rf "$run/copy.partial"
-  n=$(step_of "$run/adapter")
-  [ -n "$n" ] && [ ! -d "$run/adapter-step-$n" ] && cp -r "$run/adapter" "$run/adapter-step-$n"
-done
+for p in $POLICIES; do snap_last "$WORK/skip-$p"; done
 for p in $POLICIES; do log "skip-$p: $(tail -c 300 "$WORK/logs/skip-$p.log" | tr '\r' '\n' | tail -1)"; done
 report
 

@@ -39,21 +39,7 @@ report() {
   for arm in cont scratch; do cp "$WORK/task-$arm/train_log.jsonl" "$WORK/logs/trainlog-task-$arm.jsonl" 2>/dev/null; done
   tar -C "$WORK/logs" -czf "$OUT_DIR/report-task.tar.gz" .
 }
-step_of() { $PY -c "import json; print(json.load(open('$1/training_info.json'))['step'])" 2>/dev/null; }
-snap() {  # adapter/ -> adapter-step-N, as in gpu_e2e_distil.sh (the trainer keeps one adapter/)
-  local run=$1 n copied
-  while true; do
-    n=$(step_of "$run/adapter")
-    if [ -n "$n" ] && [ ! -d "$run/adapter-step-$n" ]; then
-      sleep 2; rm -rf "$run/copy.partial"
-      if cp -r "$run/adapter" "$run/copy.partial"; then
-        copied=$(step_of "$run/copy.partial")
-        if [ -n "$copied" ] && [ ! -d "$run/adapter-step-$copied" ]; then mv "$run/copy.partial" "$run/adapter-step-$copied"; fi
-      fi
-    fi
-    sleep 3
-  done
-}
+. "$(dirname "$0")/checkpoint_snaps.sh"  # step_of, snap, snap_last
 
 log "device: $($PY -c "import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'cpu', torch.__version__)")"
 log "convert the default model once (parallel runs would race on the cache)"
@@ -73,9 +59,7 @@ for arm in cont scratch; do mkdir -p "$WORK/task-$arm"; snap "$WORK/task-$arm" &
 wait "${trainers[@]}"
 kill "${snappers[@]}" 2>/dev/null; wait "${snappers[@]}" 2>/dev/null
 for arm in cont scratch; do
-  run="$WORK/task-$arm"; rm -rf "$run/copy.partial"
-  n=$(step_of "$run/adapter")
-  [ -n "$n" ] && [ ! -d "$run/adapter-step-$n" ] && cp -r "$run/adapter" "$run/adapter-step-$n"
+  snap_last "$WORK/task-$arm"
   log "task-$arm: $(tail -c 300 "$WORK/logs/task-$arm.log" | tr '\r' '\n' | tail -1)"
 done
 report
