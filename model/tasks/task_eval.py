@@ -69,22 +69,33 @@ def batch_for(device: torch.device | str, cpu_batch: int) -> int:
 # --- scores ----------------------------------------------------------------------------------------
 
 
+def reference_streams(references: Sequence[Sequence[str]]) -> list[list[str | None]]:
+    """Each MR's references as sacrebleu's reference streams: stream i holds every MR's i-th
+    reference, None where an MR has fewer (sacrebleu takes a variable count that way)."""
+    width = max(len(refs) for refs in references)
+    return [[refs[i] if i < len(refs) else None for refs in references] for i in range(width)]
+
+
 def bleu(outputs: Sequence[str], references: Sequence[Sequence[str]]) -> float:
-    """Corpus BLEU with a variable number of references per output (sacrebleu pads with None)."""
+    """Corpus BLEU with a variable number of references per output."""
     from sacrebleu.metrics import BLEU  # noqa: PLC0415
 
-    width = max(len(refs) for refs in references)
-    streams = [[refs[i] if i < len(refs) else None for refs in references] for i in range(width)]
-    return float(BLEU().corpus_score(list(outputs), streams).score)
+    return float(BLEU().corpus_score(list(outputs), reference_streams(references)).score)
+
+
+def best_rouge_l(outputs: Sequence[str], references: Sequence[Sequence[str]]) -> list[float]:
+    """Each output's ROUGE-L F-measure against its best reference, in percent."""
+    from rouge_score import rouge_scorer  # noqa: PLC0415
+
+    scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=False)
+    return [100.0 * max(scorer.score(ref, out)["rougeL"].fmeasure for ref in refs)
+            for out, refs in zip(outputs, references)]
 
 
 def rouge_l(outputs: Sequence[str], references: Sequence[Sequence[str]]) -> float:
     """ROUGE-L F-measure, best over each output's references, mean over outputs, in percent."""
-    from rouge_score import rouge_scorer  # noqa: PLC0415
-
-    scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=False)
-    best = [max(scorer.score(ref, out)["rougeL"].fmeasure for ref in refs) for out, refs in zip(outputs, references)]
-    return 100.0 * sum(best) / max(1, len(best))
+    best = best_rouge_l(outputs, references)
+    return sum(best) / max(1, len(best))
 
 
 def nist(outputs: Sequence[str], references: Sequence[Sequence[str]]) -> float:

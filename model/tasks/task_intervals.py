@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
+from model.tasks.task_eval import best_rouge_l, reference_streams
+
 if TYPE_CHECKING:
     from sacrebleu.metrics import BLEU
 
@@ -48,18 +50,11 @@ def _bleu_metric() -> BLEU:
 
 def per_mr_scores(outputs: Sequence[str], references: Sequence[Sequence[str]]) -> PerMRScores:
     """Each MR's BLEU statistics and best ROUGE-L F-measure."""
-    from rouge_score import rouge_scorer  # noqa: PLC0415
-
-    metric = _bleu_metric()
-    width = max(len(refs) for refs in references)
-    streams = [[refs[i] if i < len(refs) else None for refs in references] for i in range(width)]
     # sacrebleu keeps its per-sentence statistics behind a private method (its own significance
     # tests use it); pinned sacrebleu, and a test checks the pooled score equals corpus_score.
-    statistics = metric._extract_corpus_statistics(list(outputs), streams)  # noqa: SLF001
-    scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=False)
-    best = [100.0 * max(scorer.score(ref, out)["rougeL"].fmeasure for ref in refs)
-            for out, refs in zip(outputs, references)]
-    return PerMRScores(torch.tensor(statistics, dtype=torch.float64), torch.tensor(best, dtype=torch.float64))
+    statistics = _bleu_metric()._extract_corpus_statistics(list(outputs), reference_streams(references))  # noqa: SLF001
+    return PerMRScores(torch.tensor(statistics, dtype=torch.float64),
+                       torch.tensor(best_rouge_l(outputs, references), dtype=torch.float64))
 
 
 def pooled_bleu(statistics: torch.Tensor) -> float:
