@@ -452,3 +452,40 @@ def schedule_json(config: ScheduleConfig) -> dict:
     return {"decay": config.decay, "max_layers": config.max_layers, "min_layers": config.min_layers,
             "warmup": config.warmup, "decay_length": config.decay_length, "order": config.order,
             "prompt_at_full_depth": config.prompt_at_full_depth}
+
+
+@dataclass(frozen=True)
+class StepSpeedup:
+    """A measured decode speedup that one slowed step cannot swing: each step pair (step k of the
+    full model, step k of SkipDecode, timed in turns on the same device) gives the share of the cost
+    model's speedup for that step's layers that the clock saw; the median share, and the middle half
+    of the shares (first to third quartile), times the cost model's speedup over the same steps."""
+
+    median: float
+    low: float
+    high: float
+    cost_model: float  # the cost model's speedup over the same steps
+    steps: int
+
+
+def _quantile(ordered: Sequence[float], q: float) -> float:
+    """Linear interpolation between the closest ranks of a sorted, non-empty sequence."""
+    position = q * (len(ordered) - 1)
+    below = math.floor(position)
+    above = min(below + 1, len(ordered) - 1)
+    return ordered[below] + (ordered[above] - ordered[below]) * (position - below)
+
+
+def step_speedup(num_layers: int, budgets: Sequence[int], full_seconds: Sequence[float],
+                 skip_seconds: Sequence[float], cost: CostModel) -> StepSpeedup | None:
+    """StepSpeedup over the steps all three lists cover (``budgets``: SkipDecode's layers per step);
+    None without a timed step. A step's share: (full time / SkipDecode time) over (full cost / that
+    step's cost), so steps deep and shallow (the schedule decays) weigh alike."""
+    pairs = [(f, s, n) for f, s, n in zip(full_seconds, skip_seconds, budgets) if f > 0 and s > 0]
+    if not pairs:
+        return None
+    full_cost = cost.step_cost(num_layers)
+    shares = sorted((f / s) / (full_cost / cost.step_cost(n)) for f, s, n in pairs)
+    bound = cost_speedup(num_layers, [n for _, _, n in pairs], cost)
+    return StepSpeedup(median=_quantile(shares, 0.5) * bound, low=_quantile(shares, 0.25) * bound,
+                       high=_quantile(shares, 0.75) * bound, cost_model=bound, steps=len(pairs))
