@@ -124,7 +124,35 @@ def load_e2e(path: Path = E2E_FILE) -> dict | None:
         return None
     arms = [arm for arm in data["arms"] if _well_formed_arm(arm)]
     speed = [row for row in data.get("speed") or [] if isinstance(row, dict) and _is_number(row.get("speedup"))]
-    return {**data, "arms": arms, "speed": speed} if arms else None
+    return {**data, "arms": arms, "speed": speed, "facts": report_facts(Path(path))} if arms else None
+
+
+FACTS_FILE = ASSETS / "eval" / "e2e-facts.json"  # scripts/e2e_facts_table.py --write, from the reports' outputs
+FACT_COLUMNS = (("wrong", "a wrong fact"), ("made up", "a made-up fact"), ("all right", "every fact right"))
+
+
+def report_facts(path: Path) -> dict[str, dict]:
+    """{arm label: its facts on the test set} for the report at ``path`` (e2e-facts.json beside it,
+    keyed by the report's name); {} where there is none."""
+    data = load_json(Path(path).with_name(FACTS_FILE.name))
+    facts = data.get(Path(path).stem) if isinstance(data, dict) else None
+    return {label: row for label, row in facts.items() if isinstance(row, dict)} if isinstance(facts, dict) else {}
+
+
+FACTS_INTRO = ("Facts first, then the scores: the share of descriptions that state a value contradicting their MR "
+               "(**a wrong fact**: riverside written as the city centre), that mention an attribute the MR does not "
+               "give (**a made-up fact**), and that state every fact with none wrong or made up (**every fact "
+               "right**). BLEU and its share hide these: a description with one wrong word scores nearly as "
+               "well as a right one. (Cue words per attribute, model/tasks/e2e_facts.py; counted from each arm's "
+               "committed outputs by `python scripts/e2e_facts_table.py`.)")
+
+
+def facts_intro(report: dict) -> str:
+    return FACTS_INTRO if report.get("facts") else ""
+
+
+def _percent(value) -> str:
+    return f"{100 * value:.1f}%" if _is_number(value) else "n/a"
 
 
 def _is_number(value) -> bool:
@@ -149,14 +177,19 @@ def _share(value) -> str:
 
 
 def e2e_quality_table(report: dict) -> str:
-    """Every arm: BLEU and ROUGE-L and their share of the task model's, per speedup and policy."""
-    lines = ["| arm | policy | target | BLEU | ROUGE-L | BLEU share | ROUGE-L share | same text as the task model | "
-             "layer speedup |", "|---|---|---|---|---|---|---|---|---|"]
+    """Every arm: its facts (descriptions with a wrong fact, a made-up one, every fact right: when
+    e2e-facts.json has them), then BLEU and ROUGE-L and their share of the task model's."""
+    facts = report.get("facts") or {}
+    names = [name for _, name in FACT_COLUMNS] if facts else []
+    lines = ["| arm | policy | target | " + "".join(f"{name} | " for name in names) + "BLEU | ROUGE-L | BLEU share | "
+             "ROUGE-L share | same text as the task model | layer speedup |", "|---" * (9 + len(names)) + "|"]
     for arm in report["arms"]:
         scores, shares = arm["scores"], arm["shares"]
         layers = arm.get("achieved_layer_speedup")
+        counts = facts.get(arm.get("label")) or {}
+        fact_cells = "".join(f"{_percent(counts.get(key))} | " for key, _ in FACT_COLUMNS) if facts else ""
         lines.append(f"| {_text(arm.get('label', ''))} | {_text(arm.get('policy', ''))} | {arm['speedup']:g}x | "
-                     f"{scores['bleu']:.2f} | {scores['rouge_l']:.2f} | {_share(shares.get('bleu'))} | "
+                     f"{fact_cells}{scores['bleu']:.2f} | {scores['rouge_l']:.2f} | {_share(shares.get('bleu'))} | "
                      f"{_share(shares.get('rouge_l'))} | {_same_text(arm.get('vs_task_model'))} | "
                      f"{f'{layers:.2f}x' if _is_number(layers) else 'n/a'} |")
     return "\n".join(lines)
@@ -234,7 +267,8 @@ def e2e_markdown(report: dict | None, title: str = PLAIN_TITLE) -> str:
     intro = (f"On {mrs:d} test MRs" if isinstance(mrs, int) else "On the test MRs") + (
         ": each score also as a share of the task model's (1x), the paper's measure.")
     speed = e2e_speed_table(report)
-    return "\n\n".join(part for part in (title, claim_sentence(report), intro, e2e_quality_table(report),
+    return "\n\n".join(part for part in (title, claim_sentence(report), intro, facts_intro(report),
+                                           e2e_quality_table(report),
                                            "Measured speed against the task model:" if speed else "", speed) if part)
 
 
@@ -257,7 +291,7 @@ def delexicalised_markdown(report: dict) -> str:
             ", every arm given a place the task model trained on in place of each name or near place it never "
             "saw (a third of the test MRs), written back in the text: the E2E challenge baseline's "
             "delexicalisation. Below it, the same policies copying those places themselves."),
-        e2e_quality_table(report)))
+        *filter(None, [facts_intro(report)]), e2e_quality_table(report)))
 
 
 EARLIER_FAMILY_TITLE = ("### An earlier task model and its policies copying new places themselves, no swap "
@@ -322,8 +356,21 @@ def _note_from(report: dict | None, target_speedup: float, skip_policy: bool) ->
     arm = min(arms, key=lambda a: (abs(a["speedup"] - target_speedup), SKIP_ARMS.index(a["policy"])
                                    if a["policy"] in SKIP_ARMS else 0))
     bleu, rouge = (_share(arm["shares"].get(key)) for key, _ in SCORES)
-    return (f"On the E2E test set, {_text(arm.get('label', ''))} keeps {bleu} of the task model's BLEU and "
-            f"{rouge} of its ROUGE-L (1 = no loss).")
+    return (f"On the E2E test set, {_text(arm.get('label', ''))}{facts_phrase(report, arm)} keeps {bleu} of the task "
+            f"model's BLEU and {rouge} of its ROUGE-L (1 = no loss).")
+
+
+def facts_phrase(report: dict, arm: dict) -> str:
+    """' states a wrong fact in 6.8% of its descriptions, makes one up in 9.2%, gets every fact right in
+    38.9% (the task model 94.9%), and' ("" without the report's facts)."""
+    facts = report.get("facts") or {}
+    counts, task = facts.get(arm.get("label")), facts.get("task model (1x)")
+    if not counts:
+        return ""
+    task_share = f" (the task model {_percent(task.get('all right'))})" if task else ""
+    return (f" states a <b>wrong fact in {_percent(counts.get('wrong'))}</b> of its descriptions, makes one up in "
+            f"{_percent(counts.get('made up'))}, gets every fact right in {_percent(counts.get('all right'))}"
+            f"{task_share}, and")
 
 
 @lru_cache(maxsize=4)

@@ -50,26 +50,30 @@ def _text_html(text: str) -> str:
     return "".join(parts)
 
 
-def _merge_newline_runs(tokens: Sequence[str], depths: Sequence[int]) -> list[tuple[str, int, int]]:
-    """(text, depth, token count): consecutive newline-only tokens become one entry."""
-    merged: list[tuple[str, int, int]] = []
-    for token, depth in zip(tokens, depths):
+def _merge_newline_runs(tokens: Sequence[str], depths: Sequence[int]) -> list[tuple[str, int, int, int]]:
+    """(text, depth, token count, index of its first token): consecutive newline-only tokens become one entry."""
+    merged: list[tuple[str, int, int, int]] = []
+    for index, (token, depth) in enumerate(zip(tokens, depths)):
         newline_only = token != "" and set(token) == {"\n"}
         if newline_only and merged and merged[-1][0] and set(merged[-1][0]) == {"\n"}:
-            text, first_depth, count = merged[-1]
-            merged[-1] = (text + token, first_depth, count + 1)
+            text, first_depth, count, first = merged[-1]
+            merged[-1] = (text + token, first_depth, count + 1, first)
         else:
-            merged.append((token, depth, 1))
+            merged.append((token, depth, 1, index))
     return merged
 
 
-def tokens_by_depth_html(tokens: Sequence[str], depths: Sequence[int], num_layers: int) -> str:
+def tokens_by_depth_html(tokens: Sequence[str], depths: Sequence[int], num_layers: int,
+                         marks: Sequence[tuple[str, str] | None] = ()) -> str:
     """Generated tokens as spans coloured by the depth that produced them (hover: the count).
-    Newlines are drawn as marks; runs of them collapse into one mark."""
+    Newlines are drawn as marks; runs of them collapse into one mark. ``marks``: per token, an
+    extra class and a line for its hover text (a fact it states: app/fact_view.py), or None."""
     spans = []
-    for token, depth, count in _merge_newline_runs(tokens, depths):
+    for token, depth, count, first in _merge_newline_runs(tokens, depths):
         title = f"{depth}/{num_layers} layers" + (f" (first of {count} tokens)" if count > 1 else "")
-        spans.append(f'<span class="tok" title="{title}" '
+        mark = marks[first] if first < len(marks) else None
+        extra, title = ("", title) if mark is None else (f" {mark[0]}", f"{mark[1]} · {title}")
+        spans.append(f'<span class="tok{extra}" title="{html.escape(title)}" '
                      f'style="background:{depth_colour(depth, num_layers)};color:{TOKEN_TEXT}">{_text_html(token)}</span>')
     return '<div class="tokens">' + "".join(spans) + "</div>"
 
@@ -77,3 +81,12 @@ def tokens_by_depth_html(tokens: Sequence[str], depths: Sequence[int], num_layer
 def plain_text_html(text: str) -> str:
     """The full model's output in the same box style, newlines drawn like SkipDecode's."""
     return '<div class="tokens">' + _text_html(text) + "</div>"
+
+
+def marked_text_html(pieces: Sequence[tuple[str, tuple[str, str] | None]]) -> str:
+    """Plain text in pieces, each marked piece a span with its class and hover line (a fact it
+    states: app/fact_view.py), in the same box style."""
+    parts = [_text_html(text) if mark is None else
+             f'<span class="{html.escape(mark[0])}" title="{html.escape(mark[1])}">{_text_html(text)}</span>'
+             for text, mark in pieces]
+    return '<div class="tokens">' + "".join(parts) + "</div>"

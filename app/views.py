@@ -11,14 +11,15 @@ from dataclasses import dataclass
 
 import gradio as gr
 
+from app.fact_view import PANES, facts_line, known_answer_line, marked_text, pane_facts, token_marks
 from app.figures import heatmap_figure, heatmap_legend_html
 from app.live_plot import LiveFigure, figure_json
 from app.results import e2e_note, eval_row
 from app.settings import PlaygroundSettings
 from app.shown_text import as_markdown
-from app.token_html import plain_text_html, tokens_by_depth_html
+from app.token_html import marked_text_html, plain_text_html, tokens_by_depth_html
 from model.race import Judged, RaceUpdate, StreamProgress
-from model.skipdecode.schedule import RANKED, schedule_json, speedup_summary
+from model.skipdecode.schedule import RANKED, StepSpeedup, schedule_json, speedup_summary, step_speedup
 from model.tasks.e2e import (
     PlaceSwap,
     added_attributes,
@@ -120,6 +121,7 @@ class LiveFigures:
     planned_cost_model_speedup: float
     skipped_share: float
     exact_match: float | None
+    steady: StepSpeedup | None = None  # the median step's speedup and its middle half, over the common steps
 
 
 def live_figures(update: RaceUpdate) -> LiveFigures:
@@ -139,6 +141,8 @@ def live_figures(update: RaceUpdate) -> LiveFigures:
         planned_layer_speedup=planned.planned_layer_speedup,
         planned_cost_model_speedup=planned.planned_cost_model_speedup,
         skipped_share=planned.skipped_share, exact_match=exact_token_match(skip, full),
+        steady=step_speedup(update.num_layers, [len(layers) for layers in skip.step_layers[:common]],
+                            full.step_seconds[:common], skip.step_seconds[:common], cost),
     )
 
 
@@ -185,21 +189,44 @@ def headline_html(update: RaceUpdate, settings: PlaygroundSettings, step_mode: b
     measured at this setting, with the reason and a link to the Results tab."""
     figures = live_figures(update)
     judged = update.judged
-    if step_mode:
-        speed = "Step mode: speeds are not measured (both models wait for the button)"
-    elif figures.measured_speedup:
-        speed = f"<b>{figures.measured_speedup:.2f}x faster</b> (measured over {figures.common_steps} decode steps)"
-    else:
-        speed = f"measured speedup after {MIN_STEPS_FOR_MEASURED} decode steps"
+    speed = speed_phrase(figures, update.done, step_mode)
     if judged:
         same = sum(j.same for j in judged)
         share = (f"given SkipDecode's own text, the full model picks the same next token at "
                  f"<b>{same / len(judged):.0%}</b> of its {len(judged)} positions")
     else:
         share = "the full model's verdict on SkipDecode's text comes when SkipDecode finishes"
-    facts = facts_note(fact_check(update, settings))
-    return (f'<div class="headline">{speed} · {share}.{facts} {regression_note(settings, update.solved)} '
+    facts = facts_note(fact_check(update, settings)) + known_answer_note(update, settings)
+    return (f'<div class="headline">{speed}.{facts} {share[0].upper() + share[1:]}. '
+            f'{regression_note(settings, update.solved)} '
             f'<a href="#results" class="to-results">Results</a></div>')
+
+
+def speed_phrase(figures: LiveFigures, done: bool, step_mode: bool = False) -> str:
+    """The headline's speed: the median decode step's measured speedup with the middle half of the
+    steps as its range and how many steps it rests on (a finished run always gets one, flagged when
+    under MIN_STEPS_FOR_MEASURED steps), and a plain sentence where it and the cost model disagree."""
+    steady = figures.steady
+    if step_mode:
+        return "Step mode: speeds are not measured (both models wait for the button)"
+    if steady is None or (steady.steps < MIN_STEPS_FOR_MEASURED and not done):
+        return f"measured speedup after {MIN_STEPS_FOR_MEASURED} decode steps"
+    few = " (too few steps to trust)" if steady.steps < MIN_STEPS_FOR_MEASURED else ""
+    phrase = (f"<b>{steady.median:.2f}x faster</b> per decode step, measured (median of {steady.steps} steps{few}; "
+              f"middle half {steady.low:.2f}x–{steady.high:.2f}x; cost model {steady.cost_model:.2f}x)")
+    return phrase + disagreement(steady)
+
+
+def disagreement(steady: StepSpeedup) -> str:
+    """A plain sentence when the measured median and the cost model part by more than a fifth ("" otherwise)."""
+    ratio = steady.median / steady.cost_model
+    if ratio > 1.2:
+        return (". Measured beats the cost model: the full model's steps ran slower than their parameter count says "
+                "(other work on this machine, or attention over the cache, which the cost model leaves out)")
+    if ratio < 0.8:
+        return (". Measured falls short of the cost model: every step also pays costs that do not shrink with the "
+                "layers skipped (sampling, Python, the page's own work), and they weigh most when few layers run")
+    return ""
 
 
 def fact_check(update: RaceUpdate, settings: PlaygroundSettings) -> dict | None:
@@ -217,24 +244,26 @@ def fact_check(update: RaceUpdate, settings: PlaygroundSettings) -> dict | None:
         return None
     texts = {pane: restore_places(stream.text(0), row_swaps(settings, 0))
              for pane, stream in (("SkipDecode", update.skip), ("full model", update.full))}
-    return {"facts": facts, **{pane: {"unmentioned": unmentioned_attributes(mr, text),
-                                      "made_up": added_attributes(mr, text)} for pane, text in texts.items()}}
+    checked = pane_facts(mr, texts) or {}
+    return {"facts": facts, "mr": mr, **{pane: {"unmentioned": unmentioned_attributes(mr, text),
+                                      "made_up": added_attributes(mr, text),
+                                      "wrong": [f.attribute for f in checked.get(pane, []) if f.state == "wrong"],
+                                      "checked": checked.get(pane, [])} for pane, text in texts.items()}}
 
 
 def facts_note(checked: dict | None) -> str:
-    """" Facts of the MR mentioned: SkipDecode 5 of 6 (not familyFriendly; made up: customer rating)
-    · full model 6 of 6." ("" in chat)."""
+    """The headline's facts: each pane's stated / WRONG / made-up / missing facts (app/fact_view.py),
+    worst first ("" in chat)."""
     if checked is None:
         return ""
-    total = checked["facts"]
-    parts = []
-    for pane, check in checked.items():
-        if pane == "facts":
-            continue
-        missing, made_up = check["unmentioned"], check["made_up"]
-        notes = ([f"not {', '.join(missing)}"] if missing else []) + ([f"made up: {', '.join(made_up)}"] if made_up else [])
-        parts.append(f"{pane} {total - len(missing)} of {total}" + (f" ({html.escape('; '.join(notes))})" if notes else ""))
-    return " Facts of the MR mentioned: " + " · ".join(parts) + "."
+    return facts_line({pane: checked[pane]["checked"] for pane in PANES})
+
+
+def known_answer_note(update: RaceUpdate, settings: PlaygroundSettings) -> str:
+    """In chat, for a prompt with one known answer (a lesson's or an example's): does each pane state it?"""
+    if settings.task != "chat":
+        return ""
+    return known_answer_line(settings.prompt, {"SkipDecode": update.skip.text(0), "full model": update.full.text(0)})
 
 
 def regression_note(settings: PlaygroundSettings, solved) -> str:
@@ -308,11 +337,9 @@ class RaceRenderer:
         mode (one event a step, nothing to continue) sends the figure whole, one line."""
         settings, layers = self.settings, update.num_layers
         skip, full = update.skip, update.full
-        skip_panes = [tokens_by_depth_html(*restored_tokens(skip.token_texts(r), skip.depths[: len(skip.ids(r))],
-                                                            row_swaps(settings, r)), layers)
-                      for r in range(skip.rows)]
-        full_panes = [plain_text_html(restore_places("".join(full.token_texts(r)), row_swaps(settings, r)))
-                      for r in range(full.rows)]
+        checked = fact_check(update, settings) if update.done else None  # marks on the finished text only
+        skip_panes = [skip_pane_html(update, settings, r, checked) for r in range(skip.rows)]
+        full_panes = [full_pane_html(update, settings, r, checked) for r in range(full.rows)]
         if with_plot:
             figure = self.heatmap(update, highlight_last=step_mode)
             plot = figure_json(figure) if step_mode else self.live.update(figure)
@@ -327,6 +354,26 @@ class RaceRenderer:
         prompts = shown_prompts(update.prompts, settings.place_swaps())
         return (status, open_end(pane_note(settings, update.solved) + rows_html(skip_panes, prompts)),
                 open_end(full_note + rows_html(full_panes, prompts)), headline, details, plot, note)
+
+
+def skip_pane_html(update: RaceUpdate, settings: PlaygroundSettings, row: int, checked: dict | None = None) -> str:
+    """SkipDecode's row ``row``: tokens by depth, places written back; row 0's facts marked when
+    ``checked`` (fact_check of the finished run) is given."""
+    skip = update.skip
+    pieces, depths = restored_tokens(skip.token_texts(row), skip.depths[: len(skip.ids(row))], row_swaps(settings, row))
+    facts = pane_facts(checked["mr"], {"SkipDecode": "".join(pieces)}) if checked and row == 0 else None
+    marks = token_marks(pieces, facts["SkipDecode"]) if facts else ()
+    return tokens_by_depth_html(pieces, depths, update.num_layers, marks)
+
+
+def full_pane_html(update: RaceUpdate, settings: PlaygroundSettings, row: int, checked: dict | None = None) -> str:
+    """The full model's row ``row`` as plain text, places written back; row 0's facts marked when
+    ``checked`` is given."""
+    text = restore_places("".join(update.full.token_texts(row)), row_swaps(settings, row))
+    facts = pane_facts(checked["mr"], {"full model": text}) if checked and row == 0 else None
+    if facts:
+        return marked_text_html(marked_text(text, facts["full model"]))
+    return plain_text_html(text)
 
 
 def row_swaps(settings: PlaygroundSettings, row: int) -> tuple[tuple[str, str], ...]:
@@ -367,6 +414,8 @@ def api_message(update: RaceUpdate, settings: PlaygroundSettings) -> dict:
         # give that each text mentions anyway (cue-word checks); chat: null
         "unmentioned_facts": _api_facts(checked, "unmentioned"),
         "made_up_facts": _api_facts(checked, "made_up"),
+        # ... and the MR's attributes each text states with a value that contradicts the MR (app/fact_view.py)
+        "wrong_facts": _api_facts(checked, "wrong"),
         "prefill_layers": list(skip.prefill_layers),
         "step_layers": [list(layers) for layers in skip.step_layers],
         "layers_per_step": [len(layers) for layers in skip.step_layers],
@@ -379,6 +428,10 @@ def api_message(update: RaceUpdate, settings: PlaygroundSettings) -> dict:
         "full_prefill_seconds": round(full.prefill_seconds, 4),
         "measured_speedup": None if figures.measured_speedup is None else round(figures.measured_speedup, 4),
         "measured_over_steps": figures.common_steps,
+        # the median step pair's speedup and the middle half of the steps (robust to one slowed step)
+        "measured_step_speedup": None if figures.steady is None else {
+            "median": round(figures.steady.median, 4), "low": round(figures.steady.low, 4),
+            "high": round(figures.steady.high, 4), "steps": figures.steady.steps},
         "exact_token_match": None if figures.exact_match is None else round(figures.exact_match, 4),
         **speedup_summary(solved, [len(layers) for layers in skip.step_layers], update.cost).to_json(),
         "schedule": schedule_json(solved.config),

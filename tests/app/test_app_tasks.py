@@ -25,6 +25,7 @@ from app.shown_text import as_markdown
 from app.task_view import compose_into_prompt, header_markdown, mr_feedback, switch_values, task_view
 from app.tasks import TASK_FIXED, check_mr, examples, fixed_note, policy_line
 from model.tasks.e2e import INSTRUCTION, added_attributes, parse_mr, unmentioned_attributes
+from model.tasks.e2e_facts import check_facts
 from model.tasks.task_models import task_schedule
 
 MR = "name[The Eagle], food[French]"
@@ -262,7 +263,11 @@ def test_one_e2e_generation_through_the_playground_handler(default_model, tiny_t
                                             "full": unmentioned_attributes(MR, message["full"][0])}
     assert message["made_up_facts"] == {"skipdecode": added_attributes(MR, message["skipdecode"][0]),
                                         "full": added_attributes(MR, message["full"][0])}
-    assert "Facts of the MR mentioned: SkipDecode " in final[3]
+    assert "Facts of the MR: SkipDecode: " in final[3] and " stated" in final[3]
+    assert message["wrong_facts"] == {"skipdecode": [f.attribute for f in check_facts(MR, message["skipdecode"][0])
+                                                     if f.state == "wrong"],
+                                      "full": [f.attribute for f in check_facts(MR, message["full"][0])
+                                               if f.state == "wrong"]}
     chat_message = list(playground.api_stream({"prompt": "Hi", "max_new_tokens": 2}))[-1]
     assert chat_message["unmentioned_facts"] is None and chat_message["made_up_facts"] is None
     new = "name[Loch Fyne], food[French]"  # a test-set place the devset never names: the models see Aromi
@@ -314,14 +319,14 @@ def test_new_places_are_swapped_for_known_ones_and_written_back_in_what_the_page
     assert bad.place_swaps()[0].mr == "name[X], colour[red]"  # refused elsewhere, with its reason
 
 
-def test_the_headline_says_which_facts_of_the_mr_each_pane_mentions():
+def test_the_headline_says_which_facts_of_the_mr_each_pane_states():
     from app.views import facts_note
 
     assert facts_note(None) == ""
-    note = facts_note({"facts": 6, "SkipDecode": {"unmentioned": ["familyFriendly", "near"], "made_up": []},
-                       "full model": {"unmentioned": [], "made_up": []}})
-    assert note == " Facts of the MR mentioned: SkipDecode 4 of 6 (not familyFriendly, near) · full model 6 of 6."
-    ran_on = facts_note({"facts": 4, "SkipDecode": {"unmentioned": [], "made_up": ["customer rating"]},
-                         "full model": {"unmentioned": ["area"], "made_up": []}})
-    assert ran_on == (" Facts of the MR mentioned: SkipDecode 4 of 4 (made up: customer rating) · "
-                      "full model 3 of 4 (not area).")
+    mr = "name[The Eagle], area[riverside], familyFriendly[yes], near[Burger King]"
+    skip, full = "The Eagle is in the city centre. It is kid friendly.", "The Eagle is by the river near Burger King."
+    checked = {"facts": 4, "mr": mr, "SkipDecode": {"checked": check_facts(mr, skip)},
+               "full model": {"checked": check_facts(mr, full)}}
+    assert facts_note(checked) == (' Facts of the MR: SkipDecode: <b>1 WRONG</b> (area: "city centre", the MR says '
+                                   "riverside), 2 of 4 stated, missing: near · full model: 3 of 4 stated, "
+                                   "missing: familyFriendly.")
