@@ -76,6 +76,61 @@ class PrefixKVCache:
         self.lengths[layer_idx] = start + count
         return self._keys[layer_idx], self._values[layer_idx], start
 
+    @property
+    def writes_in_place(self) -> bool:
+        """True while a static decode step writes (StaticKVCache): the native step, which reserves
+        its slot by a host length, must step aside."""
+        return False
+
+
+class StaticKVCache(PrefixKVCache):
+    """A PrefixKVCache whose decode steps have FIXED shapes (docs/DESIGN.md, "The static KV cache").
+
+    Every layer that runs at step k has run at every earlier position (the prefix property), so
+    all of a step's layers write the same column, the sequence's length. While ``static_writes``
+    is on, ``update`` writes that ONE column at ``position`` (a (1,) long tensor on the device, set
+    before the step) with ``index_copy_`` and returns the layer's whole (B, H, capacity, D)
+    buffers; the step's mask hides the columns not yet written. No host value enters the ops, so
+    a CUDA graph captured once replays every later step of the same layer set. Buffers start as
+    zeros (a masked column must be finite: 0 x NaN would leak into attention). The prefill writes
+    as PrefixKVCache does; the host ``lengths`` are the decoder's bookkeeping in static steps.
+    """
+
+    def __init__(self, num_layers: int, capacity: int, device: torch.device | str) -> None:
+        super().__init__(num_layers, capacity)
+        self.position = torch.zeros(1, dtype=torch.long, device=device)  # the column a static step writes
+        self.static_writes = False
+
+    @property
+    def writes_in_place(self) -> bool:
+        return self.static_writes
+
+    def reset(self) -> None:
+        """Empty for a new run; the buffers stay (a captured graph holds their addresses)."""
+        self.lengths = [0] * len(self.lengths)
+        self.static_writes = False
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self._keys, *self._values) if t is not None)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.static_writes:
+            return super().update(key_states, value_states, layer_idx)
+        keys, values = self._keys[layer_idx], self._values[layer_idx]
+        if keys is None or values is None:  # the prefix property: a decode layer ran in the prefill
+            raise RuntimeError(f"static KV cache: layer {layer_idx} decodes but never ran in the prefill")
+        keys.index_copy_(2, self.position, key_states)  # key_states: (B, H_kv, 1, D)
+        values.index_copy_(2, self.position, value_states)
+        return keys, values
+
+    def _reserve(self, layer_idx: int, batch: int, heads: int, head_dim: int, like: torch.Tensor,
+                 count: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        if self._keys[layer_idx] is None:
+            shape = (batch, heads, self.capacity, head_dim)
+            self._keys[layer_idx], self._values[layer_idx] = like.new_zeros(shape), like.new_zeros(shape)
+        return super()._reserve(layer_idx, batch, heads, head_dim, like, count)
+
 
 def attention_mask(
     key_valid: torch.Tensor, num_queries: int, dtype: torch.dtype | None = None, *, always: bool = False
@@ -201,6 +256,17 @@ class ArchitectureAdapter(ABC):
         mask = attention_mask(
             key_valid, num_queries, hidden.dtype if eager else None, always=eager and num_queries > 1
         )
+        return LayerInputs(mask=mask, position_ids=position_ids, extra=self.layer_extras(hidden, position_ids))
+
+    def static_step_inputs(self, hidden: torch.Tensor, allowed: torch.Tensor, position_ids: torch.Tensor
+                           ) -> LayerInputs:
+        """A static decode step's inputs: ``allowed`` (B, capacity) bool, the columns each row may
+        attend to (its valid prompt and the steps so far), as a (B, 1, 1, capacity) mask — bool for
+        SDPA, additive for eager attention — always given, since the unwritten columns must be hidden."""
+        mask = allowed[:, None, None, :]
+        if self.config._attn_implementation == "eager":
+            mask = torch.zeros(mask.shape, dtype=hidden.dtype, device=mask.device).masked_fill(
+                ~mask, torch.finfo(hidden.dtype).min)
         return LayerInputs(mask=mask, position_ids=position_ids, extra=self.layer_extras(hidden, position_ids))
 
     def prepare_layers(self) -> None:
@@ -440,7 +506,7 @@ class LeanLlamaLayer:
         ops, the per-op cost being most of a small model's step on a CPU — rows kept 2-D (B, C),
         so the projections need no reshapes, and q and k rotated by one matmul with the step's
         rotation matrices (built once per step, shared by every layer)."""
-        if self.native is not None and self.native.runs(hidden):
+        if self.native is not None and self.native.runs(hidden) and not cache.writes_in_place:
             return self.native(hidden, inputs, cache)
         batch = hidden.shape[0]
         flat = hidden.view(batch, -1)  # (B, C)

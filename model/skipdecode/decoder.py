@@ -198,6 +198,10 @@ class SkipDecoder:
     def num_layers(self) -> int:
         return self.adapter.num_layers
 
+    def _new_cache(self, batch: int, capacity: int, device: torch.device) -> PrefixKVCache:
+        """The KV cache a prefill fills (the static decoder's is preallocated and fixed in shape)."""
+        return PrefixKVCache(self.num_layers, capacity)
+
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
@@ -217,7 +221,7 @@ class SkipDecoder:
         key_valid = torch.ones(batch, capacity, dtype=torch.bool, device=input_ids.device)
         key_valid[:, :prompt_len] = valid
         positions = position_ids_from_mask(attention_mask)  # (B, P)
-        cache = PrefixKVCache(self.num_layers, capacity)
+        cache = self._new_cache(batch, capacity, input_ids.device)
         hidden = self.adapter.embed(input_ids, positions)  # (B, P, C)
         inputs = self.adapter.layer_inputs(hidden, valid, positions)
         weights, entries = self._weights_for(layers)
