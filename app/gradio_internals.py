@@ -93,6 +93,28 @@ def _input_specs(fn) -> list[tuple[str | None, str | None]]:
     return specs
 
 
+_CHOICES: dict[int, tuple[object, list]] = {}  # id(fn) -> (fn, the choices of each input)
+
+
+def input_choices(fn) -> list[tuple[str, ...] | None]:
+    """The values each input of ``fn`` accepts when it is a closed choice (a Radio, a Dropdown
+    without custom values: its JSON schema's enum), else None; in the order of its data list."""
+    cached = _CHOICES.get(id(fn))
+    if cached is None or cached[0] is not fn:
+        cached = _CHOICES[id(fn)] = (fn, [_choices(component) for component in fn.inputs])
+    return cached[1]
+
+
+def _choices(component) -> tuple[str, ...] | None:
+    if getattr(component, "allow_custom_value", False):
+        return None
+    try:
+        enum = component.api_info().get("enum")
+    except Exception:  # noqa: BLE001 - a component without a JSON schema accepts anything
+        return None
+    return tuple(str(value) for value in enum) if isinstance(enum, list) else None
+
+
 def api_parameters(fn) -> list[tuple[str, bool]]:
     """(name, required) of a gr.api endpoint's parameters, in order (the /call/v2 body's keys)."""
     if not fn.fn:
@@ -209,3 +231,41 @@ def reorder(queue, key: Callable[[Any], Any]) -> None:
     """Sort each lane's waiting events by ``key`` (the event that sorts first starts next)."""
     for lane in lanes(queue):
         lane.sort(key=key)
+
+
+# --- streaming diffs ---------------------------------------------------------------------------
+
+gradio_diff = gradio.utils.diff  # gradio's own (read before ``fix_streaming_diffs`` replaces it)
+
+
+def streaming_diff(old: Any, new: Any, path: list | None = None) -> list[list]:
+    """gradio's streaming diff (``gradio.utils.diff``: the edits a generator's next value is sent as,
+    which both clients apply in order) with its index bug fixed. gradio 6.31 shifts every "delete"
+    under a list by the deletes before it, its elements' own nested deletes included, so a message
+    whose list items each lose a nested item (a frame's steps, app/frames.py: each step's layers)
+    reached the client wrong or raised IndexError. Here only a list's own trailing deletes shift
+    (each removes the item at the first index past the common length)."""
+    path = path or []
+    if old == new:
+        return []
+    if type(old) is not type(new):
+        return [["replace", path, new]]
+    if isinstance(old, str) and new.startswith(old):
+        return [["append", path, new[len(old):]]]
+    if isinstance(old, list):
+        common = min(len(old), len(new))
+        edits = [edit for i in range(common) for edit in streaming_diff(old[i], new[i], [*path, i])]
+        edits += [["delete", [*path, common], None] for _ in range(common, len(old))]
+        return edits + [["add", [*path, i], new[i]] for i in range(common, len(new))]
+    if isinstance(old, dict):
+        edits = [edit for key in old for edit in (streaming_diff(old[key], new[key], [*path, key]) if key in new
+                                                   else [["delete", [*path, key], None]])]
+        return edits + [["add", [*path, key], new[key]] for key in new if key not in old]
+    return [["replace", path, new]]
+
+
+def fix_streaming_diffs() -> None:
+    """Make gradio's server send ``streaming_diff``'s edits (Blocks.handle_streaming_diffs calls
+    ``gradio.utils.diff`` through the module)."""
+    check_version()
+    gradio.utils.diff = streaming_diff

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 import threading
-import time
 import uuid
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -20,6 +19,7 @@ import gradio as gr
 
 from app import explainer
 from app.figures import schedule_figure
+from app.frames import FrameClock, NewSteps
 from app.job_cost import UNIT_SECONDS, job_cost, session_bytes
 from app.sessions import RunHandle, SessionRuns, session_key
 from app.settings import EXAMPLE_PROMPTS, Limits, PlaygroundSettings, control_ranges, page_defaults, trained_defaults
@@ -31,7 +31,7 @@ from model.generation import PreparedRun, TextGenerator
 from model.race import RaceUpdate, TokenTexts, race
 from model.skipdecode.schedule import max_layer_speedup
 
-HEATMAP_EVERY_S = 0.25  # the heatmap (and the lines drawn with it) at most 4x a second; the panes every step
+HEATMAP_EVERY_S = 0.25  # the heatmap (and the lines drawn with it) at most 4x a second; the panes every frame
 MAX_ERROR_CHARS = 400  # a refusal shown on the page quotes the visitor's value (capped where it is made)
 
 
@@ -111,10 +111,20 @@ class Playground:
         ``solve=False`` (admission, in milliseconds): the schedule is checked, not solved."""
         generator = self.generator_for(settings, load=load)
         if generator is None:
+            self.check_unloaded(settings)
             return None
         request = settings.request(full=False, num_layers=generator.num_layers)
         run = generator.prepare(request, solve=solve, limits=lambda run: self.check_size(run, settings.lens))
         return Checked(settings, generator, run)
+
+    def check_unloaded(self, settings: PlaygroundSettings) -> None:
+        """The sizes and cost of a task's job whose policy is not loaded, from a loaded model that
+        tokenizes as the task's does (``TaskGenerators.sizer``): an over-limit job is refused when it
+        is pushed and never loads a policy in the model lane. Its schedule is checked when it runs."""
+        sizer = self.tasks.sizer(settings.task, self.get_generator())
+        if sizer is not None:
+            request = settings.request(full=True, num_layers=sizer.num_layers)
+            sizer.sized(request, limits=lambda run: self.check_size(run, settings.lens))
 
     def check_size(self, run: PreparedRun, lens: bool) -> None:
         """Refuse, before waiting for the model, a request whose compute exceeds the limits: prompt
@@ -268,18 +278,17 @@ class Playground:
         return "Stopped."
 
     def _stream(self, checked: Checked, handle: RunHandle, notice: str, gone: Callable[[], bool] | None = None):
-        renderer = RaceRenderer(checked.settings)
-        last_plot = 0.0
+        """The page's stream: one message per frame (app/frames.py), each drawing every step since
+        the one before (the panes and the heatmap are drawn from the whole race so far)."""
+        renderer, plot_clock, frame_clock = RaceRenderer(checked.settings), FrameClock(HEATMAP_EVERY_S), FrameClock()
         status = notice or "Generating… SkipDecode and the full model take turns; each advances by its own measured step time."
         update: RaceUpdate | None = None
+        unsent = False  # steps raced since the last message
         try:
             for update in checked.race(should_cancel=cancel_when_gone(handle, gone), compute_lock=self.compute):
-                now = time.monotonic()
-                finished = update.skip.done and update.full.done
-                with_plot = finished or now - last_plot >= HEATMAP_EVERY_S
-                if with_plot:
-                    last_plot = now
-                yield renderer.outputs(status, update, with_plot)
+                unsent = not frame_clock.due(last=update.done)
+                if not unsent:
+                    yield renderer.outputs(status, update, with_plot=plot_clock.due(last=update.done))
         except ValueError as error:  # e.g. a prompt over the context, found at encoding time
             raise page_error(error) from None
         if update is None:
@@ -288,7 +297,8 @@ class Playground:
             yield NO_CHANGE  # (gradio's completion message repeats the last values: the whole heatmap, megabytes)
             return
         final = "Stopped." if handle.cancelled else (notice + " " if notice else "") + "**Done.**"
-        yield (final,) + NO_CHANGE[1:]
+        # A stopped run's last frame: the steps it raced since its last message are drawn too.
+        yield renderer.outputs(final, update, with_plot=True) if unsent else (final,) + NO_CHANGE[1:]
 
     # --- step mode --------------------------------------------------------------------------
     def step(self, values: dict, request: gr.Request | None = None) -> tuple:
@@ -380,11 +390,13 @@ class Playground:
 
     def api_stream(self, values: dict, request: gr.Request | None = None,
                    run: tuple[str, RunHandle] | None = None, gone: Callable[[], bool] | None = None) -> Iterator[dict]:
-        """The API's stream: one message per step, the last with "done": true. Each message has the
-        texts so far and the live figures; the per-step lists come as deltas (``new_step_layers``:
-        the steps since the previous message) and whole (``step_layers``, ``layers_per_step``, and
-        with lens=true the ``lens``) in the last message only, so a long batch job streams a few
-        kilobytes per step, not its whole state. Every request is its own run (two submits from one
+        """The API's stream: one message per frame (app/frames.py: the steps since the previous
+        message, at most 20 messages a second), the last with "done": true. Each message has the
+        texts so far and the live figures; the steps come as deltas (``new_steps``: every step of
+        both streams since the previous message, in the order they ran, with its tokens, layers and
+        seconds; ``new_step_layers``: SkipDecode's decode steps' layers) and whole (``step_layers``,
+        ``layers_per_step``, and with lens=true the ``lens``) in the last message only, so a long
+        batch job streams a few kilobytes per frame, not its whole state. Every request is its own run (two submits from one
         client never cancel each other); a cancelled run ends with a message that says so
         ("cancelled": true and the reason)."""
         if run is None:
@@ -398,20 +410,21 @@ class Playground:
             raise
         settings = checked.settings
         light = replace(settings, lens=False)  # the lens is sent once, in the last message
-        update, sent = None, 0
+        update, sent, clock, steps = None, 0, FrameClock(), NewSteps()
         try:
             for update in checked.race(should_cancel=cancel_when_gone(handle, gone), compute_lock=self.compute):
+                steps.add(update)
                 if update.done:
-                    yield api_message(update, settings)
-                else:
+                    yield api_message(update, settings) | {"new_steps": steps.take()}
+                elif clock.due():
                     message, sent = delta_message(api_message(update, light), sent)
-                    yield message
+                    yield message | {"new_steps": steps.take()}
         except ValueError as error:
             raise gr.Error(str(error), print_exception=False) from None
         finally:
             self.runs.finish(run_key, handle)
         if handle.cancelled and update is not None and not update.done:
-            yield {**api_message(update, settings), "cancelled": True,
+            yield {**api_message(update, settings), "new_steps": steps.take(), "cancelled": True,
                    "error": f"the run was cancelled ({handle.reason})"}
 
     # --- admission (the fair queue asks when a job is pushed) -------------------------------------
@@ -419,8 +432,9 @@ class Playground:
         """(parameter, message) when a job that runs the model asks for settings or sizes over a
         limit; None to admit it. The same check as the run's (``checked``), when the job is pushed
         and in milliseconds (the schedule checked over one step, not solved), so it is refused at
-        once instead of after waiting for the model; a task whose model is not loaded yet is
-        checked when its job starts."""
+        once instead of after waiting for the model; a task whose policy is not loaded yet is sized
+        and costed from a model with its tokenizer (``check_unloaded``), its schedule checked when
+        its job starts."""
         if not api_name.startswith(MODEL_RUNS):
             return None
         try:

@@ -14,6 +14,7 @@ from typing import Callable
 import gradio as gr
 
 from app import explainer
+from app import gradio_internals as gi
 from app.api import api_function
 from app.controls import control, with_settings
 from app.fair_queue import FairQueue, ServingLimits
@@ -87,6 +88,7 @@ def build_demo(get_generator: Callable[[], TextGenerator], limits: Limits | None
         _wire(demo, playground, ui, trained_defaults(generator), concurrency_limit)
     demo.playground = playground  # tests and the load script inspect active runs
     demo.queue(api_open=False, max_size=queue_size)
+    gi.fix_streaming_diffs()  # a frame's lists of steps reach the client whole (app/gradio_internals.py)
     # The fair queue (app/fair_queue.py): admission and place by client; ``serving`` sets its other limits.
     fair = FairQueue((serving or ServingLimits()).sized(queue_size, max_queued_per_session),
                      playground.admission_problem).install(demo)
