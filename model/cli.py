@@ -23,6 +23,7 @@ from model.lowbit.quantization import QUANTIZE_MODES
 from model.skipdecode.decoder import SamplingConfig
 from model.skipdecode.schedule import DECAY_FUNCTIONS, DEFAULT_WARMUP, LAYER_ORDERS
 from model.skipdecode.skip_policy import ScheduleFloor, export_adapter, mix_adapters
+from model.skipdecode.static_decoder import static_decoder
 from model.studies.scaling_study import ScalingConfig, run_scaling, write_scaling
 from model.studies.shape_study import ShapeConfig, run_shape_study
 from model.studies.study import StudyConfig, best_arm, run_study, study_markdown
@@ -101,6 +102,8 @@ def add_generate_command(commands) -> None:
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     gen.add_argument("--quantize", default="auto", choices=("auto", "none", "int8", "int4"),
                      help="low-bit weights on CPU (auto: the CPU default, none on GPU; both models alike)")
+    gen.add_argument("--static-cache", action="store_true",
+                     help="decode steps over a static KV cache (fixed shapes: what CUDA graphs replay), run eagerly")
     add_model_options(gen)
     gen.set_defaults(handler=run_generate)
 
@@ -555,7 +558,7 @@ def run_task_generate(args: argparse.Namespace) -> int:
     speedup = 1.0 if args.full else args.speedup
     loaded = load_task_model(args.task, speedup, policy=None if args.no_adapter else "auto", device=args.device,
                              dtype=args.dtype, quantize=args.quantize)
-    generator = TextGenerator(loaded)
+    generator = with_static_cache(TextGenerator(loaded), args.static_cache)
     swaps = place_swaps(args.prompt, training_places() if args.delexicalised_places else None)
     request = GenerationRequest(prompts=tuple(task_prompt(swap.mr) for swap in swaps),
                                 schedule=task_schedule(args.task, speedup, generator.num_layers, full=args.full,
@@ -597,9 +600,17 @@ def run_generate(args: argparse.Namespace) -> int:
         stop=tuple(args.stop),
     )
     validate_request(request)  # prompt and number checks before the (slow) model load
-    generator = TextGenerator(load_model_from_args(args))
+    generator = with_static_cache(TextGenerator(load_model_from_args(args)), args.static_cache)
     generator.schedule_for(request.schedule, request.max_new_tokens)  # reject bad settings before work
     return print_result(generator.generate(request), args.json)
+
+
+def with_static_cache(generator: TextGenerator, wanted: bool) -> TextGenerator:
+    """--static-cache: both decoders (the full model and SkipDecode) step over a static KV cache."""
+    if wanted:
+        generator.full_decoder = static_decoder(generator.full_decoder)
+        generator.skip_decoder = static_decoder(generator.skip_decoder)
+    return generator
 
 
 def print_result(result, as_json: bool) -> int:

@@ -47,6 +47,17 @@ def test_batch_full_and_plain_text_on_a_local_folder(tiny_folder):
     assert not plain.stdout.lstrip().startswith("{") and "layer speedup" in plain.stderr
 
 
+def test_static_cache_generates_the_same_text_as_the_eager_decoder(tiny_folder):
+    """--static-cache (the CUDA graphs' step, run eagerly) on the CPU default's low-bit weights."""
+    common = ("generate", "--model", str(tiny_folder), "--prompt", "Hello", "--prompt", "A longer prompt here",
+              "--speedup", "1.5", "--max-new-tokens", "6", "--json", "--raw")
+    eager, static = run_cli(*common), run_cli(*common, "--static-cache")
+    assert eager.returncode == 0 and static.returncode == 0, eager.stderr + static.stderr
+    eager_out, static_out = json.loads(eager.stdout), json.loads(static.stdout)
+    assert static_out["outputs"] == eager_out["outputs"] and static_out["layers_per_step"] == eager_out["layers_per_step"]
+    assert min(static_out["layers_per_step"]) < static_out["num_layers"]  # the run really skipped layers
+
+
 @pytest.mark.parametrize(
     "args,needle",
     [
