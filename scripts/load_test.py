@@ -66,6 +66,15 @@ the script is 127.0.0.1, a visitor 127.0.0.2 (the server reads real peer address
   memory           the server's RSS when the round starts and 10 s after it ends
 
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python scripts/load_test.py --hostile --round-four
+
+--stream-overhead times the 256-token job (the costliest the cap admits: its prompt sized to the cap,
+run to its full length) through the launched server (gradio_client, submit to the last message)
+against the same job in this process (``Playground.api_stream``: the check, the race and every
+message, no server), alternately, --repeats times each (issue #51: target, the server within 1.15x).
+Prints the times, the ratios and their median, the messages each way and the hardware with its CPU
+flags; written to --json (default assets/load/stream_overhead.json).
+
+    HF_HUB_OFFLINE=1 python scripts/load_test.py --stream-overhead --repeats 5
 """
 
 from __future__ import annotations
@@ -1288,6 +1297,72 @@ def missed_targets(report: dict) -> list[str]:
     return missed
 
 
+STREAM_OVERHEAD_JSON = ROOT / "assets" / "load" / "stream_overhead.json"
+STREAM_TARGET = 1.15  # issue #51: the 256-token job through the server within 1.15x of in-process
+
+
+def stream_job_values(limit: int) -> dict:
+    """The 256-token job of the cost probe (WORST_JOBS[0]): its prompt sized to the cap, greedy."""
+    settings = WORST_JOBS[0]
+    words = words_for_cost(settings["batch_size"], settings["max_new_tokens"], settings["lens"], limit - 10,
+                           PROMPT_TEMPLATE_TOKENS + COUNTING_TOKENS)
+    return dict(prompt=long_prompt("sea", words) + COUNTING, target_speedup=2.0, temperature=0.0, **settings)
+
+
+def in_process_job(playground, values: dict) -> dict:
+    """The job through the API's handler in this process: seconds, messages, decode steps."""
+    started = time.perf_counter()
+    messages = list(playground.api_stream(values))
+    return {"seconds": round(time.perf_counter() - started, 3), "messages": len(messages),
+            "decode_steps": len(messages[-1]["layers_per_step"])}
+
+
+def server_job(url: str, values: dict) -> dict:
+    """The job through the launched server with gradio_client, from submit to its last message."""
+    client = Client(url, verbose=False)
+    started = time.perf_counter()
+    job = client.submit(**values, api_name="/generate")
+    final = job.result(timeout=300)
+    return {"seconds": round(time.perf_counter() - started, 3), "messages": len(job.outputs()),
+            "decode_steps": len(final["layers_per_step"])}
+
+
+def run_stream_overhead(url: str, args: argparse.Namespace) -> int:
+    """Side by side, alternately: the job in this process and through the server (see the docstring)."""
+    import torch  # noqa: PLC0415 - only this mode loads the model here
+
+    server_job_cost()  # puts the repository on sys.path for the imports below
+    from app.handlers import Playground  # noqa: PLC0415 - the script's other modes need no model
+    from app.settings import Limits  # noqa: PLC0415
+    from model.common.hardware import hardware_info  # noqa: PLC0415
+    from model.generation import TextGenerator  # noqa: PLC0415
+    from model.loading import load_model  # noqa: PLC0415
+
+    generator = TextGenerator(load_model(None, adapter="auto", quantize="auto"))  # as app.py serves it
+    playground = Playground(lambda: generator, Limits())
+    values = stream_job_values(args.max_job_cost)
+    in_process_job(playground, dict(values, max_new_tokens=8))  # warm both: kernels built, caches filled
+    server_job(url, dict(values, max_new_tokens=8))
+    load_before, runs = os.getloadavg(), []
+    for repeat in range(args.repeats):  # alternate which goes first: a drift in the machine's load hits both
+        pair = {}
+        for way in (("in_process", "server") if repeat % 2 == 0 else ("server", "in_process")):
+            pair[way] = in_process_job(playground, values) if way == "in_process" else server_job(url, values)
+        pair["ratio"] = round(pair["server"]["seconds"] / pair["in_process"]["seconds"], 3)
+        runs.append(pair)
+        print(json.dumps(pair), flush=True)
+    median = statistics.median(pair["ratio"] for pair in runs)
+    report = {"mode": "stream_overhead", "command": command_line(), "url": url,
+              "hardware": hardware_info(torch.device("cpu")), "load_average_before": load_before,
+              "load_average_after": os.getloadavg(), "job": {k: v for k, v in values.items() if k != "prompt"}
+              | {"prompt_words": len(values["prompt"].split())}, "runs": runs, "median_ratio": median,
+              "median_in_process_s": statistics.median(p["in_process"]["seconds"] for p in runs),
+              "median_server_s": statistics.median(p["server"]["seconds"] for p in runs), "target": STREAM_TARGET}
+    print(json.dumps(report, indent=1))
+    Path(args.json or STREAM_OVERHEAD_JSON).write_text(json.dumps(report, indent=1) + "\n")
+    return 0 if median <= STREAM_TARGET else 1
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", default=None, help="a running app on loopback (default: start one)")
@@ -1304,6 +1379,9 @@ def main() -> int:
                                                             "only to --json)")
     parser.add_argument("--max-job-cost", type=int, default=int(os.environ.get("SKIPDECODE_MAX_JOB_COST", server_job_cost().DEFAULT_MAX_JOB_COST)),
                         help="--hostile: the server's job cost cap (the costliest admitted jobs are sized to it)")
+    parser.add_argument("--stream-overhead", action="store_true",
+                        help="time the 256-token job through the server against in-process (issue 51)")
+    parser.add_argument("--repeats", type=int, default=5, help="--stream-overhead: jobs each way")
     parser.add_argument("--queue-size", type=int, default=int(os.environ.get("SKIPDECODE_QUEUE_SIZE", "32")),
                         help="--hostile: the server's queue size (for the queue share)")
     args = parser.parse_args()
@@ -1324,6 +1402,8 @@ def main() -> int:
         raise SystemExit("loopback only: --url must be http://127.0.0.1:... or http://localhost:...")
     process = psutil.Process(server.pid) if server else None
     try:
+        if args.stream_overhead:
+            return run_stream_overhead(url, args)
         if args.hostile and args.round_four:
             return run_round_four(url, server, args)
         return run_hostile(url, server, args) if args.hostile else run_normal(url, process, args)
