@@ -210,6 +210,10 @@ def add_bench_command(commands) -> None:
                          "llama-bench -p (0: leave out)")
     be.add_argument("--threads", type=int, default=None, help="torch threads, and llama-bench's -t (default: torch's)")
     be.add_argument("--no-llama-cpp", action="store_true", help="leave out the llama.cpp row (scripts/build_llama_bench.sh)")
+    be.add_argument("--static-cache", action="store_true",
+                    help="add our decoder over the static KV cache run eagerly (the CUDA graphs' step, any device)")
+    be.add_argument("--no-graphs", action="store_true",
+                    help="on CUDA, leave out our CUDA graphs and transformers' static cache + torch.compile")
     be.add_argument("--output", default=None, help="folder for bench.json, bench.md and speedup.json")
     be.add_argument("--json", default=None, help="also write the raw figures to this file")
     be.set_defaults(handler=run_bench_command)
@@ -366,7 +370,8 @@ def run_bench_command(args: argparse.Namespace) -> int:
                          dtype=args.dtype, batch_sizes=batch_sizes, speedups=_float_list(args.speedups, "--speedups"),
                          decay=args.decay, new_tokens=args.tokens, repeats=args.repeats, include_hf=not args.no_hf,
                          quick=args.quick, quantize=_bench_weight_modes(args.quantize), threads=args.threads,
-                         llama_cpp=not args.no_llama_cpp, prompt_tokens=args.prompt_tokens)
+                         llama_cpp=not args.no_llama_cpp, prompt_tokens=args.prompt_tokens,
+                         static=args.static_cache, graphs=not args.no_graphs)
     report = run_bench(config, progress=lambda line: print(line, file=sys.stderr))
     if args.output:
         write_bench(report, args.output)

@@ -5,6 +5,12 @@ For each batch size, the same prompts and a FIXED generated length (EOS ignored)
   full          the original full model through our decoder (n_k = L)
   skip@S        SkipDecode at target layer speedup S (linear decay by default), on the model
                 users run: the skip-policy adapter merged into its weights
+  hf_static_compile   transformers' generate with its static cache and torch.compile(mode="reduce-overhead")
+                (CUDA only: the ecosystem's best plain path)
+  graphs full, graphs skip@S   our decoder over the static KV cache, one CUDA graph per layer set replayed
+                (CUDA only; model/skipdecode/cuda_graphs.py); the "capture s" column is the seconds its graphs
+                took to capture (transformers' compiled row: its first, compiling call)
+  static full, static skip@S   the same static-cache step run eagerly (``--static-cache``; any device)
   llama.cpp     llama.cpp's own `llama-bench` on the SAME GGUF file (the default model only, batch 1, the
                 same thread count and token count), when scripts/build_llama_bench.sh has built it
 Prompt processing: a prompt of --prompt-tokens tokens (default 512) through our prefill, and the time to its first
@@ -40,8 +46,10 @@ from model.evaluation.reporting import speed_figure
 from model.generation import ScheduleRequest, TextGenerator
 from model.loading import DEFAULT_MODEL, load_model, locate_default_gguf, resolve_device
 from model.lowbit.native_kernels import native_module, q4_isa, q4_kernel_selected
+from model.skipdecode.cuda_graphs import CudaGraphStep
 from model.skipdecode.decoder import SkipDecoder
 from model.skipdecode.schedule import ScheduleConfig, full_schedule, speedup_summary
+from model.skipdecode.static_decoder import StaticSkipDecoder, static_decoder
 
 BENCH_PROMPTS = [
     "Write a short story about a lighthouse keeper.",
@@ -72,6 +80,8 @@ class BenchConfig:
     threads: int | None = None  # torch threads (and llama-bench's -t); None: torch's default
     llama_cpp: bool = True  # add llama-bench's row when its binary is there (default model, CPU, batch 1)
     prompt_tokens: int = 512  # prompt processing and time to first token at batch 1 (0: not measured)
+    static: bool = False  # add our static-cache step run eagerly (the graphs' step without graphs; any device)
+    graphs: bool = True  # on CUDA: our CUDA graphs and transformers' static cache + torch.compile
 
 
 @dataclass
@@ -94,6 +104,8 @@ class BenchRow:
     vs_float_full: float | None = None  # tokens/s over the float weights' full decoder, same batch
     decode_tokens_per_second: float | None = None  # batch / median step time (prefill excluded)
     vs_llama_cpp: float | None = None  # decode tokens/s over llama.cpp's full model (same GGUF, same threads)
+    vs_hf_static_compile: float | None = None  # tokens/s over transformers' static cache + torch.compile (CUDA)
+    capture_seconds: float | None = None  # graphs: capturing this mode's graphs; hf_static_compile: its first call
 
 
 @dataclass
@@ -135,17 +147,19 @@ class BenchReport:
             *[f"Note: {note}" for note in self.notes],
             "",
             "| batch | weights | mode | tokens/s | decode tok/s | step ms | layer speedup | cost-model speedup | "
-            "measured speedup | efficiency | vs HF generate | vs float full | vs llama.cpp |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "measured speedup | efficiency | vs HF generate | vs float full | vs llama.cpp | vs HF static+compile | "
+            "capture s |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in self.rows:
-            mode = r.mode if r.target_speedup is None else f"skip {r.target_speedup:g}x ({r.max_layers}→{r.min_layers})"
+            mode = r.mode if r.target_speedup is None else (
+                f"{r.mode.replace('skipdecode', 'skip')} {r.target_speedup:g}x ({r.max_layers}→{r.min_layers})")
             weights = self.dtype if r.weights == "float" else r.weights
             lines.append(
                 f"| {r.batch_size} | {weights} | {mode} | {r.tokens_per_second:.1f} | {_fmt(r.decode_tokens_per_second, '', 1)} | "
                 f"{r.step_latency_ms:.1f} | {r.layer_speedup:.2f}x | {r.cost_speedup:.2f}x | {r.measured_speedup:.2f}x | "
                 f"{_fmt(r.efficiency)} | {_fmt(r.vs_hf_generate, 'x')} | {_fmt(r.vs_float_full, 'x')} | "
-                f"{_fmt(r.vs_llama_cpp, 'x')} |"
+                f"{_fmt(r.vs_llama_cpp, 'x')} | {_fmt(r.vs_hf_static_compile, 'x')} | {_fmt(r.capture_seconds)} |"
             )
         if self.prefill:
             lines += ["", f"Prompt processing, batch 1, a {self.prefill[0].prompt_tokens}-token prompt (llama.cpp: "
@@ -227,10 +241,15 @@ def time_ours(decoder: SkipDecoder, ids, mask, schedule: ScheduleConfig, new_tok
     return Timing(seconds, statistics.median(steps) if steps else 0.0)
 
 
-def time_hf_generate(model, ids, mask, new_tokens: int, pad_id: int) -> Timing:
-    from transformers import GenerationConfig  # noqa: PLC0415
+def time_hf_generate(model, ids, mask, new_tokens: int, pad_id: int, static_compile: bool = False) -> Timing:
+    """transformers' generate, greedy, fixed length; ``static_compile``: with its static cache and its forward
+    compiled by torch.compile(mode="reduce-overhead") (CUDA graphs; transformers compiles it on CUDA)."""
+    from transformers import CompileConfig, GenerationConfig  # noqa: PLC0415
 
-    config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, pad_token_id=pad_id, eos_token_id=None)
+    extra = dict(cache_implementation="static", compile_config=CompileConfig(mode="reduce-overhead")) \
+        if static_compile else {}
+    config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, pad_token_id=pad_id, eos_token_id=None,
+                              **extra)
     device = ids.device
     _sync(device)
     start = time.perf_counter()
@@ -263,6 +282,8 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None] = print) -> B
                          dtype=str(loaded.dtype).replace("torch.", ""), hardware=hardware_info(device),
                          new_tokens=config.new_tokens, repeats=config.repeats, decay=config.decay)
     llama = _llama_cpp_mode(config, loaded, device, report.notes)
+    if device.type != "cuda" and config.graphs:
+        report.notes.append(NO_CUDA_NOTE.format(device=device))
     if device.type == "cpu" and any(v[4] != "float" for v in variants.values()):
         report.notes.append(_decode_step_note())
 
@@ -272,12 +293,15 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None] = print) -> B
         ids, mask = ids.to(device), mask.to(device)
         # Every mode of every weight variant, interleaved in one run: ratios are side by side.
         modes = _bench_modes(config, variants, schedules, generator.num_layers, ids, mask)
+        captures: dict[tuple[str, str], float] = {}
+        modes.update(engine_modes(config, variants, schedules, generator.num_layers, ids, mask, captures))
         if llama is not None and batch == 1:
             modes["Q4_1", "llama.cpp"] = lambda: llama(0)
         timings, peaks = _time_modes(modes, config.repeats, batch, device)
         report.rows.extend(_batch_rows(config, variants, schedules, generator, batch, timings, peaks, report))
+        add_captures(report.rows, batch, captures)
         progress(f"batch {batch}: " + ", ".join(
-            f"{r.weights} {r.mode if r.target_speedup is None else f'skip {r.target_speedup:g}x'} "
+            f"{r.weights} {r.mode if r.target_speedup is None else f'{r.mode} {r.target_speedup:g}x'} "
             f"{r.tokens_per_second:.1f} tok/s" for r in report.rows if r.batch_size == batch))
     if config.prompt_tokens:
         report.prefill = _prefill_rows(config, variants, llama, device)
@@ -359,6 +383,56 @@ def _bench_modes(config: BenchConfig, variants: dict[str, tuple], schedules: dic
             modes[weights, f"skip@{s:g}"] = _in_kernel(kernel, lambda d=skip_decoder, solved=solved: time_ours(
                 d, ids, mask, solved.config, config.new_tokens))
     return modes
+
+
+ENGINES = ("static", "graphs")  # our decoder over the static KV cache: eagerly, or by CUDA graph replay
+NO_CUDA_NOTE = ("no rows of our CUDA graphs or of transformers' static cache + torch.compile: they need a CUDA "
+                "device (this run is on {device})")
+
+
+def engine_modes(config: BenchConfig, variants: dict[str, tuple], schedules: dict, num_layers: int,
+                 ids: torch.Tensor, mask: torch.Tensor, captures: dict[tuple[str, str], float]
+                 ) -> dict[tuple[str, str], Callable[[], Timing]]:
+    """The static-cache modes, (weights, "ENGINE:full" | "ENGINE:skip@S") -> one timed run: "static" (eager,
+    with ``config.static``) and on CUDA "graphs" (one graph runner per mode and batch, so each mode's capture
+    is its own) and transformers' static cache + torch.compile. ``captures`` receives each graph mode's capture
+    seconds, and the compiled mode's first call, as they happen (the warm-up pays them)."""
+    modes: dict[tuple[str, str], Callable[[], Timing]] = {}
+    cuda = ids.device.type == "cuda" and config.graphs
+    for weights, (variant, _, full_decoder, skip_decoder, _, kernel) in variants.items():
+        runs = {"full": (full_decoder, full_schedule(num_layers))}
+        runs.update({f"skip@{s:g}": (skip_decoder, solved.config) for s, solved in schedules.items()})
+        for engine in ENGINES:
+            if (engine == "static" and not config.static) or (engine == "graphs" and not cuda):
+                continue
+            for name, (decoder, schedule) in runs.items():
+                runner = CudaGraphStep() if engine == "graphs" else None
+                static = static_decoder(decoder, runner)
+                modes[weights, f"{engine}:{name}"] = _in_kernel(kernel, _static_run(
+                    static, runner, ids, mask, schedule, config.new_tokens, captures, (weights, f"{engine}:{name}")))
+        if cuda and config.include_hf:
+            key = (weights, "hf_static_compile")
+            modes[key] = _first_call_seconds(lambda m=variant.model, pad=variant.pad_token_id: time_hf_generate(
+                m, ids, mask, config.new_tokens, pad, static_compile=True), captures, key)
+    return modes
+
+
+def _static_run(decoder: StaticSkipDecoder, runner: CudaGraphStep | None, ids: torch.Tensor, mask: torch.Tensor,
+                schedule: ScheduleConfig, new_tokens: int, captures: dict, key: tuple[str, str]) -> Callable[[], Timing]:
+    def timed() -> Timing:
+        timing = time_ours(decoder, ids, mask, schedule, new_tokens)
+        if runner is not None:
+            captures[key] = runner.capture_seconds  # every graph this mode needs, captured in its first run
+        return timing
+    return timed
+
+
+def _first_call_seconds(run: Callable[[], Timing], captures: dict, key: tuple[str, str]) -> Callable[[], Timing]:
+    def timed() -> Timing:
+        timing = run()
+        captures.setdefault(key, timing.seconds)  # the first call compiles (and captures) the forward
+        return timing
+    return timed
 
 
 def time_prefill(decoder: SkipDecoder, ids: torch.Tensor, mask: torch.Tensor) -> Timing:
@@ -492,25 +566,44 @@ def _llama_row(report: BenchReport, timings: dict, batch: int, new_tokens: int) 
     return tps
 
 
+def mode_parts(name: str) -> tuple[str, str]:
+    """A timed mode's (engine, mode): "graphs:skip@2" -> ("graphs", "skip@2"); "full" -> ("", "full")."""
+    engine, _, mode = name.rpartition(":")
+    return engine, mode
+
+
+def _row_mode(name: str) -> str:
+    """The row's mode as reports name it: "full", "skipdecode", "graphs full", "graphs skipdecode", ..."""
+    engine, mode = mode_parts(name)
+    mode = "skipdecode" if mode.startswith("skip@") else mode
+    return f"{engine} {mode}" if engine else mode
+
+
 def _rows(batch, timings, peaks, schedules, num_layers, cost, new_tokens) -> list[BenchRow]:
+    """One row per timed mode of one weight variant. Measured speedup is over the full model through the SAME
+    engine (our graphs' skip rows over our graphs' full row), so each engine's own gain is read in its row."""
     def median(name: str, attr: str) -> float:
         return statistics.median(getattr(t, attr) for t in timings[name])
 
     tokens = batch * new_tokens
-    full_tps = tokens / median("full", "seconds")
     hf_tps = tokens / median("hf_generate", "seconds") if "hf_generate" in timings else None
+    compiled_tps = tokens / median("hf_static_compile", "seconds") if "hf_static_compile" in timings else None
     rows = []
     for name in timings:
+        engine, mode = mode_parts(name)
+        full = f"{engine}:full" if engine and f"{engine}:full" in timings else "full"
         tps = tokens / median(name, "seconds")
-        row = BenchRow(mode="skipdecode" if name.startswith("skip@") else name, batch_size=batch, target_speedup=None,
+        row = BenchRow(mode=_row_mode(name), batch_size=batch, target_speedup=None,
                        tokens_per_second=round(tps, 3), step_latency_ms=round(1000 * median(name, "step_seconds"), 3),
-                       seconds=round(median(name, "seconds"), 4), measured_speedup=round(tps / full_tps, 4),
+                       seconds=round(median(name, "seconds"), 4),
+                       measured_speedup=round(tps * median(full, "seconds") / tokens, 4),
                        decode_tokens_per_second=round(batch / median(name, "step_seconds"), 3)
                        if median(name, "step_seconds") > 0 else None,
                        vs_hf_generate=round(tps / hf_tps, 4) if hf_tps else None,
+                       vs_hf_static_compile=round(tps / compiled_tps, 4) if compiled_tps else None,
                        peak_memory_mb=round(peaks.get(name, 0.0), 1))
-        if name.startswith("skip@"):
-            solved = schedules[float(name[5:])]
+        if mode.startswith("skip@"):
+            solved = schedules[float(mode[5:])]
             row.target_speedup = solved.target_speedup
             summary = speedup_summary(solved, solved.budgets, cost)  # EOS ignored: every planned step ran
             row.layer_speedup = round(summary.achieved_layer_speedup, 4)
@@ -519,6 +612,20 @@ def _rows(batch, timings, peaks, schedules, num_layers, cost, new_tokens) -> lis
         row.efficiency = round(row.measured_speedup / row.cost_speedup, 4)
         rows.append(row)
     return rows
+
+
+def add_captures(rows: list[BenchRow], batch: int, captures: dict[tuple[str, str], float]) -> None:
+    """Each of this batch's rows gets the capture (or compile) seconds its mode paid, where it paid any."""
+    by_mode = {(weights, _row_mode(name), _speedup_of(name)): seconds for (weights, name), seconds in captures.items()}
+    for row in rows:
+        if row.batch_size == batch:
+            seconds = by_mode.get((row.weights, row.mode, row.target_speedup))
+            row.capture_seconds = round(seconds, 3) if seconds is not None else None
+
+
+def _speedup_of(name: str) -> float | None:
+    mode = mode_parts(name)[1]
+    return float(mode[5:]) if mode.startswith("skip@") else None
 
 
 def write_bench(report: BenchReport, folder: str | Path) -> list[Path]:

@@ -6,19 +6,27 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from model.evaluation.bench import (
+    NO_CUDA_NOTE,
+    BenchConfig,
+    BenchReport,
     BenchRow,
     PrefillRow,
     Timing,
     _rows,
+    _time_modes,
+    add_captures,
+    engine_modes,
     int4_kernel,
     parse_llama_bench,
     split_weight_mode,
 )
 from model.lowbit.native_kernels import native_module, q4_isa, q4_kernel_selected
+from model.skipdecode.decoder import SkipDecoder
 from model.skipdecode.schedule import CostModel, solve_schedule
-from tests.support import ROOT
+from tests.support import NUM_LAYERS, ROOT, left_padded_batch, tiny_model
 
 
 def test_ratios_and_efficiency_are_taken_between_medians():
@@ -38,6 +46,56 @@ def test_ratios_and_efficiency_are_taken_between_medians():
     assert skip.efficiency == pytest.approx(2.0 / skip.cost_speedup, rel=1e-3)
     assert skip.step_latency_ms == pytest.approx(20.0)
     assert skip.layer_speedup == pytest.approx(solved.layer_speedup, rel=1e-3)
+
+
+def test_each_engine_measures_its_skip_rows_against_its_own_full_row():
+    cost = CostModel(layer_cost=1.0, fixed_cost=10.0)
+    solved = solve_schedule(20, 2.0, decay_length=10, num_steps=9, cost=cost)
+    timings = {
+        "hf_generate": [Timing(8.0, 0.8)], "hf_static_compile": [Timing(2.0, 0.2)],
+        "full": [Timing(4.0, 0.4)], "skip@2": [Timing(2.0, 0.2)],
+        "graphs:full": [Timing(1.0, 0.1)], "graphs:skip@2": [Timing(0.8, 0.08)],
+    }
+    rows = {(r.mode, r.target_speedup): r for r in _rows(4, timings, {}, {2.0: solved}, 20, cost, 10)}
+    assert set(rows) == {("hf_generate", None), ("hf_static_compile", None), ("full", None), ("skipdecode", 2.0),
+                         ("graphs full", None), ("graphs skipdecode", 2.0)}
+    assert rows["skipdecode", 2.0].measured_speedup == pytest.approx(2.0)  # eager over eager full
+    assert rows["graphs skipdecode", 2.0].measured_speedup == pytest.approx(1.25)  # graphs over graphs full
+    assert rows["graphs full", None].vs_hf_static_compile == pytest.approx(2.0)
+    assert rows["graphs full", None].vs_hf_generate == pytest.approx(8.0)
+    assert rows["graphs skipdecode", 2.0].max_layers == solved.config.max_layers
+    captures = {("float", "graphs:skip@2"): 1.5, ("float", "hf_static_compile"): 30.0}
+    all_rows = list(rows.values())
+    for row in all_rows:
+        row.weights = "float"
+    add_captures(all_rows, 4, captures)
+    assert rows["graphs skipdecode", 2.0].capture_seconds == 1.5 and rows["hf_static_compile", None].capture_seconds == 30
+    assert rows["graphs full", None].capture_seconds is None and rows["skipdecode", 2.0].capture_seconds is None
+
+
+def test_the_static_cache_rows_run_on_the_cpu_and_the_cuda_rows_say_why_they_are_absent():
+    """The engine rows' plumbing end to end on a tiny model: the static-cache step run eagerly stands in
+    for the graphs (same modes, same table); on the CPU the graph and compiled rows are left out."""
+    model = tiny_model("llama")
+    full, skip = SkipDecoder(model), SkipDecoder(model)
+    variants = {"float": (None, None, full, skip, "float", None)}
+    solved = solve_schedule(NUM_LAYERS, 2.0, decay_length=5)
+    ids, mask = left_padded_batch([5, 3])
+    config = BenchConfig(static=True, new_tokens=6)
+    captures: dict = {}
+    modes = engine_modes(config, variants, {2.0: solved}, NUM_LAYERS, ids, mask, captures)
+    assert set(modes) == {("float", "static:full"), ("float", "static:skip@2")}  # no graphs, no compile on CPU
+    timings, peaks = _time_modes(modes, 1, 2, torch.device("cpu"))
+    rows = _rows(2, {name: t for (_, name), t in timings.items()}, {}, {2.0: solved}, NUM_LAYERS,
+                 full.adapter.cost_model(), 6)
+    assert [(r.mode, r.target_speedup) for r in rows] == [("static full", None), ("static skipdecode", 2.0)]
+    assert all(r.tokens_per_second > 0 and r.step_latency_ms > 0 for r in rows) and not captures
+    report = BenchReport(model="tiny", adapter=None, device="cpu", dtype="float32", hardware={"summary": "cpu"},
+                         new_tokens=6, repeats=1, decay="linear", rows=rows,
+                         notes=[NO_CUDA_NOTE.format(device="cpu")])
+    table = report.to_markdown()
+    assert "| static skip 2x (" in table and "need a CUDA device" in table and "| capture s |" in table
+    assert engine_modes(BenchConfig(), variants, {2.0: solved}, NUM_LAYERS, ids, mask, captures) == {}
 
 
 def test_llama_bench_output_is_parsed_for_the_generation_test():
