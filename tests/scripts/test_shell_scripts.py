@@ -3,6 +3,7 @@ syntax error costs a lease, so they are checked here on every run."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -13,7 +14,7 @@ SCRIPTS = sorted((Path(__file__).resolve().parents[2] / "scripts").glob("*.sh"))
 
 def test_the_gpu_scripts_are_among_those_checked():
     names = {script.name for script in SCRIPTS}
-    assert {"gpu_e2e_family.sh", "gpu_e2e_distil.sh", "gpu_task_e2e.sh"} <= names
+    assert {"gpu_e2e_family.sh", "gpu_e2e_distil.sh", "gpu_task_e2e.sh", "gpu_check.sh"} <= names
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda script: script.name)
@@ -45,3 +46,35 @@ def test_the_last_checkpoint_is_kept_once_and_no_half_copy_stays(tmp_path: Path)
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in run.iterdir()) == ["adapter", "adapter-step-40"]
     assert (run / "adapter-step-40" / "training_info.json").is_file()
+
+
+def test_the_gpu_check_needs_an_output_folder():
+    check = next(script for script in SCRIPTS if script.name == "gpu_check.sh")
+    result = subprocess.run(["bash", str(check)], capture_output=True, text=True, check=False)
+    assert result.returncode == 2 and "usage: gpu_check.sh [--dry-run] OUT" in result.stderr
+
+
+@pytest.mark.slow  # spawns pytest, the bench and the thread scaling on a tiny model (a minute on a quiet machine)
+def test_the_gpu_check_dry_run_runs_every_stage_on_the_cpu(tmp_path: Path):
+    """The lease's one command, every stage on the CPU with a tiny random model: a lease costs device
+    time, so the script must be known to run before it gets one."""
+    check = next(script for script in SCRIPTS if script.name == "gpu_check.sh")
+    out = tmp_path / "out"
+    result = subprocess.run(["bash", str(check), "--dry-run", str(out)], capture_output=True, text=True,
+                            check=False, timeout=1800)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == ["bench.json", "bench.md", "env.txt", "log.txt", "summary.txt",
+                                                     "tests.log", "threads.json", "threads.md"]  # the tool's 8 files
+    summary = (out / "summary.txt").read_text()
+    assert all(f"{stage} status=0" in summary for stage in ("tiny-model", "tests", "bench", "threads"))
+    tests = (out / "tests.log").read_text()
+    assert "passed" in tests and "skipped" in tests and "CUDA graphs need a CUDA device" in tests
+    bench = json.loads((out / "bench.json").read_text())
+    assert {"full", "skipdecode", "static full", "static skipdecode"} <= {row["mode"] for row in bench["rows"]}
+    assert any("need a CUDA device" in note for note in bench["notes"])
+    assert "| static skip 2x" in (out / "bench.md").read_text()
+    threads = json.loads((out / "threads.json").read_text())
+    assert [(r["threads"], r["hardware"]["torch_threads"]) for r in threads] == [(1, 1), (2, 2)]
+    assert all({row["mode"] for row in r["rows"]} == {"full", "skipdecode"} for r in threads)
+    table = (out / "threads.md").read_text()
+    assert "| 1 |" in table and "| 2 |" in table and "CPU flags" in table
