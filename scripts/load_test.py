@@ -67,10 +67,19 @@ the script is 127.0.0.1, a visitor 127.0.0.2 (the server reads real peer address
 
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python scripts/load_test.py --hostile --round-four
 
+Then issue 54's round five (under "round_five"; `--hostile --round-five` runs only it and keeps the
+file's other keys): a line of 100,000 spaces at the MR-feedback and task-switch events while another
+client loads /config, the over-cost E2E job at 3x/4x/3x/4x, an unknown task on the hidden events, and
+a seeded fuzz of every page event and the API for --fuzz-seconds (default 60; 600 for the issue's ten
+minutes), with the server's tracebacks: scripts/round_five.py says what each measures.
+
+    HF_HUB_OFFLINE=1 python scripts/load_test.py --hostile --round-five --fuzz-seconds 600
+
 --stream-overhead times the 256-token job (the costliest the cap admits: its prompt sized to the cap,
 run to its full length) through the launched server (gradio_client, submit to the last message)
 against the same job in this process (``Playground.api_stream``: the check, the race and every
-message, no server), alternately, --repeats times each (issue #51: target, the server within 1.15x).
+message, no server), alternately, --repeats times each (issue #51: target, the server within 1.15x);
+--compare-url times a second running server in the same rounds (a checkout from before a change).
 Prints the times, the ratios and their median, the messages each way and the hardware with its CPU
 flags; written to --json (default assets/load/stream_overhead.json).
 
@@ -1213,7 +1222,9 @@ def run_hostile(url: str, server: subprocess.Popen | None, args: argparse.Namesp
         "seconds": round(time.time() - started, 1),
     }
     report["round_four"] = round_four(url, process, args)
-    report["targets_missed"] = missed_targets(report) + missed_round_four(report["round_four"])
+    report["round_five"] = run_round_five_probes(url, log, args.fuzz_seconds)
+    report["targets_missed"] = (missed_targets(report) + missed_round_four(report["round_four"])
+                                + report["round_five"]["targets_missed"])
     print(json.dumps(report, indent=2))
     Path(args.json or HOSTILE_JSON).write_text(json.dumps(report, indent=2) + "\n")
     return 1 if report["targets_missed"] else 0
@@ -1234,6 +1245,42 @@ def run_round_four(url: str, server: subprocess.Popen | None, args: argparse.Nam
     if path is not None:
         existing = json.loads(path.read_text()) if path.exists() else {}
         path.write_text(json.dumps(existing | {"round_four": report}, indent=2) + "\n")
+    return 1 if report["targets_missed"] else 0
+
+
+def round_five_module():
+    """scripts/round_five.py (also imported by the tests), loaded by path: this file runs as a script."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("round_five", Path(__file__).with_name("round_five.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_round_five_probes(url: str, log: ServerLog, fuzz_seconds: float) -> dict:
+    """Issue 54's probes and fuzz; the server's tracebacks while they ran (target 0)."""
+    script = round_five_module()
+    tracebacks_before = log.tracebacks
+    report = {"command": command_line(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              "hardware": {**hardware(), "cpu_flags": cpu_flags()}, "load_average_before": os.getloadavg()[0],
+              **script.round_five(url, fuzz_seconds)}
+    report["server_tracebacks"] = log.tracebacks - tracebacks_before
+    report["targets_missed"] = script.missed(report) + (
+        [f"{report['server_tracebacks']} tracebacks in the server's log"] if report["server_tracebacks"] else [])
+    return report
+
+
+def run_round_five(url: str, server: subprocess.Popen | None, args: argparse.Namespace) -> int:
+    """Only round five; written under "round_five" of the JSON, its other keys kept."""
+    log = ServerLog(server)
+    Client(url, verbose=False).predict(prompt=PROMPTS[0], max_new_tokens=args.max_new_tokens, api_name="/generate")
+    report = run_round_five_probes(url, log, args.fuzz_seconds)
+    report["server_stderr"] = log.report()
+    print(json.dumps(report, indent=2))
+    path = Path(args.json) if args.json else HOSTILE_JSON
+    existing = json.loads(path.read_text()) if path.exists() else {}
+    path.write_text(json.dumps(existing | {"round_five": report}, indent=2) + "\n")
     return 1 if report["targets_missed"] else 0
 
 
@@ -1341,23 +1388,30 @@ def run_stream_overhead(url: str, args: argparse.Namespace) -> int:
     generator = TextGenerator(load_model(None, adapter="auto", quantize="auto"))  # as app.py serves it
     playground = Playground(lambda: generator, Limits())
     values = stream_job_values(args.max_job_cost)
-    in_process_job(playground, dict(values, max_new_tokens=8))  # warm both: kernels built, caches filled
-    server_job(url, dict(values, max_new_tokens=8))
+    in_process_job(playground, dict(values, max_new_tokens=8))  # warm each: kernels built, caches filled
+    servers = {"server": url} | ({"compared_server": args.compare_url} if args.compare_url else {})
+    for server in servers.values():
+        server_job(server, dict(values, max_new_tokens=8))
     load_before, runs = os.getloadavg(), []
-    for repeat in range(args.repeats):  # alternate which goes first: a drift in the machine's load hits both
+    for repeat in range(args.repeats):  # each repeat in another order: a drift in the machine's load hits all
+        ways = ["in_process", *servers]
         pair = {}
-        for way in (("in_process", "server") if repeat % 2 == 0 else ("server", "in_process")):
-            pair[way] = in_process_job(playground, values) if way == "in_process" else server_job(url, values)
-        pair["ratio"] = round(pair["server"]["seconds"] / pair["in_process"]["seconds"], 3)
+        for way in ways[repeat % len(ways):] + ways[:repeat % len(ways)]:
+            pair[way] = in_process_job(playground, values) if way == "in_process" else server_job(servers[way], values)
+        for way in servers:
+            pair[f"{way}_ratio"] = round(pair[way]["seconds"] / pair["in_process"]["seconds"], 3)
         runs.append(pair)
         print(json.dumps(pair), flush=True)
-    median = statistics.median(pair["ratio"] for pair in runs)
+    median = statistics.median(pair["server_ratio"] for pair in runs)
     report = {"mode": "stream_overhead", "command": command_line(), "url": url,
               "hardware": hardware_info(torch.device("cpu")), "load_average_before": load_before,
               "load_average_after": os.getloadavg(), "job": {k: v for k, v in values.items() if k != "prompt"}
               | {"prompt_words": len(values["prompt"].split())}, "runs": runs, "median_ratio": median,
               "median_in_process_s": statistics.median(p["in_process"]["seconds"] for p in runs),
               "median_server_s": statistics.median(p["server"]["seconds"] for p in runs), "target": STREAM_TARGET}
+    if args.compare_url:
+        report["compared_server_median_ratio"] = statistics.median(p["compared_server_ratio"] for p in runs)
+        report["compared_server_median_s"] = statistics.median(p["compared_server"]["seconds"] for p in runs)
     print(json.dumps(report, indent=1))
     Path(args.json or STREAM_OVERHEAD_JSON).write_text(json.dumps(report, indent=1) + "\n")
     return 0 if median <= STREAM_TARGET else 1
@@ -1375,6 +1429,9 @@ def main() -> int:
     parser.add_argument("--prompt-words", type=int, default=1500, help="--hostile: words in a long prompt")
     parser.add_argument("--round-four", action="store_true",
                         help="--hostile: only the round-four attacks (issue 37), written under \"round_four\"")
+    parser.add_argument("--round-five", action="store_true",
+                        help="--hostile: only round five (issue 54), written under \"round_five\"")
+    parser.add_argument("--fuzz-seconds", type=float, default=60.0, help="--hostile: round five's fuzz")
     parser.add_argument("--tiny", action="store_true", help="--round-four: a dry run with tiny counts (writes "
                                                             "only to --json)")
     parser.add_argument("--max-job-cost", type=int, default=int(os.environ.get("SKIPDECODE_MAX_JOB_COST", server_job_cost().DEFAULT_MAX_JOB_COST)),
@@ -1382,13 +1439,15 @@ def main() -> int:
     parser.add_argument("--stream-overhead", action="store_true",
                         help="time the 256-token job through the server against in-process (issue 51)")
     parser.add_argument("--repeats", type=int, default=5, help="--stream-overhead: jobs each way")
+    parser.add_argument("--compare-url", default=None, help="--stream-overhead: a second running server (an "
+                                                            "older checkout, say) timed in the same rounds")
     parser.add_argument("--queue-size", type=int, default=int(os.environ.get("SKIPDECODE_QUEUE_SIZE", "32")),
                         help="--hostile: the server's queue size (for the queue share)")
     args = parser.parse_args()
     if not 1 <= args.clients <= 64 or not 1 <= args.duration <= 1800:
         raise SystemExit("--clients must be 1..64 and --duration 1..1800 s (the test is bounded)")
-    if (args.round_four or args.tiny) and not args.hostile:
-        raise SystemExit("--round-four and --tiny go with --hostile")
+    if (args.round_four or args.round_five or args.tiny) and not args.hostile:
+        raise SystemExit("--round-four, --round-five and --tiny go with --hostile")
     if not 1 <= args.prompt_words <= 1900:
         raise SystemExit("--prompt-words must be 1..1900 (the app's prompt limits: 8000 characters, 2048 tokens)")
 
@@ -1404,6 +1463,8 @@ def main() -> int:
     try:
         if args.stream_overhead:
             return run_stream_overhead(url, args)
+        if args.hostile and args.round_five:
+            return run_round_five(url, server, args)
         if args.hostile and args.round_four:
             return run_round_four(url, server, args)
         return run_hostile(url, server, args) if args.hostile else run_normal(url, process, args)
