@@ -18,6 +18,7 @@ import anyio
 import gradio as gr
 
 from app import explainer
+from app.chat_family import ChatPolicies
 from app.figures import schedule_figure
 from app.frames import FrameClock, NewSteps
 from app.job_cost import UNIT_SECONDS, job_cost, session_bytes
@@ -56,9 +57,10 @@ class Playground:
     """Handlers bound to one TextGenerator factory (the model is shared; runs are per session)."""
 
     def __init__(self, get_generator: Callable[[], TextGenerator], limits: Limits, concurrency: int = 1,
-                 tasks: TaskGenerators | None = None) -> None:
+                 tasks: TaskGenerators | None = None, chat: ChatPolicies | None = None) -> None:
         self.get_generator = get_generator
         self.tasks = tasks or TaskGenerators()  # a task's models, loaded when first chosen
+        self.chat = chat or ChatPolicies()  # general chat's per-speedup policies, when a family is installed
         self.limits = limits
         self.runs = SessionRuns(limits.max_step_positions, limits.max_step_bytes, limits.max_step_sessions_per_address)
         # Set by the fair queue: a request's client address (step mode's sessions are bounded per address).
@@ -84,8 +86,9 @@ class Playground:
         """The model these settings run: the general one, or the task's for this speedup (its skip
         policy; loaded on first use, so only from a queued handler; None if ``load`` is False and
         it is not loaded yet)."""
-        if not is_task(settings.task):
-            return self.get_generator()
+        if not is_task(settings.task):  # the family's policy for this speedup, or the shared one
+            return self.chat.generator(settings.target_speedup if settings.skip_policy else 1.0,
+                                       self.get_generator(), load=load)
         return self.tasks.get(settings.task, settings.target_speedup, load=load)
 
     def validated(self, values: dict, page: bool = True) -> Checked:
@@ -222,6 +225,9 @@ class Playground:
         if is_task(settings.task) and not notice:  # say which model each pane runs
             notice = policy_line(settings.task, settings.target_speedup, self.tasks.policy(settings.task,
                                                                                            settings.target_speedup))
+        elif not notice:  # general chat: which skip policy runs, when a per-speedup family is installed
+            notice = self.chat.line(settings.target_speedup, settings.skip_policy, checked.generator,
+                                    self.get_generator())
         session = session_key(request)
         self.runs.steppers.pop(session, None)  # a Step after this run starts afresh
         handle = self.runs.start(session)

@@ -16,7 +16,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("leaves", ("model", "model.common")),
     ("method", ("model.skipdecode",)),
     ("low-bit engine", ("model.lowbit",)),
-    ("runtime", ("model.loading", "model.generation", "model.race")),
+    ("runtime", ("model.loading", "model.generation", "model.race", "model.chat_family")),
     ("training", ("model.training",)),
     ("evaluation", ("model.evaluation",)),
     ("tasks", ("model.tasks",)),
