@@ -48,7 +48,7 @@ from app.settings import Limits
 from app.ui import build_demo, launch_options
 from model.common.checks import check_int, check_number
 from model.generation import TextGenerator
-from model.loading import load_model, locate_default_gguf
+from model.loading import load_model, locate_default_gguf, with_cuda_graphs
 
 
 def _env_number(name: str, default: float, integer: bool = True):
@@ -110,10 +110,12 @@ def ensure_default_model() -> None:
 
 @lru_cache(maxsize=1)
 def get_generator():
-    """The model is loaded once per process (on first use: importing this file stays cheap)."""
+    """The model is loaded once per process (on first use: importing this file stays cheap). On a GPU its
+    decode steps replay CUDA graphs (captured on first use, kept across requests; SKIPDECODE_CUDA_GRAPHS=0
+    and ZeroGPU keep the eager decoder: model.loading.cuda_graphs_by_default)."""
     adapter = os.environ.get("SKIPDECODE_ADAPTER", "auto")
-    return TextGenerator(load_model(os.environ.get("SKIPDECODE_MODEL") or None, adapter=adapter,
-                                    quantize=os.environ.get("SKIPDECODE_QUANTIZE", "auto")))
+    return TextGenerator(with_cuda_graphs(load_model(os.environ.get("SKIPDECODE_MODEL") or None, adapter=adapter,
+                                                     quantize=os.environ.get("SKIPDECODE_QUANTIZE", "auto"))))
 
 
 def main() -> None:

@@ -12,6 +12,7 @@ import copy
 import importlib.util
 import json
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,8 +37,10 @@ from model.skipdecode.architectures import (
     attention_implementation,
     forget_gguf_quantization,
 )
+from model.skipdecode.cuda_graphs import CudaGraphStep
 from model.skipdecode.decoder import SkipDecoder
 from model.skipdecode.skip_policy import EntryBridge, install_lora_gate, side_lora_config
+from model.skipdecode.static_decoder import static_decoder
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +113,8 @@ class LoadedModel:
     # positions that bypass layers), warmup, order, ranking. {} for no adapter.
     skip_policy: dict = field(default_factory=dict)
     quantize: str = "none"  # "int4" or "int8": the Linears hold low-bit weights (model/lowbit/quantization.py)
+    # Set by with_cuda_graphs: decode steps replay one CUDA graph per layer set (model/skipdecode/cuda_graphs.py)
+    graph_runner: CudaGraphStep | None = None
 
     def __post_init__(self) -> None:
         if self.skip_model is None:
@@ -127,14 +132,20 @@ class LoadedModel:
 
     def full_decoder(self) -> SkipDecoder:
         """The full-model side of every comparison: the ORIGINAL weights."""
-        return SkipDecoder(self.model, eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id)
+        return self._stepping(SkipDecoder(self.model, eos_token_ids=self.eos_token_ids,
+                                          pad_token_id=self.pad_token_id))
 
     def skip_decoder(self) -> SkipDecoder:
         """SkipDecode with this model's skip policy. Gated: full-depth steps run the original
         weights, skipping steps the merged ones. An older, ungated adapter runs every step."""
         base = self.model if self.gated else self.skip_model
-        return SkipDecoder(base, skip_model=self.skip_model, bridge=self.bridge,
-                           eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id)
+        return self._stepping(SkipDecoder(base, skip_model=self.skip_model, bridge=self.bridge,
+                                          eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id))
+
+    def _stepping(self, decoder: SkipDecoder) -> SkipDecoder:
+        """``decoder``, its steps replayed as CUDA graphs where this model has a graph runner (one
+        runner for both decoders: their graphs share its bounds)."""
+        return decoder if self.graph_runner is None else static_decoder(decoder, self.graph_runner)
 
     @property
     def adapter(self) -> ArchitectureAdapter:
@@ -162,6 +173,23 @@ class LoadedModel:
     def pad_token_id(self) -> int:
         pad = self.tokenizer.pad_token_id
         return int(pad if pad is not None else (self.eos_token_ids or (0,))[0])
+
+
+def cuda_graphs_by_default(device: torch.device) -> bool:
+    """Whether a server's decoders replay CUDA graphs: on a CUDA device, unless SKIPDECODE_CUDA_GRAPHS=0,
+    and never on ZeroGPU, which attaches the GPU for one call at a time and may move the weights between
+    calls, while a graph replays into the addresses it was captured on (docs/SERVING.md)."""
+    wanted = os.environ.get("SKIPDECODE_CUDA_GRAPHS", "1").strip() != "0"
+    return device.type == "cuda" and wanted and not os.environ.get("SPACES_ZERO_GPU")
+
+
+def with_cuda_graphs(loaded: LoadedModel, enabled: bool | None = None) -> LoadedModel:
+    """``loaded`` with a graph runner for its decoders (``enabled`` None: cuda_graphs_by_default); each layer
+    set's graph is captured on its first step and kept across requests (an LRU by count and bytes)."""
+    if enabled is None:
+        enabled = cuda_graphs_by_default(loaded.device)
+    loaded.graph_runner = CudaGraphStep() if enabled else None
+    return loaded
 
 
 def load_model(

@@ -15,16 +15,18 @@ import time
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Hashable
+from typing import Any, Callable, Hashable, cast
 
 import torch
 
+from model.common.progress import say
 from model.skipdecode.decoder import SkipDecoder
 from model.skipdecode.static_decoder import StepBuffers, static_step
 
 DEFAULT_MAX_GRAPHS = 64
 DEFAULT_MAX_BYTES = 2 << 30  # 2 GiB of graph-held memory (outputs and workspaces), an H100 has 80
 CAPACITY_MULTIPLE = 256  # capacities round up to this, so requests of similar length share graphs
+MAX_FREE_BUFFERS = 8  # free buffers kept for later runs (each with its graphs); older free ones are dropped
 
 
 class GraphLRU:
@@ -71,6 +73,11 @@ class GraphLRU:
         """Least recently used first."""
         return list(self._items)
 
+    def drop(self, keep: Callable[[Hashable], bool]) -> None:
+        """Forget every value whose key ``keep`` refuses (not counted as evictions)."""
+        for key in [key for key in self._items if not keep(key)]:
+            del self._items[key]
+
 
 def rounded_capacity(capacity: int, max_context: int, multiple: int = CAPACITY_MULTIPLE) -> int:
     """``capacity`` rounded up to ``multiple`` (never past the model's context, never below the
@@ -112,13 +119,14 @@ class CudaGraphStep:
         self._pool: Any = None  # one memory pool shared by every graph (they never run at once)
         self.captured = 0
         self.capture_seconds = 0.0
+        self.failed: set[Hashable] = set()  # keys whose capture failed: they run eagerly
 
     def capacity_for(self, capacity: int, max_context: int) -> int:
         return rounded_capacity(capacity, max_context, self.capacity_multiple)
 
     def lease(self, decoder: SkipDecoder, batch: int, capacity: int, device: torch.device) -> StepBuffers:
         """Free buffers of this model, batch and capacity (their graphs come with them), or new ones."""
-        self._buffers = [(model, buffers) for model, buffers in self._buffers if model() is not None]
+        self._trim()
         for model, buffers in self._buffers:
             if (model() is decoder.model and buffers.free and buffers.batch == batch
                     and buffers.capacity == capacity and buffers.position.device == device):
@@ -128,6 +136,17 @@ class CudaGraphStep:
         self._buffers.append((weakref.ref(decoder.model), buffers))
         return buffers
 
+    def _trim(self) -> None:
+        """Drop the buffers of models that are gone and the oldest free ones past MAX_FREE_BUFFERS, with
+        their graphs (a graph replays into its buffers' memory: it goes with them)."""
+        alive = [(model, buffers) for model, buffers in self._buffers if model() is not None]
+        free = [buffers for _, buffers in alive if buffers.free]
+        dropped = {id(buffers) for buffers in free[:max(0, len(free) - MAX_FREE_BUFFERS)]}
+        self._buffers = [(model, buffers) for model, buffers in alive if id(buffers) not in dropped]
+        kept = {id(buffers) for _, buffers in self._buffers}
+        self.graphs.drop(lambda key: id(cast(tuple, key)[0]) in kept)  # a key: (buffers, weights, bridge, layers)
+        self.failed = {key for key in self.failed if id(cast(tuple, key)[0]) in kept}
+
     def run(self, decoder: SkipDecoder, buffers: StepBuffers, layers: tuple[int, ...]) -> torch.Tensor:
         """The step by graph replay (captured first where this layer set has none yet); a copy of
         the logits, since the next replay overwrites the graph's output."""
@@ -135,9 +154,16 @@ class CudaGraphStep:
         # The objects themselves, not their ids: a graph holds their memory's addresses, so the key
         # keeps them alive as long as the graph (an id could be reused by a new model).
         key = (buffers, weights.model, decoder.bridge, layers)
+        if key in self.failed:
+            return static_step(decoder, buffers, layers)
         captured = self.graphs.get(key)
         if captured is None:
-            captured = self._capture(decoder, buffers, layers)
+            try:
+                captured = self._capture(decoder, buffers, layers)
+            except RuntimeError as error:  # a step torch cannot capture: this layer set runs eagerly
+                self.failed.add(key)
+                say(f"CUDA graph capture failed for a {len(layers)}-layer step ({error}); it runs eagerly")
+                return static_step(decoder, buffers, layers)
             self.graphs.put(key, captured, captured.nbytes)
         captured.graph.replay()
         return captured.logits.clone()
@@ -160,7 +186,8 @@ class CudaGraphStep:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        # thread_local: a server's other threads (an abandoned request finishing its layer) may use the GPU meanwhile
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             logits = static_step(decoder, buffers, layers)
         torch.cuda.synchronize(device)
         nbytes = max(torch.cuda.memory_allocated(device) - before, logits.numel() * logits.element_size())

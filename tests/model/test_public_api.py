@@ -10,7 +10,7 @@ import pytest
 
 PUBLIC = {
     "model.loading": ["DEFAULT_MODEL", "DEFAULT_ADAPTER", "LoadedModel", "load_model", "resolve_device",
-                      "resolve_adapter", "locate_default_gguf", "default_model_folder"],
+                      "resolve_adapter", "locate_default_gguf", "default_model_folder", "with_cuda_graphs"],
     "model.generation": ["TextGenerator", "GenerationRequest", "ScheduleRequest", "GenerationResult", "PreparedRun",
                          "LensReading", "validate_request", "truncate_at_stop"],
     "model.race": ["race", "RaceUpdate", "StreamProgress", "TokenTexts", "Judged", "PromptTokens"],
@@ -24,7 +24,10 @@ PUBLIC = {
                                   "max_layer_speedup", "schedule_json"],
     "model.skipdecode.decoder": ["SkipDecoder", "SamplingConfig", "StepEvent", "DecodeResult", "masked_forward"],
     "model.skipdecode.skip_policy": ["EntryBridge", "export_adapter", "mix_adapters", "install_lora_gate", "side_lora_config"],
-    "model.skipdecode.architectures": ["ArchitectureAdapter", "adapter_for", "PrefixKVCache", "LeanLlamaLayer"],
+    "model.skipdecode.architectures": ["ArchitectureAdapter", "adapter_for", "PrefixKVCache", "StaticKVCache",
+                                       "LeanLlamaLayer"],
+    "model.skipdecode.static_decoder": ["StaticSkipDecoder", "static_decoder", "layer_sets_needed"],
+    "model.skipdecode.cuda_graphs": ["CudaGraphStep", "GraphLRU"],
     "model.lowbit.quantization": ["quantize_weights", "QUANTIZE_MODES"],
     "model.lowbit.native_step": ["NativeDecode", "projection_spec"],
     "model.lowbit.native_kernels": ["native_module", "q4_kernel_selected", "Q4Blocks", "q4_scan"],

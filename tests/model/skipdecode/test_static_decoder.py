@@ -253,3 +253,61 @@ def test_cuda_graphs_run_the_skip_policy_and_bridge_and_sample_as_eager(family):
         expected = eager.generate(ids, mask, schedule, max_new_tokens=NEW_TOKENS, sampling=sampling).tokens
         assert graphs.generate(ids, mask, schedule, max_new_tokens=NEW_TOKENS, sampling=sampling).tokens == expected
     assert graphs.runner.report().evicted > 0 and graphs.runner.report().kept <= 2
+
+
+def test_a_layer_set_whose_capture_fails_runs_eagerly_and_is_not_captured_again(monkeypatch):
+    model = tiny_model("llama")
+    ids, mask = left_padded_batch(BATCHES["padded4"])
+    schedule = POLICY_SCHEDULES["linear-warmup1"]  # 6 -> 2 layers: five layer sets
+    runner = CudaGraphStep()
+    tries = []
+
+    def refuse(decoder, buffers, layers):
+        tries.append(layers)
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(runner, "_capture", refuse)
+    eager = SkipDecoder(model)
+    expected = eager.generate(ids, mask, schedule, max_new_tokens=NEW_TOKENS).tokens
+    graphs = static_decoder(eager, runner)
+    assert graphs.generate(ids, mask, schedule, max_new_tokens=NEW_TOKENS).tokens == expected
+    assert len(tries) == len(layer_sets_needed(schedule, NEW_TOKENS)) == len(runner.failed) > 1
+    assert graphs.generate(ids, mask, schedule, max_new_tokens=NEW_TOKENS).tokens == expected
+    assert len(tries) == len(runner.failed)  # each failed layer set was tried once, then ran eagerly
+    assert len(runner.graphs) == 0
+
+
+def test_free_buffers_past_the_bound_go_with_their_graphs(monkeypatch):
+    import model.skipdecode.cuda_graphs as cuda_graphs
+
+    monkeypatch.setattr(cuda_graphs, "MAX_FREE_BUFFERS", 1)
+    model = tiny_model("llama")
+    decoder, runner, cpu = SkipDecoder(model), CudaGraphStep(), torch.device("cpu")
+    first, second = runner.lease(decoder, 1, 256, cpu), runner.lease(decoder, 1, 512, cpu)
+    runner.graphs.put((first, model, None, (0, 1)), "graph of the first", 10)
+    runner.graphs.put((second, model, None, (0, 1)), "graph of the second", 10)
+    third = runner.lease(decoder, 1, 768, cpu)  # three free buffers, one may stay: the two oldest go
+    assert runner.lease(decoder, 1, 256, cpu) is not first
+    assert len(runner.graphs) == 0 and third.free
+
+
+def test_a_server_replays_graphs_on_cuda_only_and_never_on_zero_gpu(monkeypatch):
+    from model.loading import LoadedModel, cuda_graphs_by_default, with_cuda_graphs
+
+    monkeypatch.delenv("SPACES_ZERO_GPU", raising=False)
+    monkeypatch.delenv("SKIPDECODE_CUDA_GRAPHS", raising=False)
+    cuda = torch.device("cuda")
+    assert cuda_graphs_by_default(cuda) and not cuda_graphs_by_default(torch.device("cpu"))
+    monkeypatch.setenv("SKIPDECODE_CUDA_GRAPHS", "0")
+    assert not cuda_graphs_by_default(cuda)
+    monkeypatch.delenv("SKIPDECODE_CUDA_GRAPHS")
+    monkeypatch.setenv("SPACES_ZERO_GPU", "true")
+    assert not cuda_graphs_by_default(cuda)
+    tokenizer = type("Tokenizer", (), {"eos_token_id": None, "pad_token_id": 0, "chat_template": None})()
+    loaded = LoadedModel(name="tiny", model=tiny_model("llama"), tokenizer=tokenizer, device=torch.device("cpu"),
+                         dtype=torch.float32)
+    assert not isinstance(with_cuda_graphs(loaded).full_decoder(), StaticSkipDecoder)  # on the CPU: eager
+    with_cuda_graphs(loaded, enabled=True)
+    full, skip = loaded.full_decoder(), loaded.skip_decoder()
+    assert isinstance(full, StaticSkipDecoder) and isinstance(skip, StaticSkipDecoder)
+    assert full.runner is skip.runner is loaded.graph_runner  # one runner: one bound for both decoders' graphs
