@@ -316,3 +316,20 @@ def test_train_passes_the_flip_weight_to_the_cross_entropy_on_data(tiny_folder, 
                                max_steps=2, batch_size=1, warmup_steps=1, fixed_speedup=2.0, warmup_layers=1,
                                lora_rank=4, save_every=2, eval_every=0, device="cpu", flip_weight=1.5))
     assert seen == [1.5, 1.5]
+
+
+def test_a_one_speedup_range_trains_only_that_speedups_schedules_over_every_decay():
+    """`train --speedup-range S S` (scripts/gpu_chat_family.sh: one chat policy per speedup): every
+    drawn schedule holds S over the batch's steps whatever its decay; the shared range spreads."""
+    from model.skipdecode.schedule import layer_speedup
+
+    rng = random.Random(0)
+    for speedup in (1.5, 2.0, 3.0):
+        config = TrainConfig(speedup_range=(speedup, speedup), schedule_mix="focused", warmup_layers=0)
+        drawn = [draw_schedule(30, 64, config, rng) for _ in range(40)]
+        achieved = [layer_speedup(30, schedule.budgets(64)) for schedule in drawn]
+        assert all(abs(a - speedup) < 0.1 * speedup for a in achieved), (speedup, achieved)
+        assert len({schedule.decay for schedule in drawn}) >= 3  # every decay, not one schedule
+    shared = [layer_speedup(30, draw_schedule(30, 64, TrainConfig(schedule_mix="focused", warmup_layers=0),
+                                              rng).budgets(64)) for _ in range(40)]
+    assert max(shared) - min(shared) > 1.0  # the shared policy's draw spans 1.5x-3x
