@@ -11,23 +11,28 @@ from dataclasses import dataclass, field
 
 import gradio as gr
 
+from app.results import e2e_note
 from app.settings import EXAMPLE_PROMPTS
 from model.tasks.task_models import check_task
 
 
 @dataclass(frozen=True)
 class Lesson:
+    """A lesson: its title, the question, what to look for (two lines at most: a class reads it in
+    seconds) and the rest behind a "more" fold."""
+
     title: str
     question: str
     look_for: str
     settings: dict = field(default_factory=dict)
     then_label: str = ""  # the second run's button text ("" = none)
     then: dict = field(default_factory=dict)  # what the second run changes
+    more: str = ""  # the detail and the evidence, folded
 
     def markdown(self) -> str:
-        title = self.title if self.title[-1] in "?!." else self.title + "."
         then = f" Then press **{self.then_label}** and compare." if self.then_label else ""
-        return f"**{title}** {self.question}  \nLook for: {self.look_for}{then}"
+        more = f"\n\n<details><summary>more</summary>\n\n{self.more}\n\n</details>" if self.more else ""
+        return f"#### {self.title}\n{self.question}  \n**Look for:** {self.look_for}{then}{more}"
 
 
 # The base every lesson starts from. warmup and order come from the loaded skip policy
@@ -54,22 +59,29 @@ E2E_MR = "name[Giraffe], eatType[pub], food[French], area[riverside], familyFrie
 E2E_DROPPED_FACT_MR = ("name[The Mill], eatType[pub], food[English], priceRange[moderate], area[city centre], "
                        "familyFriendly[no], near[Raja Indian Cuisine]")
 
+LOOK_FOR_CHARS = 170  # about two lines of the lessons' column at 1440 px (tests/app/test_lessons.py)
+
+E2E_TEST_SET = e2e_note(3.0, skip_policy=True)  # the test set, facts first, beside BLEU and ROUGE-L
+
 LESSONS = (
     Lesson("1x is the full model", "With no skipping, does SkipDecode give exactly the full model's text?",
            "both panes identical, every heatmap column full height, every square of the match strip blue.",
            dict(target_speedup=1.0)),
     Lesson("One exit for the whole batch", "Why does SkipDecode keep batching working?",
-           "four rows in each pane; at every position all four SkipDecode rows have the same colour (the same "
-           "number of layers): nobody waits for a deeper row.", dict(batch_size=4)),
+           "four rows per pane; at every position all four SkipDecode rows share one colour (one layer count).",
+           dict(batch_size=4), more="The same number of layers for every row at a position means nobody waits "
+           "for a deeper row: the batch stays one matrix product per layer, and every row's KV cache stays a prefix."),
     Lesson("The skip policy off at 2x", "What does fine-tuning under the skip policy buy?",
-           "the text drifting and stopping mid-sentence, the share under the panes (how often the full model would "
-           "pick SkipDecode's next token) and the held-out figures quoted there: one prompt is one sample, the "
-           "held-out prompts are the evidence (perplexity ratio, agreement with and without the policy).",
-           dict(skip_policy=False, prompt=EXERCISE), "Run it with the skip policy on", dict(skip_policy=True)),
+           "the text drifting and stopping mid-sentence, and the share under the panes (how often the full model "
+           "would pick SkipDecode's next token).",
+           dict(skip_policy=False, prompt=EXERCISE), "Run it with the skip policy on", dict(skip_policy=True),
+           more="One prompt is one sample: the held-out prompts are the evidence (perplexity ratio, agreement with "
+           "and without the policy), quoted under the panes and in the Results tab."),
     Lesson("Linear vs cosine at 3x", "Same speedup, different decay: which keeps closer to the full model?",
-           "whether the answer names Shakespeare, the schedule plot's shape (cosine stays deep longer, then falls "
-           "faster), the red line on the heatmap and the share under the panes.", dict(target_speedup=3.0, decay="cosine", prompt=ROMEO),
-           "Run it with linear decay", dict(decay="linear")),
+           "whether each pane names Shakespeare (the line under the panes says), and the schedule plot's shape.",
+           dict(target_speedup=3.0, decay="cosine", prompt=ROMEO), "Run it with linear decay", dict(decay="linear"),
+           more="Cosine stays deep longer, then falls faster. Also compare the red line on the heatmap (the first "
+           "token the full model would have written differently) and the share under the panes."),
     Lesson("Prompt at the budget", "What if the prompt itself runs only the first step's layers?",
            "the prompt columns of the heatmap lose some layers (the KV cache is still a prefix).",
            dict(prompt_at_full_depth=False), "Run it with the prompt at full depth", dict(prompt_at_full_depth=True)),
@@ -79,28 +91,25 @@ LESSONS = (
            dict(lens=True)),
     Lesson("The paper's layer order", "The paper bypasses one block of lower/middle layers; this skip policy was "
            "trained to keep the most important layers instead. What changes?",
-           "the heatmap's bypassed cells form one block under the top layers; the text usually gets worse, since "
-           "the skip policy learned the ranked placement.", dict(order="warmup_top", warmup=1),
-           "Run it with the trained placement", dict(order=TRAINED, warmup=TRAINED)),
-    Lesson("The paper's task: 3x, the same description", "The paper fine-tunes a model for one task (E2E: a "
-           "restaurant's facts in, a description out) and then skips layers in it. Does the description survive "
-           "running about a third of the layers?",
-           "the same description word for word, every fact of the MR in it, while the heatmap shows the SkipDecode "
-           "pane running about a third of the task model's layers per token (over the test set 3x writes the task "
-           "model's very text for only 17% of the MRs, keeping 0.993 of its BLEU: this task model words the same "
-           "facts several ways, and the policy follows its facts more than its words). Now change near[...] to a "
-           "place of your own: the note above the SkipDecode pane says which place the training data knows both "
-           "models were given in its place, and both name yours again in the text. Without that swap (the E2E "
-           "challenge baseline's delexicalisation) SkipDecode garbles a new place (near[The Painted Lighthouse] "
-           "came out \"near The Paintened\"): its policy's few late layers copy a new name badly. The line under "
-           "the panes counts the MR's facts each description mentions and names any it makes up. The second run "
-           "gives an MR of seven facts where SkipDecode says \"It is not kid friendly.\" twice and leaves the price "
-           "out, which the task model states: at the end of a long description a 3x schedule runs 7 of the 30 "
-           "layers, and a dropped last fact is what 3x loses most often (the task model mentions every fact in "
-           "95% of the test MRs, 3x in 72%). The Results tab says, over the whole test set, how much of the task "
-           "model's score SkipDecode keeps and how often it writes the very same text.",
+           "the bypassed cells form one block under the top layers, and the text usually gets worse.",
+           dict(order="warmup_top", warmup=1), "Run it with the trained placement", dict(order=TRAINED, warmup=TRAINED),
+           more="The skip policy learned the ranked placement (the layers a measurement found most important "
+           "first), so the paper's block order runs it on layers it was not trained to stand in for."),
+    Lesson("The paper's task: 3x, the same description", "A model fine-tuned for one task (E2E: a restaurant's "
+           "facts in, a description out) runs a third of its layers. Does the description survive?",
+           "the same description, every fact marked stated (blue) in both panes; the line under the panes counts "
+           "stated, WRONG and made-up facts.",
            dict(task="e2e", target_speedup=3.0, prompt=E2E_MR, max_new_tokens=check_task("e2e").max_new_tokens),
-           "Run an MR where 3x drops a fact", dict(prompt=E2E_DROPPED_FACT_MR)),
+           "Run an MR where 3x drops a fact", dict(prompt=E2E_DROPPED_FACT_MR),
+           more="This MR comes out word for word at 3x, but not every MR does. " + E2E_TEST_SET + " "
+           "The second run gives an MR of seven facts where SkipDecode says \"It is not kid friendly.\" twice and "
+           "leaves the price out, which the task model states: at the end of a long description a 3x schedule runs "
+           "7 of the 30 layers, and a dropped last fact is what 3x loses most often. Then try the 5x preset: "
+           "wrong facts appear (a riverside place put in the city centre), and the line marks them in red. Change "
+           "near[...] to a place of your own: the note above the SkipDecode pane says which place the training data "
+           "knows both models were given in its place (the E2E challenge baseline's delexicalisation); without "
+           "that swap SkipDecode garbles a new place (near[The Painted Lighthouse] came out \"near The "
+           "Paintened\"). The Results tab gives the whole test set."),
 )
 
 

@@ -38,18 +38,45 @@ CSS = """
 .fact-wrong { outline: 2px solid #b3261e; outline-offset: -1px; box-shadow: inset 0 -3px 0 #b3261e; }
 .fact-made-up { box-shadow: inset 0 -3px 0 #8a4b00; outline: 1px dashed #8a4b00; outline-offset: -1px; }
 .fact-stated { box-shadow: inset 0 -2px 0 #1f4e9c; }
+#stop-btn.idle, #stop-btn:disabled { filter: grayscale(1); opacity: 0.45; cursor: not-allowed; }
 .qr svg { display: block; background: #ffffff; }
 .qr div { font-size: 0.85em; }
 """
 
 # A click on the headline's "Results" link opens the Results tab (a link cannot select a tab).
-HEAD = """<script>
+HEAD = r"""<script>
 document.addEventListener('click', (event) => {
   if (!event.target.closest('a.to-results')) return;
   event.preventDefault();
   const tab = Array.from(document.querySelectorAll('button[role=tab]')).find(b => b.textContent.trim() === 'Results');
   if (tab) { tab.click(); window.scrollTo({top: 0}); }
 });
+// Stop is disabled while nothing runs: a Generate or lesson click turns it on; a run's last status
+// ("Done." or "Stopped.") or an error toast (a refused run) turns it off.
+(() => {
+  let shown = null;
+  const setStop = (on) => {
+    const stop = document.querySelector('#stop-btn');
+    if (!stop) return;
+    stop.disabled = !on;
+    stop.classList.toggle('idle', !on);
+    stop.setAttribute('aria-disabled', String(!on));
+  };
+  document.addEventListener('click', (event) => {
+    if (event.target.closest('#generate-btn, #lesson-run, #lesson-then')) setStop(true);
+  }, true);
+  setInterval(() => {
+    const stop = document.querySelector('#stop-btn');
+    if (stop && !stop.dataset.watched) { stop.dataset.watched = '1'; setStop(false); }
+    const status = document.querySelector('#status');
+    const text = status ? status.innerText : '';
+    const error = document.querySelector('.toast-body.error') !== null;
+    const state = text + '|' + error;
+    if (state === shown) return;
+    shown = state;
+    if (/(^|\s)(Done|Stopped)\.\s*$/.test(text) || error) setStop(false);
+  }, 250);
+})();
 </script>"""
 
 # After Generate or a lesson: bring the outputs into view when they are not (a phone, where they

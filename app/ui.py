@@ -29,12 +29,15 @@ from app.settings import EXAMPLE_PROMPTS, Limits, PlaygroundSettings, control_ra
 from app.slow_clients import guard_slow_clients
 from app.style import COPY_JS, PAGE_URL_JS, SCROLL_TO_OUTPUTS, launch_style
 from app.task_view import full_title, header_for, header_markdown, mr_form, task_events
-from app.tasks import TASK_FIXED, TaskGenerators, task_choices
+from app.tasks import TASK_FIXED, TaskGenerators, is_task, task_choices
 from model.generation import TextGenerator
 from model.skipdecode.schedule import DECAY_DESCRIPTIONS, LAYER_ORDER_DESCRIPTIONS, max_layer_speedup
 
 __all__ = ["api_function", "build_demo", "launch_options"]
-SPEEDUP_PRESETS = (1.0, 1.5, 2.0, 3.0)
+SPEEDUP_PRESETS = (1.0, 1.5, 2.0, 3.0, 4.0, 5.0)
+# Shown only while a task is chosen: its skip policies are trained for them (model/tasks POLICY_SPEEDUPS);
+# the general chat policy is not, and at 4x and 5x it only garbles.
+TASK_PRESETS = (4.0, 5.0)
 PRIVATE = dict(api_visibility="private")  # every event but the public ``generate`` endpoint
 GUIDE = (
     "**What you are seeing.** SkipDecode (coloured tokens: darker = more layers ran) and the full model (plain "
@@ -127,13 +130,15 @@ def _prompt_column(generator: TextGenerator, ranges: dict, ui: dict) -> None:
     ui["mr_problem"] = gr.Markdown(visible=False, elem_id="mr-problem", latex_delimiters=[])  # a task's input, checked as typed
     with gr.Row():
         ui["run"] = gr.Button("Generate", variant="primary", size="md", elem_id="generate-btn", min_width=80)
-        ui["stop"] = gr.Button("Stop", variant="stop", size="md", elem_id="stop-btn", min_width=60)
+        # disabled while nothing runs (app/style.py's page script turns it on and off with the runs)
+        ui["stop"] = gr.Button("Stop", variant="stop", size="md", elem_id="stop-btn", min_width=60,
+                               elem_classes=["idle"])
         ui["step"] = gr.Button("Step", size="md", elem_id="step-btn", min_width=60)
         ui["reset"] = gr.Button("Reset", size="md", elem_id="step-reset-btn", min_width=60)
     ui["load_note"] = gr.Markdown(elem_id="load-note")
     c["target_speedup"] = control("target_speedup", *ranges["target_speedup"])
     with gr.Row():
-        ui["presets"] = {value: gr.Button(f"{value:g}x", size="sm", min_width=50,
+        ui["presets"] = {value: gr.Button(f"{value:g}x", size="sm", min_width=50, visible=value not in TASK_PRESETS,
                                           elem_id=f"speedup-{str(value).replace('.', '-')}")
                          for value in SPEEDUP_PRESETS}
     c["skip_policy"] = control("skip_policy", interactive=bool(generator.loaded.adapter_path))
@@ -267,6 +272,8 @@ def _wire_runs(demo: gr.Blocks, playground: Playground, ui: dict, defaults: dict
             queue=False, api_name=False).then(generate, settings, stream, api_name=f"ui_lesson_{i}", **PRIVATE,
                                               **lane).then(**note).then(**preview).then(**header)  # fresh at the end
     task_events(demo, playground, ui, [c[name] for name in TASK_FIXED], settings, lane)
+    c["task"].change(lambda task: [gr.update(visible=is_task(task))] * len(TASK_PRESETS), [c["task"]],
+                     [ui["presets"][value] for value in TASK_PRESETS], queue=False, api_name=False)
     ui["lesson"].change(lesson_text, [ui["lesson"]], [ui["lesson_text"], ui["lesson_then"]], queue=False,
                         api_name=False)
     return note

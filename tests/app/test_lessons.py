@@ -1,6 +1,6 @@
 """Lessons and share links: pure logic (the browser tests click them)."""
 
-from app.lessons import LESSON_BASE, LESSONS, TRAINED, lesson_by_title, lesson_names, lesson_values
+from app.lessons import LESSON_BASE, LESSONS, LOOK_FOR_CHARS, TRAINED, lesson_by_title, lesson_names, lesson_values
 from app.settings import Limits, PlaygroundSettings
 from app.share import qr_html, settings_from_query, share_link, share_query
 
@@ -17,6 +17,9 @@ def test_every_lesson_and_its_second_run_are_valid_settings_that_say_what_to_loo
             assert set(values) == set(lesson_names()) and TRAINED not in values.values()
             PlaygroundSettings.from_values(Limits(), **values)  # raises if invalid
         assert lesson.question.endswith("?") and "?." not in lesson.markdown() and "Look for" in lesson.markdown()
+        assert lesson.markdown().startswith(f"#### {lesson.title}\n")  # a title a class reads first
+        assert len(lesson.look_for) <= LOOK_FOR_CHARS  # two lines; the rest behind "more"
+        assert ("<details><summary>more</summary>" in lesson.markdown()) == bool(lesson.more)
         if lesson.then_label:
             assert lesson_values(lesson, DEFAULTS, True) != lesson_values(lesson, DEFAULTS)  # it changes something
     paper = lesson_by_title("The paper's layer order")
@@ -24,6 +27,8 @@ def test_every_lesson_and_its_second_run_are_valid_settings_that_say_what_to_loo
     assert lesson_values(paper, DEFAULTS, then=True)["order"] == "ranked"  # back to the trained placement
     assert lesson_values(lesson_by_title("The skip policy off at 2x"), DEFAULTS)["skip_policy"] is False
     assert set(LESSON_BASE) < set(lesson_names())
+    e2e = lesson_by_title("The paper's task: 3x, the same description").more
+    assert e2e.index("wrong fact in") < e2e.index("BLEU") < e2e.index("ROUGE-L")  # the test set, facts first
 
 
 def test_a_link_sets_known_settings_and_names_bad_out_of_range_or_unknown_ones():
