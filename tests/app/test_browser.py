@@ -320,7 +320,7 @@ def test_a_class_sees_the_picture_under_the_text_readable_and_honest(server, wid
         assert not _text_overlaps(page, "#schedule-plot"), _text_overlaps(page, "#schedule-plot")
         # Every number means what its label says: the headline names its measures.
         line = page.inner_text("#headline")
-        assert "measured over" in line and "picks the same next token at" in line and "Regression remains" in line
+        assert "median of" in line and "picks the same next token at" in line and "Regression remains" in line
         # Token text keeps WCAG AA contrast, computed from the rendered colours.
         ratios = page.evaluate(TOKEN_CONTRASTS)
         assert ratios and min(ratios) >= 4.5, min(ratios)
