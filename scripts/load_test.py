@@ -79,9 +79,11 @@ minutes), with the server's tracebacks: scripts/round_five.py says what each mea
 run to its full length) through the launched server (gradio_client, submit to the last message)
 against the same job in this process (``Playground.api_stream``: the check, the race and every
 message, no server), alternately, --repeats times each (issue #51: target, the server within 1.15x);
---compare-url times a second running server in the same rounds (a checkout from before a change).
-Prints the times, the ratios and their median, the messages each way and the hardware with its CPU
-flags; written to --json (default assets/load/stream_overhead.json).
+--compare-url times a second running server in the same rounds (a checkout from before a change;
+--compare-pid: its process). Prints the times, the ratios and their median, the CPU seconds of each
+server (of this process in-process) and their ratios (CPU time is far less moved than wall time by
+other work on a shared machine), the messages each way and the hardware with its CPU flags;
+written to --json (default assets/load/stream_overhead.json).
 
     HF_HUB_OFFLINE=1 python scripts/load_test.py --stream-overhead --repeats 5
 """
@@ -1254,6 +1256,7 @@ def round_five_module():
 
     spec = importlib.util.spec_from_file_location("round_five", Path(__file__).with_name("round_five.py"))
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 
@@ -1357,24 +1360,29 @@ def stream_job_values(limit: int) -> dict:
 
 
 def in_process_job(playground, values: dict) -> dict:
-    """The job through the API's handler in this process: seconds, messages, decode steps."""
-    started = time.perf_counter()
+    """The job through the API's handler in this process: seconds, CPU seconds (this process),
+    messages, decode steps."""
+    me = psutil.Process()
+    started, cpu = time.perf_counter(), cpu_seconds(me)
     messages = list(playground.api_stream(values))
-    return {"seconds": round(time.perf_counter() - started, 3), "messages": len(messages),
-            "decode_steps": len(messages[-1]["layers_per_step"])}
+    return {"seconds": round(time.perf_counter() - started, 3), "cpu_s": round(cpu_seconds(me) - cpu, 3),
+            "messages": len(messages), "decode_steps": len(messages[-1]["layers_per_step"])}
 
 
-def server_job(url: str, values: dict) -> dict:
-    """The job through the launched server with gradio_client, from submit to its last message."""
-    client = Client(url, verbose=False)
-    started = time.perf_counter()
+def server_job(url: str, values: dict, process: psutil.Process | None = None) -> dict:
+    """The job through a running server with gradio_client, from submit to its last message; with
+    the server's ``process``, its CPU seconds meanwhile (and the client's, this process's, apart)."""
+    client, me = Client(url, verbose=False), psutil.Process()
+    started, cpu, client_cpu = time.perf_counter(), cpu_seconds(process) if process else None, cpu_seconds(me)
     job = client.submit(**values, api_name="/generate")
     final = job.result(timeout=300)
-    return {"seconds": round(time.perf_counter() - started, 3), "messages": len(job.outputs()),
+    seconds = round(time.perf_counter() - started, 3)
+    return {"seconds": seconds, "cpu_s": round(cpu_seconds(process) - cpu, 3) if process and cpu is not None else None,
+            "client_cpu_s": round(cpu_seconds(me) - client_cpu, 3), "messages": len(job.outputs()),
             "decode_steps": len(final["layers_per_step"])}
 
 
-def run_stream_overhead(url: str, args: argparse.Namespace) -> int:
+def run_stream_overhead(url: str, server: subprocess.Popen | None, args: argparse.Namespace) -> int:
     """Side by side, alternately: the job in this process and through the server (see the docstring)."""
     import torch  # noqa: PLC0415 - only this mode loads the model here
 
@@ -1390,16 +1398,21 @@ def run_stream_overhead(url: str, args: argparse.Namespace) -> int:
     values = stream_job_values(args.max_job_cost)
     in_process_job(playground, dict(values, max_new_tokens=8))  # warm each: kernels built, caches filled
     servers = {"server": url} | ({"compared_server": args.compare_url} if args.compare_url else {})
-    for server in servers.values():
-        server_job(server, dict(values, max_new_tokens=8))
+    processes = {"server": psutil.Process(server.pid) if server else None,
+                 "compared_server": psutil.Process(args.compare_pid) if args.compare_pid else None}
+    for address in servers.values():
+        server_job(address, dict(values, max_new_tokens=8))
     load_before, runs = os.getloadavg(), []
     for repeat in range(args.repeats):  # each repeat in another order: a drift in the machine's load hits all
         ways = ["in_process", *servers]
         pair = {}
         for way in ways[repeat % len(ways):] + ways[:repeat % len(ways)]:
-            pair[way] = in_process_job(playground, values) if way == "in_process" else server_job(servers[way], values)
+            pair[way] = (in_process_job(playground, values) if way == "in_process"
+                         else server_job(servers[way], values, processes[way]))
         for way in servers:
             pair[f"{way}_ratio"] = round(pair[way]["seconds"] / pair["in_process"]["seconds"], 3)
+            if pair[way]["cpu_s"] is not None:  # CPU time: far less moved by other work on a shared machine
+                pair[f"{way}_cpu_ratio"] = round(pair[way]["cpu_s"] / pair["in_process"]["cpu_s"], 3)
         runs.append(pair)
         print(json.dumps(pair), flush=True)
     median = statistics.median(pair["server_ratio"] for pair in runs)
@@ -1412,6 +1425,9 @@ def run_stream_overhead(url: str, args: argparse.Namespace) -> int:
     if args.compare_url:
         report["compared_server_median_ratio"] = statistics.median(p["compared_server_ratio"] for p in runs)
         report["compared_server_median_s"] = statistics.median(p["compared_server"]["seconds"] for p in runs)
+    for way in servers:
+        if f"{way}_cpu_ratio" in runs[0]:
+            report[f"{way}_median_cpu_ratio"] = statistics.median(p[f"{way}_cpu_ratio"] for p in runs)
     print(json.dumps(report, indent=1))
     Path(args.json or STREAM_OVERHEAD_JSON).write_text(json.dumps(report, indent=1) + "\n")
     return 0 if median <= STREAM_TARGET else 1
@@ -1441,6 +1457,8 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5, help="--stream-overhead: jobs each way")
     parser.add_argument("--compare-url", default=None, help="--stream-overhead: a second running server (an "
                                                             "older checkout, say) timed in the same rounds")
+    parser.add_argument("--compare-pid", type=int, default=None, help="--stream-overhead: that server's process id "
+                                                                      "(its CPU seconds are counted too)")
     parser.add_argument("--queue-size", type=int, default=int(os.environ.get("SKIPDECODE_QUEUE_SIZE", "32")),
                         help="--hostile: the server's queue size (for the queue share)")
     args = parser.parse_args()
@@ -1462,7 +1480,7 @@ def main() -> int:
     process = psutil.Process(server.pid) if server else None
     try:
         if args.stream_overhead:
-            return run_stream_overhead(url, args)
+            return run_stream_overhead(url, server, args)
         if args.hostile and args.round_five:
             return run_round_five(url, server, args)
         if args.hostile and args.round_four:
