@@ -38,6 +38,13 @@ SPEEDUP_PRESETS = (1.0, 1.5, 2.0, 3.0, 4.0, 5.0)
 # Shown only while a task is chosen: its skip policies are trained for them (model/tasks POLICY_SPEEDUPS);
 # the general chat policy is not, and at 4x and 5x it only garbles.
 TASK_PRESETS = (4.0, 5.0)
+# The status line before the first run: what a visitor is looking at (docs/SERVING.md, "The first run",
+# gives the runs behind it: chat at 2x drifts within a sentence; the E2E lesson's MR comes out word
+# for word at 3x, and the issue's MR at 5x puts a riverside coffee shop in the city centre).
+LANDING = ("**You are looking at** general chat at 2x: one general skip policy on a 135M model, where SkipDecode "
+           "is weakest (its answer drifts from the full model's within a sentence or two). For the method at its "
+           "best, run the lesson *The paper's task: 3x*: the task model's description word for word at a third of "
+           "the layers; then the **5x** preset shows where facts break.")
 PRIVATE = dict(api_visibility="private")  # every event but the public ``generate`` endpoint
 GUIDE = (
     "**What you are seeing.** SkipDecode (coloured tokens: darker = more layers ran) and the full model (plain "
@@ -163,7 +170,7 @@ def _lessons(ui: dict) -> None:
 def _answers_column(ui: dict) -> None:
     """The status line, the two answers side by side, the headline, the heatmap and the details."""
     # No LaTeX in lines that quote a visitor or a link: KaTeX would read their escaped "$$" again.
-    ui["status"] = gr.Markdown(elem_id="status", latex_delimiters=[])
+    ui["status"] = gr.Markdown(LANDING, elem_id="status", latex_delimiters=[])
     with gr.Row(equal_height=True):
         with gr.Column(min_width=160):
             gr.Markdown("**SkipDecode** (colour = layers run; darker = more)")
