@@ -6,9 +6,10 @@ on arrival, ~3 s after Generate, when done, after running a lesson (the batch on
 Results and How it works tabs; plus the README's assets/images/playground.png and results.png,
 and the paper's E2E task at both sizes (assets/images/e2e-1440x900.png, e2e-390x844.png: the task
 picked, an MR composed in the form, generated at 3x; then its lesson's second run, the MR where the task
-model states every fact and 3x drops one: assets/images/visitor/e2e-lesson-then-*.png; SKIPDECODE_TASK_ADAPTERS names other adapters).
+model states every fact and 3x drops one: assets/images/visitor/e2e-lesson-then-*.png; SKIPDECODE_TASK_ADAPTERS names other adapters),
+and the issue 52 run at 5x, its wrong fact marked (assets/images/e2e-facts-*.png).
 
-    python scripts/screenshots.py [--only desktop|phone|readme|e2e]
+    python scripts/screenshots.py [--only desktop|phone|readme|e2e|facts]
 """
 
 from __future__ import annotations
@@ -120,6 +121,34 @@ def e2e_views(browser, port: int) -> list[Path]:
     return written
 
 
+# The issue 52 run: at 5x SkipDecode puts this riverside coffee shop in the city centre (a WRONG fact).
+FACTS_MR = ("name[The Golden Palace], eatType[coffee shop], food[Italian], priceRange[cheap], area[riverside], "
+            "familyFriendly[yes], near[Café Rouge]")
+
+
+def facts_views(browser, port: int) -> list[Path]:
+    """The E2E task at 5x on FACTS_MR, both panes done, the facts marked in them and named in the line
+    under them (assets/images/e2e-facts-1440x900.png, e2e-facts-390x844.png)."""
+    written = []
+    for width, height in VIEWPORTS.values():
+        page = browser.new_page(viewport={"width": width, "height": height})
+        page.goto(f"http://127.0.0.1:{port}/")
+        page.wait_for_selector("#generate-btn", timeout=120_000)
+        pick_e2e(page)
+        page.click("#speedup-5-0")
+        page.fill("#setting-prompt textarea", FACTS_MR)
+        time.sleep(1.0)
+        page.click("#generate-btn")
+        time.sleep(2)
+        wait_done(page, 600)
+        page.evaluate("document.querySelector('#status').scrollIntoView({block: 'start'})")
+        path = OUT / f"e2e-facts-{width}x{height}.png"
+        page.screenshot(path=str(path))
+        written.append(path)
+        page.close()
+    return written
+
+
 def readme_images(browser, port: int) -> list[Path]:
     page = browser.new_page(viewport={"width": 1440, "height": 1300})
     page.goto(f"http://127.0.0.1:{port}/")
@@ -137,7 +166,7 @@ def readme_images(browser, port: int) -> list[Path]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=[*VIEWPORTS, "readme", "e2e"], help="one set of screenshots")
+    parser.add_argument("--only", choices=[*VIEWPORTS, "readme", "e2e", "facts"], help="one set of screenshots")
     args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     port = free_port()
@@ -153,6 +182,8 @@ def main() -> int:
                 written += readme_images(browser, port)
             if args.only in (None, "e2e"):
                 written += e2e_views(browser, port)
+            if args.only in (None, "facts"):
+                written += facts_views(browser, port)
             browser.close()
     finally:
         server.terminate()
