@@ -170,7 +170,8 @@ class Playground:
         a script looping on the preview cannot starve a generation of the CPU; a preview that cannot
         start within 2 s is refused (ValueError) rather than piling up."""
         # a task's model loads in the queue (Generate or choosing the task), never here
-        generator = self.tasks.any(settings.task) if is_task(settings.task) else self.get_generator()
+        # general chat: the family's policy for this speedup once loaded (its own shape), else the shared one
+        generator = self.tasks.any(settings.task) if is_task(settings.task) else self.generator_for(settings, load=False)
         if generator is None:
             raise ValueError(f"the {settings.task.upper()} schedule appears once its model has loaded")
         if not self.previewing.acquire(timeout=2.0):

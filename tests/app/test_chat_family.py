@@ -41,6 +41,8 @@ def test_the_playground_runs_the_family_policy_of_the_speedup_and_says_which(tin
     assert not off[0][0].startswith("General chat:")  # the policy switched off: no family either
     assert playground.generator_for(playground.settings(values | {"target_speedup": 2.0, "skip_policy": False})) \
         is general
+    figure, note = playground.schedule_preview(values | {"target_speedup": 2.0})  # the loaded 2x policy's shape
+    assert note == "" and figure is not None
     message = list(playground.api_stream(values | {"target_speedup": 2.0}))[-1]  # the API runs the same policy
     reference = two.generate(playground.settings(values | {"target_speedup": 2.0})
                              .request(full=False, num_layers=two.num_layers))
