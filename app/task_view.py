@@ -26,7 +26,8 @@ def mr_form(prompt: gr.Textbox) -> dict:
     ui: dict = {}
     with gr.Column(visible=False, elem_id="e2e-box") as ui["e2e_box"]:
         if examples():
-            gr.Examples([[mr] for mr in examples()], inputs=[prompt], label="Example MRs (the E2E test set)",
+            gr.Examples([[mr] for mr in examples()], inputs=[prompt],
+                        label="Example MRs (the E2E test set): a click puts one in the prompt box, Generate runs it",
                         cache_examples=False, examples_per_page=8)
         with gr.Accordion("Compose an MR from the 8 attributes", open=False, elem_id="mr-form"):
             fields = {}

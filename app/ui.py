@@ -207,7 +207,8 @@ def _schedule_column(generator: TextGenerator, limits: Limits, ranges: dict, ui:
         c["prompt_at_full_depth"] = control("prompt_at_full_depth")
         c["show_template"] = control("show_template")
     with gr.Column(elem_id="chat-examples") as ui["chat_examples"]:
-        gr.Examples([[p] for p in EXAMPLE_PROMPTS], inputs=[c["prompt"]], label="Example prompts",
+        gr.Examples([[p] for p in EXAMPLE_PROMPTS], inputs=[c["prompt"]],
+                    label="Example prompts: a click puts one in the prompt box, Generate runs it",
                     cache_examples=False)
 
 
