@@ -222,7 +222,7 @@ def disagreement(steady: StepSpeedup) -> str:
     ratio = steady.median / steady.cost_model
     if ratio > 1.2:
         return (". Measured beats the cost model: the full model's steps ran slower than their parameter count says "
-                "(on a CPU a few layers' weights stay in its cache while all of them do not, and other work on the "
+                "(on a CPU a few layers' weights can stay in its cache while all of them cannot, and other work on the "
                 "machine slows the longer steps more)")
     if ratio < 0.8:
         return (". Measured falls short of the cost model: every step also pays costs that do not shrink with the "
