@@ -124,10 +124,16 @@ else
     > "$WORK/logs/start.log" 2>&1 || { log "the start failed"; report; exit 1; }
   tail -1 "$WORK/logs/start.log" | tee -a "$WORK/logs/timeline.txt"
 fi
-# the start's placement (warmup, order, ranking): the playground's shared placement, kept by every policy
+# the start's placement (warmup, order, ranking): the playground's shared placement, kept by every policy.
+# The shared policy's measured schedule floor is its own (docs/DESIGN.md, "The schedule's shape"): the
+# start drops it, so step 0 is scored, trained and shipped on the solver's shape like every checkpoint.
 placement=$($PY - "$WORK/start" <<'EOF'
 import json, sys
-policy = json.load(open(f"{sys.argv[1]}/training_info.json")).get("skip_policy", {})
+path = f"{sys.argv[1]}/training_info.json"
+info = json.load(open(path))
+policy = info.get("skip_policy", {})
+if policy.pop("schedule_floor", None) is not None:
+    json.dump(info, open(path, "w"), indent=2)
 args = ["--warmup", str(policy.get("warmup", 1)), "--order", policy.get("order", "warmup_top")]
 if policy.get("ranking"):
     args += ["--ranking", ",".join(str(i) for i in policy["ranking"])]
