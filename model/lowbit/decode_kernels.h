@@ -216,18 +216,25 @@ static void attend(const float* q, int64_t group, const float* keys, const float
 //   AVX2: codes[128] (int16, natural order); AVX-512: split[256]: hi of the four blocks' elements
 //   0-15, hi of 16-31, lo of 0-15, lo of 16-31 (v = 256 hi + lo), and scales16[16]: each block's dx
 //   repeated 4 times (VNNI's dot product lanes: 4 bytes each).
+//
+// AVX-512 also lays the row's first 16 * (blocks / 16) blocks out "a block per lane" for the lane
+// kernel (q4_lane_tile, below): per row and superblock of 16 blocks, lanes[1024] bytes: for chunk c
+// (0-3) four 64-byte vectors, hi of elements 4c..4c+3 of each block, hi of 16 + 4c.., lo of 4c..,
+// lo of 16 + 4c.. (lane l: block l's 4 bytes), and lane_f[48]: each block's dx, sum, -8 sum.
 struct QuantRows {
-  int64_t rows = 0, blocks = 0, groups = 0;
+  int64_t rows = 0, blocks = 0, groups = 0, supers = 0;
   int16_t* codes = nullptr;   // groups x rows x 128
   int8_t* split = nullptr;    // groups x rows x 256
   float* dx = nullptr;        // groups x rows x 4
   float* scales16 = nullptr;  // groups x rows x 16
   float* fix = nullptr;       // groups x rows x 8
+  int8_t* lanes = nullptr;    // supers x rows x 1024 (AVX-512)
+  float* lane_f = nullptr;    // supers x rows x 48 (AVX-512)
 };
 
 static inline int64_t quant_floats(int64_t rows, int64_t width) {  // scratch floats QuantRows needs
-  const int64_t groups = (width / 32 + 3) / 4;
-  return rows * groups * (64 + 64 + 4 + 16 + 8) + 64;
+  const int64_t groups = (width / 32 + 3) / 4, supers = width / 32 / 16;
+  return rows * groups * (64 + 64 + 4 + 16 + 8) + rows * supers * (256 + 48) + 64;
 }
 
 // One block of 32: its int16 codes, scale and float sum (zeros past the row's last block).
@@ -249,6 +256,32 @@ static inline void quantize_block(const float* v, bool present, int16_t* codes, 
   *sum = total;
 }
 
+#if SD_AVX512
+// Row r's superblock sb (blocks 16 sb .. 16 sb + 15) "a block per lane", from the codes quantize_rows
+// wrote (their layout above): element e of block l goes to lane l, byte e % 4, of chunk (e % 16) / 4,
+// the low-nibble vectors for e < 16 and the high-nibble ones past it (the weights' bytes hold q[e]
+// and q[e + 16] in one byte: q4_lanes).
+static void lane_layout(const QuantRows& q, int64_t sb, int64_t r) {
+  int8_t* out = q.lanes + (sb * q.rows + r) * 1024;
+  float* f = q.lane_f + (sb * q.rows + r) * 48;
+  for (int64_t l = 0; l < 16; ++l) {
+    const int64_t b = sb * 16 + l, cell = (b / 4) * q.rows + r;
+    const int16_t* codes = q.codes + cell * 128 + (b % 4) * 32;
+    for (int e = 0; e < 32; ++e) {
+      const int32_t code = codes[e];
+      const int32_t hi = (code + 128) >> 8;  // as the split bytes: v = 256 hi + lo, lo in [-128, 127]
+      const int64_t at = ((e % 16) / 4) * 256 + (e / 16) * 64 + l * 4 + e % 4;
+      out[at] = static_cast<int8_t>(hi);
+      out[at + 128] = static_cast<int8_t>(code - 256 * hi);
+    }
+    const float sum = q.fix[cell * 8 + (b % 4) * 2 + 1];
+    f[l] = q.dx[cell * 4 + b % 4];
+    f[16 + l] = sum;
+    f[32 + l] = -8.0f * sum;
+  }
+}
+#endif
+
 static QuantRows quantize_rows(const float* x, int64_t rows, int64_t width, float* scratch) {
   QuantRows q;
   q.rows = rows;
@@ -260,6 +293,11 @@ static QuantRows quantize_rows(const float* x, int64_t rows, int64_t width, floa
   q.dx = scratch + cells * 128;
   q.scales16 = q.dx + cells * 4;
   q.fix = q.scales16 + cells * 16;
+  q.supers = q.blocks / 16;
+#if SD_AVX512
+  q.lanes = reinterpret_cast<int8_t*>(q.fix + cells * 8);
+  q.lane_f = q.fix + cells * 8 + rows * q.supers * 256;
+#endif
   for (int64_t g = 0; g < q.groups; ++g) {
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t cell = g * rows + r;
@@ -284,6 +322,11 @@ static QuantRows quantize_rows(const float* x, int64_t rows, int64_t width, floa
       }
     }
   }
+#if SD_AVX512
+  for (int64_t sb = 0; sb < q.supers; ++sb) {
+    for (int64_t r = 0; r < rows; ++r) lane_layout(q, sb, r);
+  }
+#endif
   return q;
 }
 
@@ -293,6 +336,10 @@ struct Q4Weights {
   const uint8_t* qs;   // outputs x blocks * 16
   const uint16_t* sz;  // outputs x blocks x 2 (bfloat16 scale, zero)
   int64_t outputs, blocks;
+  // The same bytes in the lane layout (q4_lanes in lean_step.cpp: each superblock of 16 blocks as
+  // 4 x 64 bytes, lane l holding block l's bytes 4c..4c+3; the blocks past the last superblock as in
+  // qs); nullptr: the group kernel (q4_tile) alone. AVX-512 only.
+  const uint8_t* lanes = nullptr;
 };
 
 #if SD_AVX512
@@ -300,83 +347,186 @@ struct Q4Weights {
 // once for the R rows and each row's activation bytes loaded once for the O weight rows (loading
 // them again for every weight row had left the core waiting on its loads, not its arithmetic).
 template <int R, int O, bool Coarse>
-static inline void q4_tile(const Q4Weights& w, const QuantRows& q, int64_t first, int64_t o, float* y,
-                           int64_t y_stride) {
+static inline void q4_group(const Q4Weights& w, const QuantRows& q, int64_t first, int64_t o, int64_t g,
+                            __m512 (&acc)[R][O]) {
   const __m512i nibble = _mm512_set1_epi8(0x0F);
   const __m512i expand = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);
   const int64_t row_bytes = w.blocks * 16, row_pairs = w.blocks * 2;
-  const uint8_t* qs = w.qs + o * row_bytes;
+  const uint8_t* qs = (w.lanes != nullptr ? w.lanes : w.qs) + o * row_bytes;  // a tail group: the same bytes in both
   const uint16_t* sz = w.sz + o * row_pairs;
+  const int64_t present = std::min<int64_t>(4, w.blocks - g * 4);
+  const __mmask64 byte_mask = present == 4 ? ~0ULL : (1ULL << (16 * present)) - 1;  // the row's last group
+  const __mmask8 pair_mask = static_cast<__mmask8>(present == 4 ? 0xFF : (1U << (2 * present)) - 1);
+  __m512i low[O], high[O];
+  __m512 scale16[O], scale_zero[O];
+  for (int j = 0; j < O; ++j) {
+    const uint8_t* bytes_at = qs + j * row_bytes + g * 64;
+    _mm_prefetch(reinterpret_cast<const char*>(bytes_at) + kPrefetchBytes, _MM_HINT_T0);
+    if (j % 4 == 0) _mm_prefetch(reinterpret_cast<const char*>(sz + j * row_pairs + g * 8) + kPrefetchBytes / 4, _MM_HINT_T0);
+    const __m512i bytes = _mm512_maskz_loadu_epi8(byte_mask, bytes_at);
+    low[j] = _mm512_and_si512(bytes, nibble);
+    high[j] = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), nibble);
+    const __m128i pairs = _mm_maskz_loadu_epi16(pair_mask, sz + j * row_pairs + g * 8);
+    scale_zero[j] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_zextsi128_si256(pairs)), 16));
+    scale16[j] = _mm512_permutexvar_ps(expand, scale_zero[j]);
+  }
+  const int64_t cell = g * q.rows + first;  // this group's slice of row `first`; row first + r at + r
+  for (int r = 0; r < R; ++r) {
+    const int8_t* x = q.split + (cell + r) * 256;
+    const __m512i hl = _mm512_loadu_si512(x), hh = _mm512_loadu_si512(x + 64);
+    const __m512i ll = _mm512_loadu_si512(x + 128), lh = _mm512_loadu_si512(x + 192);
+    const __m512 dx16 = _mm512_loadu_ps(q.scales16 + (cell + r) * 16);
+    const __m512 fix = _mm512_zextps256_ps512(_mm256_loadu_ps(q.fix + (cell + r) * 8));
+    for (int j = 0; j < O; ++j) {
+      __m512i t = _mm512_dpbusd_epi32(_mm512_setzero_si512(), low[j], hl);
+      t = _mm512_dpbusd_epi32(t, high[j], hh);
+      t = _mm512_slli_epi32(t, 8);
+      if (!Coarse) {  // Coarse: the high bytes alone, activations at 8 bits (the head's scan)
+        t = _mm512_dpbusd_epi32(t, low[j], ll);
+        t = _mm512_dpbusd_epi32(t, high[j], lh);
+      }
+      acc[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(scale16[j], dx16), acc[r][j]);
+      acc[r][j] = _mm512_fmadd_ps(scale_zero[j], fix, acc[r][j]);  // lanes 0-7: sum_b (zero - 8 scale) sum_b
+    }
+  }
+}
+
+// R rows of x (from `first`) against O weight rows (from o), four blocks a group (the lanes of a
+// vector: four per block): each group's weight bytes are unpacked once for the R rows and each
+// row's activation bytes loaded once for the O weight rows (loading them again for every weight row
+// had left the core waiting on its loads, not its arithmetic).
+template <int R, int O, bool Coarse>
+static inline void q4_tile(const Q4Weights& w, const QuantRows& q, int64_t first, int64_t o, float* y,
+                           int64_t y_stride) {
   __m512 acc[R][O];
   for (int r = 0; r < R; ++r) {
     for (int j = 0; j < O; ++j) acc[r][j] = _mm512_setzero_ps();
   }
-  for (int64_t g = 0; g < q.groups; ++g) {
-    const int64_t present = std::min<int64_t>(4, w.blocks - g * 4);
-    const __mmask64 byte_mask = present == 4 ? ~0ULL : (1ULL << (16 * present)) - 1;  // the row's last group
-    const __mmask8 pair_mask = static_cast<__mmask8>(present == 4 ? 0xFF : (1U << (2 * present)) - 1);
-    __m512i low[O], high[O];
-    __m512 scale16[O], scale_zero[O];
-    for (int j = 0; j < O; ++j) {
-      const uint8_t* bytes_at = qs + j * row_bytes + g * 64;
-      _mm_prefetch(reinterpret_cast<const char*>(bytes_at) + kPrefetchBytes, _MM_HINT_T0);
-      if (j % 4 == 0) _mm_prefetch(reinterpret_cast<const char*>(sz + j * row_pairs + g * 8) + kPrefetchBytes / 4, _MM_HINT_T0);
-      const __m512i bytes = _mm512_maskz_loadu_epi8(byte_mask, bytes_at);
-      low[j] = _mm512_and_si512(bytes, nibble);
-      high[j] = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), nibble);
-      const __m128i pairs = _mm_maskz_loadu_epi16(pair_mask, sz + j * row_pairs + g * 8);
-      scale_zero[j] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_zextsi128_si256(pairs)), 16));
-      scale16[j] = _mm512_permutexvar_ps(expand, scale_zero[j]);
-    }
-    const int64_t cell = g * q.rows + first;  // this group's slice of row `first`; row first + r at + r
-    for (int r = 0; r < R; ++r) {
-      const int8_t* x = q.split + (cell + r) * 256;
-      const __m512i hl = _mm512_loadu_si512(x), hh = _mm512_loadu_si512(x + 64);
-      const __m512i ll = _mm512_loadu_si512(x + 128), lh = _mm512_loadu_si512(x + 192);
-      const __m512 dx16 = _mm512_loadu_ps(q.scales16 + (cell + r) * 16);
-      const __m512 fix = _mm512_zextps256_ps512(_mm256_loadu_ps(q.fix + (cell + r) * 8));
-      for (int j = 0; j < O; ++j) {
-        __m512i t = _mm512_dpbusd_epi32(_mm512_setzero_si512(), low[j], hl);
-        t = _mm512_dpbusd_epi32(t, high[j], hh);
-        t = _mm512_slli_epi32(t, 8);
-        if (!Coarse) {  // Coarse: the high bytes alone, activations at 8 bits (the head's scan)
-          t = _mm512_dpbusd_epi32(t, low[j], ll);
-          t = _mm512_dpbusd_epi32(t, high[j], lh);
-        }
-        acc[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(scale16[j], dx16), acc[r][j]);
-        acc[r][j] = _mm512_fmadd_ps(scale_zero[j], fix, acc[r][j]);  // lanes 0-7: sum_b (zero - 8 scale) sum_b
-      }
-    }
-  }
+  for (int64_t g = 0; g < q.groups; ++g) q4_group<R, O, Coarse>(w, q, first, o, g, acc);
   for (int r = 0; r < R; ++r) {
     for (int j = 0; j < O; ++j) y[(first + r) * y_stride + o + j] = _mm512_reduce_add_ps(acc[r][j]);
   }
 }
 
-// Every row of q against weight rows [begin, end), tile by tile (a decode step's one row against
-// two weight rows at a time; a batch's rows four at a time against two).
-template <bool Coarse>
-static void q4_tiles(const Q4Weights& w, const QuantRows& q, float* y, int64_t y_stride, int64_t begin, int64_t end) {
-  int64_t o = begin;
-  for (; o + 1 < end; o += 2) {
-    int64_t first = 0;
-    for (; first + 4 <= q.rows; first += 4) q4_tile<4, 2, Coarse>(w, q, first, o, y, y_stride);
-    switch (q.rows - first) {
-      case 3: q4_tile<3, 2, Coarse>(w, q, first, o, y, y_stride); break;
-      case 2: q4_tile<2, 2, Coarse>(w, q, first, o, y, y_stride); break;
-      case 1: q4_tile<1, 2, Coarse>(w, q, first, o, y, y_stride); break;
-      default: break;
+// The lane kernel: the same integers as q4_tile, with SIXTEEN blocks a vector, one a lane. Why: a
+// block's integer dot product must be scaled by its own weight scale times its own activation dx
+// before blocks are added, and q4_tile spends a convert, a multiply and two FMAs on that for every
+// 4 blocks of every (row, weight row) pair, beside its 4 VNNI instructions: more than half its
+// arithmetic. Here a lane accumulates all 32 products of its block over 8 VNNI steps (16 with the
+// 16-bit activations' high and low bytes: the int32 sums stay below 2^24), so the scaling is paid
+// once per 16 blocks: 16 VNNI + 7 other instructions per pair and 512 weights, against 36 + 9 in
+// q4_tile. Register tile: R rows x O weight rows; each 64-byte chunk of weights is unpacked once for
+// the R rows, each row's activation vectors loaded once for the O weight rows; the integer sums
+// (R x O x 2 vectors) live across a superblock's 4 chunks. The tail past the last superblock (576
+// columns = 16 + 2 blocks) runs q4_group's code on the same bytes.
+template <int R, int O, bool Coarse>
+static inline void q4_lane_tile(const Q4Weights& w, const QuantRows& q, int64_t first, int64_t o, float* y,
+                                int64_t y_stride) {
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  const __m512i zero_bits = _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
+  const int64_t row_bytes = w.blocks * 16, row_pairs = w.blocks * 2;
+  __m512 acc[R][O];
+  for (int r = 0; r < R; ++r) {
+    for (int j = 0; j < O; ++j) acc[r][j] = _mm512_setzero_ps();
+  }
+  for (int64_t sb = 0; sb < q.supers; ++sb) {
+    __m512i hi_sum[R][O], lo_sum[R][O];
+    for (int r = 0; r < R; ++r) {
+      for (int j = 0; j < O; ++j) hi_sum[r][j] = lo_sum[r][j] = _mm512_setzero_si512();
+    }
+    for (int c = 0; c < 4; ++c) {
+      __m512i low[O], high[O];
+      for (int j = 0; j < O; ++j) {
+        const uint8_t* bytes_at = w.lanes + (o + j) * row_bytes + sb * 256 + c * 64;
+        _mm_prefetch(reinterpret_cast<const char*>(bytes_at) + kPrefetchBytes, _MM_HINT_T0);
+        const __m512i bytes = _mm512_loadu_si512(bytes_at);
+        low[j] = _mm512_and_si512(bytes, nibble);  // lane l: q[4c .. 4c + 3] of block l
+        high[j] = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), nibble);  // q[16 + 4c ..]
+      }
+      for (int r = 0; r < R; ++r) {
+        const int8_t* x = q.lanes + (sb * q.rows + first + r) * 1024 + c * 256;
+        const __m512i hl = _mm512_loadu_si512(x), hh = _mm512_loadu_si512(x + 64);
+        for (int j = 0; j < O; ++j) {
+          hi_sum[r][j] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(hi_sum[r][j], low[j], hl), high[j], hh);
+        }
+        if (!Coarse) {  // Coarse: the high bytes alone, activations at 8 bits (the head's scan)
+          const __m512i ll = _mm512_loadu_si512(x + 128), lh = _mm512_loadu_si512(x + 192);
+          for (int j = 0; j < O; ++j) {
+            lo_sum[r][j] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(lo_sum[r][j], low[j], ll), high[j], lh);
+          }
+        }
+      }
+    }
+    // per lane (block): scale dx (256 hi + lo) + (zero - 8 scale) sum, as q4_group
+    for (int j = 0; j < O; ++j) {
+      const uint16_t* pairs_at = w.sz + (o + j) * row_pairs + sb * 32;
+      _mm_prefetch(reinterpret_cast<const char*>(pairs_at) + kPrefetchBytes / 4, _MM_HINT_T0);
+      const __m512i pairs = _mm512_loadu_si512(pairs_at);  // lane l: block l's (scale, zero) bfloat16
+      const __m512 scale = _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
+      const __m512 zero = _mm512_castsi512_ps(_mm512_and_si512(pairs, zero_bits));
+      for (int r = 0; r < R; ++r) {
+        const float* f = q.lane_f + (sb * q.rows + first + r) * 48;
+        const __m512i whole = _mm512_add_epi32(_mm512_slli_epi32(hi_sum[r][j], 8), lo_sum[r][j]);
+        acc[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(whole), _mm512_mul_ps(scale, _mm512_loadu_ps(f)), acc[r][j]);
+        acc[r][j] = _mm512_fmadd_ps(zero, _mm512_loadu_ps(f + 16), acc[r][j]);
+        acc[r][j] = _mm512_fmadd_ps(scale, _mm512_loadu_ps(f + 32), acc[r][j]);
+      }
     }
   }
-  for (; o < end; ++o) {
-    int64_t first = 0;
-    for (; first + 4 <= q.rows; first += 4) q4_tile<4, 1, Coarse>(w, q, first, o, y, y_stride);
-    switch (q.rows - first) {
-      case 3: q4_tile<3, 1, Coarse>(w, q, first, o, y, y_stride); break;
-      case 2: q4_tile<2, 1, Coarse>(w, q, first, o, y, y_stride); break;
-      case 1: q4_tile<1, 1, Coarse>(w, q, first, o, y, y_stride); break;
-      default: break;
-    }
+  for (int64_t g = q.supers * 4; g < q.groups; ++g) q4_group<R, O, Coarse>(w, q, first, o, g, acc);
+  for (int r = 0; r < R; ++r) {
+    for (int j = 0; j < O; ++j) y[(first + r) * y_stride + o + j] = _mm512_reduce_add_ps(acc[r][j]);
+  }
+}
+
+// Rows [first, first + R) of q against weight rows [o, o + O): the lane kernel where the weights
+// have the lane layout, else the group kernel.
+template <int R, int O, bool Coarse>
+static inline void q4_tile_any(const Q4Weights& w, const QuantRows& q, int64_t first, int64_t o, float* y,
+                               int64_t y_stride) {
+  if (w.lanes != nullptr && q.supers > 0) {
+    q4_lane_tile<R, O, Coarse>(w, q, first, o, y, y_stride);
+  } else {
+    q4_tile<R, O, Coarse>(w, q, first, o, y, y_stride);
+  }
+}
+
+// Rows [first, last) of q against O weight rows from o: tiles of 4 rows, then the 1-3 rows left.
+template <int O, bool Coarse>
+static inline void q4_column(const Q4Weights& w, const QuantRows& q, float* y, int64_t y_stride, int64_t o,
+                             int64_t first, int64_t last) {
+  for (; first + 4 <= last; first += 4) q4_tile_any<4, O, Coarse>(w, q, first, o, y, y_stride);
+  switch (last - first) {
+    case 3: q4_tile_any<3, O, Coarse>(w, q, first, o, y, y_stride); break;
+    case 2: q4_tile_any<2, O, Coarse>(w, q, first, o, y, y_stride); break;
+    case 1: q4_tile_any<1, O, Coarse>(w, q, first, o, y, y_stride); break;
+    default: break;
+  }
+}
+
+// Every row of q against weight rows [begin, end), tile by tile (the threads split the weight rows:
+// each thread streams its own share of the weights once, for every row of the batch or prompt).
+// A decode step's one row takes four weight rows at a time (more independent sums in flight); a
+// batch's rows four at a time against two (the register file holds 4 x 2 x 2 integer sums).
+// A prompt's rows go in blocks of kRowBlock: a block's activations (16 rows x 576 columns x 2 bytes)
+// stay in L1 while the thread's weight rows pass over them, and the weights (the thread's share of
+// one matrix, in L2) are read again once per block; all rows at once had streamed every row's
+// activations from L2 for each pair of weight rows.
+constexpr int64_t kRowBlock = 16;
+
+template <bool Coarse>
+static void q4_tiles(const Q4Weights& w, const QuantRows& q, float* y, int64_t y_stride, int64_t begin, int64_t end) {
+  if (q.rows == 1) {
+    int64_t o = begin;
+    for (; o + 3 < end; o += 4) q4_tile_any<1, 4, Coarse>(w, q, 0, o, y, y_stride);
+    for (; o < end; ++o) q4_tile_any<1, 1, Coarse>(w, q, 0, o, y, y_stride);
+    return;
+  }
+  for (int64_t first = 0; first < q.rows; first += kRowBlock) {
+    const int64_t last = std::min(q.rows, first + kRowBlock);
+    int64_t o = begin;
+    for (; o + 1 < end; o += 2) q4_column<2, Coarse>(w, q, y, y_stride, o, first, last);
+    for (; o < end; ++o) q4_column<1, Coarse>(w, q, y, y_stride, o, first, last);
   }
 }
 
@@ -468,6 +618,38 @@ static void q4_rows(const Q4Weights& w, const QuantRows& q, float* y, int64_t y_
   }
 }
 #endif
+
+// The multiply-add peak of this instruction set's q4 arithmetic, for the bench's shares (no loads,
+// 12 independent chains: more than the instructions' latency times their throughput): `reps` rounds,
+// returns the multiply-adds done (AVX-512 VNNI: vpdpbusd, 64 byte products an instruction; AVX2:
+// vpmaddwd, 16 products of 16-bit lanes). *sink keeps the sums alive.
+static int64_t peak_multiply_adds(int64_t reps, int32_t* sink) {
+#if SD_AVX512
+  __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(5), acc[12];
+  asm volatile("" : "+v"(a), "+v"(b));  // not constants: nothing to fold
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_epi32(i);
+  for (int64_t r = 0; r < reps; ++r) {
+    for (int i = 0; i < 12; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], a, b);
+  }
+  __m512i total = acc[0];
+  for (int i = 1; i < 12; ++i) total = _mm512_add_epi32(total, acc[i]);
+  *sink += _mm512_reduce_add_epi32(total);
+  return reps * 12 * 64;
+#else
+  __m256i a = _mm256_set1_epi16(3), b = _mm256_set1_epi16(5), acc[12];
+  asm volatile("" : "+x"(a), "+x"(b));
+  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_epi32(i);
+  for (int64_t r = 0; r < reps; ++r) {
+    for (int i = 0; i < 12; ++i) acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(a, b));
+  }
+  __m256i total = acc[0];
+  for (int i = 1; i < 12; ++i) total = _mm256_add_epi32(total, acc[i]);
+  int32_t lanes[8];
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(lanes), total);
+  for (int i = 0; i < 8; ++i) *sink += lanes[i];
+  return reps * 12 * 16;
+#endif
+}
 
 // y[r, o] += scale[o] * sum_j window[o, j] * a[r, start[o] + j] for o in [begin, end): a LoRA's B
 // as int8 windows of its block-diagonal rows (model/lowbit/native_kernels.py, lora_b_windows).

@@ -14,6 +14,7 @@
 #include <torch/extension.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -110,8 +111,35 @@ void check_q4() { TORCH_CHECK(active_isa != Isa::none, "the q4 kernels need an x
 
 // --- the q4 matmul and the LoRA's B, one call each (the two-stage head's scan, tests) ----------
 
-// (N, K) float32 rows times Q4 blocks: qs (O, K/2) uint8, sz (O, K/32, 2) bfloat16 (scale, zero).
-Tensor q4_matmul(const Tensor& input, const Tensor& qs, const Tensor& sz, bool coarse = false) {
+// The Q4 bytes qs (O, K/2) in the AVX-512 lane kernel's layout (decode_kernels.h, q4_lane_tile): per
+// row, each superblock of 16 blocks as 4 chunks of 64 bytes, chunk c holding bytes 4c .. 4c + 3 of
+// block l at lane l (4 bytes); the blocks past the last whole superblock as they are. The same bytes,
+// reordered: a row reads as many as before.
+Tensor q4_lanes(const Tensor& qs) {
+  TORCH_CHECK(qs.dim() == 2 && qs.scalar_type() == at::kByte && qs.is_contiguous() && qs.size(1) % 16 == 0,
+              "q4_lanes: (O, K/2) uint8 Q4 bytes");
+  const int64_t rows = qs.size(0), row_bytes = qs.size(1), supers = row_bytes / 16 / 16;
+  Tensor out = qs.clone();
+  const uint8_t* src = qs.data_ptr<uint8_t>();
+  uint8_t* dst = out.data_ptr<uint8_t>();
+  at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t o = begin; o < end; ++o) {
+      for (int64_t sb = 0; sb < supers; ++sb) {
+        const uint8_t* block = src + o * row_bytes + sb * 256;
+        uint8_t* chunk = dst + o * row_bytes + sb * 256;
+        for (int64_t c = 0; c < 4; ++c) {
+          for (int64_t l = 0; l < 16; ++l) std::memcpy(chunk + c * 64 + l * 4, block + l * 16 + c * 4, 4);
+        }
+      }
+    }
+  });
+  return out;
+}
+
+// (N, K) float32 rows times Q4 blocks: qs (O, K/2) uint8, sz (O, K/32, 2) bfloat16 (scale, zero);
+// lanes: qs in q4_lanes' layout (the AVX-512 lane kernel; empty or absent: the group kernel).
+Tensor q4_matmul(const Tensor& input, const Tensor& qs, const Tensor& sz, bool coarse = false,
+                 const c10::optional<Tensor>& lanes = c10::nullopt) {
   check_q4();
   TORCH_CHECK(input.dim() == 2 && input.scalar_type() == at::kFloat, "q4_matmul: (N, K) float32 rows");
   const Tensor x = input.contiguous();
@@ -128,7 +156,11 @@ Tensor q4_matmul(const Tensor& input, const Tensor& qs, const Tensor& sz, bool c
   const auto* sp = reinterpret_cast<const uint16_t*>(sz.data_ptr<at::BFloat16>());
   if (active_isa == Isa::avx512) {
     const auto q = avx512::quantize_rows(xp, rows, width, quant);
-    const avx512::Q4Weights w{qp, sp, outputs, width / 32};
+    avx512::Q4Weights w{qp, sp, outputs, width / 32};
+    if (lanes.has_value() && lanes->numel() > 0) {
+      TORCH_CHECK(lanes->sizes() == qs.sizes() && lanes->is_contiguous(), "q4_matmul: lanes must be q4_lanes(qs)");
+      w.lanes = lanes->data_ptr<uint8_t>();
+    }
     at::parallel_for(0, outputs, 16, [&](int64_t b, int64_t e) { avx512::q4_rows(w, q, yp, outputs, b, e, coarse); });
   } else {
     const auto q = avx2::quantize_rows(xp, rows, width, quant);
@@ -139,12 +171,36 @@ Tensor q4_matmul(const Tensor& input, const Tensor& qs, const Tensor& sz, bool c
   return y;
 }
 
+// Multiply-adds a second of the active instruction set's q4 arithmetic on `threads` threads at once
+// (decode_kernels.h, peak_multiply_adds; AVX-512 VNNI counts byte products: the q4 kernels' 16-bit
+// activations take two of them a weight), timed over about `seconds`.
+double q4_peak(int64_t threads, double seconds) {
+  check_q4();
+  const int64_t reps = 1 << 20;
+  std::vector<int64_t> done(static_cast<size_t>(threads), 0);
+  std::vector<int32_t> sink(static_cast<size_t>(threads) * 16, 0);
+  const auto start = std::chrono::steady_clock::now();
+  double elapsed = 0.0;
+  while (elapsed < seconds) {
+#ifdef SKIPDECODE_X86
+    at::parallel_for(0, threads, 1, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) done[t] += SD_KERNEL(peak_multiply_adds)(reps, &sink[t * 16]);
+    });
+#endif
+    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  double total = 0.0;
+  for (int64_t count : done) total += static_cast<double>(count);
+  return total / elapsed;
+}
+
 // The two-stage LM head (model/lowbit/quantization.py, TwoStageHead) in one call: the 4-bit scan of
 // the whole vocabulary (q4 blocks qs, sz), then each row's top `candidates` rescored exactly with
 // `rows` (V, C): the tied embedding's float32 rows, or int8 rows with bfloat16 `scales`.
 Tensor two_stage_head(const Tensor& input, const Tensor& qs, const Tensor& sz, const Tensor& rows,
-                      const c10::optional<Tensor>& scales, int64_t candidates) {
-  Tensor logits = q4_matmul(input, qs, sz, /*coarse=*/true);  // a ranking: 8-bit activations suffice
+                      const c10::optional<Tensor>& scales, int64_t candidates,
+                      const c10::optional<Tensor>& lanes = c10::nullopt) {
+  Tensor logits = q4_matmul(input, qs, sz, /*coarse=*/true, lanes);  // a ranking: 8-bit activations suffice
   const Tensor x = input.contiguous();
   const int64_t vocab = logits.size(1), width = x.size(1);
   TORCH_CHECK(candidates >= 1 && candidates <= 256 && candidates <= vocab, "two_stage_head: 1 to 256 candidates");
@@ -288,15 +344,16 @@ struct Projection {
   // 0: int4; 1: int4 with a LoRA (A stacked under the base rows, B in int8); 2: int8;
   // 3: Q4 blocks through q4_matmul; 4: those with a LoRA (A's blocks stacked, B in int8)
   int64_t kind;
-  // 0: packed, scales_and_zeros; 1: + B int8, B scales; 2: int8 rows, scales; 3: qs, sz;
-  // 4: + B's nonzero windows (int8), their start columns, float scales (lora_b_matmul), and the
-  // windows as tiles of 16 outputs, each tile's start column, each window's sum (empty: no tiles)
+  // 0: packed, scales_and_zeros; 1: + B int8, B scales; 2: int8 rows, scales; 3: qs, sz, lanes;
+  // 4: qs, sz, B's nonzero windows (int8), their start columns, float scales (lora_b_matmul), and the
+  // windows as tiles of 16 outputs, each tile's start column, each window's sum (empty: no tiles),
+  // lanes (kinds 3 and 4: qs in q4_lanes' layout, empty where the CPU has no AVX-512 VNNI)
   std::vector<Tensor> tensors;
   int64_t out;  // output features (1, 4: the base's; the stacked rows add the rank)
 
   Tensor operator()(const Tensor& x) const {
     if (kind >= 3) {
-      const Tensor both = q4_matmul(x, tensors[0], tensors[1]);  // float32 (N, out [+ r])
+      const Tensor both = q4_matmul(x, tensors[0], tensors[1], false, tensors.back());  // float32 (N, out [+ r])
       if (kind == 3) return both;
       return both.narrow(1, 0, out).add(lora_b_matmul(both.narrow(1, out, both.size(1) - out), tensors[2],
                                                       tensors[3], tensors[4]));
@@ -323,6 +380,11 @@ View q4_view(const Projection& p) {
   const Tensor& qs = p.tensors[0];
   view.w = {qs.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(p.tensors[1].data_ptr<at::BFloat16>()),
             qs.size(0), qs.size(1) / 16};
+  const Tensor& lanes = p.tensors.back();  // the lane kernel's layout (AVX-512; empty: none)
+  if (lanes.numel() > 0) {
+    TORCH_CHECK(lanes.sizes() == qs.sizes() && lanes.is_contiguous(), "q4 lanes must be q4_lanes(qs)");
+    view.w.lanes = lanes.data_ptr<uint8_t>();
+  }
   view.out = p.out;
   if (p.kind == 4) {
     view.window = p.tensors[2].data_ptr<int8_t>();
@@ -372,7 +434,7 @@ class DecodeLayer {
         num_heads_(num_heads), num_kv_heads_(num_kv_heads), head_dim_(head_dim) {
     TORCH_CHECK(projections.size() == 4, "DecodeLayer needs q/k/v, o, gate/up and down");
     for (auto& [kind, tensors, out] : projections) {
-      static const size_t counts[] = {2, 4, 2, 2, 8};
+      static const size_t counts[] = {2, 4, 2, 3, 9};
       TORCH_CHECK(kind >= 0 && kind <= 4, "unknown projection kind ", kind);
       TORCH_CHECK(tensors.size() == counts[kind], "projection kind ", kind, ": wrong tensor count");
       fused_ = fused_ && kind >= 3;
@@ -500,10 +562,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   // the Python step's torch calls.
   using release = pybind11::call_guard<pybind11::gil_scoped_release>;
   module.def("q4_matmul", &q4_matmul, release(), "(N, K) float32 rows times Q4 blocks (qs, sz): (N, O) float32",
-             pybind11::arg("input"), pybind11::arg("qs"), pybind11::arg("sz"), pybind11::arg("coarse") = false);
+             pybind11::arg("input"), pybind11::arg("qs"), pybind11::arg("sz"), pybind11::arg("coarse") = false,
+             pybind11::arg("lanes") = pybind11::none());
+  module.def("q4_lanes", &q4_lanes, release(), "Q4 bytes in the AVX-512 lane kernel's layout");
+  module.def("q4_peak", &q4_peak, release(), "multiply-adds a second of the active q4 instruction set (threads, seconds)");
   module.def("lora_b_matmul", &lora_b_matmul, release(), "(N, R) float32 times int8 windows of B^T: (N, O) float32");
   module.def("two_stage_head", &two_stage_head, release(),
-             "(N, C) float32: the 4-bit scan's logits, each row's top candidates rescored exactly: (N, V) float32");
+             "(N, C) float32: the 4-bit scan's logits, each row's top candidates rescored exactly: (N, V) float32",
+             pybind11::arg("input"), pybind11::arg("qs"), pybind11::arg("sz"), pybind11::arg("rows"),
+             pybind11::arg("scales"), pybind11::arg("candidates"), pybind11::arg("lanes") = pybind11::none());
   module.def("has_q4_matmul", &has_q4_matmul);
   module.def("lora_b_layout", &lora_b_layout, release(), "a LoRA's int8 B as windows and tiles (the kernels' layouts)");
   module.def("q4_isa", &q4_isa, "the instruction set the q4 kernels run on: avx512-vnni, avx2, or '' (none)");

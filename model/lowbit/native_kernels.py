@@ -176,8 +176,12 @@ class Q4Blocks:
     _known: "weakref.WeakKeyDictionary[nn.Module, tuple[tuple[torch.Tensor, ...], Q4Blocks | None]]" = (
         weakref.WeakKeyDictionary())
 
-    def __init__(self, qs: torch.Tensor, sz: torch.Tensor) -> None:
+    def __init__(self, qs: torch.Tensor, sz: torch.Tensor, lanes: torch.Tensor | None = None) -> None:
         self.qs, self.sz = qs, sz
+        # The same bytes in the AVX-512 lane kernel's layout (lean_step.cpp, q4_lanes; decode_kernels.h,
+        # q4_lane_tile), built where the CPU has AVX-512 VNNI: a third copy of the 4-bit bytes (~58 MB
+        # for the default model) so that forcing AVX2 still finds qs.
+        self.lanes = lanes if lanes is not None else _lane_bytes(qs)
 
     @classmethod
     def of(cls, module: nn.Module) -> "Q4Blocks | None":
@@ -204,7 +208,8 @@ class Q4Blocks:
         start = 0
         for part, own in zip(parts, blocks):
             end = start + own.qs.shape[0]
-            cls._known[part] = (cls._known[part][0], cls(joined.qs[start:end], joined.sz[start:end]))
+            lanes = joined.lanes[start:end] if joined.lanes.numel() else joined.lanes
+            cls._known[part] = (cls._known[part][0], cls(joined.qs[start:end], joined.sz[start:end], lanes))
             start = end
         return joined
 
@@ -220,14 +225,23 @@ class Q4Blocks:
 
     def __call__(self, rows: torch.Tensor, coarse: bool = False) -> torch.Tensor:
         """(N, K) float32 rows -> (N, O) float32 (``coarse``: activations at 8 bits, a ranking)."""
-        return native_module().q4_matmul(rows, self.qs, self.sz, coarse)
+        return native_module().q4_matmul(rows, self.qs, self.sz, coarse, self.lanes)
 
     def two_stage(self, rows: torch.Tensor, exact: torch.Tensor, scales: torch.Tensor | None,
                   candidates: int) -> torch.Tensor:
         """(N, K) float32 rows -> (N, O) float32: these blocks' logits, each row's top ``candidates``
         rescored with ``exact`` (O, K) float32 rows, or int8 rows times bfloat16 ``scales``
         (quantization.py, TwoStageHead), in one call."""
-        return native_module().two_stage_head(rows, self.qs, self.sz, exact, scales, candidates)
+        return native_module().two_stage_head(rows, self.qs, self.sz, exact, scales, candidates, self.lanes)
+
+
+def _lane_bytes(qs: torch.Tensor) -> torch.Tensor:
+    """``qs`` in the AVX-512 lane kernel's layout where this CPU has AVX-512 VNNI, else an empty tensor
+    (the kernels then run the group kernel, or AVX2)."""
+    module = native_module()
+    if module is None or "avx512-vnni" not in module.q4_isas() or not qs.is_contiguous():
+        return qs.new_empty(0)
+    return module.q4_lanes(qs)
 
 
 def _same_values(old: tuple[torch.Tensor, ...], new: tuple[torch.Tensor, ...]) -> bool:

@@ -49,7 +49,7 @@ def projection_spec(module: nn.Module) -> tuple[int, list[torch.Tensor], int] | 
     if isinstance(module, Int4WeightLinear):
         blocks = q4_scan(module)
         if blocks is not None:
-            return 3, blocks.tensors(), module.out_features
+            return 3, blocks.tensors() + [blocks.lanes], module.out_features
         return 0, [module.weight_int4pack, module.scales_and_zeros], module.out_features
     if isinstance(module, Int4LoraLinear) and module.lora_b_int8 is not None:
         b = module.lora_b_int8
@@ -59,7 +59,7 @@ def projection_spec(module: nn.Module) -> tuple[int, list[torch.Tensor], int] | 
                 _stacked[module] = Q4Blocks.stacked([module.base, module.side])
             blocks = _stacked[module]
         if blocks is not None:
-            return 4, blocks.tensors() + list(_lora_b_windows_of(b)), module.out_features
+            return 4, blocks.tensors() + list(_lora_b_windows_of(b)) + [blocks.lanes], module.out_features
         return 1, [module.stacked.weight_int4pack, module.stacked.scales_and_zeros, b.weight_int8, b.scales], \
             module.out_features
     if isinstance(module, Int8WeightLinear):

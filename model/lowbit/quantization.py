@@ -215,12 +215,41 @@ class Int4WeightLinear(nn.Module):
         """Weights this module multiplies per token (the cost model counts them)."""
         return self.out_features * self.in_features
 
+    # False for the rows stacked under a LoRA's base (Int4LoraLinear): they only ever run torch's kernel
+    # (a q4 copy of them would be a second copy of the model's 4-bit bytes).
+    q4_rows = True
+
     def decode_call(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        """``forward`` for the lean layer (``kernel_decode_call``)."""
-        return kernel_decode_call(self, lambda x, b: torch.ops.aten._weight_int4pack_mm_for_cpu(
+        """``forward`` for the lean layer (``kernel_decode_call``; the q4 kernels where they run)."""
+        torch_call = kernel_decode_call(self, lambda x, b: torch.ops.aten._weight_int4pack_mm_for_cpu(
             x, b["weight_int4pack"], INT4_GROUP, b["scales_and_zeros"]))
 
+        def call(x: torch.Tensor) -> torch.Tensor:
+            y = self._q4_forward(x)
+            return torch_call(x) if y is None else y
+        call.module = self  # type: ignore[attr-defined]
+        return call
+
+    def _q4_forward(self, x: torch.Tensor) -> torch.Tensor | None:
+        """(..., in) float32 CPU rows through the project's q4 kernels where they are selected
+        (model/lowbit/native_kernels.py), else None. Why for prompts too: the kernel tiles rows x
+        weight rows and unpacks each weight block once for every row (decode_kernels.h), and its int16
+        activations are closer to float than torch's bfloat16 ones; at 128-512 rows it measured 1.5-1.6x
+        torch's kernel (1 thread, docs/RESULTS.md)."""
+        if not self.q4_rows or x.dtype != torch.float32 or x.device.type != "cpu":
+            return None
+        blocks = q4_scan(self)
+        if blocks is None:
+            return None
+        y = blocks(x.reshape(-1, self.in_features)).reshape(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self._q4_forward(x)
+        return self.torch_forward(x) if y is None else y
+
+    def torch_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``forward`` through torch's int4 kernel (bfloat16 activations), whatever the machine selects."""
         flat = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (N, in)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.weight_int4pack, INT4_GROUP, self.scales_and_zeros)
         y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
@@ -499,6 +528,7 @@ class Int4LoraLinear(nn.Module):
         self.stacked = Int4WeightLinear(PackedInt4(torch.cat([base.weight_int4pack, self.side.weight_int4pack]),
                                                    torch.cat([base.scales_and_zeros, self.side.scales_and_zeros], dim=1),
                                                    base.exact))
+        self.stacked.q4_rows = False  # torch's kernel alone (forward); the native step stacks q4 blocks itself
         self.base = base
         self.in_features, self.out_features = base.in_features, base.out_features
         self.bias = base.bias
@@ -522,9 +552,9 @@ class Int4LoraLinear(nn.Module):
         fused = cls(module.base, module.lora_a, module.lora_b)
         probe = torch.linspace(-1.0, 1.0, module.in_features)[None]
         with torch.no_grad():
-            both = fused.stacked(probe)
-            if not (torch.equal(both[:, : module.out_features], module.base(probe))
-                    and torch.equal(both[:, module.out_features:], fused.side(probe))):
+            both = fused.stacked.torch_forward(probe)  # the packed layout's check: torch's kernel on each
+            if not (torch.equal(both[:, : module.out_features], module.base.torch_forward(probe))
+                    and torch.equal(both[:, module.out_features:], fused.side.torch_forward(probe))):
                 return None
         module.base.weight_int4pack = fused.stacked.weight_int4pack[: module.out_features]  # no second copy
         return fused

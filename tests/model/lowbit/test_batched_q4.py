@@ -1,0 +1,142 @@
+"""The q4 kernels on batches and prompts (model/lowbit/decode_kernels.h: the AVX-512 lane kernel, the
+group kernel, AVX2): random shapes, odd batch sizes, padding rows, every instruction set this CPU
+can run, forced; against exact float arithmetic on the very weights they multiply. The margins hold
+on any x86-64 CPU: 16-bit activations err ~1e-5 relative, the tolerance is 1e-3, and a kernel that
+mixes up a lane, a block, a row or a tile errs by O(1)."""
+
+import shutil
+
+import pytest
+import torch
+
+from model.lowbit.native_kernels import Q4Blocks, native_module, q4_isa, q4_scan
+from model.lowbit.quantization import Int4Blocks, Int4WeightLinear, TwoStageHead, int4_supported
+
+has_q4 = (shutil.which("c++") is not None and shutil.which("ninja") is not None and int4_supported()
+          and q4_isa() is not None)
+pytestmark = pytest.mark.skipif(not has_q4, reason="the q4 kernels need an x86-64 CPU with AVX2 and a C++ compiler")
+
+# (out, in): in = 576 is one superblock of 16 blocks and a tail of 2 (SmolLM2's width), 512 exactly one,
+# 1536 three (its MLP), 96 none (3 blocks: a partial group), 1056 two and a tail of 1
+SHAPES = [(48, 576), (80, 512), (32, 1536), (16, 96), (208, 1056)]  # out: multiples of 16 (torch's packer)
+ROWS = (1, 2, 3, 5, 8, 13, 17)  # a decode row; tiles of 4 and their remainders; past a 16-row block
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+
+
+def _exact(source: Int4Blocks, blocks: Q4Blocks) -> torch.Tensor:
+    """(out, in) float64: (code - 8) scale + zero with the bfloat16 scale and zero the kernels read."""
+    scale, zero = (blocks.sz[..., i].double().repeat_interleave(32, dim=1) for i in (0, 1))
+    return (source.codes.double() - 8.0) * scale + zero
+
+
+def _isas() -> list[str]:
+    return list(native_module().q4_isas())
+
+
+def _on(isa: str, run):
+    module = native_module()
+    assert module.set_q4_isa(isa)
+    try:
+        return run()
+    finally:
+        module.set_q4_isa("auto")
+
+
+def _weights(out: int, width: int, seed: int) -> tuple[Int4Blocks, Q4Blocks]:
+    generator = torch.Generator().manual_seed(seed)
+    source = Int4Blocks.from_float(torch.randn(out, width, generator=generator) * 0.05)
+    blocks = Q4Blocks.of(Int4WeightLinear(source))
+    assert blocks is not None
+    return source, blocks
+
+
+def _rows(rows: int, width: int, seed: int) -> torch.Tensor:
+    x = torch.randn(rows, width, generator=torch.Generator().manual_seed(seed)) * 2.0
+    x[:, 5] = 40.0  # an outlier dimension, as SmolLM2 has
+    return x
+
+
+@pytest.mark.parametrize(("out", "width"), SHAPES)
+def test_every_kernel_multiplies_a_batch_as_exact_float_arithmetic_does(out, width):
+    source, blocks = _weights(out, width, seed=out * width)
+    exact = _exact(source, blocks)
+    if "avx512-vnni" in _isas():
+        assert blocks.lanes.shape == blocks.qs.shape  # the lane kernel's layout is built where it runs
+    for rows in ROWS:
+        x = _rows(rows, width, seed=rows)
+        reference = x.double() @ exact.T
+        results = {isa: _on(isa, lambda: blocks(x)) for isa in _isas()}
+        if "avx512-vnni" in results:  # the group kernel, without the lane layout
+            results["group"] = _on("avx512-vnni", lambda: native_module().q4_matmul(x, blocks.qs, blocks.sz, False))
+        for name, y in results.items():
+            assert y.shape == (rows, out)
+            assert _relative(y, reference) < 1e-3, (name, rows)  # ~1e-5 measured
+        first = next(iter(results.values()))
+        for y in results.values():  # the same integer dot products: only float additions differ (~3e-7)
+            assert _relative(y, first) < 1e-5
+
+
+@pytest.mark.parametrize("isa", ["avx512-vnni", "avx2"])
+def test_a_row_of_a_batch_is_that_row_alone_and_padding_rows_change_nothing(isa):
+    if isa not in _isas():
+        pytest.skip(f"this CPU has no {isa}")
+    source, blocks = _weights(48, 576, seed=3)
+    x = _rows(13, 576, seed=4)
+    x[0] = 0.0  # padding rows as a left-padded batch may hold them: zeros, and one very large row
+    x[6] = 1e4
+    batch = _on(isa, lambda: blocks(x))
+    for r in range(13):  # every tile shape and remainder computes a row the same way, bit for bit
+        assert torch.equal(_on(isa, lambda r=r: blocks(x[r:r + 1])), batch[r:r + 1]), r
+    assert torch.equal(batch[0], torch.zeros(48))
+    assert _relative(batch[6], 1e4 * x.new_ones(576).double() @ _exact(source, blocks).T) < 1e-3
+
+
+@pytest.mark.parametrize("isa", ["avx512-vnni", "avx2"])
+def test_the_heads_coarse_scan_ranks_a_batch_like_the_fine_one(isa):
+    if isa not in _isas():
+        pytest.skip(f"this CPU has no {isa}")
+    source, blocks = _weights(160, 576, seed=5)
+    x = _rows(9, 576, seed=6)
+    fine = _on(isa, lambda: blocks(x))
+    coarse = _on(isa, lambda: blocks(x, coarse=True))
+    assert _relative(fine, x.double() @ _exact(source, blocks).T) < 1e-3
+    assert _relative(coarse, fine) < 0.05  # 8-bit activations on AVX-512 (~1e-2); AVX2 computes all 16 bits
+
+
+@pytest.mark.parametrize("isa", ["avx512-vnni", "avx2"])
+@pytest.mark.parametrize("rows", [2, 5, 13])
+def test_the_two_stage_head_rescores_every_row_of_a_batch_exactly(isa, rows):
+    if isa not in _isas():
+        pytest.skip(f"this CPU has no {isa}")
+    torch.manual_seed(rows)
+    linear = torch.nn.Linear(576, 1024, bias=False)
+    with torch.no_grad():
+        linear.weight.mul_(4.0)
+    head = TwoStageHead.from_linear(linear, tied_rows=linear.weight.detach())
+    x = torch.randn(rows, 576)
+    ours = _on(isa, lambda: head(x))
+    ranked = _on(isa, lambda: head.ranking(x))
+    top = ranked.topk(head.candidates, dim=-1).indices
+    exact = (linear.weight.detach()[top] @ x.unsqueeze(-1)).squeeze(-1)  # (rows, K): the float rows
+    assert torch.allclose(ours.gather(1, top), exact, rtol=1e-4, atol=1e-4)
+    full = x @ linear.weight.detach().T
+    winners = full.argmax(-1)
+    inside = (top == winners[:, None]).any(-1)
+    assert inside.all()  # the float winner is among each row's 32 candidates here (4x weights: a clear winner)
+    assert torch.equal(ours.argmax(-1), winners)  # so the head's argmax IS the float head's, row by row
+
+
+def test_a_prompt_runs_the_q4_kernels_closer_to_float_than_torchs():
+    source = Int4Blocks.from_float(torch.randn(96, 576, generator=torch.Generator().manual_seed(7)) * 0.05)
+    module = Int4WeightLinear(source)
+    blocks = q4_scan(module)
+    assert blocks is not None  # where the q4 kernels run, prompts (any rows) take them too
+    x = _rows(37, 576, seed=8).reshape(1, 37, 576)  # (B, T, C): a prefill
+    reference = x.double() @ _exact(source, blocks).T
+    ours, torchs = module(x), module.torch_forward(x)
+    assert ours.shape == (1, 37, 96) and torch.equal(ours[0], blocks(x[0]))
+    assert _relative(ours, reference) * 10 < _relative(torchs, reference) < 0.01  # int16 vs bfloat16 activations
+    assert torch.equal(module.decode_call()(x[0]), ours[0])  # the lean layer's call is the same kernel
