@@ -28,7 +28,8 @@ mkdir -p "$1" && OUT=$(cd "$1" && pwd) || exit 2
 cd "$(dirname "$0")/.." || exit 2
 PY=${PYTHON:-python3}
 if [ $DRY = 1 ] && [ -z "${PYTHON:-}" ] && [ -x .venv/bin/python ]; then PY=.venv/bin/python; fi
-export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false PYTHONPATH=.
+# PYTHONPATH keeps what is there: on a lease, the carried wheels' folder (/tmp/site)
+export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
 : > "$OUT/summary.txt"
 log() { echo "[$(date -u +%T)] $*" | tee -a "$OUT/log.txt" >&2; }
 stage() {  # stage NAME LIMIT_S COMMAND...: run it under a time limit, its stderr into log.txt
@@ -69,7 +70,8 @@ else
   fi
 fi
 
-SKIPDECODE_TEST_DEVICE=$DEVICE stage tests "${LIMITS[0]}" $PY -m pytest -q -rs -m device -p no:cacheprovider \
+export SKIPDECODE_TEST_DEVICE=$DEVICE
+stage tests "${LIMITS[0]}" $PY -m pytest -q -rs -m device -p no:cacheprovider \
   "${TEST_ARGS[@]}" >"$OUT/tests.log"
 stage bench "${LIMITS[1]}" $PY -m model bench "${BENCH_ARGS[@]}" --prompt-tokens 0 --json "$OUT/bench.json" \
   >"$OUT/bench.md"
