@@ -10,6 +10,7 @@ at start-up instead of failing on a visitor's request.
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterator
 
 import gradio
@@ -96,23 +97,57 @@ def _input_specs(fn) -> list[tuple[str | None, str | None]]:
 _CHOICES: dict[int, tuple[object, list]] = {}  # id(fn) -> (fn, the choices of each input)
 
 
-def input_choices(fn) -> list[tuple[str, ...] | None]:
-    """The values each input of ``fn`` accepts when it is a closed choice (a Radio, a Dropdown
-    without custom values: its JSON schema's enum), else None; in the order of its data list."""
+@dataclass(frozen=True)
+class Choices:
+    """What a closed input accepts: one of ``values`` (compared with their JSON types), or null
+    where ``null_ok`` (a Radio with nothing picked; not an example's index)."""
+
+    values: tuple
+    null_ok: bool
+
+    def refuses(self, value) -> bool:
+        if value is None:
+            return not self.null_ok
+        return not any(value == allowed and type(value) is type(allowed) for allowed in self.values)
+
+
+def input_choices(fn) -> list[Choices | None]:
+    """What each input of ``fn`` accepts when it is closed (a Radio, a Dropdown without custom
+    values: its JSON schema's enum; an Examples table: an index of its rows), else None; in the
+    order of its data list."""
     cached = _CHOICES.get(id(fn))
     if cached is None or cached[0] is not fn:
         cached = _CHOICES[id(fn)] = (fn, [_choices(component) for component in fn.inputs])
     return cached[1]
 
 
-def _choices(component) -> tuple[str, ...] | None:
+def _choices(component) -> Choices | None:
+    if isinstance(component, gradio.Dataset):  # gradio indexes its rows with the value: a bare 500 otherwise
+        return Choices(tuple(range(len(component.raw_samples))), null_ok=False)
     if getattr(component, "allow_custom_value", False):
         return None
     try:
         enum = component.api_info().get("enum")
     except Exception:  # noqa: BLE001 - a component without a JSON schema accepts anything
         return None
-    return tuple(str(value) for value in enum) if isinstance(enum, list) else None
+    return Choices(tuple(enum), null_ok=True) if isinstance(enum, list) else None
+
+
+def has_backend(fn) -> bool:
+    """Whether ``fn`` runs on the server (an event of the page's own JavaScript has no function:
+    gradio answers a request for it with a bare 500)."""
+    return fn.fn is not None
+
+
+def preprocess_problem(fn, position: int, value) -> str | None:
+    """gradio's own refusal of ``value`` for input ``position`` of ``fn`` (a slider's range, an
+    example's index, a type), as text; None when its component takes it. The same preprocess the
+    event runs, called before it joins a queue, so its error is a message and not a 500."""
+    try:
+        fn.inputs[position].preprocess(value)
+    except Exception as error:  # noqa: BLE001 - any refusal of any component becomes a message
+        return str(error).strip("'\"") or type(error).__name__
+    return None
 
 
 def api_parameters(fn) -> list[tuple[str, bool]]:

@@ -26,7 +26,7 @@ from app.sessions import RunHandle, SessionRuns, session_key
 from app.settings import EXAMPLE_PROMPTS, Limits, PlaygroundSettings, control_ranges, page_defaults, trained_defaults
 from app.share import qr_html, settings_from_query, share_link
 from app.shown_text import as_html, as_markdown
-from app.tasks import TaskGenerators, check_mr, is_task, policy_line
+from app.tasks import TASK_LABELS, TaskGenerators, check_mr, examples, is_task, policy_line
 from app.views import NO_CHANGE, STREAM_OUTPUTS, RaceRenderer, api_message, layer_ranges, one_line
 from model.generation import PreparedRun, TextGenerator
 from model.race import RaceUpdate, TokenTexts, race
@@ -73,6 +73,19 @@ class Playground:
         # Held for each model step of any run: a cancelled run's step that is still computing (a
         # long prefill) keeps the model busy, so the next run waits for it instead of overlapping.
         self.compute = threading.BoundedSemaphore(max(1, concurrency))
+
+    def warm_up(self) -> threading.Thread:
+        """Admit one example job of each task now, in the background: it reads what sizing a task's
+        job needs once (the tasks' tokenizer where it must be compared, the places the task model
+        trained on), so no visitor's request pays that second."""
+        def admit_examples() -> None:
+            for task in TASK_LABELS:
+                if is_task(task) and examples():
+                    self.admission_problem("generate", {"task": task, "prompt": examples()[0], "max_new_tokens": 1})
+
+        thread = threading.Thread(target=admit_examples, name="warm-up", daemon=True)
+        thread.start()
+        return thread
 
     # --- settings ---------------------------------------------------------------------------
     def settings(self, values: dict) -> PlaygroundSettings:

@@ -27,6 +27,8 @@ MAX_BODY_BYTES = 256 * 1024  # the longest prompt (8000 characters, each up to 6
 MAX_JSON_DEPTH = 32  # the app's values are flat; gradio's own bodies are a few levels deep
 SESSION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 API_PREFIX = "/gradio_api"
+MAX_DETAIL_CHARS = 300  # gradio's own refusal quoted in a page event's 422 (it may quote the value)
+DEFAULT_MAX_CHARS = 8000  # a page event's text without a playground to ask (Limits.max_prompt_chars)
 JSON_TYPES = {"string": (str,), "number": (int, float), "integer": (int, float), "boolean": (bool,)}
 
 
@@ -179,7 +181,8 @@ def join_problem(payload, blocks) -> tuple[int, str] | None:
         return 400, f"unknown fn_index {fn_index!r}; the public endpoint is /generate"
     if not gi.is_queued(fn):
         return 400, f"fn_index {fn_index} runs outside the queue; it cannot join it"
-    return values_problem(fn, payload.get("data"), f"fn_index {fn_index}")
+    public = fn in gi.public_functions(blocks).values()  # the API's settings are named when its job is pushed
+    return values_problem(fn, payload.get("data"), f"fn_index {fn_index}", None if public else page_max_chars(blocks))
 
 
 def call_problem(rest: str, payload, blocks) -> tuple[int, str] | None:
@@ -198,7 +201,7 @@ def call_problem(rest: str, payload, blocks) -> tuple[int, str] | None:
         return 404, f"unknown endpoint {parts[0]!r}; the public endpoint is /generate"
     if not isinstance(payload, dict):
         return 400, "the request body must be a JSON object with \"data\": [values]"
-    return values_problem(fn, payload.get("data"), parts[0])
+    return values_problem(fn, payload.get("data"), parts[0], None)
 
 
 def run_problem(name: str, payload, blocks) -> tuple[int, str] | None:
@@ -216,10 +219,12 @@ def run_problem(name: str, payload, blocks) -> tuple[int, str] | None:
         return 404, f"unknown endpoint {label}; the public endpoint is /generate (through the queue)"
     if gi.is_queued(fn):
         return None  # gradio refuses a queued function here itself, with a message (api_open=False)
-    return values_problem(fn, payload.get("data"), label)
+    return values_problem(fn, payload.get("data"), label, page_max_chars(blocks))
 
 
-def values_problem(fn, data, label: str) -> tuple[int, str] | None:
+def values_problem(fn, data, label: str, max_chars: int | None) -> tuple[int, str] | None:
+    """The wrong number or JSON types of values; for a page event (``max_chars`` given: not the
+    public API, whose settings are named when its job is pushed) also ``page_values_problem``."""
     expected = gi.input_count(fn)
     if not isinstance(data, list) or len(data) != expected:
         got = len(data) if isinstance(data, list) else type(data).__name__
@@ -231,6 +236,30 @@ def values_problem(fn, data, label: str) -> tuple[int, str] | None:
         wrong = not_finite(value) or (None if name is not None and pushed else type_problem(kind, value))
         if wrong:
             return 422, f"{label}: value {position} ({name or 'unnamed'}) {wrong}"
+    return page_values_problem(fn, data, max_chars) if max_chars is not None else None
+
+
+def page_max_chars(blocks) -> int:
+    """The longest text a page event takes: the deployer's prompt limit (Limits.max_prompt_chars)."""
+    limits = getattr(getattr(blocks, "playground", None), "limits", None)
+    return getattr(limits, "max_prompt_chars", DEFAULT_MAX_CHARS)
+
+
+def page_values_problem(fn, data: list, max_chars: int) -> tuple[int, str] | None:
+    """A page event's values before its handler runs (the handlers are quick, but not on any text):
+    text over the prompt's limit, and a closed choice's unknown value (gradio's own refusal of it
+    is a bare 500), each with the message the API gives for the same setting."""
+    if not gi.has_backend(fn):
+        return 400, "this event runs in the page's own script; the server has nothing to run for it"
+    for position, ((name, _), choices, value) in enumerate(zip(gi.input_specs(fn), gi.input_choices(fn), data), 1):
+        shown = name or f"value {position}"
+        if isinstance(value, str) and len(value) > max_chars:
+            return 422, f"the {shown} is {len(value)} characters; the limit is {max_chars}"
+        if choices is not None and choices.refuses(value):
+            return 422, f"{shown} must be one of {', '.join(map(str, choices.values[:12]))}; got {value!r}"
+        refused = gi.preprocess_problem(fn, position - 1, value)
+        if refused:
+            return 422, f"{shown}: {refused[:MAX_DETAIL_CHARS]}"
     return None
 
 

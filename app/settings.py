@@ -248,6 +248,8 @@ def parse_settings(limits: Limits, prompt, **values) -> PlaygroundSettings:
 def clean_prompt(prompt, limits: Limits) -> str:
     if not isinstance(prompt, str):
         raise ValueError(f"prompt must be text; got {type(prompt).__name__}")
+    if len(prompt) > limits.max_prompt_chars:  # before any pass over a pasted novel
+        raise ValueError(f"the prompt is {len(prompt)} characters; the limit is {limits.max_prompt_chars}")
     # Lone surrogates cannot be encoded; control characters (except newline/tab) are noise.
     prompt = prompt.encode("utf-8", "replace").decode("utf-8")
     prompt = "".join(ch for ch in prompt if ch in "\n\t" or ch.isprintable())

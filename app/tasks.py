@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from model.generation import TextGenerator
-from model.loading import LoadedModel
+from model.loading import DEFAULT_MODEL, LoadedModel
 from model.tasks import task_models
 from model.tasks.e2e import ATTRIBUTES, compose_mr, example_mrs, parse_mr
 
@@ -108,9 +108,13 @@ class TaskGenerators:
     at import). ``loader`` replaces load_task_model (tests load tiny models)."""
 
     def __init__(self, root: Path | None = None, loader: Loader | None = None, size: int = 2,
-                 device: str = "auto", quantize: str = "auto") -> None:
+                 device: str = "auto", quantize: str = "auto", tokenizer: Callable[[], object] | None = None) -> None:
         self.root, self.loader, self.size = root, loader, max(1, size)
         self.device, self.quantize = device, quantize
+        # The task models' tokenizer, without a model (the default model's: every task model is
+        # fine-tuned from it, the tests' tiny ones included): admission sizes a job with it.
+        self.tokenizer = tokenizer or task_models.task_tokenizer
+        self.shared: dict[int, bool] = {}  # id(a general generator) -> it tokenizes as the task models do
         self.cache: OrderedDict[tuple[str, str], TextGenerator] = OrderedDict()
         self.lock = threading.Lock()  # the cache
         self.loading = threading.Lock()  # one load at a time: two first visitors do not load twice
@@ -145,6 +149,24 @@ class TaskGenerators:
                 while len(self.cache) > self.size:
                     self.cache.popitem(last=False)
         return generator
+
+    def sizer(self, task: str, general: TextGenerator) -> TextGenerator | None:
+        """A loaded model that tokenizes ``task``'s prompts as its model does, so a job's size and
+        cost are known before its own policy loads: a loaded generator of the task (any speedup), else
+        ``general`` when it shares the task models' tokenizer; None when neither can say."""
+        loaded = self.any(task)
+        if loaded is not None:
+            return loaded
+        key = id(general)
+        if key not in self.shared and self.loader is None and general.loaded.name == DEFAULT_MODEL:
+            self.shared[key] = True  # the task models' own base (load_task_model): nothing to compare
+        if key not in self.shared:
+            try:
+                self.shared[key] = general.shares_tokenizer(self.tokenizer())
+            except (OSError, ValueError) as error:  # no default model folder: the job is sized when it loads
+                log.warning("task %s: cannot read its tokenizer: %s", task, error)
+                self.shared[key] = False
+        return general if self.shared[key] else None
 
     def any(self, task: str) -> TextGenerator | None:
         """Some loaded generator of ``task`` (the schedule preview needs its layers, not its policy)."""

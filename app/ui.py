@@ -85,6 +85,7 @@ def build_demo(get_generator: Callable[[], TextGenerator], limits: Limits | None
     gr.set_static_paths(static_paths())
     playground = Playground(get_generator, limits, concurrency_limit, tasks)
     generator = get_generator()
+    playground.warm_up()  # a first task job is sized in milliseconds, before its policy loads
     with gr.Blocks(title="SkipDecode Playground", analytics_enabled=analytics_enabled(),
                    delete_cache=(600, 600)) as demo:
         header = gr.Markdown(header_markdown(generator), elem_id="page-header")  # follows the task chosen

@@ -331,6 +331,13 @@ class TextGenerator:
         else:
             self.check_schedule(request.schedule, request.max_new_tokens)
             schedule = None
+        return self.sized(request, limits, schedule)
+
+    def sized(self, request: GenerationRequest, limits: Callable[[PreparedRun], None] | None = None,
+              schedule: SolvedSchedule | None = None) -> PreparedRun:
+        """The request tokenized and checked against ``limits`` and the model's context, its schedule
+        not looked at: what a server needs to know of a job's size, from any model that shares this
+        one's tokenizer (a task's model that is not loaded yet: ``shares_tokenizer``)."""
         ids, mask = self._encoded(request.prompts, request.raw)
         run = PreparedRun(request=request, ids=ids, mask=mask, schedule=schedule)
         if limits is not None:
@@ -341,6 +348,11 @@ class TextGenerator:
                 f"the model's context of {self.max_context} tokens"
             )
         return run
+
+    def shares_tokenizer(self, tokenizer: object) -> bool:
+        """Whether ``tokenizer`` turns every prompt into the ids this model's does (the same
+        vocabulary, special tokens and chat template): a task model fine-tuned from this one's does."""
+        return same_tokenizer(self.loaded.tokenizer, tokenizer)
 
     def check_schedule(self, request: ScheduleRequest, max_new_tokens: int) -> None:
         """The solver's verdict on a schedule request in milliseconds: the same request (its decay
@@ -494,3 +506,12 @@ def validate_request(request: GenerationRequest) -> None:
     validate_prompts(request.prompts)
     check_int("max_new_tokens", request.max_new_tokens, low=1)
     check_number("target_speedup", request.schedule.target_speedup)
+
+
+def same_tokenizer(first, second) -> bool:
+    """Two tokenizers that give every prompt the same ids: the same vocabulary, special tokens and
+    chat template (compared by content: a copy saved to another folder is the same)."""
+    if first is second:
+        return True
+    return (first.get_vocab() == second.get_vocab() and first.all_special_tokens == second.all_special_tokens
+            and getattr(first, "chat_template", None) == getattr(second, "chat_template", None))

@@ -120,7 +120,9 @@ def varied_places(count: int, seed: int = 0, avoid: Iterable[str] = ()) -> tuple
 
 
 MAX_VALUE_CHARS = 60  # a restaurant's or landmark's name; longer is not an MR
-_PAIR = re.compile(r"\s*([A-Za-z][A-Za-z ]*?)\s*\[([^\[\]]*)\]\s*(?:,|$)")
+# The longest MR: eight pairs of the longest attribute name, a value at MAX_VALUE_CHARS and room for
+# spaces. Anything longer is refused before it is read, so no caller pays for a pasted novel.
+MAX_MR_CHARS = 8 * (len("customer rating") + MAX_VALUE_CHARS + 16)
 
 # The fixed prompt around an MR (through the model's chat template). One wording for training,
 # evaluation, the CLI and the playground: a different wording is a different task.
@@ -345,16 +347,19 @@ def write_training_file(path: str | Path, folder: Path = E2E_DATA, relexicalised
 
 def parse_mr(text: str) -> dict[str, str]:
     """``name[X], food[Y]`` -> {"name": "X", "food": "Y"}; a clear ValueError for anything else:
-    unknown attributes, repeated ones, empty or overlong values, text outside the brackets."""
+    unknown attributes, repeated ones, empty or overlong values, text outside the brackets.
+
+    Read in one pass with str.find (no regular expression: a pattern whose key and spaces could
+    match a run of spaces two ways took the square of its length to fail), after a length cap, so
+    any text costs time linear in at most MAX_MR_CHARS characters."""
+    if isinstance(text, str) and len(text) > MAX_MR_CHARS:
+        raise ValueError(f"the MR is {len(text)} characters; an MR of all eight attributes fits in {MAX_MR_CHARS}")
     if not isinstance(text, str) or not text.strip():
         raise ValueError("the MR is empty: write it as name[The Eagle], food[French], ...")
     pairs: dict[str, str] = {}
     position, text = 0, text.strip()
     while position < len(text):
-        match = _PAIR.match(text, position)
-        if match is None:
-            raise ValueError(f"the MR is not a list of attribute[value] pairs near {text[position:position + 20]!r}")
-        key, value = match.group(1).strip(), match.group(2).strip()
+        key, value, position = _next_pair(text, position)
         if key not in ATTRIBUTES:
             raise ValueError(f"unknown MR attribute {key[:30]!r}: use {', '.join(ATTRIBUTES)}")
         if key in pairs:
@@ -362,10 +367,27 @@ def parse_mr(text: str) -> dict[str, str]:
         if not value or len(value) > MAX_VALUE_CHARS:
             raise ValueError(f"{key}[...] needs a value of 1 to {MAX_VALUE_CHARS} characters")
         pairs[key] = value
-        position = match.end()
     if "name" not in pairs:
         raise ValueError("the MR needs a name[...]")
     return pairs
+
+
+def _next_pair(text: str, position: int) -> tuple[str, str, int]:
+    """The pair ``key[value]`` that starts at ``position`` (spaces around it and one comma after it
+    allowed) -> (key, value, where the next pair starts). The key is letters and inner spaces, the
+    value holds no bracket."""
+    opening = text.find("[", position)
+    closing = text.find("]", opening + 1) if opening >= 0 else -1
+    key = text[position:opening].strip() if opening >= 0 else ""
+    after = closing + 1
+    while after < len(text) and text[after].isspace():
+        after += 1
+    well_formed = (closing >= 0 and "[" not in text[opening + 1:closing] and key[:1].isascii() and key[:1].isalpha()
+                   and all(c == " " or (c.isascii() and c.isalpha()) for c in key)
+                   and (after == len(text) or text[after] == ","))
+    if not well_formed:
+        raise ValueError(f"the MR is not a list of attribute[value] pairs near {text[position:position + 20]!r}")
+    return key, text[opening + 1:closing].strip(), after + 1
 
 
 def compose_mr(values: dict[str, str | None]) -> str:

@@ -11,10 +11,12 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from model.generation import ScheduleRequest
-from model.loading import LoadedModel, load_model
+from model.loading import LoadedModel, default_model_folder, load_model, load_tokenizer
 from model.skipdecode.schedule import depth_share_floor
 
 # $SKIPDECODE_TASK_ADAPTERS points elsewhere (a run's exports, a test's tiny adapters)
@@ -99,6 +101,13 @@ def load_task_model(task: str, speedup: float | None = None, *, policy: str | Pa
         policy = policy_for(task, speedup if speedup is not None else POLICY_SPEEDUPS[0], root)
     return load_model(None, device=device, dtype=dtype, adapter=str(policy) if policy else None,
                       quantize=quantize, task_adapter=str(task_dir))
+
+
+@lru_cache(maxsize=1)
+def task_tokenizer() -> Any:
+    """The tokenizer every task model uses (a task model is the default model with a LoRA merged),
+    read alone in a fraction of a second: a server sizes a task's job with it before the model loads."""
+    return load_tokenizer(default_model_folder())
 
 
 def policy_info(folder: Path) -> dict:

@@ -81,12 +81,16 @@ def test_length_grouped_batches_hold_one_reply_length():
 
 def test_tiny_model_self_distillation_learns_the_skip_policy_and_round_trips(tiny_folder, tmp_path):
     """Asserts on a quantity with a real margin: the KL to the full model on a FIXED batch under
-    the trained schedule, before vs after training (the tiny teacher is peaked: see tiny_folder)."""
+    the trained schedule, before vs after training (the tiny teacher is peaked: see tiny_folder).
+    The learning rate never overshoots: at 3e-2 the loss climbed from 1.0 to 4-6 before it fell,
+    and where it landed hung on the CPU's float rounding (0.56 of the start on an AVX-512 Xeon, under
+    0.5 on an AVX2 EPYC). At 5e-3 it falls from the first steps and ends near 0.003 of the start for
+    seeds 0, 1 and 2 alike, so the bound below holds with two orders of magnitude to spare."""
     from model.loading import gated_peft_copy, load_model
 
     out = tmp_path / "run"
     config = TrainConfig(model=str(tiny_folder), output_dir=str(out), prompts=str(_prompts_file(tmp_path)),
-                         max_steps=40, batch_size=4, learning_rate=3e-2, warmup_steps=2, continuation_tokens=12,
+                         max_steps=40, batch_size=4, learning_rate=5e-3, warmup_steps=2, continuation_tokens=12,
                          fixed_speedup=2.0, warmup_layers=1, lora_rank=8, lora_alpha=16, bridge_rank=4,
                          save_every=20, eval_every=20, eval_prompts=2, eval_tokens=6, device="cpu")
     result = train(config)
@@ -114,7 +118,8 @@ def test_tiny_model_self_distillation_learns_the_skip_policy_and_round_trips(tin
         after = distillation_loss(skip_policy_logits(student, ids, mask, schedule, prompt_len, bridge=loaded.bridge),
                                   teacher, target_mask)
     assert float(before) > 0.05, float(before)  # a peaked teacher: there is something to learn
-    assert float(after) < 0.5 * float(before), (float(before), float(after))
+    assert max(result.losses) <= 1.5 * result.losses[0], result.losses  # no overshoot to recover from
+    assert float(after) < 0.1 * float(before), (float(before), float(after))
 
     # the decoder (original + merged weights + bridge) gives the gated teacher-forced logits
     sequence_logits = skip_policy_logits(student, ids[:1], mask[:1], schedule, prompt_len, bridge=loaded.bridge)
