@@ -187,6 +187,7 @@ def add_lowbit_check_command(commands) -> None:
     lb.add_argument("--speedups", default="1,2", help="comma-separated target layer speedups (1 = full model)")
     lb.add_argument("--max-prompts", type=int, default=None)
     lb.add_argument("--tokens", type=int, default=48)
+    lb.add_argument("--batch-size", type=int, default=16, help="prompts decoded together (the kernels' rows)")
     lb.add_argument("--json", default=None, help="also write the report to this file")
     lb.set_defaults(handler=run_lowbit_check_command)
 
@@ -195,7 +196,7 @@ def add_bench_command(commands) -> None:
     """`bench`: measured speed, side by side, and its options."""
     be = commands.add_parser("bench", help="measured tokens/s: transformers generate vs our full decoder vs SkipDecode")
     add_model_options(be)
-    be.add_argument("--batch-sizes", default=None, help="comma-separated (default: 1,8 on CPU; 1,8,32,64 on GPU)")
+    be.add_argument("--batch-sizes", default=None, help="comma-separated (default: 1,4,8,16 on CPU; 1,8,32,64 on GPU)")
     be.add_argument("--speedups", default="1.5,2,3,4", help="comma-separated target layer speedups")
     be.add_argument("--decay", default="linear", choices=DECAY_FUNCTIONS)
     be.add_argument("--tokens", type=int, default=64, help="generated tokens per row (fixed; EOS ignored)")
@@ -206,8 +207,8 @@ def add_bench_command(commands) -> None:
                     help="comma-separated weight modes side by side: none, int8, int4, and int4@KERNEL for int4 on "
                          "one kernel (torch, avx2, avx512-vnni) (default: none,int8,int4 on CPU, none on GPU)")
     be.add_argument("--prompt-tokens", type=int, default=512,
-                    help="prompt processing and time to first token for a prompt this long, batch 1, beside "
-                         "llama-bench -p (0: leave out)")
+                    help="prompt processing and time to first token for a prompt this long (and one of 128 "
+                         "tokens beside a longer one), batch 1, beside llama-bench -p (0: leave out)")
     be.add_argument("--threads", type=int, default=None, help="torch threads, and llama-bench's -t (default: torch's)")
     be.add_argument("--no-llama-cpp", action="store_true", help="leave out the llama.cpp row (scripts/build_llama_bench.sh)")
     be.add_argument("--static-cache", action="store_true",
@@ -277,11 +278,11 @@ COMMANDS = (add_generate_command, add_make_data_command, add_train_command, add_
 
 def run_lowbit_check_command(args: argparse.Namespace) -> int:
     modes = tuple(m for m in (_quantize_list(args.quantize) or ()) if m != "none")
-    if not modes or args.tokens < 2:
-        raise ValueError("--quantize needs a low-bit mode (int4, int8) and --tokens must be >= 2")
+    if not modes or args.tokens < 2 or args.batch_size < 1:
+        raise ValueError("--quantize needs a low-bit mode (int4, int8), --tokens must be >= 2 and --batch-size >= 1")
     config = LowBitCheckConfig(quantize=modes, speedups=_float_list(args.speedups, "--speedups"),
                                max_prompts=args.max_prompts, tokens=args.tokens, model=args.model,
-                               adapter=None if args.no_adapter else args.adapter)
+                               adapter=None if args.no_adapter else args.adapter, batch_size=args.batch_size)
     report = run_lowbit_check(config, progress=lambda line: print(line, file=sys.stderr))
     if args.json:
         Path(args.json).write_text(json.dumps(report.to_json(), indent=2))

@@ -12,9 +12,12 @@ For each batch size, the same prompts and a FIXED generated length (EOS ignored)
                 took to capture (transformers' compiled row: its first, compiling call)
   static full, static skip@S   the same static-cache step run eagerly (``--static-cache``; any device)
   llama.cpp     llama.cpp's own `llama-bench` on the SAME GGUF file (the default model only, batch 1, the
-                same thread count and token count), when scripts/build_llama_bench.sh has built it
-Prompt processing: a prompt of --prompt-tokens tokens (default 512) through our prefill, and the time to its first
-token (prefill, head, argmax), beside llama-bench's `-p N` (pp512) on the same GGUF, batch 1.
+                same thread count and token count), and `llama-batched-bench -npl N` at batch N > 1, when
+                scripts/build_llama_bench.sh has built them
+Prompt processing: prompts of 128 and --prompt-tokens tokens (default 512) through our prefill, and the time to the
+first token (prefill, head, argmax), beside llama-bench's `-p N` (pp128, pp512) on the same GGUF, batch 1.
+On a CPU every figure is also a share of this machine's limits, measured in the same run (its read bandwidth and
+the q4 kernels' multiply-add peak: model/evaluation/machine_limits.py).
 A weight mode may name the int4 kernel it runs (``int4@torch``, ``int4@avx2``, ``int4@avx512-vnni``; plain ``int4``
 takes the machine's default), so kernels compare side by side in one run.
 Modes run interleaved (a fresh random order each round) and repeated; medians are reported and every ratio is
@@ -42,6 +45,14 @@ import torch
 
 from model.common.hardware import hardware_info
 from model.common.paths import cache_root
+from model.evaluation.machine_limits import (
+    MachineLimits,
+    arithmetic_share,
+    bandwidth_share,
+    llama_batched_bench_binary,
+    llama_batched_decode,
+    measure_limits,
+)
 from model.evaluation.reporting import speed_figure
 from model.generation import ScheduleRequest, TextGenerator
 from model.loading import DEFAULT_MODEL, load_model, locate_default_gguf, resolve_device
@@ -104,6 +115,8 @@ class BenchRow:
     vs_float_full: float | None = None  # tokens/s over the float weights' full decoder, same batch
     decode_tokens_per_second: float | None = None  # batch / median step time (prefill excluded)
     vs_llama_cpp: float | None = None  # decode tokens/s over llama.cpp's full model (same GGUF, same threads)
+    bandwidth_share: float | None = None  # of the measured read bandwidth (model/evaluation/machine_limits.py)
+    arithmetic_share: float | None = None  # of the q4 kernels' measured multiply-add peak
     vs_hf_static_compile: float | None = None  # tokens/s over transformers' static cache + torch.compile (CUDA)
     capture_seconds: float | None = None  # graphs: capturing this mode's graphs; hf_static_compile: its first call
 
@@ -117,6 +130,7 @@ class PrefillRow:
     tokens_per_second: float  # prompt tokens / median prefill time (llama.cpp: its pp test)
     ttft_ms: float  # median time from the prompt's token ids to the first generated token (llama.cpp: the prompt's time)
     vs_llama_cpp: float | None = None  # prompt tokens/s over llama-bench's pp on the same GGUF
+    arithmetic_share: float | None = None  # of the q4 kernels' measured multiply-add peak (machine_limits.py)
 
 
 @dataclass
@@ -132,6 +146,7 @@ class BenchReport:
     rows: list[BenchRow] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # e.g. why there is no llama.cpp row
     prefill: list[PrefillRow] = field(default_factory=list)
+    limits: dict | None = None  # this machine's measured limits (MachineLimits), CPU runs
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -148,8 +163,8 @@ class BenchReport:
             "",
             "| batch | weights | mode | tokens/s | decode tok/s | step ms | layer speedup | cost-model speedup | "
             "measured speedup | efficiency | vs HF generate | vs float full | vs llama.cpp | vs HF static+compile | "
-            "capture s |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "capture s | of read bandwidth | of multiply-add peak |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in self.rows:
             mode = r.mode if r.target_speedup is None else (
@@ -159,14 +174,16 @@ class BenchReport:
                 f"| {r.batch_size} | {weights} | {mode} | {r.tokens_per_second:.1f} | {_fmt(r.decode_tokens_per_second, '', 1)} | "
                 f"{r.step_latency_ms:.1f} | {r.layer_speedup:.2f}x | {r.cost_speedup:.2f}x | {r.measured_speedup:.2f}x | "
                 f"{_fmt(r.efficiency)} | {_fmt(r.vs_hf_generate, 'x')} | {_fmt(r.vs_float_full, 'x')} | "
-                f"{_fmt(r.vs_llama_cpp, 'x')} | {_fmt(r.vs_hf_static_compile, 'x')} | {_fmt(r.capture_seconds)} |"
+                f"{_fmt(r.vs_llama_cpp, 'x')} | {_fmt(r.vs_hf_static_compile, 'x')} | {_fmt(r.capture_seconds)} | "
+                f"{_fmt(r.bandwidth_share)} | {_fmt(r.arithmetic_share)} |"
             )
         if self.prefill:
-            lines += ["", f"Prompt processing, batch 1, a {self.prefill[0].prompt_tokens}-token prompt (llama.cpp: "
-                      "llama-bench -p on the same GGUF):", "",
-                      "| weights | prompt tokens/s | time to first token ms | vs llama.cpp |", "|---|---|---|---|"]
-            lines += [f"| {self.dtype if r.weights == 'float' else r.weights} | {r.tokens_per_second:.1f} | "
-                      f"{r.ttft_ms:.1f} | {_fmt(r.vs_llama_cpp, 'x')} |" for r in self.prefill]
+            lines += ["", "Prompt processing, batch 1 (llama.cpp: llama-bench -p on the same GGUF):", "",
+                      "| prompt tokens | weights | prompt tokens/s | time to first token ms | vs llama.cpp | "
+                      "of multiply-add peak |", "|---|---|---|---|---|---|"]
+            lines += [f"| {r.prompt_tokens} | {self.dtype if r.weights == 'float' else r.weights} | "
+                      f"{r.tokens_per_second:.1f} | {r.ttft_ms:.1f} | {_fmt(r.vs_llama_cpp, 'x')} | "
+                      f"{_fmt(r.arithmetic_share)} |" for r in self.prefill]
         return "\n".join(lines)
 
 
@@ -274,7 +291,7 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None] = print) -> B
     if config.quick:
         config.batch_sizes, config.new_tokens, config.repeats = (1, 2), 8, 1
         config.prompt_tokens = min(config.prompt_tokens, 16)
-    batch_sizes = config.batch_sizes or ((1, 8, 32, 64) if device.type == "cuda" else (1, 8))
+    batch_sizes = config.batch_sizes or ((1, 8, 32, 64) if device.type == "cuda" else (1, 4, 8, 16))
     # The shape the product runs (the policy's placement and measured floor), over the bench's tokens.
     schedules = {s: generator.schedule_for(ScheduleRequest(target_speedup=s, decay=config.decay), config.new_tokens)
                  for s in config.speedups}
@@ -282,6 +299,8 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None] = print) -> B
                          dtype=str(loaded.dtype).replace("torch.", ""), hardware=hardware_info(device),
                          new_tokens=config.new_tokens, repeats=config.repeats, decay=config.decay)
     llama = _llama_cpp_mode(config, loaded, device, report.notes)
+    batched = _llama_batched_mode(config, device, report.notes) if llama is not None else None
+    limits = _machine_limits(config, device, report)
     if device.type != "cuda" and config.graphs:
         report.notes.append(NO_CUDA_NOTE.format(device=device))
     if device.type == "cpu" and any(v[4] != "float" for v in variants.values()):
@@ -297,6 +316,8 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None] = print) -> B
         modes.update(engine_modes(config, variants, schedules, generator.num_layers, ids, mask, captures))
         if llama is not None and batch == 1:
             modes["Q4_1", "llama.cpp"] = lambda: llama(0)
+        elif batched is not None:
+            modes["Q4_1", "llama.cpp"] = lambda b=batch: batched(b)
         timings, peaks = _time_modes(modes, config.repeats, batch, device)
         report.rows.extend(_batch_rows(config, variants, schedules, generator, batch, timings, peaks, report))
         add_captures(report.rows, batch, captures)
@@ -304,10 +325,46 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None] = print) -> B
             f"{r.weights} {r.mode if r.target_speedup is None else f'{r.mode} {r.target_speedup:g}x'} "
             f"{r.tokens_per_second:.1f} tok/s" for r in report.rows if r.batch_size == batch))
     if config.prompt_tokens:
-        report.prefill = _prefill_rows(config, variants, llama, device)
-        progress("prompt processing: " + ", ".join(f"{r.weights} {r.tokens_per_second:.1f} tok/s, first token "
-                                                   f"{r.ttft_ms:.0f} ms" for r in report.prefill))
+        report.prefill = [row for tokens in _prompt_lengths(config)
+                          for row in _prefill_rows(config, variants, llama, device, tokens)]
+        progress("prompt processing: " + ", ".join(f"{r.weights} {r.prompt_tokens} tokens {r.tokens_per_second:.1f} "
+                                                   f"tok/s, first token {r.ttft_ms:.0f} ms" for r in report.prefill))
+    if limits is not None:
+        add_shares(report, limits, generator.cost.step_cost(generator.num_layers))
     return report
+
+
+def _prompt_lengths(config: BenchConfig) -> tuple[int, ...]:
+    """The prompt lengths measured: --prompt-tokens, and 128 beside a longer one (short prompts are a chat's)."""
+    if config.quick or config.prompt_tokens <= 128:
+        return (config.prompt_tokens,)
+    return (128, config.prompt_tokens)
+
+
+def _machine_limits(config: BenchConfig, device: torch.device, report: BenchReport) -> MachineLimits | None:
+    """This machine's read bandwidth and multiply-add peak, measured now (CPU; not in the quick run)."""
+    if device.type != "cpu" or config.quick:
+        return None
+    limits = measure_limits(config.threads or torch.get_num_threads())
+    report.limits = asdict(limits)
+    report.notes.append(limits.describe())
+    return limits
+
+
+def add_shares(report: BenchReport, limits: MachineLimits, full_step_weights: float) -> None:
+    """Each row's share of the machine's limits: a row's weights a token are the full step's over its
+    cost-model speedup (the layers it runs, the head every step); llama.cpp's rows are counted with the
+    same weights (its Q4_1 layers read what our int4 ones do)."""
+    for row in report.rows:
+        if row.decode_tokens_per_second:
+            weights = full_step_weights / row.cost_speedup
+            row.bandwidth_share = round(bandwidth_share(limits, row.decode_tokens_per_second / row.batch_size,
+                                                        weights), 4)
+            share = arithmetic_share(limits, row.decode_tokens_per_second, weights)
+            row.arithmetic_share = None if share is None else round(share, 4)
+    for prompt in report.prefill:
+        share = arithmetic_share(limits, prompt.tokens_per_second, full_step_weights)
+        prompt.arithmetic_share = None if share is None else round(share, 4)
 
 
 INT4_KERNELS = ("torch", "avx2", "avx512-vnni")  # a weight mode's @kernel: torch's int4 kernel, or the q4 kernels' ISA
@@ -456,21 +513,21 @@ def bench_prompt(generator: TextGenerator, tokens: int) -> torch.Tensor:
 
 
 def _prefill_rows(config: BenchConfig, variants: dict[str, tuple], llama: Callable[[int], Timing] | None,
-                  device: torch.device) -> list[PrefillRow]:
+                  device: torch.device, prompt_tokens: int) -> list[PrefillRow]:
     """Prompt processing at batch 1 for every weight variant (and llama-bench's pp), interleaved in rounds."""
     generator = next(iter(variants.values()))[1]
-    ids = bench_prompt(generator, config.prompt_tokens).to(device)
+    ids = bench_prompt(generator, prompt_tokens).to(device)
     mask = torch.ones_like(ids)
     modes: dict[tuple[str, str], Callable[[], Timing]] = {
         (weights, "prefill"): _in_kernel(v[5], lambda d=v[2]: time_prefill(d, ids, mask)) for weights, v in variants.items()}
     if llama is not None:
-        modes["Q4_1", "prefill"] = lambda: llama(config.prompt_tokens)
+        modes["Q4_1", "prefill"] = lambda: llama(prompt_tokens)
     timings, _ = _time_modes(modes, config.repeats, 1, device)
     seconds = {weights: statistics.median(t.seconds for t in runs) for (weights, _), runs in timings.items()}
-    llama_tps = config.prompt_tokens / seconds["Q4_1"] if "Q4_1" in seconds else None
-    return [PrefillRow(weights=w, prompt_tokens=config.prompt_tokens, tokens_per_second=round(config.prompt_tokens / t, 2),
+    llama_tps = prompt_tokens / seconds["Q4_1"] if "Q4_1" in seconds else None
+    return [PrefillRow(weights=w, prompt_tokens=prompt_tokens, tokens_per_second=round(prompt_tokens / t, 2),
                        ttft_ms=round(1000 * t, 2),
-                       vs_llama_cpp=round(config.prompt_tokens / t / llama_tps, 4) if llama_tps else None)
+                       vs_llama_cpp=round(prompt_tokens / t / llama_tps, 4) if llama_tps else None)
             for w, t in seconds.items()]
 
 
@@ -525,8 +582,10 @@ def _decode_step_note() -> str:
         return "low-bit decode steps: the Python step (no native step on this machine); int4 kernel: torch's"
     if not q4_kernel_selected():
         return "low-bit decode steps: the native C++ step (torch's ATen ops); int4 kernel: torch's _weight_int4pack_mm_for_cpu"
+    kernel = "the lane kernel (16 blocks a vector)" if q4_isa() == "avx512-vnni" else "the group kernel"
     return (f"low-bit decode steps: the native C++ step, int4 layers fused (one call a run of layers); int4 kernel: "
-            f"q4 on {q4_isa()} (16-bit activations); LM head: 4-bit scan (8-bit activations) + top 32 rescored, native")
+            f"q4 on {q4_isa()}, {kernel}, tiles of rows x weight rows, prompts too (16-bit activations); LM head: "
+            "4-bit scan (8-bit activations) + top 32 rescored, native")
 
 
 def _llama_cpp_mode(config: BenchConfig, loaded, device: torch.device, notes: list[str]
@@ -545,6 +604,24 @@ def _llama_cpp_mode(config: BenchConfig, loaded, device: torch.device, notes: li
     gguf, threads = locate_default_gguf(), torch.get_num_threads()
     notes.append(f"llama.cpp: {binary} ({_llama_version(binary)}), {gguf.name}, {threads} threads, batch 1")
     return lambda prompt_tokens: time_llama_cpp(binary, gguf, threads, config.new_tokens, prompt_tokens)
+
+
+def _llama_batched_mode(config: BenchConfig, device: torch.device, notes: list[str]
+                        ) -> Callable[[int], Timing] | None:
+    """llama-batched-bench on the default model's GGUF (a function of the batch: its decode tokens/s at
+    that many sequences of 32 prompt tokens and --new-tokens), or None with a note."""
+    binary = llama_batched_bench_binary()
+    if binary is None:
+        notes.append("no llama.cpp row at batch > 1: llama-batched-bench is not built "
+                     "(bash scripts/build_llama_bench.sh builds it)")
+        return None
+    gguf, threads = locate_default_gguf(), torch.get_num_threads()
+    notes.append(f"llama.cpp at batch > 1: {binary.name} -npp 32 -ntg {config.new_tokens} -npl BATCH, {threads} threads")
+
+    def timed(batch: int) -> Timing:
+        tokens_per_second = llama_batched_decode(binary, gguf, threads, batch, 32, config.new_tokens)
+        return Timing(config.new_tokens / tokens_per_second, batch / tokens_per_second)
+    return timed
 
 
 def _llama_version(binary: Path) -> str:
