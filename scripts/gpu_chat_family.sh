@@ -23,9 +23,10 @@
 # 8,427 prompts x 3 continuations in 231 s; three batch-64 rank-64 runs side by side ~80 steps a
 # minute each) and the E2E family lease (the GGUF converted in 43 s): convert 45 s, targets (3,000
 # templates + 1,000 docstrings + 500 Magpie turns, 2 continuations each: ~9,000) <= DATA_LIMIT 180 s,
-# start 15 s, the three runs (300 steps of 64 and 7 held-out points each) <= TRAIN_LIMIT 300 s, pick and
-# export 30 s: about 9.5 minutes in all, every phase capped (a capped phase keeps what it wrote).
-# A dry run on the CPU, every stage on a tiny random model made here (about a minute):
+# the start made beside them (its SVD on the CPU), the three runs (300 steps of 64 and 7 held-out points
+# each) <= TRAIN_LIMIT 300 s, pick and export 30 s: about 9.5 minutes in all, every phase capped (a
+# capped phase keeps what it wrote).
+# A dry run on the CPU, every stage on a tiny random model made here (3-4 minutes on 2 shared cores):
 #   DRY_RUN=1 bash scripts/gpu_chat_family.sh OUT
 set -uo pipefail
 OUT_DIR=${1:?usage: gpu_chat_family.sh OUT_DIR}
@@ -104,6 +105,17 @@ if [ -z "$MODEL" ]; then
     || { log "convert failed"; report; exit 1; }
 fi
 
+rank_of_init=$($PY -c "import json; print(json.load(open('$INIT/adapter_config.json'))['r'])") \
+  || { log "no start policy at $INIT"; report; exit 1; }
+# The SVD runs on the CPU (minutes on 2 busy cores), beside the targets on the GPU: it costs no time of its own.
+if [ "$rank_of_init" = "$RANK" ]; then
+  cp -r "$INIT" "$WORK/start" & starter=$!
+else
+  log "the start, beside the targets: $INIT (rank $rank_of_init) cut to rank $RANK by truncated SVD"
+  $PY -m model mix-adapters "$INIT" "$INIT" "$WORK/start" --weight 1 --rank "$RANK" --dtype float32 \
+    > "$WORK/logs/start.log" 2>&1 & starter=$!
+fi
+
 log "fresh targets: $TEMPLATES templates, $PYDOC docstrings, $MAGPIE Magpie turns; greedy + $SAMPLES sampled, $NEW_TOKENS tokens (at most $DATA_LIMIT s)"
 timeout "$DATA_LIMIT" $PY -m model make-data "${model_args[@]}" --output-dir "$WORK/data" --device "$DEVICE" \
   --sources magpie,templates,pydoc --magpie-turns "$MAGPIE" --template-prompts "$TEMPLATES" --pydoc-prompts "$PYDOC" \
@@ -114,16 +126,8 @@ log "targets: $sequences sequences ($(tail -c 300 "$WORK/logs/data.log" | tr '\r
 [ "$sequences" -gt 0 ] || { log "no targets were written"; report; exit 1; }
 report
 
-rank_of_init=$($PY -c "import json; print(json.load(open('$INIT/adapter_config.json'))['r'])") \
-  || { log "no start policy at $INIT"; report; exit 1; }
-if [ "$rank_of_init" = "$RANK" ]; then
-  cp -r "$INIT" "$WORK/start"
-else
-  log "the start: $INIT (rank $rank_of_init) cut to rank $RANK by truncated SVD"
-  $PY -m model mix-adapters "$INIT" "$INIT" "$WORK/start" --weight 1 --rank "$RANK" --dtype float32 \
-    > "$WORK/logs/start.log" 2>&1 || { log "the start failed"; report; exit 1; }
-  tail -1 "$WORK/logs/start.log" | tee -a "$WORK/logs/timeline.txt"
-fi
+wait "$starter" || { log "the start failed ($(tail -1 "$WORK/logs/start.log" 2>/dev/null))"; report; exit 1; }
+log "the start: $(tail -1 "$WORK/logs/start.log" 2>/dev/null || echo "$INIT as it is")"
 # the start's placement (warmup, order, ranking): the playground's shared placement, kept by every policy.
 # The shared policy's measured schedule floor is its own (docs/DESIGN.md, "The schedule's shape"): the
 # start drops it, so step 0 is scored, trained and shipped on the solver's shape like every checkpoint.
