@@ -155,9 +155,11 @@ def test_user_jsonl_trains_with_cross_entropy(tiny_folder, tmp_path):
     data.write_text(json.dumps({"prompt": "Say hi", "completion": "Hi there, friend!"}) + "\n"
                     + json.dumps({"text": "Cats sleep a lot during the day."}) + "\n")
     result = train(TrainConfig(model=str(tiny_folder), output_dir=str(tmp_path / "run"), data=str(data),
-                               max_steps=25, batch_size=2, learning_rate=3e-2, warmup_steps=1, save_every=25,
+                               max_steps=25, batch_size=2, learning_rate=1e-2, warmup_steps=1, save_every=25,
                                warmup_layers=1, lora_rank=8, device="cpu"))
-    assert sum(result.losses[-5:]) / 5 < sum(result.losses[:5]) / 5
+    # At 1e-2 the last five steps' mean is 0.28-0.35 of the first five's for seeds 0-2 (at 3e-2,
+    # 0.50-0.66: too close to the bound for another CPU's rounding); the bound keeps room either way.
+    assert sum(result.losses[-5:]) / 5 < 0.6 * sum(result.losses[:5]) / 5, result.losses
 
 
 @pytest.mark.slow
