@@ -141,6 +141,13 @@ def test_an_8_token_answer_gets_a_speed_figure_and_its_step_count(classroom_serv
         line = page.inner_text("#headline")
         assert "x faster per decode step, measured (median of 7 steps (too few steps to trust)" in line, line
         assert "middle half" in line and "cost model" in line
+        status = page.inner_text("#status")
+        example = page.locator("#chat-examples button:has-text('capital of France')").first
+        example.scroll_into_view_if_needed()
+        example.click()  # an example click only fills the prompt box, as its label says
+        assert _wait(lambda: page.input_value("#setting-prompt textarea") == "What is the capital of France?", 10)
+        time.sleep(3)
+        assert page.inner_text("#status") == status and _stop_disabled(page)  # no run started
 
 
 @pytest.mark.parametrize("width,height", SIZES)
