@@ -254,6 +254,10 @@ def test_mixed_adapter_interpolates_the_two_deltas(tmp_path):
     info = json.loads((tmp_path / "mix" / "training_info.json").read_text())
     assert info["config"]["order"] == "ranked" and info["mixed"]["weight"] == 0.25  # the first's placement kept
 
+    padded = mix_adapters(tmp_path / "a", tmp_path / "b", tmp_path / "mix8", weight=0.25, rank=8, dtype=torch.float32)
+    assert padded.rank == 8 and padded.kept_energy_min > 0.999999  # rank 8 > 4 + 2: zero directions stored
+    widened = merged_copy(base, tmp_path / "mix8").state_dict()
+    assert all((widened[key] - mixed[key]).abs().max() < 1e-5 * merged["a"][key].abs().max() for key in changed)
     truncated = mix_adapters(tmp_path / "a", tmp_path / "b", tmp_path / "mix4", weight=0.5)  # rank 4 < 4 + 2
     assert json.loads((tmp_path / "mix4" / "adapter_config.json").read_text())["r"] == 4
     assert 0.5 < truncated.kept_energy_min < 0.999
