@@ -107,7 +107,7 @@ fi
 
 rank_of_init=$($PY -c "import json; print(json.load(open('$INIT/adapter_config.json'))['r'])") \
   || { log "no start policy at $INIT"; report; exit 1; }
-# The SVD runs on the CPU (minutes on 2 busy cores), beside the targets on the GPU: it costs no time of its own.
+# The SVD runs on the CPU (seconds on one quiet thread, minutes on 2 busy cores), beside the targets on the GPU.
 if [ "$rank_of_init" = "$RANK" ]; then
   cp -r "$INIT" "$WORK/start" & starter=$!
 else
