@@ -26,7 +26,7 @@
 # the start made beside them (its SVD on the CPU), the three runs (300 steps of 64 and 7 held-out points
 # each) <= TRAIN_LIMIT 300 s, pick and export 30 s: about 9.5 minutes in all, every phase capped (a
 # capped phase keeps what it wrote).
-# A dry run on the CPU, every stage on a tiny random model made here (3-4 minutes on 2 shared cores):
+# A dry run on the CPU, every stage on a tiny random model made here (3-10 minutes on 2 shared cores, by their load):
 #   DRY_RUN=1 bash scripts/gpu_chat_family.sh OUT
 set -uo pipefail
 OUT_DIR=${1:?usage: gpu_chat_family.sh OUT_DIR}
