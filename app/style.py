@@ -69,7 +69,9 @@ document.addEventListener('click', (event) => {
     const stop = document.querySelector('#stop-btn');
     if (stop && !stop.dataset.watched) { stop.dataset.watched = '1'; setStop(false); }
     const status = document.querySelector('#status');
-    const text = status ? status.innerText : '';
+    // the status's own last line: gradio's progress overlay ("0.1s") over the last run's "Stopped."
+    // while the next run waits is no new end
+    const text = status ? status.innerText.trim().split('\n').pop() : '';
     const error = document.querySelector('.toast-body.error') !== null;
     const state = text + '|' + error;
     if (state === shown) return;

@@ -227,7 +227,8 @@ def test_newlines_are_drawn_as_marks(server):
 
 def test_stop_shows_no_error_badge(server):
     with playwright.sync_playwright() as p:
-        browser, page = _open(p, server.local_url)
+        # 256 tokens: a run must outlast the test's own polling (streamed in frames, 48 took ~3 s here)
+        browser, page = _open_from_link(p, server.local_url, "max_new_tokens=256")
         page.fill("textarea", "Tell me a very long story about the sea and its sailors.")
         for _ in range(3):
             page.click("#generate-btn")
