@@ -12,7 +12,7 @@ Settings (environment variables, all optional):
   SKIPDECODE_MAX_PROMPT_CHARS  longest prompt in characters (default 8000)
   SKIPDECODE_MAX_PROMPT_TOKENS longest prompt in tokens, chat template included (default 2048)
   SKIPDECODE_MAX_REQUEST_TOKENS one request's compute: batch x (prompt + new tokens) (default 8192)
-  SKIPDECODE_MAX_JOB_COST   one job's model time in units of app/job_cost.py (default 300: ~4 s of the lane)
+  SKIPDECODE_MAX_JOB_COST   one job's model time in units of app/serving/job_cost.py (default 300: ~4 s of the lane)
   GRADIO_ANALYTICS_ENABLED  telemetry and gradio's version check (default False)
   SKIPDECODE_CONCURRENCY    generations running at once (default 1: one model, one CPU)
   SKIPDECODE_QUEUE_SIZE     requests waiting at most before new ones are turned away (default 32)
@@ -42,8 +42,8 @@ import sys
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 from functools import lru_cache
 
-from app.fair_queue import ServingLimits
-from app.sessions import limit_malloc_arenas
+from app.serving.fair_queue import ServingLimits
+from app.serving.sessions import limit_malloc_arenas
 from app.settings import Limits
 from app.ui import build_demo, launch_options
 from model.common.checks import check_int, check_number
@@ -82,7 +82,7 @@ def limits_from_env() -> Limits:
 
 
 def serving_from_env() -> ServingLimits:
-    """The fair queue's limits beyond the queue size and the per-session cap (app/fair_queue.py)."""
+    """The fair queue's limits beyond the queue size and the per-session cap (app/serving/fair_queue.py)."""
     grace_s = _env_number("SKIPDECODE_STREAM_GRACE_S", 5.0, integer=False)  # seconds
     trust = os.environ.get("SKIPDECODE_TRUST_FORWARDED_FOR", "1" if os.environ.get("SPACE_ID") else "0")
     return ServingLimits(per_address_api=_env_int("SKIPDECODE_MAX_QUEUED_API_PER_ADDRESS", 0),

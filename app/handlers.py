@@ -17,17 +17,17 @@ from typing import AsyncIterator, Callable, Iterator
 import anyio
 import gradio as gr
 
-from app import explainer
 from app.chat_family import ChatPolicies
-from app.figures import schedule_figure
-from app.frames import FrameClock, NewSteps
-from app.job_cost import UNIT_SECONDS, job_cost, session_bytes
-from app.sessions import RunHandle, SessionRuns, session_key
+from app.page import explainer
+from app.page.figures import schedule_figure
+from app.page.share import qr_html, settings_from_query, share_link
+from app.page.shown_text import as_html, as_markdown
+from app.page.views import NO_CHANGE, STREAM_OUTPUTS, RaceRenderer, api_message, layer_ranges, one_line
+from app.serving.frames import FrameClock, NewSteps
+from app.serving.job_cost import UNIT_SECONDS, job_cost, session_bytes
+from app.serving.sessions import RunHandle, SessionRuns, session_key
 from app.settings import EXAMPLE_PROMPTS, Limits, PlaygroundSettings, control_ranges, page_defaults, trained_defaults
-from app.share import qr_html, settings_from_query, share_link
-from app.shown_text import as_html, as_markdown
 from app.tasks import TASK_LABELS, TaskGenerators, check_mr, examples, is_task, policy_line
-from app.views import NO_CHANGE, STREAM_OUTPUTS, RaceRenderer, api_message, layer_ranges, one_line
 from model.generation import PreparedRun, TextGenerator
 from model.race import RaceUpdate, TokenTexts, race
 from model.skipdecode.schedule import max_layer_speedup
@@ -66,7 +66,7 @@ class Playground:
         # Set by the fair queue: a request's client address (step mode's sessions are bounded per address).
         self.address_of: Callable[[object], str] = lambda request: getattr(getattr(request, "client", None), "host",
                                                                              None) or "unknown"
-        # Set by the fair queue (app/fair_queue.py): called in a queued handler, it returns a check
+        # Set by the fair queue (app/serving/fair_queue.py): called in a queued handler, it returns a check
         # that says when that handler's client has gone (result stream closed or never opened).
         self.client_gone: Callable[[], Callable[[], bool]] = lambda: (lambda: False)
         self.previewing = threading.Semaphore(1)  # one schedule preview computes at a time (outside the queue)
@@ -157,7 +157,7 @@ class Playground:
         self.check_cost(run.batch, run.prompt_width, new_tokens, lens)
 
     def check_cost(self, batch: int, prompt_tokens: int, new_tokens: int, lens: bool) -> None:
-        """Refuse a job whose model time (app/job_cost.py) is over the deployer's bound:
+        """Refuse a job whose model time (app/serving/job_cost.py) is over the deployer's bound:
         the one lane serves everyone, so no admitted job may hold it for more than a few seconds."""
         cost = job_cost(batch, prompt_tokens, new_tokens, lens)
         limit = self.limits.max_job_cost
@@ -217,7 +217,7 @@ class Playground:
         generator = self.get_generator()
         ranges = control_ranges(generator.num_layers, self.limits, max_layer_speedup(generator.num_layers, 1))
         values, problems = settings_from_query(query, self.limits, page_defaults(generator, self.limits), ranges)
-        # The query is anyone's text: escaped for the Markdown status line (app/shown_text.py).
+        # The query is anyone's text: escaped for the Markdown status line (app/page/shown_text.py).
         status = (f"**The link has a problem:** {as_markdown(problems, len(problems))}" if problems
                   else "Settings loaded from the link.")
         return [values.get(name, gr.skip()) for name in names] + [status]
@@ -298,7 +298,7 @@ class Playground:
         return "Stopped."
 
     def _stream(self, checked: Checked, handle: RunHandle, notice: str, gone: Callable[[], bool] | None = None):
-        """The page's stream: one message per frame (app/frames.py), each drawing every step since
+        """The page's stream: one message per frame (app/serving/frames.py), each drawing every step since
         the one before (the panes and the heatmap are drawn from the whole race so far)."""
         renderer, plot_clock, frame_clock = RaceRenderer(checked.settings), FrameClock(HEATMAP_EVERY_S), FrameClock()
         status = notice or "Generating… SkipDecode and the full model take turns; each advances by its own measured step time."
@@ -410,7 +410,7 @@ class Playground:
 
     def api_stream(self, values: dict, request: gr.Request | None = None,
                    run: tuple[str, RunHandle] | None = None, gone: Callable[[], bool] | None = None) -> Iterator[dict]:
-        """The API's stream: one message per frame (app/frames.py: the steps since the previous
+        """The API's stream: one message per frame (app/serving/frames.py: the steps since the previous
         message, at most 20 messages a second), the last with "done": true. Each message has the
         texts so far and the live figures; the steps come as deltas (``new_steps``: every step of
         both streams since the previous message, in the order they ran, with its tokens, layers and

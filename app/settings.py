@@ -13,7 +13,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.job_cost import DEFAULT_MAX_JOB_COST
+from app.serving.job_cost import DEFAULT_MAX_JOB_COST
 from app.tasks import examples
 from model.common.checks import check_bool, check_choice, check_int, check_number
 from model.generation import GenerationRequest, ScheduleRequest
@@ -48,9 +48,9 @@ class Limits:
     max_prompt_tokens: int = 2048  # per row, after the chat template
     max_request_tokens: int = 8192  # batch x (prompt + new tokens): one request's compute budget
     max_step_positions: int = 32768  # KV-cache positions all step-mode sessions keep together (both streams)
-    max_step_bytes: int = 1 << 30  # memory all step-mode sessions keep together (estimated: app/job_cost.py)
+    max_step_bytes: int = 1 << 30  # memory all step-mode sessions keep together (estimated: app/serving/job_cost.py)
     max_step_sessions_per_address: int = 4  # step sessions one network address keeps (its oldest go first)
-    max_job_cost: int = DEFAULT_MAX_JOB_COST  # one job's model time in units of app/job_cost.py: ~4 s of the one lane
+    max_job_cost: int = DEFAULT_MAX_JOB_COST  # one job's model time in units of app/serving/job_cost.py: ~4 s of the one lane
 
 
 def setting(default: Any, *, label: str, help: str = "", kind: str = "number", low: float | None = None,

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import gradio as gr
 
-from app.controls import with_settings
 from app.handlers import Playground
+from app.page.controls import with_settings
+from app.page.shown_text import as_markdown
 from app.settings import EXAMPLE_PROMPTS
-from app.shown_text import as_markdown
 from app.tasks import CHAT_MAX_NEW_TOKENS, TASK_LABELS, compose, examples, fixed_note, is_task, is_valid_mr
 from model.generation import TextGenerator
 from model.tasks.e2e import ATTRIBUTE_VALUES, ATTRIBUTES, parse_mr

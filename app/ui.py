@@ -13,21 +13,21 @@ from typing import Callable
 
 import gradio as gr
 
-from app import explainer
-from app import gradio_internals as gi
 from app.api import api_function
-from app.controls import control, with_settings
-from app.fair_queue import FairQueue, ServingLimits
-from app.gpu import gpu_handler
 from app.handlers import Playground
-from app.lessons import LESSONS, lesson_names, lesson_settings, lesson_text
-from app.live_plot import live_plot, static_paths
-from app.request_guard import RequestGuard
-from app.results import results_tab
-from app.security_headers import SecurityHeaders
+from app.page import explainer
+from app.page.controls import control, with_settings
+from app.page.lessons import LESSONS, lesson_names, lesson_settings, lesson_text
+from app.page.live_plot import live_plot, static_paths
+from app.page.results import results_tab
+from app.page.style import COPY_JS, PAGE_URL_JS, SCROLL_TO_OUTPUTS, launch_style
+from app.serving import gradio_internals as gi
+from app.serving.fair_queue import FairQueue, ServingLimits
+from app.serving.gpu import gpu_handler
+from app.serving.request_guard import RequestGuard
+from app.serving.security_headers import SecurityHeaders
+from app.serving.slow_clients import guard_slow_clients
 from app.settings import EXAMPLE_PROMPTS, Limits, PlaygroundSettings, control_ranges, lowered_defaults, trained_defaults
-from app.slow_clients import guard_slow_clients
-from app.style import COPY_JS, PAGE_URL_JS, SCROLL_TO_OUTPUTS, launch_style
 from app.task_view import full_title, header_for, header_markdown, mr_form, task_events
 from app.tasks import TASK_FIXED, TaskGenerators, is_task, task_choices
 from model.generation import TextGenerator
@@ -58,7 +58,7 @@ def launch_options() -> dict:
     no file uploads (the app takes none), no unauthenticated monitoring dashboard, and the
     request guard (malformed calls get a message) behind the security headers (a Content-Security-
     Policy and friends on every response, the guard's refusals included). Also puts the request-read
-    deadline under gradio's server (app/slow_clients.py): a half-sent request is closed in time."""
+    deadline under gradio's server (app/serving/slow_clients.py): a half-sent request is closed in time."""
     guard_slow_clients()
     from starlette.middleware import Middleware  # noqa: PLC0415
 
@@ -99,8 +99,8 @@ def build_demo(get_generator: Callable[[], TextGenerator], limits: Limits | None
         _wire(demo, playground, ui, trained_defaults(generator), concurrency_limit)
     demo.playground = playground  # tests and the load script inspect active runs
     demo.queue(api_open=False, max_size=queue_size)
-    gi.fix_streaming_diffs()  # a frame's lists of steps reach the client whole (app/gradio_internals.py)
-    # The fair queue (app/fair_queue.py): admission and place by client; ``serving`` sets its other limits.
+    gi.fix_streaming_diffs()  # a frame's lists of steps reach the client whole (app/serving/gradio_internals.py)
+    # The fair queue (app/serving/fair_queue.py): admission and place by client; ``serving`` sets its other limits.
     fair = FairQueue((serving or ServingLimits()).sized(queue_size, max_queued_per_session),
                      playground.admission_problem).install(demo)
     playground.client_gone = fair.client_gone_check
@@ -138,7 +138,7 @@ def _prompt_column(generator: TextGenerator, ranges: dict, ui: dict) -> None:
     ui["mr_problem"] = gr.Markdown(visible=False, elem_id="mr-problem", latex_delimiters=[])  # a task's input, checked as typed
     with gr.Row():
         ui["run"] = gr.Button("Generate", variant="primary", size="md", elem_id="generate-btn", min_width=80)
-        # disabled while nothing runs (app/style.py's page script turns it on and off with the runs)
+        # disabled while nothing runs (app/page/style.py's page script turns it on and off with the runs)
         ui["stop"] = gr.Button("Stop", variant="stop", size="md", elem_id="stop-btn", min_width=60,
                                elem_classes=["idle"])
         ui["step"] = gr.Button("Step", size="md", elem_id="step-btn", min_width=60)

@@ -10,7 +10,7 @@ The race takes PreparedRun objects (tokenized and solved once: ``TextGenerator.p
 produces, between the decoder's timed steps: each stream's tokens, layers and timings (read from
 the decoder's own record, ``StepEvent.record``), their texts, the prompt's tokens as text, the
 logit lens, and the full model's judgement of SkipDecode's text with the lens's KL. Whatever shows
-an update (app/views.py: HTML, figures, API messages) only formats it and never calls the model.
+an update (app/page/views.py: HTML, figures, API messages) only formats it and never calls the model.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Calibrate the job cost (app/job_cost.py) on this CPU: time page jobs of known shape, fit the
+"""Calibrate the job cost (app/serving/job_cost.py) on this CPU: time page jobs of known shape, fit the
 weights, and time the costliest jobs the cap admits (issue #37: "the worst admitted job is a few
 seconds of the lane").
 
@@ -13,7 +13,7 @@ with ``steps`` the decode steps the two streams really took (a prompt that ends 
 than its max_new_tokens; the cap charges max_new_tokens, the worst case). It prints one JSON
 object (the CPU and its flags, threads, each job's seconds and shape, the fitted weights, the
 cost formula's prediction beside each measured job, and the costliest admitted jobs at the cap
-with the weights in app/job_cost.py, measured and, at their full length, fitted) and writes it to
+with the weights in app/serving/job_cost.py, measured and, at their full length, fitted) and writes it to
 --output.
 
     HF_HUB_OFFLINE=1 python scripts/calibrate_job_cost.py --output assets/load/job_cost.json
@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(ROOT)]
 from load_test import COUNTING, COUNTING_TOKENS, PROMPT_TEMPLATE_TOKENS, WORST_JOBS, long_prompt, words_for_cost  # noqa: E402
 
-from app import job_cost  # noqa: E402
+from app.serving import job_cost  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ def predicted_seconds(weights: dict, batch: int, prompt_tokens: int, steps: floa
 
 
 def worst_admitted(limit: int) -> list[JobShape]:
-    """The costliest jobs the cap admits (app/job_cost.py's weights): the load test's three kinds,
+    """The costliest jobs the cap admits (app/serving/job_cost.py's weights): the load test's three kinds,
     each with the longest prompt that still fits."""
     template = PROMPT_TEMPLATE_TOKENS + COUNTING_TOKENS  # as the load test sizes them (10 units of margin)
     return [JobShape(job["batch_size"], words_for_cost(job["batch_size"], job["max_new_tokens"], job["lens"], limit - 10,

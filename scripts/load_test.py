@@ -701,8 +701,8 @@ HOSTILE_LINKS = {  # the issue's share links, each an unknown parameter NAME or 
 }
 MARKUP = ("<form", "<input", "href=")
 SECURITY_HEADERS = ("content-security-policy", "x-content-type-options", "referrer-policy")
-PAGE_COOKIE = "skipdecode_page"  # app/page_tokens.py: the page token a page load sets
-READ_DEADLINE_S = 30.0  # app/slow_clients.py's default (the launched app is not told another)
+PAGE_COOKIE = "skipdecode_page"  # app/serving/page_tokens.py: the page token a page load sets
+READ_DEADLINE_S = 30.0  # app/serving/slow_clients.py's default (the launched app is not told another)
 PROMPT_TEMPLATE_TOKENS = 31  # the chat template around a prompt of one-token words (1500 words: 1531 tokens)
 COUNTING = " Now count from 1 to 500, one number after another, separated by commas."
 COUNTING_TOKENS = 20  # about (the tokenizer is the server's): the cost probe keeps 10 units of margin
@@ -918,10 +918,10 @@ def invented_sessions(url: str, sessions: int, rounds: int, visitor_job: dict) -
 
 
 def server_job_cost():
-    """The server's own job-cost module (app/job_cost.py: pure arithmetic, no torch or gradio)."""
+    """The server's own job-cost module (app/serving/job_cost.py: pure arithmetic, no torch or gradio)."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    from app import job_cost
+    from app.serving import job_cost
 
     return job_cost
 

@@ -31,7 +31,7 @@ from gradio_client.utils import apply_diff
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 from load_test import StreamReaders, free_port, loopback_client, page_event, start_server, with_settings  # noqa: E402
 
-from app.live_plot import figure_from_value, figure_json  # noqa: E402
+from app.page.live_plot import figure_from_value, figure_json  # noqa: E402
 
 WORDS = ("the sea keeps its old sailors in stories told at night by the harbour fire while gulls "
          "circle over the nets and the tide turns slowly under a grey sky").split()
@@ -104,7 +104,7 @@ def _is_edits(item) -> bool:
 
 def heatmap_figures(value: str | None) -> tuple[int, dict | None]:
     """(bytes of the first figure, the last figure) of the heatmap's value: the live plot's lines
-    (the first figure, then its patches: app/live_plot.py; a server before issue #37 sent one)."""
+    (the first figure, then its patches: app/page/live_plot.py; a server before issue #37 sent one)."""
     if not value or not isinstance(value, str):
         return 0, None
     return len(value.split("\n", 1)[0].encode()), figure_from_value(value)

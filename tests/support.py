@@ -103,11 +103,11 @@ def random_lora_adapter(model, folder, **extra):
 def page_token_client(url: str):
     """A gradio_client Client that earned a page session as a browser does: it loads the page and
     sends the page token that page set (a Client that did not is pooled with its address's API
-    client: app/page_tokens.py)."""
+    client: app/serving/page_tokens.py)."""
     import httpx
     from gradio_client import Client
 
-    from app.page_tokens import COOKIE
+    from app.serving.page_tokens import COOKIE
 
     token = httpx.get(url, timeout=30).cookies.get(COOKIE)
     assert token, "the page set no page token"

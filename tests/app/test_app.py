@@ -420,7 +420,7 @@ def test_stop_while_queued_ends_the_run_as_it_starts(server):
 def test_a_stale_stop_does_not_cancel_a_later_run():
     """Stop with nothing queued or running (after a run ended, say) is not held against the next run;
     a run started without a Generate click (the API, a restart) is never cancelled by an old Stop."""
-    from app.sessions import SessionRuns
+    from app.serving.sessions import SessionRuns
 
     runs = SessionRuns()
     runs.cancel("s")  # idle Stop

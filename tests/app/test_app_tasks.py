@@ -8,8 +8,8 @@ import gradio as gr
 import pytest
 
 from app.handlers import page_error
-from app.lessons import LESSONS, lesson_by_title, lesson_values
-from app.results import (
+from app.page.lessons import LESSONS, lesson_by_title, lesson_values
+from app.page.results import (
     BELOW_DELEXICALISED_TITLE,
     EARLIER_FAMILY_TITLE,
     claim_sentence,
@@ -19,9 +19,9 @@ from app.results import (
     load_e2e,
     plain_title,
 )
+from app.page.share import settings_from_query, share_link
+from app.page.shown_text import as_markdown
 from app.settings import Limits, PlaygroundSettings
-from app.share import settings_from_query, share_link
-from app.shown_text import as_markdown
 from app.task_view import compose_into_prompt, header_markdown, mr_feedback, switch_values, task_view
 from app.tasks import TASK_FIXED, check_mr, examples, fixed_note, policy_line
 from model.tasks.e2e import INSTRUCTION, added_attributes, parse_mr, unmentioned_attributes
@@ -209,7 +209,7 @@ def test_results_without_a_file_say_not_evaluated_and_file_text_is_never_markup(
 
 
 def test_the_playgrounds_own_delexicalised_figures_lead_and_the_note_quotes_them(tmp_path):
-    from app.results import _cached_e2e, delexicalised_file, delexicalised_markdown
+    from app.page.results import _cached_e2e, delexicalised_file, delexicalised_markdown
 
     plain = _report(tmp_path, [_arm("task model (1x)", "task model", 1.0, 1.0, 1.0),
                                _arm("per-speedup policy 2x", "per-speedup", 2.0, 0.94, 0.97),
@@ -294,7 +294,7 @@ def test_one_e2e_generation_through_the_playground_handler(default_model, tiny_t
 def test_new_places_are_swapped_for_known_ones_and_written_back_in_what_the_page_shows():
     """The models see a place they trained on in place of one they never did (a skip policy's few
     late layers copy a new name badly); the panes, the row labels and the API show the original."""
-    from app.views import restored_tokens, shown_prompts, swap_note
+    from app.page.views import restored_tokens, shown_prompts, swap_note
 
     new = "name[The Vaults], eatType[pub], near[Rainbow Vegetarian Café]"
     settings = PlaygroundSettings.from_values(Limits(), prompt=new, task="e2e", batch_size=2)
@@ -320,7 +320,7 @@ def test_new_places_are_swapped_for_known_ones_and_written_back_in_what_the_page
 
 
 def test_the_headline_says_which_facts_of_the_mr_each_pane_states():
-    from app.views import facts_note
+    from app.page.views import facts_note
 
     assert facts_note(None) == ""
     mr = "name[The Eagle], area[riverside], familyFriendly[yes], near[Burger King]"

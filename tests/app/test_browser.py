@@ -435,7 +435,7 @@ DRAWN_HEATMAP = """() => {
 def _final_figure(server, **values) -> dict:
     """The heatmap figure of a finished run with these settings (greedy: the page's run again),
     as the page's renderer builds it, whole."""
-    from app.views import RaceRenderer
+    from app.page.views import RaceRenderer
 
     checked = server.playground.checked(values)
     for update in checked.race(compute_lock=server.playground.compute):
@@ -612,7 +612,7 @@ def test_a_hostile_link_is_shown_as_text_and_the_page_still_works_under_its_csp(
         before = server.fair_queue.page_sessions()
         clean = page.goto(server.local_url)  # the normal page first: it loads and renders under the policy
         page.wait_for_selector("#generate-btn", timeout=60_000)
-        # its heartbeat carried the page token the load set: a page session (app/page_tokens.py)
+        # its heartbeat carried the page token the load set: a page session (app/serving/page_tokens.py)
         assert _wait(lambda: server.fair_queue.page_sessions() > before, 10), server.fair_queue.page_sessions()
         assert "'nonce-" in clean.headers["content-security-policy"]
         page.wait_for_selector("#schedule-plot .main-svg", timeout=30_000)

@@ -7,10 +7,10 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from app.fact_view import facts_line, known_answer_line, marked_text, pane_facts, token_marks
-from app.results import ASSETS, e2e_note, e2e_quality_table, load_e2e
-from app.token_html import TOKEN_TEXT, marked_text_html, tokens_by_depth_html
-from app.views import MIN_STEPS_FOR_MEASURED, live_figures, speed_phrase
+from app.page.fact_view import facts_line, known_answer_line, marked_text, pane_facts, token_marks
+from app.page.results import ASSETS, e2e_note, e2e_quality_table, load_e2e
+from app.page.token_html import TOKEN_TEXT, marked_text_html, tokens_by_depth_html
+from app.page.views import MIN_STEPS_FOR_MEASURED, live_figures, speed_phrase
 from model.race import RaceUpdate, StreamProgress
 from model.skipdecode.decoder import DecodeResult
 from model.skipdecode.schedule import CostModel, ScheduleConfig, evaluate_schedule

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from app.frames import FRAME_S, FrameClock, NewSteps
+from app.serving.frames import FRAME_S, FrameClock, NewSteps
 from app.settings import Limits
 from tests.support import page_token_client
 
@@ -145,7 +145,7 @@ def test_the_page_sends_frames_and_its_last_one_draws_every_step(framed_server):
     import importlib.util
     import json
 
-    from app.views import RaceRenderer
+    from app.page.views import RaceRenderer
     from tests.support import ROOT
 
     spec = importlib.util.spec_from_file_location("page_stream_bytes", ROOT / "scripts" / "page_stream_bytes.py")
@@ -186,7 +186,7 @@ def test_streamed_values_reach_the_client_whole_through_the_fixed_diff():
 
     from gradio_client.utils import apply_diff
 
-    from app.gradio_internals import gradio_diff, streaming_diff
+    from app.serving.gradio_internals import gradio_diff, streaming_diff
 
     frame = {"new_steps": [{"layers": [0, 1, 2, 3]}, {"layers": [0, 1, 2, 3]}, {"layers": [0, 1]}]}
     after = {"new_steps": [{"layers": [0, 1, 2]}, {"layers": [0, 1, 2]}]}

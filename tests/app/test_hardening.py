@@ -177,7 +177,7 @@ def test_tiny_temperatures_sample_greedily():
 def test_step_sessions_are_bounded_and_expire():
     import time
 
-    from app.sessions import StepSessions
+    from app.serving.sessions import StepSessions
 
     sessions = StepSessions(max_sessions=3, idle_s=0.2)
     for i in range(5):
@@ -211,7 +211,7 @@ PREFILL_LAYER_S = 0.05  # each layer of a prefill
 STEP_LAYER_S = 0.012  # each layer of a decode step
 QUEUE_SIZE = 20  # API share per address: 2 jobs (10%); per address: 10; per page session: 2
 GRACE_S = 1.0
-READ_DEADLINE_S = 2.0  # the request-read deadline of the launched server (app/slow_clients.py)
+READ_DEADLINE_S = 2.0  # the request-read deadline of the launched server (app/serving/slow_clients.py)
 
 
 class SlowGenerator:
@@ -234,7 +234,7 @@ class SlowGenerator:
 
 @pytest.fixture(scope="module")
 def slow_server(tiny_folder):
-    from app.fair_queue import ServingLimits
+    from app.serving.fair_queue import ServingLimits
     from app.ui import build_demo, launch_options
     from model.generation import TextGenerator
     from model.loading import load_model
@@ -665,7 +665,7 @@ def test_a_page_generate_sends_the_heatmap_and_lens_once_then_changes(stream_ser
 def test_the_server_caps_malloc_arenas_at_start(monkeypatch):
     import platform
 
-    from app.sessions import limit_malloc_arenas
+    from app.serving.sessions import limit_malloc_arenas
 
     if platform.libc_ver()[0] != "glibc":
         pytest.skip("mallopt is glibc's")
@@ -674,7 +674,7 @@ def test_the_server_caps_malloc_arenas_at_start(monkeypatch):
 
 
 def test_step_sessions_are_bounded_in_kv_positions_and_freed_on_eviction():
-    from app.sessions import StepSessions
+    from app.serving.sessions import StepSessions
 
     closed = []
 
@@ -697,7 +697,7 @@ def test_step_sessions_are_bounded_in_kv_positions_and_freed_on_eviction():
 
 
 def test_fair_order_serves_one_job_per_client_per_round():
-    from app.fair_queue import Job, Rounds, ServingLimits, admission, fair_key
+    from app.serving.fair_queue import Job, Rounds, ServingLimits, admission, fair_key
 
     rounds = Rounds()
     flood = [Job(f"f{i}", "api@1.2.3.4", "1.2.3.4", f"f{i}", seq=i, round=rounds.assign("api@1.2.3.4"))
@@ -716,7 +716,7 @@ def test_fair_order_serves_one_job_per_client_per_round():
 
 
 def test_a_class_behind_one_address_fills_an_idle_queue_and_gives_way_to_other_addresses():
-    from app.fair_queue import Job, ServingLimits, admission
+    from app.serving.fair_queue import Job, ServingLimits, admission
 
     limits = ServingLimits(queue_size=32, per_session=2)
     waiting: list[Job] = []
@@ -756,7 +756,7 @@ def test_visitor_text_renders_as_its_own_characters_in_markdown(text):
 
     from markdown_it import MarkdownIt
 
-    from app.shown_text import as_markdown
+    from app.page.shown_text import as_markdown
 
     source = as_markdown(text, 1000)
     rendered = MarkdownIt("commonmark", {"html": True}).render(source)
@@ -768,7 +768,7 @@ def test_visitor_text_renders_as_its_own_characters_in_markdown(text):
 
 
 def test_visitor_text_is_capped_and_html_escaped():
-    from app.shown_text import as_html, as_markdown, capped
+    from app.page.shown_text import as_html, as_markdown, capped
 
     assert capped("x" * 500, 10) == "x" * 9 + "…" and capped("short", 10) == "short"
     assert as_html('<b title="x">&</b>', 100) == "&lt;b title=&quot;x&quot;&gt;&amp;&lt;/b&gt;"
@@ -777,7 +777,7 @@ def test_visitor_text_is_capped_and_html_escaped():
 
 
 def test_a_link_with_many_long_names_gets_a_short_message():
-    from app.share import settings_from_query
+    from app.page.share import settings_from_query
 
     query = {f"<form><input name='{i}'>" + "x" * 300: "1" for i in range(50)} | {"decay": "<b>" + "y" * 5000}
     values, message = settings_from_query(query, LIMITS, {"decay": "linear", "target_speedup": 2.0})
@@ -876,7 +876,7 @@ def test_the_job_cost_admits_the_page_and_its_lessons_and_refuses_the_lane_hogs(
     """Units of ~14 ms (a batch-1 step of both streams as the page runs it, on a quiet 2-core CPU:
     scripts/calibrate_job_cost.py): the page's default run and every lesson fit the default bound
     with room to spare, the longest run and the widest batch fit it; the issue's 67-98 s job does not."""
-    from app.job_cost import job_cost
+    from app.serving.job_cost import job_cost
 
     limit = Limits().max_job_cost
     everyday = {"the page's default": job_cost(1, 34, 48, False), "lesson: batch 4": job_cost(4, 37, 48, False),
@@ -894,7 +894,7 @@ def test_the_job_cost_admits_the_page_and_its_lessons_and_refuses_the_lane_hogs(
 
 
 def test_a_page_token_is_signed_single_use_and_expires():
-    from app.page_tokens import PageTokens, cookie_header, token_in
+    from app.serving.page_tokens import PageTokens, cookie_header, token_in
 
     tokens = PageTokens(ttl_s=60)
     token = tokens.issue(now=1000)
@@ -910,7 +910,7 @@ def test_a_page_token_is_signed_single_use_and_expires():
 
 
 def test_one_address_takes_at_most_its_places_in_a_round():
-    from app.fair_queue import Rounds
+    from app.serving.fair_queue import Rounds
 
     rounds = Rounds(places_per_address=2)
     script = [rounds.assign(f"session:{i}", "10.0.0.1") for i in range(6)]  # six page loads of one script
@@ -1005,8 +1005,8 @@ def test_step_sessions_are_bounded_per_address_and_in_bytes():
     bytes (a lens session's hidden states count, not only its KV positions)."""
     from types import SimpleNamespace
 
-    from app.job_cost import kv_bytes_per_position, session_bytes
-    from app.sessions import StepSessions
+    from app.serving.job_cost import kv_bytes_per_position, session_bytes
+    from app.serving.sessions import StepSessions
 
     sessions = StepSessions(max_sessions=16, max_positions=10**6, max_bytes=1000, per_owner=4)
     sessions.put("visitor", ("settings", iter(()), "renderer"), positions=10, owner="10.0.0.2", nbytes=100)

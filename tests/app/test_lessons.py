@@ -1,8 +1,8 @@
 """Lessons and share links: pure logic (the browser tests click them)."""
 
-from app.lessons import LESSON_BASE, LESSONS, LOOK_FOR_CHARS, TRAINED, lesson_by_title, lesson_names, lesson_values
+from app.page.lessons import LESSON_BASE, LESSONS, LOOK_FOR_CHARS, TRAINED, lesson_by_title, lesson_names, lesson_values
+from app.page.share import qr_html, settings_from_query, share_link, share_query
 from app.settings import Limits, PlaygroundSettings
-from app.share import qr_html, settings_from_query, share_link, share_query
 
 DEFAULTS = {"warmup": 0, "order": "ranked"}
 PAGE = {"prompt": "What is photosynthesis?", **DEFAULTS}

@@ -14,8 +14,8 @@ import time
 
 import pytest
 
+from app.page.share import settings_from_query
 from app.settings import Limits, PlaygroundSettings, clean_prompt
-from app.share import settings_from_query
 from app.task_view import compose_into_prompt, mr_feedback, switch_values
 from app.tasks import check_mr, compose, is_valid_mr
 from model.tasks.e2e import ATTRIBUTES, parse_mr

@@ -9,9 +9,9 @@ from dataclasses import replace
 
 import pytest
 
-from app.figures import heatmap_legend_html, layer_heatmap
-from app.token_html import NEWLINE_MARK, TOKEN_TEXT, depth_colour, plain_text_html, tokens_by_depth_html
-from app.views import MIN_STEPS_FOR_MEASURED, live_figures
+from app.page.figures import heatmap_legend_html, layer_heatmap
+from app.page.token_html import NEWLINE_MARK, TOKEN_TEXT, depth_colour, plain_text_html, tokens_by_depth_html
+from app.page.views import MIN_STEPS_FOR_MEASURED, live_figures
 from model.race import Judged, RaceUpdate, StreamProgress
 from model.skipdecode.decoder import DecodeResult
 from model.skipdecode.schedule import CostModel, ScheduleConfig, evaluate_schedule
@@ -59,7 +59,7 @@ def test_no_measured_speedup_before_enough_steps():
 
 
 def test_schedule_labels_sit_apart_and_step_mode_marks_the_step():
-    from app.figures import _bound_labels, schedule_figure
+    from app.page.figures import _bound_labels, schedule_figure
 
     assert _bound_labels(30, 15, 15) == [(15, "max = min = 15"), (30, "L = 30")]
     assert _bound_labels(30, 30, 8) == [(8, "min = 8"), (30, "L = max = 30")]
@@ -82,7 +82,7 @@ def test_schedule_labels_sit_apart_and_step_mode_marks_the_step():
 
 
 def test_gpu_seconds_grow_with_the_request_and_stay_bounded():
-    from app.gpu import gpu_seconds
+    from app.serving.gpu import gpu_seconds
 
     assert gpu_seconds({"max_new_tokens": 48, "batch_size": 1}) == 20
     assert gpu_seconds({"max_new_tokens": 256, "batch_size": 4}) == 112
@@ -170,7 +170,7 @@ def test_an_adapters_lineage_is_one_curve_over_the_sequences_its_runs_saw():
 
 
 def test_heatmap_coloured_by_lens_kl_keeps_the_hover_on_the_cells():
-    from app.figures import layer_heatmap
+    from app.page.figures import layer_heatmap
 
     kl = [{0: 2.0, 5: 0.5}, {0: 1.5, 4: 0.25, 5: 0.1}]
     figure = layer_heatmap(6, 1, ["a", "b"], range(6), ["x", "y"], [(0, 4, 5)], lens_kl=kl)
@@ -181,8 +181,8 @@ def test_heatmap_coloured_by_lens_kl_keeps_the_hover_on_the_cells():
 
 
 def test_the_headline_says_what_each_number_means_and_step_mode_hides_speeds():
+    from app.page.views import details_markdown, headline_html
     from app.settings import Limits, PlaygroundSettings
-    from app.views import details_markdown, headline_html
 
     cost = CostModel(layer_cost=1.0, fixed_cost=0.0)
     solved = evaluate_schedule(ScheduleConfig(30, 30, 15, warmup=0, decay="constant", decay_length=12), 12, cost)
@@ -269,8 +269,8 @@ def test_views_only_format_the_race_and_never_call_the_model(tiny_generator, loc
     model's judgement); the page's outputs and the API's messages are made with the model's parts
     replaced by stand-ins that fail on any use."""
     from app.handlers import Playground
+    from app.page.views import RaceRenderer, api_message
     from app.settings import Limits
-    from app.views import RaceRenderer, api_message
 
     generator = tiny_generator
     checked = Playground(lambda: generator, Limits()).checked(dict(
@@ -297,8 +297,8 @@ def test_one_json_shape_prefill_layers_lists_the_layers_the_prompt_ran(tiny_gene
     """The CLI's JSON (GenerationResult.to_json) and the API's messages write ``prefill_layers`` alike:
     the layer indices the prompt ran (here the first step's budget, not all layers)."""
     from app.handlers import Playground
+    from app.page.views import api_message
     from app.settings import Limits
-    from app.views import api_message
 
     generator = tiny_generator
     checked = Playground(lambda: generator, Limits()).checked(dict(
@@ -347,7 +347,7 @@ def test_admission_and_the_run_refuse_with_one_check(tiny_generator):
 # --- the page's stream: sent once, then changes (issue #37) ---------------------------------------
 
 def test_a_figure_patch_turns_one_figure_into_the_next():
-    from app.live_plot import apply_patch, figure_patch
+    from app.page.live_plot import apply_patch, figure_patch
 
     old = {"data": [{"x": [1, 2], "z": [[1, None], [0, None]], "text": [["a", "b"], ["c", "d"]]}],
            "layout": {"range": [0.5, 2.5], "title": {"text": "t"}, "gone": 1}}
@@ -365,7 +365,7 @@ def test_a_figure_patch_turns_one_figure_into_the_next():
 
 
 def test_a_live_figure_grows_its_value_and_describes_the_last_figure():
-    from app.live_plot import LiveFigure, figure_from_value, figure_json
+    from app.page.live_plot import LiveFigure, figure_from_value, figure_json
 
     live, values = LiveFigure(), []
     figures = [{"data": [{"x": list(range(n)), "z": [[k % 3 for k in range(n)]]}], "layout": {"range": [0, n]}}
@@ -397,9 +397,9 @@ def test_a_streamed_run_sends_its_heatmap_and_lens_once_then_changes(tiny_genera
     4-a-second throttle would): the heatmap's value only ever grows, the figure it describes at the
     end is the final figure, and gradio's diffs cost a fraction of sending each redrawn figure whole."""
     from app.handlers import Playground
-    from app.live_plot import figure_from_value, figure_json
+    from app.page.live_plot import figure_from_value, figure_json
+    from app.page.views import RaceRenderer
     from app.settings import Limits
-    from app.views import RaceRenderer
 
     prompt = "Tell me about the sea and the ships that sail on it. " * 12
     checked = Playground(lambda: tiny_generator, Limits()).checked(dict(
@@ -426,8 +426,8 @@ def test_a_restarted_run_ends_on_no_change(tiny_generator):
     restart ends on an update that changes nothing, so it neither resends the heatmap nor draws
     over the new run."""
     from app.handlers import Playground
+    from app.page.views import NO_CHANGE
     from app.settings import Limits
-    from app.views import NO_CHANGE
 
     class Session:
         session_hash = "restarted"

@@ -22,9 +22,17 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("tasks", ("model.tasks",)),
     ("studies", ("model.studies",)),
     ("commands", ("model.cli", "model.__main__")),
+    # app/ one floor up, the same idea: what keeps the server fair and safe, the one settings schema
+    # and the models a page picks, what the page shows, and the thin top that wires them.
+    ("app serving", ("app.serving",)),
+    ("app settings", ("app.settings", "app.tasks", "app.chat_family")),
+    ("app page", ("app.page",)),
     ("app", ("app", "__app_script__")),
 ]
 FORBIDDEN_IN_LIBRARY = ("gradio", "gradio_client")
+# Layers that sit one above the other but must not meet: the page renders and never admits, queues
+# or guards; serving sits below it only because the settings schema reads the job cost.
+KEPT_APART = [("app.page", "app.serving")]
 
 
 def _module_name(path: Path) -> str:
@@ -141,9 +149,20 @@ def test_no_project_import_hides_inside_a_function():
 
 
 def test_the_library_never_imports_gradio():
-    offending = [f"{module}: {name}" for module in MODULES if layer_of(module) < len(LAYERS) - 1
+    offending = [f"{module}: {name}" for module in MODULES if not LAYERS[layer_of(module)][0].startswith("app")
                  for name, _, _ in imports_of(module) if name.split(".")[0] in FORBIDDEN_IN_LIBRARY]
     assert not offending, offending
+
+
+def _inside(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_the_page_and_serving_import_nothing_of_each_other():
+    crossing = [f"{module} imports {target}" for module, targets in project_edges().items() for target in sorted(targets)
+                for first, second in KEPT_APART
+                if (_inside(module, first) and _inside(target, second)) or (_inside(module, second) and _inside(target, first))]
+    assert not crossing, "the page and serving meet (tests/project/test_layers.py, KEPT_APART):\n" + "\n".join(crossing)
 
 
 def test_the_checker_sees_what_it_must():
@@ -151,3 +170,5 @@ def test_the_checker_sees_what_it_must():
     assert layer_of("model.skipdecode.decoder") < layer_of("model.lowbit.quantization") < layer_of("model.loading")
     assert "model.skipdecode.schedule" in project_edges()["model.skipdecode.decoder"]
     assert "model.common.paths" in project_edges()["model.lowbit.native_kernels"]
+    assert layer_of("app.serving.fair_queue") < layer_of("app.settings") < layer_of("app.page.views") < layer_of("app.ui")
+    assert "app.serving.gradio_internals" in project_edges()["app.serving.fair_queue"]  # `from app.serving import gi`

@@ -36,7 +36,7 @@ def test_the_fit_recovers_the_weights_that_timed_the_jobs():
 
 
 def test_the_worst_admitted_jobs_fill_the_cap():
-    from app.job_cost import job_cost
+    from app.serving.job_cost import job_cost
 
     script = calibration()
     template = script.PROMPT_TEMPLATE_TOKENS + script.COUNTING_TOKENS

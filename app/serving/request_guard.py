@@ -9,7 +9,7 @@ An ASGI middleware in front of the gradio app (passed as ``app_kwargs`` at launc
   * work requests gradio would mishandle: an unknown ``fn_index`` or endpoint, the wrong number or
     JSON types of values (``queue/join``, ``/call/``, ``/call/v2/``, ``/run/``), any POST path with
     more after ``/call/<name>``.
-And it reports to the app's fair queue (app/fair_queue.py) which result streams and page heartbeats
+And it reports to the app's fair queue (app/serving/fair_queue.py) which result streams and page heartbeats
 are open, so a job nobody reads is dropped and a page session is told apart from a script.
 """
 
@@ -20,8 +20,8 @@ import math
 import re
 from urllib.parse import parse_qs
 
-from app import gradio_internals as gi
-from app.page_tokens import cookie_header, token_in
+from app.serving import gradio_internals as gi
+from app.serving.page_tokens import cookie_header, token_in
 
 MAX_BODY_BYTES = 256 * 1024  # the longest prompt (8000 characters, each up to 6 bytes escaped) fits 5 times
 MAX_JSON_DEPTH = 32  # the app's values are flat; gradio's own bodies are a few levels deep
@@ -301,7 +301,7 @@ def type_problem(kind: str | None, value) -> str | None:
 
 
 def with_page_token(send, fair, secure: bool):
-    """``send`` that adds a page token cookie to an HTML response (a page load: app/page_tokens.py)."""
+    """``send`` that adds a page token cookie to an HTML response (a page load: app/serving/page_tokens.py)."""
     async def tokened_send(message) -> None:
         if message["type"] == "http.response.start":
             headers = list(message.get("headers", []))

@@ -33,7 +33,7 @@ CSS = """
 #heatmap-note p { margin: 4px 0; font-size: 0.9em; }
 .results-table table { display: block; overflow-x: auto; max-width: 100%; }
 .results-table th, .results-table td { white-space: nowrap; }
-/* Facts marked in a finished E2E pane (app/fact_view.py): the text stays #111 on its own background,
+/* Facts marked in a finished E2E pane (app/page/fact_view.py): the text stays #111 on its own background,
    so its contrast is kept; the mark is a frame or an underline in a dark colour. */
 .fact-wrong { outline: 2px solid #b3261e; outline-offset: -1px; box-shadow: inset 0 -3px 0 #b3261e; }
 .fact-made-up { box-shadow: inset 0 -3px 0 #8a4b00; outline: 1px dashed #8a4b00; outline-offset: -1px; }

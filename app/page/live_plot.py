@@ -29,7 +29,7 @@ import plotly
 import plotly.io as pio
 
 PLOTLY_JS = Path(plotly.__file__).resolve().parent / "package_data" / "plotly.min.js"
-SERVED_JS = Path(__file__).resolve().parents[1] / ".cache" / "static" / "plotly.min.js"
+SERVED_JS = Path(__file__).resolve().parents[2] / ".cache" / "static" / "plotly.min.js"
 
 _JS_ON_LOAD = """
 let applied = '', kept = null;  // the value drawn so far and the figure it describes (first line + patches)

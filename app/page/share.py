@@ -10,8 +10,8 @@ from urllib.parse import urlencode
 
 import segno
 
+from app.page.shown_text import capped
 from app.settings import Limits, PlaygroundSettings
-from app.shown_text import capped
 
 IGNORED_QUERY = {"__theme", "view"}  # gradio's own query parameters
 # A link is written by anyone: what it names is echoed capped (plain text here; the page escapes it).

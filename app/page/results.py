@@ -15,7 +15,7 @@ from model.evaluation.reporting import heldout_curve_figure, quality_figure, spe
 from model.loading import DEFAULT_ADAPTER
 from model.training.heldout import stage_notes
 
-ASSETS = Path(__file__).resolve().parents[1] / "assets"
+ASSETS = Path(__file__).resolve().parents[2] / "assets"
 
 
 def load_json(path: Path) -> dict | list | None:

@@ -10,7 +10,7 @@ streamed for minutes is untouched, because its request was read in full long bef
 
 ``guard_slow_clients`` makes it uvicorn's "auto" HTTP protocol (what gradio's server asks for). It
 is h11, the protocol uvicorn picks when httptools is not installed (requirements.txt does not
-install it); this module refuses an untested uvicorn at start-up like app/gradio_internals.py does
+install it); this module refuses an untested uvicorn at start-up like app/serving/gradio_internals.py does
 for gradio.
 """
 
@@ -85,7 +85,7 @@ def guard_slow_clients() -> None:
     """Make the deadline protocol the one uvicorn's "auto" choice loads (idempotent)."""
     if not uvicorn.__version__.startswith(SUPPORTED_UVICORN):
         raise RuntimeError(
-            f"app/slow_clients.py was written for uvicorn {SUPPORTED_UVICORN}x (its h11 protocol's hooks); the "
+            f"app/serving/slow_clients.py was written for uvicorn {SUPPORTED_UVICORN}x (its h11 protocol's hooks); the "
             f"installed uvicorn is {uvicorn.__version__}. Install the pinned one (requirements.txt) or re-check it.")
     DeadlineH11Protocol.read_seconds = request_read_seconds()
     uvicorn.config.HTTP_PROTOCOLS["auto"] = DeadlineH11Protocol  # type: ignore[assignment]

@@ -14,7 +14,7 @@ from typing import Sequence
 from model.tasks.e2e_facts import Fact, check_facts, worst_first
 
 PANES = ("SkipDecode", "full model")
-# Classes the page's CSS (app/style.py) draws: a wrong fact boxed in red, a made-up one underlined in
+# Classes the page's CSS (app/page/style.py) draws: a wrong fact boxed in red, a made-up one underlined in
 # brown, a stated one underlined in blue; the text stays #111 on its background (contrast kept).
 MARK_CLASS = {"wrong": "fact-wrong", "made up": "fact-made-up", "stated": "fact-stated"}
 
@@ -27,7 +27,7 @@ class KnownAnswer:
     pattern: str
 
 
-# Lessons' and example prompts' questions with one answer (app/settings.py EXAMPLE_PROMPTS, app/lessons.py).
+# Lessons' and example prompts' questions with one answer (app/settings.py EXAMPLE_PROMPTS, app/page/lessons.py).
 KNOWN_ANSWERS = {
     "What is the capital of France?": KnownAnswer("Paris", r"\bParis\b"),
     "Who wrote Romeo and Juliet?": KnownAnswer("Shakespeare", r"\bShakespeare\b"),

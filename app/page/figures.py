@@ -62,7 +62,7 @@ def heatmap_figure(
 
     A plain JSON figure (``{"data": [...], "layout": {...}}``, plotly's own keys, no template),
     built without plotly's validation: the page streams it while a run goes on, redrawn up to
-    4 times a second over thousands of positions (app/live_plot.py sends the changes only).
+    4 times a second over thousands of positions (app/page/live_plot.py sends the changes only).
     """
     columns = [("prompt", token, list(prefill_layers)) for token in prompt_tokens]
     columns += [("generated", token, list(step_layers[k]) if k < len(step_layers) else None)

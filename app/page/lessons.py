@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import gradio as gr
 
-from app.results import e2e_note
+from app.page.results import e2e_note
 from app.settings import EXAMPLE_PROMPTS
 from model.tasks.task_models import check_task
 

@@ -6,7 +6,7 @@ first heartbeat of a session that carries an unused, unexpired token makes that 
 session (later heartbeats of it need none: gradio reconnects them). A session without one (a
 script, a gradio_client ``Client`` that did not load the page) is pooled with its address's API
 client. A script can still load the page many times, so the fair queue also caps the places one
-address takes in a round (app/fair_queue.py: ServingLimits.places_per_address).
+address takes in a round (app/serving/fair_queue.py: ServingLimits.places_per_address).
 
 Tokens are HMAC-signed with a key made at start-up, so an issued token costs no memory; a claimed
 one is remembered until it expires (a claim within ``ttl_s`` of its page load).

@@ -67,7 +67,7 @@ def tokens_by_depth_html(tokens: Sequence[str], depths: Sequence[int], num_layer
                          marks: Sequence[tuple[str, str] | None] = ()) -> str:
     """Generated tokens as spans coloured by the depth that produced them (hover: the count).
     Newlines are drawn as marks; runs of them collapse into one mark. ``marks``: per token, an
-    extra class and a line for its hover text (a fact it states: app/fact_view.py), or None."""
+    extra class and a line for its hover text (a fact it states: app/page/fact_view.py), or None."""
     spans = []
     for token, depth, count, first in _merge_newline_runs(tokens, depths):
         title = f"{depth}/{num_layers} layers" + (f" (first of {count} tokens)" if count > 1 else "")
@@ -85,7 +85,7 @@ def plain_text_html(text: str) -> str:
 
 def marked_text_html(pieces: Sequence[tuple[str, tuple[str, str] | None]]) -> str:
     """Plain text in pieces, each marked piece a span with its class and hover line (a fact it
-    states: app/fact_view.py), in the same box style."""
+    states: app/page/fact_view.py), in the same box style."""
     parts = [_text_html(text) if mark is None else
              f'<span class="{html.escape(mark[0])}" title="{html.escape(mark[1])}">{_text_html(text)}</span>'
              for text, mark in pieces]

@@ -2,7 +2,7 @@
 
 Who is a client: a page session, known by its session id, while it holds the page's heartbeat
 connection open AND it earned its place with a page load (its first heartbeat carried the signed,
-single-use token the page set: app/page_tokens.py); everything else (REST ``/call/`` jobs, which
+single-use token the page set: app/serving/page_tokens.py); everything else (REST ``/call/`` jobs, which
 carry no session, made-up session ids with or without a heartbeat, a gradio_client ``Client`` that
 did not load the page) is pooled per network address into ONE client, ``api@<address>``. A
 classroom behind one NAT is one address but many page sessions, so it is not lumped together; a
@@ -41,8 +41,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from app import gradio_internals as gi
-from app.page_tokens import PageTokens
+from app.serving import gradio_internals as gi
+from app.serving.page_tokens import PageTokens
 from model.common.checks import check_int, check_number
 
 API_CLIENT = "api@"
@@ -185,7 +185,7 @@ def fair_key(job: Job) -> tuple[int, int]:
 
 class FairQueue:
     """Admission, order and abandoned-job dropping for one app's gradio queue (through
-    app/gradio_internals.py), plus the connection facts the request guard reports: which result
+    app/serving/gradio_internals.py), plus the connection facts the request guard reports: which result
     streams and page heartbeats are open."""
 
     def __init__(self, limits: ServingLimits,

@@ -22,7 +22,7 @@ def check_version(version: str = gradio.__version__) -> None:
     """Refuse to wire the fair queue into a gradio this module was not written for."""
     if not version.startswith(SUPPORTED_GRADIO):
         raise RuntimeError(
-            f"app/gradio_internals.py was written for gradio {SUPPORTED_GRADIO}x (the queue's push, its event "
+            f"app/serving/gradio_internals.py was written for gradio {SUPPORTED_GRADIO}x (the queue's push, its event "
             f"lists, blocks.fns); the installed gradio is {version}. Install the pinned one (requirements.txt) "
             "or re-check this module against the new release.")
 
@@ -277,7 +277,7 @@ def streaming_diff(old: Any, new: Any, path: list | None = None) -> list[list]:
     """gradio's streaming diff (``gradio.utils.diff``: the edits a generator's next value is sent as,
     which both clients apply in order) with its index bug fixed. gradio 6.31 shifts every "delete"
     under a list by the deletes before it, its elements' own nested deletes included, so a message
-    whose list items each lose a nested item (a frame's steps, app/frames.py: each step's layers)
+    whose list items each lose a nested item (a frame's steps, app/serving/frames.py: each step's layers)
     reached the client wrong or raised IndexError. Here only a list's own trailing deletes shift
     (each removes the item at the first index past the common length)."""
     path = path or []

@@ -1,14 +1,14 @@
 """Response headers that keep a page element from anywhere but this app: a Content-Security-Policy
 with a fresh nonce per page, ``X-Content-Type-Options: nosniff`` and ``Referrer-Policy: no-referrer``.
 
-An ASGI middleware in front of the gradio app (with the request guard, app/request_guard.py).
+An ASGI middleware in front of the gradio app (with the request guard, app/serving/request_guard.py).
 gradio's page has inline scripts of its own (its config, its loader) and runs ``js=`` event
 handlers and ``js_on_load`` with ``new Function``: each inline ``<script>`` of an HTML response
 gets this response's nonce; the app's own ``head`` scripts, which gradio re-creates from its config
 at run time (no nonce reaches them), are allowed by their SHA-256 hashes; ``'unsafe-eval'`` stays (gradio's own event code; the app sends
 no visitor text to it). Styles: gradio, Svelte and plotly.js write style elements and attributes
 at run time, which no nonce or hash can name, so inline styles stay allowed; what a visitor or a
-link writes is escaped before it is shown (app/shown_text.py), so none of it becomes a styled
+link writes is escaped before it is shown (app/page/shown_text.py), so none of it becomes a styled
 element. Scripts, styles, fonts, images, fetches and form targets come from this origin only
 (plus data:/blob: images and fonts, which plotly and gradio draw with); no plugin, no <base>
 change. The page may still be framed (a HuggingFace Space shows the app in an iframe).

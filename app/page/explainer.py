@@ -6,7 +6,7 @@ import random
 
 import plotly.graph_objects as go
 
-from app.figures import CELL_COLOURS, batch_exit_figure, heatmap_legend_html, layer_heatmap, waiting_layer_steps
+from app.page.figures import CELL_COLOURS, batch_exit_figure, heatmap_legend_html, layer_heatmap, waiting_layer_steps
 from model.skipdecode.schedule import ScheduleConfig
 
 INTRO = """

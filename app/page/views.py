@@ -11,13 +11,13 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from app.fact_view import PANES, facts_line, known_answer_line, marked_text, pane_facts, token_marks
-from app.figures import heatmap_figure, heatmap_legend_html
-from app.live_plot import LiveFigure, figure_json
-from app.results import e2e_note, eval_row
+from app.page.fact_view import PANES, facts_line, known_answer_line, marked_text, pane_facts, token_marks
+from app.page.figures import heatmap_figure, heatmap_legend_html
+from app.page.live_plot import LiveFigure, figure_json
+from app.page.results import e2e_note, eval_row
+from app.page.shown_text import as_markdown
+from app.page.token_html import marked_text_html, plain_text_html, tokens_by_depth_html
 from app.settings import PlaygroundSettings
-from app.shown_text import as_markdown
-from app.token_html import marked_text_html, plain_text_html, tokens_by_depth_html
 from model.race import Judged, RaceUpdate, StreamProgress
 from model.skipdecode.schedule import RANKED, StepSpeedup, schedule_json, speedup_summary, step_speedup
 from model.tasks.e2e import (
@@ -253,7 +253,7 @@ def fact_check(update: RaceUpdate, settings: PlaygroundSettings) -> dict | None:
 
 
 def facts_note(checked: dict | None) -> str:
-    """The headline's facts: each pane's stated / WRONG / made-up / missing facts (app/fact_view.py),
+    """The headline's facts: each pane's stated / WRONG / made-up / missing facts (app/page/fact_view.py),
     worst first ("" in chat)."""
     if checked is None:
         return ""
@@ -415,7 +415,7 @@ def api_message(update: RaceUpdate, settings: PlaygroundSettings) -> dict:
         # give that each text mentions anyway (cue-word checks); chat: null
         "unmentioned_facts": _api_facts(checked, "unmentioned"),
         "made_up_facts": _api_facts(checked, "made_up"),
-        # ... and the MR's attributes each text states with a value that contradicts the MR (app/fact_view.py)
+        # ... and the MR's attributes each text states with a value that contradicts the MR (app/page/fact_view.py)
         "wrong_facts": _api_facts(checked, "wrong"),
         "prefill_layers": list(skip.prefill_layers),
         "step_layers": [list(layers) for layers in skip.step_layers],
