@@ -100,7 +100,7 @@ _CHOICES: dict[int, tuple[object, list]] = {}  # id(fn) -> (fn, the choices of e
 @dataclass(frozen=True)
 class Choices:
     """What a closed input accepts: one of ``values`` (compared with their JSON types), or null
-    where ``null_ok`` (a Radio with nothing picked; not an example's index)."""
+    where ``null_ok`` (a cleared dropdown; not a radio, not an example's index)."""
 
     values: tuple
     null_ok: bool
@@ -130,7 +130,9 @@ def _choices(component) -> Choices | None:
         enum = component.api_info().get("enum")
     except Exception:  # noqa: BLE001 - a component without a JSON schema accepts anything
         return None
-    return Choices(tuple(enum), null_ok=True) if isinstance(enum, list) else None
+    # A dropdown may be cleared (the form's handlers read null as "leave out"); a radio always holds
+    # one of its choices on the page, and its handlers (the task's) have no null meaning.
+    return Choices(tuple(enum), null_ok=isinstance(component, gradio.Dropdown)) if isinstance(enum, list) else None
 
 
 def has_backend(fn) -> bool:
