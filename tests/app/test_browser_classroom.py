@@ -113,7 +113,8 @@ def test_a_known_wrong_fact_is_marked_in_both_panes_and_named_first(classroom_se
         assert not page.locator("#speedup-5-0").is_visible()  # chat: no policy is trained for 4x or 5x
         page.click("#setting-task label:has-text('E2E')")
         assert _wait(lambda: "E2E task" in page.inner_text("#status"), 120), page.inner_text("#status")
-        assert page.locator("#speedup-4-0").is_visible() and page.locator("#speedup-5-0").is_visible()
+        assert _wait(lambda: page.locator("#speedup-4-0").is_visible() and page.locator("#speedup-5-0").is_visible(),
+                     10)
         page.click("#speedup-5-0")  # a preset sets the speedup it names
         assert _wait(lambda: page.input_value("input[aria-label='number input for Target layer speedup']") == "5", 10)
         page.click("#speedup-1-0")  # 1x: both panes are the task model, whose text is known
