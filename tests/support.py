@@ -112,3 +112,16 @@ def page_token_client(url: str):
     token = httpx.get(url, timeout=30).cookies.get(COOKIE)
     assert token, "the page set no page token"
     return Client(url, verbose=False, headers={"cookie": f"{COOKIE}={token}"})
+
+
+def script_module(name: str):
+    """scripts/<name>.py imported as a module (scripts/ is not a package), registered in sys.modules
+    under its name first: a dataclass looks its own module up there while the file runs."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

@@ -142,15 +142,12 @@ def test_the_page_sends_frames_and_its_last_one_draws_every_step(framed_server):
     """The page's own Generate event, its stream read and applied as the page does
     (scripts/page_stream_bytes.py): at most one message per frame, and the heatmap the page draws
     last is the whole run's, every step of it, as the same greedy run in-process draws it."""
-    import importlib.util
     import json
 
     from app.page.views import RaceRenderer
-    from tests.support import ROOT
+    from tests.support import script_module
 
-    spec = importlib.util.spec_from_file_location("page_stream_bytes", ROOT / "scripts" / "page_stream_bytes.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = script_module("page_stream_bytes")
     demo, _ = framed_server
     overrides = dict(prompt="Tell me about the sea.", max_new_tokens=48, target_speedup=1.5, temperature=0.0)
     result = script.page_generate(demo.local_url, "frames0001", **overrides)

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.settings import Limits, PlaygroundSettings, clean_prompt, parse_settings
-from tests.support import ROOT, page_token_client
+from tests.support import ROOT, page_token_client, script_module
 
 LIMITS = Limits(max_new_tokens=64, max_batch_size=4, max_prompt_chars=500)
 
@@ -636,12 +636,7 @@ def stream_server(tiny_folder):
 
 def page_stream_script():
     """scripts/page_stream_bytes.py: one page Generate through the page's own event, its stream tallied."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("page_stream_bytes", ROOT / "scripts" / "page_stream_bytes.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script_module("page_stream_bytes")
 
 
 @pytest.mark.server

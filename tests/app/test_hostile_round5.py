@@ -8,19 +8,17 @@ minutes).
 from __future__ import annotations
 
 import collections
-import importlib.util
 import itertools
 import json
 import os
 import random
-import sys
 import threading
 import time
 
 import pytest
 
 from app.settings import Limits
-from tests.support import ROOT
+from tests.support import script_module
 
 ANSWER_S = 1.0  # any single request is answered or refused within a second of arrival
 SPACES = "a" + " " * 100_000 + "x"  # the probe's body: 16.8 s before the MR reader was linear
@@ -155,11 +153,7 @@ def test_an_unknown_task_on_a_hidden_event_gets_the_apis_message(task_server, ap
 
 def round_five():
     """scripts/round_five.py: the same probes and fuzz as `scripts/load_test.py --hostile` runs."""
-    spec = importlib.util.spec_from_file_location("round_five", ROOT / "scripts" / "round_five.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return script_module("round_five")
 
 
 def test_the_fuzz_reaches_every_event_and_the_api_with_values_no_control_sends():

@@ -1,21 +1,16 @@
 """The job-cost calibration's own arithmetic (scripts/calibrate_job_cost.py): the fit recovers known
 weights from timed jobs, and the costliest admitted jobs are at the cap. Fast: no model."""
 
-import importlib.util
 import sys
 
 import pytest
 
-from tests.support import ROOT
+from tests.support import ROOT, script_module
 
 
 def calibration():
     sys.path.insert(0, str(ROOT / "scripts"))  # the script imports its sibling load_test
-    spec = importlib.util.spec_from_file_location("calibrate_job_cost", ROOT / "scripts" / "calibrate_job_cost.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return script_module("calibrate_job_cost")
 
 
 def test_the_fit_recovers_the_weights_that_timed_the_jobs():

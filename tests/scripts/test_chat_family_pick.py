@@ -2,19 +2,13 @@
 the start and every saved, scored checkpoint; the best held-out agreement at the run's own speedup,
 then the lower KL, then the earlier step."""
 
-import importlib.util
 import json
-import sys
 
-from tests.support import ROOT
+from tests.support import script_module
 
 
 def _pick_module():
-    spec = importlib.util.spec_from_file_location("chat_family_pick", ROOT / "scripts" / "chat_family_pick.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass reads its own module
-    spec.loader.exec_module(module)
-    return module
+    return script_module("chat_family_pick")
 
 
 def _work(tmp_path, records, saved, start_line):

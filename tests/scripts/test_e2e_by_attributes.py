@@ -1,17 +1,13 @@
 """The E2E breakdown by attribute count (scripts/e2e_by_attributes.py): the grouping and the
 near-place count it reports. Fast: no model."""
 
-import importlib.util
 
 from model.tasks.e2e import E2ERecord
-from tests.support import ROOT
+from tests.support import script_module
 
 
 def by_attributes():
-    spec = importlib.util.spec_from_file_location("e2e_by_attributes", ROOT / "scripts" / "e2e_by_attributes.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script_module("e2e_by_attributes")
 
 
 RECORDS = [

@@ -1,16 +1,12 @@
 """The hostile load test's own measuring logic (scripts/load_test.py): what counts as a surviving
 tag, and the prompts it sizes to the job cost cap. Fast: no server."""
 
-import importlib.util
 
-from tests.support import ROOT
+from tests.support import script_module
 
 
 def load_test():
-    spec = importlib.util.spec_from_file_location("load_test", ROOT / "scripts" / "load_test.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script_module("load_test")
 
 
 def test_escaped_markup_is_text_and_real_markup_is_counted():
