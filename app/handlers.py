@@ -7,6 +7,7 @@ reason, before it waits for the model lane.
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 import uuid
@@ -20,7 +21,7 @@ import gradio as gr
 from app.chat_family import ChatPolicies
 from app.page import explainer
 from app.page.figures import schedule_figure
-from app.page.share import qr_html, settings_from_query, share_link
+from app.page.share import IGNORED_QUERY, qr_html, settings_from_query, share_link
 from app.page.shown_text import as_html, as_markdown
 from app.page.views import NO_CHANGE, STREAM_OUTPUTS, RaceRenderer, api_message, layer_ranges, one_line
 from app.serving.frames import FrameClock, NewSteps
@@ -53,6 +54,9 @@ class Checked:
         return race(generator, self.run, full, lens=settings.lens, lens_kl=settings.lens_kl, **options)
 
 
+log = logging.getLogger(__name__)
+
+
 class Playground:
     """Handlers bound to one TextGenerator factory (the model is shared; runs are per session)."""
 
@@ -73,6 +77,25 @@ class Playground:
         # Held for each model step of any run: a cancelled run's step that is still computing (a
         # long prefill) keeps the model busy, so the next run waits for it instead of overlapping.
         self.compute = threading.BoundedSemaphore(max(1, concurrency))
+        # What a visit without a link query sets on load (app/page/lessons.py LANDING_LESSON), or None: chat as built.
+        self.landing: dict | None = None
+
+    def preload_landing(self) -> threading.Thread | None:
+        """Load the landing's task model and policy in the background (app.py, at start), so the
+        first visitor's Generate does not wait seconds for it; None when the page lands on chat."""
+        if self.landing is None:
+            return None
+        task, speedup = self.landing["task"], self.landing["target_speedup"]
+
+        def load() -> None:
+            try:
+                self.tasks.get(task, speedup)
+            except (OSError, ValueError) as error:  # the first Generate says it again, on the page
+                log.warning("the landing's %s model did not load: %s", task, error)
+
+        thread = threading.Thread(target=load, name="landing-preload", daemon=True)
+        thread.start()
+        return thread
 
     def warm_up(self) -> threading.Thread:
         """Admit one example job of each task now, in the background: it reads what sizing a task's
@@ -209,11 +232,13 @@ class Playground:
 
     def from_link(self, request: gr.Request | None = None) -> list:
         """On page load: settings named in the URL query (the API's names) set the controls;
-        a bad value is named in the status line and left out."""
+        a bad value is named in the status line and left out. A visit without a link (gradio's own
+        query parameters aside) gets the landing's settings; the page was built with its line."""
         names = PlaygroundSettings.api_names()
         query = dict(request.query_params) if request is not None and request.query_params else {}
-        if not query:
-            return [gr.skip()] * (len(names) + 1)
+        if not set(query) - IGNORED_QUERY:
+            landing = self.landing or {}
+            return [landing.get(name, gr.skip()) for name in names] + [gr.skip()]
         generator = self.get_generator()
         ranges = control_ranges(generator.num_layers, self.limits, max_layer_speedup(generator.num_layers, 1))
         values, problems = settings_from_query(query, self.limits, page_defaults(generator, self.limits), ranges)

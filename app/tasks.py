@@ -168,6 +168,13 @@ class TaskGenerators:
                 self.shared[key] = False
         return general if self.shared[key] else None
 
+    def can_land(self, task: str, general: TextGenerator) -> bool:
+        """Whether a bare visit may land on ``task``: its models are there (or a loader stands in for
+        them) and the general model is their base, so a deployer's own model is what its page shows."""
+        if not is_task(task) or general.loaded.name != DEFAULT_MODEL:
+            return False
+        return self.loader is not None or (task_models.task_adapter_dir(task, self.assets()) / "adapter_config.json").is_file()
+
     def any(self, task: str) -> TextGenerator | None:
         """Some loaded generator of ``task`` (the schedule preview needs its layers, not its policy)."""
         with self.lock:

@@ -17,7 +17,18 @@ from app.api import api_function
 from app.handlers import Playground
 from app.page import explainer
 from app.page.controls import control, with_settings
-from app.page.lessons import LESSONS, lesson_names, lesson_settings, lesson_text
+from app.page.lessons import (
+    CHAT_LANDING_LINE,
+    LANDING_LESSON,
+    LANDING_LINE,
+    LESSONS,
+    Lesson,
+    landing_values,
+    lesson_by_title,
+    lesson_names,
+    lesson_settings,
+    lesson_text,
+)
 from app.page.live_plot import live_plot, static_paths
 from app.page.results import results_tab
 from app.page.style import COPY_JS, PAGE_URL_JS, SCROLL_TO_OUTPUTS, launch_style
@@ -38,13 +49,6 @@ SPEEDUP_PRESETS = (1.0, 1.5, 2.0, 3.0, 4.0, 5.0)
 # Shown only while a task is chosen: its skip policies are trained for them (model/tasks POLICY_SPEEDUPS);
 # the general chat policy is not, and at 4x and 5x it only garbles.
 TASK_PRESETS = (4.0, 5.0)
-# The status line before the first run: what a visitor is looking at (docs/SERVING.md, "The first run",
-# gives the runs behind it: chat at 2x drifts within a sentence; the E2E lesson's MR comes out word
-# for word at 3x, and the issue's MR at 5x puts a riverside coffee shop in the city centre).
-LANDING = ("**You are looking at** general chat at 2x: one general skip policy on a 135M model, where SkipDecode "
-           "is weakest (its answer drifts from the full model's within a sentence or two). For the method at its "
-           "best, run the lesson *The paper's task: 3x*: the task model's description word for word at a third of "
-           "the layers; then the **5x** preset shows where facts break.")
 PRIVATE = dict(api_visibility="private")  # every event but the public ``generate`` endpoint
 GUIDE = (
     "**What you are seeing.** SkipDecode (coloured tokens: darker = more layers ran) and the full model (plain "
@@ -76,22 +80,31 @@ def analytics_enabled() -> bool:
 # --- layout and wiring -----------------------------------------------------------------------
 def build_demo(get_generator: Callable[[], TextGenerator], limits: Limits | None = None,
                concurrency_limit: int = 1, queue_size: int = 32, max_queued_per_session: int = 2,
-               serving: ServingLimits | None = None, tasks: TaskGenerators | None = None) -> gr.Blocks:
+               serving: ServingLimits | None = None, tasks: TaskGenerators | None = None,
+               landing: str = "auto") -> gr.Blocks:
     """The whole app, its queue configured. ``get_generator`` is called per request (app.py
     caches the loaded model). Only the queued, documented endpoints run generations: the REST
     routes that bypass the queue are closed (api_open=False). ``tasks`` loads a task's models
-    (default: the shipped ones, when a visitor first picks the task)."""
+    (default: the shipped ones, when a visitor first picks the task). ``landing``: what a visit
+    without a link shows, "auto" (the paper's task at 3x where its models are there for this
+    model, else general chat) or "chat"."""
     limits = limits or Limits()
     gr.set_static_paths(static_paths())
     playground = Playground(get_generator, limits, concurrency_limit, tasks)
     generator = get_generator()
+    if landing not in ("auto", "chat"):
+        raise ValueError(f"landing must be auto or chat; got {landing!r}")
+    if landing == "auto":
+        values = landing_values(trained_defaults(generator))
+        if playground.tasks.can_land(values["task"], generator):
+            playground.landing = values
     playground.warm_up()  # a first task job is sized in milliseconds, before its policy loads
     with gr.Blocks(title="SkipDecode Playground", analytics_enabled=analytics_enabled(),
                    delete_cache=(600, 600)) as demo:
         header = gr.Markdown(header_markdown(generator), elem_id="page-header")  # follows the task chosen
         with gr.Tabs():
             with gr.Tab("Playground"):
-                ui = _playground_tab(generator, limits) | {"header": header}
+                ui = _playground_tab(generator, limits, playground.landing is not None) | {"header": header}
             with gr.Tab("How it works"):
                 ui |= _how_it_works_tab()
             with gr.Tab("Results"):
@@ -108,9 +121,10 @@ def build_demo(get_generator: Callable[[], TextGenerator], limits: Limits | None
     return demo
 
 
-def _playground_tab(generator: TextGenerator, limits: Limits) -> dict:
+def _playground_tab(generator: TextGenerator, limits: Limits, lands_on_task: bool) -> dict:
     """The controls (ui["c"], by setting name) and every other component, by name. The two answers
-    and the heatmap under them share one screen with Generate, Step and the lessons."""
+    and the heatmap under them share one screen with Generate, Step and the lessons. (A visit
+    without a link then sets the landing lesson's controls on load: ``lands_on_task``.)"""
     num_layers = generator.num_layers
     ranges = control_ranges(num_layers, limits, max_layer_speedup(num_layers, 1))
     c: dict[str, gr.components.Component] = {}
@@ -118,9 +132,9 @@ def _playground_tab(generator: TextGenerator, limits: Limits) -> dict:
     gr.Markdown(GUIDE, elem_id="guide")
     with gr.Row():
         with gr.Column(scale=2, min_width=320):
-            _prompt_column(generator, ranges, ui)
+            _prompt_column(generator, ranges, ui, LANDING_LESSON if lands_on_task else LESSONS[0].title)
         with gr.Column(scale=3):
-            _answers_column(ui)
+            _answers_column(ui, LANDING_LINE if lands_on_task else CHAT_LANDING_LINE)
     with gr.Row():
         with gr.Column(scale=2, min_width=320):
             _schedule_column(generator, limits, ranges, ui)
@@ -129,7 +143,7 @@ def _playground_tab(generator: TextGenerator, limits: Limits) -> dict:
     return ui
 
 
-def _prompt_column(generator: TextGenerator, ranges: dict, ui: dict) -> None:
+def _prompt_column(generator: TextGenerator, ranges: dict, ui: dict, lesson: str) -> None:
     """Task, prompt, the run buttons, the speedup and its presets, the task's form, lessons and the lens."""
     c = ui["c"]
     # built by hand: its choices carry labels (the value is the API's task name)
@@ -151,27 +165,27 @@ def _prompt_column(generator: TextGenerator, ranges: dict, ui: dict) -> None:
                          for value in SPEEDUP_PRESETS}
     c["skip_policy"] = control("skip_policy", interactive=bool(generator.loaded.adapter_path))
     ui |= mr_form(c["prompt"])  # the task's examples and form: shown while a task is chosen
-    _lessons(ui)
+    _lessons(ui, lesson_by_title(lesson))
     c["lens"] = control("lens")
     c["lens_kl"] = control("lens_kl")
 
 
-def _lessons(ui: dict) -> None:
+def _lessons(ui: dict, shown: Lesson) -> None:
     with gr.Accordion("Lessons: eight experiments for a class", open=True, elem_id="lessons"):
         with gr.Row(equal_height=True):
-            ui["lesson"] = gr.Dropdown([lesson.title for lesson in LESSONS], value=LESSONS[0].title,
+            ui["lesson"] = gr.Dropdown([lesson.title for lesson in LESSONS], value=shown.title,
                                        show_label=False, elem_id="lesson-choice", scale=3, container=False)
             ui["lesson_run"] = gr.Button("Run this lesson", variant="primary", size="md", elem_id="lesson-run",
                                          scale=1, min_width=130)
-        ui["lesson_text"] = gr.Markdown(LESSONS[0].markdown(), elem_id="lesson-text")
-        ui["lesson_then"] = gr.Button(LESSONS[0].then_label or "Then", size="sm", elem_id="lesson-then",
-                                      visible=bool(LESSONS[0].then_label))
+        ui["lesson_text"] = gr.Markdown(shown.markdown(), elem_id="lesson-text")
+        ui["lesson_then"] = gr.Button(shown.then_label or "Then", size="sm", elem_id="lesson-then",
+                                      visible=bool(shown.then_label))
 
 
-def _answers_column(ui: dict) -> None:
+def _answers_column(ui: dict, landing_line: str) -> None:
     """The status line, the two answers side by side, the headline, the heatmap and the details."""
     # No LaTeX in lines that quote a visitor or a link: KaTeX would read their escaped "$$" again.
-    ui["status"] = gr.Markdown(LANDING, elem_id="status", latex_delimiters=[])
+    ui["status"] = gr.Markdown(landing_line, elem_id="status", latex_delimiters=[])
     with gr.Row(equal_height=True):
         with gr.Column(min_width=160):
             gr.Markdown("**SkipDecode** (colour = layers run; darker = more)")

@@ -27,7 +27,7 @@ MRS = ("name[The Golden Palace], eatType[coffee shop], food[Italian], priceRange
        "name[The Mill], eatType[pub], food[English], priceRange[moderate], area[city centre], familyFriendly[no], "
        "near[Raja Indian Cuisine]",
        "name[Blue Spice], eatType[coffee shop], area[city centre]")
-E2E = [(mr, speedup) for mr in MRS[:2] for speedup in (3.0, 5.0)]
+E2E = [(mr, speedup) for mr in MRS[:3] for speedup in (3.0, 5.0)]
 
 
 def summary(values: dict, message: dict) -> dict:

@@ -104,13 +104,35 @@ LESSONS = (
            more="This MR comes out word for word at 3x, but not every MR does. " + E2E_TEST_SET + " "
            "The second run gives an MR of seven facts where SkipDecode says \"It is not kid friendly.\" twice and "
            "leaves the price out, which the task model states: at the end of a long description a 3x schedule runs "
-           "7 of the 30 layers, and a dropped last fact is what 3x loses most often. Then try the 5x preset: "
-           "wrong facts appear (a riverside place put in the city centre), and the line marks them in red. Change "
+           "7 of the 30 layers, and a dropped last fact is what 3x loses most often. At 5x wrong facts appear: "
+           "paste name[The Golden Palace], eatType[coffee shop], food[Italian], priceRange[cheap], area[riverside], "
+           "familyFriendly[yes], near[Café Rouge] and press 5x: SkipDecode writes \"It is located in the city centre.\", marked in red. Change "
            "near[...] to a place of your own: the note above the SkipDecode pane says which place the training data "
            "knows both models were given in its place (the E2E challenge baseline's delexicalisation); without "
            "that swap SkipDecode garbles a new place (near[The Painted Lighthouse] came out \"near The "
            "Paintened\"). The Results tab gives the whole test set."),
 )
+
+
+# The page a bare visit lands on (no link query): this lesson's first run, set and ready for Generate.
+# Why this one (docs/SERVING.md, "The first run", has the runs): general chat at 2x drifts from the full
+# model within a sentence, while on this MR the paper's task at 3x writes the task model's description
+# word for word, every fact stated; the lesson's second run, one click away, shows a fact that 3x drops.
+LANDING_LESSON = "The paper's task: 3x, the same description"
+LANDING_LINE = ("**You are looking at** the paper's task (E2E: a restaurant's facts in, a description out) at 3x: "
+                "SkipDecode runs a third of the task model's layers. Press **Generate**: on this MR it writes the "
+                "task model's description word for word. Then **Run an MR where 3x drops a fact** shows where it "
+                "breaks (the price left out). General chat is under *Task*.")
+# The line when the page lands on general chat (another model than the tasks' base, or no task models).
+CHAT_LANDING_LINE = ("**You are looking at** general chat at 2x: one general skip policy on a 135M model, where "
+                     "SkipDecode is weakest (its answer drifts from the full model's within a sentence or two). For "
+                     "the method at its best, run the lesson *The paper's task: 3x*: the task model's description word "
+                     "for word at a third of the layers; then its second run shows a fact 3x drops.")
+
+
+def landing_values(defaults: dict) -> dict:
+    """The controls a bare visit sets: the landing lesson's first run (``defaults``: as lesson_values)."""
+    return lesson_values(lesson_by_title(LANDING_LESSON), defaults)
 
 
 def lesson_values(lesson: Lesson, defaults: dict, then: bool = False) -> dict:

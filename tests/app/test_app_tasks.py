@@ -330,3 +330,47 @@ def test_the_headline_says_which_facts_of_the_mr_each_pane_states():
     assert facts_note(checked) == (' Facts of the MR: SkipDecode: <b>1 WRONG</b> (area: "city centre", the MR says '
                                    "riverside), 2 of 4 stated, missing: near · full model: 3 of 4 stated, "
                                    "missing: familyFriendly.")
+
+
+def test_a_bare_visit_lands_on_the_task_lesson_where_its_models_serve_this_model_and_links_keep_their_meaning(
+        default_model, tiny_folder, tmp_path):
+    """The landing (app/page/lessons.py LANDING_LESSON): a visit without a link gets the paper's task at
+    3x on the lesson's MR; a link (even one naming only the API's defaults) gets what it names, never
+    the landing; a deployer's own model, or no task models, lands on chat as the page is built."""
+    from types import SimpleNamespace
+
+    from app.handlers import Playground
+    from app.page.lessons import E2E_MR, LANDING_LESSON, LANDING_LINE, landing_values
+    from app.tasks import TaskGenerators
+    from model.generation import TextGenerator
+    from model.loading import load_model
+
+    chat = TextGenerator(default_model)
+    no_models = TaskGenerators(root=tmp_path)  # no e2e/task folder there
+    stand_in = TaskGenerators(root=tmp_path, loader=lambda task, policy: default_model)
+    assert stand_in.can_land("e2e", chat) and not stand_in.can_land("chat", chat)
+    assert not no_models.can_land("e2e", chat)
+    assert not stand_in.can_land("e2e", TextGenerator(load_model(str(tiny_folder), device="cpu", adapter=None)))  # a deployer's model shows itself first
+    landing = landing_values(DEFAULTS)
+    assert landing == lesson_values(lesson_by_title(LANDING_LESSON), DEFAULTS)
+    assert (landing["task"], landing["prompt"], landing["target_speedup"]) == ("e2e", E2E_MR, 3.0)
+    PlaygroundSettings.from_values(Limits(), **landing)  # a valid run as it stands
+    assert lesson_by_title(LANDING_LESSON).then_label in LANDING_LINE  # the line names the button it points to
+
+    playground = Playground(lambda: chat, Limits(), tasks=stand_in)
+    names = PlaygroundSettings.api_names()
+
+    def visit(query: dict) -> dict:
+        values = playground.from_link(SimpleNamespace(query_params=query))
+        assert len(values) == len(names) + 1
+        return {name: value for name, value in zip([*names, "status"], values) if not isinstance(value, dict)}
+
+    assert visit({}) == {}  # chat as built: the page lands on its build-time values
+    playground.landing = landing
+    for bare in ({}, {"__theme": "dark"}):
+        assert visit(bare) == {name: landing[name] for name in names if name in landing}
+    linked = visit({"target_speedup": "2"})  # an old link of chat at 2x keeps meaning chat at 2x
+    assert linked["target_speedup"] == 2.0 and "task" not in linked and linked["status"].startswith("Settings loaded")
+    assert stand_in.any("e2e") is None
+    playground.preload_landing().join()  # app.py at start: the first Generate does not wait for the load
+    assert stand_in.any("e2e") is not None

@@ -20,7 +20,7 @@ BROWSER_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-r
 @pytest.fixture(scope="module")
 def server(default_model):
     generator = TextGenerator(default_model)
-    demo = build_demo(lambda: generator)
+    demo = build_demo(lambda: generator, landing="chat")  # chat's page (the landing has its own test)
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, **launch_options())
     yield demo
     demo.close()
@@ -504,7 +504,7 @@ def task_server(default_model, tiny_task_adapters):
 
     root, loader = tiny_task_adapters
     generator = TextGenerator(default_model)
-    demo = build_demo(lambda: generator, tasks=TaskGenerators(root=root, loader=loader))
+    demo = build_demo(lambda: generator, tasks=TaskGenerators(root=root, loader=loader), landing="chat")
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, **launch_options())
     yield demo
     demo.close()

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from app.page.lessons import E2E_MR
 from app.ui import build_demo, launch_options
 from model.generation import GenerationRequest, TextGenerator
 from model.loading import load_model
@@ -109,7 +110,8 @@ def _stop_disabled(page) -> bool:
 @pytest.mark.parametrize("width,height", SIZES)
 def test_a_known_wrong_fact_is_marked_in_both_panes_and_named_first(classroom_server, width, height):
     with playwright.sync_playwright() as p:
-        browser, page = _open(p, classroom_server.local_url, width, height)
+        browser, page = _open(p, classroom_server.local_url + "?task=chat", width, height)
+        assert _wait(lambda: "loaded from the link" in page.inner_text("#status"), 30), page.inner_text("#status")
         assert not page.locator("#speedup-5-0").is_visible()  # chat: no policy is trained for 4x or 5x
         page.click("#setting-task label:has-text('E2E')")
         assert _wait(lambda: "E2E task" in page.inner_text("#status"), 120), page.inner_text("#status")
@@ -131,6 +133,24 @@ def test_a_known_wrong_fact_is_marked_in_both_panes_and_named_first(classroom_se
         line = page.inner_text("#headline")
         assert '1 WRONG (area: "city centre", the MR says riverside)' in line, line
         assert line.index("WRONG") < line.index("stated")
+
+
+@pytest.mark.parametrize("width,height", SIZES)
+def test_a_bare_visit_lands_on_the_papers_task_at_3x_ready_to_run(classroom_server, width, height):
+    """The landing (app/page/lessons.py LANDING_LESSON): the E2E lesson's MR at 3x, its presets and its
+    second run in reach, the line saying what the visitor looks at; one Generate runs it as is."""
+    with playwright.sync_playwright() as p:
+        browser, page = _open(p, classroom_server.local_url, width, height)
+        assert _wait(lambda: page.input_value("#setting-prompt textarea") == E2E_MR, 30)
+        assert page.is_checked("#setting-task input[value='e2e']")
+        assert page.input_value("input[aria-label='number input for Target layer speedup']") == "3"
+        assert _wait(lambda: page.locator("#speedup-5-0").is_visible(), 10)  # the next click: where it breaks
+        assert page.inner_text("#status").startswith("You are looking at the paper's task")
+        assert "The paper's task: 3x" in page.inner_text("#lesson-text") and page.locator("#lesson-then").is_visible()
+        assert "E2E task model" in page.inner_text("#full-title")
+        _generate(page)
+        assert page.inner_text("#full-output").strip() and page.inner_text("#skip-output").strip()
+        assert "stated" in page.inner_text("#headline")  # the facts line of the task
 
 
 @pytest.mark.parametrize("width,height", SIZES)
