@@ -1,5 +1,6 @@
 """The int4 kernels side by side on the default model's matrix shapes (random weights), one process:
-the AVX-512 lane kernel, the group kernel (the same q4 bytes without the lane layout) and torch's int4
+AMX tiles (where the CPU has AMX-INT8), the AVX-512 lane kernel (16-bit activations, and "lane8" with
+8-bit ones), the group kernel (the same q4 bytes without the lane layout) and torch's int4
 kernel, at each row count (a decode batch, or a prompt's tokens).
 
     python scripts/bench_q4_kernels.py --threads 1 --layers 30 --rows 1,4,8,16 --repeats 5
@@ -21,7 +22,7 @@ import torch
 from torch import nn
 
 from model.common.hardware import hardware_info
-from model.lowbit.native_kernels import Q4Blocks, native_module, q4_isa
+from model.lowbit.native_kernels import Q4Blocks, amx_rows_setting, native_module, q4_isa
 from model.lowbit.quantization import INT4_GROUP, Int4WeightLinear
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
@@ -32,17 +33,22 @@ def sweep(modules: list[Int4WeightLinear], blocks: list[Q4Blocks], rows: int, ki
     """Seconds of one pass over every matrix with ``rows`` random rows through ``kind``'s kernel."""
     module = native_module()
     inputs = {width: torch.randn(rows, width) for width in (576, 1536)}
+    module.set_q4_amx_rows(1 if kind == "amx" else 0)
     start = clock()
     for linear, b in zip(modules, blocks):
         x = inputs[linear.in_features]
-        if kind == "lane":
+        if kind in ("lane", "lane8"):  # lane8: 8-bit activations (SKIPDECODE_Q4_EIGHT_BIT_ROWS)
+            module.q4_matmul(x, b.qs, b.sz, kind == "lane8", b.lanes)
+        elif kind == "amx":  # AMX tiles (amx_kernels.h) at any row count
             module.q4_matmul(x, b.qs, b.sz, False, b.lanes)
         elif kind == "group":
             module.q4_matmul(x, b.qs, b.sz, False)
         else:
             torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), linear.weight_int4pack, INT4_GROUP,
                                                         linear.scales_and_zeros)
-    return clock() - start
+    elapsed = clock() - start
+    module.set_q4_amx_rows(amx_rows_setting())
+    return elapsed
 
 
 def main() -> None:
@@ -60,21 +66,25 @@ def main() -> None:
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     modules = [Int4WeightLinear.from_linear(nn.Linear(k, o, bias=False)) for o, k in SHAPES * args.layers + [HEAD]]
     blocks = [Q4Blocks.of(m) for m in modules]
-    kinds = (["lane", "group"] if q4_isa() == "avx512-vnni" else ["group"]) + ["torch"]
+    kinds = (["lane", "lane8", "group"] if q4_isa() == "avx512-vnni" else ["group"]) + ["torch"]
+    if native_module().q4_amx():
+        kinds.insert(0, "amx")
     info = hardware_info(torch.device("cpu"))
     print(f"{info['summary']}; CPU flags: {', '.join(info.get('cpu_flags', []))}; q4 on {q4_isa()}; "
           f"{args.threads} thread(s), {args.clock} time, best of {args.repeats}, {args.layers} layers + head")
-    print("| rows | " + " | ".join(f"{k} ms" for k in kinds) + " | torch / ours | group / lane |")
-    print("|---" * (len(kinds) + 3) + "|")
+    print("| rows | " + " | ".join(f"{k} ms" for k in kinds) + " | torch / ours | group / lane | lane / lane8 | lane / amx |")
+    print("|---" * (len(kinds) + 5) + "|")
     for rows in (int(r) for r in args.rows.split(",")):
         best = {kind: float("inf") for kind in kinds}
         for _ in range(args.repeats):
             for kind in kinds:
                 best[kind] = min(best[kind], sweep(modules, blocks, rows, kind, clock))
-        ours = best[kinds[0]]
+        ours = min(best[k] for k in kinds if k != "torch")
         lane_gain = f"{best['group'] / best['lane']:.2f}x" if "lane" in best else "–"
+        eight_gain = f"{best['lane'] / best['lane8']:.2f}x" if "lane8" in best else "–"
+        amx_gain = f"{best['lane'] / best['amx']:.2f}x" if "amx" in best else "–"
         print(f"| {rows} | " + " | ".join(f"{1000 * best[k]:.1f}" for k in kinds) +
-              f" | {best['torch'] / ours:.2f}x | {lane_gain} |", flush=True)
+              f" | {best['torch'] / ours:.2f}x | {lane_gain} | {eight_gain} | {amx_gain} |", flush=True)
 
 
 if __name__ == "__main__":

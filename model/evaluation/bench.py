@@ -367,7 +367,10 @@ def add_shares(report: BenchReport, limits: MachineLimits, full_step_weights: fl
         prompt.arithmetic_share = None if share is None else round(share, 4)
 
 
-INT4_KERNELS = ("torch", "avx2", "avx512-vnni")  # a weight mode's @kernel: torch's int4 kernel, or the q4 kernels' ISA
+# A weight mode's @kernel: torch's int4 kernel, or the q4 kernels on one instruction set: avx2; avx512-vnni
+# without AMX; amx: AVX-512 with AMX tiles from 8 rows (SKIPDECODE_Q4_AMX_ROWS's default).
+INT4_KERNELS = ("torch", "avx2", "avx512-vnni", "amx")
+KERNEL_SETTINGS = {"avx2": ("avx2", 0), "avx512-vnni": ("avx512-vnni", 0), "amx": ("avx512-vnni", 8)}  # (ISA, AMX rows)
 
 
 def split_weight_mode(mode: str) -> tuple[str, str | None]:
@@ -387,19 +390,23 @@ def int4_kernel(kernel: str | None) -> Iterator[None]:
         yield
         return
     module, saved = native_module(), os.environ.get("SKIPDECODE_INT4_KERNEL")
-    before = module.q4_isa() if module is not None else ""
+    before = (module.q4_isa(), module.q4_amx_rows()) if module is not None else ("", 0)
     os.environ["SKIPDECODE_INT4_KERNEL"] = "torch" if kernel == "torch" else "native"
     try:
-        if kernel != "torch" and (module is None or not module.set_q4_isa(kernel)):
-            raise ValueError(f"int4@{kernel}: the q4 kernels cannot run on {kernel} here")
+        if kernel != "torch":
+            isa, amx_rows = KERNEL_SETTINGS[kernel]
+            if module is None or not module.set_q4_isa(isa) or (amx_rows and not module.q4_amx()):
+                raise ValueError(f"int4@{kernel}: the q4 kernels cannot run on {kernel} here")
+            module.set_q4_amx_rows(amx_rows)
         yield
     finally:
         if saved is None:
             os.environ.pop("SKIPDECODE_INT4_KERNEL", None)
         else:
             os.environ["SKIPDECODE_INT4_KERNEL"] = saved
-        if module is not None and before:
-            module.set_q4_isa(before)
+        if module is not None and before[0]:
+            module.set_q4_isa(before[0])
+            module.set_q4_amx_rows(before[1])
 
 
 def _load_variants(config: BenchConfig, device: torch.device) -> dict[str, tuple]:
@@ -582,10 +589,14 @@ def _decode_step_note() -> str:
         return "low-bit decode steps: the Python step (no native step on this machine); int4 kernel: torch's"
     if not q4_kernel_selected():
         return "low-bit decode steps: the native C++ step (torch's ATen ops); int4 kernel: torch's _weight_int4pack_mm_for_cpu"
-    kernel = "the lane kernel (16 blocks a vector)" if q4_isa() == "avx512-vnni" else "the group kernel"
+    module = native_module()
+    avx512 = q4_isa() == "avx512-vnni"
+    kernel = "the lane kernel (16 blocks a vector)" if avx512 else "the group kernel"
+    if avx512 and module.q4_amx() and module.q4_amx_rows():
+        kernel += f", AMX tiles from {module.q4_amx_rows()} rows"
     return (f"low-bit decode steps: the native C++ step, int4 layers fused (one call a run of layers); int4 kernel: "
-            f"q4 on {q4_isa()}, {kernel}, tiles of rows x weight rows, prompts too (16-bit activations); LM head: "
-            "4-bit scan (8-bit activations) + top 32 rescored, native")
+            f"q4 on {q4_isa()}, {kernel}, tiles of rows x weight rows, prompts too (16-bit activations; int4@KERNEL "
+            "modes name their own); LM head: 4-bit scan (8-bit activations) + top 32 rescored, native")
 
 
 def _llama_cpp_mode(config: BenchConfig, loaded, device: torch.device, notes: list[str]

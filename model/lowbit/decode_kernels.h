@@ -733,6 +733,15 @@ static void lora_b_tiles(const LoraRows& a, const int8_t* tiles, int64_t width, 
 
 // --- one decode layer, every op here --------------------------------------------------------------
 
+#if SD_AVX512
+// The AMX tiles' matmul for a projection's rows (lean_step.cpp sets it: amx_kernels.h, where the CPU
+// has AMX and the rows are enough): multiplies the whole groups of 16 columns and returns true, or
+// returns false and leaves everything to the vector kernels. nullptr: never.
+using TileMatmul = bool (*)(const float* x, int64_t rows, int64_t width, const uint8_t* qs, const uint16_t* sz,
+                            int64_t outputs, float* y, int64_t y_stride);
+inline TileMatmul tile_matmul = nullptr;
+#endif
+
 struct ProjectionView {
   Q4Weights w;  // the base's rows, with a LoRA's A rows stacked under them (w.outputs = out + rank)
   int64_t out = 0;
@@ -749,9 +758,17 @@ struct ProjectionView {
 // y (rows x p.w.outputs; its first p.out columns are the projection) = x times the weights, + the
 // LoRA's (x A^T) B^T where there is one. quant: scratch of quant_floats(rows, width).
 static void project(const ProjectionView& p, const float* x, int64_t rows, int64_t width, float* y, float* quant) {
-  const QuantRows q = quantize_rows(x, rows, width, quant);
   const int64_t stride = p.w.outputs;
-  at::parallel_for(0, p.w.outputs, 16, [&](int64_t begin, int64_t end) { q4_rows(p.w, q, y, stride, begin, end); });
+  int64_t vector_from = 0;  // the columns from here run the vector kernels
+#if SD_AVX512
+  if (tile_matmul != nullptr && tile_matmul(x, rows, width, p.w.qs, p.w.sz, p.w.outputs, y, stride)) {
+    vector_from = p.w.outputs / 16 * 16;
+  }
+#endif
+  if (vector_from < p.w.outputs) {  // (the tiles quantise the rows their own way: only the vector kernels' here)
+    const QuantRows q = quantize_rows(x, rows, width, quant);
+    at::parallel_for(vector_from, p.w.outputs, 16, [&](int64_t begin, int64_t end) { q4_rows(p.w, q, y, stride, begin, end); });
+  }
   if (p.window == nullptr) return;
 #if SD_AVX512
   if (p.tiles != nullptr) {

@@ -22,8 +22,13 @@
 #include <vector>
 
 #if defined(__x86_64__) || defined(_M_X64)
+#include <cpuid.h>
 #include <immintrin.h>
 #define SKIPDECODE_X86 1
+#endif
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 // The kernels, compiled once per instruction set (model/lowbit/decode_kernels.h says what they compute).
@@ -43,6 +48,13 @@ namespace avx512 {
 #include "decode_kernels.h"
 #undef SD_AVX512
 }  // namespace avx512
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,amx-tile,amx-int8")
+namespace amx {
+using avx512::bf16_to_float;
+#include "amx_kernels.h"
+}  // namespace amx
 #pragma GCC pop_options
 #endif
 
@@ -94,6 +106,39 @@ std::vector<std::string> q4_isas() {
 }
 
 bool has_q4_matmul() { return active_isa != Isa::none; }
+
+// From how many rows a q4 matmul runs on AMX tiles (amx_kernels.h) where the CPU and the kernel
+// allow them (q4_amx); 0: never. Set by native_kernels.py from SKIPDECODE_Q4_AMX_ROWS.
+int64_t amx_rows = 0;
+
+bool q4_amx() {
+#ifdef SKIPDECODE_X86
+  static const bool usable = cpu_has(Isa::avx512) && amx::amx_usable();  // asks the kernel once
+  return usable;
+#else
+  return false;
+#endif
+}
+
+#ifdef SKIPDECODE_X86
+// The decode layers' hook (decode_kernels.h, tile_matmul): their projections' rows on AMX tiles.
+bool decode_tile_matmul(const float* x, int64_t rows, int64_t width, const uint8_t* qs, const uint16_t* sz,
+                        int64_t outputs, float* y, int64_t y_stride) {
+  if (amx_rows == 0 || rows < amx_rows || outputs < 16 || !q4_amx()) return false;
+  amx::q4_amx_matmul(x, rows, width, qs, sz, outputs, y, y_stride);
+  return true;
+}
+#endif
+
+void set_q4_amx_rows(int64_t rows) {
+  TORCH_CHECK(rows >= 0, "set_q4_amx_rows: 0 (never) or a row count");
+  amx_rows = rows;
+#ifdef SKIPDECODE_X86
+  avx512::tile_matmul = rows > 0 ? &decode_tile_matmul : nullptr;
+#endif
+}
+
+int64_t q4_amx_rows() { return amx_rows; }
 
 // Per calling thread: the fused step's and the kernels' scratch (a request thread at a time runs a
 // decoder; OpenMP's workers only read and write the slices they are given).
@@ -155,13 +200,20 @@ Tensor q4_matmul(const Tensor& input, const Tensor& qs, const Tensor& sz, bool c
   const auto* qp = qs.data_ptr<uint8_t>();
   const auto* sp = reinterpret_cast<const uint16_t*>(sz.data_ptr<at::BFloat16>());
   if (active_isa == Isa::avx512) {
-    const auto q = avx512::quantize_rows(xp, rows, width, quant);
     avx512::Q4Weights w{qp, sp, outputs, width / 32};
     if (lanes.has_value() && lanes->numel() > 0) {
       TORCH_CHECK(lanes->sizes() == qs.sizes() && lanes->is_contiguous(), "q4_matmul: lanes must be q4_lanes(qs)");
       w.lanes = lanes->data_ptr<uint8_t>();
     }
-    at::parallel_for(0, outputs, 16, [&](int64_t b, int64_t e) { avx512::q4_rows(w, q, yp, outputs, b, e, coarse); });
+    int64_t vector_from = 0;  // AMX tiles take the whole groups of 16 columns, the vector kernel the rest
+    if (!coarse && amx_rows > 0 && rows >= amx_rows && outputs >= 16 && q4_amx()) {
+      amx::q4_amx_matmul(xp, rows, width, qp, sp, outputs, yp, outputs);
+      vector_from = outputs / 16 * 16;
+    }
+    if (vector_from < outputs) {
+      const auto q = avx512::quantize_rows(xp, rows, width, quant);
+      at::parallel_for(vector_from, outputs, 16, [&](int64_t b, int64_t e) { avx512::q4_rows(w, q, yp, outputs, b, e, coarse); });
+    }
   } else {
     const auto q = avx2::quantize_rows(xp, rows, width, quant);
     const avx2::Q4Weights w{qp, sp, outputs, width / 32};
@@ -572,6 +624,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
              pybind11::arg("input"), pybind11::arg("qs"), pybind11::arg("sz"), pybind11::arg("rows"),
              pybind11::arg("scales"), pybind11::arg("candidates"), pybind11::arg("lanes") = pybind11::none());
   module.def("has_q4_matmul", &has_q4_matmul);
+  module.def("q4_amx", &q4_amx, "whether this CPU and kernel let the q4 matmul run on AMX tiles");
+  module.def("set_q4_amx_rows", &set_q4_amx_rows, "q4 matmuls of this many rows or more: AMX tiles where usable (0: never)");
+  module.def("q4_amx_rows", &q4_amx_rows);
   module.def("lora_b_layout", &lora_b_layout, release(), "a LoRA's int8 B as windows and tiles (the kernels' layouts)");
   module.def("q4_isa", &q4_isa, "the instruction set the q4 kernels run on: avx512-vnni, avx2, or '' (none)");
   module.def("q4_isas", &q4_isas, "the instruction sets this CPU can run the q4 kernels on, best first");

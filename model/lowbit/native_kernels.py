@@ -36,7 +36,8 @@ from model.common.paths import cache_root
 from model.common.progress import say
 
 SOURCE = Path(__file__).with_name("lean_step.cpp")
-HEADERS = (Path(__file__).with_name("decode_kernels.h"),)  # included by SOURCE: copied and keyed with it
+# included by SOURCE: copied and keyed with it
+HEADERS = (Path(__file__).with_name("decode_kernels.h"), Path(__file__).with_name("amx_kernels.h"))
 _build_lock = threading.Lock()
 
 
@@ -88,7 +89,23 @@ def native_module() -> ModuleType | None:
                 "decode steps run the Python path")
             return None
     _force_isa(module)
+    module.set_q4_amx_rows(amx_rows_setting())
     return module
+
+
+DEFAULT_AMX_ROWS = 8
+
+
+def amx_rows_setting() -> int:
+    """``SKIPDECODE_Q4_AMX_ROWS``: from how many rows a q4 matmul runs on AMX tiles where the CPU has
+    AMX-INT8 (0: never); a bad value is named and the default kept."""
+    text = os.environ.get("SKIPDECODE_Q4_AMX_ROWS", "").strip()
+    if not text:
+        return DEFAULT_AMX_ROWS
+    if not text.isdigit():
+        say(f"SKIPDECODE_Q4_AMX_ROWS={text!r} is not a row count; kept {DEFAULT_AMX_ROWS}")
+        return DEFAULT_AMX_ROWS
+    return int(text)
 
 
 def _force_isa(module: ModuleType) -> None:

@@ -1,15 +1,15 @@
 """The q4 kernels on batches and prompts (model/lowbit/decode_kernels.h: the AVX-512 lane kernel, the
-group kernel, AVX2): random shapes, odd batch sizes, padding rows, every instruction set this CPU
-can run, forced; against exact float arithmetic on the very weights they multiply. The margins hold
-on any x86-64 CPU: 16-bit activations err ~1e-5 relative, the tolerance is 1e-3, and a kernel that
-mixes up a lane, a block, a row or a tile errs by O(1)."""
+group kernel, AVX2; model/lowbit/amx_kernels.h: AMX tiles): random shapes, odd batch sizes, padding
+rows, every instruction set this CPU can run, forced; against exact float arithmetic on the very
+weights they multiply. The margins hold on any x86-64 CPU: 16-bit activations err ~1e-5 relative, the
+tolerance is 1e-3, and a kernel that mixes up a lane, a block, a row, a tile or a column errs by O(1)."""
 
 import shutil
 
 import pytest
 import torch
 
-from model.lowbit.native_kernels import Q4Blocks, native_module, q4_isa, q4_scan
+from model.lowbit.native_kernels import Q4Blocks, amx_rows_setting, native_module, q4_isa, q4_scan
 from model.lowbit.quantization import Int4Blocks, Int4WeightLinear, TwoStageHead, int4_supported
 
 has_q4 = (shutil.which("c++") is not None and shutil.which("ninja") is not None and int4_supported()
@@ -36,13 +36,20 @@ def _isas() -> list[str]:
     return list(native_module().q4_isas())
 
 
-def _on(isa: str, run):
+def _amx() -> bool:
+    return bool(native_module().q4_amx())
+
+
+def _on(isa: str, run, amx_rows: int = 0):
+    """``run`` on ``isa``'s kernels; AMX tiles from ``amx_rows`` rows (0: never, the vector kernels)."""
     module = native_module()
     assert module.set_q4_isa(isa)
+    module.set_q4_amx_rows(amx_rows)
     try:
         return run()
     finally:
         module.set_q4_isa("auto")
+        module.set_q4_amx_rows(amx_rows_setting())
 
 
 def _weights(out: int, width: int, seed: int) -> tuple[Int4Blocks, Q4Blocks]:
@@ -71,6 +78,8 @@ def test_every_kernel_multiplies_a_batch_as_exact_float_arithmetic_does(out, wid
         results = {isa: _on(isa, lambda: blocks(x)) for isa in _isas()}
         if "avx512-vnni" in results:  # the group kernel, without the lane layout
             results["group"] = _on("avx512-vnni", lambda: native_module().q4_matmul(x, blocks.qs, blocks.sz, False))
+        if _amx():  # AMX tiles at every row count (by default from 8 rows)
+            results["amx"] = _on("avx512-vnni", lambda: blocks(x), amx_rows=1)
         for name, y in results.items():
             assert y.shape == (rows, out)
             assert _relative(y, reference) < 1e-3, (name, rows)  # ~1e-5 measured
@@ -79,19 +88,43 @@ def test_every_kernel_multiplies_a_batch_as_exact_float_arithmetic_does(out, wid
             assert _relative(y, first) < 1e-5
 
 
-@pytest.mark.parametrize("isa", ["avx512-vnni", "avx2"])
+@pytest.mark.parametrize("isa", ["avx512-vnni", "avx2", "amx"])
 def test_a_row_of_a_batch_is_that_row_alone_and_padding_rows_change_nothing(isa):
-    if isa not in _isas():
+    if isa not in _isas() and not (isa == "amx" and _amx()):
         pytest.skip(f"this CPU has no {isa}")
+    amx_rows = 1 if isa == "amx" else 0  # on one kernel: AMX at every row count, or never
+    isa = "avx512-vnni" if isa == "amx" else isa
     source, blocks = _weights(48, 576, seed=3)
-    x = _rows(13, 576, seed=4)
+    x = _rows(21, 576, seed=4)  # an AMX tile of 16 and one of 5 padded
     x[0] = 0.0  # padding rows as a left-padded batch may hold them: zeros, and one very large row
     x[6] = 1e4
-    batch = _on(isa, lambda: blocks(x))
-    for r in range(13):  # every tile shape and remainder computes a row the same way, bit for bit
-        assert torch.equal(_on(isa, lambda r=r: blocks(x[r:r + 1])), batch[r:r + 1]), r
+    batch = _on(isa, lambda: blocks(x), amx_rows)
+    for r in range(21):  # every tile shape and remainder computes a row the same way, bit for bit
+        assert torch.equal(_on(isa, lambda r=r: blocks(x[r:r + 1]), amx_rows), batch[r:r + 1]), r
     assert torch.equal(batch[0], torch.zeros(48))
     assert _relative(batch[6], 1e4 * x.new_ones(576).double() @ _exact(source, blocks).T) < 1e-3
+
+
+@pytest.mark.skipif(not has_q4 or not _amx(), reason="this CPU (or its kernel) has no AMX-INT8 for this process")
+@pytest.mark.parametrize("rows", [1, 8, 9, 16, 40])
+def test_amx_tiles_take_whole_groups_of_16_columns_and_the_vector_kernel_the_rest(rows):
+    """72 columns: four groups of 16 on the tiles (two pairs), the last 8 on the lane kernel; the
+    default threshold sends 8 rows and more to the tiles, fewer to the vector kernels."""
+    source, blocks = _weights(80, 576, seed=rows)
+    module = native_module()
+    qs, sz, lanes = (t[:72].contiguous() for t in (blocks.qs, blocks.sz, blocks.lanes))
+    x = _rows(rows, 576, seed=rows + 1)
+    reference = x.double() @ _exact(source, blocks)[:72].T
+    tiles = _on("avx512-vnni", lambda: module.q4_matmul(x, qs, sz, False, lanes), amx_rows=1)
+    vector = _on("avx512-vnni", lambda: module.q4_matmul(x, qs, sz, False, lanes))
+    assert _relative(tiles, reference) < 1e-3 and _relative(tiles[:, 64:], reference[:, 64:]) < 1e-3
+    assert _relative(tiles, vector) < 1e-5  # the same integers: only float additions differ (~2e-7)
+    assert torch.equal(tiles[:, 64:], vector[:, 64:])  # the tail columns ran the vector kernel itself
+    assert amx_rows_setting() == 8 and module.q4_amx_rows() == 8  # the default (SKIPDECODE_Q4_AMX_ROWS unset)
+    if rows >= 8:
+        assert torch.equal(module.q4_matmul(x, qs, sz, False, lanes), tiles)  # by default on the tiles
+    else:
+        assert torch.equal(module.q4_matmul(x, qs, sz, False, lanes), vector)
 
 
 @pytest.mark.parametrize("isa", ["avx512-vnni", "avx2"])

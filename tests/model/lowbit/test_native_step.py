@@ -13,6 +13,7 @@ import torch
 from model.common.hardware import cpu_flags
 from model.lowbit.native_kernels import (
     Q4Blocks,
+    amx_rows_setting,
     codes_of,
     native_module,
     q4_bytes,
@@ -269,13 +270,19 @@ def _fused_setup(tmp_path, lora):
 
 @pytest.mark.skipif(not has_q4, reason="the q4 kernels need an x86-64 CPU with AVX2 and a C++ compiler")
 @pytest.mark.parametrize("lora", [False, True])
-@pytest.mark.parametrize("isa", ["avx512-vnni", "avx2"])
+@pytest.mark.parametrize("isa", ["avx512-vnni", "avx2", "amx"])
 def test_the_fused_layer_computes_the_decode_step_of_its_weights(isa, lora, tmp_path, monkeypatch):
     """Each instruction set's fused layer (norms, q4 matmuls, the LoRA's B, rotary, cache writes,
     attention over the cached prefix with a padded row and grouped key/value heads, SiLU gate,
     residuals; consecutive layers in one call) against the Python step on exactly its weights, in
-    float: over a prefill, then decode steps that skip layers (caches of different lengths)."""
+    float: over a prefill, then decode steps that skip layers (caches of different lengths). "amx":
+    the projections on AMX tiles (from one row here; the LoRA's stacked rows leave a tail of columns
+    to the vector kernel)."""
     module = native_module()
+    amx_rows = 1 if isa == "amx" else 0
+    if isa == "amx" and not module.q4_amx():
+        pytest.skip("this CPU (or its kernel) has no AMX-INT8 for this process")
+    isa = "avx512-vnni" if isa == "amx" else isa
     if isa not in module.q4_isas():
         pytest.skip(f"this CPU has no {isa}")
     runs = []
@@ -287,10 +294,12 @@ def test_the_fused_layer_computes_the_decode_step_of_its_weights(isa, lora, tmp_
     ids, mask = left_padded_batch([5, 9], vocab=112)
     schedule = ScheduleConfig(NUM_LAYERS, NUM_LAYERS, 2, warmup=1, decay="linear", decay_length=6)
     assert module.set_q4_isa(isa)
+    module.set_q4_amx_rows(amx_rows)
     try:
         fused = _steps(decoder, ids, mask, schedule, 6)
     finally:
         module.set_q4_isa("auto")
+        module.set_q4_amx_rows(amx_rows_setting())
     assert len(runs) == 6  # each decode step's layers: one native call
     for lean in leans:
         lean.native = None

@@ -1,0 +1,277 @@
+// The q4 matmul on AMX tiles (Intel AMX-INT8: Sapphire Rapids and later) for a batch's or a
+// prompt's rows. lean_step.cpp includes this file once, inside `namespace amx` under a GCC target
+// with AVX-512 and AMX, and runs it where the CPU has AMX-INT8, the kernel lets this process use
+// the tile registers (arch_prctl) and a matmul has enough rows (q4_amx_rows).
+//
+// The SAME integers as the vector kernels (decode_kernels.h): activations quantised per block of
+// 32 to 16-bit codes v = 256 hi + lo (two signed bytes), weights the 4-bit codes q (0..15) of a
+// Q4 block, and per block sum_j q_j v_j = 256 sum_j q_j hi_j + sum_j q_j lo_j exact in int32; then
+// times scale dx plus the block's float sum times (zero - 8 scale). Only the order of the float
+// additions differs from the vector kernels (~1e-7 relative).
+//
+// Why tiles: a batch or prompt multiplies every weight by many rows, and the vector kernels spend
+// most of their instructions on VNNI products (two a 16-bit product) and the per-block scaling.
+// One tile product (tdpbssd) multiplies 16 rows x 32 codes by 32 codes x 16 columns, 8192 byte
+// products, on the tile unit; the vector units only scale the 16 x 16 block sums and add them up.
+//
+// Layout, per group of 16 output columns (the C tile's width) and block b of 32 codes:
+//   A (activations): rows x 32 bytes, hi and lo separately (two tiles), read in place from the
+//     rows' byte planes (AmxRows: row-major, K bytes a row);
+//   B (weights): 8 rows x 64 bytes in the tile unit's layout, B[kk][4 n + i] = q[column n][4 kk + i],
+//     unpacked from the Q4 bytes (byte j of a block holds q[j] low and q[j + 16] high: its low nibbles
+//     are B's rows 0-3, its high ones rows 4-7, once the 16 columns' 4-byte pieces are transposed);
+//   C: rows x 16 int32 per block, hi and lo, combined and scaled by the vector units into float
+//     sums kept in registers across the blocks.
+// A group's B tiles and scales are unpacked once into a scratch buffer and serve every row tile.
+
+// (lean_step.cpp includes <cpuid.h> and, on Linux, <sys/syscall.h> and <unistd.h> for amx_usable.)
+
+// What the matmul's rows become for the tile unit: padded to a multiple of the row tile with zero
+// rows (their outputs are never written).
+struct AmxRows {
+  int64_t rows = 0, padded = 0, width = 0, blocks = 0;
+  int8_t* hi = nullptr;  // padded x width: each code's high byte
+  int8_t* lo = nullptr;  // padded x width: its low byte (v = 256 hi + lo, lo in [-128, 127])
+  float* dx = nullptr;   // padded x blocks: each block's scale
+  float* sum = nullptr;  // padded x blocks: each block's float sum
+};
+
+static inline int64_t amx_row_tile(int64_t rows) { return rows <= 8 ? 8 : 16; }
+
+// scratch floats amx_quantize needs
+static inline int64_t amx_quant_floats(int64_t rows, int64_t width) {
+  const int64_t tile = amx_row_tile(rows), padded = (rows + tile - 1) / tile * tile;
+  return padded * width / 2 + padded * (width / 32) * 2 + 64;
+}
+
+static AmxRows amx_quantize(const float* x, int64_t rows, int64_t width, float* scratch) {
+  AmxRows a;
+  a.rows = rows;
+  a.width = width;
+  a.blocks = width / 32;
+  const int64_t tile = amx_row_tile(rows);
+  a.padded = (rows + tile - 1) / tile * tile;
+  a.hi = reinterpret_cast<int8_t*>(scratch);
+  a.lo = a.hi + a.padded * width;
+  a.dx = scratch + a.padded * width / 2;
+  a.sum = a.dx + a.padded * a.blocks;
+  // (row, block) pairs split between the threads: a decode batch has few rows and many blocks
+  at::parallel_for(0, a.padded * a.blocks, 64, [&](int64_t begin, int64_t end) {
+    int16_t codes[32];
+    for (int64_t cell = begin; cell < end; ++cell) {
+      const int64_t r = cell / a.blocks, b = cell % a.blocks;
+      float scale = 0.f, sum = 0.f;
+      if (r < rows) {
+        avx512::quantize_block(x + r * width + b * 32, true, codes, &scale, &sum);
+      } else {
+        std::memset(codes, 0, sizeof(codes));
+      }
+      a.dx[cell] = scale;  // cell = r * blocks + b
+      a.sum[cell] = sum;
+      // hi = (v + 128) >> 8 (as the vector kernels split it; v + 128 stays inside int16: |v| <= 32639),
+      // lo = v - 256 hi, in [-128, 127]: both fit a byte
+      const __m512i v = _mm512_loadu_si512(codes);
+      const __m512i hi = _mm512_srai_epi16(_mm512_add_epi16(v, _mm512_set1_epi16(128)), 8);
+      const __m512i lo = _mm512_sub_epi16(v, _mm512_slli_epi16(hi, 8));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.hi + r * width + b * 32), _mm512_cvtepi16_epi8(hi));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.lo + r * width + b * 32), _mm512_cvtepi16_epi8(lo));
+    }
+  });
+  return a;
+}
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Tiles 0/1: C hi/lo of the first column group, 6/7 of the second (R x 16 int32); 2/3: A hi/lo
+// (R x 32 bytes); 4/5: B of the two groups (8 x 64 bytes).
+static inline void configure_tiles(int rows) {
+  TileConfig config;
+  for (int t : {0, 1, 6, 7}) {
+    config.colsb[t] = 64;
+    config.rows[t] = static_cast<uint8_t>(rows);
+  }
+  config.colsb[2] = config.colsb[3] = 32;
+  config.rows[2] = config.rows[3] = static_cast<uint8_t>(rows);
+  config.colsb[4] = config.colsb[5] = 64;
+  config.rows[4] = config.rows[5] = 8;
+  _tile_loadconfig(&config);
+}
+
+constexpr int64_t kBTileBytes = 512;  // a block's B tile for 16 columns: 8 rows x 64 bytes
+
+// Columns o .. o + 15, every block: the B tiles (kBTileBytes each) into `tiles` and per block the 16
+// columns' scales and (zero - 8 scale) into `scales` (32 floats a block).
+static void unpack_group(const uint8_t* qs, const uint16_t* sz, int64_t blocks, int64_t o, int8_t* tiles,
+                         float* scales) {
+  const int64_t row_bytes = blocks * 16;
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  // Stage 1 takes dwords kk, kk+1 of each column of two registers (4 columns each), stage 2 joins halves.
+  const __m512i first = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29);
+  const __m512i second = _mm512_setr_epi32(2, 6, 10, 14, 18, 22, 26, 30, 3, 7, 11, 15, 19, 23, 27, 31);
+  const __m512i low_halves = _mm512_setr_epi64(0, 1, 2, 3, 8, 9, 10, 11);
+  const __m512i high_halves = _mm512_setr_epi64(4, 5, 6, 7, 12, 13, 14, 15);
+  const __m512i pair_index = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                                _mm512_set1_epi32(static_cast<int32_t>(blocks)));  // column n's pairs
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m512i columns[4];  // register p: columns 4p .. 4p + 3, 16 bytes each (dword kk: bytes 4kk .. 4kk + 3)
+    for (int p = 0; p < 4; ++p) {
+      const uint8_t* at = qs + (o + 4 * p) * row_bytes + b * 16;
+      __m512i v = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at)));
+      v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(at + row_bytes)), 1);
+      v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(at + 2 * row_bytes)), 2);
+      columns[p] = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(at + 3 * row_bytes)), 3);
+    }
+    // a01: kk 0 for columns 0-7, kk 1 for columns 0-7; b01: kk 2, kk 3; likewise a23, b23 for columns 8-15
+    const __m512i a01 = _mm512_permutex2var_epi32(columns[0], first, columns[1]);
+    const __m512i b01 = _mm512_permutex2var_epi32(columns[0], second, columns[1]);
+    const __m512i a23 = _mm512_permutex2var_epi32(columns[2], first, columns[3]);
+    const __m512i b23 = _mm512_permutex2var_epi32(columns[2], second, columns[3]);
+    const __m512i rows[4] = {  // row kk: dword n = column n's bytes 4kk .. 4kk + 3
+        _mm512_permutex2var_epi64(a01, low_halves, a23), _mm512_permutex2var_epi64(a01, high_halves, a23),
+        _mm512_permutex2var_epi64(b01, low_halves, b23), _mm512_permutex2var_epi64(b01, high_halves, b23)};
+    int8_t* tile = tiles + b * kBTileBytes;
+    for (int kk = 0; kk < 4; ++kk) {
+      _mm512_store_si512(tile + kk * 64, _mm512_and_si512(rows[kk], nibble));                             // q[4kk + i]
+      _mm512_store_si512(tile + (kk + 4) * 64, _mm512_and_si512(_mm512_srli_epi16(rows[kk], 4), nibble));  // q[16 + 4kk + i]
+    }
+    // the 16 columns' (scale, zero) bfloat16 pairs of block b, one 32-bit lane each
+    const __m512i pairs = _mm512_i32gather_epi32(pair_index, sz + o * blocks * 2 + b * 2, 4);
+    const __m512 scale = _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
+    const __m512 zero = _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u))));
+    _mm512_store_ps(scales + b * 32, scale);
+    _mm512_store_ps(scales + b * 32 + 16, _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), scale, zero));
+  }
+}
+
+// A block's tile sums of one row tile, two column groups: hi and lo, R x 16 int32 each.
+template <int R>
+struct alignas(64) BlockSums {
+  int32_t hi[2][R * 16], lo[2][R * 16];
+};
+
+// The float work of block b's sums into the accumulators (R rows x 2 groups x 16 columns).
+template <int R>
+static inline void add_block(const BlockSums<R>& sums, const float* const scales[2], const float* dx,
+                             const float* sum, int64_t blocks, int64_t b, float* acc) {
+  for (int g = 0; g < 2; ++g) {
+    const __m512 scale = _mm512_load_ps(scales[g] + b * 32);
+    const __m512 zero_term = _mm512_load_ps(scales[g] + b * 32 + 16);
+#pragma GCC unroll 16
+    for (int m = 0; m < R; ++m) {
+      const __m512i whole = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(sums.hi[g] + m * 16), 8),
+                                             _mm512_load_si512(sums.lo[g] + m * 16));
+      float* at = acc + (m * 2 + g) * 16;
+      __m512 total = _mm512_fmadd_ps(_mm512_cvtepi32_ps(whole),
+                                     _mm512_mul_ps(scale, _mm512_set1_ps(dx[m * blocks + b])), _mm512_load_ps(at));
+      _mm512_store_ps(at, _mm512_fmadd_ps(zero_term, _mm512_set1_ps(sum[m * blocks + b]), total));
+    }
+  }
+}
+
+// Row tile `first` .. first + R of `a` against two groups of 16 columns (o and o2; their B tiles and
+// scales unpacked): y's rows below a.rows. Software-pipelined: block b's four tile products run on
+// the tile unit while the vector units add up block b - 1's sums (two buffers of sums).
+template <int R>
+static void amx_row_tile_pair(const AmxRows& a, int64_t first, const int8_t* const tiles[2],
+                              const float* const scales[2], const int64_t o[2], float* y, int64_t y_stride) {
+  BlockSums<R> sums[2];
+  alignas(64) float acc[R * 2 * 16] = {};
+  const int8_t* hi = a.hi + first * a.width;
+  const int8_t* lo = a.lo + first * a.width;
+  const float* dx = a.dx + first * a.blocks;
+  const float* sum = a.sum + first * a.blocks;
+  for (int64_t b = 0; b <= a.blocks; ++b) {
+    if (b < a.blocks) {
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(6);
+      _tile_zero(7);
+      _tile_loadd(2, hi + b * 32, a.width);
+      _tile_loadd(3, lo + b * 32, a.width);
+      _tile_loadd(4, tiles[0] + b * kBTileBytes, 64);
+      _tile_loadd(5, tiles[1] + b * kBTileBytes, 64);
+      _tile_dpbssd(0, 2, 4);
+      _tile_dpbssd(1, 3, 4);
+      _tile_dpbssd(6, 2, 5);
+      _tile_dpbssd(7, 3, 5);
+    }
+    if (b > 0) add_block<R>(sums[(b - 1) % 2], scales, dx, sum, a.blocks, b - 1, acc);
+    if (b < a.blocks) {
+      BlockSums<R>& into = sums[b % 2];
+      _tile_stored(0, into.hi[0], 64);
+      _tile_stored(1, into.lo[0], 64);
+      _tile_stored(6, into.hi[1], 64);
+      _tile_stored(7, into.lo[1], 64);
+    }
+  }
+  for (int m = 0; m < R && first + m < a.rows; ++m) {
+    for (int g = 0; g < 2; ++g) _mm512_storeu_ps(y + (first + m) * y_stride + o[g], _mm512_load_ps(acc + (m * 2 + g) * 16));
+  }
+}
+
+// Column groups [group_begin, group_end) (16 columns each) of every row, two at a time (an odd last
+// group is paired with itself: its columns are written twice, the same values). Per thread: its tile
+// configuration (state of the thread), then each pair's B tiles unpacked once for all row tiles.
+static void q4_amx_groups(const uint8_t* qs, const uint16_t* sz, const AmxRows& a, float* y, int64_t y_stride,
+                          int64_t group_begin, int64_t group_end) {
+  const int tile = static_cast<int>(amx_row_tile(a.rows));
+  thread_local std::vector<int8_t> tile_buffer;
+  thread_local std::vector<float> scale_buffer;
+  const int64_t tile_bytes = a.blocks * kBTileBytes, scale_floats = a.blocks * 32;
+  tile_buffer.resize(static_cast<size_t>(2 * tile_bytes + 64));
+  scale_buffer.resize(static_cast<size_t>(2 * scale_floats + 16));
+  // 64-byte aligned views (the unpacking stores and the scales' loads are aligned ones)
+  auto* tiles0 = reinterpret_cast<int8_t*>((reinterpret_cast<uintptr_t>(tile_buffer.data()) + 63) & ~uintptr_t(63));
+  auto* scales0 = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(scale_buffer.data()) + 63) & ~uintptr_t(63));
+  const int8_t* const tiles[2] = {tiles0, tiles0 + tile_bytes};
+  const float* const scales[2] = {scales0, scales0 + scale_floats};
+  configure_tiles(tile);
+  for (int64_t g = group_begin; g < group_end; g += 2) {
+    const int64_t o[2] = {g * 16, (g + 1 < group_end ? g + 1 : g) * 16};
+    unpack_group(qs, sz, a.blocks, o[0], tiles0, scales0);
+    unpack_group(qs, sz, a.blocks, o[1], tiles0 + tile_bytes, scales0 + scale_floats);
+    for (int64_t first = 0; first < a.padded; first += tile) {
+      if (tile == 8) {
+        amx_row_tile_pair<8>(a, first, tiles, scales, o, y, y_stride);
+      } else {
+        amx_row_tile_pair<16>(a, first, tiles, scales, o, y, y_stride);
+      }
+    }
+  }
+  _tile_release();
+}
+
+// Rows of x (rows x width) times the Q4 weights' whole groups of 16 columns (outputs / 16 of them)
+// into y (row stride y_stride); the caller multiplies the outputs % 16 columns left. Its own scratch
+// (a decode layer holds the extension's scratch buffer while it projects).
+static void q4_amx_matmul(const float* x, int64_t rows, int64_t width, const uint8_t* qs, const uint16_t* sz,
+                          int64_t outputs, float* y, int64_t y_stride) {
+  thread_local std::vector<float> buffer;
+  buffer.resize(static_cast<size_t>(amx_quant_floats(rows, width)));
+  const AmxRows a = amx_quantize(x, rows, width, buffer.data());
+  const int64_t groups = outputs / 16;
+  at::parallel_for(0, (groups + 1) / 2, 1, [&](int64_t b, int64_t e) {  // threads take pairs of groups
+    q4_amx_groups(qs, sz, a, y, y_stride, 2 * b, std::min(groups, 2 * e));
+  });
+}
+
+// This CPU has AMX-INT8 (CPUID leaf 7: AMX-TILE and AMX-INT8) and the kernel lets this process use
+// the tile data (Linux: arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA; without it the first tile
+// instruction is an illegal instruction). Asked once.
+static bool amx_usable() {
+#if defined(__linux__)
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+  const bool tile = (edx >> 24) & 1U, int8 = (edx >> 25) & 1U;
+  if (!tile || !int8) return false;
+  constexpr long kRequestPermission = 0x1023, kXTileData = 18;
+  return syscall(SYS_arch_prctl, kRequestPermission, kXTileData) == 0;
+#else
+  return false;
+#endif
+}
