@@ -132,6 +132,17 @@ def test_a_weight_mode_names_its_int4_kernel_and_runs_on_it(monkeypatch):
         with pytest.raises(ValueError, match="cannot run"):
             with int4_kernel("avx512-vnni"):
                 pass
+    module, rows = native_module(), native_module().q4_amx_rows()
+    if module.q4_amx():  # int4@amx: the tiles from 8 rows; int4@avx512-vnni: never; both restored after
+        with int4_kernel("amx"):
+            assert module.q4_amx_rows() == 8 and q4_isa() == "avx512-vnni"
+        with int4_kernel("avx512-vnni"):
+            assert module.q4_amx_rows() == 0
+        assert module.q4_amx_rows() == rows and q4_isa() == before
+    else:
+        with pytest.raises(ValueError, match="cannot run"):
+            with int4_kernel("amx"):
+                pass
 
 
 @pytest.mark.slow  # spawns the CLI on a folder made from the default model
