@@ -2,7 +2,7 @@
 
 Starts `python app.py` on a free loopback port, drives Debian's Chromium with playwright, and
 writes, at desktop (1440x900) and phone (390x844) size, what the screen shows without scrolling:
-on arrival, ~3 s after Generate, when done, after running a lesson (the batch one), and the
+on arrival (the landing: the paper's task at 3x, docs/SERVING.md "The first run"), ~3 s after Generate, when done, after running a lesson (the batch one), and the
 Results and How it works tabs; plus the README's assets/images/playground.png and results.png,
 and the paper's E2E task at both sizes (assets/images/e2e-1440x900.png, e2e-390x844.png: the task
 picked, an MR composed in the form, generated at 3x; then its lesson's second run, the MR where the task
@@ -150,10 +150,11 @@ def facts_views(browser, port: int) -> list[Path]:
 
 
 def readme_images(browser, port: int) -> list[Path]:
+    """The landing's first run (the paper's task at 3x, as a visitor's first Generate) and the Results tab."""
     page = browser.new_page(viewport={"width": 1440, "height": 1300})
     page.goto(f"http://127.0.0.1:{port}/")
     page.wait_for_selector("#generate-btn", timeout=120_000)
-    page.fill("textarea", "Write a short story about a robot who learns to paint.")
+    time.sleep(2.0)  # the landing's settings, set on load
     page.click("#generate-btn")
     wait_done(page)
     page.screenshot(path=str(OUT / "playground.png"), full_page=True)
