@@ -30,6 +30,12 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
+// The AMX tiles' kernels (amx_kernels.h) need a compiler that knows the AMX target (GCC 11, clang 12)
+// and Linux (the tile data is granted by arch_prctl); elsewhere q4_amx() is false and nothing changes.
+#if defined(SKIPDECODE_X86) && defined(__linux__) && \
+    ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11))
+#define SKIPDECODE_AMX 1
+#endif
 
 // The kernels, compiled once per instruction set (model/lowbit/decode_kernels.h says what they compute).
 #ifdef SKIPDECODE_X86
@@ -49,6 +55,7 @@ namespace avx512 {
 #undef SD_AVX512
 }  // namespace avx512
 #pragma GCC pop_options
+#ifdef SKIPDECODE_AMX
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,amx-tile,amx-int8")
 namespace amx {
@@ -56,6 +63,7 @@ using avx512::bf16_to_float;
 #include "amx_kernels.h"
 }  // namespace amx
 #pragma GCC pop_options
+#endif
 #endif
 
 namespace {
@@ -112,7 +120,7 @@ bool has_q4_matmul() { return active_isa != Isa::none; }
 int64_t amx_rows = 0;
 
 bool q4_amx() {
-#ifdef SKIPDECODE_X86
+#ifdef SKIPDECODE_AMX
   static const bool usable = cpu_has(Isa::avx512) && amx::amx_usable();  // asks the kernel once
   return usable;
 #else
@@ -120,7 +128,7 @@ bool q4_amx() {
 #endif
 }
 
-#ifdef SKIPDECODE_X86
+#ifdef SKIPDECODE_AMX
 // The decode layers' hook (decode_kernels.h, tile_matmul): their projections' rows on AMX tiles.
 bool decode_tile_matmul(const float* x, int64_t rows, int64_t width, const uint8_t* qs, const uint16_t* sz,
                         int64_t outputs, float* y, int64_t y_stride) {
@@ -133,7 +141,7 @@ bool decode_tile_matmul(const float* x, int64_t rows, int64_t width, const uint8
 void set_q4_amx_rows(int64_t rows) {
   TORCH_CHECK(rows >= 0, "set_q4_amx_rows: 0 (never) or a row count");
   amx_rows = rows;
-#ifdef SKIPDECODE_X86
+#ifdef SKIPDECODE_AMX
   avx512::tile_matmul = rows > 0 ? &decode_tile_matmul : nullptr;
 #endif
 }
@@ -206,10 +214,12 @@ Tensor q4_matmul(const Tensor& input, const Tensor& qs, const Tensor& sz, bool c
       w.lanes = lanes->data_ptr<uint8_t>();
     }
     int64_t vector_from = 0;  // AMX tiles take the whole groups of 16 columns, the vector kernel the rest
+#ifdef SKIPDECODE_AMX
     if (!coarse && amx_rows > 0 && rows >= amx_rows && outputs >= 16 && q4_amx()) {
       amx::q4_amx_matmul(xp, rows, width, qp, sp, outputs, yp, outputs);
       vector_from = outputs / 16 * 16;
     }
+#endif
     if (vector_from < outputs) {
       const auto q = avx512::quantize_rows(xp, rows, width, quant);
       at::parallel_for(vector_from, outputs, 16, [&](int64_t b, int64_t e) { avx512::q4_rows(w, q, yp, outputs, b, e, coarse); });
