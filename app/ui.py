@@ -38,7 +38,15 @@ from app.serving.gpu import gpu_handler
 from app.serving.request_guard import RequestGuard
 from app.serving.security_headers import SecurityHeaders
 from app.serving.slow_clients import guard_slow_clients
-from app.settings import EXAMPLE_PROMPTS, Limits, PlaygroundSettings, control_ranges, lowered_defaults, trained_defaults
+from app.settings import (
+    EXAMPLE_PROMPTS,
+    Limits,
+    PlaygroundSettings,
+    control_ranges,
+    lowered_defaults,
+    trained_defaults,
+    within_limits,
+)
 from app.task_view import full_title, header_for, header_markdown, mr_form, task_events
 from app.tasks import TASK_FIXED, TaskGenerators, is_task, task_choices
 from model.generation import TextGenerator
@@ -97,7 +105,7 @@ def build_demo(get_generator: Callable[[], TextGenerator], limits: Limits | None
     if landing == "auto":
         values = landing_values(trained_defaults(generator))
         if playground.tasks.can_land(values["task"], generator):
-            playground.landing = values
+            playground.landing = values | within_limits(values, limits)  # a deployer's lower limit wins
     playground.warm_up()  # a first task job is sized in milliseconds, before its policy loads
     with gr.Blocks(title="SkipDecode Playground", analytics_enabled=analytics_enabled(),
                    delete_cache=(600, 600)) as demo:

@@ -372,5 +372,13 @@ def test_a_bare_visit_lands_on_the_task_lesson_where_its_models_serve_this_model
     linked = visit({"target_speedup": "2"})  # an old link of chat at 2x keeps meaning chat at 2x
     assert linked["target_speedup"] == 2.0 and "task" not in linked and linked["status"].startswith("Settings loaded")
     assert stand_in.any("e2e") is None
+    from app.ui import build_demo  # the page built under a deployer's lower limit lands within it
+
+    limited = build_demo(lambda: chat, Limits(max_new_tokens=16), tasks=stand_in).playground.landing
+    assert limited["max_new_tokens"] == 16 and limited["task"] == "e2e"
+    PlaygroundSettings.from_values(Limits(max_new_tokens=16), **limited)
+    assert build_demo(lambda: chat, tasks=stand_in, landing="chat").playground.landing is None
+    with pytest.raises(ValueError, match="landing must be auto or chat"):
+        build_demo(lambda: chat, tasks=stand_in, landing="e2e")
     playground.preload_landing().join()  # app.py at start: the first Generate does not wait for the load
     assert stand_in.any("e2e") is not None
