@@ -36,6 +36,8 @@ from model.skipdecode.schedule import max_layer_speedup
 HEATMAP_EVERY_S = 0.25  # the heatmap (and the lines drawn with it) at most 4x a second; the panes every frame
 MAX_ERROR_CHARS = 400  # a refusal shown on the page quotes the visitor's value (capped where it is made)
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class Checked:
@@ -52,9 +54,6 @@ class Checked:
         generator, settings = self.generator, self.settings
         full = generator.with_schedule(self.run, settings.schedule_request(full=True, num_layers=generator.num_layers))
         return race(generator, self.run, full, lens=settings.lens, lens_kl=settings.lens_kl, **options)
-
-
-log = logging.getLogger(__name__)
 
 
 class Playground:
