@@ -5,6 +5,8 @@ Settings (environment variables, all optional):
   SKIPDECODE_ADAPTER        adapter folder, "none", or "auto" (default: the shipped adapter)
   SKIPDECODE_TASK_ADAPTERS  folder of the tasks' models, <task>/task and <task>/skip-<S>x (default
                             assets/adapters): the playground's E2E task loads them when first picked
+  SKIPDECODE_LANDING        what a visit without a link shows: "auto" (default: the paper's task at 3x,
+                            its model loaded at start, ~1.3 GB more resident memory) or "chat"
   SKIPDECODE_QUANTIZE       "auto" (default: on CPU the default model's own 4-bit weights, int4; int8 for
                             other models), "int4", "int8" or "none" (float weights)
   SKIPDECODE_MAX_NEW_TOKENS longest generation one request may ask for (default 256)
@@ -65,6 +67,13 @@ def _env_number(name: str, default: float, integer: bool = True):
 
 def _env_int(name: str, default: int) -> int:
     return _env_number(name, default)
+
+
+def landing_from_env() -> str:
+    landing = os.environ.get("SKIPDECODE_LANDING", "auto").strip().lower() or "auto"
+    if landing not in ("auto", "chat"):
+        raise SystemExit(f"SKIPDECODE_LANDING must be auto or chat; got {landing!r}")
+    return landing
 
 
 def limits_from_env() -> Limits:
@@ -128,7 +137,7 @@ def main() -> None:
     demo = build_demo(get_generator, limits_from_env(), concurrency_limit=_env_int("SKIPDECODE_CONCURRENCY", 1),
                       queue_size=_env_int("SKIPDECODE_QUEUE_SIZE", 32),
                       max_queued_per_session=_env_int("SKIPDECODE_MAX_QUEUED_PER_SESSION", 2),
-                      serving=serving_from_env())
+                      serving=serving_from_env(), landing=landing_from_env())
     demo.playground.preload_landing()  # the first visitor's first run (the paper's task at 3x) should not wait either
     demo.launch(
         server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),

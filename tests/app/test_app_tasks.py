@@ -382,3 +382,21 @@ def test_a_bare_visit_lands_on_the_task_lesson_where_its_models_serve_this_model
         build_demo(lambda: chat, tasks=stand_in, landing="e2e")
     playground.preload_landing().join()  # app.py at start: the first Generate does not wait for the load
     assert stand_in.any("e2e") is not None
+
+
+def test_a_deployer_picks_the_landing_by_environment_and_a_bad_value_stops_the_start(monkeypatch):
+    """app.py's SKIPDECODE_LANDING: auto by default, chat to keep the task model out of memory."""
+    import importlib.util
+
+    from tests.support import ROOT
+
+    spec = importlib.util.spec_from_file_location("app_entry", ROOT / "app.py")
+    entry = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(entry)
+    monkeypatch.delenv("SKIPDECODE_LANDING", raising=False)
+    assert entry.landing_from_env() == "auto"
+    monkeypatch.setenv("SKIPDECODE_LANDING", " Chat ")
+    assert entry.landing_from_env() == "chat"
+    monkeypatch.setenv("SKIPDECODE_LANDING", "e2e")
+    with pytest.raises(SystemExit, match="SKIPDECODE_LANDING must be auto or chat"):
+        entry.landing_from_env()
