@@ -6,7 +6,7 @@ Settings (environment variables, all optional):
   SKIPDECODE_TASK_ADAPTERS  folder of the tasks' models, <task>/task and <task>/skip-<S>x (default
                             assets/adapters): the playground's E2E task loads them when first picked
   SKIPDECODE_LANDING        what a visit without a link shows: "auto" (default: the paper's task at 3x,
-                            its model loaded at start, ~1.3 GB more resident memory) or "chat"
+                            its model loaded before the page is served, ~1.3 GB more resident memory) or "chat"
   SKIPDECODE_QUANTIZE       "auto" (default: on CPU the default model's own 4-bit weights, int4; int8 for
                             other models), "int4", "int8" or "none" (float weights)
   SKIPDECODE_MAX_NEW_TOKENS longest generation one request may ask for (default 256)
@@ -138,7 +138,12 @@ def main() -> None:
                       queue_size=_env_int("SKIPDECODE_QUEUE_SIZE", 32),
                       max_queued_per_session=_env_int("SKIPDECODE_MAX_QUEUED_PER_SESSION", 2),
                       serving=serving_from_env(), landing=landing_from_env())
-    demo.playground.preload_landing()  # the first visitor's first run (the paper's task at 3x) should not wait either
+    # The landing's task model too, before the page is served: the first visitor's first run (the paper's
+    # task at 3x) should not wait for it, and the first requests should not share the CPU with its loading.
+    preload = demo.playground.preload_landing()
+    if preload is not None:
+        preload.join()
+        print("skipdecode: the landing's task model ready", file=sys.stderr, flush=True)
     demo.launch(
         server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
         server_port=_env_int("GRADIO_SERVER_PORT", 7860),

@@ -80,8 +80,8 @@ class Playground:
         self.landing: dict | None = None
 
     def preload_landing(self) -> threading.Thread | None:
-        """Load the landing's task model and policy in the background (app.py, at start), so the
-        first visitor's Generate does not wait seconds for it; None when the page lands on chat."""
+        """Load the landing's task model and policy in a thread (app.py waits for it before serving),
+        so the first visitor's Generate does not wait seconds for it; None when the page lands on chat."""
         if self.landing is None:
             return None
         task, speedup = self.landing["task"], self.landing["target_speedup"]
