@@ -47,7 +47,7 @@ from functools import lru_cache
 from app.serving.fair_queue import ServingLimits
 from app.serving.sessions import limit_malloc_arenas
 from app.settings import Limits
-from app.ui import build_demo, launch_options
+from app.ui import LANDINGS, build_demo, launch_options
 from model.common.checks import check_int, check_number
 from model.generation import TextGenerator
 from model.loading import load_model, locate_default_gguf, with_cuda_graphs
@@ -71,8 +71,8 @@ def _env_int(name: str, default: int) -> int:
 
 def landing_from_env() -> str:
     landing = os.environ.get("SKIPDECODE_LANDING", "auto").strip().lower() or "auto"
-    if landing not in ("auto", "chat"):
-        raise SystemExit(f"SKIPDECODE_LANDING must be auto or chat; got {landing!r}")
+    if landing not in LANDINGS:
+        raise SystemExit(f"SKIPDECODE_LANDING must be {' or '.join(LANDINGS)}; got {landing!r}")
     return landing
 
 

@@ -52,7 +52,8 @@ from app.tasks import TASK_FIXED, TaskGenerators, is_task, task_choices
 from model.generation import TextGenerator
 from model.skipdecode.schedule import DECAY_DESCRIPTIONS, LAYER_ORDER_DESCRIPTIONS, max_layer_speedup
 
-__all__ = ["api_function", "build_demo", "launch_options"]
+__all__ = ["LANDINGS", "api_function", "build_demo", "launch_options"]
+LANDINGS = ("auto", "chat")  # what a visit without a link shows (build_demo's landing, app.py's SKIPDECODE_LANDING)
 SPEEDUP_PRESETS = (1.0, 1.5, 2.0, 3.0, 4.0, 5.0)
 # Shown only while a task is chosen: its skip policies are trained for them (model/tasks POLICY_SPEEDUPS);
 # the general chat policy is not, and at 4x and 5x it only garbles.
@@ -100,8 +101,8 @@ def build_demo(get_generator: Callable[[], TextGenerator], limits: Limits | None
     gr.set_static_paths(static_paths())
     playground = Playground(get_generator, limits, concurrency_limit, tasks)
     generator = get_generator()
-    if landing not in ("auto", "chat"):
-        raise ValueError(f"landing must be auto or chat; got {landing!r}")
+    if landing not in LANDINGS:
+        raise ValueError(f"landing must be {' or '.join(LANDINGS)}; got {landing!r}")
     if landing == "auto":
         values = landing_values(trained_defaults(generator))
         if playground.tasks.can_land(values["task"], generator):

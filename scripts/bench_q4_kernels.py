@@ -37,7 +37,7 @@ def sweep(modules: list[Int4WeightLinear], blocks: list[Q4Blocks], rows: int, ki
     start = clock()
     for linear, b in zip(modules, blocks):
         x = inputs[linear.in_features]
-        if kind in ("lane", "lane8"):  # lane8: 8-bit activations (SKIPDECODE_Q4_EIGHT_BIT_ROWS)
+        if kind in ("lane", "lane8"):  # lane8: 8-bit activations (the head's coarse scan)
             module.q4_matmul(x, b.qs, b.sz, kind == "lane8", b.lanes)
         elif kind == "amx":  # AMX tiles (amx_kernels.h) at any row count
             module.q4_matmul(x, b.qs, b.sz, False, b.lanes)

@@ -38,9 +38,15 @@ struct AmxRows {
 
 static inline int64_t amx_row_tile(int64_t rows) { return rows <= 8 ? 8 : 16; }
 
+// rows rounded up to whole row tiles
+static inline int64_t amx_padded_rows(int64_t rows) {
+  const int64_t tile = amx_row_tile(rows);
+  return (rows + tile - 1) / tile * tile;
+}
+
 // scratch floats amx_quantize needs
 static inline int64_t amx_quant_floats(int64_t rows, int64_t width) {
-  const int64_t tile = amx_row_tile(rows), padded = (rows + tile - 1) / tile * tile;
+  const int64_t padded = amx_padded_rows(rows);
   return padded * width / 2 + padded * (width / 32) * 2 + 64;
 }
 
@@ -49,8 +55,7 @@ static AmxRows amx_quantize(const float* x, int64_t rows, int64_t width, float* 
   a.rows = rows;
   a.width = width;
   a.blocks = width / 32;
-  const int64_t tile = amx_row_tile(rows);
-  a.padded = (rows + tile - 1) / tile * tile;
+  a.padded = amx_padded_rows(rows);
   a.hi = reinterpret_cast<int8_t*>(scratch);
   a.lo = a.hi + a.padded * width;
   a.dx = scratch + a.padded * width / 2;
@@ -173,8 +178,8 @@ static inline void add_block(const BlockSums<R>& sums, const float* const scales
   }
 }
 
-// Row tile `first` .. first + R of `a` against two groups of 16 columns (o and o2; their B tiles and
-// scales unpacked): y's rows below a.rows. Software-pipelined: block b's four tile products run on
+// Row tile `first` .. first + R of `a` against two groups of 16 columns (from o[0] and o[1]; their B
+// tiles and scales unpacked): y's rows below a.rows. Software-pipelined: block b's four tile products run on
 // the tile unit while the vector units add up block b - 1's sums (two buffers of sums).
 template <int R>
 static void amx_row_tile_pair(const AmxRows& a, int64_t first, const int8_t* const tiles[2],

@@ -735,10 +735,10 @@ static void lora_b_tiles(const LoraRows& a, const int8_t* tiles, int64_t width, 
 
 #if SD_AVX512
 // The AMX tiles' matmul for a projection's rows (lean_step.cpp sets it: amx_kernels.h, where the CPU
-// has AMX and the rows are enough): multiplies the whole groups of 16 columns and returns true, or
-// returns false and leaves everything to the vector kernels. nullptr: never.
-using TileMatmul = bool (*)(const float* x, int64_t rows, int64_t width, const uint8_t* qs, const uint16_t* sz,
-                            int64_t outputs, float* y, int64_t y_stride);
+// has AMX and the rows are enough): multiplies the columns it can (the whole groups of 16, or none)
+// and returns how many; the vector kernels take the rest. nullptr: never.
+using TileMatmul = int64_t (*)(const float* x, int64_t rows, int64_t width, const uint8_t* qs, const uint16_t* sz,
+                               int64_t outputs, float* y, int64_t y_stride);
 inline TileMatmul tile_matmul = nullptr;
 #endif
 
@@ -761,9 +761,7 @@ static void project(const ProjectionView& p, const float* x, int64_t rows, int64
   const int64_t stride = p.w.outputs;
   int64_t vector_from = 0;  // the columns from here run the vector kernels
 #if SD_AVX512
-  if (tile_matmul != nullptr && tile_matmul(x, rows, width, p.w.qs, p.w.sz, p.w.outputs, y, stride)) {
-    vector_from = p.w.outputs / 16 * 16;
-  }
+  if (tile_matmul != nullptr) vector_from = tile_matmul(x, rows, width, p.w.qs, p.w.sz, p.w.outputs, y, stride);
 #endif
   if (vector_from < p.w.outputs) {  // (the tiles quantise the rows their own way: only the vector kernels' here)
     const QuantRows q = quantize_rows(x, rows, width, quant);

@@ -129,12 +129,15 @@ bool q4_amx() {
 }
 
 #ifdef SKIPDECODE_AMX
-// The decode layers' hook (decode_kernels.h, tile_matmul): their projections' rows on AMX tiles.
-bool decode_tile_matmul(const float* x, int64_t rows, int64_t width, const uint8_t* qs, const uint16_t* sz,
-                        int64_t outputs, float* y, int64_t y_stride) {
-  if (amx_rows == 0 || rows < amx_rows || outputs < 16 || !q4_amx()) return false;
+// Rows of x times the Q4 weights on AMX tiles where they are due (usable here, rows >= amx_rows):
+// the whole groups of 16 columns; returns how many columns it multiplied (0: none, all left to the
+// vector kernels). q4_matmul calls it, and the decode layers through their hook (decode_kernels.h,
+// tile_matmul).
+int64_t tile_matmul_if_due(const float* x, int64_t rows, int64_t width, const uint8_t* qs, const uint16_t* sz,
+                           int64_t outputs, float* y, int64_t y_stride) {
+  if (amx_rows == 0 || rows < amx_rows || outputs < 16 || !q4_amx()) return 0;
   amx::q4_amx_matmul(x, rows, width, qs, sz, outputs, y, y_stride);
-  return true;
+  return outputs / 16 * 16;
 }
 #endif
 
@@ -142,7 +145,7 @@ void set_q4_amx_rows(int64_t rows) {
   TORCH_CHECK(rows >= 0, "set_q4_amx_rows: 0 (never) or a row count");
   amx_rows = rows;
 #ifdef SKIPDECODE_AMX
-  avx512::tile_matmul = rows > 0 ? &decode_tile_matmul : nullptr;
+  avx512::tile_matmul = rows > 0 ? &tile_matmul_if_due : nullptr;
 #endif
 }
 
@@ -215,10 +218,7 @@ Tensor q4_matmul(const Tensor& input, const Tensor& qs, const Tensor& sz, bool c
     }
     int64_t vector_from = 0;  // AMX tiles take the whole groups of 16 columns, the vector kernel the rest
 #ifdef SKIPDECODE_AMX
-    if (!coarse && amx_rows > 0 && rows >= amx_rows && outputs >= 16 && q4_amx()) {
-      amx::q4_amx_matmul(xp, rows, width, qp, sp, outputs, yp, outputs);
-      vector_from = outputs / 16 * 16;
-    }
+    if (!coarse) vector_from = tile_matmul_if_due(xp, rows, width, qp, sp, outputs, yp, outputs);
 #endif
     if (vector_from < outputs) {
       const auto q = avx512::quantize_rows(xp, rows, width, quant);

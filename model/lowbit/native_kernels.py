@@ -32,6 +32,7 @@ from types import ModuleType
 import torch
 from torch import nn
 
+from model.common.checks import check_int
 from model.common.paths import cache_root
 from model.common.progress import say
 
@@ -102,10 +103,11 @@ def amx_rows_setting() -> int:
     text = os.environ.get("SKIPDECODE_Q4_AMX_ROWS", "").strip()
     if not text:
         return DEFAULT_AMX_ROWS
-    if not text.isdigit():
-        say(f"SKIPDECODE_Q4_AMX_ROWS={text!r} is not a row count; kept {DEFAULT_AMX_ROWS}")
+    try:
+        return check_int("SKIPDECODE_Q4_AMX_ROWS", text, low=0, text=True)
+    except ValueError as error:
+        say(f"{error}; kept {DEFAULT_AMX_ROWS}")
         return DEFAULT_AMX_ROWS
-    return int(text)
 
 
 def _force_isa(module: ModuleType) -> None:
