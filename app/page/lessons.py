@@ -121,8 +121,9 @@ LESSONS = (
 LANDING_LESSON = "The paper's task: 3x, the same description"
 LANDING_LINE = ("**You are looking at** the paper's task (E2E: a restaurant's facts in, a description out) at 3x: "
                 "SkipDecode runs a third of the task model's layers. Press **Generate**: on this MR it writes the "
-                "task model's description word for word. Then **Run an MR where 3x drops a fact** shows where it "
-                "breaks (the price left out). General chat is under *Task*.")
+                "task model's description word for word. Then "
+                f"**{next(lesson for lesson in LESSONS if lesson.title == LANDING_LESSON).then_label}** shows where "
+                "it breaks (the price left out). General chat is under *Task*.")
 # The line when the page lands on general chat (another model than the tasks' base, or no task models).
 CHAT_LANDING_LINE = ("**You are looking at** general chat at 2x: one general skip policy on a 135M model, where "
                      "SkipDecode is weakest (its answer drifts from the full model's within a sentence or two). For "
