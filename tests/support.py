@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import copy
 import os
+import shutil
+import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the tests may reach a hub
@@ -125,3 +127,33 @@ def script_module(name: str):
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+# --- the browser tests' Chromium (tests/app/test_browser*.py) ------------------------------------
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+BROWSER_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
+
+
+def rendered_page(browser, url: str, width: int, height: int):
+    """A new tab of ``browser`` on ``url``, once the app has rendered."""
+    page = browser.new_page(viewport={"width": width, "height": height})
+    page.goto(url)
+    page.wait_for_selector("#generate-btn", timeout=60_000)
+    return page
+
+
+def open_page(p, url: str, width: int, height: int):
+    """(browser, page): Debian's Chromium launched headless by playwright ``p``, a tab on ``url``."""
+    browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+    return browser, rendered_page(browser, url, width, height)
+
+
+def wait_until(condition, timeout: float) -> bool:
+    """Whether ``condition()`` held within ``timeout`` seconds (checked every 0.1 s)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return False

@@ -1,7 +1,6 @@
 """A real headless Chromium against the launched playground: click Generate, watch it stream."""
 
 import os
-import shutil
 import time
 from pathlib import Path
 
@@ -9,12 +8,10 @@ import pytest
 
 from app.ui import build_demo, launch_options
 from model.generation import TextGenerator
+from tests.support import BROWSER_ARGS, CHROMIUM, open_page, rendered_page, wait_until
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 playwright = pytest.importorskip("playwright.sync_api")
 pytestmark = [pytest.mark.browser, pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium not installed (scripts/test.sh installs it)")]
-BROWSER_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
 
 
 @pytest.fixture(scope="module")
@@ -32,16 +29,11 @@ def page_url(server):
 
 
 def _open(p, url, width: int = 1400, height: int = 1400):
-    browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
-    return browser, _page(browser, url, width, height)
+    return open_page(p, url, width, height)
 
 
 def _page(browser, url, width: int = 1400, height: int = 1000):
-    """A new tab on ``url``, once the app has rendered."""
-    page = browser.new_page(viewport={"width": width, "height": height})
-    page.goto(url)
-    page.wait_for_selector("#generate-btn", timeout=60_000)
-    return page
+    return rendered_page(browser, url, width, height)
 
 
 def _open_from_link(p, url: str, query: str, width: int = 1400, height: int = 1400):
@@ -52,13 +44,7 @@ def _open_from_link(p, url: str, query: str, width: int = 1400, height: int = 14
     return browser, page
 
 
-def _wait(condition, timeout: float) -> bool:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if condition():
-            return True
-        time.sleep(0.1)
-    return False
+_wait = wait_until
 
 
 def _token_count(page) -> int:

@@ -8,7 +8,6 @@ run's text, and its wrong fact, are known before it starts."""
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 
@@ -21,13 +20,11 @@ from model.generation import GenerationRequest, TextGenerator
 from model.loading import load_model
 from model.tasks.e2e import task_prompt
 from model.tasks.task_models import task_schedule
+from tests.support import CHROMIUM, open_page, wait_until
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 playwright = pytest.importorskip("playwright.sync_api")
 pytestmark = [pytest.mark.browser, pytest.mark.skipif(not Path(CHROMIUM).exists(),
                                                       reason="Debian chromium not installed (scripts/test.sh installs it)")]
-BROWSER_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
 SIZES = [(1440, 900), (390, 844)]
 MR = "name[The Eagle], eatType[coffee shop], area[riverside]"  # The Eagle: a place the task model trained on
 WRONG = "The Eagle is a coffee shop in the city centre."
@@ -77,21 +74,7 @@ def classroom_server(default_model, tmp_path_factory):
     demo.close()
 
 
-def _wait(condition, timeout: float) -> bool:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if condition():
-            return True
-        time.sleep(0.1)
-    return False
-
-
-def _open(p, url: str, width: int, height: int):
-    browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
-    page = browser.new_page(viewport={"width": width, "height": height})
-    page.goto(url)
-    page.wait_for_selector("#generate-btn", timeout=60_000)
-    return browser, page
+_wait, _open = wait_until, open_page
 
 
 def _generate(page, timeout: float = 180) -> None:
