@@ -1,5 +1,6 @@
 """The int4 kernels side by side on the default model's matrix shapes (random weights), one process:
-AMX tiles (where the CPU has AMX-INT8), the AVX-512 lane kernel (16-bit activations, and "lane8" with
+AMX tiles (where the CPU has AMX-INT8: "amx" with the weights laid out for them at load, "amx-bare"
+transposing the 4-bit bytes on every call), the AVX-512 lane kernel (16-bit activations, and "lane8" with
 8-bit ones), the group kernel (the same q4 bytes without the lane layout) and torch's int4
 kernel, at each row count (a decode batch, or a prompt's tokens).
 
@@ -33,13 +34,15 @@ def sweep(modules: list[Int4WeightLinear], blocks: list[Q4Blocks], rows: int, ki
     """Seconds of one pass over every matrix with ``rows`` random rows through ``kind``'s kernel."""
     module = native_module()
     inputs = {width: torch.randn(rows, width) for width in (576, 1536)}
-    module.set_q4_amx_rows(1 if kind == "amx" else 0)
+    module.set_q4_amx_rows(1 if kind.startswith("amx") else 0)
     start = clock()
     for linear, b in zip(modules, blocks):
         x = inputs[linear.in_features]
         if kind in ("lane", "lane8"):  # lane8: 8-bit activations (the head's coarse scan)
             module.q4_matmul(x, b.qs, b.sz, kind == "lane8", b.lanes)
-        elif kind == "amx":  # AMX tiles (amx_kernels.h) at any row count
+        elif kind == "amx":  # AMX tiles (amx_kernels.h) at any row count, on the load-time layout
+            module.q4_matmul(x, b.qs, b.sz, False, b.lanes, b.amx)
+        elif kind == "amx-bare":  # the same, transposing the bytes on every call
             module.q4_matmul(x, b.qs, b.sz, False, b.lanes)
         elif kind == "group":
             module.q4_matmul(x, b.qs, b.sz, False)
@@ -68,12 +71,12 @@ def main() -> None:
     blocks = [Q4Blocks.of(m) for m in modules]
     kinds = (["lane", "lane8", "group"] if q4_isa() == "avx512-vnni" else ["group"]) + ["torch"]
     if native_module().q4_amx():
-        kinds.insert(0, "amx")
+        kinds[:0] = ["amx", "amx-bare"]
     info = hardware_info(torch.device("cpu"))
     print(f"{info['summary']}; CPU flags: {', '.join(info.get('cpu_flags', []))}; q4 on {q4_isa()}; "
           f"{args.threads} thread(s), {args.clock} time, best of {args.repeats}, {args.layers} layers + head")
-    print("| rows | " + " | ".join(f"{k} ms" for k in kinds) + " | torch / ours | group / lane | lane / lane8 | lane / amx |")
-    print("|---" * (len(kinds) + 5) + "|")
+    print("| rows | " + " | ".join(f"{k} ms" for k in kinds) + " | torch / ours | group / lane | lane / lane8 | lane / amx | amx-bare / amx |")
+    print("|---" * (len(kinds) + 6) + "|")
     for rows in (int(r) for r in args.rows.split(",")):
         best = {kind: float("inf") for kind in kinds}
         for _ in range(args.repeats):
@@ -82,9 +85,10 @@ def main() -> None:
         ours = min(best[k] for k in kinds if k != "torch")
         lane_gain = f"{best['group'] / best['lane']:.2f}x" if "lane" in best else "–"
         eight_gain = f"{best['lane'] / best['lane8']:.2f}x" if "lane8" in best else "–"
-        amx_gain = f"{best['lane'] / best['amx']:.2f}x" if "amx" in best else "–"
+        amx_gain = f"{best['lane'] / best['amx']:.2f}x" if "amx" in best and "lane" in best else "–"
+        layout_gain = f"{best['amx-bare'] / best['amx']:.2f}x" if "amx" in best else "–"
         print(f"| {rows} | " + " | ".join(f"{1000 * best[k]:.1f}" for k in kinds) +
-              f" | {best['torch'] / ours:.2f}x | {lane_gain} | {eight_gain} | {amx_gain} |", flush=True)
+              f" | {best['torch'] / ours:.2f}x | {lane_gain} | {eight_gain} | {amx_gain} | {layout_gain} |", flush=True)
 
 
 if __name__ == "__main__":

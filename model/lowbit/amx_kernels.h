@@ -23,6 +23,10 @@
 //   C: rows x 16 int32 per block, hi and lo, combined and scaled by the vector units into float
 //     sums kept in registers across the blocks.
 // A group's B tiles and scales are unpacked once into a scratch buffer and serve every row tile.
+// Where the weights were also laid out for the tiles when they were loaded (amx_layout: per group of
+// 16 columns and block, the B tile's 8 rows still as 4 rows of nibble pairs, 256 bytes, then the 16
+// columns' (scale, zero) pairs, 64 bytes), that unpacking is two masks a row of bytes; otherwise the
+// 16 columns' bytes are transposed and their pairs gathered every time (a fifth of a batch-8 step).
 
 // (lean_step.cpp includes <cpuid.h> and, on Linux, <sys/syscall.h> and <unistd.h> for amx_usable.)
 
@@ -107,14 +111,15 @@ static inline void configure_tiles(int rows) {
   _tile_loadconfig(&config);
 }
 
-constexpr int64_t kBTileBytes = 512;  // a block's B tile for 16 columns: 8 rows x 64 bytes
+constexpr int64_t kBTileBytes = 512;    // a block's B tile for 16 columns: 8 rows x 64 bytes
+constexpr int64_t kLayoutBlockBytes = 320;  // a block of 16 columns in amx_layout: 256 nibble bytes + 64 pair bytes
 
-// Columns o .. o + 15, every block: the B tiles (kBTileBytes each) into `tiles` and per block the 16
-// columns' scales and (zero - 8 scale) into `scales` (32 floats a block).
-static void unpack_group(const uint8_t* qs, const uint16_t* sz, int64_t blocks, int64_t o, int8_t* tiles,
-                         float* scales) {
+// Block b of columns o .. o + 15 transposed for the B tile: rows[kk] (kk 0-3) holds column n's bytes
+// 4kk .. 4kk + 3 at dword n (low nibbles: B's row kk, high ones: row kk + 4), and pairs the 16 columns'
+// (scale, zero) bfloat16 pairs, one 32-bit lane each.
+static inline void transpose_block(const uint8_t* qs, const uint16_t* sz, int64_t blocks, int64_t o, int64_t b,
+                                   __m512i (&rows)[4], __m512i& pairs) {
   const int64_t row_bytes = blocks * 16;
-  const __m512i nibble = _mm512_set1_epi8(0x0F);
   // Stage 1 takes dwords kk, kk+1 of each column of two registers (4 columns each), stage 2 joins halves.
   const __m512i first = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29);
   const __m512i second = _mm512_setr_epi32(2, 6, 10, 14, 18, 22, 26, 30, 3, 7, 11, 15, 19, 23, 27, 31);
@@ -122,35 +127,77 @@ static void unpack_group(const uint8_t* qs, const uint16_t* sz, int64_t blocks, 
   const __m512i high_halves = _mm512_setr_epi64(4, 5, 6, 7, 12, 13, 14, 15);
   const __m512i pair_index = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                                 _mm512_set1_epi32(static_cast<int32_t>(blocks)));  // column n's pairs
-  for (int64_t b = 0; b < blocks; ++b) {
-    __m512i columns[4];  // register p: columns 4p .. 4p + 3, 16 bytes each (dword kk: bytes 4kk .. 4kk + 3)
-    for (int p = 0; p < 4; ++p) {
-      const uint8_t* at = qs + (o + 4 * p) * row_bytes + b * 16;
-      __m512i v = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at)));
-      v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(at + row_bytes)), 1);
-      v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(at + 2 * row_bytes)), 2);
-      columns[p] = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(at + 3 * row_bytes)), 3);
-    }
-    // a01: kk 0 for columns 0-7, kk 1 for columns 0-7; b01: kk 2, kk 3; likewise a23, b23 for columns 8-15
-    const __m512i a01 = _mm512_permutex2var_epi32(columns[0], first, columns[1]);
-    const __m512i b01 = _mm512_permutex2var_epi32(columns[0], second, columns[1]);
-    const __m512i a23 = _mm512_permutex2var_epi32(columns[2], first, columns[3]);
-    const __m512i b23 = _mm512_permutex2var_epi32(columns[2], second, columns[3]);
-    const __m512i rows[4] = {  // row kk: dword n = column n's bytes 4kk .. 4kk + 3
-        _mm512_permutex2var_epi64(a01, low_halves, a23), _mm512_permutex2var_epi64(a01, high_halves, a23),
-        _mm512_permutex2var_epi64(b01, low_halves, b23), _mm512_permutex2var_epi64(b01, high_halves, b23)};
-    int8_t* tile = tiles + b * kBTileBytes;
-    for (int kk = 0; kk < 4; ++kk) {
-      _mm512_store_si512(tile + kk * 64, _mm512_and_si512(rows[kk], nibble));                             // q[4kk + i]
-      _mm512_store_si512(tile + (kk + 4) * 64, _mm512_and_si512(_mm512_srli_epi16(rows[kk], 4), nibble));  // q[16 + 4kk + i]
-    }
-    // the 16 columns' (scale, zero) bfloat16 pairs of block b, one 32-bit lane each
-    const __m512i pairs = _mm512_i32gather_epi32(pair_index, sz + o * blocks * 2 + b * 2, 4);
-    const __m512 scale = _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
-    const __m512 zero = _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u))));
-    _mm512_store_ps(scales + b * 32, scale);
-    _mm512_store_ps(scales + b * 32 + 16, _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), scale, zero));
+  __m512i columns[4];  // register p: columns 4p .. 4p + 3, 16 bytes each (dword kk: bytes 4kk .. 4kk + 3)
+  for (int p = 0; p < 4; ++p) {
+    const uint8_t* at = qs + (o + 4 * p) * row_bytes + b * 16;
+    __m512i v = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at)));
+    v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(at + row_bytes)), 1);
+    v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(at + 2 * row_bytes)), 2);
+    columns[p] = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(at + 3 * row_bytes)), 3);
   }
+  // a01: kk 0 for columns 0-7, kk 1 for columns 0-7; b01: kk 2, kk 3; likewise a23, b23 for columns 8-15
+  const __m512i a01 = _mm512_permutex2var_epi32(columns[0], first, columns[1]);
+  const __m512i b01 = _mm512_permutex2var_epi32(columns[0], second, columns[1]);
+  const __m512i a23 = _mm512_permutex2var_epi32(columns[2], first, columns[3]);
+  const __m512i b23 = _mm512_permutex2var_epi32(columns[2], second, columns[3]);
+  rows[0] = _mm512_permutex2var_epi64(a01, low_halves, a23);
+  rows[1] = _mm512_permutex2var_epi64(a01, high_halves, a23);
+  rows[2] = _mm512_permutex2var_epi64(b01, low_halves, b23);
+  rows[3] = _mm512_permutex2var_epi64(b01, high_halves, b23);
+  pairs = _mm512_i32gather_epi32(pair_index, sz + o * blocks * 2 + b * 2, 4);
+}
+
+// Block b's B tile (from its 4 transposed rows) and its 16 columns' scales and (zero - 8 scale)
+// (from their pairs) into `tile` (kBTileBytes) and `scales` (32 floats).
+static inline void unpack_block(const __m512i (&rows)[4], __m512i pairs, int8_t* tile, float* scales) {
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  for (int kk = 0; kk < 4; ++kk) {
+    _mm512_store_si512(tile + kk * 64, _mm512_and_si512(rows[kk], nibble));                             // q[4kk + i]
+    _mm512_store_si512(tile + (kk + 4) * 64, _mm512_and_si512(_mm512_srli_epi16(rows[kk], 4), nibble));  // q[16 + 4kk + i]
+  }
+  const __m512 scale = _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
+  const __m512 zero = _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u))));
+  _mm512_store_ps(scales, scale);
+  _mm512_store_ps(scales + 16, _mm512_fnmadd_ps(_mm512_set1_ps(8.0f), scale, zero));
+}
+
+// Columns o .. o + 15, every block: the B tiles (kBTileBytes each) into `tiles` and per block the 16
+// columns' scales and (zero - 8 scale) into `scales` (32 floats a block). `laid_out`: the group's
+// blocks in amx_layout (nullptr: transposed from qs and sz here).
+static void unpack_group(const uint8_t* qs, const uint16_t* sz, const uint8_t* laid_out, int64_t blocks, int64_t o,
+                         int8_t* tiles, float* scales) {
+  __m512i rows[4], pairs;
+  for (int64_t b = 0; b < blocks; ++b) {
+    if (laid_out != nullptr) {
+      const uint8_t* at = laid_out + b * kLayoutBlockBytes;
+      _mm_prefetch(reinterpret_cast<const char*>(at) + 4096, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(at) + 4096 + 64, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(at) + 4096 + 128, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(at) + 4096 + 192, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(at) + 4096 + 256, _MM_HINT_T0);
+      for (int kk = 0; kk < 4; ++kk) rows[kk] = _mm512_loadu_si512(at + kk * 64);
+      pairs = _mm512_loadu_si512(at + 256);
+    } else {
+      transpose_block(qs, sz, blocks, o, b, rows, pairs);
+    }
+    unpack_block(rows, pairs, tiles + b * kBTileBytes, scales + b * 32);
+  }
+}
+
+// The weights' whole groups of 16 columns laid out for the tiles (the layout above: groups x blocks x
+// kLayoutBlockBytes), written into `out`; built once when the weights are loaded.
+static void amx_layout(const uint8_t* qs, const uint16_t* sz, int64_t outputs, int64_t blocks, uint8_t* out) {
+  at::parallel_for(0, outputs / 16, 1, [&](int64_t begin, int64_t end) {
+    __m512i rows[4], pairs;
+    for (int64_t g = begin; g < end; ++g) {
+      for (int64_t b = 0; b < blocks; ++b) {
+        transpose_block(qs, sz, blocks, g * 16, b, rows, pairs);
+        uint8_t* at = out + (g * blocks + b) * kLayoutBlockBytes;
+        for (int kk = 0; kk < 4; ++kk) _mm512_storeu_si512(at + kk * 64, rows[kk]);
+        _mm512_storeu_si512(at + 256, pairs);
+      }
+    }
+  });
 }
 
 // A block's tile sums of one row tile, two column groups: hi and lo, R x 16 int32 each.
@@ -159,33 +206,36 @@ struct alignas(64) BlockSums {
   int32_t hi[2][R * 16], lo[2][R * 16];
 };
 
-// The float work of block b's sums into the accumulators (R rows x 2 groups x 16 columns).
-template <int R>
-static inline void add_block(const BlockSums<R>& sums, const float* const scales[2], const float* dx,
-                             const float* sum, int64_t blocks, int64_t b, float* acc) {
+// The float work of block b's sums into the accumulators (R rows x 2 groups of 16 columns, kept in
+// registers across the blocks: through memory they had been a load and a store for every row, group
+// and block). Coarse: the high bytes alone (the head's ranking scan, as the vector kernels' Coarse).
+template <int R, bool Coarse>
+__attribute__((always_inline)) static inline void add_block(const BlockSums<R>& sums, const float* const scales[2],
+                                                            const float* dx, const float* sum, int64_t blocks,
+                                                            int64_t b, __m512 (&acc)[R][2]) {
   for (int g = 0; g < 2; ++g) {
     const __m512 scale = _mm512_load_ps(scales[g] + b * 32);
     const __m512 zero_term = _mm512_load_ps(scales[g] + b * 32 + 16);
 #pragma GCC unroll 16
     for (int m = 0; m < R; ++m) {
-      const __m512i whole = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(sums.hi[g] + m * 16), 8),
-                                             _mm512_load_si512(sums.lo[g] + m * 16));
-      float* at = acc + (m * 2 + g) * 16;
-      __m512 total = _mm512_fmadd_ps(_mm512_cvtepi32_ps(whole),
-                                     _mm512_mul_ps(scale, _mm512_set1_ps(dx[m * blocks + b])), _mm512_load_ps(at));
-      _mm512_store_ps(at, _mm512_fmadd_ps(zero_term, _mm512_set1_ps(sum[m * blocks + b]), total));
+      __m512i whole = _mm512_slli_epi32(_mm512_load_si512(sums.hi[g] + m * 16), 8);
+      if (!Coarse) whole = _mm512_add_epi32(whole, _mm512_load_si512(sums.lo[g] + m * 16));
+      const __m512 total = _mm512_fmadd_ps(_mm512_cvtepi32_ps(whole),
+                                           _mm512_mul_ps(scale, _mm512_set1_ps(dx[m * blocks + b])), acc[m][g]);
+      acc[m][g] = _mm512_fmadd_ps(zero_term, _mm512_set1_ps(sum[m * blocks + b]), total);
     }
   }
 }
 
 // Row tile `first` .. first + R of `a` against two groups of 16 columns (from o[0] and o[1]; their B
-// tiles and scales unpacked): y's rows below a.rows. Software-pipelined: block b's four tile products run on
+// tiles and scales unpacked): y's rows below a.rows. Software-pipelined: block b's tile products run on
 // the tile unit while the vector units add up block b - 1's sums (two buffers of sums).
-template <int R>
+template <int R, bool Coarse>
 static void amx_row_tile_pair(const AmxRows& a, int64_t first, const int8_t* const tiles[2],
                               const float* const scales[2], const int64_t o[2], float* y, int64_t y_stride) {
   BlockSums<R> sums[2];
-  alignas(64) float acc[R * 2 * 16] = {};
+  __m512 acc[R][2];
+  for (int m = 0; m < R; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
   const int8_t* hi = a.hi + first * a.width;
   const int8_t* lo = a.lo + first * a.width;
   const float* dx = a.dx + first * a.blocks;
@@ -193,37 +243,43 @@ static void amx_row_tile_pair(const AmxRows& a, int64_t first, const int8_t* con
   for (int64_t b = 0; b <= a.blocks; ++b) {
     if (b < a.blocks) {
       _tile_zero(0);
-      _tile_zero(1);
       _tile_zero(6);
-      _tile_zero(7);
       _tile_loadd(2, hi + b * 32, a.width);
-      _tile_loadd(3, lo + b * 32, a.width);
       _tile_loadd(4, tiles[0] + b * kBTileBytes, 64);
       _tile_loadd(5, tiles[1] + b * kBTileBytes, 64);
       _tile_dpbssd(0, 2, 4);
-      _tile_dpbssd(1, 3, 4);
       _tile_dpbssd(6, 2, 5);
-      _tile_dpbssd(7, 3, 5);
+      if (!Coarse) {
+        _tile_zero(1);
+        _tile_zero(7);
+        _tile_loadd(3, lo + b * 32, a.width);
+        _tile_dpbssd(1, 3, 4);
+        _tile_dpbssd(7, 3, 5);
+      }
     }
-    if (b > 0) add_block<R>(sums[(b - 1) % 2], scales, dx, sum, a.blocks, b - 1, acc);
+    if (b > 0) add_block<R, Coarse>(sums[(b - 1) % 2], scales, dx, sum, a.blocks, b - 1, acc);
     if (b < a.blocks) {
       BlockSums<R>& into = sums[b % 2];
       _tile_stored(0, into.hi[0], 64);
-      _tile_stored(1, into.lo[0], 64);
       _tile_stored(6, into.hi[1], 64);
-      _tile_stored(7, into.lo[1], 64);
+      if (!Coarse) {
+        _tile_stored(1, into.lo[0], 64);
+        _tile_stored(7, into.lo[1], 64);
+      }
     }
   }
   for (int m = 0; m < R && first + m < a.rows; ++m) {
-    for (int g = 0; g < 2; ++g) _mm512_storeu_ps(y + (first + m) * y_stride + o[g], _mm512_load_ps(acc + (m * 2 + g) * 16));
+    for (int g = 0; g < 2; ++g) _mm512_storeu_ps(y + (first + m) * y_stride + o[g], acc[m][g]);
   }
 }
 
 // Column groups [group_begin, group_end) (16 columns each) of every row, two at a time (an odd last
 // group is paired with itself: its columns are written twice, the same values). Per thread: its tile
 // configuration (state of the thread), then each pair's B tiles unpacked once for all row tiles.
-static void q4_amx_groups(const uint8_t* qs, const uint16_t* sz, const AmxRows& a, float* y, int64_t y_stride,
-                          int64_t group_begin, int64_t group_end) {
+// laid_out: the weights in amx_layout (nullptr: none).
+template <bool Coarse>
+static void q4_amx_groups(const uint8_t* qs, const uint16_t* sz, const uint8_t* laid_out, const AmxRows& a, float* y,
+                          int64_t y_stride, int64_t group_begin, int64_t group_end) {
   const int tile = static_cast<int>(amx_row_tile(a.rows));
   thread_local std::vector<int8_t> tile_buffer;
   thread_local std::vector<float> scale_buffer;
@@ -236,15 +292,18 @@ static void q4_amx_groups(const uint8_t* qs, const uint16_t* sz, const AmxRows& 
   const int8_t* const tiles[2] = {tiles0, tiles0 + tile_bytes};
   const float* const scales[2] = {scales0, scales0 + scale_floats};
   configure_tiles(tile);
+  const int64_t group_bytes = a.blocks * kLayoutBlockBytes;
   for (int64_t g = group_begin; g < group_end; g += 2) {
     const int64_t o[2] = {g * 16, (g + 1 < group_end ? g + 1 : g) * 16};
-    unpack_group(qs, sz, a.blocks, o[0], tiles0, scales0);
-    unpack_group(qs, sz, a.blocks, o[1], tiles0 + tile_bytes, scales0 + scale_floats);
+    for (int k = 0; k < 2; ++k) {
+      unpack_group(qs, sz, laid_out != nullptr ? laid_out + o[k] / 16 * group_bytes : nullptr, a.blocks, o[k],
+                   tiles0 + k * tile_bytes, scales0 + k * scale_floats);
+    }
     for (int64_t first = 0; first < a.padded; first += tile) {
       if (tile == 8) {
-        amx_row_tile_pair<8>(a, first, tiles, scales, o, y, y_stride);
+        amx_row_tile_pair<8, Coarse>(a, first, tiles, scales, o, y, y_stride);
       } else {
-        amx_row_tile_pair<16>(a, first, tiles, scales, o, y, y_stride);
+        amx_row_tile_pair<16, Coarse>(a, first, tiles, scales, o, y, y_stride);
       }
     }
   }
@@ -252,16 +311,21 @@ static void q4_amx_groups(const uint8_t* qs, const uint16_t* sz, const AmxRows& 
 }
 
 // Rows of x (rows x width) times the Q4 weights' whole groups of 16 columns (outputs / 16 of them)
-// into y (row stride y_stride); the caller multiplies the outputs % 16 columns left. Its own scratch
-// (a decode layer holds the extension's scratch buffer while it projects).
+// into y (row stride y_stride); the caller multiplies the outputs % 16 columns left. laid_out: the
+// weights in amx_layout, or nullptr. coarse: the high bytes of the activations alone (a ranking). Its
+// own scratch (a decode layer holds the extension's scratch buffer while it projects).
 static void q4_amx_matmul(const float* x, int64_t rows, int64_t width, const uint8_t* qs, const uint16_t* sz,
-                          int64_t outputs, float* y, int64_t y_stride) {
+                          const uint8_t* laid_out, int64_t outputs, bool coarse, float* y, int64_t y_stride) {
   thread_local std::vector<float> buffer;
   buffer.resize(static_cast<size_t>(amx_quant_floats(rows, width)));
   const AmxRows a = amx_quantize(x, rows, width, buffer.data());
   const int64_t groups = outputs / 16;
   at::parallel_for(0, (groups + 1) / 2, 1, [&](int64_t b, int64_t e) {  // threads take pairs of groups
-    q4_amx_groups(qs, sz, a, y, y_stride, 2 * b, std::min(groups, 2 * e));
+    if (coarse) {
+      q4_amx_groups<true>(qs, sz, laid_out, a, y, y_stride, 2 * b, std::min(groups, 2 * e));
+    } else {
+      q4_amx_groups<false>(qs, sz, laid_out, a, y, y_stride, 2 * b, std::min(groups, 2 * e));
+    }
   });
 }
 

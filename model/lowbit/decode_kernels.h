@@ -39,6 +39,8 @@ static inline vf vload_i8(const int8_t* p) {
 static inline vf vround(vf a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 static inline vf vexp2i(vf p, vf n) { return _mm512_scalef_ps(p, n); }  // p * 2^n
 static inline bool vany_greater(vf a, float bound) { return _mm512_cmp_ps_mask(a, _mm512_set1_ps(bound), _CMP_GT_OQ) != 0; }
+static inline bool vany_nan(vf a) { return _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q) != 0; }
+static inline bool vany_equal(vf a, vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ) != 0; }
 #else
 constexpr int kW = 8;
 using vf = __m256;
@@ -71,6 +73,8 @@ static inline vf vround(vf a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_
 static inline bool vany_greater(vf a, float bound) {
   return _mm256_movemask_ps(_mm256_cmp_ps(a, _mm256_set1_ps(bound), _CMP_GT_OQ)) != 0;
 }
+static inline bool vany_nan(vf a) { return _mm256_movemask_ps(_mm256_cmp_ps(a, a, _CMP_UNORD_Q)) != 0; }
+static inline bool vany_equal(vf a, vf b) { return _mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_EQ_OQ)) != 0; }
 static inline vf vexp2i(vf p, vf n) {  // p * 2^n for integral n in [-126, 127]
   const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
@@ -110,6 +114,33 @@ static inline float dot(const float* a, const float* b, int64_t n) {
   float total = vsum(acc);
   for (; j < n; ++j) total += a[j] * b[j];
   return total;
+}
+
+// The index of a row's largest value, the first where several are equal, and the first NaN where there
+// is one: torch's argmax (its CPU kernel took ~120 us for a 49152-entry row, a step's 2-3%).
+static int64_t row_argmax(const float* x, int64_t n) {
+  vf best = vset(-INFINITY);
+  bool nan = false;
+  int64_t j = 0;
+  for (; j + kW <= n; j += kW) {
+    const vf v = vload(x + j);
+    nan = nan || vany_nan(v);
+    best = vmax(best, v);
+  }
+  float largest = vhmax(best);
+  for (; j < n; ++j) {
+    nan = nan || std::isnan(x[j]);
+    largest = std::max(largest, x[j]);
+  }
+  int64_t k = 0;
+  if (!nan) {  // whole vectors up to the first that holds the largest value
+    const vf target = vset(largest);
+    while (k + kW <= n && !vany_equal(vload(x + k), target)) k += kW;
+  }
+  for (; k < n; ++k) {
+    if (nan ? std::isnan(x[k]) : x[k] == largest) return k;
+  }
+  return 0;  // (unreached: the largest value is in the row)
 }
 
 // out = x * rsqrt(mean(x^2) + eps) * weight
@@ -340,6 +371,9 @@ struct Q4Weights {
   // 4 x 64 bytes, lane l holding block l's bytes 4c..4c+3; the blocks past the last superblock as in
   // qs); nullptr: the group kernel (q4_tile) alone. AVX-512 only.
   const uint8_t* lanes = nullptr;
+  // The whole groups of 16 rows laid out for the AMX tiles (amx_kernels.h, amx_layout); nullptr: none
+  // (the tiles then transpose the bytes above every time).
+  const uint8_t* amx = nullptr;
 };
 
 #if SD_AVX512
@@ -737,8 +771,8 @@ static void lora_b_tiles(const LoraRows& a, const int8_t* tiles, int64_t width, 
 // The AMX tiles' matmul for a projection's rows (lean_step.cpp sets it: amx_kernels.h, where the CPU
 // has AMX and the rows are enough): multiplies the columns it can (the whole groups of 16, or none)
 // and returns how many; the vector kernels take the rest. nullptr: never.
-using TileMatmul = int64_t (*)(const float* x, int64_t rows, int64_t width, const uint8_t* qs, const uint16_t* sz,
-                               int64_t outputs, float* y, int64_t y_stride);
+using TileMatmul = int64_t (*)(const float* x, int64_t rows, int64_t width, const Q4Weights& w, bool coarse, float* y,
+                               int64_t y_stride);
 inline TileMatmul tile_matmul = nullptr;
 #endif
 
@@ -761,7 +795,7 @@ static void project(const ProjectionView& p, const float* x, int64_t rows, int64
   const int64_t stride = p.w.outputs;
   int64_t vector_from = 0;  // the columns from here run the vector kernels
 #if SD_AVX512
-  if (tile_matmul != nullptr) vector_from = tile_matmul(x, rows, width, p.w.qs, p.w.sz, p.w.outputs, y, stride);
+  if (tile_matmul != nullptr) vector_from = tile_matmul(x, rows, width, p.w, /*coarse=*/false, y, stride);
 #endif
   if (vector_from < p.w.outputs) {  // (the tiles quantise the rows their own way: only the vector kernels' here)
     const QuantRows q = quantize_rows(x, rows, width, quant);

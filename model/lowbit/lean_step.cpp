@@ -133,11 +133,11 @@ bool q4_amx() {
 // the whole groups of 16 columns; returns how many columns it multiplied (0: none, all left to the
 // vector kernels). q4_matmul calls it, and the decode layers through their hook (decode_kernels.h,
 // tile_matmul).
-int64_t tile_matmul_if_due(const float* x, int64_t rows, int64_t width, const uint8_t* qs, const uint16_t* sz,
-                           int64_t outputs, float* y, int64_t y_stride) {
-  if (amx_rows == 0 || rows < amx_rows || outputs < 16 || !q4_amx()) return 0;
-  amx::q4_amx_matmul(x, rows, width, qs, sz, outputs, y, y_stride);
-  return outputs / 16 * 16;
+int64_t tile_matmul_if_due(const float* x, int64_t rows, int64_t width, const avx512::Q4Weights& w, bool coarse,
+                           float* y, int64_t y_stride) {
+  if (amx_rows == 0 || rows < amx_rows || w.outputs < 16 || !q4_amx()) return 0;
+  amx::q4_amx_matmul(x, rows, width, w.qs, w.sz, w.amx, w.outputs, coarse, y, y_stride);
+  return w.outputs / 16 * 16;
 }
 #endif
 
@@ -192,10 +192,38 @@ Tensor q4_lanes(const Tensor& qs) {
   return out;
 }
 
+// The Q4 blocks' whole groups of 16 rows (qs (O, K/2) uint8, sz (O, K/32, 2) bfloat16) in the AMX
+// tiles' layout (amx_kernels.h, amx_layout): (O / 16, K / 32, 320) uint8; empty where this build or
+// CPU has no AMX tiles.
+Tensor q4_amx_layout(const Tensor& qs, const Tensor& sz) {
+  TORCH_CHECK(qs.dim() == 2 && qs.scalar_type() == at::kByte && qs.is_contiguous() && qs.size(1) % 16 == 0 &&
+                  sz.dim() == 3 && sz.size(0) == qs.size(0) && sz.size(1) == qs.size(1) / 16 &&
+                  sz.scalar_type() == at::kBFloat16 && sz.is_contiguous(),
+              "q4_amx_layout: (O, K/2) uint8 Q4 bytes and their (O, K/32, 2) bfloat16 pairs");
+  if (!q4_amx()) return qs.new_empty({0});
+  const int64_t outputs = qs.size(0), blocks = qs.size(1) / 16;
+  Tensor out = at::empty({outputs / 16, blocks, 320}, qs.options());
+#ifdef SKIPDECODE_AMX
+  amx::amx_layout(qs.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(sz.data_ptr<at::BFloat16>()), outputs,
+                  blocks, out.data_ptr<uint8_t>());
+#endif
+  return out;
+}
+
+// amx (optional): q4_amx_layout(qs, sz), or empty
+static const uint8_t* amx_bytes(const c10::optional<Tensor>& amx, const Tensor& qs) {
+  if (!amx.has_value() || amx->numel() == 0) return nullptr;
+  TORCH_CHECK(amx->dim() == 3 && amx->size(0) == qs.size(0) / 16 && amx->size(1) == qs.size(1) / 16 &&
+                  amx->size(2) == 320 && amx->is_contiguous() && amx->scalar_type() == at::kByte,
+              "the AMX layout must be q4_amx_layout(qs, sz)");
+  return amx->data_ptr<uint8_t>();
+}
+
 // (N, K) float32 rows times Q4 blocks: qs (O, K/2) uint8, sz (O, K/32, 2) bfloat16 (scale, zero);
-// lanes: qs in q4_lanes' layout (the AVX-512 lane kernel; empty or absent: the group kernel).
+// lanes: qs in q4_lanes' layout (the AVX-512 lane kernel; empty or absent: the group kernel); amx:
+// q4_amx_layout(qs, sz) (empty or absent: the tiles transpose the bytes on every call).
 Tensor q4_matmul(const Tensor& input, const Tensor& qs, const Tensor& sz, bool coarse = false,
-                 const c10::optional<Tensor>& lanes = c10::nullopt) {
+                 const c10::optional<Tensor>& lanes = c10::nullopt, const c10::optional<Tensor>& amx = c10::nullopt) {
   check_q4();
   TORCH_CHECK(input.dim() == 2 && input.scalar_type() == at::kFloat, "q4_matmul: (N, K) float32 rows");
   const Tensor x = input.contiguous();
@@ -216,9 +244,10 @@ Tensor q4_matmul(const Tensor& input, const Tensor& qs, const Tensor& sz, bool c
       TORCH_CHECK(lanes->sizes() == qs.sizes() && lanes->is_contiguous(), "q4_matmul: lanes must be q4_lanes(qs)");
       w.lanes = lanes->data_ptr<uint8_t>();
     }
+    w.amx = amx_bytes(amx, qs);
     int64_t vector_from = 0;  // AMX tiles take the whole groups of 16 columns, the vector kernel the rest
 #ifdef SKIPDECODE_AMX
-    if (!coarse) vector_from = tile_matmul_if_due(xp, rows, width, qp, sp, outputs, yp, outputs);
+    vector_from = tile_matmul_if_due(xp, rows, width, w, coarse, yp, outputs);
 #endif
     if (vector_from < outputs) {
       const auto q = avx512::quantize_rows(xp, rows, width, quant);
@@ -231,6 +260,27 @@ Tensor q4_matmul(const Tensor& input, const Tensor& qs, const Tensor& sz, bool c
   }
 #endif
   return y;
+}
+
+// (B, V) float32 logits -> (B,) int64: each row's argmax as torch's (the first of equal largest values;
+// the first NaN where a row has one), the rows split between the threads.
+Tensor argmax_rows(const Tensor& logits) {
+  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.device().is_cpu() && logits.size(1) > 0,
+              "argmax_rows: (B, V) float32 CPU logits");
+#ifdef SKIPDECODE_X86
+  if (active_isa == Isa::none) return at::argmax(logits, 1);
+  const Tensor x = logits.contiguous();
+  Tensor out = at::empty({x.size(0)}, x.options().dtype(at::kLong));
+  const float* xp = x.data_ptr<float>();
+  int64_t* op = out.data_ptr<int64_t>();
+  const int64_t width = x.size(1);
+  at::parallel_for(0, x.size(0), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) op[r] = SD_KERNEL(row_argmax)(xp + r * width, width);
+  });
+  return out;
+#else
+  return at::argmax(logits, 1);
+#endif
 }
 
 // Multiply-adds a second of the active instruction set's q4 arithmetic on `threads` threads at once
@@ -261,8 +311,9 @@ double q4_peak(int64_t threads, double seconds) {
 // `rows` (V, C): the tied embedding's float32 rows, or int8 rows with bfloat16 `scales`.
 Tensor two_stage_head(const Tensor& input, const Tensor& qs, const Tensor& sz, const Tensor& rows,
                       const c10::optional<Tensor>& scales, int64_t candidates,
-                      const c10::optional<Tensor>& lanes = c10::nullopt) {
-  Tensor logits = q4_matmul(input, qs, sz, /*coarse=*/true, lanes);  // a ranking: 8-bit activations suffice
+                      const c10::optional<Tensor>& lanes = c10::nullopt,
+                      const c10::optional<Tensor>& amx = c10::nullopt) {
+  Tensor logits = q4_matmul(input, qs, sz, /*coarse=*/true, lanes, amx);  // a ranking: 8-bit activations suffice
   const Tensor x = input.contiguous();
   const int64_t vocab = logits.size(1), width = x.size(1);
   TORCH_CHECK(candidates >= 1 && candidates <= 256 && candidates <= vocab, "two_stage_head: 1 to 256 candidates");
@@ -409,13 +460,14 @@ struct Projection {
   // 0: packed, scales_and_zeros; 1: + B int8, B scales; 2: int8 rows, scales; 3: qs, sz, lanes;
   // 4: qs, sz, B's nonzero windows (int8), their start columns, float scales (lora_b_matmul), and the
   // windows as tiles of 16 outputs, each tile's start column, each window's sum (empty: no tiles),
-  // lanes (kinds 3 and 4: qs in q4_lanes' layout, empty where the CPU has no AVX-512 VNNI)
+  // lanes and amx last (kinds 3 and 4: qs in q4_lanes' layout, empty where the CPU has no AVX-512
+  // VNNI; the blocks in q4_amx_layout, empty where it has no AMX tiles)
   std::vector<Tensor> tensors;
   int64_t out;  // output features (1, 4: the base's; the stacked rows add the rank)
 
   Tensor operator()(const Tensor& x) const {
     if (kind >= 3) {
-      const Tensor both = q4_matmul(x, tensors[0], tensors[1], false, tensors.back());  // float32 (N, out [+ r])
+      const Tensor both = q4_matmul(x, tensors[0], tensors[1], false, tensors.end()[-2], tensors.back());  // float32 (N, out [+ r])
       if (kind == 3) return both;
       return both.narrow(1, 0, out).add(lora_b_matmul(both.narrow(1, out, both.size(1) - out), tensors[2],
                                                       tensors[3], tensors[4]));
@@ -442,11 +494,12 @@ View q4_view(const Projection& p) {
   const Tensor& qs = p.tensors[0];
   view.w = {qs.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(p.tensors[1].data_ptr<at::BFloat16>()),
             qs.size(0), qs.size(1) / 16};
-  const Tensor& lanes = p.tensors.back();  // the lane kernel's layout (AVX-512; empty: none)
+  const Tensor& lanes = p.tensors.end()[-2];  // the lane kernel's layout (AVX-512; empty: none)
   if (lanes.numel() > 0) {
     TORCH_CHECK(lanes.sizes() == qs.sizes() && lanes.is_contiguous(), "q4 lanes must be q4_lanes(qs)");
     view.w.lanes = lanes.data_ptr<uint8_t>();
   }
+  view.w.amx = amx_bytes(p.tensors.back(), qs);  // the AMX tiles' layout (empty: none)
   view.out = p.out;
   if (p.kind == 4) {
     view.window = p.tensors[2].data_ptr<int8_t>();
@@ -496,7 +549,7 @@ class DecodeLayer {
         num_heads_(num_heads), num_kv_heads_(num_kv_heads), head_dim_(head_dim) {
     TORCH_CHECK(projections.size() == 4, "DecodeLayer needs q/k/v, o, gate/up and down");
     for (auto& [kind, tensors, out] : projections) {
-      static const size_t counts[] = {2, 4, 2, 3, 9};
+      static const size_t counts[] = {2, 4, 2, 4, 10};
       TORCH_CHECK(kind >= 0 && kind <= 4, "unknown projection kind ", kind);
       TORCH_CHECK(tensors.size() == counts[kind], "projection kind ", kind, ": wrong tensor count");
       fused_ = fused_ && kind >= 3;
@@ -625,14 +678,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   using release = pybind11::call_guard<pybind11::gil_scoped_release>;
   module.def("q4_matmul", &q4_matmul, release(), "(N, K) float32 rows times Q4 blocks (qs, sz): (N, O) float32",
              pybind11::arg("input"), pybind11::arg("qs"), pybind11::arg("sz"), pybind11::arg("coarse") = false,
-             pybind11::arg("lanes") = pybind11::none());
+             pybind11::arg("lanes") = pybind11::none(), pybind11::arg("amx") = pybind11::none());
   module.def("q4_lanes", &q4_lanes, release(), "Q4 bytes in the AVX-512 lane kernel's layout");
+  module.def("q4_amx_layout", &q4_amx_layout, release(), "Q4 blocks' whole groups of 16 rows in the AMX tiles' layout");
   module.def("q4_peak", &q4_peak, release(), "multiply-adds a second of the active q4 instruction set (threads, seconds)");
   module.def("lora_b_matmul", &lora_b_matmul, release(), "(N, R) float32 times int8 windows of B^T: (N, O) float32");
   module.def("two_stage_head", &two_stage_head, release(),
              "(N, C) float32: the 4-bit scan's logits, each row's top candidates rescored exactly: (N, V) float32",
              pybind11::arg("input"), pybind11::arg("qs"), pybind11::arg("sz"), pybind11::arg("rows"),
-             pybind11::arg("scales"), pybind11::arg("candidates"), pybind11::arg("lanes") = pybind11::none());
+             pybind11::arg("scales"), pybind11::arg("candidates"), pybind11::arg("lanes") = pybind11::none(),
+             pybind11::arg("amx") = pybind11::none());
+  module.def("argmax_rows", &argmax_rows, release(), "(B, V) float32 logits: each row's argmax, as torch's (B,) int64");
   module.def("has_q4_matmul", &has_q4_matmul);
   module.def("q4_amx", &q4_amx, "whether this CPU and kernel let the q4 matmul run on AMX tiles");
   module.def("set_q4_amx_rows", &set_q4_amx_rows, "q4 matmuls of this many rows or more: AMX tiles where usable (0: never)");

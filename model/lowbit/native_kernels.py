@@ -94,6 +94,12 @@ def native_module() -> ModuleType | None:
     return module
 
 
+def loaded_native_module() -> ModuleType | None:
+    """The extension where a low-bit model has already built or loaded it, else None: for helpers a
+    float model's step may call too (the argmax), which must not start the minute's compile."""
+    return native_module() if native_module.cache_info().currsize else None
+
+
 DEFAULT_AMX_ROWS = 8
 
 
@@ -195,12 +201,17 @@ class Q4Blocks:
     _known: "weakref.WeakKeyDictionary[nn.Module, tuple[tuple[torch.Tensor, ...], Q4Blocks | None]]" = (
         weakref.WeakKeyDictionary())
 
-    def __init__(self, qs: torch.Tensor, sz: torch.Tensor, lanes: torch.Tensor | None = None) -> None:
+    def __init__(self, qs: torch.Tensor, sz: torch.Tensor, lanes: torch.Tensor | None = None,
+                 amx: torch.Tensor | None = None) -> None:
         self.qs, self.sz = qs, sz
         # The same bytes in the AVX-512 lane kernel's layout (lean_step.cpp, q4_lanes; decode_kernels.h,
         # q4_lane_tile), built where the CPU has AVX-512 VNNI: a third copy of the 4-bit bytes (~58 MB
         # for the default model) so that forcing AVX2 still finds qs.
         self.lanes = lanes if lanes is not None else _lane_bytes(qs)
+        # The whole groups of 16 rows in the AMX tiles' layout (amx_kernels.h, amx_layout), built where
+        # the tiles run (q4_amx, SKIPDECODE_Q4_AMX_ROWS > 0): one more copy of the bytes and their
+        # pairs (~73 MB for the default model) that spares a batch's step the transposing (~a fifth of it).
+        self.amx = amx if amx is not None else _amx_bytes(qs, sz)
 
     @classmethod
     def of(cls, module: nn.Module) -> "Q4Blocks | None":
@@ -228,7 +239,8 @@ class Q4Blocks:
         for part, own in zip(parts, blocks):
             end = start + own.qs.shape[0]
             lanes = joined.lanes[start:end] if joined.lanes.numel() else joined.lanes
-            cls._known[part] = (cls._known[part][0], cls(joined.qs[start:end], joined.sz[start:end], lanes))
+            cls._known[part] = (cls._known[part][0],
+                                cls(joined.qs[start:end], joined.sz[start:end], lanes, _amx_rows_of(joined.amx, start, end)))
             start = end
         return joined
 
@@ -242,16 +254,21 @@ class Q4Blocks:
     def tensors(self) -> list[torch.Tensor]:
         return [self.qs, self.sz]
 
+    def layouts(self) -> list[torch.Tensor]:
+        """The lane kernel's and the AMX tiles' layouts (each empty where it does not run): the last two
+        tensors of a q4 projection's spec (model/lowbit/native_step.py, projection_spec)."""
+        return [self.lanes, self.amx]
+
     def __call__(self, rows: torch.Tensor, coarse: bool = False) -> torch.Tensor:
         """(N, K) float32 rows -> (N, O) float32 (``coarse``: activations at 8 bits, a ranking)."""
-        return native_module().q4_matmul(rows, self.qs, self.sz, coarse, self.lanes)
+        return native_module().q4_matmul(rows, self.qs, self.sz, coarse, self.lanes, self.amx)
 
     def two_stage(self, rows: torch.Tensor, exact: torch.Tensor, scales: torch.Tensor | None,
                   candidates: int) -> torch.Tensor:
         """(N, K) float32 rows -> (N, O) float32: these blocks' logits, each row's top ``candidates``
         rescored with ``exact`` (O, K) float32 rows, or int8 rows times bfloat16 ``scales``
         (quantization.py, TwoStageHead), in one call."""
-        return native_module().two_stage_head(rows, self.qs, self.sz, exact, scales, candidates, self.lanes)
+        return native_module().two_stage_head(rows, self.qs, self.sz, exact, scales, candidates, self.lanes, self.amx)
 
 
 def _lane_bytes(qs: torch.Tensor) -> torch.Tensor:
@@ -261,6 +278,23 @@ def _lane_bytes(qs: torch.Tensor) -> torch.Tensor:
     if module is None or "avx512-vnni" not in module.q4_isas() or not qs.is_contiguous():
         return qs.new_empty(0)
     return module.q4_lanes(qs)
+
+
+def _amx_bytes(qs: torch.Tensor, sz: torch.Tensor) -> torch.Tensor:
+    """``qs`` and ``sz`` in the AMX tiles' layout where the tiles run here, else an empty tensor (the
+    tiles, when forced on later, then transpose the bytes on every call)."""
+    module = native_module()
+    if module is None or not module.q4_amx() or amx_rows_setting() == 0 or not qs.is_contiguous():
+        return qs.new_empty(0)
+    return module.q4_amx_layout(qs, sz.contiguous())
+
+
+def _amx_rows_of(amx: torch.Tensor, start: int, end: int) -> torch.Tensor:
+    """Rows [start, end) of a layout of 16-row groups: its groups where both ends fall on a group's edge
+    (a LoRA's base rows under which the A rows are stacked), else empty."""
+    if amx.numel() == 0 or start % 16 or end % 16:
+        return amx.new_empty(0)
+    return amx[start // 16:end // 16]
 
 
 def _same_values(old: tuple[torch.Tensor, ...], new: tuple[torch.Tensor, ...]) -> bool:

@@ -15,6 +15,7 @@ from torch import nn
 
 from model.lowbit.native_kernels import (
     Q4Blocks,
+    loaded_native_module,
     lora_b_layout,
     native_module,
     q4_kernel_selected,
@@ -49,7 +50,7 @@ def projection_spec(module: nn.Module) -> tuple[int, list[torch.Tensor], int] | 
     if isinstance(module, Int4WeightLinear):
         blocks = q4_scan(module)
         if blocks is not None:
-            return 3, blocks.tensors() + [blocks.lanes], module.out_features
+            return 3, blocks.tensors() + blocks.layouts(), module.out_features
         return 0, [module.weight_int4pack, module.scales_and_zeros], module.out_features
     if isinstance(module, Int4LoraLinear) and module.lora_b_int8 is not None:
         b = module.lora_b_int8
@@ -59,7 +60,7 @@ def projection_spec(module: nn.Module) -> tuple[int, list[torch.Tensor], int] | 
                 _stacked[module] = Q4Blocks.stacked([module.base, module.side])
             blocks = _stacked[module]
         if blocks is not None:
-            return 4, blocks.tensors() + list(_lora_b_windows_of(b)) + [blocks.lanes], module.out_features
+            return 4, blocks.tensors() + list(_lora_b_windows_of(b)) + blocks.layouts(), module.out_features
         return 1, [module.stacked.weight_int4pack, module.stacked.scales_and_zeros, b.weight_int8, b.scales], \
             module.out_features
     if isinstance(module, Int8WeightLinear):
@@ -135,6 +136,15 @@ class NativeDecode:
         else:
             out = self._step(hidden.view(batch, -1), step_rotation(inputs), keys, values, start, inputs.mask)
         return out.view(batch, 1, -1)
+
+
+def native_argmax(logits: torch.Tensor) -> torch.Tensor | None:
+    """(B, V) float32 CPU logits -> (B,) int64 argmax through lean_step.cpp (torch's semantics), or None
+    for anything else (another dtype or device, an extension not built by a low-bit model)."""
+    if logits.dim() != 2 or logits.dtype != torch.float32 or logits.device.type != "cpu" or logits.shape[1] == 0:
+        return None
+    module = loaded_native_module()
+    return None if module is None else module.argmax_rows(logits)
 
 
 def run_native_layers(leans: list["LeanLlamaLayer"], hidden: torch.Tensor, extra: dict, cache: "PrefixKVCache",

@@ -26,6 +26,7 @@ from model.skipdecode.architectures import (
     LayerInputs,
     PrefixKVCache,
     adapter_for,
+    greedy_ids,
     position_ids_from_mask,
 )
 from model.skipdecode.schedule import ScheduleConfig
@@ -460,7 +461,7 @@ def _make_generator(sampling: SamplingConfig, device: torch.device) -> torch.Gen
 def sample_next(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None) -> torch.Tensor:
     """(B, V) logits -> (B,) next token ids: argmax, or temperature / top-k / top-p sampling."""
     if sampling.greedy:
-        return logits.argmax(dim=-1)
+        return greedy_ids(logits)
     scores = logits.float() / sampling.temperature
     if sampling.top_k > 0 and sampling.top_k < scores.shape[-1]:
         kth = torch.topk(scores, sampling.top_k, dim=-1).values[..., -1:]

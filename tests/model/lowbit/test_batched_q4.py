@@ -120,11 +120,68 @@ def test_amx_tiles_take_whole_groups_of_16_columns_and_the_vector_kernel_the_res
     assert _relative(tiles, reference) < 1e-3 and _relative(tiles[:, 64:], reference[:, 64:]) < 1e-3
     assert _relative(tiles, vector) < 1e-5  # the same integers: only float additions differ (~2e-7)
     assert torch.equal(tiles[:, 64:], vector[:, 64:])  # the tail columns ran the vector kernel itself
-    assert amx_rows_setting() == 8 and module.q4_amx_rows() == 8  # the default (SKIPDECODE_Q4_AMX_ROWS unset)
-    if rows >= 8:
+    assert module.q4_amx_rows() == amx_rows_setting()  # 8 unless SKIPDECODE_Q4_AMX_ROWS says otherwise
+    if rows >= module.q4_amx_rows() > 0:
         assert torch.equal(module.q4_matmul(x, qs, sz, False, lanes), tiles)  # by default on the tiles
     else:
         assert torch.equal(module.q4_matmul(x, qs, sz, False, lanes), vector)
+
+
+@pytest.mark.skipif(not has_q4 or not _amx(), reason="this CPU (or its kernel) has no AMX-INT8 for this process")
+@pytest.mark.parametrize(("out", "width"), SHAPES)
+def test_the_load_time_amx_layout_gives_the_tiles_the_very_bits_of_transposing_every_call(out, width):
+    """Q4Blocks lays its whole groups of 16 rows out for the tiles when it is built (and 72 of 80 rows:
+    four groups, 8 columns left to the vector kernel); the tiles read the same B tiles and scales from
+    it as from the bytes transposed at each call, so every output is the same float, fine or coarse."""
+    module = native_module()
+    _, blocks = _weights(out, width, seed=out)
+    assert blocks.amx.shape == (out // 16, width // 32, 320)
+    assert torch.equal(blocks.amx, module.q4_amx_layout(blocks.qs, blocks.sz))
+    tensors = [(blocks.qs, blocks.sz, blocks.lanes, blocks.amx)]
+    if out == 80:
+        qs, sz, lanes = (t[:72].contiguous() for t in (blocks.qs, blocks.sz, blocks.lanes))
+        tensors.append((qs, sz, lanes, module.q4_amx_layout(qs, sz)))
+    for qs, sz, lanes, amx in tensors:
+        for rows in (1, 8, 9, 17):
+            x = _rows(rows, width, seed=rows)
+            for coarse in (False, True):
+                laid_out = _on("avx512-vnni", lambda: module.q4_matmul(x, qs, sz, coarse, lanes, amx), amx_rows=1)
+                bare = _on("avx512-vnni", lambda: module.q4_matmul(x, qs, sz, coarse, lanes), amx_rows=1)
+                assert torch.equal(laid_out, bare), (qs.shape, rows, coarse)
+    with pytest.raises(RuntimeError, match="q4_amx_layout"):
+        module.q4_matmul(_rows(8, width, 0), blocks.qs, blocks.sz, False, blocks.lanes, blocks.amx[:, :1].contiguous())
+
+
+@pytest.mark.skipif(not has_q4 or not _amx(), reason="this CPU (or its kernel) has no AMX-INT8 for this process")
+def test_a_stacked_parts_amx_layout_is_its_own_rows_of_the_joined_one():
+    """A LoRA's A rows stacked under its base (one kernel call): the base's 16-row groups are a slice of
+    the joined layout, the same bytes as its own; A's 8 rows end inside a group and get none (the tiles
+    then transpose its bytes themselves)."""
+    module = native_module()
+    base = Int4WeightLinear(Int4Blocks.from_float(torch.randn(48, 576, generator=torch.Generator().manual_seed(1))))
+    side = Int4WeightLinear(Int4Blocks.from_float(torch.randn(16, 576, generator=torch.Generator().manual_seed(2))))
+    joined = Q4Blocks.stacked([base, side])
+    assert joined.amx.shape[0] == 4
+    own = Q4Blocks.of(base)
+    assert own.amx.data_ptr() == joined.amx.data_ptr()  # a view: the bytes held once
+    assert torch.equal(own.amx, module.q4_amx_layout(own.qs, own.sz))
+    assert torch.equal(Q4Blocks.of(side).amx, module.q4_amx_layout(Q4Blocks.of(side).qs, Q4Blocks.of(side).sz))
+    from model.lowbit.native_kernels import _amx_rows_of
+    assert _amx_rows_of(joined.amx, 48, 56).numel() == 0 and _amx_rows_of(joined.amx, 0, 48).shape[0] == 3
+
+
+@pytest.mark.skipif(not has_q4 or not _amx(), reason="this CPU (or its kernel) has no AMX-INT8 for this process")
+@pytest.mark.parametrize("rows", [8, 9, 24])
+def test_the_heads_coarse_scan_on_amx_tiles_is_the_lane_kernels_coarse_scan(rows):
+    """From 8 rows the two-stage head's 8-bit scan runs on the tiles too: the same high bytes of the
+    same codes as the lane kernel's coarse scan, so the same integers (float order apart), and the
+    head's ranking and its exactly rescored logits follow."""
+    source, blocks = _weights(160, 576, seed=7)
+    x = _rows(rows, 576, seed=8)
+    tiles = _on("avx512-vnni", lambda: blocks(x, coarse=True), amx_rows=1)
+    lane = _on("avx512-vnni", lambda: blocks(x, coarse=True))
+    assert _relative(tiles, lane) < 1e-5  # ~1e-7 measured; a mixed-up row or column is O(1)
+    assert _relative(tiles, _on("avx512-vnni", lambda: blocks(x))) < 0.05  # 8 bits against 16 (~1e-2)
 
 
 @pytest.mark.parametrize("isa", ["avx512-vnni", "avx2"])

@@ -363,3 +363,36 @@ def test_the_native_two_stage_head_rescores_the_scans_top_candidates(tied):
     outside = torch.ones_like(ranked, dtype=torch.bool).scatter_(1, top, False)
     assert torch.equal(ours.reshape(3, -1)[outside], ranked[outside])  # the rest keep the scan's values
     assert _relative(ranked, logits) < 0.05  # the 8-bit scan is the 16-bit one's ranking, coarser
+
+
+@pytest.mark.skipif(not has_q4, reason="the q4 kernels need an x86-64 CPU with AVX2 and a C++ compiler")
+@pytest.mark.parametrize("isa", ["avx512-vnni", "avx2"])
+def test_the_native_argmax_picks_torchs_ids_ties_and_nan_included(isa):
+    """Greedy decoding's argmax (decode steps' greedy_ids) natively: on each instruction set the ids
+    torch gives, for a vocabulary's width and widths that leave a vector's tail, with the largest value
+    twice in a row (the first), a row of -inf, a NaN (the first NaN, as torch), a non-contiguous view."""
+    from model.lowbit.native_step import native_argmax
+    from model.skipdecode.architectures import greedy_ids
+
+    module = native_module()
+    if isa not in module.q4_isas():
+        pytest.skip(f"this CPU has no {isa}")
+    generator = torch.Generator().manual_seed(0)
+    assert module.set_q4_isa(isa)
+    try:
+        for rows, width in [(1, 49152), (8, 49152), (3, 17), (5, 1), (3, 100)]:
+            logits = torch.randn(rows, width, generator=generator) * 5
+            if rows >= 3 and width > 10:
+                logits[0, 3] = logits[0, width - 2] = 1e3  # a tie: the first
+                logits[1] = float("-inf")
+                logits[-1, width // 2] = float("nan")
+                logits[-1, width - 1] = float("nan")
+            expected = logits.argmax(dim=-1)
+            assert torch.equal(native_argmax(logits), expected), (rows, width)
+            assert torch.equal(greedy_ids(logits), expected)
+        wide = torch.randn(4, 2 * 333, generator=generator)[:, ::2]  # a strided view
+        assert torch.equal(native_argmax(wide), wide.argmax(dim=-1))
+    finally:
+        module.set_q4_isa("auto")
+    half = torch.randn(2, 50, generator=generator).to(torch.bfloat16)
+    assert native_argmax(half) is None and torch.equal(greedy_ids(half), half.argmax(dim=-1))  # torch's own
