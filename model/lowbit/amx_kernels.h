@@ -230,9 +230,14 @@ __attribute__((always_inline)) static inline void add_block(const BlockSums<R>& 
 // Row tile `first` .. first + R of `a` against two groups of 16 columns (from o[0] and o[1]; their B
 // tiles and scales unpacked): y's rows below a.rows. Software-pipelined: block b's tile products run on
 // the tile unit while the vector units add up block b - 1's sums (two buffers of sums).
+//
+// coming: the next pair's bytes in amx_layout (2 x blocks x kLayoutBlockBytes, nullptr: none), asked
+// for into L2 a block's share at a time, so that memory delivers them during this pair's products
+// rather than while the next pair is unpacked (reading the weights had been a fifth of a batch step).
 template <int R, bool Coarse>
 static void amx_row_tile_pair(const AmxRows& a, int64_t first, const int8_t* const tiles[2],
-                              const float* const scales[2], const int64_t o[2], float* y, int64_t y_stride) {
+                              const float* const scales[2], const int64_t o[2], const uint8_t* coming, float* y,
+                              int64_t y_stride) {
   BlockSums<R> sums[2];
   __m512 acc[R][2];
   for (int m = 0; m < R; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
@@ -241,6 +246,10 @@ static void amx_row_tile_pair(const AmxRows& a, int64_t first, const int8_t* con
   const float* dx = a.dx + first * a.blocks;
   const float* sum = a.sum + first * a.blocks;
   for (int64_t b = 0; b <= a.blocks; ++b) {
+    if (coming != nullptr && b < a.blocks) {
+      const char* next = reinterpret_cast<const char*>(coming) + b * 2 * kLayoutBlockBytes;
+      for (int64_t line = 0; line < 2 * kLayoutBlockBytes; line += 64) _mm_prefetch(next + line, _MM_HINT_T1);
+    }
     if (b < a.blocks) {
       _tile_zero(0);
       _tile_zero(6);
@@ -299,11 +308,13 @@ static void q4_amx_groups(const uint8_t* qs, const uint16_t* sz, const uint8_t* 
       unpack_group(qs, sz, laid_out != nullptr ? laid_out + o[k] / 16 * group_bytes : nullptr, a.blocks, o[k],
                    tiles0 + k * tile_bytes, scales0 + k * scale_floats);
     }
+    // the next pair's bytes, asked for during the first row tile (a prompt's others find them there)
+    const uint8_t* coming = laid_out != nullptr && g + 2 < group_end ? laid_out + (g + 2) * group_bytes : nullptr;
     for (int64_t first = 0; first < a.padded; first += tile) {
       if (tile == 8) {
-        amx_row_tile_pair<8, Coarse>(a, first, tiles, scales, o, y, y_stride);
+        amx_row_tile_pair<8, Coarse>(a, first, tiles, scales, o, first == 0 ? coming : nullptr, y, y_stride);
       } else {
-        amx_row_tile_pair<16, Coarse>(a, first, tiles, scales, o, y, y_stride);
+        amx_row_tile_pair<16, Coarse>(a, first, tiles, scales, o, first == 0 ? coming : nullptr, y, y_stride);
       }
     }
   }

@@ -209,7 +209,7 @@ class Q4Blocks:
         # for the default model) so that forcing AVX2 still finds qs.
         self.lanes = lanes if lanes is not None else _lane_bytes(qs)
         # The whole groups of 16 rows in the AMX tiles' layout (amx_kernels.h, amx_layout), built where
-        # the tiles run (q4_amx, SKIPDECODE_Q4_AMX_ROWS > 0): one more copy of the bytes and their
+        # the tiles run (q4_amx; from SKIPDECODE_Q4_AMX_ROWS rows, not 0): one more copy of the bytes and their
         # pairs (~73 MB for the default model) that spares a batch's step the transposing (~a fifth of it).
         self.amx = amx if amx is not None else _amx_bytes(qs, sz)
 
@@ -284,7 +284,7 @@ def _amx_bytes(qs: torch.Tensor, sz: torch.Tensor) -> torch.Tensor:
     """``qs`` and ``sz`` in the AMX tiles' layout where the tiles run here, else an empty tensor (the
     tiles, when forced on later, then transpose the bytes on every call)."""
     module = native_module()
-    if module is None or not module.q4_amx() or amx_rows_setting() == 0 or not qs.is_contiguous():
+    if module is None or not module.q4_amx() or module.q4_amx_rows() == 0 or not qs.is_contiguous():
         return qs.new_empty(0)
     return module.q4_amx_layout(qs, sz.contiguous())
 
