@@ -252,6 +252,12 @@ static void attend(const float* q, int64_t group, const float* keys, const float
 // kernel (q4_lane_tile, below): per row and superblock of 16 blocks, lanes[1024] bytes: for chunk c
 // (0-3) four 64-byte vectors, hi of elements 4c..4c+3 of each block, hi of 16 + 4c.., lo of 4c..,
 // lo of 16 + 4c.. (lane l: block l's 4 bytes), and lane_f[48]: each block's dx, sum, -8 sum.
+// AVX2 lays the first 8 * (blocks / 8) blocks out for its own lane kernel (q4_lane_tile2): per row
+// and superblock of 8 blocks, lanes16[256] int16: for chunk c (0-7) two 16-lane vectors, elements 2c,
+// 2c + 1 of each block, then elements 16 + 2c, 16 + 2c + 1 (lanes 2l, 2l + 1: block l's pair), and
+// lane_f[24]: each block's dx, sum, -8 sum.
+constexpr int64_t kLaneBlocks = SD_AVX512 ? 16 : 8;  // blocks a lane kernel's superblock holds (a block a 32-bit lane)
+
 struct QuantRows {
   int64_t rows = 0, blocks = 0, groups = 0, supers = 0;
   int16_t* codes = nullptr;   // groups x rows x 128
@@ -260,12 +266,14 @@ struct QuantRows {
   float* scales16 = nullptr;  // groups x rows x 16
   float* fix = nullptr;       // groups x rows x 8
   int8_t* lanes = nullptr;    // supers x rows x 1024 (AVX-512)
-  float* lane_f = nullptr;    // supers x rows x 48 (AVX-512)
+  int16_t* lanes16 = nullptr;  // supers x rows x 256 (AVX2)
+  float* lane_f = nullptr;    // supers x rows x 48 (AVX-512), x 24 (AVX2)
 };
 
-static inline int64_t quant_floats(int64_t rows, int64_t width) {  // scratch floats QuantRows needs
-  const int64_t groups = (width / 32 + 3) / 4, supers = width / 32 / 16;
-  return rows * groups * (64 + 64 + 4 + 16 + 8) + rows * supers * (256 + 48) + 64;
+static inline int64_t quant_floats(int64_t rows, int64_t width) {  // scratch floats QuantRows needs (either set's)
+  const int64_t groups = (width / 32 + 3) / 4, blocks = width / 32;
+  return rows * groups * (64 + 64 + 4 + 16 + 8) +
+         std::max(rows * (blocks / 16) * (256 + 48), rows * (blocks / 8) * (128 + 24)) + 64;
 }
 
 // One block of 32: its int16 codes, scale and float sum (zeros past the row's last block).
@@ -313,6 +321,28 @@ static void lane_layout(const QuantRows& q, int64_t sb, int64_t r) {
 }
 #endif
 
+#if !SD_AVX512
+// Row r's superblock sb (blocks 8 sb .. 8 sb + 7) for the AVX2 lane kernel (the layout above), from the
+// codes quantize_rows wrote: element e < 16 of block l goes to chunk e / 2's first vector at lane
+// 2l + e % 2, element 16 + e to its second (the weights' byte e holds q[e] and q[e + 16]: q4_lanes_avx2).
+static void lane_layout(const QuantRows& q, int64_t sb, int64_t r) {
+  int16_t* out = q.lanes16 + (sb * q.rows + r) * 256;
+  float* f = q.lane_f + (sb * q.rows + r) * 24;
+  for (int64_t l = 0; l < 8; ++l) {
+    const int64_t b = sb * 8 + l, cell = (b / 4) * q.rows + r;
+    const int16_t* codes = q.codes + cell * 128 + (b % 4) * 32;
+    for (int e = 0; e < 16; ++e) {
+      out[(e / 2) * 32 + 2 * l + e % 2] = codes[e];
+      out[(e / 2) * 32 + 16 + 2 * l + e % 2] = codes[16 + e];
+    }
+    const float sum = q.fix[cell * 8 + (b % 4) * 2 + 1];
+    f[l] = q.dx[cell * 4 + b % 4];
+    f[8 + l] = sum;
+    f[16 + l] = -8.0f * sum;
+  }
+}
+#endif
+
 static QuantRows quantize_rows(const float* x, int64_t rows, int64_t width, float* scratch) {
   QuantRows q;
   q.rows = rows;
@@ -324,10 +354,13 @@ static QuantRows quantize_rows(const float* x, int64_t rows, int64_t width, floa
   q.dx = scratch + cells * 128;
   q.scales16 = q.dx + cells * 4;
   q.fix = q.scales16 + cells * 16;
-  q.supers = q.blocks / 16;
+  q.supers = q.blocks / kLaneBlocks;
 #if SD_AVX512
   q.lanes = reinterpret_cast<int8_t*>(q.fix + cells * 8);
   q.lane_f = q.fix + cells * 8 + rows * q.supers * 256;
+#else
+  q.lanes16 = reinterpret_cast<int16_t*>(q.fix + cells * 8);
+  q.lane_f = q.fix + cells * 8 + rows * q.supers * 128;
 #endif
   for (int64_t g = 0; g < q.groups; ++g) {
     for (int64_t r = 0; r < rows; ++r) {
@@ -353,11 +386,9 @@ static QuantRows quantize_rows(const float* x, int64_t rows, int64_t width, floa
       }
     }
   }
-#if SD_AVX512
   for (int64_t sb = 0; sb < q.supers; ++sb) {
     for (int64_t r = 0; r < rows; ++r) lane_layout(q, sb, r);
   }
-#endif
   return q;
 }
 
@@ -367,10 +398,13 @@ struct Q4Weights {
   const uint8_t* qs;   // outputs x blocks * 16
   const uint16_t* sz;  // outputs x blocks x 2 (bfloat16 scale, zero)
   int64_t outputs, blocks;
-  // The same bytes in the lane layout (q4_lanes in lean_step.cpp: each superblock of 16 blocks as
-  // 4 x 64 bytes, lane l holding block l's bytes 4c..4c+3; the blocks past the last superblock as in
-  // qs); nullptr: the group kernel (q4_tile) alone. AVX-512 only.
+  // The same bytes in this instruction set's lane layout (lean_step.cpp; AVX-512, q4_lanes: each
+  // superblock of 16 blocks as 4 x 64 bytes, lane l holding block l's bytes 4c..4c+3; AVX2,
+  // q4_lanes_avx2: each of 8 blocks as 8 x 16 bytes, chunk c holding block l's bytes 2c, 2c + 1 at
+  // 2l; the blocks past the last superblock as in qs); nullptr: the group kernel alone.
   const uint8_t* lanes = nullptr;
+  // how a lanes tensor of this instruction set's layout is shaped: AVX-512's (O, K/2), AVX2's (O, K/32, 16)
+  static constexpr int64_t lane_dims = SD_AVX512 ? 2 : 3;
   // The whole groups of 16 rows laid out for the AMX tiles (amx_kernels.h, amx_layout); nullptr: none
   // (the tiles then transpose the bytes above every time).
   const uint8_t* amx = nullptr;
@@ -575,9 +609,11 @@ static void q4_rows(const Q4Weights& w, const QuantRows& q, float* y, int64_t y_
   }
 }
 #else
+// R rows of x (from `first`) against weight row o over blocks [first_block, blocks) (a multiple of 8;
+// 0: the whole row): y = that sum, plus y's value where first_block > 0 (the lane kernel's share).
 template <int R>
 static inline void q4_row(const Q4Weights& w, const QuantRows& q, int64_t first, int64_t o, float* y,
-                          int64_t y_stride) {
+                          int64_t y_stride, int64_t first_block = 0) {
   const __m256i nibble = _mm256_set1_epi16(0x0F);
   const uint8_t* qs = w.qs + o * w.blocks * 16;
   const uint16_t* sz = w.sz + o * w.blocks * 2;
@@ -603,7 +639,7 @@ static inline void q4_row(const Q4Weights& w, const QuantRows& q, int64_t first,
       acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot), acc[r]);
     }
   };
-  int64_t b = 0;
+  int64_t b = first_block;
   for (; b + 1 < w.blocks; b += 2) {
     _mm_prefetch(reinterpret_cast<const char*>(qs + b * 16) + kPrefetchBytes, _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(sz + b * 2) + kPrefetchBytes / 4, _MM_HINT_T0);
@@ -619,7 +655,7 @@ static inline void q4_row(const Q4Weights& w, const QuantRows& q, int64_t first,
     fix[r] = _mm256_setzero_ps();
     tail[r] = 0.f;
   }
-  int64_t g = 0;
+  int64_t g = first_block / 4;
   for (; (g + 1) * 4 <= w.blocks; ++g) {
     const __m256 scale_zero = _mm256_castsi256_ps(_mm256_slli_epi32(
         _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sz + g * 8))), 16));
@@ -632,14 +668,115 @@ static inline void q4_row(const Q4Weights& w, const QuantRows& q, int64_t first,
     for (int r = 0; r < R; ++r) tail[r] += scale * fx[r * 8] + zero * fx[r * 8 + 1];
   }
   for (int r = 0; r < R; ++r) {
-    y[(first + r) * y_stride + o] = vsum(_mm256_add_ps(_mm256_add_ps(even[r], odd[r]), fix[r])) + tail[r];
+    float& out = y[(first + r) * y_stride + o];
+    out = (first_block > 0 ? out : 0.0f) + vsum(_mm256_add_ps(_mm256_add_ps(even[r], odd[r]), fix[r])) + tail[r];
   }
 }
 
-// Every row of q against weight rows [begin, end): four rows of x at a time (the weight row's bytes
-// unpacked once for all of them; they stay in L1 between passes).
+// The AVX2 lane kernel: the same integers as q4_row, with EIGHT blocks a vector, one a 32-bit lane, so
+// that a block's scaling (its weight scale times its activation dx, and the zero term) is paid once
+// per 8 blocks instead of once a block: q4_row spends a broadcast, a multiply, a convert and an FMA a
+// block and row beside its two 16-bit multiply-adds. vpmaddwd multiplies 16-bit lanes in pairs and
+// adds each pair into its 32-bit lane, so lane l takes a pair of block l's elements a chunk (the
+// weights' byte e holds q[e] and q[e + 16]: one 16-byte load widened to 16-bit lanes gives, by a mask
+// and a shift, the low and the high elements of a chunk for all 8 blocks). A lane's sum of 32
+// products stays below 2^24. Register tile: R rows x O weight rows; each chunk's weights are widened
+// once for the R rows, each row's activation vectors loaded once for the O weight rows. The blocks
+// past the last superblock run q4_row's code, added on.
+template <int R, int O>
+static inline void q4_lane_tile2(const Q4Weights& w, const QuantRows& q, int64_t first, int64_t o, float* y,
+                                 int64_t y_stride) {
+  const __m256i nibble = _mm256_set1_epi16(0x0F);
+  const __m256i zero_bits = _mm256_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
+  const int64_t row_bytes = w.blocks * 16, row_pairs = w.blocks * 2;
+  __m256 acc[R][O];
+  for (int r = 0; r < R; ++r) {
+    for (int j = 0; j < O; ++j) acc[r][j] = _mm256_setzero_ps();
+  }
+  for (int64_t sb = 0; sb < q.supers; ++sb) {
+    __m256i sums[R][O];
+    for (int r = 0; r < R; ++r) {
+      for (int j = 0; j < O; ++j) sums[r][j] = _mm256_setzero_si256();
+    }
+    for (int c = 0; c < 8; ++c) {
+      __m256i low[O], high[O];
+      for (int j = 0; j < O; ++j) {
+        const uint8_t* bytes_at = w.lanes + (o + j) * row_bytes + sb * 128 + c * 16;
+        if (c % 4 == 0) _mm_prefetch(reinterpret_cast<const char*>(bytes_at) + kPrefetchBytes, _MM_HINT_T0);
+        const __m256i wide = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes_at)));
+        low[j] = _mm256_and_si256(wide, nibble);  // lanes 2l, 2l + 1: q[2c], q[2c + 1] of block l
+        high[j] = _mm256_srli_epi16(wide, 4);     // q[16 + 2c], q[16 + 2c + 1]
+      }
+      for (int r = 0; r < R; ++r) {
+        const int16_t* x = q.lanes16 + (sb * q.rows + first + r) * 256 + c * 32;
+        const __m256i xl = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+        const __m256i xh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 16));
+        for (int j = 0; j < O; ++j) {
+          sums[r][j] = _mm256_add_epi32(sums[r][j], _mm256_add_epi32(_mm256_madd_epi16(low[j], xl),
+                                                                     _mm256_madd_epi16(high[j], xh)));
+        }
+      }
+    }
+    // per lane (block): scale dx sum_j q_j v_j + zero sum + scale (-8 sum), as q4_row
+    for (int j = 0; j < O; ++j) {
+      const uint16_t* pairs_at = w.sz + (o + j) * row_pairs + sb * 16;
+      const __m256i pairs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pairs_at));  // lane l: block l's pair
+      const __m256 scale = _mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16));
+      const __m256 zero = _mm256_castsi256_ps(_mm256_and_si256(pairs, zero_bits));
+      for (int r = 0; r < R; ++r) {
+        const float* f = q.lane_f + (sb * q.rows + first + r) * 24;
+        acc[r][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r][j]), _mm256_mul_ps(scale, _mm256_loadu_ps(f)), acc[r][j]);
+        acc[r][j] = _mm256_fmadd_ps(zero, _mm256_loadu_ps(f + 8), acc[r][j]);
+        acc[r][j] = _mm256_fmadd_ps(scale, _mm256_loadu_ps(f + 16), acc[r][j]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int j = 0; j < O; ++j) y[(first + r) * y_stride + o + j] = vsum(acc[r][j]);
+  }
+  if (q.supers * 8 < w.blocks) {
+    for (int j = 0; j < O; ++j) q4_row<R>(w, q, first, o + j, y, y_stride, q.supers * 8);
+  }
+}
+
+// Rows [first, last) of q against O weight rows from o on the lane kernel: tiles of 4 rows, then the
+// 1-3 rows left.
+template <int O>
+static inline void q4_column2(const Q4Weights& w, const QuantRows& q, float* y, int64_t y_stride, int64_t o,
+                              int64_t first, int64_t last) {
+  for (; first + 4 <= last; first += 4) q4_lane_tile2<4, O>(w, q, first, o, y, y_stride);
+  switch (last - first) {
+    case 3: q4_lane_tile2<3, O>(w, q, first, o, y, y_stride); break;
+    case 2: q4_lane_tile2<2, O>(w, q, first, o, y, y_stride); break;
+    case 1: q4_lane_tile2<1, O>(w, q, first, o, y, y_stride); break;
+    default: break;
+  }
+}
+
+// Every row of q against weight rows [begin, end). With the lane layout: a decode step's one row
+// against four weight rows at a time, a batch's rows four at a time against two (the 16 registers
+// hold 4 x 2 integer sums, the widened weights and a row's activations), a prompt's rows in blocks of
+// 16 (as the AVX-512 kernels: a block's activations stay in L1 while the weight rows pass). Without
+// it: four rows of x at a time against each weight row (its bytes unpacked once for all of them).
+constexpr int64_t kRowBlock = 16;
+
 static void q4_rows(const Q4Weights& w, const QuantRows& q, float* y, int64_t y_stride, int64_t begin, int64_t end,
                     bool /*coarse*/ = false) {
+  if (w.lanes != nullptr && q.supers > 0) {
+    if (q.rows == 1) {
+      int64_t o = begin;
+      for (; o + 3 < end; o += 4) q4_lane_tile2<1, 4>(w, q, 0, o, y, y_stride);
+      for (; o < end; ++o) q4_lane_tile2<1, 1>(w, q, 0, o, y, y_stride);
+      return;
+    }
+    for (int64_t first = 0; first < q.rows; first += kRowBlock) {
+      const int64_t last = std::min(q.rows, first + kRowBlock);
+      int64_t o = begin;
+      for (; o + 1 < end; o += 2) q4_column2<2>(w, q, y, y_stride, o, first, last);
+      for (; o < end; ++o) q4_column2<1>(w, q, y, y_stride, o, first, last);
+    }
+    return;
+  }
   for (int64_t o = begin; o < end; ++o) {
     int64_t first = 0;
     for (; first + 4 <= q.rows; first += 4) q4_row<4>(w, q, first, o, y, y_stride);

@@ -192,6 +192,43 @@ Tensor q4_lanes(const Tensor& qs) {
   return out;
 }
 
+// The Q4 bytes qs (O, K/2) in the AVX2 lane kernel's layout (decode_kernels.h, q4_lane_tile2), shaped
+// (O, K/32, 16) (the shape tells the kernels which layout a lanes tensor holds): per row, each
+// superblock of 8 blocks as 8 chunks of 16 bytes, chunk c holding bytes 2c, 2c + 1 of block l at 2l;
+// the blocks past the last whole superblock as they are.
+Tensor q4_lanes_avx2(const Tensor& qs) {
+  TORCH_CHECK(qs.dim() == 2 && qs.scalar_type() == at::kByte && qs.is_contiguous() && qs.size(1) % 16 == 0,
+              "q4_lanes_avx2: (O, K/2) uint8 Q4 bytes");
+  const int64_t rows = qs.size(0), row_bytes = qs.size(1), supers = row_bytes / 16 / 8;
+  Tensor out = qs.clone();
+  const uint8_t* src = qs.data_ptr<uint8_t>();
+  uint8_t* dst = out.data_ptr<uint8_t>();
+  at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t o = begin; o < end; ++o) {
+      for (int64_t sb = 0; sb < supers; ++sb) {
+        const uint8_t* block = src + o * row_bytes + sb * 128;
+        uint8_t* chunk = dst + o * row_bytes + sb * 128;
+        for (int64_t c = 0; c < 8; ++c) {
+          for (int64_t l = 0; l < 8; ++l) std::memcpy(chunk + c * 16 + l * 2, block + l * 16 + c * 2, 2);
+        }
+      }
+    }
+  });
+  return out.view({rows, row_bytes / 16, 16});
+}
+
+// lanes where they hold the layout of the instruction set whose Q4Weights W reads them (by shape), else
+// nullptr (another set's layout, or none: that set's kernels then run without one)
+template <class W>
+const uint8_t* lanes_for(const c10::optional<Tensor>& lanes, const Tensor& qs) {
+  if (!lanes.has_value() || lanes->numel() == 0 || lanes->dim() != W::lane_dims) return nullptr;
+  const bool fits = W::lane_dims == 2 ? lanes->sizes() == qs.sizes()
+                                      : lanes->size(0) == qs.size(0) && lanes->size(1) == qs.size(1) / 16 && lanes->size(2) == 16;
+  TORCH_CHECK(fits && lanes->is_contiguous() && lanes->scalar_type() == at::kByte,
+              "q4 lanes must be q4_lanes(qs) or q4_lanes_avx2(qs)");
+  return lanes->data_ptr<uint8_t>();
+}
+
 // The Q4 blocks' whole groups of 16 rows (qs (O, K/2) uint8, sz (O, K/32, 2) bfloat16) in the AMX
 // tiles' layout (amx_kernels.h, amx_layout): (O / 16, K / 32, 320) uint8; empty where this build or
 // CPU has no AMX tiles.
@@ -220,7 +257,8 @@ static const uint8_t* amx_bytes(const c10::optional<Tensor>& amx, const Tensor& 
 }
 
 // (N, K) float32 rows times Q4 blocks: qs (O, K/2) uint8, sz (O, K/32, 2) bfloat16 (scale, zero);
-// lanes: qs in q4_lanes' layout (the AVX-512 lane kernel; empty or absent: the group kernel); amx:
+// lanes: qs in q4_lanes' layout (the AVX-512 lane kernel) or q4_lanes_avx2's (the AVX2 one; the kernels of
+// the other set, or without: the group kernels); amx:
 // q4_amx_layout(qs, sz) (empty or absent: the tiles transpose the bytes on every call).
 Tensor q4_matmul(const Tensor& input, const Tensor& qs, const Tensor& sz, bool coarse = false,
                  const c10::optional<Tensor>& lanes = c10::nullopt, const c10::optional<Tensor>& amx = c10::nullopt) {
@@ -240,10 +278,7 @@ Tensor q4_matmul(const Tensor& input, const Tensor& qs, const Tensor& sz, bool c
   const auto* sp = reinterpret_cast<const uint16_t*>(sz.data_ptr<at::BFloat16>());
   if (active_isa == Isa::avx512) {
     avx512::Q4Weights w{qp, sp, outputs, width / 32};
-    if (lanes.has_value() && lanes->numel() > 0) {
-      TORCH_CHECK(lanes->sizes() == qs.sizes() && lanes->is_contiguous(), "q4_matmul: lanes must be q4_lanes(qs)");
-      w.lanes = lanes->data_ptr<uint8_t>();
-    }
+    w.lanes = lanes_for<avx512::Q4Weights>(lanes, qs);
     w.amx = amx_bytes(amx, qs);
     int64_t vector_from = 0;  // AMX tiles take the whole groups of 16 columns, the vector kernel the rest
 #ifdef SKIPDECODE_AMX
@@ -255,7 +290,8 @@ Tensor q4_matmul(const Tensor& input, const Tensor& qs, const Tensor& sz, bool c
     }
   } else {
     const auto q = avx2::quantize_rows(xp, rows, width, quant);
-    const avx2::Q4Weights w{qp, sp, outputs, width / 32};
+    avx2::Q4Weights w{qp, sp, outputs, width / 32};
+    w.lanes = lanes_for<avx2::Q4Weights>(lanes, qs);
     at::parallel_for(0, outputs, 16, [&](int64_t b, int64_t e) { avx2::q4_rows(w, q, yp, outputs, b, e); });
   }
 #endif
@@ -494,11 +530,7 @@ View q4_view(const Projection& p) {
   const Tensor& qs = p.tensors[0];
   view.w = {qs.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(p.tensors[1].data_ptr<at::BFloat16>()),
             qs.size(0), qs.size(1) / 16};
-  const Tensor& lanes = p.tensors.end()[-2];  // the lane kernel's layout (AVX-512; empty: none)
-  if (lanes.numel() > 0) {
-    TORCH_CHECK(lanes.sizes() == qs.sizes() && lanes.is_contiguous(), "q4 lanes must be q4_lanes(qs)");
-    view.w.lanes = lanes.data_ptr<uint8_t>();
-  }
+  view.w.lanes = lanes_for<decltype(view.w)>(p.tensors.end()[-2], qs);  // the lane kernel's layout (empty: none)
   view.w.amx = amx_bytes(p.tensors.back(), qs);  // the AMX tiles' layout (empty: none)
   view.out = p.out;
   if (p.kind == 4) {
@@ -680,6 +712,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
              pybind11::arg("input"), pybind11::arg("qs"), pybind11::arg("sz"), pybind11::arg("coarse") = false,
              pybind11::arg("lanes") = pybind11::none(), pybind11::arg("amx") = pybind11::none());
   module.def("q4_lanes", &q4_lanes, release(), "Q4 bytes in the AVX-512 lane kernel's layout");
+  module.def("q4_lanes_avx2", &q4_lanes_avx2, release(), "Q4 bytes in the AVX2 lane kernel's layout (O, K/32, 16)");
   module.def("q4_amx_layout", &q4_amx_layout, release(), "Q4 blocks' whole groups of 16 rows in the AMX tiles' layout");
   module.def("q4_peak", &q4_peak, release(), "multiply-adds a second of the active q4 instruction set (threads, seconds)");
   module.def("lora_b_matmul", &lora_b_matmul, release(), "(N, R) float32 times int8 windows of B^T: (N, O) float32");

@@ -204,9 +204,9 @@ class Q4Blocks:
     def __init__(self, qs: torch.Tensor, sz: torch.Tensor, lanes: torch.Tensor | None = None,
                  amx: torch.Tensor | None = None) -> None:
         self.qs, self.sz = qs, sz
-        # The same bytes in the AVX-512 lane kernel's layout (lean_step.cpp, q4_lanes; decode_kernels.h,
-        # q4_lane_tile), built where the CPU has AVX-512 VNNI: a third copy of the 4-bit bytes (~58 MB
-        # for the default model) so that forcing AVX2 still finds qs.
+        # The same bytes in the lane kernel's layout (decode_kernels.h; lean_step.cpp, q4_lanes where the
+        # CPU has AVX-512 VNNI, q4_lanes_avx2 where the q4 kernels run on AVX2): a third copy of the
+        # 4-bit bytes (~58 MB for the default model) so that forcing the other instruction set still finds qs.
         self.lanes = lanes if lanes is not None else _lane_bytes(qs)
         # The whole groups of 16 rows in the AMX tiles' layout (amx_kernels.h, amx_layout), built where
         # the tiles run (q4_amx; from SKIPDECODE_Q4_AMX_ROWS rows, not 0): one more copy of the bytes and their
@@ -272,12 +272,17 @@ class Q4Blocks:
 
 
 def _lane_bytes(qs: torch.Tensor) -> torch.Tensor:
-    """``qs`` in the AVX-512 lane kernel's layout where this CPU has AVX-512 VNNI, else an empty tensor
-    (the kernels then run the group kernel, or AVX2)."""
+    """``qs`` in the AVX-512 lane kernel's layout where this CPU has AVX-512 VNNI, in the AVX2 one's
+    where the q4 kernels run on AVX2 (an AVX2-only CPU, or SKIPDECODE_Q4_ISA=avx2 at load), else an
+    empty tensor (the group kernels then run)."""
     module = native_module()
-    if module is None or "avx512-vnni" not in module.q4_isas() or not qs.is_contiguous():
+    if module is None or not qs.is_contiguous():
         return qs.new_empty(0)
-    return module.q4_lanes(qs)
+    if module.q4_isa() == "avx2":
+        return module.q4_lanes_avx2(qs)
+    if "avx512-vnni" in module.q4_isas():
+        return module.q4_lanes(qs)
+    return qs.new_empty(0)
 
 
 def _amx_bytes(qs: torch.Tensor, sz: torch.Tensor) -> torch.Tensor:

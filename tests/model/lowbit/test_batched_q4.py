@@ -80,6 +80,9 @@ def test_every_kernel_multiplies_a_batch_as_exact_float_arithmetic_does(out, wid
             results["group"] = _on("avx512-vnni", lambda: native_module().q4_matmul(x, blocks.qs, blocks.sz, False))
         if _amx():  # AMX tiles at every row count (by default from 8 rows)
             results["amx"] = _on("avx512-vnni", lambda: blocks(x), amx_rows=1)
+        if "avx2" in results:  # AVX2's lane kernel (built where the kernels run on AVX2; here by hand)
+            lanes2 = native_module().q4_lanes_avx2(blocks.qs)
+            results["avx2-lanes"] = _on("avx2", lambda: native_module().q4_matmul(x, blocks.qs, blocks.sz, False, lanes2))
         for name, y in results.items():
             assert y.shape == (rows, out)
             assert _relative(y, reference) < 1e-3, (name, rows)  # ~1e-5 measured
@@ -88,19 +91,25 @@ def test_every_kernel_multiplies_a_batch_as_exact_float_arithmetic_does(out, wid
             assert _relative(y, first) < 1e-5
 
 
-@pytest.mark.parametrize("isa", ["avx512-vnni", "avx2", "amx"])
+@pytest.mark.parametrize("isa", ["avx512-vnni", "avx2", "avx2-lanes", "amx"])
 def test_a_row_of_a_batch_is_that_row_alone_and_padding_rows_change_nothing(isa):
-    if isa not in _isas() and not (isa == "amx" and _amx()):
+    if isa.removesuffix("-lanes") not in _isas() and not (isa == "amx" and _amx()):
         pytest.skip(f"this CPU has no {isa}")
     amx_rows = 1 if isa == "amx" else 0  # on one kernel: AMX at every row count, or never
-    isa = "avx512-vnni" if isa == "amx" else isa
     source, blocks = _weights(48, 576, seed=3)
+    # AVX2 without a layout of its own (the AVX-512 one here is not its): its row kernel; with one: its lane kernel
+    lanes = native_module().q4_lanes_avx2(blocks.qs) if isa == "avx2-lanes" else blocks.lanes
+    isa = {"amx": "avx512-vnni", "avx2-lanes": "avx2"}.get(isa, isa)
+
+    def multiply(rows: torch.Tensor) -> torch.Tensor:
+        return native_module().q4_matmul(rows, blocks.qs, blocks.sz, False, lanes, blocks.amx)
+
     x = _rows(21, 576, seed=4)  # an AMX tile of 16 and one of 5 padded
     x[0] = 0.0  # padding rows as a left-padded batch may hold them: zeros, and one very large row
     x[6] = 1e4
-    batch = _on(isa, lambda: blocks(x), amx_rows)
+    batch = _on(isa, lambda: multiply(x), amx_rows)
     for r in range(21):  # every tile shape and remainder computes a row the same way, bit for bit
-        assert torch.equal(_on(isa, lambda r=r: blocks(x[r:r + 1]), amx_rows), batch[r:r + 1]), r
+        assert torch.equal(_on(isa, lambda r=r: multiply(x[r:r + 1]), amx_rows), batch[r:r + 1]), r
     assert torch.equal(batch[0], torch.zeros(48))
     assert _relative(batch[6], 1e4 * x.new_ones(576).double() @ _exact(source, blocks).T) < 1e-3
 

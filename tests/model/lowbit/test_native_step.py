@@ -270,19 +270,22 @@ def _fused_setup(tmp_path, lora):
 
 @pytest.mark.skipif(not has_q4, reason="the q4 kernels need an x86-64 CPU with AVX2 and a C++ compiler")
 @pytest.mark.parametrize("lora", [False, True])
-@pytest.mark.parametrize("isa", ["avx512-vnni", "avx2", "amx"])
+@pytest.mark.parametrize("isa", ["avx512-vnni", "avx2", "avx2-lanes", "amx"])
 def test_the_fused_layer_computes_the_decode_step_of_its_weights(isa, lora, tmp_path, monkeypatch):
     """Each instruction set's fused layer (norms, q4 matmuls, the LoRA's B, rotary, cache writes,
     attention over the cached prefix with a padded row and grouped key/value heads, SiLU gate,
     residuals; consecutive layers in one call) against the Python step on exactly its weights, in
     float: over a prefill, then decode steps that skip layers (caches of different lengths). "amx":
     the projections on AMX tiles (from one row here; the LoRA's stacked rows leave a tail of columns
-    to the vector kernel)."""
+    to the vector kernel). "avx2-lanes": loaded with the kernels on AVX2, so the weights carry AVX2's
+    own lane layout and its lane kernel runs (on an AVX-512 CPU "avx2" finds AVX-512's layout and runs
+    AVX2's row kernel)."""
     module = native_module()
     amx_rows = 1 if isa == "amx" else 0
     if isa == "amx" and not module.q4_amx():
         pytest.skip("this CPU (or its kernel) has no AMX-INT8 for this process")
-    isa = "avx512-vnni" if isa == "amx" else isa
+    lanes_at_load = isa == "avx2-lanes"
+    isa = {"amx": "avx512-vnni", "avx2-lanes": "avx2"}.get(isa, isa)
     if isa not in module.q4_isas():
         pytest.skip(f"this CPU has no {isa}")
     runs = []
@@ -290,7 +293,14 @@ def test_the_fused_layer_computes_the_decode_step_of_its_weights(isa, lora, tmp_
     counting = dataclasses.replace(architectures._low_bit_parts, native_run=_counting(
         architectures._low_bit_parts.native_run, runs))
     monkeypatch.setattr(architectures, "_low_bit_parts", counting)
-    decoder, leans = _fused_setup(tmp_path, lora)
+    if lanes_at_load:
+        assert module.set_q4_isa("avx2")
+    try:
+        decoder, leans = _fused_setup(tmp_path, lora)
+    finally:
+        module.set_q4_isa("auto")
+    if lanes_at_load:  # every projection's lanes in AVX2's layout: (O, K/32, 16)
+        assert all(projection_spec(p)[1][-2].dim() == 3 for lean in leans for p in lean.native._projections)
     ids, mask = left_padded_batch([5, 9], vocab=112)
     schedule = ScheduleConfig(NUM_LAYERS, NUM_LAYERS, 2, warmup=1, decay="linear", decay_length=6)
     assert module.set_q4_isa(isa)
