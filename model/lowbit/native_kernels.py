@@ -91,13 +91,18 @@ def native_module() -> ModuleType | None:
             return None
     _force_isa(module)
     module.set_q4_amx_rows(amx_rows_setting())
+    _loaded[:] = [module]
     return module
 
 
+_loaded: list[ModuleType] = []  # the extension, once native_module has built or loaded it
+
+
 def loaded_native_module() -> ModuleType | None:
-    """The extension where a low-bit model has already built or loaded it, else None: for helpers a
-    float model's step may call too (the argmax), which must not start the minute's compile."""
-    return native_module() if native_module.cache_info().currsize else None
+    """The extension where a low-bit model has already built or loaded it (and SKIPDECODE_NATIVE does
+    not turn it off), else None: for helpers a float model's step may call too (the argmax), which
+    must not start the minute's compile."""
+    return _loaded[0] if _loaded and native_enabled() else None
 
 
 DEFAULT_AMX_ROWS = 8

@@ -336,7 +336,8 @@ class LlamaFamilyAdapter(ArchitectureAdapter):
         """Several decode layers whose lean layers all take the native step run as one native call
         (the low-bit engine's ``native_run``); anything else one by one."""
         if len(indices) > 1 and hidden.shape[1] == 1:
-            leans = [lean for lean in (LeanLlamaLayer.of(self.layers[index], self.config) for index in indices)
+            layers = list(self.layers)  # (ModuleList's indexing checks and converts each index)
+            leans = [lean for lean in [LeanLlamaLayer.of(layers[index], self.config) for index in indices]
                      if lean is not None]
             if len(leans) == len(indices):
                 out = _low_bit_parts.native_run(leans, hidden, inputs_for(indices[0]).extra, cache, key_valid)
@@ -345,7 +346,7 @@ class LlamaFamilyAdapter(ArchitectureAdapter):
         return super().run_layers(indices, hidden, inputs_for, cache, key_valid)
 
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self._backbone.norm(hidden)
+        return fused_rms_norm(self._backbone.norm)(hidden)  # torch's one call where it is the plain RMSNorm
 
     def prepare_layers(self) -> None:
         """The lean layers, built at load: fusing and stacking a low-bit model's projections
@@ -597,21 +598,23 @@ def fused_rms_norm(norm: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
     return FusedRMSNorm(norm) if plain else norm
 
 
-def _layer_parts(layer: nn.Module) -> tuple[nn.Module, ...]:
+def _layer_parts(layer: nn.Module) -> tuple[nn.Module | None, ...]:
     """The submodules a lean layer reads (their identity says whether it is still current).
-    Read from the modules' own child dicts: this runs at every layer call, and nn.Module's
-    attribute lookup for children costs more than the check itself."""
+    Read from the modules' own child dicts, written out: this runs for every layer of every step,
+    and nn.Module's attribute lookup (or a generator a layer) costs more than the check itself."""
     children = layer._modules
     attn, mlp = children.get("self_attn"), children.get("mlp")
-    attn_children = attn._modules if attn is not None else {}
-    mlp_children = mlp._modules if mlp is not None else {}
+    a = attn._modules if attn is not None else {}
+    m = mlp._modules if mlp is not None else {}
     return (attn, mlp, children.get("input_layernorm"), children.get("post_attention_layernorm"),
-            *(attn_children.get(n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")),
-            *(mlp_children.get(n) for n in ("gate_proj", "up_proj", "down_proj")))
+            a.get("q_proj"), a.get("k_proj"), a.get("v_proj"), a.get("o_proj"),
+            m.get("gate_proj"), m.get("up_proj"), m.get("down_proj"))
 
 
-def _same(built: tuple[nn.Module, ...], now: tuple[nn.Module, ...]) -> bool:
-    return all(a is b for a, b in zip(built, now))
+def _same(built: tuple[nn.Module | None, ...], now: tuple[nn.Module | None, ...]) -> bool:
+    """The same modules, one by one (a tuple's == compares its items by identity first, and modules
+    have no other equality: one C call instead of a generator)."""
+    return built == now
 
 
 class OPTAdapter(ArchitectureAdapter):

@@ -377,7 +377,7 @@ def test_the_native_two_stage_head_rescores_the_scans_top_candidates(tied):
 
 @pytest.mark.skipif(not has_q4, reason="the q4 kernels need an x86-64 CPU with AVX2 and a C++ compiler")
 @pytest.mark.parametrize("isa", ["avx512-vnni", "avx2"])
-def test_the_native_argmax_picks_torchs_ids_ties_and_nan_included(isa):
+def test_the_native_argmax_picks_torchs_ids_ties_and_nan_included(isa, monkeypatch):
     """Greedy decoding's argmax (decode steps' greedy_ids) natively: on each instruction set the ids
     torch gives, for a vocabulary's width and widths that leave a vector's tail, with the largest value
     twice in a row (the first), a row of -inf, a NaN (the first NaN, as torch), a non-contiguous view."""
@@ -406,3 +406,6 @@ def test_the_native_argmax_picks_torchs_ids_ties_and_nan_included(isa):
         module.set_q4_isa("auto")
     half = torch.randn(2, 50, generator=generator).to(torch.bfloat16)
     assert native_argmax(half) is None and torch.equal(greedy_ids(half), half.argmax(dim=-1))  # torch's own
+    monkeypatch.setenv("SKIPDECODE_NATIVE", "0")  # the Python path everywhere: torch's argmax too
+    logits = torch.randn(3, 40, generator=generator)
+    assert native_argmax(logits) is None and torch.equal(greedy_ids(logits), logits.argmax(dim=-1))
