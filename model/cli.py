@@ -205,7 +205,8 @@ def add_bench_command(commands) -> None:
     be.add_argument("--quick", action="store_true", help="a tiny run (tests): batch 1 and 2, 8 tokens, 1 repeat")
     be.add_argument("--quantize", default=None,
                     help="comma-separated weight modes side by side: none, int8, int4, and int4@KERNEL for int4 on "
-                         "one kernel (torch, avx2, avx512-vnni) (default: none,int8,int4 on CPU, none on GPU)")
+                         "one kernel (torch, avx2, avx512-vnni, amx: the last two without and with AMX tiles) "
+                         "(default: none,int8,int4 on CPU, none on GPU)")
     be.add_argument("--prompt-tokens", type=int, default=512,
                     help="prompt processing and time to first token for a prompt this long (and one of 128 "
                          "tokens beside a longer one), batch 1, beside llama-bench -p (0: leave out)")

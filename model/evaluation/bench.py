@@ -591,9 +591,9 @@ def _decode_step_note() -> str:
         return "low-bit decode steps: the native C++ step (torch's ATen ops); int4 kernel: torch's _weight_int4pack_mm_for_cpu"
     module = native_module()
     avx512 = q4_isa() == "avx512-vnni"
-    kernel = "the lane kernel (16 blocks a vector)" if avx512 else "the group kernel"
+    kernel = "the lane kernel (16 blocks a vector)" if avx512 else "the lane kernel (8 blocks a vector)"
     if avx512 and module.q4_amx() and module.q4_amx_rows():
-        kernel += f", AMX tiles from {module.q4_amx_rows()} rows"
+        kernel += f", AMX tiles from {module.q4_amx_rows()} rows on a load-time layout (the head's scan too)"
     return (f"low-bit decode steps: the native C++ step, int4 layers fused (one call a run of layers); int4 kernel: "
             f"q4 on {q4_isa()}, {kernel}, tiles of rows x weight rows, prompts too (16-bit activations; int4@KERNEL "
             "modes name their own); LM head: 4-bit scan (8-bit activations) + top 32 rescored, native")

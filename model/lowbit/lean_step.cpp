@@ -257,9 +257,9 @@ static const uint8_t* amx_bytes(const c10::optional<Tensor>& amx, const Tensor& 
 }
 
 // (N, K) float32 rows times Q4 blocks: qs (O, K/2) uint8, sz (O, K/32, 2) bfloat16 (scale, zero);
-// lanes: qs in q4_lanes' layout (the AVX-512 lane kernel) or q4_lanes_avx2's (the AVX2 one; the kernels of
-// the other set, or without: the group kernels); amx:
-// q4_amx_layout(qs, sz) (empty or absent: the tiles transpose the bytes on every call).
+// lanes: qs in q4_lanes' layout (the AVX-512 lane kernel) or q4_lanes_avx2's (the AVX2 one; the other
+// set's kernels, or either without: the layout-free kernels); amx: q4_amx_layout(qs, sz) (empty or
+// absent: the tiles transpose the bytes on every call).
 Tensor q4_matmul(const Tensor& input, const Tensor& qs, const Tensor& sz, bool coarse = false,
                  const c10::optional<Tensor>& lanes = c10::nullopt, const c10::optional<Tensor>& amx = c10::nullopt) {
   check_q4();
