@@ -167,24 +167,24 @@ void check_q4() { TORCH_CHECK(active_isa != Isa::none, "the q4 kernels need an x
 
 // --- the q4 matmul and the LoRA's B, one call each (the two-stage head's scan, tests) ----------
 
-// The Q4 bytes qs (O, K/2) in the AVX-512 lane kernel's layout (decode_kernels.h, q4_lane_tile): per
-// row, each superblock of 16 blocks as 4 chunks of 64 bytes, chunk c holding bytes 4c .. 4c + 3 of
-// block l at lane l (4 bytes); the blocks past the last whole superblock as they are. The same bytes,
-// reordered: a row reads as many as before.
-Tensor q4_lanes(const Tensor& qs) {
-  TORCH_CHECK(qs.dim() == 2 && qs.scalar_type() == at::kByte && qs.is_contiguous() && qs.size(1) % 16 == 0,
-              "q4_lanes: (O, K/2) uint8 Q4 bytes");
-  const int64_t rows = qs.size(0), row_bytes = qs.size(1), supers = row_bytes / 16 / 16;
+// qs (O, K/2) with each row's superblocks of `blocks` Q4 blocks (16 bytes each) interleaved a piece at a
+// time: piece c (`piece` bytes from byte c * piece) of block l lands at c * blocks * piece + l * piece,
+// so one load takes piece c of every block of the superblock; the blocks past the last whole
+// superblock stay as they are. The same bytes, reordered: a row reads as many as before.
+Tensor interleaved_blocks(const Tensor& qs, int64_t blocks, int64_t piece, const char* name) {
+  TORCH_CHECK(qs.dim() == 2 && qs.scalar_type() == at::kByte && qs.is_contiguous() && qs.size(1) % 16 == 0, name,
+              ": (O, K/2) uint8 Q4 bytes");
+  const int64_t rows = qs.size(0), row_bytes = qs.size(1), super_bytes = blocks * 16, supers = row_bytes / super_bytes;
   Tensor out = qs.clone();
   const uint8_t* src = qs.data_ptr<uint8_t>();
   uint8_t* dst = out.data_ptr<uint8_t>();
   at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
     for (int64_t o = begin; o < end; ++o) {
       for (int64_t sb = 0; sb < supers; ++sb) {
-        const uint8_t* block = src + o * row_bytes + sb * 256;
-        uint8_t* chunk = dst + o * row_bytes + sb * 256;
-        for (int64_t c = 0; c < 4; ++c) {
-          for (int64_t l = 0; l < 16; ++l) std::memcpy(chunk + c * 64 + l * 4, block + l * 16 + c * 4, 4);
+        const uint8_t* block = src + o * row_bytes + sb * super_bytes;
+        uint8_t* chunk = dst + o * row_bytes + sb * super_bytes;
+        for (int64_t c = 0; c < 16 / piece; ++c) {
+          for (int64_t l = 0; l < blocks; ++l) std::memcpy(chunk + (c * blocks + l) * piece, block + l * 16 + c * piece, piece);
         }
       }
     }
@@ -192,29 +192,16 @@ Tensor q4_lanes(const Tensor& qs) {
   return out;
 }
 
+// The Q4 bytes qs (O, K/2) in the AVX-512 lane kernel's layout (decode_kernels.h, q4_lane_tile): per
+// row, each superblock of 16 blocks as 4 chunks of 64 bytes, chunk c holding bytes 4c .. 4c + 3 of
+// block l at lane l (4 bytes).
+Tensor q4_lanes(const Tensor& qs) { return interleaved_blocks(qs, 16, 4, "q4_lanes"); }
+
 // The Q4 bytes qs (O, K/2) in the AVX2 lane kernel's layout (decode_kernels.h, q4_lane_tile2), shaped
 // (O, K/32, 16) (the shape tells the kernels which layout a lanes tensor holds): per row, each
-// superblock of 8 blocks as 8 chunks of 16 bytes, chunk c holding bytes 2c, 2c + 1 of block l at 2l;
-// the blocks past the last whole superblock as they are.
+// superblock of 8 blocks as 8 chunks of 16 bytes, chunk c holding bytes 2c, 2c + 1 of block l at 2l.
 Tensor q4_lanes_avx2(const Tensor& qs) {
-  TORCH_CHECK(qs.dim() == 2 && qs.scalar_type() == at::kByte && qs.is_contiguous() && qs.size(1) % 16 == 0,
-              "q4_lanes_avx2: (O, K/2) uint8 Q4 bytes");
-  const int64_t rows = qs.size(0), row_bytes = qs.size(1), supers = row_bytes / 16 / 8;
-  Tensor out = qs.clone();
-  const uint8_t* src = qs.data_ptr<uint8_t>();
-  uint8_t* dst = out.data_ptr<uint8_t>();
-  at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
-    for (int64_t o = begin; o < end; ++o) {
-      for (int64_t sb = 0; sb < supers; ++sb) {
-        const uint8_t* block = src + o * row_bytes + sb * 128;
-        uint8_t* chunk = dst + o * row_bytes + sb * 128;
-        for (int64_t c = 0; c < 8; ++c) {
-          for (int64_t l = 0; l < 8; ++l) std::memcpy(chunk + c * 16 + l * 2, block + l * 16 + c * 2, 2);
-        }
-      }
-    }
-  });
-  return out.view({rows, row_bytes / 16, 16});
+  return interleaved_blocks(qs, 8, 2, "q4_lanes_avx2").view({qs.size(0), qs.size(1) / 16, 16});
 }
 
 // lanes where they hold the layout of the instruction set whose Q4Weights W reads them (by shape), else
