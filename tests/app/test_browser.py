@@ -103,7 +103,9 @@ def _length_is_steady(page, seconds: float = 0.5) -> bool:
 def test_stop_and_closed_tab_end_the_generation(server, how):
     runs = server.playground.runs
     with playwright.sync_playwright() as p:
-        browser, page = _open(p, server.local_url)
+        # 256 new tokens: the default 48 can all stream before the Stop click lands on a fast engine
+        # (the run then ends by itself and the status never says Stopped)
+        browser, page = _open_from_link(p, server.local_url, "max_new_tokens=256")
         page.fill("#component-0 textarea, textarea", "Tell me a very long story about the sea and its sailors.")
         page.click("#generate-btn")
         # the full model's pane: SkipDecode may legitimately stop early at EOS
