@@ -170,11 +170,9 @@ static void unpack_group(const uint8_t* qs, const uint16_t* sz, const uint8_t* l
   for (int64_t b = 0; b < blocks; ++b) {
     if (laid_out != nullptr) {
       const uint8_t* at = laid_out + b * kLayoutBlockBytes;
-      _mm_prefetch(reinterpret_cast<const char*>(at) + 4096, _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(at) + 4096 + 64, _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(at) + 4096 + 128, _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(at) + 4096 + 192, _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(at) + 4096 + 256, _MM_HINT_T0);
+      for (int64_t line = 0; line < kLayoutBlockBytes; line += 64) {  // the vector kernels' distance ahead
+        _mm_prefetch(reinterpret_cast<const char*>(at) + avx512::kPrefetchBytes + line, _MM_HINT_T0);
+      }
       for (int kk = 0; kk < 4; ++kk) rows[kk] = _mm512_loadu_si512(at + kk * 64);
       pairs = _mm512_loadu_si512(at + 256);
     } else {
