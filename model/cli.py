@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
-from model.evaluation.bench import BenchConfig, run_bench, split_weight_mode, write_bench
+from model.evaluation.bench import BenchConfig, BenchReport, run_bench, split_weight_mode, write_bench
 from model.evaluation.evaluation import EvalConfig, evaluate, write_report
 from model.evaluation.lowbit_check import LowBitCheckConfig, run_lowbit_check
 from model.generation import GenerationRequest, ScheduleRequest, TextGenerator, validate_request
@@ -375,7 +375,12 @@ def run_bench_command(args: argparse.Namespace) -> int:
                          quick=args.quick, quantize=_bench_weight_modes(args.quantize), threads=args.threads,
                          llama_cpp=not args.no_llama_cpp, prompt_tokens=args.prompt_tokens,
                          static=args.static_cache, graphs=not args.no_graphs)
-    report = run_bench(config, progress=lambda line: print(line, file=sys.stderr))
+
+    def write_so_far(partial: BenchReport) -> None:  # a run stopped by a time limit keeps its finished batches
+        if args.json:
+            batches = sorted({row.batch_size for row in partial.rows})
+            Path(args.json).write_text(json.dumps({**partial.to_json(), "stopped_after_batches": batches}, indent=2))
+    report = run_bench(config, progress=lambda line: print(line, file=sys.stderr), on_batch=write_so_far)
     if args.output:
         write_bench(report, args.output)
     if args.json:

@@ -14,19 +14,23 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Callable
 
 from model.evaluation.bench import BenchConfig, BenchReport, run_bench
 
 
 def scaling_reports(threads: list[int], model: str | None, quantize: str, speedup: float, tokens: int,
-                    repeats: int) -> list[BenchReport]:
-    """One batch-1 bench per thread count: our full model and SkipDecode at ``speedup``, and llama-bench."""
-    reports = []
+                    repeats: int, on_count: Callable[[list[BenchReport]], None] | None = None) -> list[BenchReport]:
+    """One batch-1 bench per thread count: our full model and SkipDecode at ``speedup``, and llama-bench;
+    ``on_count`` sees the reports so far after each count (a run stopped by a time limit keeps them)."""
+    reports: list[BenchReport] = []
     for count in threads:
         config = BenchConfig(model=model, device="cpu", batch_sizes=(1,), speedups=(speedup,), new_tokens=tokens,
                              repeats=repeats, include_hf=False, quantize=(quantize,), threads=count,
                              prompt_tokens=0, graphs=False)
         reports.append(run_bench(config, progress=lambda line, c=count: print(f"{c} threads: {line}", file=sys.stderr)))
+        if on_count is not None:
+            on_count(reports)
     return reports
 
 
@@ -67,14 +71,21 @@ def main() -> int:
         parser.error(f"--threads takes comma-separated whole numbers; got {args.threads!r}")
     if not threads or min(threads) < 1 or args.tokens < 2 or args.repeats < 1:
         parser.error("--threads must be >= 1, --tokens >= 2 and --repeats >= 1")
-    reports = scaling_reports(threads, args.model, args.quantize, args.speedup, args.tokens, args.repeats)
     args.output.mkdir(parents=True, exist_ok=True)
-    (args.output / "threads.json").write_text(json.dumps(
-        [dict(threads=count, **report.to_json()) for count, report in zip(threads, reports)], indent=2))
-    table = scaling_markdown(threads, reports)
-    (args.output / "threads.md").write_text(table + "\n")
-    print(table)
+    reports = scaling_reports(threads, args.model, args.quantize, args.speedup, args.tokens, args.repeats,
+                              on_count=lambda so_far: write_scaling(args.output, threads, so_far))
+    print(write_scaling(args.output, threads, reports))
     return 0
+
+
+def write_scaling(folder: Path, threads: list[int], reports: list[BenchReport]) -> str:
+    """threads.json and threads.md for the counts measured so far (the first len(reports) of ``threads``)."""
+    counts = threads[:len(reports)]
+    (folder / "threads.json").write_text(json.dumps(
+        [dict(threads=count, **report.to_json()) for count, report in zip(counts, reports)], indent=2))
+    table = scaling_markdown(counts, reports)
+    (folder / "threads.md").write_text(table + "\n")
+    return table
 
 
 if __name__ == "__main__":

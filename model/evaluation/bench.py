@@ -282,7 +282,10 @@ def time_hf_generate(model, ids, mask, new_tokens: int, pad_id: int, static_comp
 # --- the run ---------------------------------------------------------------------------------
 
 
-def run_bench(config: BenchConfig, progress: Callable[[str], None] = print) -> BenchReport:
+def run_bench(config: BenchConfig, progress: Callable[[str], None] = print,
+              on_batch: Callable[[BenchReport], None] | None = None) -> BenchReport:
+    """Every mode side by side, batch by batch; ``on_batch`` sees the report after each batch size's rows (a run
+    stopped later by a time limit keeps what it measured)."""
     device = resolve_device(config.device)
     if config.threads:
         torch.set_num_threads(config.threads)
@@ -318,12 +321,14 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None] = print) -> B
             modes["Q4_1", "llama.cpp"] = lambda: llama(0)
         elif batched is not None:
             modes["Q4_1", "llama.cpp"] = lambda b=batch: batched(b)
-        timings, peaks = _time_modes(modes, config.repeats, batch, device)
+        timings, peaks = _time_modes(modes, config.repeats, batch, device, report.notes)
         report.rows.extend(_batch_rows(config, variants, schedules, generator, batch, timings, peaks, report))
         add_captures(report.rows, batch, captures)
         progress(f"batch {batch}: " + ", ".join(
             f"{r.weights} {r.mode if r.target_speedup is None else f'{r.mode} {r.target_speedup:g}x'} "
             f"{r.tokens_per_second:.1f} tok/s" for r in report.rows if r.batch_size == batch))
+        if on_batch is not None:
+            on_batch(report)
     if config.prompt_tokens:
         report.prefill = [row for tokens in _prompt_lengths(config)
                           for row in _prefill_rows(config, variants, llama, device, tokens)]
@@ -538,13 +543,29 @@ def _prefill_rows(config: BenchConfig, variants: dict[str, tuple], llama: Callab
             for w, t in seconds.items()]
 
 
-def _time_modes(modes: dict[tuple[str, str], Callable[[], Timing]], repeats: int, batch: int, device: torch.device
+# Modes whose failure is a note in the report, not the end of the run: transformers' compiled path (its
+# compiler and our pinned transformers meet a lease's torch for the first time there), our CUDA graphs (the
+# device tests judge them) and llama.cpp (a binary carried to another CPU may lack its instructions).
+OPTIONAL_MODE_PREFIXES = ("hf_static_compile", "graphs:", "llama.cpp")
+
+
+def _time_modes(modes: dict[tuple[str, str], Callable[[], Timing]], repeats: int, batch: int, device: torch.device,
+                notes: list[str] | None = None
                 ) -> tuple[dict[tuple[str, str], list[Timing]], dict[tuple[str, str], float]]:
-    """Every mode warmed up once, then ``repeats`` rounds in a fresh random order: (timings, peak MB) per mode."""
+    """Every mode warmed up once, then ``repeats`` rounds in a fresh random order: (timings, peak MB) per mode.
+    An optional mode whose warm-up raises is left out, with a line in ``notes``."""
+    modes = dict(modes)
+    for key, run in list(modes.items()):  # warm-up: first-call allocations and kernel selection
+        try:
+            run()
+        except Exception as error:
+            if notes is None or not key[1].startswith(OPTIONAL_MODE_PREFIXES):
+                raise
+            del modes[key]
+            notes.append(f"batch {batch}: {key[0]} {key[1]} left out, its first call raised "
+                         f"{type(error).__name__}: {str(error)[:300]}")
     timings: dict[tuple[str, str], list[Timing]] = {key: [] for key in modes}
     peaks: dict[tuple[str, str], float] = {}
-    for run in modes.values():  # warm-up: first-call allocations and kernel selection
-        run()
     keys = list(modes)
     order_rng = random.Random(batch)
     for _ in range(repeats):

@@ -21,6 +21,7 @@ from model.evaluation.bench import (
     engine_modes,
     int4_kernel,
     parse_llama_bench,
+    run_bench,
     split_weight_mode,
 )
 from model.lowbit.native_kernels import native_module, q4_isa, q4_kernel_selected
@@ -177,3 +178,31 @@ def test_bench_runs_end_to_end_and_writes_every_field(tiny_folder, tmp_path):
     figure = json.loads((tmp_path / "out" / "speedup.json").read_text())
     assert {trace["name"] for trace in figure["data"]} >= {"layer speedup", "cost-model speedup", "measured, batch 1"}
     assert "| batch | weights | mode |" in done.stdout
+
+
+def test_an_optional_mode_that_raises_is_left_out_with_a_note_and_the_others_are_timed():
+    def works() -> Timing:
+        return Timing(1.0, 0.1)
+
+    def raises() -> Timing:
+        raise RuntimeError("the compiler said no")
+
+    notes: list[str] = []
+    modes = {("float", "full"): works, ("float", "hf_static_compile"): raises, ("float", "graphs:skip@2"): raises,
+             ("Q4_1", "llama.cpp"): raises}
+    timings, _ = _time_modes(modes, 2, 8, torch.device("cpu"), notes)
+    assert set(timings) == {("float", "full")} and len(timings["float", "full"]) == 2
+    assert notes == [f"batch 8: {weights} {mode} left out, its first call raised RuntimeError: the compiler said no"
+                     for weights, mode in (("float", "hf_static_compile"), ("float", "graphs:skip@2"),
+                                           ("Q4_1", "llama.cpp"))]
+    with pytest.raises(RuntimeError, match="said no"):  # our own modes failing stop the run: that is a bug
+        _time_modes({("float", "full"): raises}, 1, 1, torch.device("cpu"), notes)
+
+
+def test_the_bench_hands_over_its_report_after_every_batch_size(tiny_folder):
+    seen: list[list[int]] = []
+    config = BenchConfig(model=str(tiny_folder), device="cpu", quick=True, quantize=("none",), include_hf=False,
+                         speedups=(2.0,), llama_cpp=False)
+    report = run_bench(config, progress=lambda line: None,
+                       on_batch=lambda so_far: seen.append(sorted({row.batch_size for row in so_far.rows})))
+    assert seen == [[1], [1, 2]] and {row.batch_size for row in report.rows} == {1, 2}
