@@ -119,10 +119,9 @@ def ensure_default_model() -> None:
 
 @lru_cache(maxsize=1)
 def get_generator():
-    """The model is loaded once per process (on first use: importing this file stays cheap). On a GPU with
-    SKIPDECODE_CUDA_GRAPHS=1 its decode steps replay CUDA graphs (captured on first use, kept across
-    requests; off by default until a lease has checked them, never on ZeroGPU:
-    model.loading.cuda_graphs_by_default)."""
+    """The model is loaded once per process (on first use: importing this file stays cheap). On a CUDA GPU
+    its decode steps replay CUDA graphs (captured on first use, kept across requests; not with
+    SKIPDECODE_CUDA_GRAPHS=0, never on ZeroGPU: model.loading.cuda_graphs_by_default)."""
     adapter = os.environ.get("SKIPDECODE_ADAPTER", "auto")
     return TextGenerator(with_cuda_graphs(load_model(os.environ.get("SKIPDECODE_MODEL") or None, adapter=adapter,
                                                      quantize=os.environ.get("SKIPDECODE_QUANTIZE", "auto"))))

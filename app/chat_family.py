@@ -17,7 +17,7 @@ from typing import Callable
 
 from model import chat_family
 from model.generation import TextGenerator
-from model.loading import DEFAULT_MODEL, LoadedModel, load_model
+from model.loading import DEFAULT_MODEL, LoadedModel, load_model, with_cuda_graphs
 
 log = logging.getLogger(__name__)
 # (policy folder, the general generator) -> the policy on the same model, weights and device
@@ -28,7 +28,7 @@ def load_beside(policy: Path, general: TextGenerator) -> LoadedModel:
     """``policy`` on the model ``general`` runs, in its weight mode and on its device."""
     loaded = general.loaded
     name = None if loaded.name == DEFAULT_MODEL else loaded.name
-    return load_model(name, device=str(loaded.device), adapter=str(policy), quantize=loaded.quantize)
+    return with_cuda_graphs(load_model(name, device=str(loaded.device), adapter=str(policy), quantize=loaded.quantize))
 
 
 class ChatPolicies:

@@ -31,6 +31,7 @@ from app.settings import EXAMPLE_PROMPTS, Limits, PlaygroundSettings, control_ra
 from app.tasks import TASK_LABELS, TaskGenerators, check_mr, examples, is_task, policy_line
 from model.generation import PreparedRun, TextGenerator
 from model.race import RaceUpdate, TokenTexts, race
+from model.skipdecode.cuda_graphs import CaptureReport
 from model.skipdecode.schedule import max_layer_speedup
 
 HEATMAP_EVERY_S = 0.25  # the heatmap (and the lines drawn with it) at most 4x a second; the panes every frame
@@ -326,13 +327,16 @@ class Playground:
         the one before (the panes and the heatmap are drawn from the whole race so far)."""
         renderer, plot_clock, frame_clock = RaceRenderer(checked.settings), FrameClock(HEATMAP_EVERY_S), FrameClock()
         status = notice or "Generating… SkipDecode and the full model take turns; each advances by its own measured step time."
+        runner = checked.generator.loaded.graph_runner  # CUDA graphs (model/loading.py with_cuda_graphs), or None
+        before = runner.report() if runner is not None else None
         update: RaceUpdate | None = None
         unsent = False  # steps raced since the last message
         try:
             for update in checked.race(should_cancel=cancel_when_gone(handle, gone), compute_lock=self.compute):
                 unsent = not frame_clock.due(last=update.done)
                 if not unsent:
-                    yield renderer.outputs(status, update, with_plot=plot_clock.due(last=update.done))
+                    shown = preparing_line(before, runner.report()) + status if runner is not None else status
+                    yield renderer.outputs(shown, update, with_plot=plot_clock.due(last=update.done))
         except ValueError as error:  # e.g. a prompt over the context, found at encoding time
             raise page_error(error) from None
         if update is None:
@@ -341,6 +345,8 @@ class Playground:
             yield NO_CHANGE  # (gradio's completion message repeats the last values: the whole heatmap, megabytes)
             return
         final = "Stopped." if handle.cancelled else (notice + " " if notice else "") + "**Done.**"
+        if runner is not None:
+            final += prepared_line(before, runner.report())
         # A stopped run's last frame: the steps it raced since its last message are drawn too.
         yield renderer.outputs(final, update, with_plot=True) if unsent else (final,) + NO_CHANGE[1:]
 
@@ -489,6 +495,31 @@ class Playground:
 
 
 MODEL_RUNS = ("generate", "ui_generate", "ui_step", "ui_restart_")  # api names (prefixes) of model runs
+
+
+def preparing_line(before: CaptureReport | None, now: CaptureReport) -> str:
+    """While a run captures CUDA graphs (a layer set's first step on this server), the status line says
+    so: the first runs are slower, not stuck. Empty once every layer set it meets has its graph."""
+    graphs, seconds = _captured_since(before, now)
+    if not graphs:
+        return ""
+    return (f"Preparing the GPU: {graphs} CUDA graph{'s' if graphs != 1 else ''}, {seconds:.1f} s "
+            "(once per layer set; later steps and runs replay them). ")
+
+
+def prepared_line(before: CaptureReport | None, now: CaptureReport) -> str:
+    """A finished run's word on the graphs it captured (nothing when it only replayed)."""
+    graphs, seconds = _captured_since(before, now)
+    if not graphs:
+        return ""
+    return (f" This run prepared the GPU: {graphs} CUDA graph{'s' if graphs != 1 else ''} captured in "
+            f"{seconds:.1f} s; later runs replay them.")
+
+
+def _captured_since(before: CaptureReport | None, now: CaptureReport) -> tuple[int, float]:
+    if before is None:
+        return now.graphs, now.seconds
+    return now.graphs - before.graphs, now.seconds - before.seconds
 
 
 @lru_cache(maxsize=64)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from model.generation import TextGenerator
-from model.loading import DEFAULT_MODEL, LoadedModel
+from model.loading import DEFAULT_MODEL, LoadedModel, with_cuda_graphs
 from model.tasks import task_models
 from model.tasks.e2e import ATTRIBUTES, compose_mr, example_mrs, parse_mr
 
@@ -184,8 +184,8 @@ class TaskGenerators:
         try:
             if self.loader is not None:
                 return self.loader(task, policy)
-            return task_models.load_task_model(task, policy=policy, device=self.device, quantize=self.quantize,
-                                               root=self.assets())
+            return with_cuda_graphs(task_models.load_task_model(task, policy=policy, device=self.device,
+                                                                quantize=self.quantize, root=self.assets()))
         except (OSError, ValueError) as error:
             log.warning("task %s: cannot load its models: %s", task, error)
             raise ValueError(f"the {task.upper()} task is not available on this server yet: its trained models "

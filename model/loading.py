@@ -175,15 +175,15 @@ class LoadedModel:
         return int(pad if pad is not None else (self.eos_token_ids or (0,))[0])
 
 
-GRAPHS_DEFAULT = "0"  # "1" once a lease's `-m device` graph tests pass on a GPU (issue 50)
+# On: an H200 lease ran the `-m device` tests (graphs against the eager decoder, token for token, three
+# families, the skip policy, bridge and sampling) and they passed (assets/study/gpu-2026-11-28-graphs).
+GRAPHS_DEFAULT = "1"
 
 
 def cuda_graphs_by_default(device: torch.device) -> bool:
-    """Whether a server's decoders replay CUDA graphs: on a CUDA device when SKIPDECODE_CUDA_GRAPHS=1, and
+    """Whether a server's decoders replay CUDA graphs: on a CUDA device unless SKIPDECODE_CUDA_GRAPHS=0, and
     never on ZeroGPU, which attaches the GPU for one call at a time and may move the weights between
-    calls, while a graph replays into the addresses it was captured on (docs/SERVING.md). Off unless
-    asked for until a GPU lease's device tests (scripts/gpu_check.sh: graphs against the eager decoder,
-    token for token) have passed: a failed capture falls back to eager, a wrong replay would not."""
+    calls, while a graph replays into the addresses it was captured on (docs/SERVING.md)."""
     wanted = os.environ.get("SKIPDECODE_CUDA_GRAPHS", GRAPHS_DEFAULT).strip() == "1"
     return device.type == "cuda" and wanted and not os.environ.get("SPACES_ZERO_GPU")
 

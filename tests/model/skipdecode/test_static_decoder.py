@@ -297,7 +297,7 @@ def test_a_server_replays_graphs_on_cuda_only_and_never_on_zero_gpu(monkeypatch)
     monkeypatch.delenv("SPACES_ZERO_GPU", raising=False)
     monkeypatch.delenv("SKIPDECODE_CUDA_GRAPHS", raising=False)
     cuda = torch.device("cuda")
-    assert not cuda_graphs_by_default(cuda)  # opt-in until a lease's device tests pass (GRAPHS_DEFAULT)
+    assert cuda_graphs_by_default(cuda) and not cuda_graphs_by_default(torch.device("cpu"))  # on by default
     monkeypatch.setenv("SKIPDECODE_CUDA_GRAPHS", "1")
     assert cuda_graphs_by_default(cuda) and not cuda_graphs_by_default(torch.device("cpu"))
     monkeypatch.setenv("SKIPDECODE_CUDA_GRAPHS", "0")
