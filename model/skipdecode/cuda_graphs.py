@@ -112,7 +112,8 @@ class CudaGraphStep:
     a graph belongs to its buffers, so it serves every later run that leases them."""
 
     def __init__(self, max_graphs: int = DEFAULT_MAX_GRAPHS, max_bytes: int = DEFAULT_MAX_BYTES,
-                 capacity_multiple: int = CAPACITY_MULTIPLE) -> None:
+                 capacity_multiple: int = CAPACITY_MULTIPLE, step: Callable[..., torch.Tensor] = static_step) -> None:
+        self.step = step  # what a graph captures: static_step, or a compiled form of it (scripts/gpu_fusion_probe.py)
         self.graphs = GraphLRU(max_graphs, max_bytes)
         self.capacity_multiple = capacity_multiple
         self._buffers: list[tuple[weakref.ref, StepBuffers]] = []
@@ -155,7 +156,7 @@ class CudaGraphStep:
         # keeps them alive as long as the graph (an id could be reused by a new model).
         key = (buffers, weights.model, decoder.bridge, layers)
         if key in self.failed:
-            return static_step(decoder, buffers, layers)
+            return self.step(decoder, buffers, layers)
         captured = self.graphs.get(key)
         if captured is None:
             try:
@@ -163,7 +164,7 @@ class CudaGraphStep:
             except RuntimeError as error:  # a step torch cannot capture: this layer set runs eagerly
                 self.failed.add(key)
                 say(f"CUDA graph capture failed for a {len(layers)}-layer step ({error}); it runs eagerly")
-                return static_step(decoder, buffers, layers)
+                return self.step(decoder, buffers, layers)
             self.graphs.put(key, captured, captured.nbytes)
         captured.graph.replay()
         return captured.logits.clone()
@@ -181,14 +182,14 @@ class CudaGraphStep:
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
-            static_step(decoder, buffers, layers)
+            self.step(decoder, buffers, layers)
         torch.cuda.current_stream(device).wait_stream(side)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         # thread_local: a server's other threads (an abandoned request finishing its layer) may use the GPU meanwhile
         with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-            logits = static_step(decoder, buffers, layers)
+            logits = self.step(decoder, buffers, layers)
         torch.cuda.synchronize(device)
         nbytes = max(torch.cuda.memory_allocated(device) - before, logits.numel() * logits.element_size())
         seconds = time.perf_counter() - start
