@@ -151,6 +151,25 @@ void set_q4_amx_rows(int64_t rows) {
 
 int64_t q4_amx_rows() { return amx_rows; }
 
+// From how many rows an int8 projection multiplies its weights as bfloat16 (their integer values,
+// exact in bfloat16) through at::linear, oneDNN's AMX-BF16 path, then scales the columns, instead of
+// torch's int8 kernel, which costs the same per row at any batch; 0: never. Set by native_kernels.py
+// (int8_bf16_rows), which computes the Python step's int8 rows the same way (int8_rows_mm).
+int64_t int8_bf16_rows = 0;
+
+void set_int8_bf16_rows(int64_t rows) {
+  TORCH_CHECK(rows >= 0, "set_int8_bf16_rows: 0 (never) or a row count");
+  int8_bf16_rows = rows;
+}
+
+// (N, in) bfloat16 rows times int8 weights (O, in) with bfloat16 column scales: (N, O) bfloat16.
+Tensor int8_rows_mm(const Tensor& rows, const Tensor& weight, const Tensor& scales) {
+  if (int8_bf16_rows > 0 && rows.size(0) >= int8_bf16_rows) {
+    return at::linear(rows, weight.to(at::kBFloat16)).mul_(scales);
+  }
+  return at::_weight_int8pack_mm(rows, weight, scales);
+}
+
 // Per calling thread: the fused step's and the kernels' scratch (a request thread at a time runs a
 // decoder; OpenMP's workers only read and write the slices they are given).
 float* scratch_floats(int64_t count) {
@@ -497,7 +516,7 @@ struct Projection {
     }
     const Tensor rows = x.to(at::kBFloat16);
     if (kind == 2) {
-      return at::_weight_int8pack_mm(rows, tensors[0], tensors[1]).to(x.scalar_type());
+      return int8_rows_mm(rows, tensors[0], tensors[1]).to(x.scalar_type());
     }
     const Tensor both = at::_weight_int4pack_mm_for_cpu(rows, tensors[0], kInt4Group, tensors[1]);
     if (kind == 0) {
@@ -713,6 +732,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("q4_amx", &q4_amx, "whether this CPU and kernel let the q4 matmul run on AMX tiles");
   module.def("set_q4_amx_rows", &set_q4_amx_rows, "q4 matmuls of this many rows or more: AMX tiles where usable (0: never)");
   module.def("q4_amx_rows", &q4_amx_rows);
+  module.def("set_int8_bf16_rows", &set_int8_bf16_rows,
+             "int8 projections of this many rows or more: bfloat16 weights through at::linear (0: never)");
+  module.def("int8_rows_mm", &int8_rows_mm, release(), "int8 projection rows as the native step computes them");
   module.def("lora_b_layout", &lora_b_layout, release(), "a LoRA's int8 B as windows and tiles (the kernels' layouts)");
   module.def("q4_isa", &q4_isa, "the instruction set the q4 kernels run on: avx512-vnni, avx2, or '' (none)");
   module.def("q4_isas", &q4_isas, "the instruction sets this CPU can run the q4 kernels on, best first");

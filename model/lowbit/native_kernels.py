@@ -31,8 +31,10 @@ from types import ModuleType
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from model.common.checks import check_int
+from model.common.hardware import cpu_flags
 from model.common.paths import cache_root
 from model.common.progress import say
 
@@ -91,6 +93,7 @@ def native_module() -> ModuleType | None:
             return None
     _force_isa(module)
     module.set_q4_amx_rows(amx_rows_setting())
+    module.set_int8_bf16_rows(int8_bf16_rows())
     _loaded[:] = [module]
     return module
 
@@ -119,6 +122,47 @@ def amx_rows_setting() -> int:
     except ValueError as error:
         say(f"{error}; kept {DEFAULT_AMX_ROWS}")
         return DEFAULT_AMX_ROWS
+
+
+# torch's int8 kernel (_weight_int8pack_mm) costs the same per row at any batch; from this many rows the
+# weights' integer values as bfloat16 through oneDNN's AMX-BF16 matmul win (2-core Xeon, 2 threads, on-the-fly
+# conversion included: 1.0x at 16 rows, 1.6x at 32, 2.9x at 64, 6x at 512).
+DEFAULT_INT8_BF16_ROWS = 32
+_int8_bf16_rows: list[int] = []  # the setting, read once (set_int8_bf16_rows changes it)
+
+
+def int8_bf16_rows() -> int:
+    """From how many rows an int8 projection multiplies as bfloat16 (``int8_rows_mm``): SKIPDECODE_INT8_BF16_ROWS,
+    by default DEFAULT_INT8_BF16_ROWS where the CPU has AMX-BF16 and 0 (never: torch's int8 kernel) elsewhere."""
+    if not _int8_bf16_rows:
+        default = DEFAULT_INT8_BF16_ROWS if "amx_bf16" in cpu_flags() else 0
+        text = os.environ.get("SKIPDECODE_INT8_BF16_ROWS", "").strip()
+        try:
+            rows = check_int("SKIPDECODE_INT8_BF16_ROWS", text, low=0, text=True) if text else default
+        except ValueError as error:
+            say(f"{error}; kept {default}")
+            rows = default
+        _int8_bf16_rows[:] = [rows]
+    return _int8_bf16_rows[0]
+
+
+def set_int8_bf16_rows(rows: int) -> None:
+    """The int8 rows' threshold for the Python step and the loaded native step alike (tests, A/B runs)."""
+    _int8_bf16_rows[:] = [check_int("int8 bf16 rows", rows, low=0)]
+    module = loaded_native_module()
+    if module is not None:
+        module.set_int8_bf16_rows(rows)
+
+
+def int8_rows_mm(rows: torch.Tensor, weight_int8: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """(N, in) bfloat16 rows times int8 weights (O, in) with bfloat16 column scales: (N, O) bfloat16. From
+    ``int8_bf16_rows()`` rows the weights' integers (exact in bfloat16) go through ``F.linear`` and the columns
+    are scaled after; fewer rows take torch's int8 kernel. The native step's int8 projections do the same ops
+    in the same order (lean_step.cpp's int8_rows_mm): the two steps stay equal bit for bit."""
+    start = int8_bf16_rows()
+    if start and rows.shape[0] >= start:
+        return F.linear(rows, weight_int8.to(torch.bfloat16)).mul_(scales)
+    return torch._weight_int8pack_mm(rows, weight_int8, scales)
 
 
 def _force_isa(module: ModuleType) -> None:

@@ -36,7 +36,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from model.lowbit.native_kernels import q4_scan
+from model.lowbit.native_kernels import int8_rows_mm, q4_scan
 
 log = logging.getLogger(__name__)
 
@@ -79,11 +79,11 @@ class Int8WeightLinear(nn.Module):
 
     def decode_call(self) -> Callable[[torch.Tensor], torch.Tensor]:
         """``forward`` for the lean layer (``kernel_decode_call``)."""
-        return kernel_decode_call(self, lambda x, b: torch._weight_int8pack_mm(x, b["weight_int8"], b["scales"]))
+        return kernel_decode_call(self, lambda x, b: int8_rows_mm(x, b["weight_int8"], b["scales"]))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (N, in)
-        y = torch._weight_int8pack_mm(flat, self.weight_int8, self.scales)  # (N, out), bfloat16
+        y = int8_rows_mm(flat, self.weight_int8, self.scales)  # (N, out), bfloat16
         y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 

@@ -15,11 +15,14 @@ from model.lowbit.native_kernels import (
     Q4Blocks,
     amx_rows_setting,
     codes_of,
+    int8_bf16_rows,
+    int8_rows_mm,
     native_module,
     q4_bytes,
     q4_isa,
     q4_kernel_selected,
     q4_scan,
+    set_int8_bf16_rows,
 )
 from model.lowbit.native_step import NativeDecode, projection_spec
 from model.lowbit.quantization import (
@@ -38,6 +41,58 @@ from tests.support import NUM_LAYERS, left_padded_batch, random_lora_adapter, ti
 has_compiler = shutil.which("c++") is not None and shutil.which("ninja") is not None
 has_q4 = has_compiler and int4_supported() and q4_isa() is not None
 pytestmark = pytest.mark.skipif(not int8_supported(), reason="no int8-weight CPU kernel in this torch build")
+
+
+@pytest.fixture()
+def int8_rows_setting():
+    """The int8 rows' threshold as it was, put back after the test (it is process-wide)."""
+    before = int8_bf16_rows()
+    yield before
+    set_int8_bf16_rows(before)
+
+
+def _int8_weights(rows: int, cols: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    weight = torch.randn(rows, cols, generator=generator)
+    scales = weight.abs().amax(1) / 127
+    return torch.round(weight / scales[:, None]).to(torch.int8), scales.to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("rows", [1, 31, 32, 64, 200])
+def test_int8_rows_take_bfloat16_weights_from_the_threshold_and_torchs_kernel_below(rows, int8_rows_setting):
+    weight, scales = _int8_weights(96, 160)
+    x = torch.randn(rows, 160).to(torch.bfloat16)
+    set_int8_bf16_rows(32)
+    kernel = torch._weight_int8pack_mm(x, weight, scales)
+    ours = int8_rows_mm(x, weight, scales)
+    if rows < 32:
+        assert torch.equal(ours, kernel)
+    else:  # the integers are exact in bfloat16; the sum is rounded once before the scale: within a bf16 step
+        assert torch.equal(ours, torch.nn.functional.linear(x, weight.to(torch.bfloat16)) * scales)
+        assert ((ours.float() - kernel.float()).abs() <= 2 ** -7 * kernel.float().abs() + 1e-3).all()
+    set_int8_bf16_rows(0)  # never: torch's kernel at any count
+    assert torch.equal(int8_rows_mm(x, weight, scales), kernel)
+
+
+@pytest.mark.skipif(not has_compiler, reason="no C++ compiler or ninja on this machine")
+@pytest.mark.parametrize("rows", [4, 40])
+def test_the_native_int8_rows_are_the_python_ones_bit_for_bit(rows, int8_rows_setting):
+    module = native_module()
+    weight, scales = _int8_weights(96, 160, seed=1)
+    x = torch.randn(rows, 160).to(torch.bfloat16)
+    for threshold in (0, 8):  # torch's kernel, then bfloat16 weights from 8 rows
+        set_int8_bf16_rows(threshold)
+        assert torch.equal(module.int8_rows_mm(x, weight, scales), int8_rows_mm(x, weight, scales))
+
+
+def test_the_int8_rows_setting_reads_its_variable_and_defaults_by_the_cpu(monkeypatch, int8_rows_setting):
+    import model.lowbit.native_kernels as kernels
+
+    for text, expected in (("0", 0), ("48", 48), ("", 32 if "amx_bf16" in cpu_flags() else 0),
+                           ("lots", 32 if "amx_bf16" in cpu_flags() else 0)):
+        monkeypatch.setenv("SKIPDECODE_INT8_BF16_ROWS", text)
+        kernels._int8_bf16_rows.clear()
+        assert int8_bf16_rows() == expected
 
 
 @pytest.mark.skipif(not has_compiler, reason="no C++ compiler or ninja on this machine")
@@ -60,12 +115,15 @@ def _steps(decoder: SkipDecoder, ids, mask, schedule: ScheduleConfig, tokens: in
 
 
 @pytest.mark.skipif(not has_compiler, reason="no C++ compiler or ninja on this machine")
-@pytest.mark.parametrize("mode, lora", [("int8", False), ("int4", False), ("int4", True)])
-def test_the_native_step_equals_the_python_step_bit_for_bit(mode, lora, tmp_path, monkeypatch):
+@pytest.mark.parametrize("mode, lora", [("int8", False), ("int8-bf16", False), ("int4", False), ("int4", True)])
+def test_the_native_step_equals_the_python_step_bit_for_bit(mode, lora, tmp_path, monkeypatch, int8_rows_setting):
     from model.loading import lora_side_copy
 
     if mode == "int4" and not int4_supported():
         pytest.skip("no int4-weight CPU kernel in this torch build")
+    if mode == "int8-bf16":  # every int8 projection of the batch of 2 through bfloat16 weights (int8_rows_mm)
+        set_int8_bf16_rows(2)
+        mode = "int8"
     monkeypatch.setenv("SKIPDECODE_INT4_KERNEL", "torch")  # the same kernels as the Python step
     # 8 heads of 32 over 2 key/value heads: q/k/v rows that the int4 kernel's packed layout fuses
     model = tiny_model("llama", hidden=256, heads=8, kv_heads=2, vocab=112)
