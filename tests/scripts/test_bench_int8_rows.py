@@ -1,0 +1,30 @@
+"""scripts/bench_int8_rows.py: both int8 paths timed side by side, each path's agreement with float."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from model.lowbit.native_kernels import int8_bf16_rows
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not int8_bf16_rows(), reason="int8 rows stay on torch's kernel on this CPU (no AMX-BF16)")
+def test_the_int8_rows_bench_times_both_paths_and_their_agreement_with_float(tmp_path: Path):
+    output = tmp_path / "int8-rows.json"
+    done = subprocess.run([sys.executable, "scripts/bench_int8_rows.py", "--batch-sizes", "2", "--tokens", "3",
+                           "--repeats", "1", "--output", str(output)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, env=dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(output.read_text())
+    assert [row["path"] for row in report["rows"]] == ["torch int8 kernel", "AMX-BF16 rows"]
+    for row in report["rows"]:
+        assert row["batch"] == 2 and row["prefill_ms"] > 0 and row["decode_step_ms"] > 0
+        assert 0 <= row["vs_float"]["rows_equal"] <= 2 and 0 <= row["vs_float"]["positions_equal"] <= 1
