@@ -10,11 +10,10 @@ status line says which policy ran.
 from __future__ import annotations
 
 import logging
-import threading
-from collections import OrderedDict
 from pathlib import Path
 from typing import Callable
 
+from app.serving.loaded_generators import LoadedGenerators
 from model import chat_family
 from model.generation import TextGenerator
 from model.loading import DEFAULT_MODEL, LoadedModel, load_model, with_cuda_graphs
@@ -37,10 +36,8 @@ class ChatPolicies:
     ($SKIPDECODE_TASK_ADAPTERS at import); ``loader`` replaces load_beside (tests: tiny models)."""
 
     def __init__(self, root: Path | None = None, loader: ChatLoader | None = None, size: int = 2) -> None:
-        self.root, self.loader, self.size = root, loader or load_beside, max(1, size)
-        self.cache: OrderedDict[str, TextGenerator] = OrderedDict()
-        self.lock = threading.Lock()  # the cache
-        self.loading = threading.Lock()  # one load at a time
+        self.root, self.loader = root, loader or load_beside
+        self.loaded = LoadedGenerators(size)  # by policy folder
 
     def folder(self) -> Path:
         return chat_family.family_folder(self.root)
@@ -63,27 +60,16 @@ class ChatPolicies:
         policy = self.policy(speedup, general)
         if policy is None:
             return general
-        key = str(policy)
-        with self.lock:
-            if key in self.cache:
-                self.cache.move_to_end(key)
-                return self.cache[key]
+        found = self.loaded.get(str(policy))
+        if found is not None:
+            return found
         if not load:
             return general
-        with self.loading:
-            with self.lock:
-                if key in self.cache:
-                    return self.cache[key]
-            try:
-                loaded = TextGenerator(self.loader(policy, general))
-            except (OSError, ValueError) as error:
-                log.warning("chat policy %s does not load, the shared policy runs: %s", policy, error)
-                return general
-            with self.lock:
-                self.cache[key] = loaded
-                while len(self.cache) > self.size:
-                    self.cache.popitem(last=False)
-        return loaded
+        try:
+            return self.loaded.get_or_load(str(policy), lambda: TextGenerator(self.loader(policy, general)))
+        except (OSError, ValueError) as error:
+            log.warning("chat policy %s does not load, the shared policy runs: %s", policy, error)
+            return general
 
     def line(self, speedup: float, skip_policy: bool, ran: TextGenerator, general: TextGenerator) -> str:
         """Which policy SkipDecode runs, for the status line ("" when no family is installed)."""

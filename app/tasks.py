@@ -8,12 +8,11 @@ policies and the schedule they were trained on); this module only picks and cach
 from __future__ import annotations
 
 import logging
-import threading
-from collections import OrderedDict
 from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
+from app.serving.loaded_generators import LoadedGenerators
 from model.generation import TextGenerator
 from model.loading import DEFAULT_MODEL, LoadedModel, with_cuda_graphs
 from model.tasks import task_models
@@ -109,15 +108,13 @@ class TaskGenerators:
 
     def __init__(self, root: Path | None = None, loader: Loader | None = None, size: int = 2,
                  device: str = "auto", quantize: str = "auto", tokenizer: Callable[[], object] | None = None) -> None:
-        self.root, self.loader, self.size = root, loader, max(1, size)
+        self.root, self.loader = root, loader
         self.device, self.quantize = device, quantize
         # The task models' tokenizer, without a model (the default model's: every task model is
         # fine-tuned from it, the tests' tiny ones included): admission sizes a job with it.
         self.tokenizer = tokenizer or task_models.task_tokenizer
         self.shared: dict[int, bool] = {}  # id(a general generator) -> it tokenizes as the task models do
-        self.cache: OrderedDict[tuple[str, str], TextGenerator] = OrderedDict()
-        self.lock = threading.Lock()  # the cache
-        self.loading = threading.Lock()  # one load at a time: two first visitors do not load twice
+        self.loaded = LoadedGenerators(size)  # by (task, policy folder)
 
     def assets(self) -> Path:
         return Path(self.root) if self.root is not None else task_models.TASK_ASSETS
@@ -130,25 +127,14 @@ class TaskGenerators:
         """The generator for ``task`` at ``speedup``; None if it is not loaded and ``load`` is False.
         A missing task model is a ValueError that says so (the page shows it, the server stays up)."""
         task_models.check_task(task)
-        key = (task, str(self.policy(task, speedup)))
-        with self.lock:
-            if speedup <= 1:  # any policy of the task is the task model at full depth (gated LoRA)
-                key = next((k for k in reversed(self.cache) if k[0] == task), key)
-            if key in self.cache:
-                self.cache.move_to_end(key)
-                return self.cache[key]
-        if not load:
-            return None
-        with self.loading:
-            with self.lock:
-                if key in self.cache:
-                    return self.cache[key]
-            generator = TextGenerator(self._load(task, self.policy(task, speedup)))
-            with self.lock:
-                self.cache[key] = generator
-                while len(self.cache) > self.size:
-                    self.cache.popitem(last=False)
-        return generator
+        key: tuple[str, str] = (task, str(self.policy(task, speedup)))
+        if speedup <= 1:  # any policy of the task is the task model at full depth (gated LoRA)
+            newest = self.loaded.newest(lambda k: k[0] == task)
+            key = newest[0] if newest is not None else key
+        found = self.loaded.get(key)
+        if found is not None or not load:
+            return found
+        return self.loaded.get_or_load(key, lambda: TextGenerator(self._load(task, self.policy(task, speedup))))
 
     def sizer(self, task: str, general: TextGenerator) -> TextGenerator | None:
         """A loaded model that tokenizes ``task``'s prompts as its model does, so a job's size and
@@ -177,8 +163,8 @@ class TaskGenerators:
 
     def any(self, task: str) -> TextGenerator | None:
         """Some loaded generator of ``task`` (the schedule preview needs its layers, not its policy)."""
-        with self.lock:
-            return next((g for (t, _), g in reversed(self.cache.items()) if t == task), None)
+        newest = self.loaded.newest(lambda key: key[0] == task)
+        return newest[1] if newest is not None else None
 
     def _load(self, task: str, policy: Path | None) -> LoadedModel:
         try:
