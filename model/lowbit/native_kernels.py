@@ -114,14 +114,19 @@ DEFAULT_AMX_ROWS = 8
 def amx_rows_setting() -> int:
     """``SKIPDECODE_Q4_AMX_ROWS``: from how many rows a q4 matmul runs on AMX tiles where the CPU has
     AMX-INT8 (0: never); a bad value is named and the default kept."""
-    text = os.environ.get("SKIPDECODE_Q4_AMX_ROWS", "").strip()
+    return row_count_setting("SKIPDECODE_Q4_AMX_ROWS", DEFAULT_AMX_ROWS)
+
+
+def row_count_setting(variable: str, default: int) -> int:
+    """A row count from the environment (0: never); unset gives ``default``, and so does a bad value, named."""
+    text = os.environ.get(variable, "").strip()
     if not text:
-        return DEFAULT_AMX_ROWS
+        return default
     try:
-        return check_int("SKIPDECODE_Q4_AMX_ROWS", text, low=0, text=True)
+        return check_int(variable, text, low=0, text=True)
     except ValueError as error:
-        say(f"{error}; kept {DEFAULT_AMX_ROWS}")
-        return DEFAULT_AMX_ROWS
+        say(f"{error}; kept {default}")
+        return default
 
 
 # torch's int8 kernel (_weight_int8pack_mm) costs the same per row at any batch; from this many rows the
@@ -136,13 +141,7 @@ def int8_bf16_rows() -> int:
     by default DEFAULT_INT8_BF16_ROWS where the CPU has AMX-BF16 and 0 (never: torch's int8 kernel) elsewhere."""
     if not _int8_bf16_rows:
         default = DEFAULT_INT8_BF16_ROWS if "amx_bf16" in cpu_flags() else 0
-        text = os.environ.get("SKIPDECODE_INT8_BF16_ROWS", "").strip()
-        try:
-            rows = check_int("SKIPDECODE_INT8_BF16_ROWS", text, low=0, text=True) if text else default
-        except ValueError as error:
-            say(f"{error}; kept {default}")
-            rows = default
-        _int8_bf16_rows[:] = [rows]
+        _int8_bf16_rows[:] = [row_count_setting("SKIPDECODE_INT8_BF16_ROWS", default)]
     return _int8_bf16_rows[0]
 
 
