@@ -28,16 +28,6 @@ from model.skipdecode.schedule import full_schedule
 from model.skipdecode.static_decoder import EagerStep, static_decoder, static_step
 
 
-class CompiledEagerStep(EagerStep):
-    """The CPU's stand-in for the graphs: the given step run as it is."""
-
-    def __init__(self, step) -> None:
-        self.step = step
-
-    def run(self, decoder, buffers, layers):
-        return self.step(decoder, buffers, layers)
-
-
 def random_model(config_path: Path, layers: int | None, device: str, dtype: torch.dtype) -> torch.nn.Module:
     config = tf.AutoConfig.for_model(**{k: v for k, v in json.loads(config_path.read_text()).items()
                                         if not k.startswith("_") and k not in ("architectures", "transformers_version")})
@@ -83,7 +73,7 @@ def main() -> int:
         mask = torch.ones_like(ids)
         runs = {}
         for name, step in (("graphs", static_step), ("compiled graphs", compiled)):
-            runner = CudaGraphStep(step=step) if device.type == "cuda" else CompiledEagerStep(step)
+            runner = CudaGraphStep(step=step) if device.type == "cuda" else EagerStep(step=step)
             runs[name] = static_decoder(SkipDecoder(model), runner), runner
         first: dict[str, float] = {}
         for name, (decoder, _) in runs.items():  # the first run captures (and compiles)

@@ -18,7 +18,7 @@ static. Shapes: B = batch, K = capacity (the run's key columns), V = vocab.
 from __future__ import annotations
 
 import weakref
-from typing import Any, Protocol, Sequence, cast
+from typing import Any, Callable, Protocol, Sequence, cast
 
 import torch
 from torch import nn
@@ -86,7 +86,11 @@ class StepRunner(Protocol):
 
 
 class EagerStep:
-    """static_step as it is, on any device: fresh buffers per run at the run's exact capacity."""
+    """static_step as it is (or ``step``: a compiled form of it), on any device: fresh buffers per run at
+    the run's exact capacity."""
+
+    def __init__(self, step: Callable[..., torch.Tensor] = static_step) -> None:
+        self.step = step
 
     def capacity_for(self, capacity: int, max_context: int) -> int:
         return capacity
@@ -95,7 +99,7 @@ class EagerStep:
         return StepBuffers(decoder.num_layers, batch, capacity, device)
 
     def run(self, decoder: SkipDecoder, buffers: StepBuffers, layers: tuple[int, ...]) -> torch.Tensor:
-        return static_step(decoder, buffers, layers)
+        return self.step(decoder, buffers, layers)
 
 
 class StaticSkipDecoder(SkipDecoder):
