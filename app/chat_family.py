@@ -60,11 +60,8 @@ class ChatPolicies:
         policy = self.policy(speedup, general)
         if policy is None:
             return general
-        found = self.loaded.get(str(policy))
-        if found is not None:
-            return found
         if not load:
-            return general
+            return self.loaded.get(str(policy)) or general
         try:
             return self.loaded.get_or_load(str(policy), lambda: TextGenerator(self.loader(policy, general)))
         except (OSError, ValueError) as error:

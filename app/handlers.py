@@ -503,8 +503,7 @@ def preparing_line(before: CaptureReport | None, now: CaptureReport) -> str:
     graphs, seconds = _captured_since(before, now)
     if not graphs:
         return ""
-    return (f"Preparing the GPU: {graphs} CUDA graph{'s' if graphs != 1 else ''}, {seconds:.1f} s "
-            "(once per layer set; later steps and runs replay them). ")
+    return f"Preparing the GPU: {_graph_count(graphs)}, {seconds:.1f} s (once per layer set; later steps and runs replay them). "
 
 
 def prepared_line(before: CaptureReport | None, now: CaptureReport) -> str:
@@ -512,8 +511,11 @@ def prepared_line(before: CaptureReport | None, now: CaptureReport) -> str:
     graphs, seconds = _captured_since(before, now)
     if not graphs:
         return ""
-    return (f" This run prepared the GPU: {graphs} CUDA graph{'s' if graphs != 1 else ''} captured in "
-            f"{seconds:.1f} s; later runs replay them.")
+    return f" This run prepared the GPU: {_graph_count(graphs)} captured in {seconds:.1f} s; later runs replay them."
+
+
+def _graph_count(graphs: int) -> str:
+    return f"{graphs} CUDA graph{'s' if graphs != 1 else ''}"
 
 
 def _captured_since(before: CaptureReport | None, now: CaptureReport) -> tuple[int, float]:

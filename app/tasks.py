@@ -131,9 +131,8 @@ class TaskGenerators:
         if speedup <= 1:  # any policy of the task is the task model at full depth (gated LoRA)
             newest = self.loaded.newest(lambda k: k[0] == task)
             key = newest[0] if newest is not None else key
-        found = self.loaded.get(key)
-        if found is not None or not load:
-            return found
+        if not load:
+            return self.loaded.get(key)
         return self.loaded.get_or_load(key, lambda: TextGenerator(self._load(task, self.policy(task, speedup))))
 
     def sizer(self, task: str, general: TextGenerator) -> TextGenerator | None:
