@@ -74,7 +74,7 @@ def main() -> int:
     args.output.mkdir(parents=True, exist_ok=True)
     reports = scaling_reports(threads, args.model, args.quantize, args.speedup, args.tokens, args.repeats,
                               on_count=lambda so_far: write_scaling(args.output, threads, so_far))
-    print(write_scaling(args.output, threads, reports))
+    print(scaling_markdown(threads, reports))  # the files: written after the last count already
     return 0
 
 
