@@ -131,7 +131,8 @@ def row_count_setting(variable: str, default: int) -> int:
 
 # torch's int8 kernel (_weight_int8pack_mm) costs the same per row at any batch; from this many rows the
 # weights' integer values as bfloat16 through oneDNN's AMX-BF16 matmul win (2-core Xeon, 2 threads, on-the-fly
-# conversion included: 1.0x at 16 rows, 1.6x at 32, 2.9x at 64, 6x at 512).
+# conversion included, scripts/bench_int8_rows.py --matmul: 1.05-1.25x at 16 rows, 1.8-2.2x at 32, 3.1-3.8x at
+# 64, 6.4-8.0x at 512; 0.14-0.19x at 1 row).
 DEFAULT_INT8_BF16_ROWS = 32
 _int8_bf16_rows: list[int] = []  # the setting, read once (set_int8_bf16_rows changes it)
 

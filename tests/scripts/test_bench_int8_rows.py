@@ -28,3 +28,15 @@ def test_the_int8_rows_bench_times_both_paths_and_their_agreement_with_float(tmp
     for row in report["rows"]:
         assert row["batch"] == 2 and row["prefill_ms"] > 0 and row["decode_step_ms"] > 0
         assert 0 <= row["vs_float"]["rows_equal"] <= 2 and 0 <= row["vs_float"]["positions_equal"] <= 1
+
+
+@pytest.mark.skipif(not int8_bf16_rows(), reason="int8 rows stay on torch's kernel on this CPU (no AMX-BF16)")
+def test_the_int8_matmul_bench_times_both_paths_at_each_row_count(tmp_path: Path):
+    output = tmp_path / "int8-matmul.json"
+    done = subprocess.run([sys.executable, "scripts/bench_int8_rows.py", "--matmul", "1,40", "--repeats", "1",
+                           "--output", str(output)], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(output.read_text())["rows"]
+    assert [(r["inputs"], r["rows"]) for r in rows] == [(576, 1), (576, 40), (1536, 1), (1536, 40)]
+    assert all(r["torch_int8_ms"] > 0 and r["amx_bf16_ms"] > 0 and r["ratio"] > 0 for r in rows)
