@@ -97,15 +97,23 @@ struct alignas(64) TileConfig {
 };
 
 // Tiles 0/1: C hi/lo of the first column group, 6/7 of the second (R x 16 int32); 2/3: A hi/lo
-// (R x 32 bytes); 4/5: B of the two groups (8 x 64 bytes).
-static inline void configure_tiles(int rows) {
+// (R x 32 bytes); 4/5: B of the two groups (8 x 64 bytes). Stacked (amx_one_tile_pair, R = 8): C
+// tiles 0 and 6 of 16 rows (hi over lo) and A tile 2 of 16 rows, the rows' hi and lo bytes together.
+static inline void configure_tiles(int rows, bool stacked) {
   TileConfig config;
-  for (int t : {0, 1, 6, 7}) {
+  const int c_rows = stacked ? 16 : rows;
+  for (int t : {0, 6}) {
     config.colsb[t] = 64;
-    config.rows[t] = static_cast<uint8_t>(rows);
+    config.rows[t] = static_cast<uint8_t>(c_rows);
   }
-  config.colsb[2] = config.colsb[3] = 32;
-  config.rows[2] = config.rows[3] = static_cast<uint8_t>(rows);
+  config.colsb[2] = 32;
+  config.rows[2] = static_cast<uint8_t>(c_rows);
+  if (!stacked) {
+    config.colsb[1] = config.colsb[7] = 64;
+    config.rows[1] = config.rows[7] = static_cast<uint8_t>(rows);
+    config.colsb[3] = 32;
+    config.rows[3] = static_cast<uint8_t>(rows);
+  }
   config.colsb[4] = config.colsb[5] = 64;
   config.rows[4] = config.rows[5] = 8;
   _tile_loadconfig(&config);
@@ -198,26 +206,30 @@ static void amx_layout(const uint8_t* qs, const uint16_t* sz, int64_t outputs, i
   });
 }
 
-// A block's tile sums of one row tile, two column groups: hi and lo, R x 16 int32 each.
+// A block's tile sums of one row tile, two column groups: hi and lo, R x 16 int32 each; a group's lo
+// follows its hi, so that a stacked C tile (hi rows over lo rows, below) stores both at once.
 template <int R>
 struct alignas(64) BlockSums {
-  int32_t hi[2][R * 16], lo[2][R * 16];
+  struct alignas(64) Group {
+    int32_t hi[R * 16], lo[R * 16];
+  } group[2];
 };
 
 // The float work of block b's sums into the accumulators (R rows x 2 groups of 16 columns, kept in
 // registers across the blocks: through memory they had been a load and a store for every row, group
-// and block). Coarse: the high bytes alone (the head's ranking scan, as the vector kernels' Coarse).
+// and block). scales[g]: group g's 16 scales and 16 (zero - 8 scale) of this block. Coarse: the high
+// bytes alone (the head's ranking scan, as the vector kernels' Coarse).
 template <int R, bool Coarse>
 __attribute__((always_inline)) static inline void add_block(const BlockSums<R>& sums, const float* const scales[2],
                                                             const float* dx, const float* sum, int64_t blocks,
                                                             int64_t b, __m512 (&acc)[R][2]) {
   for (int g = 0; g < 2; ++g) {
-    const __m512 scale = _mm512_load_ps(scales[g] + b * 32);
-    const __m512 zero_term = _mm512_load_ps(scales[g] + b * 32 + 16);
+    const __m512 scale = _mm512_load_ps(scales[g]);
+    const __m512 zero_term = _mm512_load_ps(scales[g] + 16);
 #pragma GCC unroll 16
     for (int m = 0; m < R; ++m) {
-      __m512i whole = _mm512_slli_epi32(_mm512_load_si512(sums.hi[g] + m * 16), 8);
-      if (!Coarse) whole = _mm512_add_epi32(whole, _mm512_load_si512(sums.lo[g] + m * 16));
+      __m512i whole = _mm512_slli_epi32(_mm512_load_si512(sums.group[g].hi + m * 16), 8);
+      if (!Coarse) whole = _mm512_add_epi32(whole, _mm512_load_si512(sums.group[g].lo + m * 16));
       const __m512 total = _mm512_fmadd_ps(_mm512_cvtepi32_ps(whole),
                                            _mm512_mul_ps(scale, _mm512_set1_ps(dx[m * blocks + b])), acc[m][g]);
       acc[m][g] = _mm512_fmadd_ps(zero_term, _mm512_set1_ps(sum[m * blocks + b]), total);
@@ -264,19 +276,118 @@ static void amx_row_tile_pair(const AmxRows& a, int64_t first, const int8_t* con
         _tile_dpbssd(7, 3, 5);
       }
     }
-    if (b > 0) add_block<R, Coarse>(sums[(b - 1) % 2], scales, dx, sum, a.blocks, b - 1, acc);
+    if (b > 0) {
+      const float* const block_scales[2] = {scales[0] + (b - 1) * 32, scales[1] + (b - 1) * 32};
+      add_block<R, Coarse>(sums[(b - 1) % 2], block_scales, dx, sum, a.blocks, b - 1, acc);
+    }
     if (b < a.blocks) {
       BlockSums<R>& into = sums[b % 2];
-      _tile_stored(0, into.hi[0], 64);
-      _tile_stored(6, into.hi[1], 64);
+      _tile_stored(0, into.group[0].hi, 64);
+      _tile_stored(6, into.group[1].hi, 64);
       if (!Coarse) {
-        _tile_stored(1, into.lo[0], 64);
-        _tile_stored(7, into.lo[1], 64);
+        _tile_stored(1, into.group[0].lo, 64);
+        _tile_stored(7, into.group[1].lo, 64);
       }
     }
   }
   for (int m = 0; m < R && first + m < a.rows; ++m) {
     for (int g = 0; g < 2; ++g) _mm512_storeu_ps(y + (first + m) * y_stride + o[g], acc[m][g]);
+  }
+}
+
+// One row tile (a decode batch of up to 16 rows): every B tile serves a single tile product, so the
+// group-wide unpacking above would write each pair's tiles out (up to 60 KB, past L1) only to read them
+// back once. Here each block is unpacked kRingAhead blocks before its product into a small ring that
+// stays in L1, and the vector stores have long reached it when the tile unit loads them (in the
+// group-wide form the stores, L2 and the tile loads had waited on one another: 1.5-1.6x on a batch-8
+// sweep of the default model's matrices, the same bits).
+//
+// Stacked (R = 8, rows <= 8): the rows' hi and lo bytes are one A tile of 16 rows (AmxRows keeps lo
+// padded x width bytes after hi, so row 8 + m of the tile is row m's lo), and one tile product a group
+// gives both sums, where two products of 8 rows had each used half the tile unit's rows.
+constexpr int kRingAhead = 2;  // blocks unpacked ahead of their product (2-3 measured alike; 1 is slower)
+constexpr int kRingSlots = 4;  // > kRingAhead: a slot is not rewritten while its sums may still be read
+
+struct alignas(64) BlockRing {
+  int8_t tile[kRingSlots][2][kBTileBytes];
+  float scales[kRingSlots][2][32];
+};
+
+// Block b of a pair's group g into the ring: from the load-time layout (groups[g]: the group's blocks)
+// or transposed from qs and sz.
+static inline void ring_unpack(const uint8_t* qs, const uint16_t* sz, const uint8_t* const groups[2],
+                               const int64_t o[2], int64_t blocks, int64_t b, BlockRing& ring) {
+  __m512i rows[4], pairs;
+  const int slot = static_cast<int>(b % kRingSlots);
+  for (int g = 0; g < 2; ++g) {
+    if (groups[g] != nullptr) {
+      const uint8_t* at = groups[g] + b * kLayoutBlockBytes;
+      for (int64_t line = 0; line < kLayoutBlockBytes; line += 64) {  // the vector kernels' distance ahead
+        _mm_prefetch(reinterpret_cast<const char*>(at) + avx512::kPrefetchBytes + line, _MM_HINT_T0);
+      }
+      for (int kk = 0; kk < 4; ++kk) rows[kk] = _mm512_loadu_si512(at + kk * 64);
+      pairs = _mm512_loadu_si512(at + 256);
+    } else {
+      transpose_block(qs, sz, blocks, o[g], b, rows, pairs);
+    }
+    unpack_block(rows, pairs, ring.tile[slot][g], ring.scales[slot][g]);
+  }
+}
+
+// All rows of `a` (one row tile: a.padded == R) against two groups of 16 columns (from o[0] and o[1]),
+// the blocks unpacked on the way through a ring; software-pipelined as amx_row_tile_pair. groups: the
+// pair's blocks in amx_layout (nullptr: transposed from qs and sz); coming: the next pair's, asked for
+// into L2 a block's share at a time.
+template <int R, bool Coarse>
+static void amx_one_tile_pair(const uint8_t* qs, const uint16_t* sz, const uint8_t* const groups[2],
+                              const uint8_t* coming, const AmxRows& a, const int64_t o[2], float* y,
+                              int64_t y_stride) {
+  constexpr bool stacked = R == 8;
+  BlockSums<R> sums[2];
+  BlockRing ring;
+  __m512 acc[R][2];
+  for (int m = 0; m < R; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < kRingAhead && b < a.blocks; ++b) ring_unpack(qs, sz, groups, o, a.blocks, b, ring);
+  for (int64_t b = 0; b <= a.blocks; ++b) {
+    const int slot = static_cast<int>(b % kRingSlots);
+    if (coming != nullptr && b < a.blocks) {
+      const char* next = reinterpret_cast<const char*>(coming) + b * 2 * kLayoutBlockBytes;
+      for (int64_t line = 0; line < 2 * kLayoutBlockBytes; line += 64) _mm_prefetch(next + line, _MM_HINT_T1);
+    }
+    if (b < a.blocks) {
+      _tile_zero(0);
+      _tile_zero(6);
+      _tile_loadd(2, a.hi + b * 32, a.width);  // stacked: 16 rows, the lo rows after the hi ones
+      _tile_loadd(4, ring.tile[slot][0], 64);
+      _tile_loadd(5, ring.tile[slot][1], 64);
+      _tile_dpbssd(0, 2, 4);
+      _tile_dpbssd(6, 2, 5);
+      if (!stacked && !Coarse) {
+        _tile_zero(1);
+        _tile_zero(7);
+        _tile_loadd(3, a.lo + b * 32, a.width);
+        _tile_dpbssd(1, 3, 4);
+        _tile_dpbssd(7, 3, 5);
+      }
+    }
+    if (b + kRingAhead < a.blocks) ring_unpack(qs, sz, groups, o, a.blocks, b + kRingAhead, ring);
+    if (b > 0) {
+      const int last = static_cast<int>((b - 1) % kRingSlots);
+      const float* const scales[2] = {ring.scales[last][0], ring.scales[last][1]};
+      add_block<R, Coarse>(sums[(b - 1) % 2], scales, a.dx, a.sum, a.blocks, b - 1, acc);
+    }
+    if (b < a.blocks) {
+      BlockSums<R>& into = sums[b % 2];
+      _tile_stored(0, into.group[0].hi, 64);  // stacked: 16 rows, through hi into lo
+      _tile_stored(6, into.group[1].hi, 64);
+      if (!stacked && !Coarse) {
+        _tile_stored(1, into.group[0].lo, 64);
+        _tile_stored(7, into.group[1].lo, 64);
+      }
+    }
+  }
+  for (int m = 0; m < R && m < a.rows; ++m) {
+    for (int g = 0; g < 2; ++g) _mm512_storeu_ps(y + m * y_stride + o[g], acc[m][g]);
   }
 }
 
@@ -288,6 +399,24 @@ template <bool Coarse>
 static void q4_amx_groups(const uint8_t* qs, const uint16_t* sz, const uint8_t* laid_out, const AmxRows& a, float* y,
                           int64_t y_stride, int64_t group_begin, int64_t group_end) {
   const int tile = static_cast<int>(amx_row_tile(a.rows));
+  const int64_t group_bytes = a.blocks * kLayoutBlockBytes;
+  const bool one_tile = a.padded == tile;
+  configure_tiles(tile, one_tile && tile == 8);
+  if (one_tile) {  // the blocks through a ring (amx_one_tile_pair)
+    for (int64_t g = group_begin; g < group_end; g += 2) {
+      const int64_t o[2] = {g * 16, (g + 1 < group_end ? g + 1 : g) * 16};
+      const uint8_t* const groups[2] = {laid_out != nullptr ? laid_out + o[0] / 16 * group_bytes : nullptr,
+                                        laid_out != nullptr ? laid_out + o[1] / 16 * group_bytes : nullptr};
+      const uint8_t* coming = laid_out != nullptr && g + 2 < group_end ? laid_out + (g + 2) * group_bytes : nullptr;
+      if (tile == 8) {
+        amx_one_tile_pair<8, Coarse>(qs, sz, groups, coming, a, o, y, y_stride);
+      } else {
+        amx_one_tile_pair<16, Coarse>(qs, sz, groups, coming, a, o, y, y_stride);
+      }
+    }
+    _tile_release();
+    return;
+  }
   thread_local std::vector<int8_t> tile_buffer;
   thread_local std::vector<float> scale_buffer;
   const int64_t tile_bytes = a.blocks * kBTileBytes, scale_floats = a.blocks * 32;
@@ -298,8 +427,6 @@ static void q4_amx_groups(const uint8_t* qs, const uint16_t* sz, const uint8_t* 
   auto* scales0 = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(scale_buffer.data()) + 63) & ~uintptr_t(63));
   const int8_t* const tiles[2] = {tiles0, tiles0 + tile_bytes};
   const float* const scales[2] = {scales0, scales0 + scale_floats};
-  configure_tiles(tile);
-  const int64_t group_bytes = a.blocks * kLayoutBlockBytes;
   for (int64_t g = group_begin; g < group_end; g += 2) {
     const int64_t o[2] = {g * 16, (g + 1 < group_end ? g + 1 : g) * 16};
     for (int k = 0; k < 2; ++k) {
