@@ -110,6 +110,10 @@ def test_a_row_of_a_batch_is_that_row_alone_and_padding_rows_change_nothing(isa)
     batch = _on(isa, lambda: multiply(x), amx_rows)
     for r in range(21):  # every tile shape and remainder computes a row the same way, bit for bit
         assert torch.equal(_on(isa, lambda r=r: multiply(x[r:r + 1]), amx_rows), batch[r:r + 1]), r
+    # on the tiles: up to 8 rows stack their hi and lo bytes, up to 16 make one row tile through a ring of
+    # blocks, more take the group-wide unpacking; all of them the same bits
+    for n in (3, 8, 12, 16):
+        assert torch.equal(_on(isa, lambda n=n: multiply(x[:n]), amx_rows), batch[:n]), n
     assert torch.equal(batch[0], torch.zeros(48))
     assert _relative(batch[6], 1e4 * x.new_ones(576).double() @ _exact(source, blocks).T) < 1e-3
 
@@ -134,6 +138,26 @@ def test_amx_tiles_take_whole_groups_of_16_columns_and_the_vector_kernel_the_res
         assert torch.equal(module.q4_matmul(x, qs, sz, False, lanes), tiles)  # by default on the tiles
     else:
         assert torch.equal(module.q4_matmul(x, qs, sz, False, lanes), vector)
+
+
+@pytest.mark.skipif(not has_q4 or not _amx(), reason="this CPU (or its kernel) has no AMX-INT8 for this process")
+@pytest.mark.parametrize("rows", [1, 8, 12, 40])
+def test_the_tiles_give_one_threads_bits_on_several_threads(rows):
+    """Threads take a matmul's pairs of column groups in chunks as they come free, so which thread
+    multiplies a column changes from call to call; a column is still one thread's whole sum, so two
+    threads give one thread's bits, fine and coarse."""
+    _, blocks = _weights(1536, 576, seed=rows)  # 48 pairs of groups: chunks of a few pairs
+    x = _rows(rows, 576, seed=rows + 2)
+    before = torch.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 2, 1, 2):
+            torch.set_num_threads(threads)
+            results.append([_on("avx512-vnni", lambda c=coarse: blocks(x, coarse=c), amx_rows=1) for coarse in (False, True)])
+    finally:
+        torch.set_num_threads(before)
+    for fine, coarse in results[1:]:
+        assert torch.equal(fine, results[0][0]) and torch.equal(coarse, results[0][1])
 
 
 @pytest.mark.skipif(not has_q4 or not _amx(), reason="this CPU (or its kernel) has no AMX-INT8 for this process")
