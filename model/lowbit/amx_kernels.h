@@ -117,6 +117,10 @@ static inline void configure_tiles(int rows, bool stacked) {
   }
   config.colsb[4] = config.colsb[5] = 64;
   config.rows[4] = config.rows[5] = 8;
+  // GCC 12 at -O3 has dropped some of the stores above as dead where this function was inlined (it does
+  // not see that ldtilecfg reads them): the tiles then ran unconfigured (an illegal instruction at the
+  // first tile op) or the load faulted. The empty asm tells it the memory is read.
+  asm volatile("" : : "r"(&config) : "memory");
   _tile_loadconfig(&config);
 }
 
