@@ -56,7 +56,7 @@ from model.evaluation.machine_limits import (
 from model.evaluation.reporting import speed_figure
 from model.generation import ScheduleRequest, TextGenerator
 from model.loading import DEFAULT_MODEL, load_model, locate_default_gguf, resolve_device
-from model.lowbit.native_kernels import native_module, q4_isa, q4_kernel_selected
+from model.lowbit.native_kernels import DEFAULT_AMX_ROWS, native_module, q4_isa, q4_kernel_selected
 from model.skipdecode.cuda_graphs import CudaGraphStep
 from model.skipdecode.decoder import SkipDecoder
 from model.skipdecode.schedule import ScheduleConfig, full_schedule, speedup_summary
@@ -373,9 +373,9 @@ def add_shares(report: BenchReport, limits: MachineLimits, full_step_weights: fl
 
 
 # A weight mode's @kernel: torch's int4 kernel, or the q4 kernels on one instruction set: avx2; avx512-vnni
-# without AMX; amx: AVX-512 with AMX tiles from 8 rows (SKIPDECODE_Q4_AMX_ROWS's default).
+# without AMX; amx: AVX-512 with AMX tiles from DEFAULT_AMX_ROWS rows (SKIPDECODE_Q4_AMX_ROWS's default).
 INT4_KERNELS = ("torch", "avx2", "avx512-vnni", "amx")
-KERNEL_SETTINGS = {"avx2": ("avx2", 0), "avx512-vnni": ("avx512-vnni", 0), "amx": ("avx512-vnni", 8)}  # (ISA, AMX rows)
+KERNEL_SETTINGS = {"avx2": ("avx2", 0), "avx512-vnni": ("avx512-vnni", 0), "amx": ("avx512-vnni", DEFAULT_AMX_ROWS)}  # (ISA, AMX rows)
 
 
 def split_weight_mode(mode: str) -> tuple[str, str | None]:

@@ -108,7 +108,10 @@ def loaded_native_module() -> ModuleType | None:
     return _loaded[0] if _loaded and native_enabled() else None
 
 
-DEFAULT_AMX_ROWS = 8
+# From 4 rows the tiles beat the lane kernel since a decode batch's blocks go through a ring and up to 8
+# rows stack their hi and lo bytes (a step at batch 4 / 5 / 6 1.11x / 1.22x / 1.51x faster than from 8;
+# at 2 rows 0.79x, at 3 even: docs/RESULTS.md, round five)
+DEFAULT_AMX_ROWS = 4
 
 
 def amx_rows_setting() -> int:

@@ -134,9 +134,9 @@ def test_a_weight_mode_names_its_int4_kernel_and_runs_on_it(monkeypatch):
             with int4_kernel("avx512-vnni"):
                 pass
     module, rows = native_module(), native_module().q4_amx_rows()
-    if module.q4_amx():  # int4@amx: the tiles from 8 rows; int4@avx512-vnni: never; both restored after
+    if module.q4_amx():  # int4@amx: the tiles from 4 rows (the default); int4@avx512-vnni: never; both restored after
         with int4_kernel("amx"):
-            assert module.q4_amx_rows() == 8 and q4_isa() == "avx512-vnni"
+            assert module.q4_amx_rows() == 4 and q4_isa() == "avx512-vnni"
         with int4_kernel("avx512-vnni"):
             assert module.q4_amx_rows() == 0
         assert module.q4_amx_rows() == rows and q4_isa() == before

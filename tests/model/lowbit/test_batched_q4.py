@@ -78,7 +78,7 @@ def test_every_kernel_multiplies_a_batch_as_exact_float_arithmetic_does(out, wid
         results = {isa: _on(isa, lambda: blocks(x)) for isa in _isas()}
         if "avx512-vnni" in results:  # the group kernel, without the lane layout
             results["group"] = _on("avx512-vnni", lambda: native_module().q4_matmul(x, blocks.qs, blocks.sz, False))
-        if _amx():  # AMX tiles at every row count (by default from 8 rows)
+        if _amx():  # AMX tiles at every row count (by default from 4 rows)
             results["amx"] = _on("avx512-vnni", lambda: blocks(x), amx_rows=1)
         if "avx2" in results:  # AVX2's lane kernel (built where the kernels run on AVX2; here by hand)
             lanes2 = native_module().q4_lanes_avx2(blocks.qs)
@@ -119,10 +119,10 @@ def test_a_row_of_a_batch_is_that_row_alone_and_padding_rows_change_nothing(isa)
 
 
 @pytest.mark.skipif(not has_q4 or not _amx(), reason="this CPU (or its kernel) has no AMX-INT8 for this process")
-@pytest.mark.parametrize("rows", [1, 8, 9, 16, 40])
+@pytest.mark.parametrize("rows", [1, 3, 4, 8, 9, 16, 40])
 def test_amx_tiles_take_whole_groups_of_16_columns_and_the_vector_kernel_the_rest(rows):
     """72 columns: four groups of 16 on the tiles (two pairs), the last 8 on the lane kernel; the
-    default threshold sends 8 rows and more to the tiles, fewer to the vector kernels."""
+    default threshold sends 4 rows and more to the tiles, fewer to the vector kernels."""
     source, blocks = _weights(80, 576, seed=rows)
     module = native_module()
     qs, sz, lanes = (t[:72].contiguous() for t in (blocks.qs, blocks.sz, blocks.lanes))
@@ -133,7 +133,7 @@ def test_amx_tiles_take_whole_groups_of_16_columns_and_the_vector_kernel_the_res
     assert _relative(tiles, reference) < 1e-3 and _relative(tiles[:, 64:], reference[:, 64:]) < 1e-3
     assert _relative(tiles, vector) < 1e-5  # the same integers: only float additions differ (~2e-7)
     assert torch.equal(tiles[:, 64:], vector[:, 64:])  # the tail columns ran the vector kernel itself
-    assert module.q4_amx_rows() == amx_rows_setting()  # 8 unless SKIPDECODE_Q4_AMX_ROWS says otherwise
+    assert module.q4_amx_rows() == amx_rows_setting()  # 4 unless SKIPDECODE_Q4_AMX_ROWS says otherwise
     if rows >= module.q4_amx_rows() > 0:
         assert torch.equal(module.q4_matmul(x, qs, sz, False, lanes), tiles)  # by default on the tiles
     else:

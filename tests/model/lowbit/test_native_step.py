@@ -236,7 +236,10 @@ def test_q4_matmul_multiplies_the_int4_weights_more_precisely_than_torchs_kernel
     assert ours.shape == (5, 320)
     # int16 activations (~1e-5) against torch's bfloat16 ones (~2e-3): a 10x margin asked, ~40x measured
     assert _relative(ours, reference) * 10 < _relative(torchs, reference) < 0.01
-    assert torch.equal(blocks(x[2:3]), blocks(x)[2:3])  # a row of a batch reads like one decode row
+    # a row of a batch below the tiles' threshold (vector kernels) reads like one decode row, bit for bit; from
+    # it (AMX tiles where the CPU has them) the same integers, only the float additions' order differs
+    assert torch.equal(blocks(x[2:3]), blocks(x[:3])[2:3])
+    assert _relative(blocks(x)[2:3], blocks(x[2:3])) < 1e-5
 
 
 @pytest.mark.skipif(not has_q4, reason="q4_matmul needs an x86 CPU with AVX2 and a C++ compiler")
