@@ -1,0 +1,31 @@
+"""scripts/batch_ratio.py: batch sizes alternated in one process, ratios paired by round."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow  # loads the default model in int4
+def test_the_batch_ratio_alternates_the_sizes_and_pairs_their_ratios(tmp_path: Path):
+    output = tmp_path / "batch-ratio.json"
+    done = subprocess.run([sys.executable, "scripts/batch_ratio.py", "--batch-sizes", "1,3", "--tokens", "12",
+                           "--repeats", "2", "--output", str(output)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=900, env=dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(output.read_text())
+    assert report["weights"] == "int4" and report["repeats"] == 2 and report["tokens"] == 12
+    first, second = report["rows"]
+    assert (first["batch"], second["batch"]) == (1, 3)
+    assert first["ratio_to_first"] == 1.0 and first["step_ratio_to_first"] == 1.0  # each round against itself
+    assert second["tokens_per_second"] > 0 and second["decode_step_ms"] > 0
+    # three rows a step cost less than three steps of one on any CPU (the weights are read once a step), so
+    # batch 3 yields more tokens a second; swapping the pair or forgetting the rows would put it below 1
+    assert 1.05 < second["ratio_to_first"] < 6
