@@ -3,23 +3,18 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support import run_script
 
 
 @pytest.mark.slow  # loads the default model in int4
 def test_the_batch_ratio_alternates_the_sizes_and_pairs_their_ratios(tmp_path: Path):
     output = tmp_path / "batch-ratio.json"
-    done = subprocess.run([sys.executable, "scripts/batch_ratio.py", "--batch-sizes", "1,3", "--tokens", "12",
-                           "--repeats", "2", "--output", str(output)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=900, env=dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1"))
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_script("batch_ratio.py", "--batch-sizes", "1,3", "--tokens", "12", "--repeats", "2", "--output", str(output),
+               timeout=900)
     report = json.loads(output.read_text())
     assert report["weights"] == "int4" and report["repeats"] == 2 and report["tokens"] == 12
     first, second = report["rows"]

@@ -4,14 +4,11 @@ so it must not meet a broken argument or a missing key there first."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support import run_script
 
 
 @pytest.mark.slow
@@ -21,11 +18,8 @@ def test_the_fusion_probe_times_both_steps_and_compares_their_tokens(tmp_path: P
                                       num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
                                       max_position_embeddings=256, tie_word_embeddings=True)))
     output = tmp_path / "out" / "fusion.json"
-    done = subprocess.run([sys.executable, "scripts/gpu_fusion_probe.py", "--config", str(config), "--device", "cpu",
-                           "--dtype", "float32", "--tokens", "4", "--repeats", "1", "--batch-sizes", "1,2",
-                           "--output", str(output)], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_script("gpu_fusion_probe.py", "--config", str(config), "--device", "cpu", "--dtype", "float32", "--tokens", "4",
+               "--repeats", "1", "--batch-sizes", "1,2", "--output", str(output))
     report = json.loads(output.read_text())
     assert report["layers"] == 2 and report["device"] == "cpu"
     assert [(row["batch"], row["mode"]) for row in report["rows"]] == [
