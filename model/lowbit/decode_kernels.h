@@ -37,7 +37,7 @@ static inline vf vload_i8(const int8_t* p) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 static inline vf vround(vf a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-// kW integral floats (|v| < 32768) as int16 codes
+// kW integral floats (|v| < 32768) as int16 codes (the low 16 bits of each int32)
 static inline void store_codes(vf integral, int16_t* codes) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes), _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(integral)));
 }
@@ -74,10 +74,12 @@ static inline vf vload_i8(const int8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
 static inline vf vround(vf a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-static inline void store_codes(vf integral, int16_t* codes) {  // kW integral floats (|v| < 32768) as int16 codes
-  const __m256i whole = _mm256_cvtps_epi32(integral);
+// kW integral floats (|v| < 32768) as int16 codes: the low 16 bits of each int32, as the scalar cast and
+// AVX-512's narrowing keep them (so a NaN's code is 0 on every path), not a saturating pack
+static inline void store_codes(vf integral, int16_t* codes) {
+  const __m256i low = _mm256_and_si256(_mm256_cvtps_epi32(integral), _mm256_set1_epi32(0xFFFF));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(codes),
-                   _mm_packs_epi32(_mm256_castsi256_si128(whole), _mm256_extracti128_si256(whole, 1)));
+                   _mm_packus_epi32(_mm256_castsi256_si128(low), _mm256_extracti128_si256(low, 1)));
 }
 static inline bool vany_greater(vf a, float bound) {
   return _mm256_movemask_ps(_mm256_cmp_ps(a, _mm256_set1_ps(bound), _CMP_GT_OQ)) != 0;
