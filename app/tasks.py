@@ -127,13 +127,14 @@ class TaskGenerators:
         """The generator for ``task`` at ``speedup``; None if it is not loaded and ``load`` is False.
         A missing task model is a ValueError that says so (the page shows it, the server stays up)."""
         task_models.check_task(task)
-        key: tuple[str, str] = (task, str(self.policy(task, speedup)))
+        policy = self.policy(task, speedup)
+        key: tuple[str, str] = (task, str(policy))
         if speedup <= 1:  # any policy of the task is the task model at full depth (gated LoRA)
             newest = self.loaded.newest(lambda k: k[0] == task)
             key = newest[0] if newest is not None else key
         if not load:
             return self.loaded.get(key)
-        return self.loaded.get_or_load(key, lambda: TextGenerator(self._load(task, self.policy(task, speedup))))
+        return self.loaded.get_or_load(key, lambda: TextGenerator(self._load(task, policy)))
 
     def sizer(self, task: str, general: TextGenerator) -> TextGenerator | None:
         """A loaded model that tokenizes ``task``'s prompts as its model does, so a job's size and
