@@ -134,6 +134,20 @@ class PrefillRow:
 
 
 @dataclass
+class ScalingRow:
+    """Full depth at one batch size in the batch-scaling run, where the sizes alternate run by run in every
+    round (a host whose speed drifts between minutes moves every size alike; the per-batch rows above time one
+    size after another, minutes apart)."""
+
+    weights: str  # as BenchRow.weights
+    batch_size: int
+    decode_tokens_per_second: float  # median over the rounds of batch / the run's median decode step
+    tokens_per_second: float  # median over the rounds of the whole run's (prefill included)
+    vs_first_batch: float  # median over the rounds of decode tokens/s over the first size's in the same round
+    rounds: int
+
+
+@dataclass
 class BenchReport:
     model: str
     adapter: str | None
@@ -147,6 +161,7 @@ class BenchReport:
     notes: list[str] = field(default_factory=list)  # e.g. why there is no llama.cpp row
     prefill: list[PrefillRow] = field(default_factory=list)
     limits: dict | None = None  # this machine's measured limits (MachineLimits), CPU runs
+    batch_scaling: list[ScalingRow] = field(default_factory=list)  # full depth, the batch sizes alternated
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -177,6 +192,14 @@ class BenchReport:
                 f"{_fmt(r.vs_llama_cpp, 'x')} | {_fmt(r.vs_hf_static_compile, 'x')} | {_fmt(r.capture_seconds)} | "
                 f"{_fmt(r.bandwidth_share)} | {_fmt(r.arithmetic_share)} |"
             )
+        if self.batch_scaling:
+            first = self.batch_scaling[0].batch_size
+            lines += ["", f"Batch scaling, full depth, the batch sizes alternated run by run ({self.batch_scaling[0].rounds} "
+                      f"rounds; vs batch {first}: the median of each round's ratio):", "",
+                      f"| weights | batch | decode tok/s | tokens/s | vs batch {first} |", "|---|---|---|---|---|"]
+            lines += [f"| {self.dtype if r.weights == 'float' else r.weights} | {r.batch_size} | "
+                      f"{r.decode_tokens_per_second:.1f} | {r.tokens_per_second:.1f} | {r.vs_first_batch:.2f}x |"
+                      for r in self.batch_scaling]
         if self.prefill:
             lines += ["", "Prompt processing, batch 1 (llama.cpp: llama-bench -p on the same GGUF):", "",
                       "| prompt tokens | weights | prompt tokens/s | time to first token ms | vs llama.cpp | "
@@ -258,6 +281,62 @@ def time_ours(decoder: SkipDecoder, ids, mask, schedule: ScheduleConfig, new_tok
     return Timing(seconds, statistics.median(steps) if steps else 0.0)
 
 
+def alternated_batch_timings(decoders: dict[str, SkipDecoder], batches: dict[int, tuple[torch.Tensor, torch.Tensor]],
+                             new_tokens: int, rounds: int, kernels: dict[str, str | None] | None = None
+                             ) -> dict[tuple[str, int], list[Timing]]:
+    """Full-depth runs of every decoder at every batch size, alternated: each round runs every size of every
+    decoder once, in order (each warmed up once first). ``kernels``: an int4 decoder's forced kernel by name.
+    (name, batch) -> one Timing a round."""
+    kernels = kernels or {}
+
+    def run(name: str, size: int, tokens: int) -> Timing:
+        decoder = decoders[name]
+        with int4_kernel(kernels.get(name)):
+            return time_ours(decoder, *batches[size], full_schedule(decoder.num_layers), tokens)
+
+    for name in decoders:
+        for size in batches:
+            run(name, size, min(4, new_tokens))
+    timings: dict[tuple[str, int], list[Timing]] = {(name, size): [] for name in decoders for size in batches}
+    for _ in range(rounds):
+        for size in batches:
+            for name in decoders:
+                timings[name, size].append(run(name, size, new_tokens))
+    return timings
+
+
+def scaling_rows(timings: dict[tuple[str, int], list[Timing]], new_tokens: int) -> list[ScalingRow]:
+    """Each (name, batch)'s ScalingRow; ratios pair each round's run with the first batch size's of that round."""
+    def decode_rate(size: int, timing: Timing) -> float:  # a run of one new token has no decode step
+        return size / timing.step_seconds if timing.step_seconds > 0 else size * new_tokens / timing.seconds
+
+    rows = []
+    for (name, size), runs in timings.items():
+        first_size = next(s for (n, s) in timings if n == name)
+        firsts = timings[name, first_size]
+        rows.append(ScalingRow(
+            weights=name, batch_size=size,
+            decode_tokens_per_second=round(statistics.median(decode_rate(size, t) for t in runs), 3),
+            tokens_per_second=round(statistics.median(size * new_tokens / t.seconds for t in runs), 3),
+            vs_first_batch=round(statistics.median(decode_rate(size, t) / decode_rate(first_size, f)
+                                                   for t, f in zip(runs, firsts)), 4),
+            rounds=len(runs)))
+    return rows
+
+
+def _batch_scaling(config: BenchConfig, variants: dict[str, tuple], generator: TextGenerator,
+                   batch_sizes: tuple[int, ...], device: torch.device) -> list[ScalingRow]:
+    """Every weight variant's full depth at every batch size, the sizes alternated (alternated_batch_timings)."""
+    batches = {}
+    for size in batch_sizes:
+        ids, mask = generator.encode([BENCH_PROMPTS[i % len(BENCH_PROMPTS)] for i in range(size)])
+        batches[size] = (ids.to(device), mask.to(device))
+    decoders = {weights: variant[2] for weights, variant in variants.items()}
+    kernels = {weights: variant[5] for weights, variant in variants.items()}
+    return scaling_rows(alternated_batch_timings(decoders, batches, config.new_tokens, config.repeats, kernels),
+                        config.new_tokens)
+
+
 def time_hf_generate(model, ids, mask, new_tokens: int, pad_id: int, static_compile: bool = False) -> Timing:
     """transformers' generate, greedy, fixed length; ``static_compile``: with its static cache and its forward
     compiled by torch.compile(mode="reduce-overhead") (CUDA graphs; transformers compiles it on CUDA)."""
@@ -329,6 +408,10 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None] = print,
             f"{r.tokens_per_second:.1f} tok/s" for r in report.rows if r.batch_size == batch))
         if on_batch is not None:
             on_batch(report)
+    if len(batch_sizes) > 1:
+        report.batch_scaling = _batch_scaling(config, variants, generator, batch_sizes, device)
+        progress("batch scaling, alternated: " + ", ".join(
+            f"{r.weights} batch {r.batch_size} {r.vs_first_batch:.2f}x" for r in report.batch_scaling))
     if config.prompt_tokens:
         report.prefill = [row for tokens in _prompt_lengths(config)
                           for row in _prefill_rows(config, variants, llama, device, tokens)]

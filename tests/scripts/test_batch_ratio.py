@@ -18,9 +18,9 @@ def test_the_batch_ratio_alternates_the_sizes_and_pairs_their_ratios(tmp_path: P
     report = json.loads(output.read_text())
     assert report["weights"] == "int4" and report["repeats"] == 2 and report["tokens"] == 12
     first, second = report["rows"]
-    assert (first["batch"], second["batch"]) == (1, 3)
-    assert first["ratio_to_first"] == 1.0 and first["step_ratio_to_first"] == 1.0  # each round against itself
-    assert second["tokens_per_second"] > 0 and second["decode_step_ms"] > 0
+    assert (first["batch_size"], second["batch_size"]) == (1, 3) and first["rounds"] == 2
+    assert first["vs_first_batch"] == 1.0  # each round against itself
+    assert second["tokens_per_second"] > 0 and second["decode_step_ms"] > 0 and second["decode_tokens_per_second"] > 0
     # three rows a step cost less than three steps of one on any CPU (the weights are read once a step), so
     # batch 3 yields more tokens a second; swapping the pair or forgetting the rows would put it below 1
-    assert 1.05 < second["ratio_to_first"] < 6
+    assert 1.05 < second["vs_first_batch"] < 6

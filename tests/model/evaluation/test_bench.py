@@ -22,6 +22,7 @@ from model.evaluation.bench import (
     int4_kernel,
     parse_llama_bench,
     run_bench,
+    scaling_rows,
     split_weight_mode,
 )
 from model.lowbit.native_kernels import native_module, q4_isa, q4_kernel_selected
@@ -47,6 +48,18 @@ def test_ratios_and_efficiency_are_taken_between_medians():
     assert skip.efficiency == pytest.approx(2.0 / skip.cost_speedup, rel=1e-3)
     assert skip.step_latency_ms == pytest.approx(20.0)
     assert skip.layer_speedup == pytest.approx(solved.layer_speedup, rel=1e-3)
+
+
+def test_batch_scaling_pairs_each_rounds_run_with_the_first_sizes_run_of_that_round():
+    # the host halves its speed in round two: every size slows alike, and the paired ratio stays 3x (batch 2
+    # at 2/3 of batch 1's step time); ratios of the medians would read 6x or 1.5x as the rounds fell
+    timings = {("int4", 1): [Timing(1.0, 0.03), Timing(2.0, 0.06), Timing(1.0, 0.03)],
+               ("int4", 2): [Timing(1.0, 0.02), Timing(2.0, 0.04), Timing(2.0, 0.04)]}
+    first, second = scaling_rows(timings, 10)
+    assert (first.batch_size, first.vs_first_batch, first.rounds) == (1, 1.0, 3)
+    assert second.vs_first_batch == pytest.approx(3.0)  # rounds: 3.0, 3.0, 1.5
+    assert second.decode_tokens_per_second == pytest.approx(2 / 0.04)
+    assert second.tokens_per_second == pytest.approx(2 * 10 / 2.0)
 
 
 def test_each_engine_measures_its_skip_rows_against_its_own_full_row():
@@ -167,7 +180,8 @@ def test_bench_runs_end_to_end_and_writes_every_field(tiny_folder, tmp_path):
     for row in report["rows"]:
         assert set(row) == fields
         assert row["tokens_per_second"] > 0 and row["efficiency"] > 0 and row["vs_hf_generate"] > 0
-    assert (tmp_path / "out" / "bench.md").read_text().count("| 2 |") == 12
+    markdown = (tmp_path / "out" / "bench.md").read_text().splitlines()
+    assert sum(line.startswith("| 2 |") for line in markdown) == 12
     prefill = report["prefill"]  # prompt processing and time to first token, batch 1, every weight variant
     assert [r["weights"] for r in prefill] == ["float", "int8", "int4"]
     assert all(set(r) == set(PrefillRow.__dataclass_fields__) for r in prefill)
@@ -178,6 +192,11 @@ def test_bench_runs_end_to_end_and_writes_every_field(tiny_folder, tmp_path):
     figure = json.loads((tmp_path / "out" / "speedup.json").read_text())
     assert {trace["name"] for trace in figure["data"]} >= {"layer speedup", "cost-model speedup", "measured, batch 1"}
     assert "| batch | weights | mode |" in done.stdout
+    scaling = report["batch_scaling"]  # full depth, the batch sizes alternated run by run, every weight variant
+    assert [(r["weights"], r["batch_size"]) for r in scaling] == [(w, b) for w in ("float", "int8", "int4") for b in (1, 2)]
+    assert all(r["rounds"] == 1 and r["decode_tokens_per_second"] > 0 and r["vs_first_batch"] > 0 for r in scaling)
+    assert all(r["vs_first_batch"] == 1.0 for r in scaling if r["batch_size"] == 1)
+    assert "Batch scaling, full depth, the batch sizes alternated" in (tmp_path / "out" / "bench.md").read_text()
 
 
 def test_an_optional_mode_that_raises_is_left_out_with_a_note_and_the_others_are_timed():
