@@ -664,7 +664,8 @@ class TwoStageHead(nn.Module):
 
     def ranking(self, x: torch.Tensor) -> torch.Tensor:
         """The logits the candidates are picked from: where the native head runs, its scan with 8-bit
-        activations (a ranking; the 4-bit weights err ~10x more), else ``scan_logits``."""
+        activations on AVX-512 (a ranking; the 4-bit weights err ~10x more; AVX2's kernels keep 16 bits),
+        else ``scan_logits``."""
         if x.dtype == torch.float32 and x.device.type == "cpu":
             blocks = q4_scan(self.scan)
             if blocks is not None:

@@ -424,8 +424,11 @@ def test_the_native_two_stage_head_rescores_the_scans_top_candidates(tied):
     ours = head(x)  # one native call: the scan, each row's top 32, their rescoring
     logits = head.scan_logits(x).reshape(3, -1)  # the Python path's stages
     flat = x.reshape(3, 256)
-    ranked = head.ranking(x).reshape(3, -1)  # the native scan (8-bit activations)
-    assert torch.equal(ranked, native_module().q4_matmul(flat, *q4_scan(head.scan).tensors(), True))
+    ranked = head.ranking(x).reshape(3, -1)  # the native scan (AVX-512: 8-bit activations; AVX2: 16-bit)
+    # through the scan's own layouts, as the head runs it: on AVX2 the lane kernel and the layout-free one add
+    # the same products in another order (an AVX2-only CPU, emulated, failed the layout-free comparison)
+    scan = q4_scan(head.scan)
+    assert torch.equal(ranked, native_module().q4_matmul(flat, *scan.tensors(), True, *scan.layouts()))
     top = ranked.topk(head.candidates, dim=-1).indices
     exact = head.dequantized_weight()[top] @ flat.unsqueeze(-1)
     exact = exact.squeeze(-1)
