@@ -5,7 +5,9 @@
 # kernels as it would on such a machine. Under qemu-user /proc/cpuinfo is still the host's; a private
 # mount namespace lays a copy over it whose vector flags are the emulated CPUID's, so the Python side
 # (model/common/hardware.py) sees the same CPU as the kernels. The results are real; the speed is
-# TCG's and means nothing. Needs qemu-user, gcc and root (for the mount namespace).
+# TCG's and means nothing. Needs qemu-user, gcc and root (for the mount namespace); where this machine
+# cannot emulate such a CPU (no qemu-user, a qemu older than 7.2 without AVX2, no mount namespace) it
+# says why and exits 77, which tests/scripts/test_avx2_only_check.py reads as a skip.
 #
 #   bash scripts/avx2_only_check.sh [CPU_MODEL] [pytest arguments]   (default: Haswell tests/model/lowbit)
 set -euo pipefail
@@ -14,7 +16,9 @@ model="${1:-Haswell}"
 shift || true
 tests=("$@")
 [ ${#tests[@]} -gt 0 ] || tests=(-q -p no:cacheprovider tests/model/lowbit)
-command -v qemu-x86_64 >/dev/null || { echo "needs qemu-user (apt-get install qemu-user)"; exit 2; }
+cannot() { echo "cannot emulate here: $1"; exit 77; }
+command -v qemu-x86_64 >/dev/null || cannot "needs qemu-user (apt-get install qemu-user)"
+command -v gcc >/dev/null || cannot "needs gcc (the CPUID probe)"
 python="$(pwd)/.venv/bin/python"
 [ -x "$python" ] || { echo "run bash scripts/setup.sh --dev first"; exit 2; }
 work="$(mktemp -d)"
@@ -44,7 +48,7 @@ int main(void) {
 PROBE
 gcc -O1 "$work/probe.c" -o "$work/probe"
 qemu-x86_64 -cpu "$model" "$work/probe" 2>/dev/null > "$work/flags"
-grep -qx avx2 "$work/flags" || { echo "qemu's $model has no AVX2 here"; exit 2; }
+grep -qx avx2 "$work/flags" || cannot "this qemu's $model runs no AVX2 (TCG has it from qemu 7.2)"
 echo "emulated $model: $(tr '\n' ' ' < "$work/flags")"
 
 # /proc/cpuinfo with the host's vector flags replaced by the emulated ones, and the model named
@@ -61,6 +65,9 @@ for line in open("/proc/cpuinfo").read().splitlines():
         line = f"model name\t: QEMU TCG {sys.argv[2]} (emulated)"
     print(line)
 EDIT
+
+unshare -m --propagation private mount --bind "$work/cpuinfo" /proc/cpuinfo 2>/dev/null \
+  || cannot "no private mount namespace for the emulated /proc/cpuinfo (needs root, CAP_SYS_ADMIN)"
 
 site="$("$python" -c 'import site; print(site.getsitepackages()[0])')"
 interpreter="$(readlink -f "$python")"

@@ -7,7 +7,6 @@ lane kernel with the layout-free one, which add in another order on AVX2)."""
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -28,17 +27,20 @@ EMULATED = [STEP + name for name in (
     "test_the_fused_layer_computes_the_decode_step_of_its_weights[avx2-lanes-False]",
 )]
 
+CANNOT_EMULATE = 77  # the script's exit status where this machine cannot emulate such a CPU (it says why)
+
 pytestmark = [
     pytest.mark.slow,  # the kernels' tests under TCG: a few minutes
-    pytest.mark.skipif(shutil.which("qemu-x86_64") is None or shutil.which("gcc") is None
-                       or shutil.which("unshare") is None or os.geteuid() != 0,
-                       reason="needs qemu-user, gcc and root (scripts/test.sh installs qemu-user where it can)"),
+    pytest.mark.skipif(shutil.which("qemu-x86_64") is None,
+                       reason="needs qemu-user 7.2 or later (scripts/test.sh installs it where it can)"),
 ]
 
 
 def test_an_avx2_only_cpu_takes_the_avx2_kernels_and_they_agree():
     done = subprocess.run(["bash", "scripts/avx2_only_check.sh", "Haswell", "-q", "-p", "no:cacheprovider", *EMULATED],
                           cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    if done.returncode == CANNOT_EMULATE:
+        pytest.skip(done.stdout.strip().splitlines()[-1])
     assert "emulated Haswell: avx fma f16c avx2 \n" in done.stdout, done.stdout + done.stderr  # CPUID: no AVX-512
     summary = done.stdout.strip().splitlines()[-1]
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
