@@ -3,8 +3,9 @@ each batch size's whole run (prefill included) and median decode step, the batch
 run in one process, and each size's decode tokens/s as a ratio of the first size's, paired by round (the
 median of the per-round ratios). A host whose speed drifts by up to 2x between minutes moves a ratio of
 runs minutes apart by as much as the kernels do; here the drift falls on every size alike. The same
-measurement as the batch-scaling table of `python -m model bench` (model/evaluation/bench.py,
-alternated_batch_timings), for the int4 full depth alone.
+alternation as the batch-scaling table of `python -m model bench` (model/evaluation/bench.py,
+alternated_batch_timings), for the int4 full depth alone; its prompts are the bench's as raw text (no chat
+template, as round five's files were measured), shorter than the table's.
 
     python scripts/batch_ratio.py --batch-sizes 1,8 --tokens 64 --repeats 7 --output batch-ratio.json
 """

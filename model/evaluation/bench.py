@@ -39,7 +39,7 @@ import subprocess
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, TypeVar
 
 import torch
 
@@ -61,6 +61,8 @@ from model.skipdecode.cuda_graphs import CudaGraphStep
 from model.skipdecode.decoder import SkipDecoder
 from model.skipdecode.schedule import ScheduleConfig, full_schedule, speedup_summary
 from model.skipdecode.static_decoder import StaticSkipDecoder, static_decoder
+
+Mode = TypeVar("Mode", tuple[str, str], tuple[str, int])  # a timed mode's key: (weights, mode) or (weights, batch)
 
 BENCH_PROMPTS = [
     "Write a short story about a lighthouse keeper.",
@@ -284,24 +286,16 @@ def time_ours(decoder: SkipDecoder, ids, mask, schedule: ScheduleConfig, new_tok
 def alternated_batch_timings(decoders: dict[str, SkipDecoder], batches: dict[int, tuple[torch.Tensor, torch.Tensor]],
                              new_tokens: int, rounds: int, kernels: dict[str, str | None] | None = None
                              ) -> dict[tuple[str, int], list[Timing]]:
-    """Full-depth runs of every decoder at every batch size, alternated: each round runs every size of every
-    decoder once, in order (each warmed up once first). ``kernels``: an int4 decoder's forced kernel by name.
+    """Full-depth runs of every decoder at every batch size, alternated as the bench alternates its modes
+    (_time_modes: each warmed up once, then every round runs each once in a fresh random order), so round r's
+    runs of all sizes are neighbours in time. ``kernels``: an int4 decoder's forced kernel by name.
     (name, batch) -> one Timing a round."""
     kernels = kernels or {}
-
-    def run(name: str, size: int, tokens: int) -> Timing:
-        decoder = decoders[name]
-        with int4_kernel(kernels.get(name)):
-            return time_ours(decoder, *batches[size], full_schedule(decoder.num_layers), tokens)
-
-    for name in decoders:
-        for size in batches:
-            run(name, size, min(4, new_tokens))
-    timings: dict[tuple[str, int], list[Timing]] = {(name, size): [] for name in decoders for size in batches}
-    for _ in range(rounds):
-        for size in batches:
-            for name in decoders:
-                timings[name, size].append(run(name, size, new_tokens))
+    modes = {(name, size): _in_kernel(kernels.get(name), lambda d=decoder, b=batch: time_ours(
+                 d, *b, full_schedule(d.num_layers), new_tokens))
+             for name, decoder in decoders.items() for size, batch in batches.items()}
+    device = next(iter(decoders.values())).device
+    timings, _ = _time_modes(modes, rounds, max(batches), device)
     return timings
 
 
@@ -324,13 +318,16 @@ def scaling_rows(timings: dict[tuple[str, int], list[Timing]], new_tokens: int) 
     return rows
 
 
+def bench_batch(generator: TextGenerator, size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, mask) of ``size`` of the bench's prompts, in turn, on ``device``."""
+    ids, mask = generator.encode([BENCH_PROMPTS[i % len(BENCH_PROMPTS)] for i in range(size)])
+    return ids.to(device), mask.to(device)
+
+
 def _batch_scaling(config: BenchConfig, variants: dict[str, tuple], generator: TextGenerator,
                    batch_sizes: tuple[int, ...], device: torch.device) -> list[ScalingRow]:
     """Every weight variant's full depth at every batch size, the sizes alternated (alternated_batch_timings)."""
-    batches = {}
-    for size in batch_sizes:
-        ids, mask = generator.encode([BENCH_PROMPTS[i % len(BENCH_PROMPTS)] for i in range(size)])
-        batches[size] = (ids.to(device), mask.to(device))
+    batches = {size: bench_batch(generator, size, device) for size in batch_sizes}
     decoders = {weights: variant[2] for weights, variant in variants.items()}
     kernels = {weights: variant[5] for weights, variant in variants.items()}
     return scaling_rows(alternated_batch_timings(decoders, batches, config.new_tokens, config.repeats, kernels),
@@ -389,9 +386,7 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None] = print,
         report.notes.append(_decode_step_note())
 
     for batch in batch_sizes:
-        prompts = [BENCH_PROMPTS[i % len(BENCH_PROMPTS)] for i in range(batch)]
-        ids, mask = generator.encode(prompts)
-        ids, mask = ids.to(device), mask.to(device)
+        ids, mask = bench_batch(generator, batch, device)
         # Every mode of every weight variant, interleaved in one run: ratios are side by side.
         modes = _bench_modes(config, variants, schedules, generator.num_layers, ids, mask)
         captures: dict[tuple[str, str], float] = {}
@@ -632,9 +627,8 @@ def _prefill_rows(config: BenchConfig, variants: dict[str, tuple], llama: Callab
 OPTIONAL_MODE_PREFIXES = ("hf_static_compile", "graphs:", "llama.cpp")
 
 
-def _time_modes(modes: dict[tuple[str, str], Callable[[], Timing]], repeats: int, batch: int, device: torch.device,
-                notes: list[str] | None = None
-                ) -> tuple[dict[tuple[str, str], list[Timing]], dict[tuple[str, str], float]]:
+def _time_modes(modes: dict[Mode, Callable[[], Timing]], repeats: int, batch: int, device: torch.device,
+                notes: list[str] | None = None) -> tuple[dict[Mode, list[Timing]], dict[Mode, float]]:
     """Every mode warmed up once, then ``repeats`` rounds in a fresh random order: (timings, peak MB) per mode.
     An optional mode whose warm-up raises is left out, with a line in ``notes``."""
     modes = dict(modes)
@@ -647,8 +641,8 @@ def _time_modes(modes: dict[tuple[str, str], Callable[[], Timing]], repeats: int
             del modes[key]
             notes.append(f"batch {batch}: {key[0]} {key[1]} left out, its first call raised "
                          f"{type(error).__name__}: {str(error)[:300]}")
-    timings: dict[tuple[str, str], list[Timing]] = {key: [] for key in modes}
-    peaks: dict[tuple[str, str], float] = {}
+    timings: dict[Mode, list[Timing]] = {key: [] for key in modes}
+    peaks: dict[Mode, float] = {}
     keys = list(modes)
     order_rng = random.Random(batch)
     for _ in range(repeats):
