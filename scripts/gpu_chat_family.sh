@@ -42,6 +42,10 @@ STEPS=${STEPS:-300}
 SAVE=${SAVE:-50}                 # checkpoint and held-out point every SAVE steps
 BATCH=${BATCH:-64}
 LR=${LR:-5e-4}
+# > 0: the unlikelihood term the shipped shared policy was continued with (loops kept, each repeated
+# 4-gram pushed down). The 2026-11-28 lease ran without it (0) and the family's text repeated itself
+# three times as often as the shipped policy's (assets/study/gpu-2026-11-28-chat-family/).
+UNLIKELIHOOD=${UNLIKELIHOOD:-0}
 HELDOUT=${HELDOUT:-64}           # held-out prompts of the curve (assets/prompts/eval.jsonl has 64)
 EVAL_TOKENS=${EVAL_TOKENS:-48}   # the full model's continuation of each, as eval scores it
 TEMPLATES=${TEMPLATES:-3000}
@@ -145,7 +149,7 @@ print(" ".join(args))
 EOF
 ) || { log "the start has no readable placement"; report; exit 1; }
 
-log "policies $SPEEDUPS: $STEPS steps of $BATCH, each on its own speedup's schedules only, rank $RANK, bridge $BRIDGE ($placement)"
+log "policies $SPEEDUPS: $STEPS steps of $BATCH, each on its own speedup's schedules only, rank $RANK, bridge $BRIDGE, unlikelihood $UNLIKELIHOOD ($placement)"
 trainers=(); snappers=()
 for s in $SPEEDUPS; do
   run="$WORK/$(name_of "$s")"
@@ -153,7 +157,7 @@ for s in $SPEEDUPS; do
   # shellcheck disable=SC2086  # $placement is a list of options
   timeout "$TRAIN_LIMIT" $PY -m model train "${model_args[@]}" --output-dir "$run" --sequences "$WORK/data" --trim-loops \
     --init-adapter "$WORK/start" --lora-rank "$RANK" --lora-alpha $((2 * RANK)) --bridge-rank "$BRIDGE" \
-    --speedup-range "$s" "$s" --schedule-mix focused $placement --lr "$LR" --warmup-steps 20 \
+    --speedup-range "$s" "$s" --schedule-mix focused $placement --lr "$LR" --unlikelihood "$UNLIKELIHOOD" --warmup-steps 20 \
     --batch-size "$BATCH" --steps "$STEPS" --save-every "$SAVE" --eval-every "$SAVE" --eval-prompts "$HELDOUT" \
     --eval-tokens "$EVAL_TOKENS" --device "$DEVICE" --threads 2 > "$WORK/logs/$(name_of "$s").log" 2>&1 &
   trainers+=($!)

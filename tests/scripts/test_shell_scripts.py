@@ -98,7 +98,8 @@ def test_the_chat_family_dry_run_runs_every_stage_on_a_tiny_model(tmp_path: Path
 
     root = SCRIPTS[0].parents[1]
     script = root / "scripts" / "gpu_chat_family.sh"
-    env = {**os.environ, "DRY_RUN": "1", "WORK": str(tmp_path / "work"), "SPEEDUPS": "1.5 3", "PYTHON": sys.executable}
+    env = {**os.environ, "DRY_RUN": "1", "WORK": str(tmp_path / "work"), "SPEEDUPS": "1.5 3", "PYTHON": sys.executable,
+           "UNLIKELIHOOD": "0.5"}
     result = subprocess.run(["bash", str(script), str(tmp_path / "out")], capture_output=True, text=True,
                             check=False, cwd=root, env=env, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -112,6 +113,7 @@ def test_the_chat_family_dry_run_runs_every_stage_on_a_tiny_model(tmp_path: Path
         speedup = float(name[5:-1])
         assert tuple(info["config"]["speedup_range"]) == (speedup, speedup)  # its own speedup's schedules only
         assert info["config"]["lora_rank"] == 2 and info["skip_policy"]["bridge_rank"] == 2
+        assert info["config"]["unlikelihood"] == 0.5  # the knob reaches every run
         curve = [json.loads(line) for line in (out / "curves" / f"{name}.jsonl").read_text().splitlines()]
         assert [r["step"] for r in curve if "heldout" in r] == [1, 2]  # a held-out point at every save
     picked = (tmp_path / "work" / "logs" / "picked.txt").read_text().splitlines()
