@@ -4,7 +4,9 @@
 Two limits, both measured in the run that uses them (a spec sheet's figures are not this machine's,
 and a shared machine's are lower still):
   read bandwidth   a large float32 tensor summed by torch on the bench's threads (best of a few reads;
-                   the tensor is far larger than the caches), GB/s
+                   the tensor is far larger than the caches), GB/s; on 4 KiB pages and on 2 MiB pages
+                   where Linux gives them (where the q4 kernels' weights live, model/common/huge_pages.py),
+                   the faster of the two as the limit
   multiply-adds    the q4 kernels' own instruction (lean_step.cpp, q4_peak: AVX-512 VNNI vpdpbusd or
                    AVX2 vpmaddwd, no loads) on the bench's threads, counted in the kernels' multiply-adds:
                    a weight times a 16-bit activation is two VNNI byte products, one AVX2 product
@@ -24,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from model.common.huge_pages import huge_page_buffer
 from model.common.paths import cache_root
 from model.lowbit.native_kernels import native_module, q4_isa
 
@@ -32,7 +35,7 @@ INT4_BYTES_PER_WEIGHT = 0.625  # 4-bit codes + a bfloat16 scale and zero per blo
 
 @dataclass
 class MachineLimits:
-    read_gb_per_second: float  # a large tensor read on the bench's threads
+    read_gb_per_second: float  # a large tensor read on the bench's threads (the faster kind of page)
     multiply_adds_per_second: float | None  # the q4 kernels' multiply-adds (None: no q4 kernels here)
     isa: str | None  # the q4 kernels' instruction set that ran ("avx512-vnni", "avx2")
     threads: int
@@ -45,12 +48,20 @@ class MachineLimits:
                 "(16-bit activations: two VNNI byte products a multiply-add)")
 
 
-def read_bandwidth(threads: int, megabytes: int = 512, reads: int = 5) -> float:
-    """GB/s of the best of ``reads`` sums of a float32 tensor of ``megabytes`` (far past the caches)."""
+def read_bandwidth(threads: int, megabytes: int = 512, reads: int = 5, huge_pages: bool = False) -> float | None:
+    """GB/s of the best of ``reads`` sums of a float32 tensor of ``megabytes`` (far past the caches), on
+    2 MiB pages if ``huge_pages`` (None where this OS has none to ask for)."""
+    nbytes = megabytes * (1 << 20)
+    if huge_pages:
+        space = huge_page_buffer(nbytes)
+        if space is None:
+            return None
+        data = space.view(torch.float32).fill_(1.0)
+    else:
+        data = torch.ones(nbytes // 4, dtype=torch.float32)
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        data = torch.ones(megabytes * (1 << 20) // 4, dtype=torch.float32)
         data.sum()  # first touch
         best = float("inf")
         for _ in range(reads):
@@ -78,7 +89,8 @@ def multiply_add_peak(threads: int, seconds: float = 0.5) -> float | None:
 
 
 def measure_limits(threads: int) -> MachineLimits:
-    return MachineLimits(read_gb_per_second=round(read_bandwidth(threads), 2),
+    reads = [read_bandwidth(threads), read_bandwidth(threads, huge_pages=True)]
+    return MachineLimits(read_gb_per_second=round(max(r for r in reads if r is not None), 2),
                          multiply_adds_per_second=multiply_add_peak(threads), isa=q4_isa(), threads=threads)
 
 

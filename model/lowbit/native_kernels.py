@@ -35,6 +35,7 @@ from torch.nn import functional as F
 
 from model.common.checks import check_int
 from model.common.hardware import cpu_flags
+from model.common.huge_pages import on_huge_pages
 from model.common.paths import cache_root
 from model.common.progress import say
 
@@ -254,7 +255,7 @@ class Q4Blocks:
         weakref.WeakKeyDictionary())
 
     def __init__(self, qs: torch.Tensor, sz: torch.Tensor, lanes: torch.Tensor | None = None,
-                 amx: torch.Tensor | None = None) -> None:
+                 amx: torch.Tensor | None = None, placed: bool = False) -> None:
         self.qs, self.sz = qs, sz
         # The same bytes in the lane kernel's layout (decode_kernels.h; lean_step.cpp, q4_lanes where the
         # CPU has AVX-512 VNNI, q4_lanes_avx2 where the q4 kernels run on AVX2): a third copy of the
@@ -265,6 +266,17 @@ class Q4Blocks:
         # pairs (0.625 bytes a weight, ~84 MB for the default model) that spares a batch's step the
         # transposing (~a fifth of it).
         self.amx = amx if amx is not None else _amx_bytes(qs, sz)
+        self.placed = placed  # on huge pages (``place``), or views of blocks that are
+
+    def place(self) -> "Q4Blocks":
+        """Every copy moved onto huge pages where the OS gives them (model/common/huge_pages.py: a decode
+        step streams them all, and in a virtual machine each 4 KiB page's TLB miss is a two-level walk);
+        once. Called where blocks are kept for every step (the native step's, the head's), not for
+        blocks that live for one call: the arena does not reuse a dead tensor's space."""
+        if not self.placed:
+            self.qs, self.sz, self.lanes, self.amx = (on_huge_pages(t) for t in (self.qs, self.sz, self.lanes, self.amx))
+            self.placed = True
+        return self
 
     @classmethod
     def of(cls, module: nn.Module) -> "Q4Blocks | None":
@@ -287,13 +299,14 @@ class Q4Blocks:
         blocks = [cls.of(part) for part in parts]
         if any(b is None for b in blocks):
             return None
-        joined = cls(torch.cat([b.qs for b in blocks]), torch.cat([b.sz for b in blocks]))
+        joined = cls(torch.cat([b.qs for b in blocks]), torch.cat([b.sz for b in blocks])).place()
         start = 0
         for part, own in zip(parts, blocks):
             end = start + own.qs.shape[0]
             lanes = joined.lanes[start:end] if joined.lanes.numel() else joined.lanes
             cls._known[part] = (cls._known[part][0],
-                                cls(joined.qs[start:end], joined.sz[start:end], lanes, _amx_rows_of(joined.amx, start, end)))
+                                cls(joined.qs[start:end], joined.sz[start:end], lanes, _amx_rows_of(joined.amx, start, end),
+                                    placed=True))
             start = end
         return joined
 

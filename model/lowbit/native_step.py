@@ -50,6 +50,7 @@ def projection_spec(module: nn.Module) -> tuple[int, list[torch.Tensor], int] | 
     if isinstance(module, Int4WeightLinear):
         blocks = q4_scan(module)
         if blocks is not None:
+            blocks.place()  # the step streams them every call
             return 3, blocks.tensors() + blocks.layouts(), module.out_features
         return 0, [module.weight_int4pack, module.scales_and_zeros], module.out_features
     if isinstance(module, Int4LoraLinear) and module.lora_b_int8 is not None:

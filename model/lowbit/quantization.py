@@ -683,8 +683,11 @@ class TwoStageHead(nn.Module):
 
     def prepare(self) -> None:
         """Build now what the first call would (the scan's q4 blocks where the q4 kernels run: ~0.2 s
-        for SmolLM2's vocabulary), at load rather than inside a visitor's first request."""
-        q4_scan(self.scan)
+        for SmolLM2's vocabulary), at load rather than inside a visitor's first request; on huge pages,
+        as every step streams them (Q4Blocks.place)."""
+        blocks = q4_scan(self.scan)
+        if blocks is not None:
+            blocks.place()
 
     def dequantized_weight(self) -> torch.Tensor:
         """(out, in) float32: the rows the winning candidates are scored with."""

@@ -57,6 +57,8 @@ def test_shares_are_rates_over_the_measured_limits():
 
 def test_the_probes_measure_this_machine():
     assert 0.1 < read_bandwidth(1, megabytes=64, reads=2) < 10_000  # GB/s
+    on_huge_pages = read_bandwidth(1, megabytes=64, reads=2, huge_pages=True)
+    assert on_huge_pages is None or 0.1 < on_huge_pages < 10_000  # None: no huge pages to ask for here
     if shutil.which("c++") is None or q4_isa() is None:
         pytest.skip("no q4 kernels here")
     peak = multiply_add_peak(1, seconds=0.05)

@@ -1,0 +1,73 @@
+"""What the huge pages buy (model/common/huge_pages.py): the default model in int4 loaded twice in one
+process, its q4 copies on 4 KiB pages (SKIPDECODE_HUGE_PAGES=0) and on huge pages, both at full depth at
+every batch size, alternated run by run (the bench's alternation, alternated_batch_timings), and each
+batch size's decode step paired by round: 4 KiB over huge. A host whose speed drifts between minutes
+moves both arms alike.
+
+    python scripts/huge_pages_ab.py --batch-sizes 1,8 --tokens 64 --repeats 9 --output huge-pages.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+from model.common.hardware import hardware_info
+from model.evaluation.bench import BENCH_PROMPTS, alternated_batch_timings
+from model.loading import load_model
+
+
+def _decoder(huge_pages: bool):
+    os.environ["SKIPDECODE_HUGE_PAGES"] = "1" if huge_pages else "0"
+    loaded = load_model(None, device="cpu", quantize="int4")
+    decoder = loaded.full_decoder()
+    decoder.eos_token_ids = ()  # fixed-length runs
+    return loaded, decoder
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch-sizes", default="1,8")
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--output", type=Path, default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    loaded, small_pages = _decoder(huge_pages=False)
+    _, huge_pages = _decoder(huge_pages=True)
+    batches = {}
+    for size in (int(b) for b in args.batch_sizes.split(",")):
+        encoded = loaded.tokenizer([BENCH_PROMPTS[i % len(BENCH_PROMPTS)] for i in range(size)], return_tensors="pt",
+                                   padding=True)
+        batches[size] = (encoded["input_ids"], encoded["attention_mask"])
+    timings = alternated_batch_timings({"4 KiB pages": small_pages, "huge pages": huge_pages}, batches, args.tokens,
+                                       args.repeats)
+    report = {"hardware": hardware_info(torch.device("cpu")), "threads": args.threads, "tokens": args.tokens,
+              "repeats": args.repeats, "rows": []}
+    for size in batches:
+        small = [t.step_seconds for t in timings["4 KiB pages", size]]
+        huge = [t.step_seconds for t in timings["huge pages", size]]
+        row = {"batch_size": size, "step_ms_4k_pages": round(1000 * statistics.median(small), 2),
+               "step_ms_huge_pages": round(1000 * statistics.median(huge), 2),
+               "paired_speedup": round(statistics.median(a / b for a, b in zip(small, huge)), 3),
+               "paired_range": [round(min(a / b for a, b in zip(small, huge)), 3),
+                                round(max(a / b for a, b in zip(small, huge)), 3)]}
+        report["rows"].append(row)
+        print(json.dumps(row), file=sys.stderr)
+    text = json.dumps(report, indent=2)
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

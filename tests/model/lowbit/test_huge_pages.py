@@ -1,0 +1,93 @@
+"""The q4 kernels' weight copies on huge pages (model/common/huge_pages.py): the same bytes, aligned,
+packed into shared chunks that the OS was asked to back with 2 MiB pages, and left alone where that is
+switched off."""
+
+from __future__ import annotations
+
+import mmap
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from model.common.huge_pages import HUGE_PAGE, HugePageArena, huge_page_buffer, huge_pages_enabled
+from model.lowbit.native_kernels import Q4Blocks, native_module
+from tests.support import tiny_model
+
+THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+needs_thp = pytest.mark.skipif(
+    not sys.platform.startswith("linux") or not hasattr(mmap, "MADV_HUGEPAGE") or not THP.exists()
+    or "[never]" in THP.read_text(), reason="no transparent huge pages on this OS")
+
+
+def _advised(tensor: torch.Tensor) -> bool:
+    """The mapping that holds ``tensor`` may get huge pages (/proc/self/smaps: THPeligible 1)."""
+    address, current, eligible = tensor.data_ptr(), None, {}
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            start, end = (int(x, 16) for x in head.split("-"))
+            current = (start, end)
+        elif head == "THPeligible:" and current is not None:
+            eligible[current] = line.split()[1] == "1"
+    return any(start <= address < end and ok for (start, end), ok in eligible.items())
+
+
+@needs_thp
+def test_a_buffer_starts_on_a_huge_page_and_is_advised():
+    space = huge_page_buffer(3 << 20)
+    assert space is not None and space.numel() == 3 << 20 and space.dtype == torch.uint8
+    assert space.data_ptr() % HUGE_PAGE == 0
+    assert _advised(space)
+
+
+@needs_thp
+def test_the_arena_keeps_the_bytes_and_packs_small_tensors_together():
+    arena = HugePageArena(chunk_bytes=4 << 20)
+    generator = torch.Generator().manual_seed(0)
+    tensors = [torch.randint(0, 255, (37, 19), dtype=torch.uint8, generator=generator),
+               torch.randn(5, 7, 2, generator=generator).to(torch.bfloat16),
+               torch.randn(33, generator=generator)]
+    placed = [arena.place(t) for t in tensors]
+    for before, after in zip(tensors, placed):
+        assert torch.equal(before, after) and after.dtype == before.dtype and after.shape == before.shape
+        assert after.data_ptr() % 64 == 0 and after.data_ptr() != before.data_ptr() and _advised(after)
+    # one chunk: each next to the last, 64-byte aligned
+    assert placed[1].data_ptr() - placed[0].data_ptr() == 704 and placed[2].data_ptr() - placed[1].data_ptr() == 192
+    large = arena.place(torch.ones(3 << 20, dtype=torch.uint8))  # past half a chunk: its own region
+    assert large.data_ptr() % HUGE_PAGE == 0 and bool(large.all())
+
+
+def test_switched_off_or_not_placeable_a_tensor_stays_where_it_is(monkeypatch):
+    arena = HugePageArena()
+    for odd in (torch.empty(0), torch.ones(4, 6).t()):  # empty; not contiguous
+        assert arena.place(odd) is odd
+    monkeypatch.setenv("SKIPDECODE_HUGE_PAGES", "0")
+    assert not huge_pages_enabled() and huge_page_buffer(1 << 20) is None
+    plain = torch.ones(100)
+    assert arena.place(plain) is plain
+
+
+@needs_thp
+@pytest.mark.skipif(native_module() is None, reason="no q4 kernels here")
+def test_the_native_steps_q4_copies_live_on_huge_pages_with_the_same_bytes(monkeypatch):
+    monkeypatch.delenv("SKIPDECODE_HUGE_PAGES", raising=False)
+    from model.lowbit.native_step import projection_spec
+    from model.lowbit.quantization import quantize_weights
+
+    monkeypatch.delenv("SKIPDECODE_INT4_KERNEL", raising=False)
+    model = tiny_model("llama", hidden=256, heads=8, kv_heads=2, vocab=112)
+    quantize_weights(model, "int4")
+    down = model.model.layers[0].mlp.down_proj
+    blocks = Q4Blocks.of(down)
+    assert blocks is not None and not blocks.placed and not _advised(blocks.qs)  # a one-call user's blocks stay put
+    before = [t.clone() for t in blocks.tensors() + blocks.layouts()]
+    spec = projection_spec(down)  # what the native step is built with
+    assert spec is not None and blocks.placed
+    for tensor, old in zip(spec[1], before):
+        assert torch.equal(tensor, old)
+        if tensor.numel():
+            assert _advised(tensor) and tensor.data_ptr() % 64 == 0
+    qs = blocks.qs
+    assert blocks.place().qs is qs  # once
