@@ -71,6 +71,15 @@ class HugePageArena:
         placed.copy_(tensor)
         return placed
 
+    def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
+        """An uninitialised tensor in the arena, or None (no huge pages here)."""
+        count = 1
+        for size in shape:
+            count *= size
+        nbytes = count * torch.empty((), dtype=dtype).element_size()
+        space = self._take(nbytes) if nbytes else None
+        return None if space is None else space.view(dtype).view(shape)
+
     def _take(self, nbytes: int) -> torch.Tensor | None:
         padded = -(-nbytes // ALIGN) * ALIGN
         if padded > self.chunk_bytes // 2:  # a large tensor gets its own region

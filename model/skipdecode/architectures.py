@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from model.common.huge_pages import HugePageArena
 from model.skipdecode.schedule import CostModel
 
 LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
@@ -43,6 +44,9 @@ class PrefixKVCache:
         self.lengths = [0] * num_layers
         self._keys: list[torch.Tensor | None] = [None] * num_layers
         self._values: list[torch.Tensor | None] = [None] * num_layers
+        # A CPU cache's buffers on huge pages where the OS gives them: a batch's decode step reads every
+        # row's whole prefix in every layer (model/common/huge_pages.py: TLB misses in a virtual machine)
+        self._arena = HugePageArena(chunk_bytes=16 << 20)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
                ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,12 +73,16 @@ class PrefixKVCache:
         ``count`` new positions, the layer's length advanced past them."""
         if self._keys[layer_idx] is None:
             shape = (batch, heads, self.capacity, head_dim)
-            self._keys[layer_idx], self._values[layer_idx] = like.new_empty(shape), like.new_empty(shape)
+            self._keys[layer_idx], self._values[layer_idx] = self._buffer(shape, like), self._buffer(shape, like)
         start = self.lengths[layer_idx]
         if start + count > self.capacity:
             raise RuntimeError(f"KV cache capacity {self.capacity} exceeded at layer {layer_idx}")
         self.lengths[layer_idx] = start + count
         return self._keys[layer_idx], self._values[layer_idx], start
+
+    def _buffer(self, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        placed = self._arena.empty(shape, like.dtype) if like.device.type == "cpu" else None
+        return placed if placed is not None else like.new_empty(shape)
 
     @property
     def writes_in_place(self) -> bool:

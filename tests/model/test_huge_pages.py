@@ -91,3 +91,24 @@ def test_the_native_steps_q4_copies_live_on_huge_pages_with_the_same_bytes(monke
             assert _advised(tensor) and tensor.data_ptr() % 64 == 0
     qs = blocks.qs
     assert blocks.place().qs is qs  # once
+
+
+@needs_thp
+def test_a_cpu_kv_cache_lives_on_huge_pages_and_keeps_what_is_written(monkeypatch):
+    from model.skipdecode.architectures import PrefixKVCache
+
+    monkeypatch.delenv("SKIPDECODE_HUGE_PAGES", raising=False)
+    cache = PrefixKVCache(num_layers=3, capacity=9)
+    states = [torch.randn(2, 4, 5, 8) for _ in range(6)]  # (B, H_kv, T, D)
+    for layer in range(3):
+        keys, values = cache.update(states[2 * layer], states[2 * layer + 1], layer)
+        assert torch.equal(keys, states[2 * layer]) and torch.equal(values, states[2 * layer + 1])
+    for layer in range(3):
+        assert _advised(cache._keys[layer]) and _advised(cache._values[layer])
+        assert cache._keys[layer].shape == (2, 4, 9, 8) and cache._keys[layer].dtype == torch.float32
+    # buffers do not overlap: every layer still holds what it was given
+    assert all(torch.equal(cache._keys[layer][:, :, :5], states[2 * layer]) for layer in range(3))
+    monkeypatch.setenv("SKIPDECODE_HUGE_PAGES", "0")
+    plain = PrefixKVCache(num_layers=1, capacity=9)
+    plain.update(states[0], states[1], 0)
+    assert not _advised(plain._keys[0])
