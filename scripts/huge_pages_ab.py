@@ -1,15 +1,18 @@
-"""What the huge pages buy (model/common/huge_pages.py): the default model in int4 loaded twice in one
-process, its q4 copies on 4 KiB pages (SKIPDECODE_HUGE_PAGES=0) and on huge pages, both at full depth at
-every batch size, alternated run by run (the bench's alternation, alternated_batch_timings), and each
-batch size's decode step paired by round: 4 KiB over huge. A host whose speed drifts between minutes
-moves both arms alike.
+"""What the huge pages buy (model/common/huge_pages.py), two arms in one process at full depth at every
+batch size, alternated run by run (the bench's alternation, alternated_batch_timings), each batch size's
+median decode step paired by round: 4 KiB pages over huge pages. A host whose speed drifts between
+minutes moves both arms alike.
+  --part weights   the default model in int4 loaded twice, its q4 copies on 4 KiB pages
+                   (SKIPDECODE_HUGE_PAGES=0) and on huge pages (both with the cache on huge pages)
+  --part cache     one model, its KV cache on 4 KiB pages (torch's buffers) and on huge pages
 
-    python scripts/huge_pages_ab.py --batch-sizes 1,8 --tokens 64 --repeats 9 --output huge-pages.json
+    python scripts/huge_pages_ab.py --part weights --batch-sizes 1,8 --tokens 64 --repeats 9 --output huge-pages.json
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import statistics
@@ -21,6 +24,8 @@ import torch
 from model.common.hardware import hardware_info
 from model.evaluation.bench import BENCH_PROMPTS, alternated_batch_timings
 from model.loading import load_model
+from model.skipdecode.architectures import PrefixKVCache
+from model.skipdecode.decoder import SkipDecoder
 
 
 def _decoder(huge_pages: bool):
@@ -28,11 +33,25 @@ def _decoder(huge_pages: bool):
     loaded = load_model(None, device="cpu", quantize="int4")
     decoder = loaded.full_decoder()
     decoder.eos_token_ids = ()  # fixed-length runs
+    os.environ["SKIPDECODE_HUGE_PAGES"] = "1"
     return loaded, decoder
+
+
+class _SmallPageCache(PrefixKVCache):
+    def _buffer(self, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        return like.new_empty(shape)
+
+
+def _with_small_page_cache(decoder: SkipDecoder) -> SkipDecoder:
+    """The same decoder (same weights) whose prefills make a cache of torch's own buffers."""
+    twin = copy.copy(decoder)
+    twin._new_cache = lambda batch, capacity, device: _SmallPageCache(decoder.num_layers, capacity)  # type: ignore[method-assign]
+    return twin
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--part", choices=("weights", "cache"), default="weights")
     parser.add_argument("--batch-sizes", default="1,8")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=9)
@@ -40,8 +59,12 @@ def main() -> int:
     parser.add_argument("--output", type=Path, default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    loaded, small_pages = _decoder(huge_pages=False)
-    _, huge_pages = _decoder(huge_pages=True)
+    if args.part == "weights":
+        loaded, small_pages = _decoder(huge_pages=False)
+        _, huge_pages = _decoder(huge_pages=True)
+    else:
+        loaded, huge_pages = _decoder(huge_pages=True)
+        small_pages = _with_small_page_cache(huge_pages)
     batches = {}
     for size in (int(b) for b in args.batch_sizes.split(",")):
         encoded = loaded.tokenizer([BENCH_PROMPTS[i % len(BENCH_PROMPTS)] for i in range(size)], return_tensors="pt",
@@ -49,7 +72,7 @@ def main() -> int:
         batches[size] = (encoded["input_ids"], encoded["attention_mask"])
     timings = alternated_batch_timings({"4 KiB pages": small_pages, "huge pages": huge_pages}, batches, args.tokens,
                                        args.repeats)
-    report = {"hardware": hardware_info(torch.device("cpu")), "threads": args.threads, "tokens": args.tokens,
+    report = {"part": args.part, "hardware": hardware_info(torch.device("cpu")), "threads": args.threads, "tokens": args.tokens,
               "repeats": args.repeats, "rows": []}
     for size in batches:
         small = [t.step_seconds for t in timings["4 KiB pages", size]]

@@ -1,9 +1,10 @@
-"""Large read-mostly buffers (the q4 kernels' weight copies) on 2 MiB pages where Linux gives them.
+"""What a decode step streams (the q4 kernels' weight copies, a CPU KV cache) on 2 MiB pages where Linux
+gives them.
 
-Why: a decode step streams every weight once, and with 4 KiB pages each 4 KiB is a TLB entry; in a
+Why: a decode step reads every weight once, and with 4 KiB pages each 4 KiB is a TLB entry; in a
 virtual machine a TLB miss walks two page tables (the guest's and the host's). On the 2-core Xeon VM this
-project is built on, one thread read a 128 MiB buffer 1.25x faster on 2 MiB pages; the int4 default
-model's batch-1 step ran 1.05x-1.26x faster in paired runs (docs/RESULTS.md, round seven). torch's own
+project is built on, a large read ran 1.25x faster on 2 MiB pages, and the int4 default model's batch-1
+step 1.04x-1.07x (docs/RESULTS.md, round seven). torch's own
 allocator asks for huge pages only for single allocations of 2 MiB and more (and only under
 THP_MEM_ALLOC_ENABLE, read before its first allocation), while a layer's copies are 0.1-1 MiB each; so
 they are packed here into shared chunks of anonymous memory marked MADV_HUGEPAGE (Linux's transparent

@@ -39,26 +39,30 @@ class MachineLimits:
     multiply_adds_per_second: float | None  # the q4 kernels' multiply-adds (None: no q4 kernels here)
     isa: str | None  # the q4 kernels' instruction set that ran ("avx512-vnni", "avx2")
     threads: int
+    small_page_read_gb_per_second: float | None = None  # the read on 4 KiB pages, where it was the slower
 
     def describe(self) -> str:
         peak = "n/a (no q4 kernels)" if self.multiply_adds_per_second is None else \
             f"{self.multiply_adds_per_second / 1e9:.1f} G multiply-adds/s on {self.isa}"
+        pages = "" if self.small_page_read_gb_per_second is None else \
+            f" on 2 MiB pages ({self.small_page_read_gb_per_second:.1f} on 4 KiB pages)"
         return (f"machine limits, measured in this run on {self.threads} threads: read bandwidth "
-                f"{self.read_gb_per_second:.1f} GB/s, the q4 kernels' multiply-add peak {peak} "
+                f"{self.read_gb_per_second:.1f} GB/s{pages}, the q4 kernels' multiply-add peak {peak} "
                 "(16-bit activations: two VNNI byte products a multiply-add)")
 
 
-def read_bandwidth(threads: int, megabytes: int = 512, reads: int = 5, huge_pages: bool = False) -> float | None:
-    """GB/s of the best of ``reads`` sums of a float32 tensor of ``megabytes`` (far past the caches), on
-    2 MiB pages if ``huge_pages`` (None where this OS has none to ask for)."""
-    nbytes = megabytes * (1 << 20)
-    if huge_pages:
-        space = huge_page_buffer(nbytes)
-        if space is None:
-            return None
-        data = space.view(torch.float32).fill_(1.0)
-    else:
-        data = torch.ones(nbytes // 4, dtype=torch.float32)
+def read_bandwidth(threads: int, megabytes: int = 512, reads: int = 5) -> float:
+    """GB/s of the best of ``reads`` sums of a float32 tensor of ``megabytes`` (far past the caches)."""
+    return _best_read(torch.ones(megabytes * (1 << 20) // 4, dtype=torch.float32), threads, reads)
+
+
+def huge_page_read_bandwidth(threads: int, megabytes: int = 512, reads: int = 5) -> float | None:
+    """read_bandwidth on 2 MiB pages (model/common/huge_pages.py), or None where this OS has none."""
+    space = huge_page_buffer(megabytes * (1 << 20))
+    return None if space is None else _best_read(space.view(torch.float32).fill_(1.0), threads, reads)
+
+
+def _best_read(data: torch.Tensor, threads: int, reads: int) -> float:
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -89,8 +93,11 @@ def multiply_add_peak(threads: int, seconds: float = 0.5) -> float | None:
 
 
 def measure_limits(threads: int) -> MachineLimits:
-    reads = [read_bandwidth(threads), read_bandwidth(threads, huge_pages=True)]
-    return MachineLimits(read_gb_per_second=round(max(r for r in reads if r is not None), 2),
+    small, huge = read_bandwidth(threads), huge_page_read_bandwidth(threads)
+    if huge is None or huge <= small:
+        return MachineLimits(read_gb_per_second=round(small, 2), multiply_adds_per_second=multiply_add_peak(threads),
+                             isa=q4_isa(), threads=threads)
+    return MachineLimits(read_gb_per_second=round(huge, 2), small_page_read_gb_per_second=round(small, 2),
                          multiply_adds_per_second=multiply_add_peak(threads), isa=q4_isa(), threads=threads)
 
 

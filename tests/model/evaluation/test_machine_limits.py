@@ -11,6 +11,7 @@ from model.evaluation.machine_limits import (
     MachineLimits,
     arithmetic_share,
     bandwidth_share,
+    huge_page_read_bandwidth,
     multiply_add_peak,
     parse_batched_bench,
     read_bandwidth,
@@ -38,6 +39,9 @@ def test_shares_are_rates_over_the_measured_limits():
     # 800 tokens/s x 100M weights = 80G multiply-adds/s of 100G
     assert arithmetic_share(limits, 800.0, 100e6) == pytest.approx(0.8)
     assert arithmetic_share(MachineLimits(25.0, None, None, 2), 800.0, 100e6) is None
+    # the limit is the faster kind of page; the slower read is named beside it
+    assert "25.0 GB/s on 2 MiB pages (20.5 on 4 KiB pages)" in MachineLimits(25.0, None, None, 2, 20.5).describe()
+    assert "pages" not in MachineLimits(25.0, None, None, 2).describe()
     report = BenchReport(model="m", adapter=None, device="cpu", dtype="float32", hardware={"summary": "cpu"}, new_tokens=8,
                          repeats=1, decay="linear")
     report.rows = [BenchRow(mode="full", batch_size=8, target_speedup=None, tokens_per_second=700.0,
@@ -57,7 +61,7 @@ def test_shares_are_rates_over_the_measured_limits():
 
 def test_the_probes_measure_this_machine():
     assert 0.1 < read_bandwidth(1, megabytes=64, reads=2) < 10_000  # GB/s
-    on_huge_pages = read_bandwidth(1, megabytes=64, reads=2, huge_pages=True)
+    on_huge_pages = huge_page_read_bandwidth(1, megabytes=64, reads=2)
     assert on_huge_pages is None or 0.1 < on_huge_pages < 10_000  # None: no huge pages to ask for here
     if shutil.which("c++") is None or q4_isa() is None:
         pytest.skip("no q4 kernels here")
