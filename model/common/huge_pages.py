@@ -38,7 +38,10 @@ def huge_page_buffer(nbytes: int) -> torch.Tensor | None:
     if not huge_pages_enabled():
         return None
     size = nbytes + HUGE_PAGE  # room to start on a boundary
-    region = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        region = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except (OSError, ValueError):  # no address space or memory for it: torch's own allocation instead
+        return None
     try:
         region.madvise(mmap.MADV_HUGEPAGE)
     except OSError:  # a kernel without transparent huge pages

@@ -59,6 +59,17 @@ def test_the_arena_keeps_the_bytes_and_packs_small_tensors_together():
     assert large.data_ptr() % HUGE_PAGE == 0 and bool(large.all())
 
 
+def test_without_memory_to_map_a_tensor_stays_where_it_is(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.delenv("SKIPDECODE_HUGE_PAGES", raising=False)
+    monkeypatch.setattr(mmap, "mmap", refuse)
+    assert huge_page_buffer(1 << 20) is None
+    plain = torch.ones(100)
+    assert HugePageArena().place(plain) is plain
+
+
 def test_switched_off_or_not_placeable_a_tensor_stays_where_it_is(monkeypatch):
     arena = HugePageArena()
     for odd in (torch.empty(0), torch.ones(4, 6).t()):  # empty; not contiguous
