@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from model.common.huge_pages import release_freed_heap
 from model.common.paths import cache_root
 from model.common.progress import say
 from model.lowbit.gguf_weights import q4_1_blocks
@@ -247,6 +248,7 @@ def load_model(
         head = adapter_for(prepared).lm_head
         if isinstance(head, TwoStageHead):
             head.prepare()
+    release_freed_heap()  # what the preparing freed (copies moved onto huge pages), back to the OS
     return LoadedModel(
         name=name, model=model, tokenizer=tokenizer, device=resolved_device, dtype=torch_dtype,
         skip_model=skip_model, adapter_path=str(adapter_path) if adapter_path else None,

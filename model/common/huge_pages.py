@@ -16,6 +16,7 @@ SKIPDECODE_HUGE_PAGES=0) a tensor stays where it is.
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import threading
@@ -104,3 +105,13 @@ _weights = HugePageArena()
 def on_huge_pages(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor`` copied into the process's weight arena (HugePageArena.place)."""
     return _weights.place(tensor)
+
+
+def release_freed_heap() -> None:
+    """Give the C heap's free pages back to the OS (glibc's malloc_trim): the 4 KiB copies that placements
+    replaced stay resident otherwise (44 MB for the default model in int4). Elsewhere nothing."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return
+    trim(0)

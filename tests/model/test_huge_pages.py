@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from model.common import huge_pages
 from model.common.huge_pages import HUGE_PAGE, HugePageArena, huge_page_buffer, huge_pages_enabled
 from model.lowbit.native_kernels import Q4Blocks, native_module
 from tests.support import tiny_model
@@ -123,3 +124,23 @@ def test_a_cpu_kv_cache_lives_on_huge_pages_and_keeps_what_is_written(monkeypatc
     plain = PrefixKVCache(num_layers=1, capacity=9)
     plain.update(states[0], states[1], 0)
     assert not _advised(plain._keys[0])
+
+
+def test_the_freed_heap_is_handed_back_where_glibc_can(monkeypatch):
+    calls = []
+
+    class Libc:
+        def malloc_trim(self, pad):
+            calls.append(pad)
+            return 1
+
+    monkeypatch.setattr(huge_pages.ctypes, "CDLL", lambda name: Libc())
+    huge_pages.release_freed_heap()
+    assert calls == [0]
+
+    class Other:  # a C library without malloc_trim (macOS, musl builds without it)
+        pass
+
+    monkeypatch.setattr(huge_pages.ctypes, "CDLL", lambda name: Other())
+    huge_pages.release_freed_heap()  # nothing to call, nothing raised
+    assert calls == [0]
