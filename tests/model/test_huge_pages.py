@@ -23,16 +23,19 @@ needs_thp = pytest.mark.skipif(
 
 
 def _advised(tensor: torch.Tensor) -> bool:
-    """The mapping that holds ``tensor`` may get huge pages (/proc/self/smaps: THPeligible 1)."""
-    address, current, eligible = tensor.data_ptr(), None, {}
+    """The mapping that holds ``tensor`` was advised MADV_HUGEPAGE (/proc/self/smaps: "hg" among its
+    VmFlags; whatever the system's THP mode, only advised mappings carry it)."""
+    address, current, advised = tensor.data_ptr(), None, {}
     for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split()[0]
-        if "-" in head and not head.endswith(":"):
-            start, end = (int(x, 16) for x in head.split("-"))
+        fields = line.split()
+        if not fields:
+            continue
+        if "-" in fields[0] and not fields[0].endswith(":"):
+            start, end = (int(x, 16) for x in fields[0].split("-"))
             current = (start, end)
-        elif head == "THPeligible:" and current is not None:
-            eligible[current] = line.split()[1] == "1"
-    return any(start <= address < end and ok for (start, end), ok in eligible.items())
+        elif fields[0] == "VmFlags:" and current is not None:
+            advised[current] = "hg" in fields[1:]
+    return any(start <= address < end and flag for (start, end), flag in advised.items())
 
 
 @needs_thp
