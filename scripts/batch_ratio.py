@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from model.common.hardware import hardware_info
-from model.evaluation.bench import BENCH_PROMPTS, alternated_batch_timings, scaling_rows
+from model.evaluation.bench import alternated_batch_timings, raw_bench_batches, scaling_rows
 from model.loading import load_model
 
 
@@ -39,11 +39,7 @@ def main() -> int:
     loaded = load_model(None, device="cpu", quantize="int4")
     decoder = loaded.full_decoder()
     decoder.eos_token_ids = ()  # fixed-length runs
-    batches = {}
-    for size in sizes:
-        encoded = loaded.tokenizer([BENCH_PROMPTS[i % len(BENCH_PROMPTS)] for i in range(size)], return_tensors="pt",
-                                   padding=True)
-        batches[size] = (encoded["input_ids"], encoded["attention_mask"])
+    batches = raw_bench_batches(loaded.tokenizer, sizes)
     timings = alternated_batch_timings({loaded.weights: decoder}, batches, args.tokens, args.repeats)
     report = {"hardware": hardware_info(torch.device("cpu")), "threads": args.threads, "tokens": args.tokens,
               "repeats": args.repeats, "weights": loaded.weights, "rows": []}

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from model.common.hardware import hardware_info
-from model.evaluation.bench import BENCH_PROMPTS, alternated_batch_timings
+from model.evaluation.bench import alternated_batch_timings, raw_bench_batches
 from model.loading import load_model
 from model.skipdecode.architectures import PrefixKVCache
 from model.skipdecode.decoder import SkipDecoder
@@ -65,11 +65,7 @@ def main() -> int:
     else:
         loaded, huge_pages = _decoder(huge_pages=True)
         small_pages = _with_small_page_cache(huge_pages)
-    batches = {}
-    for size in (int(b) for b in args.batch_sizes.split(",")):
-        encoded = loaded.tokenizer([BENCH_PROMPTS[i % len(BENCH_PROMPTS)] for i in range(size)], return_tensors="pt",
-                                   padding=True)
-        batches[size] = (encoded["input_ids"], encoded["attention_mask"])
+    batches = raw_bench_batches(loaded.tokenizer, (int(b) for b in args.batch_sizes.split(",")))
     timings = alternated_batch_timings({"4 KiB pages": small_pages, "huge pages": huge_pages}, batches, args.tokens,
                                        args.repeats)
     report = {"part": args.part, "hardware": hardware_info(torch.device("cpu")), "threads": args.threads, "tokens": args.tokens,

@@ -17,6 +17,7 @@ SKIPDECODE_HUGE_PAGES=0) a tensor stays where it is.
 from __future__ import annotations
 
 import ctypes
+import math
 import mmap
 import os
 import threading
@@ -78,10 +79,7 @@ class HugePageArena:
 
     def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
         """An uninitialised tensor in the arena, or None (no huge pages here)."""
-        count = 1
-        for size in shape:
-            count *= size
-        nbytes = count * torch.empty((), dtype=dtype).element_size()
+        nbytes = math.prod(shape) * dtype.itemsize
         space = self._take(nbytes) if nbytes else None
         return None if space is None else space.view(dtype).view(shape)
 

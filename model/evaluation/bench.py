@@ -39,7 +39,7 @@ import subprocess
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 import torch
 
@@ -316,6 +316,17 @@ def scaling_rows(timings: dict[tuple[str, int], list[Timing]], new_tokens: int) 
                                                    for t, f in zip(runs, firsts)), 4),
             rounds=len(runs)))
     return rows
+
+
+def raw_bench_batches(tokenizer: Any, sizes: Iterable[int]) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """size -> (ids, mask) of ``size`` of the bench's prompts in turn, as raw text (no chat template; the
+    alternated scripts' prompts, as round five's files were measured), left as the tokenizer pads."""
+    batches = {}
+    for size in sizes:
+        encoded = tokenizer([BENCH_PROMPTS[i % len(BENCH_PROMPTS)] for i in range(size)], return_tensors="pt",
+                            padding=True)
+        batches[size] = (encoded["input_ids"], encoded["attention_mask"])
+    return batches
 
 
 def bench_batch(generator: TextGenerator, size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -93,12 +93,11 @@ def multiply_add_peak(threads: int, seconds: float = 0.5) -> float | None:
 
 
 def measure_limits(threads: int) -> MachineLimits:
-    small, huge = read_bandwidth(threads), huge_page_read_bandwidth(threads)
-    if huge is None or huge <= small:
-        return MachineLimits(read_gb_per_second=round(small, 2), multiply_adds_per_second=multiply_add_peak(threads),
-                             isa=q4_isa(), threads=threads)
-    return MachineLimits(read_gb_per_second=round(huge, 2), small_page_read_gb_per_second=round(small, 2),
-                         multiply_adds_per_second=multiply_add_peak(threads), isa=q4_isa(), threads=threads)
+    small = read_bandwidth(threads)
+    read = max(small, huge_page_read_bandwidth(threads) or 0.0)  # the faster kind of page
+    return MachineLimits(read_gb_per_second=round(read, 2), multiply_adds_per_second=multiply_add_peak(threads),
+                         isa=q4_isa(), threads=threads,
+                         small_page_read_gb_per_second=round(small, 2) if read > small else None)
 
 
 def bandwidth_share(limits: MachineLimits, steps_per_second: float, weights_per_step: float) -> float:
