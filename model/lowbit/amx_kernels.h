@@ -309,7 +309,10 @@ static void amx_row_tile_pair(const AmxRows& a, int64_t first, const int8_t* con
 //
 // Stacked (R = 8, rows <= 8): the rows' hi and lo bytes are one A tile of 16 rows (AmxRows keeps lo
 // padded x width bytes after hi, so row 8 + m of the tile is row m's lo), and one tile product a group
-// gives both sums, where two products of 8 rows had each used half the tile unit's rows.
+// gives both sums, where two products of 8 rows had each used half the tile unit's rows. Not for a
+// ranking (Coarse: the head's scan reads the hi sums alone): its A tile is the 8 rows' hi bytes, and a
+// product of 8 rows takes the tile unit about half as long as one of 16 (the head's scan at batch 8
+// 1.07-1.18x in a C++ harness against the stacked form, the same bits).
 constexpr int kRingAhead = 2;  // blocks unpacked ahead of their product (2-3 measured alike; 1 is slower)
 constexpr int kRingSlots = 4;  // > kRingAhead: a slot is not rewritten while its sums may still be read
 
@@ -349,7 +352,7 @@ template <int R, bool Coarse>
 static void amx_one_tile_pair(const uint8_t* qs, const uint16_t* sz, const uint8_t* const groups[2],
                               const uint8_t* coming, const AmxRows& a, const int64_t o[2], float* y,
                               int64_t y_stride) {
-  constexpr bool stacked = R == 8;
+  constexpr bool stacked = R == 8 && !Coarse;
   BlockSums<R> sums[2];
   BlockRing ring;
   __m512 acc[R][2];
@@ -408,7 +411,7 @@ static void q4_amx_groups(const uint8_t* qs, const uint16_t* sz, const uint8_t* 
   const int tile = static_cast<int>(amx_row_tile(a.rows));
   const int64_t group_bytes = a.blocks * kLayoutBlockBytes;
   const bool one_tile = a.padded == tile;
-  configure_tiles(tile, one_tile && tile == 8);
+  configure_tiles(tile, one_tile && tile == 8 && !Coarse);  // (amx_one_tile_pair's stacked)
   if (one_tile) {  // the blocks through a ring (amx_one_tile_pair)
     for (int64_t g = group_begin; g < group_end; g += 2) {
       const int64_t o[2] = {g * 16, (g + 1 < group_end ? g + 1 : g) * 16};

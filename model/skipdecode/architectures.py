@@ -237,12 +237,13 @@ class ArchitectureAdapter(ABC):
         """Decoder layer ``index`` on (B, T, C); appends its keys/values to ``cache`` when given."""
 
     def run_layers(self, indices: list[int], hidden: torch.Tensor, inputs_for: Callable[[int], LayerInputs],
-                   cache: PrefixKVCache, key_valid: torch.Tensor | None) -> torch.Tensor:
+                   cache: PrefixKVCache, key_valid: torch.Tensor | None, extra: dict[str, Any]) -> torch.Tensor:
         """A decode step's layers ``indices`` in order (a run with no bridge between them): one
         ``run_layer`` each, with ``inputs_for(index)`` taken just before that layer runs. A family
         may run them in fewer calls; ``key_valid`` is the decoder's (B, capacity) bool of the
         positions a row may attend to, None where nothing is padded (what ``inputs_for``'s masks
-        say)."""
+        say), and ``extra`` the step's ``layer_extras`` (every ``inputs_for`` carries the same), so
+        that a call which reads the rows' validity from ``key_valid`` builds no mask."""
         for index in indices:
             hidden = self.run_layer(index, hidden, inputs_for(index), cache)
         return hidden
@@ -260,13 +261,15 @@ class ArchitectureAdapter(ABC):
         return self.lm_head(self.final_norm(hidden))
 
     def layer_inputs(self, hidden: torch.Tensor, key_valid: torch.Tensor, position_ids: torch.Tensor) -> LayerInputs:
+        return LayerInputs(mask=self.layer_mask(hidden, key_valid), position_ids=position_ids,
+                           extra=self.layer_extras(hidden, position_ids))
+
+    def layer_mask(self, hidden: torch.Tensor, key_valid: torch.Tensor) -> torch.Tensor | None:
+        """The layers' attention mask for ``hidden``'s (B, T) queries, the last T of ``key_valid``'s keys."""
         # Eager attention applies no causal mask of its own, so it always needs ours for T > 1.
         eager = self.config._attn_implementation == "eager"
         num_queries = hidden.shape[1]
-        mask = attention_mask(
-            key_valid, num_queries, hidden.dtype if eager else None, always=eager and num_queries > 1
-        )
-        return LayerInputs(mask=mask, position_ids=position_ids, extra=self.layer_extras(hidden, position_ids))
+        return attention_mask(key_valid, num_queries, hidden.dtype if eager else None, always=eager and num_queries > 1)
 
     def static_step_inputs(self, hidden: torch.Tensor, allowed: torch.Tensor, position_ids: torch.Tensor
                            ) -> LayerInputs:
@@ -342,18 +345,19 @@ class LlamaFamilyAdapter(ArchitectureAdapter):
         )
 
     def run_layers(self, indices: list[int], hidden: torch.Tensor, inputs_for: Callable[[int], LayerInputs],
-                   cache: PrefixKVCache, key_valid: torch.Tensor | None) -> torch.Tensor:
+                   cache: PrefixKVCache, key_valid: torch.Tensor | None, extra: dict[str, Any]) -> torch.Tensor:
         """Several decode layers whose lean layers all take the native step run as one native call
-        (the low-bit engine's ``native_run``); anything else one by one."""
+        (the low-bit engine's ``native_run``: it reads ``key_valid``, so no mask is built; at batch 8
+        with padding the mask had cost ~0.3 ms a step); anything else one by one."""
         if len(indices) > 1 and hidden.shape[1] == 1:
             layers = list(self.layers)  # (ModuleList's indexing checks and converts each index)
             leans = [lean for lean in [LeanLlamaLayer.of(layers[index], self.config) for index in indices]
                      if lean is not None]
             if len(leans) == len(indices):
-                out = _low_bit_parts.native_run(leans, hidden, inputs_for(indices[0]).extra, cache, key_valid)
+                out = _low_bit_parts.native_run(leans, hidden, extra, cache, key_valid)
                 if out is not None:
                     return out
-        return super().run_layers(indices, hidden, inputs_for, cache, key_valid)
+        return super().run_layers(indices, hidden, inputs_for, cache, key_valid, extra)
 
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
         return fused_rms_norm(self._backbone.norm)(hidden)  # torch's one call where it is the plain RMSNorm

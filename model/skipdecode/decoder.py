@@ -264,7 +264,7 @@ class SkipDecoder:
                 mask = None
                 if state.has_padding:
                     key_valid = torch.cat([state.key_valid[:, :cached], state.key_valid.new_ones(len(token_ids), 1)], dim=1)
-                    mask = self.adapter.layer_inputs(hidden, key_valid, positions).mask
+                    mask = self.adapter.layer_mask(hidden, key_valid)
                 inputs = inputs_by_length[cached] = LayerInputs(mask=mask, position_ids=positions, extra=extras)
             return inputs
 
@@ -273,7 +273,7 @@ class SkipDecoder:
             if run[0] in entries:  # entries only where there is a bridge
                 hidden = cast(EntryBridge, self.bridge)(run[0], hidden)
             hidden = weights.run_layers(run, hidden, inputs_for, state.cache,
-                                        state.key_valid if state.has_padding else None)
+                                        state.key_valid if state.has_padding else None, extras)
             if trace is not None:
                 trace.record(run[0], hidden)
         state.next_position += 1

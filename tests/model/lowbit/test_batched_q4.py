@@ -204,11 +204,12 @@ def test_a_stacked_parts_amx_layout_is_its_own_rows_of_the_joined_one():
 
 
 @pytest.mark.skipif(not has_q4 or not _amx(), reason="this CPU (or its kernel) has no AMX-INT8 for this process")
-@pytest.mark.parametrize("rows", [8, 9, 24])
+@pytest.mark.parametrize("rows", [1, 5, 8, 9, 24])
 def test_the_heads_coarse_scan_on_amx_tiles_is_the_lane_kernels_coarse_scan(rows):
     """From 8 rows the two-stage head's 8-bit scan runs on the tiles too: the same high bytes of the
     same codes as the lane kernel's coarse scan, so the same integers (float order apart), and the
-    head's ranking and its exactly rescored logits follow."""
+    head's ranking and its exactly rescored logits follow. Up to 8 rows (padded to 8) the scan's A
+    tile is the rows' hi bytes alone, not the fine scan's 16 stacked rows of hi and lo."""
     source, blocks = _weights(160, 576, seed=7)
     x = _rows(rows, 576, seed=8)
     tiles = _on("avx512-vnni", lambda: blocks(x, coarse=True), amx_rows=1)

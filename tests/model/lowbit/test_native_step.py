@@ -282,6 +282,30 @@ def test_the_q4_decode_step_keeps_parity_with_transformers_and_stays_close(lora,
     assert all(_relative(a, b) < 0.1 for a, b in zip(native, python))
 
 
+@pytest.mark.skipif(not has_q4, reason="q4_matmul needs an x86 CPU with AVX2 and a C++ compiler")
+def test_a_padded_batchs_native_run_builds_no_attention_mask(monkeypatch):
+    """The native run reads which keys a row may attend to from the decoder's key_valid, so a padded
+    batch's decode step builds no (B, 1, 1, K) mask for it; the Python step still gets one."""
+    monkeypatch.setenv("SKIPDECODE_INT4_KERNEL", "native")
+    model = tiny_model("llama", hidden=256, heads=8, kv_heads=2, vocab=112)
+    quantize_weights(model, "int4")
+    decoder = SkipDecoder(model)
+    masks = []
+    built = decoder.adapter.layer_mask
+    monkeypatch.setattr(decoder.adapter, "layer_mask", lambda *args: masks.append(1) or built(*args))
+    ids, mask = left_padded_batch([5, 9], vocab=112)
+    schedule = ScheduleConfig(NUM_LAYERS, NUM_LAYERS, NUM_LAYERS)
+    state, logits = decoder.prefill(ids, mask, schedule.prefill_layers(), ids.shape[1] + 4)
+    masks.clear()
+    native = [decoder.decode_step(state, logits.argmax(-1), schedule.step_layers(0))]
+    native.append(decoder.decode_step(state, native[-1].argmax(-1), schedule.step_layers(1)))
+    assert state.has_padding and not masks
+    for lean in _lean_layers(model):
+        lean.native = None  # the Python step: one mask a step (every layer has the same cached length)
+    decoder.decode_step(state, native[-1].argmax(-1), schedule.step_layers(2))
+    assert len(masks) == 1
+
+
 # --- the fused layer (every op of a q4 decode step in decode_kernels.h) -----------------------------
 
 
