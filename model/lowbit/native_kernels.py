@@ -61,7 +61,20 @@ def native_module() -> ModuleType | None:
     if shutil.which(os.environ.get("CXX", "c++")) is None or shutil.which("ninja") is None:
         say("no C++ compiler or ninja here: decode steps run the Python path (a few % slower on a CPU)")
         return None
-    sources = [SOURCE.read_bytes()] + [header.read_bytes() for header in HEADERS]
+    try:
+        module = compiled_step([SOURCE.read_bytes()] + [header.read_bytes() for header in HEADERS])
+    except Exception as error:  # noqa: BLE001 (any build failure: the Python path still works)
+        say(f"the native decode step could not be built ({type(error).__name__}: {str(error)[:200]}); "
+            "decode steps run the Python path")
+        return None
+    _loaded[:] = [module]
+    return module
+
+
+def compiled_step(sources: list[bytes]) -> ModuleType:
+    """The extension compiled from these contents of SOURCE and HEADERS (in that order), built once and
+    cached by content, with this process's settings applied (the instruction set, the AMX and int8 rows).
+    native_module's build; scripts/native_ab.py builds another commit's sources beside it."""
     # -fopenmp: at::parallel_for is inline (header) code, serial unless the extension itself is built
     # with OpenMP. No instruction-set flags: the kernels are compiled once per instruction set
     # (GCC target regions in lean_step.cpp) and chosen at run time from the CPU, so one build runs
@@ -75,27 +88,21 @@ def native_module() -> ModuleType | None:
     key = hashlib.sha256(b"\n".join(sources) + "\n".join(identity).encode()).hexdigest()[:16]
     folder = cache_root() / "native" / f"lean-step-{key}"
     with _build_lock:
-        try:
-            from torch.utils.cpp_extension import load  # noqa: PLC0415 (imports setuptools: only when used)
+        from torch.utils.cpp_extension import load  # noqa: PLC0415 (imports setuptools: only when used)
 
-            folder.mkdir(parents=True, exist_ok=True)
-            for path, content in zip((SOURCE, *HEADERS), sources):
-                copy = folder / path.name
-                if not copy.is_file() or copy.read_bytes() != content:
-                    copy.write_bytes(content)
-            if not any(folder.glob("*.so")):
-                say("one-time preparation: compiling the native decode step (C++, about a minute); "
-                    f"cached in {folder.parent}")
-            module = load(name=f"skipdecode_lean_step_{key}", sources=[str(folder / SOURCE.name)],
-                          build_directory=str(folder), extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
-        except Exception as error:  # noqa: BLE001 (any build failure: the Python path still works)
-            say(f"the native decode step could not be built ({type(error).__name__}: {str(error)[:200]}); "
-                "decode steps run the Python path")
-            return None
+        folder.mkdir(parents=True, exist_ok=True)
+        for path, content in zip((SOURCE, *HEADERS), sources):
+            copy = folder / path.name
+            if not copy.is_file() or copy.read_bytes() != content:
+                copy.write_bytes(content)
+        if not any(folder.glob("*.so")):
+            say("one-time preparation: compiling the native decode step (C++, about a minute); "
+                f"cached in {folder.parent}")
+        module = load(name=f"skipdecode_lean_step_{key}", sources=[str(folder / SOURCE.name)],
+                      build_directory=str(folder), extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
     _force_isa(module)
     module.set_q4_amx_rows(amx_rows_setting())
     module.set_int8_bf16_rows(int8_bf16_rows())
-    _loaded[:] = [module]
     return module
 
 

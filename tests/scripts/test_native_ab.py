@@ -1,0 +1,43 @@
+"""scripts/native_ab.py: two builds of the native step alternated in one process, paired by round."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.support import run_script
+
+
+@pytest.mark.slow  # loads the default model in int4
+def test_a_baseline_build_and_this_checkouts_run_alternated_and_pair_their_steps(tmp_path: Path):
+    """Against HEAD's sources (this checkout's in a clean clone: the same build, no second compile) the
+    arms are one build, so their paired steps can only differ by the host's noise."""
+    output = tmp_path / "native-ab.json"
+    run_script("native_ab.py", "--baseline", "HEAD", "--batch-sizes", "1,2", "--tokens", "8", "--repeats", "2",
+               "--output", str(output), timeout=900)
+    report = json.loads(output.read_text())
+    assert report["baseline"] == "HEAD" and report["repeats"] == 2 and report["tokens"] == 8
+    assert [row["batch_size"] for row in report["rows"]] == [1, 2]
+    for row in report["rows"]:
+        assert row["step_ms_baseline"] > 0 and row["step_ms_this_checkout"] > 0
+        low, high = row["paired_range"]
+        assert low <= row["paired_speedup"] <= high
+        assert 0.4 < row["paired_speedup"] < 2.5
+
+
+def test_the_baseline_sources_are_the_revisions_files():
+    import subprocess
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    try:
+        import native_ab
+    finally:
+        sys.path.pop(0)
+    head = native_ab.baseline_sources("HEAD")
+    assert len(head) == 3 and head[0].startswith(b"//") and b"decode_layers" in head[0]
+    assert b"amx" in head[2] and b"decode" in head[1]
+    with pytest.raises(subprocess.CalledProcessError):
+        native_ab.baseline_sources("no-such-revision")
