@@ -1,7 +1,8 @@
 """How much a batch pays on this machine: the default model in int4 at full depth, greedy, fixed length,
 each batch size's whole run (prefill included) and median decode step, the batch sizes ALTERNATED run by
 run in one process, and each size's decode tokens/s as a ratio of the first size's, paired by round (the
-median of the per-round ratios). A host whose speed drifts by up to 2x between minutes moves a ratio of
+median of the per-round ratios); each round's median steps too (`rounds`: the ratio against the host's speed
+of the moment). A host whose speed drifts by up to 2x between minutes moves a ratio of
 runs minutes apart by as much as the kernels do; here the drift falls on every size alike. The same
 alternation as the batch-scaling table of `python -m model bench` (model/evaluation/bench.py,
 alternated_batch_timings), for the int4 full depth alone; its prompts are the bench's as raw text (no chat
@@ -47,6 +48,10 @@ def main() -> int:
         steps = timings[row.weights, row.batch_size]
         report["rows"].append({**asdict(row), "decode_step_ms": round(1000 * statistics.median(t.step_seconds for t in steps), 2)})
         print(json.dumps(report["rows"][-1]), file=sys.stderr)
+    # each round's median step of every size: how the ratio moves with the host's speed of the moment (a
+    # batch-1 step is the weights' read, a batch step mostly arithmetic, and the host's read speed drifts most)
+    report["rounds"] = [{str(size): round(1000 * timings[loaded.weights, size][r].step_seconds, 3) for size in sizes}
+                        for r in range(args.repeats)]
     text = json.dumps(report, indent=2)
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)

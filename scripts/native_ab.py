@@ -7,15 +7,21 @@ is paired by round: the baseline's step over this checkout's (above 1: this chec
 whose speed drifts between minutes moves both arms alike; two processes minutes apart do not.
 
     python scripts/native_ab.py --baseline HEAD~1 --batch-sizes 1,8 --tokens 64 --repeats 9 --output native-ab.json
+
+--part head times the LM head's one call alone (two_stage_head: the 4-bit scan, each row's candidates rescored)
+on random rows of each batch size, the two builds alternated call batch by call batch, and checks that their
+logits are the same bits.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -65,6 +71,41 @@ class OnBuild:
         return self._decoder.generate(*args, **kwargs)
 
 
+def head_rows(decoder: SkipDecoder, builds: dict[str, ModuleType], sizes: list[int], repeats: int) -> list[dict]:
+    """The head's call at each batch size on each build, 20 calls a timing, the builds in a fresh random order
+    every round; each size's baseline time over this checkout's, paired by round."""
+    head = decoder.adapter.lm_head
+    blocks = native_kernels.q4_scan(head.scan)
+    if blocks is None:
+        raise SystemExit("the head does not run the q4 kernels here")
+    exact, scales = (head._tied[0], None) if head._tied is not None else (head.exact_int8, head.exact_scales)
+    rows = []
+    for size in sizes:
+        x = torch.randn(size, head.in_features, generator=torch.Generator().manual_seed(size))
+
+        def call(module: ModuleType) -> torch.Tensor:
+            return module.two_stage_head(x, blocks.qs, blocks.sz, exact, scales, head.candidates, blocks.lanes,
+                                         blocks.amx)
+
+        def timed(module: ModuleType) -> float:
+            start = time.perf_counter()
+            for _ in range(20):
+                call(module)
+            return (time.perf_counter() - start) / 20
+
+        same = torch.equal(call(builds["baseline"]), call(builds["this checkout"]))
+        seconds: dict[str, list[float]] = {name: [] for name in builds}
+        for _ in range(repeats):
+            for name in random.sample(list(builds), len(builds)):
+                seconds[name].append(timed(builds[name]))
+        ratios = [a / b for a, b in zip(seconds["baseline"], seconds["this checkout"])]
+        rows.append({"batch_size": size, "head_ms_baseline": round(1000 * statistics.median(seconds["baseline"]), 3),
+                     "head_ms_this_checkout": round(1000 * statistics.median(seconds["this checkout"]), 3),
+                     "paired_speedup": round(statistics.median(ratios), 3),
+                     "paired_range": [round(min(ratios), 3), round(max(ratios), 3)], "same_logits": same})
+    return rows
+
+
 def paired_rows(timings: dict, sizes: list[int]) -> list[dict]:
     rows = []
     for size in sizes:
@@ -81,6 +122,8 @@ def paired_rows(timings: dict, sizes: list[int]) -> list[dict]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--baseline", default="HEAD", help="a git revision of this repository")
+    parser.add_argument("--part", choices=("step", "head"), default="step",
+                        help="whole decode runs (step), or the LM head's call alone (head)")
     parser.add_argument("--batch-sizes", default="1,8")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=9)
@@ -96,11 +139,15 @@ def main() -> int:
         raise SystemExit("no native decode step here (no compiler, or SKIPDECODE_NATIVE=0)")
     baseline = native_kernels.compiled_step(baseline_sources(args.baseline))
     sizes = [int(b) for b in args.batch_sizes.split(",")]
-    arms: dict[str, Any] = {"baseline": OnBuild(decoder, baseline), "this checkout": OnBuild(decoder, ours)}
-    timings = alternated_batch_timings(arms, raw_bench_batches(loaded.tokenizer, sizes), args.tokens, args.repeats)
-    report = {"baseline": args.baseline, "same_build": baseline is ours,
+    if args.part == "head":
+        rows = head_rows(decoder, {"baseline": baseline, "this checkout": ours}, sizes, args.repeats)
+    else:
+        arms: dict[str, Any] = {"baseline": OnBuild(decoder, baseline), "this checkout": OnBuild(decoder, ours)}
+        timings = alternated_batch_timings(arms, raw_bench_batches(loaded.tokenizer, sizes), args.tokens, args.repeats)
+        rows = paired_rows(timings, sizes)
+    report = {"baseline": args.baseline, "part": args.part, "same_build": baseline is ours,
               "hardware": hardware_info(torch.device("cpu")), "threads": args.threads, "tokens": args.tokens,
-              "repeats": args.repeats, "rows": paired_rows(timings, sizes)}
+              "repeats": args.repeats, "rows": rows}
     for row in report["rows"]:
         print(json.dumps(row), file=sys.stderr)
     text = json.dumps(report, indent=2)

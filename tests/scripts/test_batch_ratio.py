@@ -24,3 +24,7 @@ def test_the_batch_ratio_alternates_the_sizes_and_pairs_their_ratios(tmp_path: P
     # three rows a step cost less than three steps of one on any CPU (the weights are read once a step), so
     # batch 3 yields more tokens a second; swapping the pair or forgetting the rows would put it below 1
     assert 1.05 < second["vs_first_batch"] < 6
+    # each round's steps: the paired ratio is the median of these rounds' (3 rows over 1 row, step for step)
+    assert [sorted(r) for r in report["rounds"]] == [["1", "3"], ["1", "3"]]
+    ratios = sorted(3 * r["1"] / r["3"] for r in report["rounds"])
+    assert ratios[0] - 0.01 <= second["vs_first_batch"] <= ratios[-1] + 0.01

@@ -27,6 +27,19 @@ def test_a_baseline_build_and_this_checkouts_run_alternated_and_pair_their_steps
         assert 0.4 < row["paired_speedup"] < 2.5
 
 
+@pytest.mark.slow  # loads the default model in int4
+def test_the_heads_call_alone_is_paired_and_its_logits_compared(tmp_path: Path):
+    output = tmp_path / "native-ab-head.json"
+    run_script("native_ab.py", "--baseline", "HEAD", "--part", "head", "--batch-sizes", "1,8", "--repeats", "3",
+               "--output", str(output), timeout=900)
+    report = json.loads(output.read_text())
+    assert report["part"] == "head" and [row["batch_size"] for row in report["rows"]] == [1, 8]
+    for row in report["rows"]:
+        assert row["same_logits"] is True  # HEAD's head and this checkout's: the same integers, the same order
+        assert row["head_ms_baseline"] > 0 and row["head_ms_this_checkout"] > 0
+        assert row["paired_range"][0] <= row["paired_speedup"] <= row["paired_range"][1]
+
+
 def test_the_baseline_sources_are_the_revisions_files():
     import subprocess
     import sys
