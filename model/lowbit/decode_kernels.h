@@ -1040,18 +1040,21 @@ static void rotate_and_cache(const LayerView& l, const StepView& s, float* qkv) 
 }
 
 // Every row's query heads over the layer's cached prefix (key/value head g serves query heads
-// g * group .. (g + 1) * group - 1, as SDPA's enable_gqa repeats them).
+// g * group .. (g + 1) * group - 1, as SDPA's enable_gqa repeats them). One task a row's query head:
+// a task a key/value head had split a decode row's 3 groups of SmolLM2 2:1 between two threads, the
+// first thread's share of attention 2/3 where it could be 5/9 (attention grows with the context);
+// attend runs the same loop for each query head either way, so the same floats.
 static void attention(const LayerView& l, const StepView& s, const float* qkv, float* attended, float* scores) {
   const int64_t d = l.head_dim, group = l.heads / l.kv_heads, length = s.start + 1;
-  const int64_t tasks = s.rows * l.kv_heads;
-  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, length * d * group));
+  const int64_t tasks = s.rows * l.heads;
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, length * d));
   at::parallel_for(0, tasks, grain, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
-      const int64_t r = t / l.kv_heads, g = t % l.kv_heads;
-      const int64_t cache = (r * l.kv_heads + g) * s.capacity * d;
-      attend(qkv + r * l.qkv.w.outputs + g * group * d, group, s.keys + cache, s.values + cache, length, d,
-             l.scaling, s.allowed == nullptr ? nullptr : s.allowed + r * s.allowed_stride, scores + t * group * length,
-             attended + r * l.heads * d + g * group * d);
+      const int64_t r = t / l.heads, h = t % l.heads;
+      const int64_t cache = (r * l.kv_heads + h / group) * s.capacity * d;
+      attend(qkv + r * l.qkv.w.outputs + h * d, 1, s.keys + cache, s.values + cache, length, d, l.scaling,
+             s.allowed == nullptr ? nullptr : s.allowed + r * s.allowed_stride, scores + t * length,
+             attended + r * l.heads * d + h * d);
     }
   });
 }
