@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from model.common.hardware import hardware_info
-from model.evaluation.bench import alternated_batch_timings, raw_bench_batches, scaling_rows
+from model.evaluation.bench import alternated_batch_timings, emit_report, raw_bench_batches, scaling_rows
 from model.loading import load_model
 
 
@@ -52,11 +52,7 @@ def main() -> int:
     # batch-1 step is the weights' read, a batch step mostly arithmetic, and the host's read speed drifts most)
     report["rounds"] = [{str(size): round(1000 * timings[loaded.weights, size][r].step_seconds, 3) for size in sizes}
                         for r in range(args.repeats)]
-    text = json.dumps(report, indent=2)
-    if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(text)
-    print(text)
+    emit_report(report, args.output)
     return 0
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from model.common.hardware import hardware_info
-from model.evaluation.bench import alternated_batch_timings, raw_bench_batches
+from model.evaluation.bench import alternated_batch_timings, emit_report, paired_ratio, raw_bench_batches
 from model.loading import load_model
 from model.skipdecode.architectures import PrefixKVCache
 from model.skipdecode.decoder import SkipDecoder
@@ -74,17 +74,10 @@ def main() -> int:
         small = [t.step_seconds for t in timings["4 KiB pages", size]]
         huge = [t.step_seconds for t in timings["huge pages", size]]
         row = {"batch_size": size, "step_ms_4k_pages": round(1000 * statistics.median(small), 2),
-               "step_ms_huge_pages": round(1000 * statistics.median(huge), 2),
-               "paired_speedup": round(statistics.median(a / b for a, b in zip(small, huge)), 3),
-               "paired_range": [round(min(a / b for a, b in zip(small, huge)), 3),
-                                round(max(a / b for a, b in zip(small, huge)), 3)]}
+               "step_ms_huge_pages": round(1000 * statistics.median(huge), 2), **paired_ratio(small, huge)}
         report["rows"].append(row)
         print(json.dumps(row), file=sys.stderr)
-    text = json.dumps(report, indent=2)
-    if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(text)
-    print(text)
+    emit_report(report, args.output)
     return 0
 
 

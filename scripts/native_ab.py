@@ -30,7 +30,7 @@ import torch
 
 import model.lowbit.native_kernels as native_kernels
 from model.common.hardware import hardware_info
-from model.evaluation.bench import alternated_batch_timings, raw_bench_batches
+from model.evaluation.bench import alternated_batch_timings, emit_report, paired_ratio, raw_bench_batches
 from model.loading import load_model
 from model.skipdecode.architectures import LeanLlamaLayer
 from model.skipdecode.decoder import SkipDecoder
@@ -98,11 +98,9 @@ def head_rows(decoder: SkipDecoder, builds: dict[str, ModuleType], sizes: list[i
         for _ in range(repeats):
             for name in random.sample(list(builds), len(builds)):
                 seconds[name].append(timed(builds[name]))
-        ratios = [a / b for a, b in zip(seconds["baseline"], seconds["this checkout"])]
         rows.append({"batch_size": size, "head_ms_baseline": round(1000 * statistics.median(seconds["baseline"]), 3),
                      "head_ms_this_checkout": round(1000 * statistics.median(seconds["this checkout"]), 3),
-                     "paired_speedup": round(statistics.median(ratios), 3),
-                     "paired_range": [round(min(ratios), 3), round(max(ratios), 3)], "same_logits": same})
+                     **paired_ratio(seconds["baseline"], seconds["this checkout"]), "same_logits": same})
     return rows
 
 
@@ -111,11 +109,8 @@ def paired_rows(timings: dict, sizes: list[int]) -> list[dict]:
     for size in sizes:
         base = [t.step_seconds for t in timings["baseline", size]]
         ours = [t.step_seconds for t in timings["this checkout", size]]
-        ratios = [a / b for a, b in zip(base, ours)]
         rows.append({"batch_size": size, "step_ms_baseline": round(1000 * statistics.median(base), 3),
-                     "step_ms_this_checkout": round(1000 * statistics.median(ours), 3),
-                     "paired_speedup": round(statistics.median(ratios), 3),
-                     "paired_range": [round(min(ratios), 3), round(max(ratios), 3)]})
+                     "step_ms_this_checkout": round(1000 * statistics.median(ours), 3), **paired_ratio(base, ours)})
     return rows
 
 
@@ -150,11 +145,7 @@ def main() -> int:
               "repeats": args.repeats, "rows": rows}
     for row in report["rows"]:
         print(json.dumps(row), file=sys.stderr)
-    text = json.dumps(report, indent=2)
-    if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(text)
-    print(text)
+    emit_report(report, args.output)
     return 0
 
 

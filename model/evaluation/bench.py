@@ -329,6 +329,23 @@ def raw_bench_batches(tokenizer: Any, sizes: Iterable[int]) -> dict[int, tuple[t
     return batches
 
 
+def paired_ratio(baseline: Iterable[float], candidate: Iterable[float]) -> dict[str, Any]:
+    """The alternated A/B scripts' comparison of two arms' per-round seconds: each round's baseline over its
+    candidate (above 1: the candidate is faster), their median and their range."""
+    ratios = [a / b for a, b in zip(baseline, candidate)]
+    return {"paired_speedup": round(statistics.median(ratios), 3),
+            "paired_range": [round(min(ratios), 3), round(max(ratios), 3)]}
+
+
+def emit_report(report: dict[str, Any], output: Path | None) -> None:
+    """An alternated script's report as JSON on stdout, and in ``output`` where one is given."""
+    text = json.dumps(report, indent=2)
+    if output:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(text)
+    print(text)
+
+
 def bench_batch(generator: TextGenerator, size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, mask) of ``size`` of the bench's prompts, in turn, on ``device``."""
     ids, mask = generator.encode([BENCH_PROMPTS[i % len(BENCH_PROMPTS)] for i in range(size)])
