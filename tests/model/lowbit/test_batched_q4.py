@@ -118,6 +118,26 @@ def test_a_row_of_a_batch_is_that_row_alone_and_padding_rows_change_nothing(isa)
     assert _relative(batch[6], 1e4 * x.new_ones(576).double() @ _exact(source, blocks).T) < 1e-3
 
 
+@pytest.mark.parametrize("isa", ["avx512-vnni", "avx2"])
+def test_the_lane_kernels_read_every_weight_byte_from_their_lanes_copy(isa):
+    """The blocks past the last superblock (576 columns: 2 of 18) are read from the lanes copy the kernel
+    streams, where they lie as in qs (AVX2 had read them from qs: a line of a second array per weight row).
+    qs with those bytes zeroed must change nothing."""
+    if isa not in _isas():
+        pytest.skip(f"this CPU has no {isa}")
+    _, blocks = _weights(48, 576, seed=11)
+    module = native_module()
+    lanes = module.q4_lanes_avx2(blocks.qs) if isa == "avx2" else module.q4_lanes(blocks.qs)
+    holed = blocks.qs.clone()
+    holed[:, 256:] = 0  # blocks 16 and 17 of every weight row: the tail of either lane layout
+    for rows in (1, 2, 5, 8):
+        x = _rows(rows, 576, seed=rows)
+        whole = _on(isa, lambda: module.q4_matmul(x, blocks.qs, blocks.sz, False, lanes))
+        assert torch.equal(_on(isa, lambda: module.q4_matmul(x, holed, blocks.sz, False, lanes)), whole), rows
+        # the test can fail: without the lanes copy the same hole changes the products
+        assert not torch.equal(_on(isa, lambda: module.q4_matmul(x, holed, blocks.sz, False)), whole), rows
+
+
 @pytest.mark.skipif(not has_q4 or not _amx(), reason="this CPU (or its kernel) has no AMX-INT8 for this process")
 @pytest.mark.parametrize("rows", [1, 3, 4, 8, 9, 16, 40])
 def test_amx_tiles_take_whole_groups_of_16_columns_and_the_vector_kernel_the_rest(rows):
