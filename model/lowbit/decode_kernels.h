@@ -782,23 +782,29 @@ static inline void q4_lane_tile2(const Q4Weights& w, const QuantRows& q, int64_t
     for (int r = 0; r < R; ++r) {
       for (int j = 0; j < O; ++j) sums[r][j] = _mm256_setzero_si256();
     }
+    // the superblock's bytes of each weight row and activations of each row, addressed once (inside the
+    // chunk loop GCC had recomputed every row's address from q, a multiply and four adds a row and chunk)
+    const uint8_t* bytes[O];
+    for (int j = 0; j < O; ++j) bytes[j] = w.lanes + (o + j) * row_bytes + sb * 128;
+    const int16_t* xs = q.lanes16 + (sb * q.rows + first) * 256;  // row first + r: + r 256
     for (int c = 0; c < 8; ++c) {
       __m256i low[O], high[O];
       for (int j = 0; j < O; ++j) {
-        const uint8_t* bytes_at = w.lanes + (o + j) * row_bytes + sb * 128 + c * 16;
+        const uint8_t* bytes_at = bytes[j] + c * 16;
         if (c % 4 == 0) _mm_prefetch(reinterpret_cast<const char*>(bytes_at) + kPrefetchBytes, _MM_HINT_T0);
         const __m256i wide = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes_at)));
         low[j] = _mm256_and_si256(wide, nibble);  // lanes 2l, 2l + 1: q[2c], q[2c + 1] of block l
         high[j] = _mm256_srli_epi16(wide, 4);     // q[16 + 2c], q[16 + 2c + 1]
       }
       for (int r = 0; r < R; ++r) {
-        const int16_t* x = q.lanes16 + (sb * q.rows + first + r) * 256 + c * 32;
+        const int16_t* x = xs + r * 256 + c * 32;
         const __m256i xl = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
         const __m256i xh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 16));
-        for (int j = 0; j < O; ++j) {
-          sums[r][j] = _mm256_add_epi32(sums[r][j], _mm256_add_epi32(_mm256_madd_epi16(low[j], xl),
-                                                                     _mm256_madd_epi16(high[j], xh)));
-        }
+        // one product at a time into the sum (integers: any order is the same sum): one register of
+        // temporaries, so a 4 x 2 tile's eight sums, four weight vectors and two activation vectors fit
+        // AVX2's sixteen (two temporaries had spilled half the sums to the stack every chunk)
+        for (int j = 0; j < O; ++j) sums[r][j] = _mm256_add_epi32(sums[r][j], _mm256_madd_epi16(low[j], xl));
+        for (int j = 0; j < O; ++j) sums[r][j] = _mm256_add_epi32(sums[r][j], _mm256_madd_epi16(high[j], xh));
       }
     }
     // per lane (block): scale dx sum_j q_j v_j + zero sum + scale (-8 sum), as q4_row
