@@ -46,9 +46,14 @@ class MachineLimits:
             f"{self.multiply_adds_per_second / 1e9:.1f} G multiply-adds/s on {self.isa}"
         pages = "" if self.small_page_read_gb_per_second is None else \
             f" on 2 MiB pages ({self.small_page_read_gb_per_second:.1f} on 4 KiB pages)"
+        products = _PRODUCTS.get(self.isa or "", "the kernels' own products")
         return (f"machine limits, measured in this run on {self.threads} threads: read bandwidth "
                 f"{self.read_gb_per_second:.1f} GB/s{pages}, the q4 kernels' multiply-add peak {peak} "
-                "(16-bit activations: two VNNI byte products a multiply-add)")
+                f"(16-bit activations: {products} a multiply-add)")
+
+
+# what one of the q4 kernels' multiply-adds (a weight times a 16-bit activation) costs on each instruction set
+_PRODUCTS = {"avx512-vnni": "two VNNI byte products", "avx2": "one vpmaddwd 16-bit product"}
 
 
 def read_bandwidth(threads: int, megabytes: int = 512, reads: int = 5) -> float:

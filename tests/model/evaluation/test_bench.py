@@ -50,6 +50,28 @@ def test_ratios_and_efficiency_are_taken_between_medians():
     assert skip.layer_speedup == pytest.approx(solved.layer_speedup, rel=1e-3)
 
 
+def test_efficiency_compares_the_decode_steps_time_with_the_cost_model():
+    """The cost model counts decode steps; a whole run adds the same prefill to both modes, so its ratio reads
+    nearer 1 (batch 8 on a 2-core Zen 3: 1.26x whole, 1.84x decode). Decode times pair round by round."""
+    cost = CostModel(layer_cost=1.0, fixed_cost=10.0)
+    solved = solve_schedule(20, 2.0, decay_length=10, num_steps=9, cost=cost)
+    # each run: 1.0 s of prefill, then the decode steps; the host halves its speed in round two
+    timings = {
+        "full": [Timing(3.0, 0.2, 2.0), Timing(6.0, 0.4, 4.0), Timing(3.0, 0.2, 2.0)],
+        "skip@2": [Timing(2.0, 0.1, 1.0), Timing(4.0, 0.2, 2.0), Timing(2.0, 0.1, 1.0)],
+    }
+    rows = {r.mode: r for r in _rows(4, timings, {}, {2.0: solved}, 20, cost, 10)}
+    skip = rows["skipdecode"]
+    assert skip.measured_speedup == pytest.approx(1.5)  # 3.0 / 2.0: prefill included
+    assert skip.decode_speedup == pytest.approx(2.0)  # every round's pair: 2.0
+    assert skip.efficiency == pytest.approx(2.0 / skip.cost_speedup, rel=1e-3)
+    assert rows["full"].decode_speedup == pytest.approx(1.0)
+    # a run without steps (another engine's, a one-token run) keeps the whole-run ratio
+    timings["skip@2"][1] = Timing(4.0, 0.2)
+    skip = {r.mode: r for r in _rows(4, timings, {}, {2.0: solved}, 20, cost, 10)}["skipdecode"]
+    assert skip.decode_speedup is None and skip.efficiency == pytest.approx(1.5 / skip.cost_speedup, rel=1e-3)
+
+
 def test_batch_scaling_pairs_each_rounds_run_with_the_first_sizes_run_of_that_round():
     # the host halves its speed in round two: every size slows alike, and the paired ratio stays 3x (batch 2
     # at 2/3 of batch 1's step time); ratios of the medians would read 6x or 1.5x as the rounds fell

@@ -42,6 +42,9 @@ def test_shares_are_rates_over_the_measured_limits():
     # the limit is the faster kind of page; the slower read is named beside it
     assert "25.0 GB/s on 2 MiB pages (20.5 on 4 KiB pages)" in MachineLimits(25.0, None, None, 2, 20.5).describe()
     assert "pages" not in MachineLimits(25.0, None, None, 2).describe()
+    # each instruction set's multiply-add named as its kernels compute it
+    assert "two VNNI byte products a multiply-add" in MachineLimits(25.0, 1e11, "avx512-vnni", 2).describe()
+    assert "one vpmaddwd 16-bit product a multiply-add" in MachineLimits(25.0, 1e11, "avx2", 2).describe()
     report = BenchReport(model="m", adapter=None, device="cpu", dtype="float32", hardware={"summary": "cpu"}, new_tokens=8,
                          repeats=1, decay="linear")
     report.rows = [BenchRow(mode="full", batch_size=8, target_speedup=None, tokens_per_second=700.0,
