@@ -379,7 +379,9 @@ Tensor two_stage_head(const Tensor& input, const Tensor& qs, const Tensor& sz, c
 // (N, R) float rows times a LoRA's B^T held as int8 rows (O, W), each row's nonzero window of the
 // block-diagonal B (q/k/v and gate/up fuse their LoRAs: most of B is zeros) starting at column
 // start[o], one float scale a row: (N, O) float32. The float rows keep x A^T's precision.
-Tensor lora_b_matmul(const Tensor& input, const Tensor& window, const Tensor& start, const Tensor& scale) {
+// With `tiles` and `tile_start` (lora_b_layout's) on AVX2: its tiled kernel, as the native step runs it.
+Tensor lora_b_matmul(const Tensor& input, const Tensor& window, const Tensor& start, const Tensor& scale,
+                     const c10::optional<Tensor>& tiles = c10::nullopt, const c10::optional<Tensor>& tile_start = c10::nullopt) {
   check_q4();
   const Tensor x = input.contiguous();
   const int64_t rows = x.size(0), outputs = window.size(0), width = window.size(1);
@@ -388,6 +390,15 @@ Tensor lora_b_matmul(const Tensor& input, const Tensor& window, const Tensor& st
 #ifdef SKIPDECODE_X86
   const float* xp = x.data_ptr<float>();
   float* yp = y.data_ptr<float>();
+  if (active_isa == Isa::avx2 && tiles.has_value() && tiles->numel() > 0) {  // AVX2's tiled kernel (the native step's)
+    TORCH_CHECK(tiles->dim() == 4 && tiles->size(0) * 16 == outputs && tile_start.has_value(), "lora_b_matmul: tiles");
+    const int64_t tile_width = tiles->size(1) * 4;
+    at::parallel_for(0, outputs / 16, 4, [&](int64_t b, int64_t e) {
+      avx2::lora_b_tiles2(xp, x.size(1), rows, tiles->data_ptr<int8_t>(), tile_width, tile_start->data_ptr<int32_t>(),
+                          scale.data_ptr<float>(), yp, outputs, b, e);
+    });
+    return y;
+  }
   const auto run = SD_KERNEL(lora_b_rows);
   at::parallel_for(0, outputs, 64, [&](int64_t b, int64_t e) {
     run(xp, x.size(1), rows, window.data_ptr<int8_t>(), width, start.data_ptr<int32_t>(), scale.data_ptr<float>(),
@@ -722,7 +733,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("q4_lanes_avx2", &q4_lanes_avx2, release(), "Q4 bytes in the AVX2 lane kernel's layout (O, K/32, 16)");
   module.def("q4_amx_layout", &q4_amx_layout, release(), "Q4 blocks' whole groups of 16 rows in the AMX tiles' layout");
   module.def("q4_peak", &q4_peak, release(), "multiply-adds a second of the active q4 instruction set (threads, seconds)");
-  module.def("lora_b_matmul", &lora_b_matmul, release(), "(N, R) float32 times int8 windows of B^T: (N, O) float32");
+  module.def("lora_b_matmul", &lora_b_matmul, release(), "(N, R) float32 times int8 windows of B^T: (N, O) float32",
+             pybind11::arg("input"), pybind11::arg("window"), pybind11::arg("start"), pybind11::arg("scale"),
+             pybind11::arg("tiles") = pybind11::none(), pybind11::arg("tile_start") = pybind11::none());
   module.def("two_stage_head", &two_stage_head, release(),
              "(N, C) float32: the 4-bit scan's logits, each row's top candidates rescored exactly: (N, V) float32",
              pybind11::arg("input"), pybind11::arg("qs"), pybind11::arg("sz"), pybind11::arg("rows"),

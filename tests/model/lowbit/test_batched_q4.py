@@ -138,6 +138,37 @@ def test_the_lane_kernels_read_every_weight_byte_from_their_lanes_copy(isa):
         assert not torch.equal(_on(isa, lambda: module.q4_matmul(x, holed, blocks.sz, False)), whole), rows
 
 
+def test_avx2s_tiled_lora_b_multiplies_like_float_and_a_row_alone_as_in_a_batch():
+    """A LoRA's B (block-diagonal, as q/k/v fuse three LoRAs: 48 outputs, rank 36 in three diagonal blocks of 12)
+    on AVX2's tiled kernel (the native step's, from lora_b_layout's tiles of 16 outputs) against float64, its
+    windowed row kernel beside it, and each row of a batch the same bits as that row alone."""
+    if "avx2" not in _isas():
+        pytest.skip("this CPU has no AVX2")
+    module = native_module()
+    g = torch.Generator().manual_seed(5)
+    b = torch.zeros(48, 36, dtype=torch.int8)
+    for part in range(3):
+        b[16 * part:16 * part + 16, 12 * part:12 * part + 12] = torch.randint(-127, 128, (16, 12), generator=g, dtype=torch.int8)
+    scale = torch.rand(48, generator=g) * 1e-2 + 1e-3
+    window, start, tiles, tile_start, _ = module.lora_b_layout(b)
+    assert tiles.shape[0] == 3  # one tile of 16 outputs a part
+    x = torch.randn(7, 36, generator=g)
+    reference = (x.double() @ b.double().T) * scale.double()
+
+    def tiled(rows: torch.Tensor) -> torch.Tensor:
+        return _on("avx2", lambda: module.lora_b_matmul(rows, window, start, scale, tiles, tile_start))
+
+    batch = tiled(x)
+    assert _relative(batch, reference) < 1e-5
+    windows = _on("avx2", lambda: module.lora_b_matmul(x, window, start, scale))
+    assert _relative(windows, reference) < 1e-5
+    for r in range(7):  # rows in pairs, the last alone: the same sums either way
+        assert torch.equal(tiled(x[r:r + 1]), batch[r:r + 1]), r
+    assert torch.equal(tiled(x[:4]), batch[:4])
+    # a wrong output, column or tile errs by O(1)
+    assert _relative(tiled(x.flip(1)), reference) > 0.1
+
+
 @pytest.mark.skipif(not has_q4 or not _amx(), reason="this CPU (or its kernel) has no AMX-INT8 for this process")
 @pytest.mark.parametrize("rows", [1, 3, 4, 8, 9, 16, 40])
 def test_amx_tiles_take_whole_groups_of_16_columns_and_the_vector_kernel_the_rest(rows):
