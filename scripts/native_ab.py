@@ -8,6 +8,9 @@ whose speed drifts between minutes moves both arms alike; two processes minutes 
 
     python scripts/native_ab.py --baseline HEAD~1 --batch-sizes 1,8 --tokens 64 --repeats 9 --output native-ab.json
 
+--speedup S times SkipDecode at S with this model's skip policy (its skipping steps run the policy's layers: the
+LoRA beside the int4 base) at the schedule the product runs, instead of the full depth.
+
 --part head times the LM head's one call alone (two_stage_head: the 4-bit scan, each row's candidates rescored)
 on random rows of each batch size, the two builds alternated call batch by call batch, and checks that their
 logits are the same bits.
@@ -31,9 +34,11 @@ import torch
 import model.lowbit.native_kernels as native_kernels
 from model.common.hardware import hardware_info
 from model.evaluation.bench import alternated_batch_timings, emit_report, paired_ratio, raw_bench_batches
+from model.generation import ScheduleRequest, TextGenerator
 from model.loading import load_model
 from model.skipdecode.architectures import LeanLlamaLayer
 from model.skipdecode.decoder import SkipDecoder
+from model.skipdecode.schedule import ScheduleConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,26 +54,28 @@ def run_on(decoder: SkipDecoder, module: ModuleType) -> None:
     """Point every native step of ``decoder``'s layers, the head's blocks and the argmax at ``module``."""
     native_kernels.native_module = lambda: module  # Q4Blocks' calls (the head, a prefill's matmuls) look it up
     native_kernels._loaded[:] = [module]  # the argmax's
-    for layer in decoder.adapter.layers:
-        lean = LeanLlamaLayer.of(layer, decoder.adapter.config)
-        native = None if lean is None else lean.native
-        if native is not None and native._module is not module:
-            native._module = module
-            native._build()
+    for adapter in {id(a): a for a in (decoder.adapter, decoder.skip_adapter)}.values():  # the policy's layers too
+        for layer in adapter.layers:
+            lean = LeanLlamaLayer.of(layer, adapter.config)
+            native = None if lean is None else lean.native
+            if native is not None and native._module is not module:
+                native._module = module
+                native._build()
 
 
 class OnBuild:
-    """``decoder`` whose every generate runs on ``module`` (switched before the timed call)."""
+    """``decoder`` whose every generate runs on ``module`` (switched before the timed call), at ``schedule``
+    where one is given (instead of the caller's full depth)."""
 
-    def __init__(self, decoder: SkipDecoder, module: ModuleType) -> None:
-        self._decoder, self._module = decoder, module
+    def __init__(self, decoder: SkipDecoder, module: ModuleType, schedule: ScheduleConfig | None = None) -> None:
+        self._decoder, self._module, self._schedule = decoder, module, schedule
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._decoder, name)
 
-    def generate(self, *args: Any, **kwargs: Any) -> Any:
+    def generate(self, ids: torch.Tensor, mask: torch.Tensor, schedule: ScheduleConfig, **kwargs: Any) -> Any:
         run_on(self._decoder, self._module)
-        return self._decoder.generate(*args, **kwargs)
+        return self._decoder.generate(ids, mask, self._schedule or schedule, **kwargs)
 
 
 def head_rows(decoder: SkipDecoder, builds: dict[str, ModuleType], sizes: list[int], repeats: int) -> list[dict]:
@@ -119,6 +126,8 @@ def main() -> int:
     parser.add_argument("--baseline", default="HEAD", help="a git revision of this repository")
     parser.add_argument("--part", choices=("step", "head"), default="step",
                         help="whole decode runs (step), or the LM head's call alone (head)")
+    parser.add_argument("--speedup", type=float, default=None,
+                        help="SkipDecode at this target with the skip policy (default: the full depth)")
     parser.add_argument("--batch-sizes", default="1,8")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=9)
@@ -127,8 +136,10 @@ def main() -> int:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     loaded = load_model(None, device="cpu", quantize="int4")
-    decoder = loaded.full_decoder()
+    decoder = loaded.full_decoder() if args.speedup is None else loaded.skip_decoder()
     decoder.eos_token_ids = ()  # fixed-length runs
+    schedule = None if args.speedup is None else TextGenerator(loaded).schedule_for(
+        ScheduleRequest(target_speedup=args.speedup), args.tokens).config
     ours = native_kernels.native_module()
     if ours is None:
         raise SystemExit("no native decode step here (no compiler, or SKIPDECODE_NATIVE=0)")
@@ -137,10 +148,11 @@ def main() -> int:
     if args.part == "head":
         rows = head_rows(decoder, {"baseline": baseline, "this checkout": ours}, sizes, args.repeats)
     else:
-        arms: dict[str, Any] = {"baseline": OnBuild(decoder, baseline), "this checkout": OnBuild(decoder, ours)}
+        arms: dict[str, Any] = {"baseline": OnBuild(decoder, baseline, schedule),
+                                "this checkout": OnBuild(decoder, ours, schedule)}
         timings = alternated_batch_timings(arms, raw_bench_batches(loaded.tokenizer, sizes), args.tokens, args.repeats)
         rows = paired_rows(timings, sizes)
-    report = {"baseline": args.baseline, "part": args.part, "same_build": baseline is ours,
+    report = {"baseline": args.baseline, "part": args.part, "speedup": args.speedup, "same_build": baseline is ours,
               "hardware": hardware_info(torch.device("cpu")), "threads": args.threads, "tokens": args.tokens,
               "repeats": args.repeats, "rows": rows}
     for row in report["rows"]:

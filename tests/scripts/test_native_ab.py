@@ -54,3 +54,29 @@ def test_the_baseline_sources_are_the_revisions_files():
     assert b"amx" in head[2] and b"decode" in head[1]
     with pytest.raises(subprocess.CalledProcessError):
         native_ab.baseline_sources("no-such-revision")
+
+
+def test_an_arm_runs_the_schedule_it_was_given_on_its_build(monkeypatch):
+    """--speedup: each arm's decoder generates at the SkipDecode schedule (not the full depth the alternation
+    asks for), after its build was pointed at."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    try:
+        import native_ab
+    finally:
+        sys.path.pop(0)
+    pointed, generated = [], []
+    monkeypatch.setattr(native_ab, "run_on", lambda decoder, module: pointed.append(module))
+
+    class Decoder:
+        def generate(self, ids, mask, schedule, **kwargs):
+            generated.append((schedule, kwargs))
+            return "result"
+
+    skip, full = object(), object()
+    arm = native_ab.OnBuild(Decoder(), "build", skip)
+    assert arm.generate("ids", "mask", full, max_new_tokens=4) == "result"
+    assert pointed == ["build"] and generated == [(skip, {"max_new_tokens": 4})]
+    native_ab.OnBuild(Decoder(), "other").generate("ids", "mask", full, max_new_tokens=4)
+    assert generated[-1][0] is full and pointed[-1] == "other"
