@@ -654,11 +654,32 @@ static void q4_rows(const Q4Weights& w, const QuantRows& q, float* y, int64_t y_
   }
 }
 #else
+// 16 Q4 bytes widened once to 16-bit lanes (each q[j] | q[j + 16] << 4): the low nibbles by a mask, the
+// high ones by a shift (a block's: q[0..15] and q[16..31]; a lane chunk's: see q4_lane_tile2).
+static inline void widen_q4_block(const uint8_t* bytes, __m256i& low, __m256i& high) {
+  const __m256i both = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes)));
+  low = _mm256_and_si256(both, _mm256_set1_epi16(0x0F));
+  high = _mm256_srli_epi16(both, 4);
+}
+
+// acc + the block's integer dot product with a row's 32 codes times the weight scale times the row's dx.
+static inline __m256 q4_block_fma(__m256i low, __m256i high, const int16_t* codes, __m256 weight_scale, const float* dx,
+                                  __m256 acc) {
+  const __m256i dot = _mm256_add_epi32(
+      _mm256_madd_epi16(low, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes))),
+      _mm256_madd_epi16(high, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 16))));
+  return _mm256_fmadd_ps(_mm256_mul_ps(weight_scale, _mm256_broadcast_ss(dx)), _mm256_cvtepi32_ps(dot), acc);
+}
+
+// Four blocks' bfloat16 (scale, zero) pairs as floats, for the zero terms' dot with (-8 sum, sum).
+static inline __m256 q4_pair_floats(__m128i pairs) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(pairs), 16));
+}
+
 // R rows of x (from `first`) against weight row o (the kernel without the lane layout).
 template <int R>
 static inline void q4_row(const Q4Weights& w, const QuantRows& q, int64_t first, int64_t o, float* y,
                           int64_t y_stride) {
-  const __m256i nibble = _mm256_set1_epi16(0x0F);
   const uint8_t* qs = w.qs + o * w.blocks * 16;
   const uint16_t* sz = w.sz + o * w.blocks * 2;
   // Two accumulators a row (even and odd blocks): one fused multiply-add chain would wait on its
@@ -666,22 +687,13 @@ static inline void q4_row(const Q4Weights& w, const QuantRows& q, int64_t first,
   __m256 even[R], odd[R];
   for (int r = 0; r < R; ++r) even[r] = odd[r] = _mm256_setzero_ps();
   const auto block = [&](int64_t b, __m256* acc) {
-    // The block's 16 bytes widened once to 16-bit lanes (q[j] | q[j + 16] << 4 each): the low
-    // nibbles by a mask, the high ones by a shift.
-    const __m256i both = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + b * 16)));
-    const __m256i low = _mm256_and_si256(both, nibble);
-    const __m256i high = _mm256_srli_epi16(both, 4);
+    __m256i low, high;
+    widen_q4_block(qs + b * 16, low, high);
     const __m256 weight_scale = _mm256_set1_ps(bf16_to_float(sz[2 * b]));
     const int64_t cell = (b / 4) * q.rows + first;  // row first + r: + r
     const int16_t* xb = q.codes + cell * 128 + (b % 4) * 32;
     const float* dx = q.dx + cell * 4 + b % 4;
-    for (int r = 0; r < R; ++r) {
-      const __m256i dot = _mm256_add_epi32(
-          _mm256_madd_epi16(low, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + r * 128))),
-          _mm256_madd_epi16(high, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + r * 128 + 16))));
-      const __m256 scale = _mm256_mul_ps(weight_scale, _mm256_broadcast_ss(dx + r * 4));
-      acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot), acc[r]);
-    }
+    for (int r = 0; r < R; ++r) acc[r] = q4_block_fma(low, high, xb + r * 128, weight_scale, dx + r * 4, acc[r]);
   };
   int64_t b = 0;
   for (; b + 1 < w.blocks; b += 2) {
@@ -701,8 +713,7 @@ static inline void q4_row(const Q4Weights& w, const QuantRows& q, int64_t first,
   }
   int64_t g = 0;
   for (; (g + 1) * 4 <= w.blocks; ++g) {
-    const __m256 scale_zero = _mm256_castsi256_ps(_mm256_slli_epi32(
-        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sz + g * 8))), 16));
+    const __m256 scale_zero = q4_pair_floats(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sz + g * 8)));
     const float* fx = q.fix + (g * q.rows + first) * 8;
     for (int r = 0; r < R; ++r) fix[r] = _mm256_fmadd_ps(scale_zero, _mm256_loadu_ps(fx + r * 8), fix[r]);
   }
@@ -717,39 +728,31 @@ static inline void q4_row(const Q4Weights& w, const QuantRows& q, int64_t first,
 }
 
 // The blocks past the last superblock of 8 (576 columns: 2 of 18) for the AVX2 lane kernel's R x O tile,
-// added into its accumulators: each block's integer dot product (q4_row's block) times its weight scale
-// times its dx, and the zero terms of each group of 4 (the group's absent blocks: zero pairs, zero sums).
+// added into its accumulators: each block's integer dot product times its weight scale times its dx
+// (q4_block_fma, as q4_row), and the zero terms of each group of 4 (the group's absent blocks: zero pairs, zero sums).
 // Their bytes are read from the lanes copy, where they lie as in qs. They had run as q4_row over the tail,
 // one call per weight row: its loops, scalar zero terms and horizontal sum cost a 576-wide matrix ~a
 // quarter of its time on a Zen 3 core (the whole decode step's tail ~20% of its samples, perf), and its
 // reads of qs fetched a second array's line per weight row.
 template <int R, int O>
 static inline void q4_lane_tail2(const Q4Weights& w, const QuantRows& q, int64_t first, int64_t o, __m256 (&acc)[R][O]) {
-  const __m256i nibble = _mm256_set1_epi16(0x0F);
   const int64_t row_bytes = w.blocks * 16, row_pairs = w.blocks * 2;
   for (int64_t b = q.supers * 8; b < w.blocks; ++b) {
     const int64_t cell = (b / 4) * q.rows + first;  // row first + r: + r
+    const int16_t* xb = q.codes + cell * 128 + (b % 4) * 32;
+    const float* dx = q.dx + cell * 4 + b % 4;
     for (int j = 0; j < O; ++j) {
-      const uint8_t* bytes_at = w.lanes + (o + j) * row_bytes + b * 16;
-      const __m256i both = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes_at)));
-      const __m256i low = _mm256_and_si256(both, nibble);  // q[0..15]
-      const __m256i high = _mm256_srli_epi16(both, 4);     // q[16..31]
+      __m256i low, high;
+      widen_q4_block(w.lanes + (o + j) * row_bytes + b * 16, low, high);
       const __m256 weight_scale = _mm256_set1_ps(bf16_to_float(w.sz[(o + j) * row_pairs + 2 * b]));
-      for (int r = 0; r < R; ++r) {
-        const int16_t* xb = q.codes + (cell + r) * 128 + (b % 4) * 32;
-        const __m256i dot = _mm256_add_epi32(
-            _mm256_madd_epi16(low, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb))),
-            _mm256_madd_epi16(high, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + 16))));
-        const __m256 scale = _mm256_mul_ps(weight_scale, _mm256_broadcast_ss(q.dx + (cell + r) * 4 + b % 4));
-        acc[r][j] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot), acc[r][j]);
-      }
+      for (int r = 0; r < R; ++r) acc[r][j] = q4_block_fma(low, high, xb + r * 128, weight_scale, dx + r * 4, acc[r][j]);
     }
   }
   for (int64_t g = q.supers * 2; g < q.groups; ++g) {  // (scale, zero) pairs . (-8 sum, sum) a block
     const __m128i present = _mm_cmpgt_epi32(_mm_set1_epi32(static_cast<int>(w.blocks - g * 4)), _mm_setr_epi32(0, 1, 2, 3));
     for (int j = 0; j < O; ++j) {
       const __m128i pairs = _mm_maskload_epi32(reinterpret_cast<const int*>(w.sz + (o + j) * row_pairs + g * 8), present);
-      const __m256 scale_zero = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(pairs), 16));
+      const __m256 scale_zero = q4_pair_floats(pairs);
       for (int r = 0; r < R; ++r) {
         acc[r][j] = _mm256_fmadd_ps(scale_zero, _mm256_loadu_ps(q.fix + (g * q.rows + first + r) * 8), acc[r][j]);
       }
@@ -770,7 +773,6 @@ static inline void q4_lane_tail2(const Q4Weights& w, const QuantRows& q, int64_t
 template <int R, int O>
 static inline void q4_lane_tile2(const Q4Weights& w, const QuantRows& q, int64_t first, int64_t o, float* y,
                                  int64_t y_stride) {
-  const __m256i nibble = _mm256_set1_epi16(0x0F);
   const __m256i zero_bits = _mm256_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
   const int64_t row_bytes = w.blocks * 16, row_pairs = w.blocks * 2;
   __m256 acc[R][O];
@@ -792,9 +794,8 @@ static inline void q4_lane_tile2(const Q4Weights& w, const QuantRows& q, int64_t
       for (int j = 0; j < O; ++j) {
         const uint8_t* bytes_at = bytes[j] + c * 16;
         if (c % 4 == 0) _mm_prefetch(reinterpret_cast<const char*>(bytes_at) + kPrefetchBytes, _MM_HINT_T0);
-        const __m256i wide = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes_at)));
-        low[j] = _mm256_and_si256(wide, nibble);  // lanes 2l, 2l + 1: q[2c], q[2c + 1] of block l
-        high[j] = _mm256_srli_epi16(wide, 4);     // q[16 + 2c], q[16 + 2c + 1]
+        // low: lanes 2l, 2l + 1 hold q[2c], q[2c + 1] of block l; high: q[16 + 2c], q[16 + 2c + 1]
+        widen_q4_block(bytes_at, low[j], high[j]);
       }
       for (int r = 0; r < R; ++r) {
         const int16_t* x = xs + r * 256 + c * 32;
