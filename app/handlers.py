@@ -21,13 +21,22 @@ import gradio as gr
 from app.chat_family import ChatPolicies
 from app.page import explainer
 from app.page.figures import schedule_figure
-from app.page.share import IGNORED_QUERY, qr_html, settings_from_query, share_link
+from app.page.lessons import LESSONS, lesson_values
+from app.page.share import IGNORED_QUERY, lesson_in_query, lesson_link, qr_html, settings_from_query, share_link
 from app.page.shown_text import as_html, as_markdown
 from app.page.views import NO_CHANGE, STREAM_OUTPUTS, RaceRenderer, api_message, layer_ranges, one_line
 from app.serving.frames import FrameClock, NewSteps
 from app.serving.job_cost import UNIT_SECONDS, job_cost, session_bytes
 from app.serving.sessions import RunHandle, SessionRuns, session_key
-from app.settings import EXAMPLE_PROMPTS, Limits, PlaygroundSettings, control_ranges, page_defaults, trained_defaults
+from app.settings import (
+    EXAMPLE_PROMPTS,
+    Limits,
+    PlaygroundSettings,
+    control_ranges,
+    page_defaults,
+    trained_defaults,
+    within_limits,
+)
 from app.tasks import TASK_LABELS, TaskGenerators, check_mr, examples, is_task, policy_line
 from model.generation import PreparedRun, TextGenerator
 from model.race import RaceUpdate, TokenTexts, race
@@ -73,6 +82,9 @@ class Playground:
         # Set by the fair queue (app/serving/fair_queue.py): called in a queued handler, it returns a check
         # that says when that handler's client has gone (result stream closed or never opened).
         self.client_gone: Callable[[], Callable[[], bool]] = lambda: (lambda: False)
+        # Set by the fair queue: what pushing a request's next job would be refused with (a full queue,
+        # its share), or None; the page's checks (``refusal``) say it before the job is pushed.
+        self.queue_refusal: Callable[[object], str | None] = lambda request: None
         self.previewing = threading.Semaphore(1)  # one schedule preview computes at a time (outside the queue)
         # Held for each model step of any run: a cancelled run's step that is still computing (a
         # long prefill) keeps the model busy, so the next run waits for it instead of overlapping.
@@ -242,10 +254,35 @@ class Playground:
         generator = self.get_generator()
         ranges = control_ranges(generator.num_layers, self.limits, max_layer_speedup(generator.num_layers, 1))
         values, problems = settings_from_query(query, self.limits, page_defaults(generator, self.limits), ranges)
+        lesson, start, lesson_problem = lesson_in_query(query, len(LESSONS))
+        problems = "; ".join(problem for problem in (lesson_problem, problems) if problem)
         # The query is anyone's text: escaped for the Markdown status line (app/page/shown_text.py).
-        status = (f"**The link has a problem:** {as_markdown(problems, len(problems))}" if problems
-                  else "Settings loaded from the link.")
+        if problems:
+            status = f"**The link has a problem:** {as_markdown(problems, len(problems))}"
+        elif lesson is not None:
+            status = lesson_loaded_line(lesson, start)
+        else:
+            status = "Settings loaded from the link."
+        if lesson is not None:  # the lesson's controls (within a deployer's limits), then what else the link names
+            controls = lesson_values(LESSONS[lesson], trained_defaults(generator))
+            values = controls | within_limits(controls, self.limits) | values
         return [values.get(name, gr.skip()) for name in names] + [status]
+
+    def lesson_from_link(self, request: gr.Request | None = None) -> tuple:
+        """On page load, after ``from_link``: (the lesson a link names for the lessons list, or a skip;
+        whether the link starts it: ``?lesson=N&run=1``)."""
+        query = dict(request.query_params) if request is not None and request.query_params else {}
+        lesson, start, problem = lesson_in_query(query, len(LESSONS))
+        if lesson is None or problem:
+            return gr.skip(), False
+        return LESSONS[lesson].title, start
+
+    def lesson_share(self, page: str, title: str) -> tuple[str, str]:
+        """(link, QR code html) that opens the lesson ``title`` and runs it: the whole class opens
+        one link from the projector and the lesson starts on every page."""
+        number = next((i for i, lesson in enumerate(LESSONS, 1) if lesson.title == title), 1)
+        link = lesson_link(page, number, start=True)
+        return link, qr_html(link, caption=f"Scan to open and run the lesson {as_html(LESSONS[number - 1].title)}")
 
     def share(self, page: str, values: dict) -> tuple[str, str]:
         """(link, QR code html) of the current settings: only those that differ from the page's
@@ -477,6 +514,37 @@ class Playground:
             yield {**api_message(update, settings), "new_steps": steps.take(), "cancelled": True,
                    "error": f"the run was cancelled ({handle.reason})"}
 
+    # --- a click's checks, on the page --------------------------------------------------------
+    def refusal(self, values: dict, request: gr.Request | None = None) -> tuple:
+        """A Generate, Step or lesson click's checks before its job is pushed (outside the queue, in
+        milliseconds: the same checks as the push's, ``admission_problem``, and the queue's own):
+        (status line, True) to go on, or (the reason on the status line, False). A push the queue
+        refuses shows nothing on the page, so the page asks first and says the server's words."""
+        problem = self.admission_problem("generate", values)
+        reason = problem[1] if problem is not None else self.queue_refusal(request)
+        if reason is None:
+            return gr.skip(), True
+        return refusal_line(reason), False
+
+    def step_refusal(self, values: dict, request: gr.Request | None = None) -> tuple:
+        """``refusal`` for a Step click; an accepted first step (or the first after a settings change)
+        says at once what it waits for: both models read the prompt before the first token."""
+        status, allowed = self.refusal(values, request)
+        if not allowed:
+            return status, allowed
+        current = self.runs.steppers.get(session_key(request))
+        if current is not None and current[0] == self.settings(values):
+            return gr.skip(), True
+        return ("Step mode: both models read the prompt first (its prefill, a few seconds on a CPU), then each "
+                "Step advances one token. A click while a step computes waits for it."), True
+
+    @staticmethod
+    def proceed(allowed: bool) -> None:
+        """The gate between a click's checks and its run: a refused click ends its chain here (an error
+        the page does not show, on no component: the status line already says why)."""
+        if not allowed:
+            raise gr.Error("refused before it ran (the status line says why)", visible=False, print_exception=False)
+
     # --- admission (the fair queue asks when a job is pushed) -------------------------------------
     def admission_problem(self, api_name: str, values: dict) -> tuple[str, str] | None:
         """(parameter, message) when a job that runs the model asks for settings or sizes over a
@@ -527,6 +595,21 @@ def _captured_since(before: CaptureReport | None, now: CaptureReport) -> tuple[i
 @lru_cache(maxsize=64)
 def preview_figure(generator: TextGenerator, request, max_new_tokens: int):
     return schedule_figure(generator.schedule_for(request, max_new_tokens))
+
+
+def lesson_loaded_line(lesson: int, start: bool) -> str:
+    """The status line of a page opened from a lesson's link."""
+    title = as_markdown(LESSONS[lesson].title)
+    then = "running it now." if start else "press **Run this lesson** to start it."
+    return f"Lesson {lesson + 1}, *{title}*, loaded from the link: {then}"
+
+
+REFUSED = "Not run:"  # a refusal's status line starts so (the page's script then turns Stop off)
+
+
+def refusal_line(reason: object) -> str:
+    """A refused click's status line: the server's own words, escaped, on one readable line."""
+    return f"**{REFUSED}** {as_markdown(reason, MAX_ERROR_CHARS)}"
 
 
 def page_error(error: object) -> gr.Error:

@@ -36,6 +36,7 @@ EXAMPLE_PROMPTS = [
 ]
 
 MAX_SEED = 2**63 - 1
+PAGE_TEXT_SLACK = 4  # Limits.max_page_text_chars: the prompt box holds this many times the prompt's limit
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,13 @@ class Limits:
     max_step_bytes: int = 1 << 30  # memory all step-mode sessions keep together (estimated: app/serving/job_cost.py)
     max_step_sessions_per_address: int = 4  # step sessions one network address keeps (its oldest go first)
     max_job_cost: int = DEFAULT_MAX_JOB_COST  # one job's model time in units of app/serving/job_cost.py: ~4 s of the one lane
+
+    @property
+    def max_page_text_chars(self) -> int:
+        """The longest text the page's prompt box holds and a page event may carry (the request guard):
+        a few times the prompt's limit, so an over-long paste reaches the checks that name its length
+        on the page instead of being refused unseen by the guard."""
+        return PAGE_TEXT_SLACK * self.max_prompt_chars
 
 
 def setting(default: Any, *, label: str, help: str = "", kind: str = "number", low: float | None = None,

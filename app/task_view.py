@@ -93,13 +93,17 @@ def task_view(task: str, fixed_count: int) -> list:
         gr.update(value=full_title(task)), gr.update(label=label)]
 
 
-def switch_values(task: str, prompt: str) -> tuple:
+def switch_values(task: str, prompt: str, max_new_tokens: int | None = None) -> tuple:
     """A visitor switching the task: a prompt of the right kind (an example MR for a task, the
-    first example prompt back in chat; a prompt that fits is kept) and the task's output budget."""
+    first example prompt back in chat; a prompt that fits is kept) and the task's output budget,
+    within the deployer's ``max_new_tokens`` (a budget over it would refuse every later event)."""
     if is_task(task):
         fits = is_valid_mr(prompt) or not examples()
-        return (gr.skip() if fits else examples()[0]), check_task(task).max_new_tokens
-    return (EXAMPLE_PROMPTS[0] if is_valid_mr(prompt) else gr.skip()), CHAT_MAX_NEW_TOKENS
+        budget = check_task(task).max_new_tokens
+    else:
+        fits, budget = not is_valid_mr(prompt), CHAT_MAX_NEW_TOKENS
+    shown = gr.skip() if fits else (examples()[0] if is_task(task) else EXAMPLE_PROMPTS[0])
+    return shown, budget if max_new_tokens is None else min(budget, max_new_tokens)
 
 
 def mr_feedback(task: str, prompt: str):
@@ -134,7 +138,9 @@ def task_events(demo: gr.Blocks, playground: Playground, ui: dict, fixed: list, 
                      api_name="ui_task_view", **private)
     preview = dict(fn=with_settings(playground.schedule_preview, c), inputs=settings,
                    outputs=[ui["schedule_plot"], ui["schedule_note"]], queue=False, api_name=False)
-    c["task"].input(switch_values, [c["task"], c["prompt"]], [c["prompt"], c["max_new_tokens"]], queue=False,
+    limit = playground.limits.max_new_tokens
+    c["task"].input(lambda task, prompt: switch_values(task, prompt, limit), [c["task"], c["prompt"]],
+                    [c["prompt"], c["max_new_tokens"]], queue=False,
                     api_name="ui_task_switch", **private).then(
         with_settings(playground.load_task, c), settings, [ui["status"]], api_name="ui_task_load", **private,
         **lane).then(**preview).then(lambda task: header_for(playground, task), [c["task"]], [ui["header"]],

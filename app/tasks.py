@@ -7,6 +7,7 @@ policies and the schedule they were trained on); this module only picks and cach
 
 from __future__ import annotations
 
+import json
 import logging
 from functools import lru_cache
 from pathlib import Path
@@ -91,12 +92,65 @@ def compose(values: dict[str, str | None]) -> tuple[str | None, str]:
         return None, mr_problem(error)
 
 
-def policy_line(task: str, speedup: float, folder: Path | None) -> str:
-    """Which model each pane runs, for the status line."""
+# The test set's facts per arm (scripts/e2e_facts_table.py --write), from the report whose runs swap new
+# places as the playground does ("e2e-delexicalised"): {report: {arm label: {"wrong": share, ...}}}.
+FACTS_FILE = Path(__file__).resolve().parents[1] / "assets" / "eval" / "e2e-facts.json"
+PLAYGROUND_REPORT = "e2e-delexicalised"
+# A policy whose wrong-fact share is over this many times both its neighbours' (the speedups evaluated
+# just below and just above it) is worse for its own training: skipping more did better.
+DIP = 2.0
+
+
+def policy_line(task: str, speedup: float, folder: Path | None, facts_file: Path = FACTS_FILE) -> str:
+    """Which model each pane runs, for the status line; and, where this speedup's policy states wrong
+    facts far more often than its neighbours', one sentence saying so and why."""
     if speedup <= 1:
         return f"{task.upper()} task at 1x: both panes are the task model at full depth."
     policy = f"its skip policy {folder.name}" if folder is not None else "no skip policy (none is trained for it)"
-    return f"{task.upper()} task: the full pane is the task model; SkipDecode runs it at {speedup:g}x with {policy}."
+    line = f"{task.upper()} task: the full pane is the task model; SkipDecode runs it at {speedup:g}x with {policy}."
+    caution = wrong_fact_dip(task, speedup, folder, facts_file)
+    return f"{line} {caution}" if caution else line
+
+
+def wrong_fact_dip(task: str, speedup: float, folder: Path | None, facts_file: Path = FACTS_FILE) -> str:
+    """'At 4x this policy states a wrong fact in 27.8% of the E2E test set's descriptions, against 3.2%
+    at 3x and 6.8% at 5x: ...' where the policy at ``speedup`` states wrong facts over DIP times as
+    often as at both neighbouring speedups; "" otherwise, or without the figures. docs/RESULTS.md names
+    no cause beyond the training run, and the same method skipping more layers did better, so the
+    sentence puts it on the training. Only the policy SkipDecode runs here is named (``folder``)."""
+    if folder is None or task != "e2e":
+        return ""
+    kind = "shared policy" if folder.name == task_models.SHARED_POLICY else "per-speedup policy"
+    shares = wrong_fact_shares(str(facts_file), kind)
+    if speedup not in shares:
+        return ""
+    lower = max((s for s in shares if 1 < s < speedup), default=None)
+    higher = min((s for s in shares if s > speedup), default=None)
+    if lower is None or higher is None or shares[speedup] <= DIP * max(shares[lower], shares[higher]):
+        return ""
+    return (f"At {speedup:g}x this policy states a wrong fact in {shares[speedup]:.1%} of the E2E test set's "
+            f"descriptions, against {shares[lower]:.1%} at {lower:g}x and {shares[higher]:.1%} at {higher:g}x: that "
+            f"is this policy's training, not the method; this policy's training landed worse, {higher:g}x's "
+            f"(skipping more layers) did not.")
+
+
+@lru_cache(maxsize=4)
+def wrong_fact_shares(facts_file: str, kind: str) -> dict[float, float]:
+    """{speedup: share of the test set's descriptions with a wrong fact} for the ``kind`` of policy
+    ("per-speedup policy 4x" -> 4.0), from the playground's report in ``facts_file``; {} without it."""
+    try:
+        arms = json.loads(Path(facts_file).read_text()).get(PLAYGROUND_REPORT)
+    except (OSError, ValueError, AttributeError):
+        return {}
+    prefix, shares = kind + " ", {}
+    for label, facts in (arms.items() if isinstance(arms, dict) else ()):
+        if not label.startswith(prefix):
+            continue
+        try:
+            shares[float(label.removeprefix(prefix).removesuffix("x"))] = float(facts["wrong"])
+        except (KeyError, TypeError, ValueError):  # another arm's label, or a row without the share
+            continue
+    return shares
 
 
 class TaskGenerators:

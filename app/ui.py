@@ -31,7 +31,7 @@ from app.page.lessons import (
 )
 from app.page.live_plot import live_plot, static_paths
 from app.page.results import results_tab
-from app.page.style import COPY_JS, PAGE_URL_JS, SCROLL_TO_OUTPUTS, launch_style
+from app.page.style import COPY_JS, PAGE_URL_JS, SCROLL_TO_OUTPUTS, STOP_BUSY_JS, STOP_IDLE_JS, launch_style
 from app.serving import gradio_internals as gi
 from app.serving.fair_queue import FairQueue, ServingLimits
 from app.serving.gpu import gpu_handler
@@ -126,6 +126,7 @@ def build_demo(get_generator: Callable[[], TextGenerator], limits: Limits | None
     fair = FairQueue((serving or ServingLimits()).sized(queue_size, max_queued_per_session),
                      playground.admission_problem).install(demo)
     playground.client_gone = fair.client_gone_check
+    playground.queue_refusal = fair.refusal_for
     playground.address_of = fair.address_of
     return demo
 
@@ -141,7 +142,7 @@ def _playground_tab(generator: TextGenerator, limits: Limits, lands_on_task: boo
     gr.Markdown(GUIDE, elem_id="guide")
     with gr.Row():
         with gr.Column(scale=2, min_width=320):
-            _prompt_column(generator, ranges, ui, LANDING_LESSON if lands_on_task else LESSONS[0].title)
+            _prompt_column(generator, limits, ranges, ui, LANDING_LESSON if lands_on_task else LESSONS[0].title)
         with gr.Column(scale=3):
             _answers_column(ui, LANDING_LINE if lands_on_task else CHAT_LANDING_LINE)
     with gr.Row():
@@ -152,12 +153,14 @@ def _playground_tab(generator: TextGenerator, limits: Limits, lands_on_task: boo
     return ui
 
 
-def _prompt_column(generator: TextGenerator, ranges: dict, ui: dict, lesson: str) -> None:
+def _prompt_column(generator: TextGenerator, limits: Limits, ranges: dict, ui: dict, lesson: str) -> None:
     """Task, prompt, the run buttons, the speedup and its presets, the task's form, lessons and the lens."""
     c = ui["c"]
     # built by hand: its choices carry labels (the value is the API's task name)
     c["task"] = gr.Radio(task_choices(), value="chat", label="Task", elem_id="setting-task")
-    c["prompt"] = control("prompt", value=EXAMPLE_PROMPTS[0], lines=2, max_lines=12)
+    # The box holds a few times the prompt's limit: a longer paste is cut there, and Generate names its length.
+    c["prompt"] = control("prompt", value=EXAMPLE_PROMPTS[0], lines=2, max_lines=12,
+                          max_length=limits.max_page_text_chars)
     ui["mr_problem"] = gr.Markdown(visible=False, elem_id="mr-problem", latex_delimiters=[])  # a task's input, checked as typed
     with gr.Row():
         ui["run"] = gr.Button("Generate", variant="primary", size="md", elem_id="generate-btn", min_width=80)
@@ -187,8 +190,11 @@ def _lessons(ui: dict, shown: Lesson) -> None:
             ui["lesson_run"] = gr.Button("Run this lesson", variant="primary", size="md", elem_id="lesson-run",
                                          scale=1, min_width=130)
         ui["lesson_text"] = gr.Markdown(shown.markdown(), elem_id="lesson-text")
-        ui["lesson_then"] = gr.Button(shown.then_label or "Then", size="sm", elem_id="lesson-then",
-                                      visible=bool(shown.then_label))
+        with gr.Row():
+            ui["lesson_then"] = gr.Button(shown.then_label or "Then", size="sm", elem_id="lesson-then",
+                                          visible=bool(shown.then_label))
+            # One link (and a QR code under the share button) that opens this lesson and runs it on every page
+            ui["lesson_link"] = gr.Button("Link and QR code that run this lesson", size="sm", elem_id="lesson-link")
 
 
 def _answers_column(ui: dict, landing_line: str) -> None:
@@ -269,18 +275,19 @@ def _wire(demo: gr.Blocks, playground: Playground, ui: dict, defaults: dict, con
     settings = set(ui["c"].values())
     stream = [ui[name] for name in ("status", "skip_out", "full_out", "headline", "details", "heatmap", "heatmap_note")]
     lane = dict(concurrency_id="model", concurrency_limit=concurrency_limit)
-    note = _wire_runs(demo, playground, ui, defaults, settings, stream, lane)
+    loaded = _wire_sharing(demo, playground, ui)
+    note = _wire_runs(demo, playground, ui, defaults, settings, stream, lane, loaded)
     _wire_restarts(playground, ui, settings, stream, lane)
     _wire_steps_and_previews(demo, playground, ui, settings, stream, lane)
-    _wire_sharing(demo, playground, ui)
     gr.on([gr.Timer(4).tick, demo.load], **(note | dict(api_name="ui_load_note")), **PRIVATE)
     demo.unload(playground.leave)
     gr.api(gpu_handler(api_function(playground, defaults)), api_name="generate", **lane)
 
 
 def _wire_runs(demo: gr.Blocks, playground: Playground, ui: dict, defaults: dict, settings: set, stream: list,
-               lane: dict) -> dict:
-    """Generate, the lessons' runs and the task's events; returns the load note's event (the timer reuses it)."""
+               lane: dict, loaded) -> dict:
+    """Generate, the lessons' runs (a click, or a lesson's link that starts it once the page has
+    ``loaded`` the link's settings) and the task's events; returns the load note's event (the timer reuses it)."""
     c = ui["c"]
     generate = gpu_handler(with_settings(playground.generate, c))
     for button in (ui["run"], ui["lesson_run"], ui["lesson_then"]):
@@ -293,22 +300,48 @@ def _wire_runs(demo: gr.Blocks, playground: Playground, ui: dict, defaults: dict
                    outputs=[ui["schedule_plot"], ui["schedule_note"]], queue=False, api_name=False)
     header = dict(fn=lambda task: header_for(playground, task), inputs=[c["task"]], outputs=[ui["header"]],
                   queue=False, api_name=False)  # a task's model may have loaded for the run: its own facts
-    ui["run"].click(playground.arm, None, None, queue=False, api_name=False).then(
-        generate, settings, stream, api_name="ui_generate", **PRIVATE, **lane).then(**note).then(**preview).then(
-        **header)
+    checks = _click_checks(playground, ui, settings)
+    checked = ui["run"].click(playground.arm, None, None, queue=False, api_name=False).then(**checks["refusal"])
+    _gated(checked, checks).success(generate, settings, stream, api_name="ui_generate", **PRIVATE, **lane).then(
+        **note).then(**preview).then(**header)
     # A lesson sets every control it names, then generates with them (its second run: "then").
     lesson_controls = [c[name] for name in lesson_names()]
     for i, then in enumerate((False, True)):
-        ui["lesson_then" if then else "lesson_run"].click(playground.arm, None, None, queue=False, api_name=False).then(
+        checked = ui["lesson_then" if then else "lesson_run"].click(
+            playground.arm, None, None, queue=False, api_name=False).then(
             lambda title, then=then: lesson_settings(title, defaults, then), [ui["lesson"]], lesson_controls,
-            queue=False, api_name=False).then(generate, settings, stream, api_name=f"ui_lesson_{i}", **PRIVATE,
-                                              **lane).then(**note).then(**preview).then(**header)  # fresh at the end
+            queue=False, api_name=False).then(**checks["refusal"])
+        _gated(checked, checks).success(generate, settings, stream, api_name=f"ui_lesson_{i}", **PRIVATE,
+                                        **lane).then(**note).then(**preview).then(**header)  # fresh at the end
+    start = gr.State(False)  # a lesson's link asks to start it (?lesson=N&run=1)
+    linked = loaded.then(playground.lesson_from_link, None, [ui["lesson"], start], queue=False, api_name=False).then(
+        playground.proceed, [start], None, queue=False, api_name=False, show_progress="hidden").success(
+        playground.arm, None, None, js=STOP_BUSY_JS, queue=False, api_name=False).then(**checks["refusal"])
+    _gated(linked, checks).success(generate, settings, stream, api_name="ui_lesson_link", **PRIVATE, **lane).then(
+        **note).then(**preview).then(**header)
     task_events(demo, playground, ui, [c[name] for name in TASK_FIXED], settings, lane)
     c["task"].change(lambda task: [gr.update(visible=is_task(task))] * len(TASK_PRESETS), [c["task"]],
                      [ui["presets"][value] for value in TASK_PRESETS], queue=False, api_name=False)
     ui["lesson"].change(lesson_text, [ui["lesson"]], [ui["lesson_text"], ui["lesson_then"]], queue=False,
                         api_name=False)
     return note
+
+
+def _click_checks(playground: Playground, ui: dict, settings: set) -> dict:
+    """The two events before a click's job is pushed, both outside the queue: the checks (a refusal's
+    reason on the status line, at once) and the gate that ends a refused click's chain there."""
+    allowed = gr.State(False)
+    quick = dict(queue=False, api_name=False, show_progress="hidden")
+    return {"refusal": dict(fn=with_settings(playground.refusal, ui["c"]), inputs=settings,
+                            outputs=[ui["status"], allowed], **quick),
+            "gate": dict(fn=playground.proceed, inputs=[allowed], outputs=None, **quick)}
+
+
+def _gated(checked, checks: dict):
+    """The gate after a click's checks (``_click_checks``); a refused click turns Stop idle there."""
+    gate = checked.then(**checks["gate"])
+    gate.failure(None, None, None, js=STOP_IDLE_JS, queue=False, api_name=False)
+    return gate
 
 
 def _wire_restarts(playground: Playground, ui: dict, settings: set, stream: list, lane: dict) -> None:
@@ -335,8 +368,12 @@ def _wire_steps_and_previews(demo: gr.Blocks, playground: Playground, ui: dict, 
     # Stop ends the run through its handle: the stream finishes at its next step and says
     # "Stopped". (gradio's cancels= would kill the task mid-yield and paint an "Error" badge.)
     ui["stop"].click(playground.stop, None, [ui["status"]], queue=False, api_name="ui_stop", **PRIVATE)
-    ui["step"].click(gpu_handler(with_settings(playground.step, c)), settings, [*stream, ui["schedule_plot"]],
-                     api_name="ui_step", **PRIVATE, **lane)
+    checks = _click_checks(playground, ui, settings)
+    step_checks = checks["refusal"] | dict(fn=with_settings(playground.step_refusal, c))
+    # A click while a step computes is kept (the last one) and runs after it, never dropped unseen.
+    _gated(ui["step"].click(**step_checks, trigger_mode="always_last"), checks).success(
+        gpu_handler(with_settings(playground.step, c)), settings, [*stream, ui["schedule_plot"]], api_name="ui_step",
+        trigger_mode="always_last", **PRIVATE, **lane)
     ui["reset"].click(playground.reset_steps, None, stream, queue=False, api_name="ui_reset_steps", **PRIVATE)
     previews = [c[name].change for name in ("task", "target_speedup", "decay", "warmup", "decay_length", "min_layers",
                                             "max_layers", "order", "max_new_tokens")]
@@ -348,13 +385,17 @@ def _wire_steps_and_previews(demo: gr.Blocks, playground: Playground, ui: dict, 
                  **PRIVATE, **lane)
 
 
-def _wire_sharing(demo: gr.Blocks, playground: Playground, ui: dict) -> None:
-    """The share link (copied, with its QR code) and the settings a link carries, set on page load."""
+def _wire_sharing(demo: gr.Blocks, playground: Playground, ui: dict):
+    """The share links (the settings', a lesson's; copied, with its QR code) and the settings a link
+    carries, set on page load (the returned event)."""
     c = ui["c"]
     shared = list(PlaygroundSettings.api_names())
     ui["share_btn"].click(lambda page, *values: playground.share(page, dict(zip(shared, values))),
                           [ui["page_url"], *(c[name] for name in shared)], [ui["share_link"], ui["qr"]],
                           js=PAGE_URL_JS, queue=False, api_name="ui_share", **PRIVATE).then(
         None, [ui["share_link"]], [ui["share_note"]], js=COPY_JS, api_name=False)
-    demo.load(playground.from_link, None, [*(c[name] for name in shared), ui["status"]], queue=False,
-              api_name="ui_from_link", **PRIVATE)
+    ui["lesson_link"].click(playground.lesson_share, [ui["page_url"], ui["lesson"]], [ui["share_link"], ui["qr"]],
+                            js=PAGE_URL_JS, queue=False, api_name="ui_lesson_share", **PRIVATE).then(
+        None, [ui["share_link"]], [ui["share_note"]], js=COPY_JS, api_name=False)
+    return demo.load(playground.from_link, None, [*(c[name] for name in shared), ui["status"]], queue=False,
+                     api_name="ui_from_link", **PRIVATE)

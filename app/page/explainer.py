@@ -6,7 +6,14 @@ import random
 
 import plotly.graph_objects as go
 
-from app.page.figures import CELL_COLOURS, batch_exit_figure, heatmap_legend_html, layer_heatmap, waiting_layer_steps
+from app.page.figures import (
+    CELL_COLOURS,
+    batch_exit_figure,
+    below_modebar,
+    heatmap_legend_html,
+    layer_heatmap,
+    waiting_layer_steps,
+)
 from model.skipdecode.schedule import ScheduleConfig
 
 INTRO = """
@@ -102,19 +109,22 @@ def kv_prefix_figure(num_layers: int = 12, prompt: int = 5, steps: int = 14) -> 
                            [f"g{k}" for k in range(steps + 1)], [schedule.step_layers(k) for k in range(steps)],
                            title="Each layer's KV cache is a prefix")
     figure.update_layout(height=320)
-    return figure
+    return below_modebar(figure)
 
 
 def batch_view_figure(row_tokens: list[list[str]], depths: list[int], num_layers: int) -> go.Figure:
-    """Rows x generated tokens; colour = layers run (the same down every column)."""
+    """Rows x generated tokens; colour = layers run (the same down every column). The colour scale
+    lies under the plot, so the tokens get the whole width (beside them it took a fifth of a phone's)."""
     width = max((len(r) for r in row_tokens), default=0)
     z = [[depths[k] if k < len(row) else None for k in range(width)] for row in row_tokens]
     text = [[row[k] if k < len(row) else "" for k in range(width)] for row in row_tokens]
+    scale = dict(title=dict(text="layers run", side="right"), orientation="h", x=1, xanchor="right", y=-0.22,
+                 yanchor="top", len=0.5, thickness=10)
     figure = go.Figure(go.Heatmap(z=z, text=text, texttemplate="%{text}", textfont=dict(size=15), zmin=0,
                                   zmax=num_layers, colorscale=[[0, "#eceff4"], [1, CELL_COLOURS[3]]],
-                                  colorbar=dict(title="layers"), xgap=2, ygap=2,
+                                  colorbar=scale, xgap=2, ygap=2,
                                   hovertemplate="row %{y}, token %{x}: %{z} layers<extra></extra>"))
-    figure.update_layout(title=dict(text="One exit per position for the whole batch", x=0.01), height=360,
+    figure.update_layout(title=dict(text="One exit per position for the whole batch", x=0.01), height=380,
                          xaxis_title="generated token", yaxis=dict(title="batch row", autorange="reversed"),
-                         margin=dict(l=50, r=10, t=40, b=40))
-    return figure
+                         margin=dict(l=50, r=10, b=95))
+    return below_modebar(figure)

@@ -1,7 +1,8 @@
 """Facts on the page: each pane's E2E facts (model/tasks/e2e_facts.py) in the line under the panes,
-wrong and made-up ones first, and marked in the finished panes' text (the words that state each,
-with a hover line); in chat, whether each pane states a known answer (a lesson's or an example's).
-Formatting only: the checks are the library's.
+wrong and made-up ones first, and marked in the finished panes' text (the whole words that state
+each, one mark however many tokens spell them, with a hover line, and a legend for the marks); in
+chat, whether each pane states a known answer (a lesson's or an example's); in any pane, a sentence it
+repeats. Formatting only: the facts' checks are the library's.
 """
 
 from __future__ import annotations
@@ -11,12 +12,23 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
+from app.page.token_html import Mark
 from model.tasks.e2e_facts import Fact, check_facts, worst_first
 
 PANES = ("SkipDecode", "full model")
 # Classes the page's CSS (app/page/style.py) draws: a wrong fact boxed in red, a made-up one underlined in
 # brown, a stated one underlined in blue; the text stays #111 on its background (contrast kept).
 MARK_CLASS = {"wrong": "fact-wrong", "made up": "fact-made-up", "stated": "fact-stated"}
+
+# What the marks mean, beside the panes (the headline draws it once a run's marks are drawn), worst
+# first as the facts line lists them: each sample is drawn with the mark it names, and says its colour
+# in words for a reader who cannot tell the colours apart.
+FACT_LEGEND = (
+    '<div class="legend fact-legend">Marks in the text: '
+    '<span><span class="fact fact-wrong">red box</span> a WRONG fact (the MR says otherwise)</span>'
+    '<span><span class="fact fact-made-up">dashed brown</span> a made-up fact (the MR gives none)</span>'
+    '<span><span class="fact fact-stated">blue underline</span> a fact of the MR, stated</span>'
+    '<span>hover a mark for the MR\'s value</span></div>')
 
 
 @dataclass(frozen=True)
@@ -84,39 +96,81 @@ def fact_title(fact: Fact) -> str:
     return f"{fact.attribute} stated ({fact.value})"
 
 
-def _marked_facts(facts: Sequence[Fact]) -> list[Fact]:
-    """Facts with a span, worst first, so a span that states two keeps the worse mark."""
-    return [fact for fact in worst_first(facts) if fact.span is not None and fact.state in MARK_CLASS]
+def whole_word_span(text: str, span: tuple[int, int]) -> tuple[int, int]:
+    """``span`` widened to the whole words it touches and trimmed of space at its ends: a cue that
+    matches the start of a word ("cheap" in "cheaply") marks the word, never a part of it."""
+    start, end = span
+    while start < end and text[start].isspace():  # trimmed first: a space is no part of the word beside it
+        start += 1
+    while end > start and text[end - 1].isspace():
+        end -= 1
+    while start > 0 and text[start - 1].isalnum():
+        start -= 1
+    while end < len(text) and text[end].isalnum():
+        end += 1
+    return start, end
 
 
-def token_marks(pieces: Sequence[str], facts: Sequence[Fact]) -> list[tuple[str, str] | None]:
-    """Per token of a pane (its text is "".join(pieces)): (class, hover line) of the worst fact whose
-    span it overlaps, or None."""
-    marked = _marked_facts(facts)
-    marks: list[tuple[str, str] | None] = []
+def marked_spans(text: str, facts: Sequence[Fact]) -> list[tuple[int, int, Fact]]:
+    """(start, end, fact) of each fact with a span in ``text``, as whole words, worst first; a span
+    that overlaps a worse one's is left out, so a word carries one mark, the worse."""
+    spans: list[tuple[int, int, Fact]] = []
+    for fact in worst_first(facts):
+        if fact.span is None or fact.state not in MARK_CLASS:
+            continue
+        start, end = whole_word_span(text, fact.span)
+        if start < end and all(end <= s or e <= start for s, e, _ in spans):
+            spans.append((start, end, fact))
+    return spans
+
+
+def fact_mark(fact: Fact) -> Mark:
+    return f"fact {MARK_CLASS[fact.state]}", fact_title(fact)
+
+
+def token_marks(pieces: Sequence[str], facts: Sequence[Fact]) -> list[Mark | None]:
+    """Per token of a pane (its text is "".join(pieces)): the mark of the fact whose words it
+    overlaps, or None. The tokens of one fact share one mark, so the page draws them as one box
+    (token_html.tokens_by_depth_html): "rivers|ide" is one wrong word, not two."""
+    spans = marked_spans("".join(pieces), facts)
+    marks: list[Mark | None] = []
     start = 0
     for piece in pieces:
         end = start + len(piece)
-        fact = next((f for f in marked if f.span and f.span[0] < end and start < f.span[1]), None)
-        marks.append(None if fact is None or not piece.strip() else (f"fact {MARK_CLASS[fact.state]}",
-                                                                    fact_title(fact)))
+        fact = next((f for s, e, f in spans if s < end and start < e), None)
+        marks.append(None if fact is None else fact_mark(fact))
         start = end
     return marks
 
 
-def marked_text(text: str, facts: Sequence[Fact]) -> list[tuple[str, tuple[str, str] | None]]:
-    """``text`` cut into (piece, mark) at the facts' spans (a span overlapping a worse one is left out)."""
-    spans: list[tuple[int, int, Fact]] = []
-    for fact in _marked_facts(facts):
-        start, end = fact.span or (0, 0)
-        if all(end <= s or e <= start for s, e, _ in spans):
-            spans.append((start, end, fact))
-    pieces: list[tuple[str, tuple[str, str] | None]] = []
+def marked_text(text: str, facts: Sequence[Fact]) -> list[tuple[str, Mark | None]]:
+    """``text`` cut into (piece, mark) at the facts' whole words (a span overlapping a worse one is left out)."""
+    pieces: list[tuple[str, Mark | None]] = []
     position = 0
-    for start, end, fact in sorted(spans, key=lambda span: span[0]):
-        pieces += [(text[position:start], None), (text[start:end], (f"fact {MARK_CLASS[fact.state]}", fact_title(fact)))]
+    for start, end, fact in sorted(marked_spans(text, facts), key=lambda span: span[0]):
+        pieces += [(text[position:start], None), (text[start:end], fact_mark(fact))]
         position = end
     return [piece for piece in pieces + [(text[position:], None)] if piece[0]]
+
+
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+MIN_REPEATED_WORDS = 3  # "Yes. Yes." is not the loop a decayed schedule falls into; "It is not kid friendly." twice is
+
+
+def repeated_sentence(text: str) -> str | None:
+    """The first sentence of ``text`` that it says again, word for word (case and spacing aside), or
+    None: a skipping model at its schedule's floor often loops on one ("It is not kid friendly. It is
+    not kid friendly."). Sentences of fewer than MIN_REPEATED_WORDS words are not counted."""
+    seen: set[str] = set()
+    for sentence in SENTENCE_END.split(text.strip()):
+        words = sentence.strip().rstrip(".!?").lower().split()
+        if len(words) < MIN_REPEATED_WORDS:
+            continue
+        key = " ".join(words)
+        if key in seen:
+            return " ".join(sentence.split())
+        seen.add(key)
+    return None
 
 
 def known_answer(prompt: str) -> KnownAnswer | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Sequence
 
@@ -20,6 +21,15 @@ CELL_COLOURS = ("#eceff4", "#7aa6d8", "#f0a35e", "#3f9c6d")
 MAX_AXIS_LABELS = 48  # token text on the x axis only when it stays readable
 SAME, OTHER = "#2058b5", "#d64545"  # the strip: blue and red, apart from the cells' greens and for colour-blind eyes
 STRIP_Y = -2.8  # the match strip's row, under layer 0 (far enough for its "match" label to clear "0")
+# A prompt wider than FOLD_ABOVE of the heatmap is folded into one band of BAND_SHARE of its width:
+# every prompt position runs the same layers, and the generated positions are the point of the picture.
+FOLD_ABOVE, BAND_SHARE = 0.25, 0.18
+PHONE_TICKS = 5  # numbered x ticks a phone gets beside the folded prompt's (its width holds about that many)
+# Plotly's toolbar (modebar): 2 px from the top, 22 px buttons and their padding; gr.Plot shows it, and
+# a title or subplot title in that band was drawn under it on a phone (issue 70).
+MODEBAR_PX = 32
+TITLE_LINE_PX = 20  # one line of a 14 px title
+Column = tuple[str, str, list[int] | None]  # a heatmap column: kind, token, the layers that ran on it
 
 
 def _discrete_colorscale(colours: Sequence[str]) -> list[list]:
@@ -60,40 +70,183 @@ def heatmap_figure(
     readings of the position that produced t (hover). ``judged``: per generated token, the
     full model's verdict, drawn as a strip under layer 0, each square under the token it judges.
 
+    A long prompt is folded (``prompt_fold``): all its tokens but the last are one band (the second
+    trace) left of the columns; the cells trace (the first) holds the other columns, still at
+    their positions, and the x axis names the band and the positions itself.
+
     A plain JSON figure (``{"data": [...], "layout": {...}}``, plotly's own keys, no template),
     built without plotly's validation: the page streams it while a run goes on, redrawn up to
     4 times a second over thousands of positions (app/page/live_plot.py sends the changes only).
     """
-    columns = [("prompt", token, list(prefill_layers)) for token in prompt_tokens]
+    columns: list[Column] = [("prompt", token, list(prefill_layers)) for token in prompt_tokens]
     columns += [("generated", token, list(step_layers[k]) if k < len(step_layers) else None)
                 for k, token in enumerate(generated_tokens)]
-    first = hidden_prompt  # position of the first column
+    fold = prompt_fold(hidden_prompt, len(prompt_tokens), len(generated_tokens))
+    folded = fold.count if fold else 0  # columns[:folded] are the band's; the cells start after them
+    first = hidden_prompt + folded  # position of the first column drawn as a column
     readings = _by_column([{r.layer: r for r in entry} for entry in lens] if lens else None,
-                          len(prompt_tokens), len(columns))
-    kl_by_column = _by_column(lens_kl, len(prompt_tokens), len(columns))
-    z = [[None] * len(columns) for _ in range(num_layers)]
+                          len(prompt_tokens), len(columns))[folded:]
+    kl_by_column = _by_column(lens_kl, len(prompt_tokens), len(columns))[folded:]
+    drawn = columns[folded:]
+    xs = list(range(first, first + len(drawn)))
+    data: list[dict] = [_cells(drawn, first, num_layers, warmup, readings, kl_by_column)]
+    if fold:  # second, before the traces a run adds later (the strip at its end): the live plot patches by index
+        data.append(_prompt_band(fold, prompt_tokens[:folded], list(prefill_layers), num_layers))
+    shapes: list[dict] = []
+    if lens_kl:  # executed cells of the positions that produced tokens, coloured by KL; hover stays below
+        kl_z = [[kl_by_column[x].get(layer) for x in range(len(drawn))] for layer in range(num_layers)]
+        data.append(dict(type="heatmap", x=xs, z=kl_z, colorscale=_magma(), reversescale=True, zmin=0,
+                         hoverinfo="skip", xgap=1, ygap=1, colorbar=dict(title=dict(text="lens KL"))))
+    first_generated = hidden_prompt + len(prompt_tokens)
+    if judged:
+        data.append(_match_strip(judged, first_generated, generated_tokens, shapes))
+    axes = HeatmapAxes(first, [token for _, token, _ in drawn], first_generated, hidden_prompt, num_layers,
+                       len(prefill_layers), fold)
+    layout = axes.layout(bool(judged), title, shapes)
+    if highlight_last and len(step_layers):  # step mode: the column the last step ran
+        last = first_generated + len(step_layers) - 1
+        shapes.append(dict(type="rect", x0=last - 0.5, x1=last + 0.5, y0=-0.5, y1=num_layers - 0.5,
+                           line=dict(color="#d64545", width=2)))
+    return {"data": data, "layout": layout}
+
+
+def _cells(columns: list[Column], first: int, num_layers: int, warmup: int, readings: list[dict],
+           kl_by_column: list[dict]) -> dict:
+    """The heatmap trace of ``columns`` from position ``first``: a cell kind and a hover a layer."""
+    z: list[list[int | None]] = [[None] * len(columns) for _ in range(num_layers)]
     hover = [[""] * len(columns) for _ in range(num_layers)]
     for x, (kind, token, layers) in enumerate(columns):
         for layer in range(num_layers):
             z[layer][x], hover[layer][x] = _cell(kind, token, layers, layer, warmup, num_layers, first + x,
                                                  readings[x].get(layer), kl_by_column[x].get(layer))
-    xs = list(range(first, first + len(columns)))
-    data: list[dict] = [dict(type="heatmap", x=xs, z=z, text=hover, hoverinfo="text", zmin=-0.5,
-                             zmax=len(CELL_KINDS) - 0.5, colorscale=_discrete_colorscale(CELL_COLOURS), xgap=1,
-                             ygap=1, showscale=False)]
-    shapes: list[dict] = []
-    if lens_kl:  # executed cells of the positions that produced tokens, coloured by KL; hover stays below
-        kl_z = [[kl_by_column[x].get(layer) for x in range(len(columns))] for layer in range(num_layers)]
-        data.append(dict(type="heatmap", x=xs, z=kl_z, colorscale=_magma(), reversescale=True, zmin=0,
-                         hoverinfo="skip", xgap=1, ygap=1, colorbar=dict(title=dict(text="lens KL"))))
-    if judged:
-        data.append(_match_strip(judged, first + len(prompt_tokens), generated_tokens, shapes))
-    layout = _heatmap_axes(columns, first, len(prompt_tokens), hidden_prompt, num_layers, bool(judged), title, shapes)
-    if highlight_last and len(step_layers):  # step mode: the column the last step ran
-        last = first + len(prompt_tokens) + len(step_layers) - 1
-        shapes.append(dict(type="rect", x0=last - 0.5, x1=last + 0.5, y0=-0.5, y1=num_layers - 0.5,
-                           line=dict(color="#d64545", width=2)))
-    return {"data": data, "layout": layout}
+    return dict(type="heatmap", x=list(range(first, first + len(columns))), z=z, text=hover, hoverinfo="text",
+                **_cell_style())
+
+
+def _cell_style() -> dict:
+    """The cell kinds' colours (a fresh dict a figure: the live plot diffs one figure against the next)."""
+    return dict(zmin=-0.5, zmax=len(CELL_KINDS) - 0.5, colorscale=_discrete_colorscale(CELL_COLOURS), xgap=1, ygap=1,
+                showscale=False)
+
+
+@dataclass(frozen=True)
+class PromptFold:
+    """The heatmap's folded prompt: ``count`` prompt positions from ``first`` drawn as one band
+    ``width`` columns wide, ending where the next position's column begins."""
+
+    first: int
+    count: int
+    width: float
+
+    @property
+    def right(self) -> float:
+        return self.first + self.count - 0.5
+
+    @property
+    def left(self) -> float:
+        return self.right - self.width
+
+    @property
+    def centre(self) -> float:
+        return self.right - self.width / 2
+
+
+def prompt_fold(first: int, prompt_columns: int, generated_columns: int) -> PromptFold | None:
+    """How a prompt that would take more than FOLD_ABOVE of the heatmap's width folds: all its
+    positions but the last (which produced the first generated token: its lens and KL are drawn)
+    in one band of BAND_SHARE of the width, at least one column, and never wider than unfolded.
+    None when the prompt is narrow enough, or folding would not narrow it."""
+    kept = 1 + generated_columns  # the prompt's last column and the generated ones
+    if prompt_columns < 2 or prompt_columns <= FOLD_ABOVE * (prompt_columns + generated_columns):
+        return None
+    width = max(1.0, round(kept * BAND_SHARE / (1 - BAND_SHARE), 2))
+    return PromptFold(first, prompt_columns - 1, width) if prompt_columns - 1 > width else None
+
+
+def _prompt_band(fold: PromptFold, tokens: Sequence[str], prefill_layers: list[int], num_layers: int) -> dict:
+    """The folded prompt as one heatmap column between the band's edges (x holds the 2 edges):
+    every prompt position ran ``prefill_layers``, so one column tells all of them."""
+    last = fold.first + fold.count - 1
+    text = "".join(tokens)
+    quoted = html.escape(repr(text if len(text) <= 60 else text[:59] + "…"), quote=False)
+    where = f"positions {fold.first}-{last}: {fold.count} prompt tokens, folded into one band<br>{quoted}"
+    z = [[1 if layer in prefill_layers else 0] for layer in range(num_layers)]
+    hover = [[f"{where}<br>layer {layer}: " + ("ran at each" if layer in prefill_layers else "BYPASSED at each")
+              + f"<br>{len(prefill_layers)}/{num_layers} layers ran at every prompt position"]
+             for layer in range(num_layers)]
+    return dict(type="heatmap", x=[fold.left, fold.right], z=z, text=hover, hoverinfo="text", name="prompt (folded)",
+                **_cell_style())
+
+
+@dataclass(frozen=True)
+class HeatmapAxes:
+    """What the heatmap's axes name: the columns drawn (from position ``first``, their tokens), where
+    the generated ones begin, the template tokens hidden, the layers, and the folded prompt if any."""
+
+    first: int
+    labels: list[str]
+    first_generated: int
+    hidden_prompt: int
+    num_layers: int
+    prefill_count: int
+    fold: PromptFold | None
+
+    def layout(self, strip: bool, title: str, shapes: list[dict]) -> dict:
+        """Both axes, the prompt | generated line (added to ``shapes``), margins."""
+        if self.first < self.first_generated < self.first + len(self.labels):  # prompt and generated columns drawn
+            shapes.append(_vline(self.first_generated - 0.5, dict(color="#333", width=2, dash="dot")))
+        step = max(1, self.num_layers // 10)
+        ticks = list(range(0, self.num_layers, step))
+        yaxis = dict(title=dict(text="layer"), range=[(STRIP_Y - 0.9) if strip else -0.5, self.num_layers - 0.5],
+                     tickmode="array", tickvals=([STRIP_Y] if strip else []) + ticks,
+                     ticktext=(["match"] if strip else []) + [str(t) for t in ticks])
+        layout = dict(xaxis=self.xaxis(), yaxis=yaxis, shapes=shapes,
+                      margin=dict(l=55, r=10, t=30 if title else 10, b=60), height=300, uirevision="heatmap")
+        if self.fold:  # for the page's phone view (app/page/live_plot.py): auto numbers would run through the band
+            layout["meta"] = dict(phone_xaxis=dict(tickmode="array", **self.number_ticks(PHONE_TICKS, "prompt"),
+                                                   title=dict(text="position (prompt folded | generated)")))
+        if title:
+            layout["title"] = dict(text=title, x=0.01)
+        return layout
+
+    def xaxis(self) -> dict:
+        """Token texts under the columns while they stay readable, else position numbers; the folded
+        prompt's band named under it, and in the title with the layers its positions ran."""
+        last = self.first + len(self.labels) - 1
+        xaxis: dict = dict(title=dict(text=self.title()), range=[self.fold.left if self.fold else self.first - 0.5,
+                                                                 last + 0.5])
+        if 0 < len(self.labels) <= MAX_AXIS_LABELS:
+            band = self.band_tick()
+            xaxis.update(tickmode="array", tickvals=band[0] + list(range(self.first, last + 1)),
+                         ticktext=band[1] + [_short(t) for t in self.labels], tickangle=-60)
+        elif self.fold:
+            xaxis.update(tickmode="array", **self.number_ticks(10))
+        return xaxis
+
+    def title(self) -> str:
+        hidden = f"{self.hidden_prompt} chat-template tokens hidden | " if self.hidden_prompt else ""
+        if not self.fold:
+            return f"position ({hidden}prompt | generated)"
+        layers = f"all {self.num_layers}" if self.prefill_count == self.num_layers else \
+            f"{self.prefill_count} of {self.num_layers}"
+        return f"position ({hidden}prompt: {self.fold.count} tokens folded, {layers} layers each | generated)"
+
+    def band_tick(self, text: str = "") -> tuple[list[float], list[str]]:
+        return ([self.fold.centre], [text or f"prompt ({self.fold.count})"]) if self.fold else ([], [])
+
+    def number_ticks(self, most: int, band_text: str = "") -> dict:
+        """The band's tick and at most ``most`` round position numbers over the columns drawn."""
+        band_values, band_texts = self.band_tick(band_text)
+        numbers = round_ticks(self.first, self.first + len(self.labels) - 1, most)
+        return dict(tickvals=band_values + numbers, ticktext=band_texts + [str(n) for n in numbers])
+
+
+def round_ticks(start: int, end: int, most: int) -> list[int]:
+    """At most ``most`` round numbers in [start, end]: the multiples of the smallest step of 1, 2
+    or 5 times a power of ten that keeps them that few."""
+    steps = (unit * 10 ** power for power in range(12) for unit in (1, 2, 5))
+    step = next(step for step in steps if (end // step) - ((start - 1) // step) <= most)
+    return list(range(-(-start // step) * step, end + 1, step))
 
 
 def _vline(x: float, line: dict) -> dict:
@@ -127,30 +280,6 @@ def _cell(kind: str, token: str, layers: list[int] | None, layer: int, warmup: i
         text += f"<br>lens: next token (position {position + 1}) if the model stopped here:<br>" + "<br>".join(
             f"  {html.escape(repr(t), quote=False)} {p:.0%}" for t, p in zip(reading.tokens, reading.probs))
     return z, text
-
-
-def _heatmap_axes(columns: list, first: int, prompt_columns: int, hidden_prompt: int, num_layers: int, strip: bool,
-                  title: str, shapes: list[dict]) -> dict:
-    """The heatmap's layout: both axes, the prompt | generated line (added to ``shapes``), margins."""
-    labels = [token for _, token, _ in columns]
-    xaxis: dict = dict(title=dict(text="position (prompt | generated)"), range=[first - 0.5, first + len(columns) - 0.5])
-    if hidden_prompt:
-        xaxis["title"] = dict(text=f"position ({hidden_prompt} chat-template tokens hidden | prompt | generated)")
-    if 0 < len(labels) <= MAX_AXIS_LABELS:
-        xaxis.update(tickmode="array", tickvals=list(range(first, first + len(labels))),
-                     ticktext=[_short(t) for t in labels], tickangle=-60)
-    if prompt_columns and len(columns) > prompt_columns:
-        shapes.append(_vline(first + prompt_columns - 0.5, dict(color="#333", width=2, dash="dot")))
-    step = max(1, num_layers // 10)
-    ticks = list(range(0, num_layers, step))
-    yaxis = dict(title=dict(text="layer"), range=[(STRIP_Y - 0.9) if strip else -0.5, num_layers - 0.5],
-                 tickmode="array", tickvals=([STRIP_Y] if strip else []) + ticks,
-                 ticktext=(["match"] if strip else []) + [str(t) for t in ticks])
-    layout = dict(xaxis=xaxis, yaxis=yaxis, shapes=shapes, margin=dict(l=55, r=10, t=30 if title else 10, b=60),
-                  height=300, uirevision="heatmap")
-    if title:
-        layout["title"] = dict(text=title, x=0.01)
-    return layout
 
 
 def _by_column(per_token: Sequence[dict] | None, prompt_columns: int, columns: int) -> list[dict]:
@@ -232,13 +361,24 @@ def schedule_figure(solved: SolvedSchedule, show_steps: int | None = None, curre
                                     marker=dict(color="#d64545", size=11)))
     figure.update_layout(
         title=dict(text=f"Schedule ({config.decay}): {solved.layer_speedup:.2f}x layers, "
-                        f"{solved.cost_speedup:.2f}x cost model",
-                   x=0.01, y=0.98, yanchor="top", font=dict(size=14)),
+                        f"{solved.cost_speedup:.2f}x cost model", x=0.01, font=dict(size=14)),
         # No x-axis title (the plot's label names the axis): on a phone it sat under the legend.
         xaxis=dict(range=[-0.5, steps - 0.5]), yaxis=dict(title="layers n_k", range=[0, config.num_layers + 1]),
-        margin=dict(l=50, r=90, t=50, b=60), height=300,
+        margin=dict(l=50, r=90, b=60), height=320,
         legend=dict(orientation="h", yanchor="top", y=-0.12, x=0),
     )
+    return below_modebar(figure, above_plot_px=16)  # the "D = ..." label over the plot
+
+
+def below_modebar(figure: go.Figure, above_plot_px: int = 0) -> go.Figure:
+    """``figure`` (shown in a gr.Plot, which draws plotly's toolbar over its top MODEBAR_PX) with its
+    title under the toolbar and a top margin that holds the toolbar, the title's lines and
+    ``above_plot_px`` of labels over the plot (subplot titles, the schedule's D)."""
+    title = figure.layout.title.text or ""
+    lines = title.count("<br>") + 1 if title else 0
+    if title:
+        figure.update_layout(title=dict(yref="container", y=1, yanchor="top", pad=dict(t=MODEBAR_PX)))
+    figure.update_layout(margin=dict(t=MODEBAR_PX + lines * TITLE_LINE_PX + above_plot_px))
     return figure
 
 
@@ -284,5 +424,5 @@ def batch_exit_figure(rows: int, positions: int, num_layers: int, exits_per_toke
     figure.update_xaxes(title_text="position")
     figure.update_yaxes(autorange="reversed")
     figure.update_yaxes(title_text="batch row", row=1, col=1)  # one title: a second one sat on the left panel
-    figure.update_layout(height=300, margin=dict(l=50, r=10, t=40, b=40))
-    return figure
+    figure.update_layout(height=300, margin=dict(l=50, r=10, b=40))
+    return below_modebar(figure, above_plot_px=24)  # the panels' titles

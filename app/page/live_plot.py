@@ -73,8 +73,11 @@ const draw = () => {
         scale = true;
       }
     }
-    figure.layout.xaxis = Object.assign({}, figure.layout.xaxis, {tickmode: 'auto', nticks: 6, tickangle: 0,
-                                                                  title: {text: 'position'}});  // the long title was cut
+    // Fewer ticks, flat, a short title (the long one was cut); a folded prompt's figure names its own
+    // (auto numbers would run through the prompt's band: app/page/figures.py HeatmapAxes).
+    const phone = (figure.layout.meta && figure.layout.meta.phone_xaxis) || {tickmode: 'auto', nticks: 6,
+                                                                             title: {text: 'position'}};
+    figure.layout.xaxis = Object.assign({}, figure.layout.xaxis, phone, {tickangle: 0});
     figure.layout.margin = Object.assign({}, figure.layout.margin, {l: 48, r: 5, b: scale ? 130 : 50});
     if (figure.layout.title) figure.layout.title.font = {size: 12};
   }

@@ -14,6 +14,8 @@ from app.page.shown_text import capped
 from app.settings import Limits, PlaygroundSettings
 
 IGNORED_QUERY = {"__theme", "view"}  # gradio's own query parameters
+LESSON_QUERY = ("lesson", "run")  # a lesson's link: its number in the list, and whether it starts on open
+QR_PIXELS = 340  # a QR code's side: large enough to scan from the back of a room when projected
 # A link is written by anyone: what it names is echoed capped (plain text here; the page escapes it).
 MAX_NAME_CHARS = 40
 MAX_NAMES_SHOWN = 5
@@ -44,7 +46,7 @@ def settings_from_query(query: dict[str, str], limits: Limits, defaults: dict,
                             f"(kept {_show(defaults.get(name))})")
             continue
         values[name] = value
-    unknown = sorted(set(query) - set(names) - IGNORED_QUERY)
+    unknown = sorted(set(query) - set(names) - IGNORED_QUERY - set(LESSON_QUERY))
     if unknown:
         problems.append(f"unknown link parameter(s): {unknown_names(unknown)}")
     return values, capped("; ".join(problems), MAX_MESSAGE_CHARS)
@@ -72,16 +74,34 @@ def share_link(page: str, values: dict, defaults: dict, limits: Limits) -> str:
     return page + ("?" + query if query else "")
 
 
-def qr_html(link: str) -> str:
-    """An inline SVG QR code of ``link`` (black on white, quiet zone kept) for a projector; a link
-    too long for any QR code (a long non-ASCII prompt: each character is 9 bytes escaped) gets a
-    line that says so instead (the link itself still works)."""
+def lesson_link(page: str, number: int, start: bool) -> str:
+    """A link that opens lesson ``number`` (1-based, as the list shows them) and, with ``start``, runs it."""
+    return page + "?" + urlencode([("lesson", number)] + ([("run", 1)] if start else []))
+
+
+def lesson_in_query(query: dict[str, str], count: int) -> tuple[int | None, bool, str]:
+    """(the 0-based lesson a link names or None, whether it starts it, a problem in plain text or "")."""
+    if "lesson" not in query:
+        return None, False, ""
+    number = query["lesson"].strip()
+    if not number.isdigit() or not 1 <= int(number) <= count:
+        return None, False, f"lesson={capped(number, MAX_NAME_CHARS)} names no lesson (1-{count})"
+    return int(number) - 1, query.get("run", "").strip().lower() in ("1", "true", "yes"), ""
+
+
+def qr_html(link: str, caption: str = "Scan to open these settings") -> str:
+    """An inline SVG QR code of ``link`` (black on white, quiet zone kept), about QR_PIXELS wide so a
+    projector shows it to a room; a link too long for any QR code (a long non-ASCII prompt: each
+    character is 9 bytes escaped) gets a line that says so instead (the link itself still works)."""
     try:
-        svg = segno.make(link, error="m").svg_inline(scale=3, dark="#000000", light="#ffffff", border=4)
+        code = segno.make(link, error="m")
     except segno.DataOverflowError:
         return (f'<div class="qr">This link is {len(link)} characters: too long for a QR code. Copy it from '
                 "the box above, or shorten the prompt.</div>")
-    return f'<div class="qr" title="{len(link)} characters">{svg}<div>Scan to open these settings</div></div>'
+    # a viewBox and no fixed size: the page's style draws it QR_PIXELS wide, or the column's width on a phone
+    svg = code.svg_inline(dark="#000000", light="#ffffff", border=4, omitsize=True)
+    return (f'<div class="qr" title="{len(link)} characters" style="--qr-size: {QR_PIXELS}px">{svg}'
+            f'<div>{caption}</div></div>')
 
 
 def _show(value) -> str:

@@ -38,8 +38,21 @@ CSS = """
 .fact-wrong { outline: 2px solid #b3261e; outline-offset: -1px; box-shadow: inset 0 -3px 0 #b3261e; }
 .fact-made-up { box-shadow: inset 0 -3px 0 #8a4b00; outline: 1px dashed #8a4b00; outline-offset: -1px; }
 .fact-stated { box-shadow: inset 0 -2px 0 #1f4e9c; }
+/* One mark per fact, over its whole words. In SkipDecode's pane a mark holds the tokens that spell them, whose
+   own backgrounds would cover an inset shadow, so the marks are an outline and text decorations (drawn over
+   them), with room around a short word ("3" of "3 out of 5") so its box shows. */
+.fact { padding: 1px 3px; border-radius: 3px; box-shadow: none; }
+.fact-wrong { outline-offset: 0; }
+.fact-stated, .fact-made-up { text-decoration-line: underline; text-decoration-thickness: 2px; text-underline-offset: 3px; }
+.fact-stated { text-decoration-color: #1f4e9c; }
+.fact-made-up { text-decoration-style: dashed; text-decoration-color: #8a4b00; }
+.fact-legend { margin: 0 0 4px; }
+.fact-legend .fact { white-space: nowrap; }
+/* Under a finished pane's text: it stopped at the token limit, or it repeats a sentence (app/page/views.py). */
+.end-note { font-size: 0.85em; margin-top: 3px; }
 #stop-btn.idle, #stop-btn:disabled { filter: grayscale(1); opacity: 0.45; cursor: not-allowed; }
-.qr svg { display: block; background: #ffffff; }
+.qr svg { display: block; background: #ffffff; width: min(100%, var(--qr-size, 340px)); height: auto;
+          shape-rendering: crispEdges; }
 .qr div { font-size: 0.85em; }
 """
 
@@ -52,7 +65,7 @@ document.addEventListener('click', (event) => {
   if (tab) { tab.click(); window.scrollTo({top: 0}); }
 });
 // Stop is disabled while nothing runs: a Generate or lesson click turns it on; a run's last status
-// ("Done." or "Stopped.") or an error toast (a refused run) turns it off.
+// ("Done." or "Stopped."), a refused click's status ("Not run: ...") or an error toast turns it off.
 (() => {
   let shown = null;
   const setStop = (on) => {
@@ -62,6 +75,8 @@ document.addEventListener('click', (event) => {
     stop.classList.toggle('idle', !on);
     stop.setAttribute('aria-disabled', String(!on));
   };
+  window.skipdecodeStopIdle = () => setStop(false);  // a refused click (STOP_IDLE_JS): the same line twice is no change
+  window.skipdecodeStopBusy = () => setStop(true);  // a run started by a lesson's link, not a click (STOP_BUSY_JS)
   document.addEventListener('click', (event) => {
     if (event.target.closest('#generate-btn, #lesson-run, #lesson-then')) setStop(true);
   }, true);
@@ -76,10 +91,15 @@ document.addEventListener('click', (event) => {
     const state = text + '|' + error;
     if (state === shown) return;
     shown = state;
-    if (/(^|\s)(Done|Stopped)\.\s*$/.test(text) || error) setStop(false);
+    if (/(^|\s)(Done|Stopped)\.\s*$/.test(text) || /^Not run:/.test(text) || error) setStop(false);
   }, 250);
 })();
 </script>"""
+
+# A click refused at its checks (app/ui.py _click_checks): Stop goes idle at once, even when the status
+# line already read the same refusal (the watcher above sees no change then).
+STOP_IDLE_JS = "() => { if (window.skipdecodeStopIdle) window.skipdecodeStopIdle(); }"
+STOP_BUSY_JS = "() => { if (window.skipdecodeStopBusy) window.skipdecodeStopBusy(); }"
 
 # After Generate or a lesson: bring the outputs into view when they are not (a phone, where they
 # sit below the controls, or a page scrolled down to the lessons).

@@ -8,11 +8,14 @@ page themes alike (the colours are set on the spans, not inherited).
 from __future__ import annotations
 
 import html
+from itertools import groupby
 from typing import Sequence
 
 TOKEN_TEXT = "#111111"
 LIGHTEST = (240, 247, 242)  # a token produced by very few layers
 DEEPEST = (118, 189, 140)  # a token produced by every layer
+Mark = tuple[str, str]  # (classes, hover line) of a fact a piece states (app/page/fact_view.py)
+Entry = tuple[str, int, int, int]  # _merge_newline_runs: (text, depth, token count, index of its first token)
 
 
 def depth_colour(layers: int, num_layers: int) -> str:
@@ -50,9 +53,9 @@ def _text_html(text: str) -> str:
     return "".join(parts)
 
 
-def _merge_newline_runs(tokens: Sequence[str], depths: Sequence[int]) -> list[tuple[str, int, int, int]]:
+def _merge_newline_runs(tokens: Sequence[str], depths: Sequence[int]) -> list[Entry]:
     """(text, depth, token count, index of its first token): consecutive newline-only tokens become one entry."""
-    merged: list[tuple[str, int, int, int]] = []
+    merged: list[Entry] = []
     for index, (token, depth) in enumerate(zip(tokens, depths)):
         newline_only = token != "" and set(token) == {"\n"}
         if newline_only and merged and merged[-1][0] and set(merged[-1][0]) == {"\n"}:
@@ -63,18 +66,49 @@ def _merge_newline_runs(tokens: Sequence[str], depths: Sequence[int]) -> list[tu
     return merged
 
 
+def _token_span(text: str, depth: int, count: int, num_layers: int, fact_title: str = "") -> str:
+    """One token (or one run of newline tokens) coloured by its depth; the hover says the depth,
+    after the fact it states when it states one."""
+    title = f"{depth}/{num_layers} layers" + (f" (first of {count} tokens)" if count > 1 else "")
+    title = f"{fact_title} · {title}" if fact_title else title
+    return (f'<span class="tok" title="{html.escape(title)}" '
+            f'style="background:{depth_colour(depth, num_layers)};color:{TOKEN_TEXT}">{_text_html(text)}</span>')
+
+
+def _marked_run_html(run: list[Entry], mark: Mark, num_layers: int) -> str:
+    """The tokens that spell one fact inside ONE mark (a word split "rivers|ide" is one box, not two),
+    each keeping its depth colour; the space before the first word and after the last stays outside
+    the mark, so the box or underline frames the words alone."""
+    texts = [text for text, *_ in run]
+    lead = texts[0][: len(texts[0]) - len(texts[0].lstrip())]
+    texts[0] = texts[0][len(lead):]
+    trail = texts[-1][len(texts[-1].rstrip()):]
+    texts[-1] = texts[-1][: len(texts[-1]) - len(trail)]
+    (_, first_depth, first_count, _), (_, last_depth, last_count, _) = run[0], run[-1]
+    inner = "".join(_token_span(text, depth, count, num_layers, mark[1])
+                    for text, (_, depth, count, _) in zip(texts, run) if text)
+    parts = [_token_span(lead, first_depth, first_count, num_layers) if lead else "",
+             f'<span class="{html.escape(mark[0])}" title="{html.escape(mark[1])}">{inner}</span>' if inner else "",
+             _token_span(trail, last_depth, last_count, num_layers) if trail else ""]
+    return "".join(parts)
+
+
 def tokens_by_depth_html(tokens: Sequence[str], depths: Sequence[int], num_layers: int,
-                         marks: Sequence[tuple[str, str] | None] = ()) -> str:
+                         marks: Sequence[Mark | None] = ()) -> str:
     """Generated tokens as spans coloured by the depth that produced them (hover: the count).
-    Newlines are drawn as marks; runs of them collapse into one mark. ``marks``: per token, an
-    extra class and a line for its hover text (a fact it states: app/page/fact_view.py), or None."""
+    Newlines are drawn as marks; runs of them collapse into one mark. ``marks``: per token, the
+    fact it states (its classes and hover line) or None; consecutive tokens of one fact are drawn
+    inside one mark (app/page/fact_view.py token_marks gives them the same one)."""
+    def mark_of(entry: Entry) -> Mark | None:
+        return marks[entry[3]] if entry[3] < len(marks) else None
+
     spans = []
-    for token, depth, count, first in _merge_newline_runs(tokens, depths):
-        title = f"{depth}/{num_layers} layers" + (f" (first of {count} tokens)" if count > 1 else "")
-        mark = marks[first] if first < len(marks) else None
-        extra, title = ("", title) if mark is None else (f" {mark[0]}", f"{mark[1]} · {title}")
-        spans.append(f'<span class="tok{extra}" title="{html.escape(title)}" '
-                     f'style="background:{depth_colour(depth, num_layers)};color:{TOKEN_TEXT}">{_text_html(token)}</span>')
+    for mark, run in groupby(_merge_newline_runs(tokens, depths), key=mark_of):
+        entries = list(run)
+        if mark is None:
+            spans += [_token_span(text, depth, count, num_layers) for text, depth, count, _ in entries]
+        else:
+            spans.append(_marked_run_html(entries, mark, num_layers))
     return '<div class="tokens">' + "".join(spans) + "</div>"
 
 
@@ -83,7 +117,7 @@ def plain_text_html(text: str) -> str:
     return '<div class="tokens">' + _text_html(text) + "</div>"
 
 
-def marked_text_html(pieces: Sequence[tuple[str, tuple[str, str] | None]]) -> str:
+def marked_text_html(pieces: Sequence[tuple[str, Mark | None]]) -> str:
     """Plain text in pieces, each marked piece a span with its class and hover line (a fact it
     states: app/page/fact_view.py), in the same box style."""
     parts = [_text_html(text) if mark is None else

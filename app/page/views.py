@@ -11,7 +11,16 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from app.page.fact_view import PANES, facts_line, known_answer_line, marked_text, pane_facts, token_marks
+from app.page.fact_view import (
+    FACT_LEGEND,
+    PANES,
+    facts_line,
+    known_answer_line,
+    marked_text,
+    pane_facts,
+    repeated_sentence,
+    token_marks,
+)
 from app.page.figures import heatmap_figure, heatmap_legend_html
 from app.page.live_plot import LiveFigure, figure_json
 from app.page.results import e2e_note, eval_row
@@ -184,36 +193,62 @@ def details_markdown(update: RaceUpdate, step_mode: bool = False) -> str:
 
 
 def headline_html(update: RaceUpdate, settings: PlaygroundSettings, step_mode: bool = False) -> str:
-    """The one honest line under the panes: measured speedup, the share of SkipDecode's positions
-    where the full model (on the same prefix) picks the same token, and the regression eval
-    measured at this setting, with the reason and a link to the Results tab."""
+    """The one honest line under the panes: the target, the cost model's and the measured speedup
+    in one sentence, the share of SkipDecode's positions where the full model (on the same prefix)
+    picks the same token, and the regression eval measured at this setting, with the reason and a
+    link to the Results tab. A task's finished run leads with the legend of its panes' fact marks."""
     figures = live_figures(update)
     judged = update.judged
-    speed = speed_phrase(figures, update.done, step_mode)
+    speed = speed_phrase(figures, settings.target_speedup, update.done, step_mode)
     if judged:
         same = sum(j.same for j in judged)
         share = (f"given SkipDecode's own text, the full model picks the same next token at "
                  f"<b>{same / len(judged):.0%}</b> of its {len(judged)} positions")
     else:
         share = "the full model's verdict on SkipDecode's text comes when SkipDecode finishes"
-    facts = facts_note(fact_check(update, settings)) + known_answer_note(update, settings)
-    return (f'<div class="headline">{speed}.{facts} {share[0].upper() + share[1:]}. '
+    checked = fact_check(update, settings)
+    facts = facts_note(checked) + known_answer_note(update, settings)
+    legend = FACT_LEGEND if update.done and checked is not None else ""  # the marks are drawn on finished text only
+    return (f'<div class="headline">{legend}{speed}.{facts} {share[0].upper() + share[1:]}. '
             f'{regression_note(settings, update.solved)} '
             f'<a href="#results" class="to-results">Results</a></div>')
 
 
-def speed_phrase(figures: LiveFigures, done: bool, step_mode: bool = False) -> str:
-    """The headline's speed: the median decode step's measured speedup with the middle half of the
-    steps as its range and how many steps it rests on (a finished run always gets one, flagged when
-    under MIN_STEPS_FOR_MEASURED steps), and a plain sentence where it and the cost model disagree."""
+NO_FASTER_BELOW = 1.05  # a measured median under this is within a step's timer noise of 1x: "no faster"
+SLOWER_BELOW = 0.95  # ... and under this, SkipDecode's steps took longer: "slower"
+
+
+def measured_words(speedup: float) -> str:
+    """The measured median in words: '1.34x faster', or 'no faster' and 'slower' where it is (never "0.99x faster")."""
+    if speedup < SLOWER_BELOW:
+        return "slower"
+    if speedup < NO_FASTER_BELOW:
+        return "no faster"
+    return f"{speedup:.2f}x faster"
+
+
+def expected_clause(target_speedup: float, cost_model: float) -> str:
+    """'Target 2x fewer layers; the cost model expects 1.20x here': what was asked and what the
+    parameters each step touches (the LM head never skips) make of it on this model."""
+    target = "Target 1x: every layer runs" if target_speedup <= 1 else f"Target {target_speedup:g}x fewer layers"
+    return f"{target}; the cost model expects {cost_model:.2f}x here"
+
+
+def speed_phrase(figures: LiveFigures, target_speedup: float, done: bool, step_mode: bool = False) -> str:
+    """The headline's speed, one plain sentence: the target, the cost model's figure over the steps
+    measured, and the median decode step's measured speedup in words, with how many steps it rests
+    on (a finished run always gets one, flagged when under MIN_STEPS_FOR_MEASURED steps) and the
+    middle half of the steps as its range; then a sentence where it and the cost model disagree."""
     steady = figures.steady
+    expected = expected_clause(target_speedup, steady.cost_model if steady else figures.planned_cost_model_speedup)
     if step_mode:
-        return "Step mode: speeds are not measured (both models wait for the button)"
+        return f"{expected}. Step mode: speeds are not measured (both models wait for the button)"
     if steady is None or (steady.steps < MIN_STEPS_FOR_MEASURED and not done):
-        return f"measured speedup after {MIN_STEPS_FOR_MEASURED} decode steps"
-    few = " (too few steps to trust)" if steady.steps < MIN_STEPS_FOR_MEASURED else ""
-    phrase = (f"<b>{steady.median:.2f}x faster</b> per decode step, measured (median of {steady.steps} steps{few}; "
-              f"middle half {steady.low:.2f}x–{steady.high:.2f}x; cost model {steady.cost_model:.2f}x)")
+        return f"{expected}; measured speedup after {MIN_STEPS_FOR_MEASURED} decode steps"
+    few = ", too few to trust" if steady.steps < MIN_STEPS_FOR_MEASURED else ""
+    figure = "" if steady.median >= NO_FASTER_BELOW else f"{steady.median:.2f}x, "  # "faster" already says it
+    phrase = (f"{expected}; measured <b>{measured_words(steady.median)}</b> per decode step ({figure}the median of "
+              f"{steady.steps} steps{few}; middle half {steady.low:.2f}x–{steady.high:.2f}x)")
     return phrase + disagreement(steady)
 
 
@@ -359,22 +394,45 @@ class RaceRenderer:
 
 def skip_pane_html(update: RaceUpdate, settings: PlaygroundSettings, row: int, checked: dict | None = None) -> str:
     """SkipDecode's row ``row``: tokens by depth, places written back; row 0's facts marked when
-    ``checked`` (fact_check of the finished run) is given."""
+    ``checked`` (fact_check of the finished run) is given; its end note once it has finished."""
     skip = update.skip
     pieces, depths = restored_tokens(skip.token_texts(row), skip.depths[: len(skip.ids(row))], row_swaps(settings, row))
-    facts = pane_facts(checked["mr"], {"SkipDecode": "".join(pieces)}) if checked and row == 0 else None
+    text = "".join(pieces)
+    facts = pane_facts(checked["mr"], {"SkipDecode": text}) if checked and row == 0 else None
     marks = token_marks(pieces, facts["SkipDecode"]) if facts else ()
-    return tokens_by_depth_html(pieces, depths, update.num_layers, marks)
+    return tokens_by_depth_html(pieces, depths, update.num_layers, marks) + end_note(skip, row, text, settings)
 
 
 def full_pane_html(update: RaceUpdate, settings: PlaygroundSettings, row: int, checked: dict | None = None) -> str:
     """The full model's row ``row`` as plain text, places written back; row 0's facts marked when
-    ``checked`` is given."""
+    ``checked`` is given; its end note once it has finished."""
     text = restore_places("".join(update.full.token_texts(row)), row_swaps(settings, row))
     facts = pane_facts(checked["mr"], {"full model": text}) if checked and row == 0 else None
-    if facts:
-        return marked_text_html(marked_text(text, facts["full model"]))
-    return plain_text_html(text)
+    body = marked_text_html(marked_text(text, facts["full model"])) if facts else plain_text_html(text)
+    return body + end_note(update.full, row, text, settings)
+
+
+def stopped_at_limit(stream: StreamProgress, row: int) -> bool:
+    """Whether row ``row`` of a finished stream ended because it reached max_new_tokens, not at an end
+    of text or a stop string (a stream that Stop cancelled did not stop by itself)."""
+    record = stream.record
+    return (stream.done and record is not None and not record.cancelled and row < len(record.finish_reasons)
+            and record.finish_reasons[row] == "length")
+
+
+def end_note(stream: StreamProgress, row: int, text: str, settings: PlaygroundSettings) -> str:
+    """Under a finished row's text, in either pane and either task: that it stopped at the token
+    limit (a text cut mid-line reads as the model's own end otherwise), and a sentence it repeats.
+    Nothing while the stream runs: its text still grows, and the pane's last element must be the text."""
+    if not stream.done:
+        return ""
+    notes = []
+    if stopped_at_limit(stream, row):
+        notes.append(f"stopped at the {settings.max_new_tokens}-token limit (max new tokens), not at an end of text")
+    repeated = repeated_sentence(text)
+    if repeated is not None:
+        notes.append(f"repeats a sentence (“{html.escape(repeated)}”)")
+    return f'<div class="end-note">{" · ".join(notes)}</div>' if notes else ""
 
 
 def row_swaps(settings: PlaygroundSettings, row: int) -> tuple[tuple[str, str], ...]:

@@ -296,6 +296,19 @@ class FairQueue:
             self.displaced += 1
         return None, (client, address)
 
+    def refusal_for(self, request) -> str | None:
+        """What pushing this client's next job would be refused with now (its share of the queue, or a
+        full queue), or None: the page asks before it pushes, so the visitor reads the reason on the
+        page instead of a refused push the page does not show. (The push still decides.)"""
+        session = getattr(request, "session_hash", None)
+        address = self.address_of(request)
+        client = client_key(session, address, self.page_session(session))
+        with self._lock:
+            waiting = self._waiting_jobs()
+        total = gi.waiting_count(self.queue) if self.queue is not None else len(waiting)
+        verdict, _ = admission(waiting, client, address, self.limits, total=total)
+        return verdict.removeprefix("refuse: ") if verdict.startswith("refuse") else None
+
     def _invalid(self, fn, body) -> tuple | None:
         """Settings and sizes checked at push: a request over a limit is refused at once, not after
         waiting for the model."""

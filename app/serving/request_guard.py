@@ -240,9 +240,10 @@ def values_problem(fn, data, label: str, max_chars: int | None) -> tuple[int, st
 
 
 def page_max_chars(blocks) -> int:
-    """The longest text a page event takes: the deployer's prompt limit (Limits.max_prompt_chars)."""
+    """The longest text a page event takes: what the page's prompt box holds (Limits.max_page_text_chars,
+    a few times the prompt's limit: the handlers name an over-long prompt's length on the page)."""
     limits = getattr(getattr(blocks, "playground", None), "limits", None)
-    return getattr(limits, "max_prompt_chars", DEFAULT_MAX_CHARS)
+    return getattr(limits, "max_page_text_chars", DEFAULT_MAX_CHARS)
 
 
 def page_values_problem(fn, data: list, max_chars: int) -> tuple[int, str] | None:

@@ -436,3 +436,32 @@ def test_a_stale_stop_does_not_cancel_a_later_run():
     runs.arm("t")
     runs.cancel("t")
     assert runs.start("t").cancelled and not runs.start("t").cancelled  # once, for that run only
+
+
+def test_a_clicks_checks_refuse_with_the_servers_words_and_pass_a_good_run(server):
+    """The page's checks before a push (Playground.refusal): the same reasons the push gives, on one
+    status line; a good run passes with the status left to the run; the queue's own refusal too."""
+    import html
+    from types import SimpleNamespace
+
+    import gradio as gr
+
+    from app.handlers import REFUSED
+
+    demo, _ = server
+    playground = demo.playground
+    values = trained_defaults(playground.get_generator()) | {"prompt": "Name three colours."}
+    status, allowed = playground.refusal(values)
+    assert allowed and isinstance(status, type(gr.skip()))
+    for change, words in (({"prompt": "  "}, "the prompt is empty"),
+                          ({"prompt": "x" * 70000}, "the prompt is 70000 characters; the limit is 60000"),
+                          ({"prompt": "word " * 3000}, "tokens; the limit is 2048 tokens"),
+                          ({"min_layers": 20, "max_layers": 5}, "must not exceed max_layers")):
+        status, allowed = playground.refusal(values | change)
+        status = html.unescape(status)  # escaped for Markdown: the reason may quote the visitor
+        assert not allowed and status.startswith(f"**{REFUSED}**") and words in status and "\n" not in status, status
+    with pytest.raises(gr.Error):
+        playground.proceed(False)
+    playground.proceed(True)
+    request = SimpleNamespace(session_hash="no-such-page", client=SimpleNamespace(host="10.9.8.7"), headers={})
+    assert demo.fair_queue.refusal_for(request) is None  # an empty queue takes it

@@ -3,6 +3,7 @@ section (pure logic), and one E2E generation through the Playground handler on t
 
 import dataclasses
 import json
+from pathlib import Path
 
 import gradio as gr
 import pytest
@@ -23,7 +24,7 @@ from app.page.share import settings_from_query, share_link
 from app.page.shown_text import as_markdown
 from app.settings import Limits, PlaygroundSettings
 from app.task_view import compose_into_prompt, header_markdown, mr_feedback, switch_values, task_view
-from app.tasks import TASK_FIXED, check_mr, examples, fixed_note, policy_line
+from app.tasks import FACTS_FILE, TASK_FIXED, check_mr, examples, fixed_note, policy_line
 from model.tasks.e2e import INSTRUCTION, added_attributes, parse_mr, unmentioned_attributes
 from model.tasks.e2e_facts import check_facts
 from model.tasks.task_models import task_schedule
@@ -93,6 +94,7 @@ def test_the_task_switch_fixes_the_controls_and_fills_the_prompt_and_the_form_co
     assert isinstance(prompt, type(gr.skip()))  # an MR already there stays
     prompt, budget = switch_values("chat", MR)
     assert prompt == "What is photosynthesis?" and budget == 48
+    assert switch_values("e2e", MR, max_new_tokens=40)[1] == 40  # a deployer's lower limit holds
     values = ["The Eagle", "coffee shop", "", "cheap", "", "riverside", "yes", " Burger King "]
     assert compose_into_prompt(*values) == ("name[The Eagle], eatType[coffee shop], priceRange[cheap], "
                                             "area[riverside], familyFriendly[yes], near[Burger King]", "")
@@ -400,3 +402,34 @@ def test_a_deployer_picks_the_landing_by_environment_and_a_bad_value_stops_the_s
     monkeypatch.setenv("SKIPDECODE_LANDING", "e2e")
     with pytest.raises(SystemExit, match="SKIPDECODE_LANDING must be auto or chat"):
         entry.landing_from_env()
+
+
+def test_the_4x_policy_line_says_its_wrong_facts_are_its_training_not_the_method():
+    """The committed figures (assets/eval/e2e-facts.json, the delexicalised runs the playground matches;
+    docs/RESULTS.md's facts table): 27.8% at 4x against 3.2% at 3x and 6.8% at 5x."""
+    line = policy_line("e2e", 4.0, Path("adapters/e2e/skip-4x"))
+    assert line.startswith("E2E task: the full pane is the task model; SkipDecode runs it at 4x with its skip policy "
+                           "skip-4x. At 4x this policy states a wrong fact in 27.8% of the E2E test set's descriptions, "
+                           "against 3.2% at 3x and 6.8% at 5x: that is this policy's training, not the method;")
+    assert "5x's (skipping more layers) did not." in line
+    results = (Path(__file__).resolve().parents[2] / "docs" / "RESULTS.md").read_text()
+    assert "| per-speedup policy 4x | 27.8% |" in results and "| per-speedup policy 3x | 3.2% |" in results
+    for speedup in (2.0, 3.0, 5.0):  # no dip there: the plain line
+        assert policy_line("e2e", speedup, Path(f"e2e/skip-{speedup:g}x")).endswith(f"skip-{speedup:g}x.")
+    assert "wrong fact" not in policy_line("e2e", 4.0, Path("e2e/skip-all"))  # shared: 18.3%, 5x worse at 21.6%
+    assert "wrong fact" not in policy_line("e2e", 4.0, None)
+    assert FACTS_FILE.is_file()
+
+
+def test_the_wrong_fact_sentence_follows_the_figures_file(tmp_path):
+    def line_with(shares: dict[str, float]) -> str:
+        facts = tmp_path / f"facts-{len(list(tmp_path.iterdir()))}.json"
+        facts.write_text(json.dumps({"e2e-delexicalised": {
+            f"per-speedup policy {speedup}": {"wrong": share} for speedup, share in shares.items()}}))
+        return policy_line("e2e", 4.0, Path("e2e/skip-4x"), facts_file=facts)
+
+    assert "wrong fact in 30.0%" in line_with({"3x": 0.05, "4x": 0.30, "5x": 0.10})
+    assert "wrong fact" not in line_with({"3x": 0.05, "4x": 0.08, "5x": 0.10})  # a retrained 4x: nothing to say
+    assert "wrong fact" not in line_with({"3x": 0.05, "4x": 0.30})  # no higher speedup to show it is not the method
+    assert "wrong fact" not in line_with({"3x": 0.05, "4x": 0.30, "5x": 0.40})  # skipping more is worse still
+    assert policy_line("e2e", 4.0, Path("e2e/skip-4x"), facts_file=tmp_path / "none.json").endswith("skip-4x.")

@@ -650,10 +650,12 @@ def test_a_page_generate_sends_the_heatmap_and_lens_once_then_changes(stream_ser
                                   lens=True, target_speedup=1.5)
     redraws, first = result["changed"]["heatmap"], result["heatmap_first_figure_bytes"]
     assert result["success"] and "Done" in result["status"] and redraws >= 10, result
-    assert result["heatmap_positions"] > 350 and len(result["heatmap_figure"]["data"]) == 2  # the cells, the strip
-    # Every redraw resent whole (the page before #37) is at least redraws x the first figure.
-    assert result["bytes"] < redraws * first / 4, (result["bytes"], redraws, first)
-    assert result["bytes"] < result["heatmap_resent_whole"] / 4, (result["bytes"], result["heatmap_resent_whole"])
+    # the 40 generated positions and the prompt folded into a few columns (its ~390 positions all ran every layer)
+    names = [trace.get("name") for trace in result["heatmap_figure"]["data"]]
+    assert 40 <= result["heatmap_positions"] < 100 and len(names) == 3 and "prompt (folded)" in names, names
+    # (The prompt folded, the first figure is small: the lens's readings of the new columns are most of a
+    # patch, so the bound is against every redraw resent whole, which the page did before #37.)
+    assert result["bytes"] < result["heatmap_resent_whole"] / 2, (result["bytes"], result["heatmap_resent_whole"])
     assert result["largest_message"] < 1.2 * first + 20_000  # no message carries more than the figure once
 
 

@@ -56,3 +56,25 @@ def test_a_share_link_carries_only_what_differs_from_the_page_and_round_trips():
                                         "skip_policy": False}
     qr = qr_html(link)
     assert qr.count("<svg") == 1 and "Scan" in qr
+
+
+def test_a_lesson_link_names_the_lesson_by_its_number_and_may_start_it():
+    from app.page.lessons import LESSONS
+    from app.page.share import lesson_in_query, lesson_link
+
+    link = lesson_link("http://h/", 3, start=True)
+    assert link == "http://h/?lesson=3&run=1"
+    assert lesson_in_query({"lesson": "3", "run": "1"}, len(LESSONS)) == (2, True, "")
+    assert lesson_in_query({"lesson": "3"}, len(LESSONS)) == (2, False, "")
+    assert lesson_in_query({}, len(LESSONS)) == (None, False, "")
+    for bad in ("0", "99", "two", "-1"):
+        lesson, start, problem = lesson_in_query({"lesson": bad, "run": "1"}, len(LESSONS))
+        assert lesson is None and not start and f"names no lesson (1-{len(LESSONS)})" in problem
+    values, message = settings_from_query({"lesson": "3", "run": "1"}, Limits(), PAGE, RANGES)
+    assert values == {} and message == ""  # not unknown parameters of a settings link
+
+
+def test_the_qr_code_scales_with_the_page_not_a_fixed_120_pixels():
+    qr = qr_html("http://h/?lesson=3&run=1", caption="Scan to run it")
+    assert "viewBox" in qr and 'width="' not in qr.split("<svg", 1)[1].split(">", 1)[0]
+    assert "--qr-size: 340px" in qr and "Scan to run it" in qr

@@ -412,10 +412,10 @@ def test_a_streamed_run_sends_its_heatmap_and_lens_once_then_changes(tiny_genera
     assert all(later.startswith(earlier) for earlier, later in zip(plots, plots[1:]))
     final = renderer.heatmap(update, highlight_last=False)
     assert figure_from_value(plots[-1]) == json.loads(figure_json(final))
-    assert update.done and len(final["data"]) == 3  # the cells, the lens's KL, the match strip
+    assert update.done and len(final["data"]) == 4  # the cells, the lens's KL, the match strip, the folded prompt
     whole = sum(len(figure_json(figure_from_value(b))) for a, b in zip([""] + plots, plots) if a != b)
-    total, _ = _wire_bytes(outputs)
-    assert total < whole / 3, (total, whole)
+    heatmap_sent, _ = _wire_bytes([(plot,) for plot in plots])  # the prompt folded, a figure is small: count its own bytes
+    assert heatmap_sent < whole / 3, (heatmap_sent, whole)
     skip_panes = [output[1] for output in outputs]  # one row: each pane starts with the one before
     assert sum(b.startswith(a) for a, b in zip(skip_panes, skip_panes[1:])) >= 0.8 * (len(skip_panes) - 1)
 
@@ -439,3 +439,102 @@ def test_a_restarted_run_ends_on_no_change(tiny_generator):
     playground.runs.cancel("restarted", reason="restart")
     rest = list(stream)
     assert rest and rest[-1] == NO_CHANGE
+
+
+# --- a finished pane's end notes and the task's marks legend (issue #70) --------------------------
+
+E2E_MR = "name[The Eagle], eatType[pub], area[city centre], familyFriendly[no]"
+
+
+def _finished(pieces: list[str], depth: int, reason: str = "length", done: bool = True,
+              cancelled: bool = False) -> StreamProgress:
+    """A stream whose row 0 wrote ``pieces`` (one token each) and ended for ``reason`` (the decoder's
+    finish reason: "length" at max_new_tokens, "eos" at an end of text)."""
+    from model.race import TokenTexts
+
+    steps = len(pieces) - 1
+    record = DecodeResult(num_layers=30, prompt_lengths=[3], tokens=[list(range(1, len(pieces) + 1))],
+                          finish_reasons=[reason], prefill_layers=tuple(range(30)),
+                          step_layers=[tuple(range(30 - depth, 30))] * steps, prefill_seconds=0.1,
+                          step_seconds=[0.0033 * depth] * steps, cancelled=cancelled)
+    texts = TokenTexts(None)
+    texts.texts, texts.text = list(pieces), "".join(pieces)
+    return StreamProgress("s", rows=1, record=record, texts=[texts], done=done)
+
+
+def _race(skip: StreamProgress, full: StreamProgress) -> RaceUpdate:
+    cost = CostModel(layer_cost=1.0, fixed_cost=0.0)
+    solved = evaluate_schedule(ScheduleConfig(30, 30, 15, warmup=0, decay="constant", decay_length=12), 12, cost)
+    return RaceUpdate(skip, full, solved, "skip", cost)
+
+
+def _panes(update: RaceUpdate, **values) -> tuple[str, str]:
+    """(SkipDecode's pane, the full model's pane) as the page draws them."""
+    from app.page.views import RaceRenderer
+    from app.settings import Limits, PlaygroundSettings
+
+    outputs = RaceRenderer(PlaygroundSettings.from_values(Limits(), **values)).outputs("", update, with_plot=False)
+    return outputs[1], outputs[2]
+
+
+POEM = ["The", " sea", " is", " wide", " and", " the", " ships", " sail", " on", " through", " the", " night", " and"]
+
+
+def test_a_pane_that_reached_the_token_limit_says_so_and_one_that_ended_does_not():
+    limit = f"stopped at the {len(POEM)}-token limit"
+    skip, full = _panes(_race(_finished(POEM, 15), _finished(POEM[:6] + ["."], 30, reason="eos")),
+                        prompt="Write a poem.", max_new_tokens=len(POEM))
+    assert limit in skip and "not at an end of text" in skip and "stopped at" not in full
+    skip, _ = _panes(_race(_finished(POEM, 15, done=False), _finished(POEM, 30, done=False)),
+                     prompt="Write a poem.", max_new_tokens=len(POEM))
+    assert "stopped at" not in skip  # still running: its text is the pane's last element
+    skip, _ = _panes(_race(_finished(POEM, 15, cancelled=True), _finished(POEM, 30)), prompt="Write a poem.",
+                     max_new_tokens=len(POEM))
+    assert "stopped at" not in skip  # Stop ended it, not the limit
+    assert skip.count('class="end-note"') == 0
+
+
+LOOPED = ["The", " Eagle", " is", " a", " pub", ".", " It", " is", " not", " kid", " friendly", ".",
+          " It", " is", " not", " kid", " friendly", "."]
+
+
+@pytest.mark.parametrize("values", [dict(prompt="Describe The Eagle."), dict(prompt=E2E_MR, task="e2e")])
+def test_a_repeated_sentence_is_flagged_under_its_pane_in_chat_and_in_the_task(values):
+    plain = ["The", " Eagle", " is", " a", " pub", " in", " the", " city", " centre", "."]
+    skip, full = _panes(_race(_finished(LOOPED, 15, reason="eos"), _finished(plain, 30, reason="eos")), **values)
+    assert '<div class="end-note">repeats a sentence (“It is not kid friendly.”)</div>' in skip + "</div>"
+    assert "repeats a sentence" not in full
+
+
+def test_a_finished_task_run_marks_words_in_one_box_and_leads_its_headline_with_the_legend():
+    from app.page.fact_view import FACT_LEGEND
+    from app.page.views import headline_html
+    from app.settings import Limits, PlaygroundSettings
+    from tests.app.test_fact_view import marked_words
+
+    wrong = ["The", " Eagle", " is", " a", " pub", " by", " the", " rivers", "ide", "."]
+    update = _race(_finished(wrong, 15, reason="eos"), _finished(wrong, 30, reason="eos"))
+    skip, full = _panes(update, prompt=E2E_MR, task="e2e", target_speedup=3.0)
+    assert marked_words(skip + "</div>", "fact-wrong") == ["riverside"]  # "rivers|ide": one box
+    assert marked_words(full + "</div>", "fact-wrong") == ["riverside"]
+    task = PlaygroundSettings.from_values(Limits(), prompt=E2E_MR, task="e2e", target_speedup=3.0)
+    assert headline_html(update, task).startswith(f'<div class="headline">{FACT_LEGEND}')
+    running = replace(update, full=_finished(wrong, 30, done=False))
+    assert FACT_LEGEND not in headline_html(running, task)  # no marks drawn yet: nothing to explain
+    chat = PlaygroundSettings.from_values(Limits(), prompt="Describe The Eagle.")
+    assert FACT_LEGEND not in headline_html(update, chat)
+
+
+def test_the_headline_says_the_target_the_cost_model_and_the_measured_figure_in_one_sentence():
+    from app.page.views import headline_html
+    from app.settings import Limits, PlaygroundSettings
+
+    cost = CostModel(layer_cost=1.0, fixed_cost=60.0)  # the head's cost: 2x fewer layers, 1.2x fewer parameters
+    solved = evaluate_schedule(ScheduleConfig(30, 30, 15, warmup=0, decay="constant", decay_length=12), 12, cost)
+    update = RaceUpdate(_progress("s", 0.1, [0.075] * 12, 15), _progress("f", 0.1, [0.1] * 12, 30), solved, "skip", cost)
+    line = headline_html(update, PlaygroundSettings.from_values(Limits(), prompt="hi", target_speedup=2.0))
+    assert line.startswith('<div class="headline">Target 2x fewer layers; the cost model expects 1.20x here; measured '
+                           '<b>1.33x faster</b> per decode step (the median of 12 steps; middle half 1.33x–1.33x).')
+    even = replace(update, skip=_progress("s", 0.1, [0.101] * 12, 15))
+    assert "measured <b>no faster</b> per decode step (0.99x," in headline_html(
+        even, PlaygroundSettings.from_values(Limits(), prompt="hi", target_speedup=2.0))
