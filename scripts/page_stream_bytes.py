@@ -133,9 +133,10 @@ def page_generate(url: str, session: str, **overrides) -> dict:
     first, figure = heatmap_figures(tally["values"][outputs.index("heatmap")])
     tally["heatmap_first_figure_bytes"] = first
     if figure:
+        # the cells' columns (the prompt folded into one band beside them), and the sequence they reach
         xs = figure["data"][0]["x"]
-        tally["heatmap_positions"] = len(xs)
-        tally["hidden_template_tokens"] = xs[0] if xs else 0
+        tally["heatmap_columns"] = len(xs)
+        tally["heatmap_positions"] = round(max(xs)) + 1 if xs else 0
     tally["heatmap_figure"] = figure  # the figure the page drew last
     tally["status"] = tally.pop("values")[outputs.index("status")]
     return tally

@@ -2,7 +2,7 @@
 
 Starts `python app.py` on a free loopback port, drives Debian's Chromium with playwright, and
 writes, at desktop (1440x900) and phone (390x844) size, what the screen shows without scrolling:
-on arrival (the landing: the paper's task at 3x, docs/SERVING.md "The first run"), ~3 s after Generate, when done, after running a lesson (the batch one), and the
+on arrival (the landing: the paper's task at 3x, docs/SERVING.md "The first run"), ~3 s after Generate, when done, an empty prompt's refusal (the outputs, and by Generate), after running a lesson (the batch one), and the
 Results and How it works tabs; plus the README's assets/images/playground.png and results.png,
 and the paper's E2E task at both sizes (assets/images/e2e-1440x900.png, e2e-390x844.png: the task
 picked, an MR composed in the form, generated at 3x; then its lesson's second run, the MR where the task
@@ -55,6 +55,19 @@ def run_lesson(page, title: str) -> None:
     start_and_wait(page, "#lesson-run")
 
 
+def refuse_empty_prompt(page) -> None:
+    """An empty prompt's Generate: the refusal on the status line (then the prompt is put back)."""
+    box = page.locator("#setting-prompt textarea")
+    prompt = box.input_value()
+    box.fill("")
+    page.click("#generate-btn")
+    time.sleep(1.5)
+    page.evaluate("document.querySelector('#generate-btn').scrollIntoView({block: 'center'})")
+    time.sleep(0.5)
+    page.screenshot(path=str(OUT / "visitor" / f"{page.viewport_size['width']}-refused.png"))
+    box.fill(prompt)
+
+
 def visitor_views(browser, port: int, name: str) -> list[Path]:
     width, height = VIEWPORTS[name]
     page = browser.new_page(viewport={"width": width, "height": height})
@@ -63,6 +76,7 @@ def visitor_views(browser, port: int, name: str) -> list[Path]:
     time.sleep(1.0)
     shots = [("arrival", None), ("streaming", lambda: (page.click("#generate-btn"), time.sleep(3))),
              ("done", lambda: wait_done(page)),
+             ("refused-empty-prompt", lambda: refuse_empty_prompt(page)),
              ("lesson-batch", lambda: (page.evaluate("window.scrollTo(0, 0)"), run_lesson(page, "One exit for the whole batch"))),
              ("results", lambda: (page.click("button[role=tab]:has-text('Results')"), time.sleep(3))),
              ("how-it-works", lambda: (page.click("button[role=tab]:has-text('How it works')"), time.sleep(3)))]

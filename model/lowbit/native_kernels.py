@@ -18,6 +18,8 @@ so once.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import math
@@ -28,6 +30,7 @@ import threading
 import weakref
 from pathlib import Path
 from types import ModuleType
+from typing import Iterator
 
 import torch
 from torch import nn
@@ -87,10 +90,10 @@ def compiled_step(sources: list[bytes]) -> ModuleType:
     identity = [torch.__version__, str(Path(torch.__file__).resolve().parent), " ".join(flags)]
     key = hashlib.sha256(b"\n".join(sources) + "\n".join(identity).encode()).hexdigest()[:16]
     folder = cache_root() / "native" / f"lean-step-{key}"
-    with _build_lock:
+    folder.mkdir(parents=True, exist_ok=True)
+    with _build_lock, builders_lock(folder):
         from torch.utils.cpp_extension import load  # noqa: PLC0415 (imports setuptools: only when used)
 
-        folder.mkdir(parents=True, exist_ok=True)
         for path, content in zip((SOURCE, *HEADERS), sources):
             copy = folder / path.name
             if not copy.is_file() or copy.read_bytes() != content:
@@ -104,6 +107,21 @@ def compiled_step(sources: list[bytes]) -> ModuleType:
     module.set_q4_amx_rows(amx_rows_setting())
     module.set_int8_bf16_rows(int8_bf16_rows())
     return module
+
+
+@contextlib.contextmanager
+def builders_lock(folder: Path) -> Iterator[None]:
+    """Hold the build folder's lock between processes (an OS file lock: a killed process releases it).
+    torch's own build lock is a file it deletes when its build ends, so a build killed mid-way (a test
+    run's timeout, a Ctrl-C during the first start) left it behind and every later start waited on
+    it forever; whoever holds this lock is the only builder, so a torch lock file found then is stale."""
+    with open(folder / "builders.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            (folder / "lock").unlink(missing_ok=True)  # torch's FileBaton of a build that never ended
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 _loaded: list[ModuleType] = []  # the extension, once native_module has built or loaded it

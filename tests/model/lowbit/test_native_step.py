@@ -497,3 +497,30 @@ def test_the_native_argmax_picks_torchs_ids_ties_and_nan_included(isa, monkeypat
     monkeypatch.setenv("SKIPDECODE_NATIVE", "0")  # the Python path everywhere: torch's argmax too
     logits = torch.randn(3, 40, generator=generator)
     assert native_argmax(logits) is None and torch.equal(greedy_ids(logits), logits.argmax(dim=-1))
+
+
+def test_a_build_killed_mid_way_leaves_no_lock_that_stops_the_next_start(tmp_path):
+    """torch's build lock is a file deleted when its build ends: a build killed mid-way left it, and
+    every later start waited on it forever. The builders' OS lock (released with its process) makes
+    such a file stale, so the next builder removes it."""
+    import multiprocessing
+
+    from model.lowbit.native_kernels import builders_lock
+
+    (tmp_path / "lock").touch()  # what a killed build leaves
+    with builders_lock(tmp_path):
+        assert not (tmp_path / "lock").exists()
+    holder = multiprocessing.get_context("fork").Process(target=_hold_builders_lock, args=(tmp_path,))
+    holder.start()
+    holder.join(30)  # it took the lock and died holding it (os._exit): the OS released it
+    with builders_lock(tmp_path):
+        pass
+
+
+def _hold_builders_lock(folder):
+    import os
+
+    from model.lowbit.native_kernels import builders_lock
+
+    with builders_lock(folder):
+        os._exit(0)
