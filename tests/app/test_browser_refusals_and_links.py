@@ -86,6 +86,10 @@ def _assert_refused(page, words: str, button: str = "#generate-btn") -> None:
     assert wait_until(lambda: _stop_idle(page), 2), "Stop stayed lit after a refusal"
     assert _error_badges(page) == 0
     assert page.is_enabled("#generate-btn")
+    # the line is in view (a phone's click scrolls to it from Generate, far above it)
+    top = page.evaluate("() => document.querySelector('#status').getBoundingClientRect().top")
+    assert wait_until(lambda: 0 <= page.evaluate(
+        "() => document.querySelector('#status').getBoundingClientRect().top") < page.viewport_size["height"], 3), top
 
 
 def test_every_refusal_is_said_on_the_status_line_and_leaves_the_page_ready(server, page):
