@@ -25,6 +25,7 @@ from app.page.lessons import LESSONS, lesson_values
 from app.page.share import IGNORED_QUERY, lesson_in_query, lesson_link, qr_html, settings_from_query, share_link
 from app.page.shown_text import as_html, as_markdown
 from app.page.views import NO_CHANGE, STREAM_OUTPUTS, RaceRenderer, api_message, layer_ranges, one_line
+from app.serving.batcher import Batcher, Ticket
 from app.serving.frames import FrameClock, NewSteps
 from app.serving.job_cost import UNIT_SECONDS, job_cost, session_bytes
 from app.serving.sessions import RunHandle, SessionRuns, session_key
@@ -85,6 +86,8 @@ class Playground:
         # Set by the fair queue: what pushing a request's next job would be refused with (a full queue,
         # its share), or None; the page's checks (``refusal``) say it before the job is pushed.
         self.queue_refusal: Callable[[object], str | None] = lambda request: None
+        # Set by build_demo: the jobs that can share a schedule run as one batch (None: each alone).
+        self.batcher: Batcher | None = None
         self.previewing = threading.Semaphore(1)  # one schedule preview computes at a time (outside the queue)
         # Held for each model step of any run: a cancelled run's step that is still computing (a
         # long prefill) keeps the model busy, so the next run waits for it instead of overlapping.
@@ -280,6 +283,8 @@ class Playground:
     def lesson_share(self, page: str, title: str) -> tuple[str, str]:
         """(link, QR code html) that opens the lesson ``title`` and runs it: the whole class opens
         one link from the projector and the lesson starts on every page."""
+        if not isinstance(page, str) or not page.strip():
+            raise page_error("cannot make a lesson's link without this page's address (the page's script sends it)")
         number = next((i for i, lesson in enumerate(LESSONS, 1) if lesson.title == title), 1)
         link = lesson_link(page, number, start=True)
         return link, qr_html(link, caption=f"Scan to open and run the lesson {as_html(LESSONS[number - 1].title)}")
@@ -287,6 +292,8 @@ class Playground:
     def share(self, page: str, values: dict) -> tuple[str, str]:
         """(link, QR code html) of the current settings: only those that differ from the page's
         defaults, so the link stays short enough to type from a projector."""
+        if not isinstance(page, str) or not page.strip():
+            raise page_error("cannot make a link without this page's address (the page's script sends it)")
         try:
             link = share_link(page, values, page_defaults(self.get_generator(), self.limits), self.limits)
         except ValueError as error:
@@ -369,7 +376,7 @@ class Playground:
         update: RaceUpdate | None = None
         unsent = False  # steps raced since the last message
         try:
-            for update in checked.race(should_cancel=cancel_when_gone(handle, gone), compute_lock=self.compute):
+            for update in self.race_of(checked, cancel_when_gone(handle, gone)):
                 unsent = not frame_clock.due(last=update.done)
                 if not unsent:
                     shown = preparing_line(before, runner.report()) + status if runner is not None else status
@@ -386,6 +393,17 @@ class Playground:
             final += prepared_line(before, runner.report())
         # A stopped run's last frame: the steps it raced since its last message are drawn too.
         yield renderer.outputs(final, update, with_plot=True) if unsent else (final,) + NO_CHANGE[1:]
+
+    def race_of(self, checked: Checked, should_cancel: Callable[[], bool]) -> Iterator[RaceUpdate]:
+        """A Generate's or an API job's race: through the batcher where one is installed (shared with the
+        waiting jobs of its kind, app/serving/batcher.py), else alone, as step mode always runs."""
+        if self.batcher is None:
+            return checked.race(should_cancel=should_cancel, compute_lock=self.compute)
+        settings, generator, run = checked.settings, checked.generator, checked.run
+        ticket = Ticket(generator, run, settings.schedule_request(full=True, num_layers=generator.num_layers),
+                        checked.race, job_cost(run.batch, run.prompt_width, run.request.max_new_tokens, settings.lens),
+                        shareable=not settings.lens, should_cancel=should_cancel)
+        return self.batcher.race(ticket)
 
     # --- step mode --------------------------------------------------------------------------
     def step(self, values: dict, request: gr.Request | None = None) -> tuple:
@@ -499,7 +517,7 @@ class Playground:
         light = replace(settings, lens=False)  # the lens is sent once, in the last message
         update, sent, clock, steps = None, 0, FrameClock(), NewSteps()
         try:
-            for update in checked.race(should_cancel=cancel_when_gone(handle, gone), compute_lock=self.compute):
+            for update in self.race_of(checked, cancel_when_gone(handle, gone)):
                 steps.add(update)
                 if update.done:
                     yield api_message(update, settings) | {"new_steps": steps.take()}
@@ -537,13 +555,6 @@ class Playground:
             return gr.skip(), True
         return ("Step mode: both models read the prompt first (its prefill, a few seconds on a CPU), then each "
                 "Step advances one token. A click while a step computes waits for it."), True
-
-    @staticmethod
-    def proceed(allowed: bool) -> None:
-        """The gate between a click's checks and its run: a refused click ends its chain here (an error
-        the page does not show, on no component: the status line already says why)."""
-        if not allowed:
-            raise gr.Error("refused before it ran (the status line says why)", visible=False, print_exception=False)
 
     # --- admission (the fair queue asks when a job is pushed) -------------------------------------
     def admission_problem(self, api_name: str, values: dict) -> tuple[str, str] | None:

@@ -31,8 +31,9 @@ from app.page.lessons import (
 )
 from app.page.live_plot import live_plot, static_paths
 from app.page.results import results_tab
-from app.page.style import COPY_JS, PAGE_URL_JS, SCROLL_TO_OUTPUTS, STOP_BUSY_JS, STOP_IDLE_JS, launch_style
+from app.page.style import COPY_JS, GATE_JS, PAGE_URL_JS, SCROLL_TO_OUTPUTS, STOP_BUSY_JS, STOP_IDLE_JS, launch_style
 from app.serving import gradio_internals as gi
+from app.serving.batcher import Batcher, BatchLimits
 from app.serving.fair_queue import FairQueue, ServingLimits
 from app.serving.gpu import gpu_handler
 from app.serving.request_guard import RequestGuard
@@ -90,16 +91,20 @@ def analytics_enabled() -> bool:
 def build_demo(get_generator: Callable[[], TextGenerator], limits: Limits | None = None,
                concurrency_limit: int = 1, queue_size: int = 32, max_queued_per_session: int = 2,
                serving: ServingLimits | None = None, tasks: TaskGenerators | None = None,
-               landing: str = "auto") -> gr.Blocks:
+               landing: str = "auto", batching: BatchLimits | None = None) -> gr.Blocks:
     """The whole app, its queue configured. ``get_generator`` is called per request (app.py
     caches the loaded model). Only the queued, documented endpoints run generations: the REST
     routes that bypass the queue are closed (api_open=False). ``tasks`` loads a task's models
     (default: the shipped ones, when a visitor first picks the task). ``landing``: what a visit
     without a link shows, "auto" (the paper's task at 3x where its models are there for this
-    model, else general chat) or "chat"."""
+    model, else general chat) or "chat". ``batching``: how large a batch of jobs that share a schedule
+    grows (app/serving/batcher.py; default: BatchLimits(); rows=1 runs every job alone)."""
     limits = limits or Limits()
+    batching = batching or BatchLimits()
     gr.set_static_paths(static_paths())
     playground = Playground(get_generator, limits, concurrency_limit, tasks)
+    if batching.rows > 1:
+        playground.batcher = Batcher(batching, playground.compute)
     generator = get_generator()
     if landing not in LANDINGS:
         raise ValueError(f"landing must be {' or '.join(LANDINGS)}; got {landing!r}")
@@ -118,13 +123,14 @@ def build_demo(get_generator: Callable[[], TextGenerator], limits: Limits | None
                 ui |= _how_it_works_tab()
             with gr.Tab("Results"):
                 results_tab()
-        _wire(demo, playground, ui, trained_defaults(generator), concurrency_limit)
+        _wire(demo, playground, ui, trained_defaults(generator), concurrency_limit, batching.rows)
     demo.playground = playground  # tests and the load script inspect active runs
     demo.queue(api_open=False, max_size=queue_size)
     gi.fix_streaming_diffs()  # a frame's lists of steps reach the client whole (app/serving/gradio_internals.py)
     # The fair queue (app/serving/fair_queue.py): admission and place by client; ``serving`` sets its other limits.
+    held = playground.batcher.waiting_count if playground.batcher is not None else (lambda: 0)
     fair = FairQueue((serving or ServingLimits()).sized(queue_size, max_queued_per_session),
-                     playground.admission_problem).install(demo)
+                     playground.admission_problem, held).install(demo)
     playground.client_gone = fair.client_gone_check
     playground.queue_refusal = fair.refusal_for
     playground.address_of = fair.address_of
@@ -270,22 +276,29 @@ def _how_it_works_tab() -> dict:
     return {"batch": (speedup, decay, button, gr.Plot(show_label=False), gr.Markdown(latex_delimiters=[]))}
 
 
-def _wire(demo: gr.Blocks, playground: Playground, ui: dict, defaults: dict, concurrency_limit: int) -> None:
-    """Every event: plain handlers, private except the one public ``generate`` endpoint."""
+def _wire(demo: gr.Blocks, playground: Playground, ui: dict, defaults: dict, concurrency_limit: int,
+          batch_rows: int) -> None:
+    """Every event: plain handlers, private except the one public ``generate`` endpoint. Generations
+    (Generate, lessons, restarts, the API) run in the batch lane: up to a batch's rows of them at once,
+    handed to the batcher, which runs them as shared batches; step mode, a task's loading and the
+    How-it-works batch view in the model lane, one at a time. Both lanes' model steps take turns on
+    the playground's compute lock."""
     settings = set(ui["c"].values())
     stream = [ui[name] for name in ("status", "skip_out", "full_out", "headline", "details", "heatmap", "heatmap_note")]
     lane = dict(concurrency_id="model", concurrency_limit=concurrency_limit)
+    runs = dict(concurrency_id="batch", concurrency_limit=max(concurrency_limit, batch_rows)) \
+        if playground.batcher is not None else lane
     loaded = _wire_sharing(demo, playground, ui)
-    note = _wire_runs(demo, playground, ui, defaults, settings, stream, lane, loaded)
-    _wire_restarts(playground, ui, settings, stream, lane)
+    note = _wire_runs(demo, playground, ui, defaults, settings, stream, runs, loaded, lane)
+    _wire_restarts(playground, ui, settings, stream, runs)
     _wire_steps_and_previews(demo, playground, ui, settings, stream, lane)
     gr.on([gr.Timer(4).tick, demo.load], **(note | dict(api_name="ui_load_note")), **PRIVATE)
     demo.unload(playground.leave)
-    gr.api(gpu_handler(api_function(playground, defaults)), api_name="generate", **lane)
+    gr.api(gpu_handler(api_function(playground, defaults)), api_name="generate", **runs)
 
 
 def _wire_runs(demo: gr.Blocks, playground: Playground, ui: dict, defaults: dict, settings: set, stream: list,
-               lane: dict, loaded) -> dict:
+               lane: dict, loaded, model_lane: dict) -> dict:
     """Generate, the lessons' runs (a click, or a lesson's link that starts it once the page has
     ``loaded`` the link's settings) and the task's events; returns the load note's event (the timer reuses it)."""
     c = ui["c"]
@@ -313,13 +326,14 @@ def _wire_runs(demo: gr.Blocks, playground: Playground, ui: dict, defaults: dict
             queue=False, api_name=False).then(**checks["refusal"])
         _gated(checked, checks).success(generate, settings, stream, api_name=f"ui_lesson_{i}", **PRIVATE,
                                         **lane).then(**note).then(**preview).then(**header)  # fresh at the end
-    start = gr.State(False)  # a lesson's link asks to start it (?lesson=N&run=1)
+    # a lesson's link asks to start it (?lesson=N&run=1); read by the page's gate (GATE_JS): not a State
+    start = gr.Checkbox(False, visible=False, elem_id="link-starts")
     linked = loaded.then(playground.lesson_from_link, None, [ui["lesson"], start], queue=False, api_name=False).then(
-        playground.proceed, [start], None, queue=False, api_name=False, show_progress="hidden").success(
+        None, [start], None, js=GATE_JS, queue=False, api_name=False, show_progress="hidden").success(
         playground.arm, None, None, js=STOP_BUSY_JS, queue=False, api_name=False).then(**checks["refusal"])
     _gated(linked, checks).success(generate, settings, stream, api_name="ui_lesson_link", **PRIVATE, **lane).then(
         **note).then(**preview).then(**header)
-    task_events(demo, playground, ui, [c[name] for name in TASK_FIXED], settings, lane)
+    task_events(demo, playground, ui, [c[name] for name in TASK_FIXED], settings, model_lane)
     c["task"].change(lambda task: [gr.update(visible=is_task(task))] * len(TASK_PRESETS), [c["task"]],
                      [ui["presets"][value] for value in TASK_PRESETS], queue=False, api_name=False)
     ui["lesson"].change(lesson_text, [ui["lesson"]], [ui["lesson_text"], ui["lesson_then"]], queue=False,
@@ -330,11 +344,12 @@ def _wire_runs(demo: gr.Blocks, playground: Playground, ui: dict, defaults: dict
 def _click_checks(playground: Playground, ui: dict, settings: set) -> dict:
     """The two events before a click's job is pushed, both outside the queue: the checks (a refusal's
     reason on the status line, at once) and the gate that ends a refused click's chain there."""
-    allowed = gr.State(False)
+    # a hidden checkbox, not a State: the gate runs in the page, and a State's value stays on the server
+    allowed = gr.Checkbox(False, visible=False, elem_id="click-allowed")
     quick = dict(queue=False, api_name=False, show_progress="hidden")
     return {"refusal": dict(fn=with_settings(playground.refusal, ui["c"]), inputs=settings,
                             outputs=[ui["status"], allowed], **quick),
-            "gate": dict(fn=playground.proceed, inputs=[allowed], outputs=None, **quick)}
+            "gate": dict(fn=None, inputs=[allowed], outputs=None, js=GATE_JS, **quick)}
 
 
 def _gated(checked, checks: dict):

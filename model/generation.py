@@ -485,6 +485,24 @@ class TextGenerator:
         return check
 
 
+def shared_part(request: GenerationRequest) -> GenerationRequest:
+    """What requests must have in common to run as one batch (``merged_request``): everything but
+    their prompts and their sampling seed. Two requests with equal shared parts decode under one
+    schedule, with one token budget, sampler and stop strings: SkipDecode's one exit for the batch."""
+    return replace(request, prompts=(), sampling=replace(request.sampling, seed=None, row_seeds=()))
+
+
+def merged_request(requests: Sequence[GenerationRequest]) -> GenerationRequest:
+    """Several requests of one shared part as one batch: their prompts in order, each request's rows
+    sampled from its own seed (SamplingConfig.row_seeds), so a sampled row draws what it would alone."""
+    first = requests[0]
+    if any(shared_part(request) != shared_part(first) for request in requests[1:]):
+        raise ValueError("only requests with the same schedule, token budget, sampler and stop strings share a batch")
+    prompts = tuple(prompt for request in requests for prompt in request.prompts)
+    seeds = tuple((len(request.prompts), request.sampling.seed) for request in requests)
+    return replace(first, prompts=prompts, sampling=replace(first.sampling, row_seeds=seeds))
+
+
 def truncate_at_stop(text: str, stop: Sequence[str]) -> str:
     cut = min((text.find(s) for s in stop if s and s in text), default=-1)
     return text[:cut] if cut >= 0 else text

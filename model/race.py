@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, ContextManager, Generator, Iterator
 
 from model.generation import GenerationResult, LensReading, PreparedRun, ScheduleRequest, TextGenerator
@@ -137,6 +137,17 @@ class StreamProgress:
         return decoded / seconds if seconds > 0 else 0.0
 
 
+@dataclass(frozen=True)
+class BatchShare:
+    """A run that shared its batch with other requests (other visitors): how many, and the batch's own
+    speed (all its rows' tokens over its time, prefill included), beside the row's."""
+
+    requests: int
+    rows: int
+    skip_tokens_per_second: float
+    full_tokens_per_second: float
+
+
 @dataclass
 class RaceUpdate:
     """Everything shown after one step of either stream."""
@@ -152,6 +163,7 @@ class RaceUpdate:
     # lockstep); None before. With the lens's KL asked for: per token {layer: KL(full || lens)}.
     judged: list[Judged] | None = None
     lens_kl: list[dict[int, float]] | None = None
+    batch: BatchShare | None = None  # set when these rows shared their batch with other requests (row_update)
 
     @property
     def num_layers(self) -> int:
@@ -242,3 +254,39 @@ def race(generator: TextGenerator, skip_run: PreparedRun, full_run: PreparedRun,
                 judge.update(views["skip"])
         yield RaceUpdate(views["skip"], views["full"], skip_run.schedule, key, generator.cost,
                          skip_run.request.prompts, prompt, judge.judged, judge.kl)
+
+
+# --- one request's rows of a shared batch ----------------------------------------------------------
+
+
+@dataclass
+class FrozenTexts:
+    """A TokenTexts as it stood (``rows_of`` copies it: the batch's race goes on extending the original)."""
+
+    texts: list[str]
+    text: str
+
+
+def rows_of(progress: StreamProgress, rows: range) -> StreamProgress:
+    """The rows ``rows`` of a stream, copied as they stand: their tokens, texts and finish reasons, and
+    the batch's layers and timings (every row ran the same layers). Done when the stream is, or when
+    every one of these rows has ended (an end of text or a stop string: the batch goes on for others)."""
+    record = progress.record
+    copy = None
+    if record is not None:
+        copy = replace(record, prompt_lengths=record.prompt_lengths[rows.start:rows.stop],
+                       tokens=[list(record.tokens[row]) for row in rows],
+                       finish_reasons=record.finish_reasons[rows.start:rows.stop],
+                       step_layers=list(record.step_layers), step_seconds=list(record.step_seconds))
+    texts: list[Any] = [FrozenTexts(list(progress.texts[row].texts), progress.texts[row].text) for row in rows]
+    ended = copy is not None and all(reason != "length" for reason in copy.finish_reasons)
+    return StreamProgress(progress.name, len(rows), copy, texts, progress.done or ended)
+
+
+def row_update(update: RaceUpdate, rows: range, prompts: tuple[str, ...], prompt: PromptTokens,
+               judged: list[Judged] | None, requests: int) -> RaceUpdate:
+    """One request's view of a shared batch's race: its own rows only (no other request's text), its
+    prompt, the full model's verdict on its first row, and the batch's share (``BatchShare``)."""
+    share = BatchShare(requests, update.skip.rows, update.skip.tokens_per_second, update.full.tokens_per_second)
+    return RaceUpdate(rows_of(update.skip, rows), rows_of(update.full, rows), update.solved, update.moved,
+                      update.cost, prompts, prompt, judged, None, share)

@@ -209,9 +209,21 @@ def headline_html(update: RaceUpdate, settings: PlaygroundSettings, step_mode: b
     checked = fact_check(update, settings)
     facts = facts_note(checked) + known_answer_note(update, settings)
     legend = FACT_LEGEND if update.done and checked is not None else ""  # the marks are drawn on finished text only
-    return (f'<div class="headline">{legend}{speed}.{facts} {share[0].upper() + share[1:]}. '
+    return (f'<div class="headline">{legend}{batch_line(update)}{speed}.{facts} {share[0].upper() + share[1:]}. '
             f'{regression_note(settings, update.solved)} '
             f'<a href="#results" class="to-results">Results</a></div>')
+
+
+def batch_line(update: RaceUpdate) -> str:
+    """A run that shared its batch with other visitors says so first (every row ran the same layers:
+    the method), with this run's speed beside the batch's; "" for a run alone."""
+    share = update.batch
+    if share is None:
+        return ""
+    return (f'<div class="batch-line"><b>One batch of {share.requests} visitors</b> ({share.rows} rows): every row '
+            f"ran these layers, one exit depth per position for the whole batch. Your row: SkipDecode "
+            f"{update.skip.tokens_per_second:.1f} tokens/s, the full model {update.full.tokens_per_second:.1f}; the "
+            f"batch: {share.skip_tokens_per_second:.1f} and {share.full_tokens_per_second:.1f} tokens/s.</div>")
 
 
 NO_FASTER_BELOW = 1.05  # a measured median under this is within a step's timer noise of 1x: "no faster"
@@ -495,6 +507,13 @@ def api_message(update: RaceUpdate, settings: PlaygroundSettings) -> dict:
         **speedup_summary(solved, [len(layers) for layers in skip.step_layers], update.cost).to_json(),
         "schedule": schedule_json(solved.config),
         "done": update.done,
+        # how many requests shared this run's batch (1: it ran alone) and the batch's own speed
+        "batch_requests": update.batch.requests if update.batch else 1,
+        "batch_rows": update.batch.rows if update.batch else skip.rows,
+        "batch_skipdecode_tokens_per_second": round(update.batch.skip_tokens_per_second if update.batch
+                                                    else skip.tokens_per_second, 3),
+        "batch_full_tokens_per_second": round(update.batch.full_tokens_per_second if update.batch
+                                              else full.tokens_per_second, 3),
     } | ({"lens": lens_json(skip)} if settings.lens else {}) | (
         {"full_model_same_next_token": same_next_token_share(update.judged)} if update.done else {})
 

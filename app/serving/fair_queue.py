@@ -99,15 +99,18 @@ def client_key(session: str | None, address: str, page_session: bool) -> str:
 
 
 def admission(waiting: list[Job], client: str, address: str, limits: ServingLimits,
-              total: int | None = None) -> tuple[str, Job | None]:
+              total: int | None = None, running: list[Job] | None = None) -> tuple[str, Job | None]:
     """("admit", None), ("displace", the job to drop to make room) or ("refuse: <message>", None).
     ``total``: every job waiting in the queue (default: ``waiting``, the ones this policy knows).
+    ``running``: jobs that left the queue and have not finished; a client's beyond its first count as
+    waiting (the batch lane starts many jobs at once, and they wait for their batch there, app/serving/batcher.py).
 
     One address may fill a queue nobody else wants (a class of 30 behind one NAT clicks together);
     when the queue is full, a job from an address with fewer waiting jobs takes the place of the
     newest job of the address with the most, then of the client with the most."""
     per_client = collections.Counter(job.client for job in waiting)
-    mine = per_client[client]
+    started = collections.Counter(job.client for job in running or [])
+    mine = per_client[client] + max(0, started[client] - 1)
     own_cap = limits.api_share if client.startswith(API_CLIENT) else limits.per_session
     if mine >= own_cap:
         who = (f"this address's API clients (REST calls and sessions without the page's heartbeat) share "
@@ -189,9 +192,13 @@ class FairQueue:
     streams and page heartbeats are open."""
 
     def __init__(self, limits: ServingLimits,
-                 validate: Callable[[str, dict], tuple[str, str] | None] = lambda name, values: None) -> None:
+                 validate: Callable[[str, dict], tuple[str, str] | None] = lambda name, values: None,
+                 held: Callable[[], int] = lambda: 0) -> None:
         self.limits = limits
         self.validate = validate  # (api_name, settings by name) -> (parameter, message) to refuse at push
+        # Jobs that left gradio's queue and still wait for their turn elsewhere (the batcher's: the batch
+        # lane starts many jobs at once): they count against the queue's size as waiting jobs.
+        self.held = held
         self.queue = None
         self.blocks = None
         self._lock = threading.Lock()
@@ -282,8 +289,10 @@ class FairQueue:
         self.drop_abandoned()
         with self._lock:
             waiting = self._waiting_jobs()
+            running = self._running_jobs()
         # The share first: refusing a flood's surplus costs microseconds, not a settings check.
-        verdict, victim = admission(waiting, client, address, self.limits, total=gi.waiting_count(self.queue))
+        verdict, victim = admission(waiting, client, address, self.limits,
+                                    total=gi.waiting_count(self.queue) + self.held(), running=running)
         if verdict.startswith("refuse"):
             return gi.queue_full(verdict.removeprefix("refuse: ")), None
         refusal = self._invalid(fn, body)
@@ -305,8 +314,9 @@ class FairQueue:
         client = client_key(session, address, self.page_session(session))
         with self._lock:
             waiting = self._waiting_jobs()
-        total = gi.waiting_count(self.queue) if self.queue is not None else len(waiting)
-        verdict, _ = admission(waiting, client, address, self.limits, total=total)
+            running = self._running_jobs()
+        total = (gi.waiting_count(self.queue) if self.queue is not None else len(waiting)) + self.held()
+        verdict, _ = admission(waiting, client, address, self.limits, total=total, running=running)
         return verdict.removeprefix("refuse: ") if verdict.startswith("refuse") else None
 
     def _invalid(self, fn, body) -> tuple | None:
@@ -341,6 +351,11 @@ class FairQueue:
         for event_id in [e for e, job in self._jobs.items() if job.started and gi.known_event(self.queue, e) is None]:
             del self._jobs[event_id]
         return [self._jobs[e] for e in waiting_ids if e in self._jobs]
+
+    def _running_jobs(self) -> list[Job]:
+        """Our records of the jobs that left the queue and have not finished (after ``_waiting_jobs``,
+        which forgets the finished ones). Caller holds the lock."""
+        return [job for job in self._jobs.values() if job.started]
 
     def waiting(self) -> int:
         """Jobs waiting in the queue (all clients), not yet running."""

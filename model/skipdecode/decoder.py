@@ -65,11 +65,17 @@ class SamplingConfig:
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
+    # A batch of several requests (several visitors sharing one schedule): (rows, seed) per request, in
+    # row order, each request's rows drawn from its own generator, as they would be run alone. Empty:
+    # every row from one generator of ``seed``.
+    row_seeds: tuple[tuple[int, int | None], ...] = ()
 
     def __post_init__(self) -> None:
         check_number("temperature", self.temperature, low=0)
         check_int("top_k", self.top_k, low=0)
         check_number("top_p", self.top_p, above=0, high=1)
+        for rows, _ in self.row_seeds:
+            check_int("rows of a seed group", rows, low=1)
 
     @property
     def greedy(self) -> bool:
@@ -154,7 +160,7 @@ class _StreamRun:
     result: DecodeResult
     finished: list[bool]  # per row
     sampling: SamplingConfig
-    generator: torch.Generator | None
+    generator: torch.Generator | list[tuple[int, torch.Generator]] | None  # one, or (rows, generator) per group
     stop_check: StopCheck | None
     trace: Trace | None
 
@@ -447,21 +453,36 @@ def run_to_end(events: Generator[Any, Any, Any]) -> Any:
             return stop.value
 
 
-def _make_generator(sampling: SamplingConfig, device: torch.device) -> torch.Generator | None:
+def _make_generator(sampling: SamplingConfig, device: torch.device
+                    ) -> torch.Generator | list[tuple[int, torch.Generator]] | None:
     if sampling.greedy:
         return None
+    if sampling.row_seeds:
+        return [(rows, _seeded(seed, device)) for rows, seed in sampling.row_seeds]
+    return _seeded(sampling.seed, device)
+
+
+def _seeded(seed: int | None, device: torch.device) -> torch.Generator:
     generator = torch.Generator(device=device)
-    if sampling.seed is not None:
-        generator.manual_seed(int(sampling.seed))
+    if seed is not None:
+        generator.manual_seed(int(seed))
     else:
         generator.seed()
     return generator
 
 
-def sample_next(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None) -> torch.Tensor:
-    """(B, V) logits -> (B,) next token ids: argmax, or temperature / top-k / top-p sampling."""
+def sample_next(logits: torch.Tensor, sampling: SamplingConfig,
+                generator: torch.Generator | list[tuple[int, torch.Generator]] | None) -> torch.Tensor:
+    """(B, V) logits -> (B,) next token ids: argmax, or temperature / top-k / top-p sampling (a list of
+    (rows, generator): each group of rows, in order, drawn from its own generator)."""
     if sampling.greedy:
         return greedy_ids(logits)
+    if isinstance(generator, list):
+        groups, start = [], 0
+        for rows, own in generator:
+            groups.append(sample_next(logits[start:start + rows], sampling, own))
+            start += rows
+        return torch.cat(groups)
     scores = logits.float() / sampling.temperature
     if sampling.top_k > 0 and sampling.top_k < scores.shape[-1]:
         kth = torch.topk(scores, sampling.top_k, dim=-1).values[..., -1:]

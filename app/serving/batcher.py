@@ -1,0 +1,281 @@
+"""The class as one batch: concurrent jobs that can share a schedule run as ONE SkipDecode batch.
+
+SkipDecode's point over token-level early exit is that a whole batch shares one exit depth per
+position, so batching and the KV cache keep working. The batcher is where the playground uses it:
+every page or API run of the model lane hands its job here (a ``Ticket``), and one runner thread
+runs the jobs one batch at a time, in the order they came (the fair queue's order: it started them).
+
+* A batch is the oldest waiting job plus every waiting job that can share its schedule
+  (``Ticket.key``: the same model and skip policy, and the same request but for its prompts and seed:
+  schedule, token budget, sampler, stop strings, chat template), up to ``BatchLimits.rows`` rows and
+  ``BatchLimits.cost`` summed job cost. Once a job arrives the runner waits a moment
+  (``BatchLimits.gather_s``) for a class's other clicks of the same moment.
+* A job that shares with nothing, or cannot share (the logit lens: one row's readings per step), runs
+  alone through its own race, exactly as before the batcher (``Ticket.alone``).
+* A shared batch's rows are left padded; SkipDecode's rows step as one batch and the full model's as
+  another, raced as one job is. Each job reads only its own rows (``model.race.row_update``), with the
+  full model's verdict on its first row and the batch's share; no job sees another's text.
+* Rows come and go: a job whose client leaves (or presses Stop) stops being fed, the batch goes on for
+  the others, and a batch whose jobs have all left ends within a layer (the decoder's cancel check).
+  A job whose rows have all ended gets its last update at once; the batch ends when every row has.
+  A job refused at its checks never reaches the batcher (the handler checks first).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, ContextManager, Iterator
+
+from model.common.checks import check_int, check_number
+from model.generation import PreparedRun, ScheduleRequest, TextGenerator, merged_request, shared_part
+from model.race import Judge, PromptTokens, RaceUpdate, race, row_update
+
+CPU_ROWS, GPU_ROWS = 16, 64  # a batch's rows by default: a 2-core CPU's step grows with rows; a GPU's barely
+END = object()  # a ticket's queue: nothing more comes
+
+
+@dataclass(frozen=True)
+class BatchLimits:
+    """How large a shared batch grows (app.py reads them from the environment)."""
+
+    rows: int = CPU_ROWS  # rows in one batch, all jobs together
+    cost: int = 1200  # the batch's summed job cost (app/serving/job_cost.py units: ~17 s of the lane)
+    gather_s: float = 0.04  # once a job arrives, how long the runner waits for no further arrival
+    gather_max_s: float = 0.25  # and at most this long in all (a visitor alone waits no more)
+
+    def __post_init__(self) -> None:
+        check_int("rows", self.rows, low=1)
+        check_int("cost", self.cost, low=1)
+        check_number("gather_s", self.gather_s, low=0)
+        check_number("gather_max_s", self.gather_max_s, low=0)
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One job's place in the batcher: its prepared run (checked, tokenized, solved), the model it
+    runs on, the full model's schedule, how to race it alone, and whether its client still reads."""
+
+    generator: TextGenerator
+    run: PreparedRun
+    full_schedule: ScheduleRequest
+    alone: Callable[..., Iterator[RaceUpdate]]  # its own race: alone(should_cancel=, compute_lock=)
+    cost: int
+    shareable: bool = True  # False: the lens and anything else that must run alone
+    should_cancel: Callable[[], bool] = lambda: False
+    updates: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
+    left: bool = False  # the handler stopped reading (its client left or the run was replaced)
+    arrived: float = field(default_factory=time.monotonic)
+
+    @property
+    def key(self) -> tuple | None:
+        """Jobs with equal keys can share one batch; None: this one runs alone."""
+        if not self.shareable:
+            return None
+        return id(self.generator), shared_part(self.run.request), self.full_schedule
+
+    @property
+    def rows(self) -> int:
+        return self.run.batch
+
+    def gone(self) -> bool:
+        return self.left or self.should_cancel()
+
+
+class Batcher:
+    """The runner thread and its waiting tickets (see the module's docstring)."""
+
+    def __init__(self, limits: BatchLimits | None = None, compute_lock: ContextManager | None = None) -> None:
+        self.limits = limits or BatchLimits()
+        self.compute = compute_lock or contextlib.nullcontext()
+        self._waiting: list[Ticket] = []
+        self._arrival = threading.Condition()
+        self._runner: threading.Thread | None = None
+        self.batches = itertools.count()  # batches run so far (tests and the load script read it)
+        self.largest = 0  # the most jobs one batch has held
+
+    def waiting_count(self) -> int:
+        """Jobs waiting for a batch (not the ones running): the fair queue counts them as waiting."""
+        return len(self._waiting)
+
+    # --- a handler's side ---------------------------------------------------------------------
+    def race(self, ticket: Ticket) -> Iterator[RaceUpdate]:
+        """The job's updates as its batch races (a ValueError of the batch's preparation is raised here)."""
+        self._submit(ticket)
+        try:
+            while True:
+                item = ticket.updates.get()
+                if item is END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            ticket.left = True  # a closed stream (Stop, a closed tab, a restart) loses only its own rows
+
+    def _submit(self, ticket: Ticket) -> None:
+        with self._arrival:
+            self._waiting.append(ticket)
+            self._arrival.notify_all()
+            if self._runner is None or not self._runner.is_alive():
+                self._runner = threading.Thread(target=self._run_forever, name="batcher", daemon=True)
+                self._runner.start()
+
+    # --- the runner ---------------------------------------------------------------------------
+    def _run_forever(self) -> None:
+        while True:
+            batch = self._next_batch()
+            next(self.batches)
+            self.largest = max(self.largest, len(batch))
+            try:
+                if len(batch) == 1:
+                    self._run_alone(batch[0])
+                else:
+                    self._run_shared(batch)
+            except Exception as error:  # noqa: BLE001 (every job of the batch is told; the runner goes on)
+                for ticket in batch:
+                    ticket.updates.put(error)
+                    ticket.updates.put(END)
+
+    def _next_batch(self) -> list[Ticket]:
+        """Wait for a job; then the oldest job and the waiting jobs that share its key (see BatchLimits)."""
+        with self._arrival:
+            while True:
+                self._drop_gone()
+                if self._waiting:
+                    break
+                self._arrival.wait()
+            head = self._waiting[0]
+            if head.key is not None:
+                self._gather(head)
+            batch = self._companions(head)
+            self._waiting = [ticket for ticket in self._waiting if ticket not in batch]
+            return batch
+
+    def _drop_gone(self) -> None:
+        """Jobs stopped or left while they waited end here (their handler reads the end and says so)."""
+        for ticket in [ticket for ticket in self._waiting if ticket.gone()]:
+            self._waiting.remove(ticket)
+            ticket.updates.put(END)
+
+    def _gather(self, head: Ticket) -> None:
+        """Wait (holding nothing: the condition's wait releases it) while jobs keep arriving, a class's
+        clicks of one moment: until none came for ``gather_s``, at most ``gather_max_s`` after the head."""
+        deadline = head.arrived + self.limits.gather_max_s
+        while True:
+            seen = len(self._waiting)
+            quiet = min(self.limits.gather_s, deadline - time.monotonic())
+            if quiet <= 0 or self._full(head):
+                return
+            self._arrival.wait(quiet)
+            if len(self._waiting) == seen:
+                return
+
+    def _full(self, head: Ticket) -> bool:
+        return sum(ticket.rows for ticket in self._companions(head)) >= self.limits.rows
+
+    def _companions(self, head: Ticket) -> list[Ticket]:
+        """The head and, in arrival order, the waiting jobs of its key that fit the batch's rows and cost."""
+        batch, rows, cost = [head], head.rows, head.cost
+        if head.key is None:
+            return batch
+        for ticket in self._waiting[1:]:
+            if ticket.key != head.key or ticket.gone():
+                continue
+            if rows + ticket.rows > self.limits.rows or cost + ticket.cost > self.limits.cost:
+                continue
+            batch.append(ticket)
+            rows, cost = rows + ticket.rows, cost + ticket.cost
+        return batch
+
+    def _run_alone(self, ticket: Ticket) -> None:
+        """A batch of one: the job's own race, as it ran before the batcher (bit for bit)."""
+        try:
+            for update in ticket.alone(should_cancel=ticket.gone, compute_lock=self.compute):
+                if ticket.left:
+                    break
+                ticket.updates.put(update)
+        except ValueError as error:  # e.g. a prompt over the context, found at encoding time
+            ticket.updates.put(error)
+        ticket.updates.put(END)
+
+    def _run_shared(self, tickets: list[Ticket]) -> None:
+        """Several jobs as one batch: one SkipDecode stream and one full-model stream over all their rows."""
+        generator = tickets[0].generator
+        with self.compute:
+            skip = generator.prepare(merged_request([ticket.run.request for ticket in tickets]))
+        full = generator.with_schedule(skip, tickets[0].full_schedule)
+        readers = [_Reader(ticket, rows, len(tickets), generator)
+                   for ticket, rows in zip(tickets, _row_ranges([ticket.rows for ticket in tickets]))]
+        last: RaceUpdate | None = None
+        for last in race(generator, skip, full, should_cancel=lambda: all(r.ticket.gone() for r in readers),
+                         compute_lock=self.compute):
+            for reader in readers:
+                reader.read(last, self.compute)
+        for reader in readers:
+            reader.finish(last)
+
+
+def _row_ranges(sizes: list[int]) -> list[range]:
+    """Consecutive row ranges of these sizes: each job's rows in the merged batch."""
+    ends = list(itertools.accumulate(sizes))
+    return [range(end - size, end) for size, end in zip(sizes, ends)]
+
+
+@dataclass(eq=False)
+class _Reader:
+    """One job's reading of a shared batch: its rows' updates into its queue until its rows are done."""
+
+    ticket: Ticket
+    rows: range
+    jobs: int
+    generator: TextGenerator
+    prompt: PromptTokens = PromptTokens()
+    judge: Judge | None = None
+    done: bool = False
+
+    def __post_init__(self) -> None:
+        texts, hidden = self.generator.prompt_tokens(self.ticket.run)
+        self.prompt = PromptTokens(tuple(texts), hidden)
+        self.judge = Judge(self.generator, self.ticket.run, with_kl=False)
+
+    def read(self, update: RaceUpdate, compute: ContextManager) -> None:
+        if self.done:
+            return
+        if self.ticket.gone():
+            self._end()
+            return
+        view = self._view(update)
+        if view.skip.done and self.judge is not None:  # the full model's verdict on the job's first row
+            with compute:
+                self.judge.update(view.skip)
+            view = dataclasses.replace(view, judged=self.judge.judged)
+        self.ticket.updates.put(view)
+        if view.done:
+            self._end()
+
+    def finish(self, last: RaceUpdate | None) -> None:
+        """The batch ended (every row done, or every job gone): a job not told yet gets its last view."""
+        if not self.done and last is not None and not self.ticket.gone():
+            self.read(dataclasses.replace(last, skip=_finished(last.skip), full=_finished(last.full)), contextlib.nullcontext())
+        self._end()
+
+    def _view(self, update: RaceUpdate) -> RaceUpdate:
+        prompts = update.prompts[self.rows.start:self.rows.stop]
+        judged = self.judge.judged if self.judge is not None else None
+        return row_update(update, self.rows, tuple(prompts), self.prompt, judged, self.jobs)
+
+    def _end(self) -> None:
+        if not self.done:
+            self.done = True
+            self.ticket.updates.put(END)
+
+
+def _finished(progress: Any) -> Any:
+    """A stream's progress marked done (the batch ended: its last step has run)."""
+    return dataclasses.replace(progress, done=True)

@@ -1,0 +1,166 @@
+"""The batcher on a tiny random model: jobs that share a schedule run as one batch, each job reads
+only its own rows, rows leave and end early without touching the others, a batch of one is the
+job's own race bit for bit, and each sampled row keeps its own seed."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import pytest
+import torch
+
+from app.serving.batcher import Batcher, BatchLimits, Ticket
+from model.generation import GenerationRequest, ScheduleRequest, TextGenerator, merged_request
+from model.race import race
+from model.skipdecode.decoder import SamplingConfig, sample_next
+
+PROMPTS = ("Name three colours.", "What is the capital of France?", "Tell me about the sea.", "Why is the sky blue?")
+NEW_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def generator(tiny_folder):
+    from model.loading import load_model
+
+    return TextGenerator(load_model(str(tiny_folder), device="cpu", adapter=None))
+
+
+def _request(prompt: str, **changes) -> GenerationRequest:
+    schedule = ScheduleRequest(target_speedup=2.0, warmup=1, skip_policy=False)
+    return dataclasses.replace(GenerationRequest(prompts=(prompt,), schedule=schedule, max_new_tokens=NEW_TOKENS),
+                               **changes)
+
+
+def _ticket(generator: TextGenerator, request: GenerationRequest, **options) -> Ticket:
+    run = generator.prepare(request)
+    full = dataclasses.replace(request.schedule, full=True)
+
+    def alone(**race_options):
+        return race(generator, run, generator.with_schedule(run, full), **race_options)
+    return Ticket(generator, run, full, alone, cost=10, **options)
+
+
+def _alone(generator: TextGenerator, request: GenerationRequest):
+    """The last update of the job raced by itself, as the playground ran every job before the batcher."""
+    return list(_ticket(generator, request).alone())[-1]
+
+
+def _race_together(batcher: Batcher, tickets: list[Ticket]) -> list[list]:
+    """Every ticket's updates, each ticket read by its own thread (as each visitor's handler reads)."""
+    updates: list[list] = [[] for _ in tickets]
+
+    def read(index: int) -> None:
+        updates[index].extend(batcher.race(tickets[index]))
+    threads = [threading.Thread(target=read, args=(i,)) for i in range(len(tickets))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    return updates
+
+
+def _texts(update) -> tuple[list[list[int]], list[list[int]]]:
+    rows = range(update.skip.rows)
+    return [update.skip.ids(r) for r in rows], [update.full.ids(r) for r in rows]
+
+
+def test_a_batch_of_one_is_the_jobs_own_race_bit_for_bit(generator):
+    batcher = Batcher(BatchLimits(gather_s=0.0, gather_max_s=0.0))
+    request = _request(PROMPTS[0])
+    together = list(batcher.race(_ticket(generator, request)))
+    alone = list(_ticket(generator, request).alone())
+    # (which stream moves next follows measured time: the order of the moves is the clock's, not the job's)
+    assert len(together) == len(alone) and _texts(together[-1]) == _texts(alone[-1])
+    assert together[-1].skip.step_layers == alone[-1].skip.step_layers
+    assert together[-1].batch is None and together[-1].done  # it ran alone: no batch share
+
+
+def test_jobs_that_share_a_schedule_run_as_one_batch_each_reading_its_own_rows(generator):
+    batcher = Batcher(BatchLimits(gather_s=0.3, gather_max_s=1.0))
+    requests = [_request(prompt) for prompt in PROMPTS] + [_request(PROMPTS[0])]  # two rows of one prompt
+    updates = _race_together(batcher, [_ticket(generator, request) for request in requests])
+    assert batcher.largest == len(requests)  # one batch held them all
+    for request, own in zip(requests, updates):
+        last = own[-1]
+        assert last.done and last.batch is not None and last.batch.requests == len(requests)
+        assert last.prompts == request.prompts and last.skip.rows == 1  # its own row, never another's
+        assert _texts(last) == _texts(_alone(generator, request))  # the text it gets alone
+        assert last.judged is not None and len(last.judged) == len(last.skip.ids(0))  # its row judged
+    assert _texts(updates[0][-1]) == _texts(updates[-1][-1])  # the same prompt twice: the same text
+    assert len({tuple(map(tuple, u.skip.step_layers)) for u in (own[-1] for own in updates)}) == 1  # one schedule
+
+
+def test_a_job_that_leaves_loses_only_its_rows_and_a_batch_everyone_left_ends(generator):
+    batcher = Batcher(BatchLimits(gather_s=0.3, gather_max_s=1.0))
+    tickets = [_ticket(generator, _request(prompt)) for prompt in PROMPTS[:3]]
+    results: dict[int, list] = {}
+
+    def read(index: int, keep: int | None) -> None:
+        stream = batcher.race(tickets[index])
+        got = []
+        for update in stream:
+            got.append(update)
+            if keep is not None and len(got) >= keep:
+                stream.close()  # the visitor left (a closed tab, Stop): its handler stops reading
+                break
+        results[index] = got
+    threads = [threading.Thread(target=read, args=(i, 2 if i == 1 else None)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert tickets[1].left and len(results[1]) == 2
+    for index in (0, 2):
+        assert results[index][-1].done
+        assert _texts(results[index][-1]) == _texts(_alone(generator, _request(PROMPTS[index])))
+    # every job leaves: the batch ends within a step, and the next job runs at once
+    stopped = threading.Event()
+    gone = [_ticket(generator, _request(prompt, max_new_tokens=200), should_cancel=stopped.is_set)
+            for prompt in PROMPTS[:2]]
+    readers = [threading.Thread(target=lambda t=t: list(batcher.race(t))) for t in gone]
+    for thread in readers:
+        thread.start()
+    stopped.set()
+    for thread in readers:
+        thread.join(30)
+        assert not thread.is_alive()
+    after = list(batcher.race(_ticket(generator, _request(PROMPTS[3]))))
+    assert after[-1].done
+
+
+def test_a_row_that_ends_early_stops_streaming_while_the_batch_goes_on(generator):
+    long_alone = _alone(generator, _request(PROMPTS[1]))
+    short_alone = _alone(generator, _request(PROMPTS[0]))
+    short_text = generator.decode_text(short_alone.skip.ids(0))
+    long_text = generator.decode_text(long_alone.skip.ids(0))
+    # a stop string in the first row's early text that the second row never writes
+    stop = next((short_text[i:i + 3] for i in range(len(short_text) - 3)
+                 if short_text[i:i + 3].strip() and short_text[i:i + 3] not in long_text
+                 and generator.decode_text(generator.loaded.tokenizer.encode(short_text[:i + 3],
+                                                                            add_special_tokens=False))), None)
+    if stop is None:
+        pytest.skip("the tiny model wrote no text one row stops on and the other does not")
+    batcher = Batcher(BatchLimits(gather_s=0.3, gather_max_s=1.0))
+    requests = [_request(PROMPTS[0], stop=(stop,)), _request(PROMPTS[1], stop=(stop,))]
+    short, long_ = _race_together(batcher, [_ticket(generator, request) for request in requests])
+    assert short[-1].done and short[-1].skip.record.finish_reasons == ["stop"]
+    ended = next(update for update in short if update.skip.done)  # its SkipDecode row ended here
+    assert len(ended.skip.step_layers) < len(long_[-1].skip.step_layers)  # and the batch went on
+    assert len(ended.skip.ids(0)) < NEW_TOKENS
+    assert _texts(short[-1])[0] == _texts(_alone(generator, requests[0]))[0]
+
+
+def test_each_sampled_row_draws_from_its_own_seed_as_it_would_alone():
+    logits = torch.randn(5, 40, generator=torch.Generator().manual_seed(3))
+    sampling = SamplingConfig(temperature=1.0, row_seeds=((2, 11), (1, 12), (2, None)))
+    generators = [(rows, torch.Generator().manual_seed(seed)) for rows, seed in ((2, 11), (1, 12))]
+    together = sample_next(logits[:3], sampling, generators)
+    alone = [sample_next(logits[:2], SamplingConfig(temperature=1.0), torch.Generator().manual_seed(11)),
+             sample_next(logits[2:3], SamplingConfig(temperature=1.0), torch.Generator().manual_seed(12))]
+    assert together.tolist() == torch.cat(alone).tolist()
+    merged = merged_request([_request("a", sampling=SamplingConfig(temperature=1.0, seed=5)),
+                             _request("b", sampling=SamplingConfig(temperature=1.0, seed=6))])
+    assert merged.prompts == ("a", "b") and merged.sampling.row_seeds == ((1, 5), (1, 6))
+    with pytest.raises(ValueError, match="same schedule"):
+        merged_request([_request("a"), _request("b", max_new_tokens=3)])
