@@ -17,6 +17,9 @@ Settings (environment variables, all optional):
   SKIPDECODE_MAX_JOB_COST   one job's model time in units of app/serving/job_cost.py (default 300: ~4 s of the lane)
   GRADIO_ANALYTICS_ENABLED  telemetry and gradio's version check (default False)
   SKIPDECODE_CONCURRENCY    generations running at once (default 1: one model, one CPU)
+  SKIPDECODE_BATCH_ROWS     rows one shared batch holds: waiting jobs that share a schedule run as one
+                            SkipDecode batch (default 16 on a CPU, 64 on a GPU; 1: every job alone)
+  SKIPDECODE_BATCH_COST     a shared batch's summed job cost (default 1200 units: ~17 s of the lane)
   SKIPDECODE_QUEUE_SIZE     requests waiting at most before new ones are turned away (default 32)
   SKIPDECODE_MAX_QUEUED_PER_SESSION  requests one page session may have waiting (default 2)
   SKIPDECODE_MAX_QUEUED_API_PER_ADDRESS  requests one address's API clients (REST calls, sessions
@@ -44,6 +47,7 @@ import sys
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 from functools import lru_cache
 
+from app.serving.batcher import CPU_ROWS, GPU_ROWS, BatchLimits
 from app.serving.fair_queue import ServingLimits
 from app.serving.sessions import limit_malloc_arenas
 from app.settings import Limits
@@ -88,6 +92,12 @@ def limits_from_env() -> Limits:
         max_step_sessions_per_address=_env_int("SKIPDECODE_STEP_PER_ADDRESS", 4),
         max_job_cost=_env_int("SKIPDECODE_MAX_JOB_COST", Limits().max_job_cost),
     )
+
+
+def batching_from_env(on_gpu: bool) -> BatchLimits:
+    """How large a batch of jobs that share a schedule grows (app/serving/batcher.py)."""
+    rows = _env_int("SKIPDECODE_BATCH_ROWS", GPU_ROWS if on_gpu else CPU_ROWS)
+    return BatchLimits(rows=max(1, rows), cost=_env_int("SKIPDECODE_BATCH_COST", BatchLimits().cost))
 
 
 def serving_from_env() -> ServingLimits:
@@ -136,7 +146,8 @@ def main() -> None:
     demo = build_demo(get_generator, limits_from_env(), concurrency_limit=_env_int("SKIPDECODE_CONCURRENCY", 1),
                       queue_size=_env_int("SKIPDECODE_QUEUE_SIZE", 32),
                       max_queued_per_session=_env_int("SKIPDECODE_MAX_QUEUED_PER_SESSION", 2),
-                      serving=serving_from_env(), landing=landing_from_env())
+                      serving=serving_from_env(), landing=landing_from_env(),
+                      batching=batching_from_env(get_generator().loaded.device.type == "cuda"))
     # The landing's task model too, before the page is served: the first visitor's first run (the paper's
     # task at 3x) should not wait for it, and the first requests should not share the CPU with its loading.
     preload = demo.playground.preload_landing()

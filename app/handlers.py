@@ -26,7 +26,7 @@ from app.page.share import IGNORED_QUERY, lesson_in_query, lesson_link, qr_html,
 from app.page.shown_text import as_html, as_markdown
 from app.page.views import NO_CHANGE, STREAM_OUTPUTS, RaceRenderer, api_message, layer_ranges, one_line
 from app.serving.batcher import Batcher, Ticket
-from app.serving.frames import FrameClock, NewSteps
+from app.serving.frames import FrameClock, NewSteps, frame_interval
 from app.serving.job_cost import UNIT_SECONDS, job_cost, session_bytes
 from app.serving.sessions import RunHandle, SessionRuns, session_key
 from app.settings import (
@@ -377,6 +377,7 @@ class Playground:
         unsent = False  # steps raced since the last message
         try:
             for update in self.race_of(checked, cancel_when_gone(handle, gone)):
+                frame_clock.every_s = frame_interval(update)
                 unsent = not frame_clock.due(last=update.done)
                 if not unsent:
                     shown = preparing_line(before, runner.report()) + status if runner is not None else status
@@ -519,6 +520,7 @@ class Playground:
         try:
             for update in self.race_of(checked, cancel_when_gone(handle, gone)):
                 steps.add(update)
+                clock.every_s = frame_interval(update)
                 if update.done:
                     yield api_message(update, settings) | {"new_steps": steps.take()}
                 elif clock.due():
@@ -556,6 +558,11 @@ class Playground:
         return ("Step mode: both models read the prompt first (its prefill, a few seconds on a CPU), then each "
                 "Step advances one token. A click while a step computes waits for it."), True
 
+    def pushed(self, api_name: str) -> None:
+        """The fair queue admitted a job: one for the batcher is on its way (it gathers a class's clicks)."""
+        if self.batcher is not None and api_name.startswith(BATCHED_RUNS):
+            self.batcher.expect()
+
     # --- admission (the fair queue asks when a job is pushed) -------------------------------------
     def admission_problem(self, api_name: str, values: dict) -> tuple[str, str] | None:
         """(parameter, message) when a job that runs the model asks for settings or sizes over a
@@ -574,6 +581,7 @@ class Playground:
 
 
 MODEL_RUNS = ("generate", "ui_generate", "ui_step", "ui_restart_")  # api names (prefixes) of model runs
+BATCHED_RUNS = ("generate", "ui_generate", "ui_lesson_", "ui_restart_")  # ... of the runs the batcher takes
 
 
 def preparing_line(before: CaptureReport | None, now: CaptureReport) -> str:

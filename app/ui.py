@@ -133,6 +133,7 @@ def build_demo(get_generator: Callable[[], TextGenerator], limits: Limits | None
                      playground.admission_problem, held).install(demo)
     playground.client_gone = fair.client_gone_check
     playground.queue_refusal = fair.refusal_for
+    fair.admitted = playground.pushed  # the batcher gathers the jobs a class pushes together
     playground.address_of = fair.address_of
     return demo
 
@@ -189,7 +190,7 @@ def _prompt_column(generator: TextGenerator, limits: Limits, ranges: dict, ui: d
 
 
 def _lessons(ui: dict, shown: Lesson) -> None:
-    with gr.Accordion("Lessons: eight experiments for a class", open=True, elem_id="lessons"):
+    with gr.Accordion("Lessons: nine experiments for a class", open=True, elem_id="lessons"):
         with gr.Row(equal_height=True):
             ui["lesson"] = gr.Dropdown([lesson.title for lesson in LESSONS], value=shown.title,
                                        show_label=False, elem_id="lesson-choice", scale=3, container=False)
@@ -286,7 +287,8 @@ def _wire(demo: gr.Blocks, playground: Playground, ui: dict, defaults: dict, con
     settings = set(ui["c"].values())
     stream = [ui[name] for name in ("status", "skip_out", "full_out", "headline", "details", "heatmap", "heatmap_note")]
     lane = dict(concurrency_id="model", concurrency_limit=concurrency_limit)
-    runs = dict(concurrency_id="batch", concurrency_limit=max(concurrency_limit, batch_rows)) \
+    # twice a batch's rows: the next batch gathers in full while one runs
+    runs = dict(concurrency_id="batch", concurrency_limit=max(concurrency_limit, 2 * batch_rows)) \
         if playground.batcher is not None else lane
     loaded = _wire_sharing(demo, playground, ui)
     note = _wire_runs(demo, playground, ui, defaults, settings, stream, runs, loaded, lane)

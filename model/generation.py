@@ -430,6 +430,35 @@ class TextGenerator:
         logits = self.loaded.model(sequence.to(self.loaded.device)).logits[0, len(prompt) - 1:]
         return logits.float().log_softmax(-1)
 
+    JUDGED_ROWS = 8  # rows of one judging forward: (8, positions, vocabulary) float logits stay ~100 MB
+
+    @torch.inference_mode()
+    def full_model_choices_of(self, rows: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[list[int]]:
+        """For each (prompt ids, generated ids): the ORIGINAL model's top next token at each position
+        that produced one of the generated ids (``full_model_choices`` of ``full_model_log_probs``, for
+        many rows): a few full-depth forwards of JUDGED_ROWS rows, right padded (causal attention: what
+        follows a row's end changes nothing before it), the head only over the generated positions."""
+        choices: list[list[int]] = []
+        for start in range(0, len(rows), self.JUDGED_ROWS):
+            choices += self._judged_chunk(rows[start:start + self.JUDGED_ROWS])
+        return choices
+
+    def _judged_chunk(self, rows: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[list[int]]:
+        sequences = [[*prompt, *tokens[:-1]] for prompt, tokens in rows]
+        width = max(len(sequence) for sequence in sequences)
+        ids = torch.full((len(rows), width), self.loaded.tokenizer.pad_token_id or 0, dtype=torch.long)
+        for index, sequence in enumerate(sequences):
+            ids[index, :len(sequence)] = torch.tensor(sequence, dtype=torch.long)
+        first = min(len(prompt) for prompt, _ in rows) - 1  # the earliest position any row is judged at
+        keep = torch.arange(first, width)
+        try:  # the head over the judged positions only (transformers' logits_to_keep)
+            logits = self.loaded.model(ids.to(self.loaded.device), logits_to_keep=keep.to(self.loaded.device)).logits
+        except TypeError:  # a family without logits_to_keep: every position's logits
+            logits = self.loaded.model(ids.to(self.loaded.device)).logits[:, first:]
+        best = logits.argmax(-1).tolist()  # (B, width - first)
+        return [best[index][len(prompt) - 1 - first:len(prompt) - 1 - first + len(tokens)]
+                for index, (prompt, tokens) in enumerate(rows)]
+
     def prompt_tokens(self, run: PreparedRun, row: int = 0) -> tuple[list[str], int]:
         """Row ``row``'s prompt tokens as text (the run's ids), and how many lead the user's text: the
         chat template's system turn and user header, or without a template the leading special

@@ -191,11 +191,15 @@ class Judge:
             return
         generator = self.generator
         full = generator.full_model_log_probs(self.run, ids)
-        self.judged_ids = ids
-        self.judged = [Judged(choice == token, generator.token_text(choice))
-                       for choice, token in zip(generator.full_model_choices(full), ids)]
+        self.chose(ids, generator.full_model_choices(full))
         if self.with_kl and skip.traces:
             self.kl = generator.lens_kl(skip.traces, full, self.run.request.schedule)
+
+    def chose(self, ids: list[int], choices: list[int]) -> None:
+        """The verdict from the full model's choices at SkipDecode's tokens ``ids`` (``update``, or many
+        rows judged in one forward: ``TextGenerator.full_model_choices_of``)."""
+        self.judged_ids = ids
+        self.judged = [Judged(choice == token, self.generator.token_text(choice)) for choice, token in zip(choices, ids)]
 
 
 Stream = Generator[StepEvent, None, GenerationResult]
@@ -226,11 +230,12 @@ def advance(generator: TextGenerator, stream: Stream, progress: StreamProgress, 
 
 def race(generator: TextGenerator, skip_run: PreparedRun, full_run: PreparedRun, *, lens: bool = False,
          lens_kl: bool = False, lockstep: bool = False, should_cancel: Callable[[], bool] | None = None,
-         compute_lock: ContextManager | None = None) -> Iterator[RaceUpdate]:
+         compute_lock: ContextManager | None = None, judge_first_row: bool = True) -> Iterator[RaceUpdate]:
     """Advance SkipDecode (``skip_run``) and the full model (``full_run``: the same tokens under the
     full schedule, ``TextGenerator.with_schedule``) step by step, the one with less compute time
     first (``lockstep``: the one that has taken fewer steps first, so they alternate: step mode).
-    ``lens``: row 0's logit lens; ``lens_kl``: with it, each lens reading's KL to the full model."""
+    ``lens``: row 0's logit lens; ``lens_kl``: with it, each lens reading's KL to the full model.
+    ``judge_first_row=False``: no verdict on row 0 (a shared batch judges each job's rows itself)."""
     rows = skip_run.batch
     views = {key: StreamProgress(name, rows, texts=[TokenTexts(generator) for _ in range(rows)])
              for key, name in (("skip", "SkipDecode"), ("full", "full model"))}
@@ -249,7 +254,7 @@ def race(generator: TextGenerator, skip_run: PreparedRun, full_run: PreparedRun,
         key = min((k for k, v in views.items() if not v.done), key=lambda k: (progress(k), k != "skip"))
         if not advance(generator, streams[key], views[key], lock, skip_run.request.schedule):
             return
-        if key == "skip" and (lockstep or views["skip"].done):  # judged once SkipDecode has finished
+        if judge_first_row and key == "skip" and (lockstep or views["skip"].done):  # once SkipDecode has finished
             with lock:
                 judge.update(views["skip"])
         yield RaceUpdate(views["skip"], views["full"], skip_run.schedule, key, generator.cost,

@@ -7,9 +7,10 @@ Results and How it works tabs; plus the README's assets/images/playground.png an
 and the paper's E2E task at both sizes (assets/images/e2e-1440x900.png, e2e-390x844.png: the task
 picked, an MR composed in the form, generated at 3x; then its lesson's second run, the MR where the task
 model states every fact and 3x drops one: assets/images/visitor/e2e-lesson-then-*.png; SKIPDECODE_TASK_ADAPTERS names other adapters),
-and the issue 52 run at 5x, its wrong fact marked (assets/images/e2e-facts-*.png).
+and the issue 52 run at 5x, its wrong fact marked (assets/images/e2e-facts-*.png), and a class of four
+pages in one batch (assets/images/visitor/class-batch-*.png).
 
-    python scripts/screenshots.py [--only desktop|phone|readme|e2e|facts]
+    python scripts/screenshots.py [--only desktop|phone|readme|e2e|facts|batch]
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from playwright.sync_api import sync_playwright
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from load_test import free_port, start_server  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from app.page.lessons import LESSONS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "assets" / "images"
@@ -163,6 +167,33 @@ def facts_views(browser, port: int) -> list[Path]:
     return written
 
 
+def batch_views(browser, port: int) -> list[Path]:
+    """The class as one batch: four pages (three desktops, a phone) open the lesson's link and press
+    Generate together; the desktop and the phone each show their own row and the batch it shared
+    (assets/images/visitor/class-batch-1440x900.png, class-batch-390x844.png)."""
+    number = next(i for i, lesson in enumerate(LESSONS, 1) if lesson.title == "The class as one batch")
+    sizes = [VIEWPORTS["desktop"]] * 3 + [VIEWPORTS["phone"]]
+    pages = [browser.new_page(viewport={"width": w, "height": h}) for w, h in sizes]
+    for page in pages:
+        page.goto(f"http://127.0.0.1:{port}/?lesson={number}")
+        page.wait_for_selector("#generate-btn", timeout=120_000)
+    time.sleep(2.0)
+    for page in pages:  # within the batcher's gathering moment: one evaluate each, no waits
+        page.evaluate("document.querySelector('#generate-btn').click()")
+    for page in pages:
+        wait_done(page, 300)
+    written = []
+    for page, (width, height) in ((pages[0], sizes[0]), (pages[-1], sizes[-1])):
+        page.evaluate("document.querySelector('#headline').scrollIntoView({block: 'center'})")
+        time.sleep(0.5)
+        path = OUT / "visitor" / f"class-batch-{width}x{height}.png"
+        page.screenshot(path=str(path))
+        written.append(path)
+    for page in pages:
+        page.close()
+    return written
+
+
 def readme_images(browser, port: int) -> list[Path]:
     """The landing's first run (the paper's task at 3x, as a visitor's first Generate) and the Results tab."""
     page = browser.new_page(viewport={"width": 1440, "height": 1300})
@@ -181,7 +212,7 @@ def readme_images(browser, port: int) -> list[Path]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=[*VIEWPORTS, "readme", "e2e", "facts"], help="one set of screenshots")
+    parser.add_argument("--only", choices=[*VIEWPORTS, "readme", "e2e", "facts", "batch"], help="one set of screenshots")
     args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     port = free_port()
@@ -199,6 +230,8 @@ def main() -> int:
                 written += e2e_views(browser, port)
             if args.only in (None, "facts"):
                 written += facts_views(browser, port)
+            if args.only in (None, "batch"):
+                written += batch_views(browser, port)
             browser.close()
     finally:
         server.terminate()

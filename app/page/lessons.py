@@ -111,6 +111,18 @@ LESSONS = (
            "knows both models were given in its place (the E2E challenge baseline's delexicalisation); without "
            "that swap SkipDecode garbles a new place (near[The Painted Lighthouse] came out \"near The "
            "Paintened\"). The Results tab gives the whole test set."),
+    Lesson("The class as one batch", "The whole class presses Generate at the same moment: how does one model "
+           "answer everyone at once?",
+           "the line under the panes: \"One batch of N visitors\": every row ran the heatmap's layers, one exit "
+           "depth per position for the whole batch.",
+           dict(task="e2e", target_speedup=3.0, prompt=E2E_MR, max_new_tokens=check_task("e2e").max_new_tokens),
+           more="Open the lesson's link on the projector (the button under the lesson makes it and its QR code): "
+           "it opens this lesson on every pupil's page and runs it at once. Jobs that arrive together and share "
+           "a schedule (the same task, speedup and settings; each pupil may change the MR) run as ONE batch: one "
+           "matrix product per layer for all of them, and each page shows only its own row. Per-token early exit "
+           "cannot do this: its rows would want different depths at the same position, and a skipped layer "
+           "leaves a hole in the KV cache. SkipDecode gives the whole batch one depth per position, falling as "
+           "it goes, so every layer's cache stays a prefix. Step mode and the logit lens run alone."),
 )
 
 

@@ -46,8 +46,8 @@ class BatchLimits:
 
     rows: int = CPU_ROWS  # rows in one batch, all jobs together
     cost: int = 1200  # the batch's summed job cost (app/serving/job_cost.py units: ~17 s of the lane)
-    gather_s: float = 0.04  # once a job arrives, how long the runner waits for no further arrival
-    gather_max_s: float = 0.25  # and at most this long in all (a visitor alone waits no more)
+    gather_s: float = 0.015  # once a job arrives, how long the runner waits for no further arrival
+    gather_max_s: float = 0.6  # and at most this long in all, while jobs are still being checked (``coming``)
 
     def __post_init__(self) -> None:
         check_int("rows", self.rows, low=1)
@@ -96,6 +96,8 @@ class Batcher:
         self._waiting: list[Ticket] = []
         self._arrival = threading.Condition()
         self._runner: threading.Thread | None = None
+        self._coming = 0  # jobs pushed to the queue and not here yet (``expect``)
+        self._expected_at = 0.0
         self.batches = itertools.count()  # batches run so far (tests and the load script read it)
         self.largest = 0  # the most jobs one batch has held
 
@@ -104,6 +106,22 @@ class Batcher:
         return len(self._waiting)
 
     # --- a handler's side ---------------------------------------------------------------------
+    def expect(self) -> None:
+        """A job for the batcher was just pushed to the queue (the fair queue says so): a batch being
+        gathered waits for it a moment. A class's clicks arrive together, but each job's push and checks
+        take milliseconds one after another, so they reach the batcher spread over a second."""
+        with self._arrival:
+            self._coming += 1
+            self._expected_at = time.monotonic()
+            self._arrival.notify_all()
+
+    def _expecting(self, now: float) -> bool:
+        """Jobs pushed and not here yet; forgotten ``gather_max_s`` after the last push (a pushed job may
+        never come: refused at its checks, stopped or dropped while it waited)."""
+        if self._coming and now - self._expected_at > self.limits.gather_max_s:
+            self._coming = 0
+        return self._coming > 0
+
     def race(self, ticket: Ticket) -> Iterator[RaceUpdate]:
         """The job's updates as its batch races (a ValueError of the batch's preparation is raised here)."""
         self._submit(ticket)
@@ -120,6 +138,7 @@ class Batcher:
 
     def _submit(self, ticket: Ticket) -> None:
         with self._arrival:
+            self._coming = max(0, self._coming - 1)
             self._waiting.append(ticket)
             self._arrival.notify_all()
             if self._runner is None or not self._runner.is_alive():
@@ -165,16 +184,18 @@ class Batcher:
 
     def _gather(self, head: Ticket) -> None:
         """Wait (holding nothing: the condition's wait releases it) while jobs keep arriving, a class's
-        clicks of one moment: until none came for ``gather_s``, at most ``gather_max_s`` after the head."""
+        clicks of one moment: while pushed jobs are on their way (``expect``) or until none arrived for
+        ``gather_s``; at most ``gather_max_s`` after the head; never once the batch is full. A visitor
+        alone waits ``gather_s``."""
         deadline = head.arrived + self.limits.gather_max_s
-        while True:
-            seen = len(self._waiting)
-            quiet = min(self.limits.gather_s, deadline - time.monotonic())
-            if quiet <= 0 or self._full(head):
+        seen, coming, changed = len(self._waiting), self._coming, time.monotonic()
+        while not self._full(head):
+            now = time.monotonic()
+            if now >= deadline or (not self._expecting(now) and now - changed >= self.limits.gather_s):
                 return
-            self._arrival.wait(quiet)
-            if len(self._waiting) == seen:
-                return
+            self._arrival.wait(min(deadline - now, self.limits.gather_s))
+            if (len(self._waiting), self._coming) != (seen, coming):  # an arrival, or a check done: its job comes next
+                seen, coming, changed = len(self._waiting), self._coming, time.monotonic()
 
     def _full(self, head: Ticket) -> bool:
         return sum(ticket.rows for ticket in self._companions(head)) >= self.limits.rows
@@ -213,12 +234,29 @@ class Batcher:
         readers = [_Reader(ticket, rows, len(tickets), generator)
                    for ticket, rows in zip(tickets, _row_ranges([ticket.rows for ticket in tickets]))]
         last: RaceUpdate | None = None
+        judged = False
         for last in race(generator, skip, full, should_cancel=lambda: all(r.ticket.gone() for r in readers),
-                         compute_lock=self.compute):
+                         compute_lock=self.compute, judge_first_row=False):
+            if last.skip.done and not judged:  # every job's first row judged in a few forwards, not one each
+                with self.compute:
+                    _judge_together(generator, [reader for reader in readers if not reader.done], last)
+                judged = True
             for reader in readers:
                 reader.read(last, self.compute)
         for reader in readers:
             reader.finish(last)
+
+
+def _judge_together(generator: TextGenerator, readers: list[_Reader], update: RaceUpdate) -> None:
+    """The full model's verdict on each reader's first row, from batched forwards (a reader already
+    judged alone, its rows having ended early, keeps its verdict)."""
+    rows = [(reader, update.skip.ids(reader.rows.start)) for reader in readers
+            if reader.judge is not None and reader.judge.judged is None]
+    rows = [(reader, ids) for reader, ids in rows if ids]
+    choices = generator.full_model_choices_of([(reader.ticket.run.prompt_ids(0), ids) for reader, ids in rows])
+    for (reader, ids), chosen in zip(rows, choices):
+        assert reader.judge is not None
+        reader.judge.chose(ids, chosen)
 
 
 def _row_ranges(sizes: list[int]) -> list[range]:
@@ -251,7 +289,9 @@ class _Reader:
             self._end()
             return
         view = self._view(update)
-        if view.skip.done and self.judge is not None:  # the full model's verdict on the job's first row
+        # The full model's verdict on the job's first row: judged with the batch's other rows once the
+        # batch's SkipDecode stream is done (_judge_together); alone only for a job done before that.
+        if view.done and self.judge is not None and self.judge.judged is None:
             with compute:
                 self.judge.update(view.skip)
             view = dataclasses.replace(view, judged=self.judge.judged)

@@ -199,6 +199,7 @@ class FairQueue:
         # Jobs that left gradio's queue and still wait for their turn elsewhere (the batcher's: the batch
         # lane starts many jobs at once): they count against the queue's size as waiting jobs.
         self.held = held
+        self.admitted: Callable[[str], None] = lambda api_name: None  # told each admitted job's api name
         self.queue = None
         self.blocks = None
         self._lock = threading.Lock()
@@ -329,6 +330,9 @@ class FairQueue:
 
     def _after_push(self, event_id: str, body, context: tuple[str, str]) -> None:
         client, address = context
+        fn = gi.body_function(self.blocks, body)
+        if fn is not None:
+            self.admitted(gi.api_name_of(fn) or "")
         session = gi.body_session(body) or event_id  # gradio names a /call/ job's session by its event id
         with self._lock:
             job = Job(event_id, client, address, session, next(self._seq), self._rounds.assign(client, address))

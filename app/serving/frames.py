@@ -16,6 +16,9 @@ from typing import Callable
 from model.race import RaceUpdate, StreamProgress
 
 FRAME_S = 0.05  # at most 20 messages a second (and the last): a person reads no faster
+# A shared batch's jobs together send at most this many messages a second: each message is rendered by
+# its own handler on the same cores the batch decodes on (15 jobs at 20 a second took more than the model)
+BATCH_MESSAGES_PER_S = 40.0
 API_STREAMS = {"skip": "skipdecode", "full": "full"}  # the race's stream keys -> the API's names
 
 
@@ -34,6 +37,13 @@ class FrameClock:
             self.last = now
             return True
         return False
+
+
+def frame_interval(update: RaceUpdate) -> float:
+    """The seconds between a job's messages: FRAME_S, or longer for a job of a shared batch, so that
+    the batch's jobs together keep to BATCH_MESSAGES_PER_S (every step still reaches the API: NewSteps)."""
+    share = update.batch
+    return FRAME_S if share is None else max(FRAME_S, share.requests / BATCH_MESSAGES_PER_S)
 
 
 def step_entry(name: str, progress: StreamProgress, step: int) -> dict:

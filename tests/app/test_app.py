@@ -462,3 +462,44 @@ def test_a_clicks_checks_refuse_with_the_servers_words_and_pass_a_good_run(serve
         assert not allowed and status.startswith(f"**{REFUSED}**") and words in status and "\n" not in status, status
     request = SimpleNamespace(session_hash="no-such-page", client=SimpleNamespace(host="10.9.8.7"), headers={})
     assert demo.fair_queue.refusal_for(request) is None  # an empty queue takes it
+
+
+def test_a_burst_of_visitors_shares_one_batch_each_reading_its_own_text_and_one_may_leave(server):
+    """Six page sessions press Generate together: their jobs run as one SkipDecode batch (the API says how
+    many shared it), each message answers its own prompt, two visitors with one prompt read one text,
+    and the visitor who leaves after its first message takes nothing from the others."""
+    demo, _ = server
+    prompts = ["What is the capital of France?", "Name three colours.", "What is the capital of France?",
+               "Write a Python function that adds two numbers.", "List five animals that live in the ocean.",
+               "Explain what a computer does."]
+    clients = [page_token_client(demo.local_url) for _ in prompts]
+    batches_before = demo.playground.batcher.largest
+    start = threading.Barrier(len(prompts))
+    results: dict[int, dict] = {}
+
+    def run(index: int) -> None:
+        start.wait()
+        job = clients[index].submit(prompt=prompts[index], target_speedup=2.0, max_new_tokens=24,
+                                    api_name="/generate")
+        if index == 5:  # this visitor leaves once its first message came
+            deadline = time.time() + 60
+            while not job.outputs() and time.time() < deadline:
+                time.sleep(0.02)
+            job.cancel()
+            return
+        results[index] = job.result(timeout=120)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(180)
+    assert sorted(results) == [0, 1, 2, 3, 4]
+    assert max(message["batch_requests"] for message in results.values()) >= 3  # they shared a batch
+    assert demo.playground.batcher.largest >= max(3, batches_before)
+    for index, message in results.items():
+        assert message["done"] and message["prompts"] == [prompts[index]] and len(message["skipdecode"]) == 1
+        assert message["batch_rows"] >= message["batch_requests"]
+    assert results[0]["skipdecode"] == results[2]["skipdecode"]  # one prompt, one text
+    assert "Paris" in results[0]["full"][0] and "def" in results[3]["full"][0]  # each its own answer
+    assert "Paris" not in results[1]["full"][0]
