@@ -283,8 +283,8 @@ class Playground:
     def lesson_share(self, page: str, title: str) -> tuple[str, str]:
         """(link, QR code html) that opens the lesson ``title`` and runs it: the whole class opens
         one link from the projector and the lesson starts on every page."""
-        if not isinstance(page, str) or not page.strip():
-            raise page_error("cannot make a lesson's link without this page's address (the page's script sends it)")
+        if not isinstance(page, str) or not page.strip():  # said where the link goes, not as an error
+            return "", no_page_address()
         number = next((i for i, lesson in enumerate(LESSONS, 1) if lesson.title == title), 1)
         link = lesson_link(page, number, start=True)
         return link, qr_html(link, caption=f"Scan to open and run the lesson {as_html(LESSONS[number - 1].title)}")
@@ -292,8 +292,8 @@ class Playground:
     def share(self, page: str, values: dict) -> tuple[str, str]:
         """(link, QR code html) of the current settings: only those that differ from the page's
         defaults, so the link stays short enough to type from a projector."""
-        if not isinstance(page, str) or not page.strip():
-            raise page_error("cannot make a link without this page's address (the page's script sends it)")
+        if not isinstance(page, str) or not page.strip():  # said where the link goes, not as an error
+            return "", no_page_address()
         try:
             link = share_link(page, values, page_defaults(self.get_generator(), self.limits), self.limits)
         except ValueError as error:
@@ -614,6 +614,11 @@ def _captured_since(before: CaptureReport | None, now: CaptureReport) -> tuple[i
 @lru_cache(maxsize=64)
 def preview_figure(generator: TextGenerator, request, max_new_tokens: int):
     return schedule_figure(generator.schedule_for(request, max_new_tokens))
+
+
+def no_page_address() -> str:
+    """Where the QR code goes, when a share button's call came without the page's address."""
+    return '<div class="qr">No link: this page\'s address did not come with the request (the page\'s script sends it).</div>'
 
 
 def lesson_loaded_line(lesson: int, start: bool) -> str:

@@ -94,9 +94,7 @@ def heatmap_figure(
         data.append(_prompt_band(fold, prompt_tokens[:folded], list(prefill_layers), num_layers))
     shapes: list[dict] = []
     if lens_kl:  # executed cells of the positions that produced tokens, coloured by KL; hover stays below
-        kl_z = [[kl_by_column[x].get(layer) for x in range(len(drawn))] for layer in range(num_layers)]
-        data.append(dict(type="heatmap", x=xs, z=kl_z, colorscale=_magma(), reversescale=True, zmin=0,
-                         hoverinfo="skip", xgap=1, ygap=1, colorbar=dict(title=dict(text="lens KL"))))
+        data.append(_kl_overlay(xs, kl_by_column, num_layers))
     first_generated = hidden_prompt + len(prompt_tokens)
     if judged:
         data.append(_match_strip(judged, first_generated, generated_tokens, shapes))
@@ -104,10 +102,21 @@ def heatmap_figure(
                        len(prefill_layers), fold)
     layout = axes.layout(bool(judged), title, shapes)
     if highlight_last and len(step_layers):  # step mode: the column the last step ran
-        last = first_generated + len(step_layers) - 1
-        shapes.append(dict(type="rect", x0=last - 0.5, x1=last + 0.5, y0=-0.5, y1=num_layers - 0.5,
-                           line=dict(color="#d64545", width=2)))
+        shapes.append(_step_box(first_generated + len(step_layers) - 1, num_layers))
     return {"data": data, "layout": layout}
+
+
+def _kl_overlay(xs: list[int], kl_by_column: list[dict], num_layers: int) -> dict:
+    """The cells coloured by the lens's KL to the full model (hover stays with the cells below)."""
+    kl_z = [[kl_by_column[x].get(layer) for x in range(len(xs))] for layer in range(num_layers)]
+    return dict(type="heatmap", x=xs, z=kl_z, colorscale=_magma(), reversescale=True, zmin=0,
+                hoverinfo="skip", xgap=1, ygap=1, colorbar=dict(title=dict(text="lens KL")))
+
+
+def _step_box(position: int, num_layers: int) -> dict:
+    """Step mode's outline of the column its last step ran."""
+    return dict(type="rect", x0=position - 0.5, x1=position + 0.5, y0=-0.5, y1=num_layers - 0.5,
+                line=dict(color="#d64545", width=2))
 
 
 def _cells(columns: list[Column], first: int, num_layers: int, warmup: int, readings: list[dict],

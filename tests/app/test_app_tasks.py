@@ -129,7 +129,9 @@ def test_the_lesson_switches_to_the_task_at_3x_and_the_others_switch_back():
     values = lesson_values(lesson, DEFAULTS)
     assert values["task"] == "e2e" and values["target_speedup"] == 3.0 and values["max_new_tokens"] == 96
     check_mr("e2e", values["prompt"])
-    assert all(lesson_values(other, DEFAULTS)["task"] == "chat" for other in LESSONS if other is not lesson)
+    batch = lesson_by_title("The class as one batch")  # the class's lesson runs the same task, together
+    assert lesson_values(batch, DEFAULTS)["task"] == "e2e"
+    assert all(lesson_values(other, DEFAULTS)["task"] == "chat" for other in LESSONS if other not in (lesson, batch))
     assert "runs a third of its layers" in lesson.markdown()
     second = lesson_values(lesson, DEFAULTS, then=True)
     assert second["task"] == "e2e" and second["target_speedup"] == 3.0 and second["prompt"] != values["prompt"]
