@@ -81,15 +81,16 @@ def _click_and_read(page, words: str, button: str) -> tuple[str, float]:
 def _assert_refused(page, words: str, button: str = "#generate-btn") -> None:
     status, seconds = _click_and_read(page, words, button)
     assert status.startswith("Not run:"), status
-    assert seconds < REFUSAL_S + 0.5, seconds  # + the 0.1 s polling of this test
+    # the bound with a margin for a loaded 2-core CI machine (the 0.1 s polling of this test, a busy browser)
+    assert seconds < REFUSAL_S + 1.0, seconds
     assert "\n" not in status  # one readable line
-    assert wait_until(lambda: _stop_idle(page), 2), "Stop stayed lit after a refusal"
+    assert wait_until(lambda: _stop_idle(page), 4), "Stop stayed lit after a refusal"
     assert _error_badges(page) == 0
     assert page.is_enabled("#generate-btn")
     # the line is in view (a phone's click scrolls to it from Generate, far above it)
     top = page.evaluate("() => document.querySelector('#status').getBoundingClientRect().top")
     assert wait_until(lambda: 0 <= page.evaluate(
-        "() => document.querySelector('#status').getBoundingClientRect().top") < page.viewport_size["height"], 3), top
+        "() => document.querySelector('#status').getBoundingClientRect().top") < page.viewport_size["height"], 6), top
 
 
 def test_every_refusal_is_said_on_the_status_line_and_leaves_the_page_ready(server, page):
@@ -179,7 +180,7 @@ def test_step_mode_says_at_once_what_its_first_step_waits_for(server, page):
     before = time.perf_counter()
     page.click("#step-btn")
     assert wait_until(lambda: "both models read the prompt first" in _status(page), 5), _status(page)
-    assert time.perf_counter() - before < REFUSAL_S + 0.5
+    assert time.perf_counter() - before < REFUSAL_S + 1.0
     assert wait_until(lambda: "SkipDecode ran" in _status(page), 60), _status(page)
     page.click("#reset-btn" if page.locator("#reset-btn").count() else "#step-reset-btn")
 
