@@ -25,6 +25,7 @@ from app.page.lessons import LESSONS, lesson_values
 from app.page.share import IGNORED_QUERY, lesson_in_query, lesson_link, qr_html, settings_from_query, share_link
 from app.page.shown_text import as_html, as_markdown
 from app.page.views import NO_CHANGE, STREAM_OUTPUTS, RaceRenderer, api_message, layer_ranges, one_line
+from app.serving.batcher import LANE as BATCH_LANE
 from app.serving.batcher import Batcher, Ticket
 from app.serving.frames import FrameClock, NewSteps, frame_interval
 from app.serving.job_cost import UNIT_SECONDS, job_cost, session_bytes
@@ -558,9 +559,10 @@ class Playground:
         return ("Step mode: both models read the prompt first (its prefill, a few seconds on a CPU), then each "
                 "Step advances one token. A click while a step computes waits for it."), True
 
-    def pushed(self, api_name: str) -> None:
-        """The fair queue admitted a job: one for the batcher is on its way (it gathers a class's clicks)."""
-        if self.batcher is not None and api_name.startswith(BATCHED_RUNS):
+    def pushed(self, lane: str | None) -> None:
+        """The fair queue admitted a job of ``lane``: one of the batch lane is on its way to the batcher
+        (it gathers a class's clicks)."""
+        if self.batcher is not None and lane == BATCH_LANE:
             self.batcher.expect()
 
     # --- admission (the fair queue asks when a job is pushed) -------------------------------------
@@ -581,7 +583,6 @@ class Playground:
 
 
 MODEL_RUNS = ("generate", "ui_generate", "ui_step", "ui_restart_")  # api names (prefixes) of model runs
-BATCHED_RUNS = ("generate", "ui_generate", "ui_lesson_", "ui_restart_")  # ... of the runs the batcher takes
 
 
 def preparing_line(before: CaptureReport | None, now: CaptureReport) -> str:

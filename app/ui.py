@@ -33,6 +33,7 @@ from app.page.live_plot import live_plot, static_paths
 from app.page.results import results_tab
 from app.page.style import COPY_JS, GATE_JS, PAGE_URL_JS, SCROLL_TO_OUTPUTS, STOP_BUSY_JS, STOP_IDLE_JS, launch_style
 from app.serving import gradio_internals as gi
+from app.serving.batcher import LANE as BATCH_LANE
 from app.serving.batcher import Batcher, BatchLimits
 from app.serving.fair_queue import FairQueue, ServingLimits
 from app.serving.gpu import gpu_handler
@@ -288,7 +289,7 @@ def _wire(demo: gr.Blocks, playground: Playground, ui: dict, defaults: dict, con
     stream = [ui[name] for name in ("status", "skip_out", "full_out", "headline", "details", "heatmap", "heatmap_note")]
     lane = dict(concurrency_id="model", concurrency_limit=concurrency_limit)
     # twice a batch's rows: the next batch gathers in full while one runs
-    runs = dict(concurrency_id="batch", concurrency_limit=max(concurrency_limit, 2 * batch_rows)) \
+    runs = dict(concurrency_id=BATCH_LANE, concurrency_limit=max(concurrency_limit, 2 * batch_rows)) \
         if playground.batcher is not None else lane
     loaded = _wire_sharing(demo, playground, ui)
     note = _wire_runs(demo, playground, ui, defaults, settings, stream, runs, loaded, lane)

@@ -75,14 +75,14 @@ document.addEventListener('click', (event) => {
     stop.classList.toggle('idle', !on);
     stop.setAttribute('aria-disabled', String(!on));
   };
-  // a refused click (STOP_IDLE_JS; the same line twice is no change to the watcher below): Stop idle, and the
-  // line in view (on a phone it sits far below Generate)
-  window.skipdecodeStopIdle = () => {
-    setStop(false);
+  // a refusal is read where it is said: on a phone the status line sits far below Generate
+  const showStatus = () => {
     const status = document.querySelector('#status');
     const top = status ? status.getBoundingClientRect().top : 0;
     if (status && (top < 0 || top > window.innerHeight * 0.8)) status.scrollIntoView({block: 'center'});
   };
+  // a refused click (STOP_IDLE_JS; the same line twice is no change to the watcher below)
+  window.skipdecodeStopIdle = () => { setStop(false); showStatus(); };
   window.skipdecodeStopBusy = () => setStop(true);  // a run started by a lesson's link, not a click (STOP_BUSY_JS)
   document.addEventListener('click', (event) => {
     if (event.target.closest('#generate-btn, #lesson-run, #lesson-then')) setStop(true);
@@ -99,21 +99,17 @@ document.addEventListener('click', (event) => {
     if (state === shown) return;
     shown = state;
     if (/(^|\s)(Done|Stopped)\.\s*$/.test(text) || /^Not run:/.test(text) || error) setStop(false);
-    // a refusal is read where it is said: on a phone the line sits far below Generate
-    if (/^Not run:/.test(text)) {
-      const top = status.getBoundingClientRect().top;
-      if (top < 0 || top > window.innerHeight * 0.8) status.scrollIntoView({block: 'center'});
-    }
+    if (/^Not run:/.test(text)) showStatus();
   }, 250);
 })();
 </script>"""
 
-# A click refused at its checks (app/ui.py _click_checks): Stop goes idle at once, even when the status
-# line already read the same refusal (the watcher above sees no change then).
 # The gate after a click's checks (app/ui.py _click_checks), in the page: a refused click's chain ends
 # here (a failed event, on no component: no badge, no toast; the status line says why), with no call
 # to the server.
 GATE_JS = "(allowed) => { if (!allowed) throw new Error('refused: the status line says why'); return []; }"
+# A click refused at its checks: Stop goes idle at once, even when the status line already read the
+# same refusal (the watcher above sees no change then). A run a lesson's link starts lights it.
 STOP_IDLE_JS = "() => { if (window.skipdecodeStopIdle) window.skipdecodeStopIdle(); }"
 STOP_BUSY_JS = "() => { if (window.skipdecodeStopBusy) window.skipdecodeStopBusy(); }"
 

@@ -36,6 +36,7 @@ from model.common.checks import check_int, check_number
 from model.generation import PreparedRun, ScheduleRequest, TextGenerator, merged_request, shared_part
 from model.race import Judge, PromptTokens, RaceUpdate, race, row_update
 
+LANE = "batch"  # the gradio concurrency id of the jobs the batcher takes (app/ui.py wires them)
 CPU_ROWS, GPU_ROWS = 16, 64  # a batch's rows by default: a 2-core CPU's step grows with rows; a GPU's barely
 END = object()  # a ticket's queue: nothing more comes
 
@@ -244,18 +245,16 @@ class Batcher:
             for reader in readers:
                 reader.read(last, self.compute)
         for reader in readers:
-            reader.finish(last)
+            reader.finish(last, self.compute)
 
 
 def _judge_together(generator: TextGenerator, readers: list[_Reader], update: RaceUpdate) -> None:
     """The full model's verdict on each reader's first row, from batched forwards (a reader already
     judged alone, its rows having ended early, keeps its verdict)."""
-    rows = [(reader, update.skip.ids(reader.rows.start)) for reader in readers
-            if reader.judge is not None and reader.judge.judged is None]
+    rows = [(reader, update.skip.ids(reader.rows.start)) for reader in readers if reader.judge.judged is None]
     rows = [(reader, ids) for reader, ids in rows if ids]
     choices = generator.full_model_choices_of([(reader.ticket.run.prompt_ids(0), ids) for reader, ids in rows])
     for (reader, ids), chosen in zip(rows, choices):
-        assert reader.judge is not None
         reader.judge.chose(ids, chosen)
 
 
@@ -273,8 +272,8 @@ class _Reader:
     rows: range
     jobs: int
     generator: TextGenerator
-    prompt: PromptTokens = PromptTokens()
-    judge: Judge | None = None
+    prompt: PromptTokens = field(init=False)
+    judge: Judge = field(init=False)  # the full model's verdict on the job's first row
     done: bool = False
 
     def __post_init__(self) -> None:
@@ -291,7 +290,7 @@ class _Reader:
         view = self._view(update)
         # The full model's verdict on the job's first row: judged with the batch's other rows once the
         # batch's SkipDecode stream is done (_judge_together); alone only for a job done before that.
-        if view.done and self.judge is not None and self.judge.judged is None:
+        if view.done and self.judge.judged is None:
             with compute:
                 self.judge.update(view.skip)
             view = dataclasses.replace(view, judged=self.judge.judged)
@@ -299,16 +298,16 @@ class _Reader:
         if view.done:
             self._end()
 
-    def finish(self, last: RaceUpdate | None) -> None:
-        """The batch ended (every row done, or every job gone): a job not told yet gets its last view."""
+    def finish(self, last: RaceUpdate | None, compute: ContextManager) -> None:
+        """The batch ended (every row done, or every job gone): a job not told yet gets its last view
+        (judged under the compute lock, as ``read`` judges)."""
         if not self.done and last is not None and not self.ticket.gone():
-            self.read(dataclasses.replace(last, skip=_finished(last.skip), full=_finished(last.full)), contextlib.nullcontext())
+            self.read(dataclasses.replace(last, skip=_finished(last.skip), full=_finished(last.full)), compute)
         self._end()
 
     def _view(self, update: RaceUpdate) -> RaceUpdate:
         prompts = update.prompts[self.rows.start:self.rows.stop]
-        judged = self.judge.judged if self.judge is not None else None
-        return row_update(update, self.rows, tuple(prompts), self.prompt, judged, self.jobs)
+        return row_update(update, self.rows, tuple(prompts), self.prompt, self.judge.judged, self.jobs)
 
     def _end(self) -> None:
         if not self.done:

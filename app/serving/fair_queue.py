@@ -199,7 +199,7 @@ class FairQueue:
         # Jobs that left gradio's queue and still wait for their turn elsewhere (the batcher's: the batch
         # lane starts many jobs at once): they count against the queue's size as waiting jobs.
         self.held = held
-        self.admitted: Callable[[str], None] = lambda api_name: None  # told each admitted job's api name
+        self.admitted: Callable[[str | None], None] = lambda lane: None  # told each admitted job's lane
         self.queue = None
         self.blocks = None
         self._lock = threading.Lock()
@@ -288,12 +288,8 @@ class FairQueue:
         if fn is None:
             return None, (client, address)  # gradio answers an unknown fn_index itself (the guard already did)
         self.drop_abandoned()
-        with self._lock:
-            waiting = self._waiting_jobs()
-            running = self._running_jobs()
         # The share first: refusing a flood's surplus costs microseconds, not a settings check.
-        verdict, victim = admission(waiting, client, address, self.limits,
-                                    total=gi.waiting_count(self.queue) + self.held(), running=running)
+        verdict, victim = self._admission(client, address)
         if verdict.startswith("refuse"):
             return gi.queue_full(verdict.removeprefix("refuse: ")), None
         refusal = self._invalid(fn, body)
@@ -312,13 +308,17 @@ class FairQueue:
         page instead of a refused push the page does not show. (The push still decides.)"""
         session = getattr(request, "session_hash", None)
         address = self.address_of(request)
-        client = client_key(session, address, self.page_session(session))
+        verdict, _ = self._admission(client_key(session, address, self.page_session(session)), address)
+        return verdict.removeprefix("refuse: ") if verdict.startswith("refuse") else None
+
+    def _admission(self, client: str, address: str) -> tuple[str, Job | None]:
+        """``admission`` of a job of ``client`` now: the jobs waiting in gradio's queue and elsewhere
+        (``held``), and the running ones."""
         with self._lock:
             waiting = self._waiting_jobs()
             running = self._running_jobs()
         total = (gi.waiting_count(self.queue) if self.queue is not None else len(waiting)) + self.held()
-        verdict, _ = admission(waiting, client, address, self.limits, total=total, running=running)
-        return verdict.removeprefix("refuse: ") if verdict.startswith("refuse") else None
+        return admission(waiting, client, address, self.limits, total=total, running=running)
 
     def _invalid(self, fn, body) -> tuple | None:
         """Settings and sizes checked at push: a request over a limit is refused at once, not after
@@ -332,7 +332,7 @@ class FairQueue:
         client, address = context
         fn = gi.body_function(self.blocks, body)
         if fn is not None:
-            self.admitted(gi.api_name_of(fn) or "")
+            self.admitted(gi.lane_of(fn))
         session = gi.body_session(body) or event_id  # gradio names a /call/ job's session by its event id
         with self._lock:
             job = Job(event_id, client, address, session, next(self._seq), self._rounds.assign(client, address))

@@ -53,6 +53,11 @@ def api_name_of(fn) -> str | None:
     return fn.api_name
 
 
+def lane_of(fn) -> str | None:
+    """The concurrency id (lane) a function runs in."""
+    return getattr(fn, "concurrency_id", None)
+
+
 def is_queued(fn) -> bool:
     return bool(fn.queue)
 

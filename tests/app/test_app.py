@@ -503,3 +503,23 @@ def test_a_burst_of_visitors_shares_one_batch_each_reading_its_own_text_and_one_
     assert results[0]["skipdecode"] == results[2]["skipdecode"]  # one prompt, one text
     assert "Paris" in results[0]["full"][0] and "def" in results[3]["full"][0]  # each its own answer
     assert "Paris" not in results[1]["full"][0]
+
+
+def test_the_generations_run_in_the_batch_lane_and_their_pushes_reach_the_batcher(server):
+    """The batcher gathers by lane: every generation event is in it, step mode is not, and an admitted
+    push of the lane tells the batcher a job is on its way."""
+    from app.serving import gradio_internals as gi
+    from app.serving.batcher import LANE
+
+    demo, _ = server
+    lanes = {gi.api_name_of(fn): gi.lane_of(fn) for fn in gi.functions(demo).values() if gi.api_name_of(fn)}
+    for name in ("generate", "ui_generate", "ui_lesson_0", "ui_lesson_1", "ui_lesson_link", "ui_restart_0"):
+        assert lanes[name] == LANE, name
+    assert lanes["ui_step"] != LANE
+    batcher = demo.playground.batcher
+    before = batcher._coming
+    demo.fair_queue.admitted(lanes["ui_step"])
+    assert batcher._coming == before
+    demo.fair_queue.admitted(LANE)
+    assert batcher._coming == before + 1
+    batcher._coming = before
