@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 from model.evaluation.bench import BenchConfig, BenchReport, run_bench, split_weight_mode, write_bench
 from model.evaluation.evaluation import EvalConfig, evaluate, write_report
 from model.evaluation.lowbit_check import LowBitCheckConfig, run_lowbit_check
+from model.evaluation.results_page import PAGE, page_is_current, write_page
 from model.generation import GenerationRequest, ScheduleRequest, TextGenerator, validate_request
 from model.loading import load_model
 from model.lowbit.quantization import QUANTIZE_MODES
@@ -272,9 +273,31 @@ def add_eval_task_command(commands) -> None:
     et.set_defaults(handler=run_eval_task)
 
 
+def add_results_command(commands) -> None:
+    """`results`: docs/RESULTS.md, today's figures, from the committed JSON under assets/."""
+    rs = commands.add_parser("results", help="write docs/RESULTS.md (today's figures) from the committed JSON under "
+                                             "assets/; --check: exit 1 where the page differs")
+    rs.add_argument("--check", action="store_true", help="write nothing; exit 1 if the page differs from the JSON's")
+    rs.add_argument("--output", default=None, help=f"the page to write or check (default: {PAGE})")
+    rs.set_defaults(handler=run_results_command)
+
+
 # The commands, in the order `python -m model --help` lists them.
 COMMANDS = (add_generate_command, add_make_data_command, add_train_command, add_eval_command, add_study_command, add_scaling_command, add_shape_study_command, add_export_adapter_command, add_mix_adapters_command, add_bench_command, add_lowbit_check_command,
-            add_train_task_command, add_eval_task_command)
+            add_train_task_command, add_eval_task_command, add_results_command)
+
+
+def run_results_command(args: argparse.Namespace) -> int:
+    output = Path(args.output) if args.output else None
+    if not args.check:
+        print(write_page(output=output))
+        return 0
+    if page_is_current(page=output):
+        print(f"{output or PAGE}: up to date with the JSON under assets/")
+        return 0
+    print(f"error: {output or PAGE} differs from what the JSON under assets/ gives: run `python -m model results`",
+          file=sys.stderr)
+    return 1
 
 
 def run_lowbit_check_command(args: argparse.Namespace) -> int:
