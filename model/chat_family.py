@@ -1,7 +1,7 @@
 """General chat's skip-policy family: one policy per target speedup, beside the shared policy (issue #53).
 
 A family folder holds one skip-policy adapter per speedup it was trained for, ``skip-1.5x/``,
-``skip-2x/``, ``skip-3x/`` (scripts/gpu_chat_family.sh trains each only on its own speedup's
+``skip-2x/``, ``skip-3x/`` (lab/training/gpu_chat_family.sh trains each only on its own speedup's
 schedules). SkipDecode at a speedup with its own policy runs that policy; at any other speedup
 (2.5x, 4x) the shared policy (the one adapter trained on every speedup) runs, as before. The
 playground looks for the family in ``<adapters>/chat`` (``$SKIPDECODE_TASK_ADAPTERS`` moves it with

@@ -104,7 +104,7 @@ def tiny_task_adapters(default_model, tmp_path_factory):
 def tiny_chat_family(tiny_folder, tmp_path_factory):
     """(shared policy, adapters root): on the tiny 4-layer Llama, a skip policy trained one step on
     every speedup (the shared one) and a chat family, root/chat/skip-1.5x and skip-2x, each trained
-    one step on its own speedup only (model/chat_family.py), as scripts/gpu_chat_family.sh lays it out."""
+    one step on its own speedup only (model/chat_family.py), as lab/training/gpu_chat_family.sh lays it out."""
     import json
     import shutil
 

@@ -130,12 +130,12 @@ def script_module(name: str):
 
 
 def run_script(script: str, *args: str, timeout: int = 600):
-    """``python scripts/<script> <args>`` from the repository root, offline, the repository on the path;
-    asserts it exited 0 (its stderr's end in the message)."""
+    """``python <script> <args>`` (a path from the repository root: ``lab/bench/native_ab.py``) from the
+    root, offline, the repository on the path; asserts it exited 0 (its stderr's end in the message)."""
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, f"scripts/{script}", *args], cwd=ROOT, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, script, *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout, env=dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1"))
     assert done.returncode == 0, done.stderr[-3000:]
     return done

@@ -85,7 +85,7 @@ def _wrap(text: str, width: int) -> str:
 
 def _training_curve() -> None:
     """The shipped adapter's held-out curve (heldout_curve.json next to the adapter: its training
-    runs' held-out rows, one run continuing the last, written by scripts/adapter_lineage.py)."""
+    runs' held-out rows, one run continuing the last, written by lab/training/adapter_lineage.py)."""
     records = load_json(DEFAULT_ADAPTER / "heldout_curve.json")
     if records:
         gr.Markdown("### How the shipped skip policy was trained (held-out agreement; each dotted line "

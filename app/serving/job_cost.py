@@ -3,7 +3,7 @@ a step-mode session's memory, so that step mode is bounded in bytes, not positio
 
 Units: one batch-1 step of BOTH streams (SkipDecode and the full model) as the page runs it (the
 race, the full model's judgement, the page's rendering). The weights are fitted to page jobs timed
-in the lane by scripts/calibrate_job_cost.py on a quiet 2-core EPYC (avx2, avx512f, avx512_vnni)
+in the lane by lab/serving/calibrate_job_cost.py on a quiet 2-core EPYC (avx2, avx512f, avx512_vnni)
 with the int4 default model (assets/load/job_cost.json; two quiet runs: 13.7 and 14.5 ms a unit,
 each further row 0.23 and 0.24, each prompt token 0.28 and 0.26, the lens 0.66 and 0.52 a token).
 Limits.max_job_cost bounds the sum.

@@ -77,7 +77,7 @@ def native_module() -> ModuleType | None:
 def compiled_step(sources: list[bytes]) -> ModuleType:
     """The extension compiled from these contents of SOURCE and HEADERS (in that order), built once and
     cached by content, with this process's settings applied (the instruction set, the AMX and int8 rows).
-    native_module's build; scripts/native_ab.py builds another commit's sources beside it."""
+    native_module's build; lab/bench/native_ab.py builds another commit's sources beside it."""
     # -fopenmp: at::parallel_for is inline (header) code, serial unless the extension itself is built
     # with OpenMP. No instruction-set flags: the kernels are compiled once per instruction set
     # (GCC target regions in lean_step.cpp) and chosen at run time from the CPU, so one build runs
@@ -160,7 +160,7 @@ def row_count_setting(variable: str, default: int) -> int:
 
 # torch's int8 kernel (_weight_int8pack_mm) costs the same per row at any batch; from this many rows the
 # weights' integer values as bfloat16 through oneDNN's AMX-BF16 matmul win (2-core Xeon, 2 threads, on-the-fly
-# conversion included, scripts/bench_int8_rows.py --matmul: 1.05-1.25x at 16 rows, 1.8-2.2x at 32, 3.1-3.8x at
+# conversion included, lab/bench/bench_int8_rows.py --matmul: 1.05-1.25x at 16 rows, 1.8-2.2x at 32, 3.1-3.8x at
 # 64, 6.4-8.0x at 512; 0.14-0.19x at 1 row).
 DEFAULT_INT8_BF16_ROWS = 32
 _int8_bf16_rows: list[int] = []  # the setting, read once (set_int8_bf16_rows changes it)

@@ -113,7 +113,7 @@ class CudaGraphStep:
 
     def __init__(self, max_graphs: int = DEFAULT_MAX_GRAPHS, max_bytes: int = DEFAULT_MAX_BYTES,
                  capacity_multiple: int = CAPACITY_MULTIPLE, step: Callable[..., torch.Tensor] = static_step) -> None:
-        self.step = step  # what a graph captures: static_step, or a compiled form of it (scripts/gpu_fusion_probe.py)
+        self.step = step  # what a graph captures: static_step, or a compiled form of it (lab/bench/gpu_fusion_probe.py)
         self.graphs = GraphLRU(max_graphs, max_bytes)
         self.capacity_multiple = capacity_multiple
         self._buffers: list[tuple[weakref.ref, StepBuffers]] = []

@@ -43,7 +43,7 @@ SYNTHETIC_ATTRIBUTE_SHARE = 0.75
 # Places invented for this project: neither the devset's nor the test set's (tested). The test set
 # asks about restaurants the devset never names, which a skip policy must copy from the prompt; a
 # policy distilled only on the devset's 30 places learns those instead. The held-out ones judge a
-# policy on places no training data has (scripts/task_heldout_curve.py --long N --invented-places).
+# policy on places no training data has (lab/training/task_heldout_curve.py --long N --invented-places).
 INVENTED_PLACES_HELDOUT = ("The Copper Kettle", "Silver Heron", "The Old Granary", "Harbour Lights",
                            "The Velvet Fig", "Juniper Hall", "The Gilded Pear", "Kingfisher Rooms",
                            "Tamarind Corner", "The Wandering Goose")

@@ -140,14 +140,13 @@ def test_the_api_client_gets_every_step_once_in_frames_and_the_whole_result_last
 @pytest.mark.server
 def test_the_page_sends_frames_and_its_last_one_draws_every_step(framed_server):
     """The page's own Generate event, its stream read and applied as the page does
-    (scripts/page_stream_bytes.py): at most one message per frame, and the heatmap the page draws
+    (lab/serving/page_stream_bytes.py): at most one message per frame, and the heatmap the page draws
     last is the whole run's, every step of it, as the same greedy run in-process draws it."""
     import json
 
     from app.page.views import RaceRenderer
-    from tests.support import script_module
+    from lab.serving import page_stream_bytes as script
 
-    script = script_module("page_stream_bytes")
     demo, _ = framed_server
     overrides = dict(prompt="Tell me about the sea.", max_new_tokens=48, target_speedup=1.5, temperature=0.0)
     result = script.page_generate(demo.local_url, "frames0001", **overrides)

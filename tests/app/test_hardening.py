@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.settings import Limits, PlaygroundSettings, clean_prompt, parse_settings
-from tests.support import ROOT, page_token_client, script_module
+from tests.support import ROOT, page_token_client
 
 LIMITS = Limits(max_new_tokens=64, max_batch_size=4, max_prompt_chars=500)
 
@@ -635,8 +635,10 @@ def stream_server(tiny_folder):
 
 
 def page_stream_script():
-    """scripts/page_stream_bytes.py: one page Generate through the page's own event, its stream tallied."""
-    return script_module("page_stream_bytes")
+    """lab/serving/page_stream_bytes.py: one page Generate through the page's own event, its stream tallied."""
+    from lab.serving import page_stream_bytes
+
+    return page_stream_bytes
 
 
 @pytest.mark.server
@@ -872,7 +874,7 @@ def test_an_unknown_order_is_refused_naming_order(slow_server):
 
 def test_the_job_cost_admits_the_page_and_its_lessons_and_refuses_the_lane_hogs():
     """Units of ~14 ms (a batch-1 step of both streams as the page runs it, on a quiet 2-core CPU:
-    scripts/calibrate_job_cost.py): the page's default run and every lesson fit the default bound
+    lab/serving/calibrate_job_cost.py): the page's default run and every lesson fit the default bound
     with room to spare, the longest run and the widest batch fit it; the issue's 67-98 s job does not."""
     from app.serving.job_cost import job_cost
 

@@ -2,11 +2,13 @@
 (the top of the file, inside functions, under TYPE_CHECKING) and an arrow may only point to the
 module's own layer or one below it; no two modules import each other, directly or round a circle;
 no project import hides inside a function (third-party ones may: they keep start-up light); the
-library never imports gradio."""
+library never imports gradio; and the product (model/, app/, app.py, scripts/) never imports or runs
+the lab (lab/: benchmarks, probes, studies, one-off measurements), which may use the product."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from tests.support import ROOT
@@ -172,3 +174,71 @@ def test_the_checker_sees_what_it_must():
     assert "model.common.paths" in project_edges()["model.lowbit.native_kernels"]
     assert layer_of("app.serving.fair_queue") < layer_of("app.settings") < layer_of("app.page.views") < layer_of("app.ui")
     assert "app.serving.gradio_internals" in project_edges()["app.serving.fair_queue"]  # `from app.serving import gi`
+
+
+# --- the product and the lab ----------------------------------------------------------------------
+# The lab (lab/) may import the product and run its scripts; the product never reaches into the lab: no
+# import of `lab` or of a lab file by its name (a scripts/ file could put a lab folder on sys.path), no
+# path into lab/ as a string of its own, no product shell script running a lab file.
+LAB = ROOT / "lab"
+LAB_PATH = re.compile(r"^lab(/[\w.-]+)*/?$")
+
+
+def product_files(root: Path) -> list[Path]:
+    return [*sorted((root / "model").rglob("*.py")), *sorted((root / "app").rglob("*.py")), root / "app.py",
+            *sorted((root / "scripts").glob("*.py")), *sorted((root / "scripts").glob("*.sh"))]
+
+
+def lab_names(lab: Path) -> set[str]:
+    """`lab` and the name of every lab file, the names a product import could reach the lab by."""
+    return {"lab"} | {path.stem for path in lab.rglob("*.py") if path.stem != "__init__"}
+
+
+def _python_reaches(path: Path, names: set[str]) -> list[tuple[int, str]]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, f"import {a.name}") for a in node.names if a.name.split(".")[0] in names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] in names:
+            found.append((node.lineno, f"from {node.module} import ..."))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and LAB_PATH.match(node.value):
+            found.append((node.lineno, f"the path {node.value!r}"))
+    return sorted(found)
+
+
+def _shell_reaches(path: Path) -> list[tuple[int, str]]:
+    code = (line.split(" #")[0] for line in path.read_text().splitlines())  # comments may name the lab
+    return [(number, line.strip()) for number, line in enumerate(code, 1)
+            if not line.lstrip().startswith("#") and re.search(r"(^|[\s\"'=/])lab/", line)]
+
+
+def lab_reaches(root: Path) -> list[str]:
+    """Every place a product file imports, names the path of, or runs something of the lab."""
+    names = lab_names(root / "lab")
+    return [f"{path.relative_to(root)}:{line}: {what}" for path in product_files(root) if path.exists()
+            for line, what in (_shell_reaches(path) if path.suffix == ".sh" else _python_reaches(path, names))]
+
+
+def test_the_product_never_imports_the_lab():
+    assert len(lab_names(LAB)) > 10 and len(product_files(ROOT)) > 100  # the walks found both sides
+    reaching = lab_reaches(ROOT)
+    assert not reaching, "the product reaches into the lab (lab/ may import the product, not the reverse):\n" + \
+        "\n".join(reaching)
+
+
+def test_the_lab_checker_sees_each_way_in(tmp_path: Path):
+    """The check itself: an import of the package, of a lab file by name, a path into lab/ and a shell
+    line running a lab file are each found; the lab named in a docstring or a comment is not."""
+    (tmp_path / "lab" / "bench").mkdir(parents=True)
+    (tmp_path / "lab" / "bench" / "native_ab.py").write_text("")
+    (tmp_path / "model").mkdir()
+    (tmp_path / "app").mkdir()
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "model" / "ok.py").write_text('"""Measured by lab/bench/native_ab.py."""\nimport model.common\n')
+    (tmp_path / "model" / "bad.py").write_text("def f():\n    from lab.bench import native_ab\n")
+    (tmp_path / "app.py").write_text('import sys\nsys.path.insert(0, "lab/bench")\nimport native_ab\n')
+    (tmp_path / "scripts" / "run.sh").write_text("# lab/bench/native_ab.py: the lab's\npython lab/bench/native_ab.py\n")
+    assert lab_reaches(tmp_path) == ["model/bad.py:2: from lab.bench import ...",
+                                     "app.py:2: the path 'lab/bench'", "app.py:3: import native_ab",
+                                     "scripts/run.sh:2: python lab/bench/native_ab.py"]

@@ -1,4 +1,4 @@
-"""The paired bootstrap of E2E shares (model/tasks/task_intervals.py, scripts/e2e_share_intervals.py):
+"""The paired bootstrap of E2E shares (model/tasks/task_intervals.py, lab/studies/e2e_share_intervals.py):
 its whole-set score is the eval's own corpus BLEU, an arm identical to the task model has an interval
 of exactly 1, a clearly worse arm's interval lies below 1. Fast: no model."""
 
@@ -7,7 +7,6 @@ import pytest
 
 from model.tasks.task_eval import bleu, rouge_l
 from model.tasks.task_intervals import per_mr_scores, pooled_bleu, share_intervals
-from tests.support import script_module
 
 NAMES = ["Aromi", "Zizzi", "Cotto", "Giraffe", "The Mill", "Wildwood", "Strada", "Alimentum"]
 FOODS = ["French", "Italian", "Indian", "English", "Chinese"]
@@ -54,7 +53,8 @@ def test_no_bar_gives_no_share_below_it_and_unequal_mr_counts_are_refused():
 
 
 def test_the_script_takes_each_arm_s_bar_from_the_speedup_its_label_names():
-    script = script_module("e2e_share_intervals")
+    from lab.studies import e2e_share_intervals as script
+
     assert [script.bar_for(label) for label in ("per-speedup policy 2x", "shared policy 3x", "per-speedup policy 4x",
                                                 "shared policy 5x", "untouched model (1x)")] == [0.99, 0.98, None,
                                                                                                  0.95, None]

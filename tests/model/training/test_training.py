@@ -326,7 +326,7 @@ def test_train_passes_the_flip_weight_to_the_cross_entropy_on_data(tiny_folder, 
 
 
 def test_a_one_speedup_range_trains_only_that_speedups_schedules_over_every_decay():
-    """`train --speedup-range S S` (scripts/gpu_chat_family.sh: one chat policy per speedup): every
+    """`train --speedup-range S S` (lab/training/gpu_chat_family.sh: one chat policy per speedup): every
     drawn schedule holds S over the batch's steps whatever its decay; the shared range spreads."""
     from model.skipdecode.schedule import layer_speedup
 
