@@ -18,8 +18,8 @@ Settings (environment variables, all optional):
   GRADIO_ANALYTICS_ENABLED  telemetry and gradio's version check (default False)
   SKIPDECODE_CONCURRENCY    generations running at once (default 1: one model, one CPU)
   SKIPDECODE_BATCH_ROWS     rows one shared batch holds: waiting jobs that share a schedule run as one
-                            SkipDecode batch (default 16 on a CPU, 64 on a GPU; 1: every job alone)
-  SKIPDECODE_BATCH_COST     a shared batch's summed job cost (default 1200 units: ~17 s of the lane)
+                            SkipDecode batch (default 32 on a CPU, 64 on a GPU; 1: every job alone)
+  SKIPDECODE_BATCH_COST     a shared batch's cost as one job of all its rows (default 1200 units: ~17 s)
   SKIPDECODE_QUEUE_SIZE     requests waiting at most before new ones are turned away (default 32)
   SKIPDECODE_MAX_QUEUED_PER_SESSION  requests one page session may have waiting (default 2)
   SKIPDECODE_MAX_QUEUED_API_PER_ADDRESS  requests one address's API clients (REST calls, sessions

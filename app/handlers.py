@@ -403,8 +403,7 @@ class Playground:
             return checked.race(should_cancel=should_cancel, compute_lock=self.compute)
         settings, generator, run = checked.settings, checked.generator, checked.run
         ticket = Ticket(generator, run, settings.schedule_request(full=True, num_layers=generator.num_layers),
-                        checked.race, job_cost(run.batch, run.prompt_width, run.request.max_new_tokens, settings.lens),
-                        shareable=not settings.lens, should_cancel=should_cancel)
+                        checked.race, shareable=not settings.lens, should_cancel=should_cancel)
         return self.batcher.race(ticket)
 
     # --- step mode --------------------------------------------------------------------------

@@ -14,7 +14,16 @@ import torch
 
 from model.common.checks import check_int, check_number
 from model.loading import LoadedModel
-from model.skipdecode.decoder import DecodeResult, SamplingConfig, SkipDecoder, StepEvent, left_padded, run_to_end
+from model.skipdecode.decoder import (
+    DecodeResult,
+    Prefill,
+    SamplingConfig,
+    SkipDecoder,
+    StepEvent,
+    left_padded,
+    run_to_end,
+    shared_prefix_padded,
+)
 from model.skipdecode.schedule import (
     RANKED,
     ScheduleConfig,
@@ -86,9 +95,10 @@ class PreparedRun:
     such a run cannot be streamed."""
 
     request: GenerationRequest
-    ids: torch.Tensor  # (B, P) left padded
+    ids: torch.Tensor  # (B, P) left padded (after the shared prefix, where there is one)
     mask: torch.Tensor  # (B, P)
     schedule: SolvedSchedule | None
+    shared_prefix: int = 0  # the first columns every row shares, read once (``prepare(share_prefix=True)``)
 
     @property
     def batch(self) -> int:
@@ -290,10 +300,13 @@ class TextGenerator:
         return self._encoded(prompts, raw)
 
     def _encoded(self, prompts: Sequence[str], raw: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        return left_padded(self._rows(prompts, raw), self.loaded.pad_token_id)
+
+    def _rows(self, prompts: Sequence[str], raw: bool) -> list[list[int]]:
         rows = [self._encode_one(p, raw) for p in prompts]
         if any(not row for row in rows):
             raise ValueError("a prompt encodes to zero tokens")
-        return left_padded(rows, self.loaded.pad_token_id)
+        return rows
 
     def _encode_one(self, prompt: str, raw: bool) -> list[int]:
         tokenizer = self.loaded.tokenizer
@@ -319,27 +332,33 @@ class TextGenerator:
 
     # --- generation -----------------------------------------------------------------------
     def prepare(self, request: GenerationRequest, solve: bool = True,
-                limits: Callable[[PreparedRun], None] | None = None) -> PreparedRun:
+                limits: Callable[[PreparedRun], None] | None = None, share_prefix: bool = False) -> PreparedRun:
         """Check the request, solve its schedule, tokenize and check the context, once (ValueError
         names what is wrong). ``solve=False`` (an admission check, in milliseconds): the schedule
         is only checked (``check_schedule``), not solved for the run, and the PreparedRun has none.
         ``limits``: a caller's own limits on the tokenized run (a server's sizes), checked before
-        the model's context, so a prompt over both is refused by the caller's limit."""
+        the model's context, so a prompt over both is refused by the caller's limit.
+        ``share_prefix``: the tokens every prompt begins with (the chat template's system turn, for a
+        class's prompts) are laid out once and read once (``shared_prefix_padded``); a row's text is
+        the same up to the float rounding of a differently shaped prefill."""
         validate_request(request)
         if solve:
             schedule: SolvedSchedule | None = self.schedule_for(request.schedule, request.max_new_tokens)
         else:
             self.check_schedule(request.schedule, request.max_new_tokens)
             schedule = None
-        return self.sized(request, limits, schedule)
+        return self.sized(request, limits, schedule, share_prefix)
 
     def sized(self, request: GenerationRequest, limits: Callable[[PreparedRun], None] | None = None,
-              schedule: SolvedSchedule | None = None) -> PreparedRun:
+              schedule: SolvedSchedule | None = None, share_prefix: bool = False) -> PreparedRun:
         """The request tokenized and checked against ``limits`` and the model's context, its schedule
         not looked at: what a server needs to know of a job's size, from any model that shares this
         one's tokenizer (a task's model that is not loaded yet: ``shares_tokenizer``)."""
-        ids, mask = self._encoded(request.prompts, request.raw)
-        run = PreparedRun(request=request, ids=ids, mask=mask, schedule=schedule)
+        if share_prefix:
+            ids, mask, prefix = shared_prefix_padded(self._rows(request.prompts, request.raw), self.loaded.pad_token_id)
+        else:
+            (ids, mask), prefix = self._encoded(request.prompts, request.raw), 0
+        run = PreparedRun(request=request, ids=ids, mask=mask, schedule=schedule, shared_prefix=prefix)
         if limits is not None:
             limits(run)
         if ids.shape[1] + request.max_new_tokens > self.max_context:
@@ -368,10 +387,11 @@ class TextGenerator:
 
     def stream(
         self, request: GenerationRequest | PreparedRun, should_cancel: Callable[[], bool] | None = None,
-        trace_row: int | None = None,
+        trace_row: int | None = None, prefilled: Prefill | None = None,
     ) -> Generator[StepEvent, None, GenerationResult]:
         """One StepEvent per step (with ``trace_row``: that row's hidden states after each layer
-        that ran, for ``lens``); returns the GenerationResult. A PreparedRun is not checked again."""
+        that ran, for ``lens``); returns the GenerationResult. A PreparedRun is not checked again.
+        ``prefilled``: its prompts already read (``shared_prefill``; this stream's own copy)."""
         run = request if isinstance(request, PreparedRun) else self.prepare(request)
         request, schedule = run.request, run.schedule
         if schedule is None:
@@ -385,6 +405,8 @@ class TextGenerator:
             stop_check=self._stop_check(request.stop),
             should_cancel=should_cancel,
             trace_row=trace_row,
+            prefilled=prefilled,
+            shared_prefix=run.shared_prefix,
         )
         loaded = self.loaded
         return GenerationResult(
@@ -403,6 +425,23 @@ class TextGenerator:
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
         return run_to_end(self.stream(request))
+
+    def shared_prefill(self, first: PreparedRun, second: PreparedRun,
+                       should_cancel: Callable[[], bool] | None = None) -> Prefill | None:
+        """The prompts of two runs of the same tokens (``with_schedule``: SkipDecode and the full model)
+        read ONCE, where both read them alike: at full depth (the default: the prompt at full depth)
+        with the same original weights. None where they read them differently (the prompt at the
+        first step's budget, a static decoder's own buffers). Raises Cancelled as a prefill does."""
+        if first.schedule is None or second.schedule is None or first.ids is not second.ids:
+            return None
+        layers = first.schedule.config.prefill_layers()
+        if layers != second.schedule.config.prefill_layers() or len(layers) != self.num_layers:
+            return None
+        decoder = self.decoder_for(first.request.schedule)
+        if not decoder.reads_prompts_as(self.decoder_for(second.request.schedule)):
+            return None
+        return decoder.read_prompt(first.ids, first.mask, first.schedule.config, first.request.max_new_tokens,
+                                   should_cancel, first.shared_prefix)
 
     @torch.inference_mode()
     def lens(self, trace: Sequence[tuple[int, torch.Tensor]], request: ScheduleRequest, top_k: int = 5) -> list[LensReading]:
@@ -442,6 +481,31 @@ class TextGenerator:
         for start in range(0, len(rows), self.JUDGED_ROWS):
             choices += self._judged_chunk(rows[start:start + self.JUDGED_ROWS])
         return choices
+
+    @torch.inference_mode()
+    def full_model_choices_after(self, prefill: Prefill, rows: Sequence[tuple[int, Sequence[int]]]) -> list[list[int]]:
+        """``full_model_choices_of`` for rows of one batch whose prompts were read at full depth
+        (``prefill``, left as it was): for each (row, generated ids), the ORIGINAL model's top next token
+        at each position that produced one of the ids. The first comes from the prompt's own logits;
+        the rest from ONE full-depth forward over the ids (but the last) that continues the prompt's
+        cache (``SkipDecoder.extend``), so no prompt is read a second time. Rows are right padded
+        (causal attention: what follows a row's end changes nothing before it)."""
+        rows = [(row, list(ids)) for row, ids in rows]
+        choices = prefill.logits.argmax(-1).tolist()  # (B,): what the full model reads the prompt to
+        width = max((len(ids) - 1 for _, ids in rows), default=0)
+        if width <= 0:
+            return [[choices[row]] if ids else [] for row, ids in rows]
+        indices = [row for row, _ in rows]
+        continued = torch.full((prefill.batch, width), self.loaded.tokenizer.pad_token_id or 0, dtype=torch.long)
+        for row, ids in rows:
+            continued[row, :len(ids) - 1] = torch.tensor(ids[:-1], dtype=torch.long)
+        decoder = self.full_decoder
+        hidden = decoder.extend(prefill, continued.to(decoder.device))  # (B, width, C)
+        best: dict[int, list[int]] = {}
+        for start in range(0, len(indices), self.JUDGED_ROWS):  # the head over a few rows at a time (B x width x V floats)
+            chunk = indices[start:start + self.JUDGED_ROWS]
+            best.update(zip(chunk, decoder.adapter.logits(hidden[chunk]).argmax(-1).tolist()))
+        return [[choices[row], *best[row][:len(ids) - 1]] if ids else [] for row, ids in rows]
 
     def _judged_chunk(self, rows: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[list[int]]:
         sequences = [[*prompt, *tokens[:-1]] for prompt, tokens in rows]

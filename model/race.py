@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, ContextManager, Generator, Iterator
 
 from model.generation import GenerationResult, LensReading, PreparedRun, ScheduleRequest, TextGenerator
-from model.skipdecode.decoder import DecodeResult, StepEvent
+from model.skipdecode.decoder import Cancelled, DecodeResult, Prefill, StepEvent
 from model.skipdecode.schedule import CostModel, SolvedSchedule
 
 INCOMPLETE = "\ufffd"  # what decoding shows for a character whose bytes have not all arrived yet
@@ -230,21 +230,31 @@ def advance(generator: TextGenerator, stream: Stream, progress: StreamProgress, 
 
 def race(generator: TextGenerator, skip_run: PreparedRun, full_run: PreparedRun, *, lens: bool = False,
          lens_kl: bool = False, lockstep: bool = False, should_cancel: Callable[[], bool] | None = None,
-         compute_lock: ContextManager | None = None, judge_first_row: bool = True) -> Iterator[RaceUpdate]:
+         compute_lock: ContextManager | None = None, judge_first_row: bool = True,
+         prefill: Prefill | None = None) -> Iterator[RaceUpdate]:
     """Advance SkipDecode (``skip_run``) and the full model (``full_run``: the same tokens under the
     full schedule, ``TextGenerator.with_schedule``) step by step, the one with less compute time
     first (``lockstep``: the one that has taken fewer steps first, so they alternate: step mode).
     ``lens``: row 0's logit lens; ``lens_kl``: with it, each lens reading's KL to the full model.
-    ``judge_first_row=False``: no verdict on row 0 (a shared batch judges each job's rows itself)."""
+    ``judge_first_row=False``: no verdict on row 0 (a shared batch judges each job's rows itself).
+
+    Where both read the prompt alike (at full depth: ``TextGenerator.shared_prefill``) it is read ONCE
+    and each stream continues its own copy, recording that read's time as its prefill: the two
+    prefills computed the same thing. ``prefill``: that read, done by the caller, who keeps it (both
+    streams continue copies); without the lens only (the lens traces its own prompt's read)."""
     rows = skip_run.batch
     views = {key: StreamProgress(name, rows, texts=[TokenTexts(generator) for _ in range(rows)])
              for key, name in (("skip", "SkipDecode"), ("full", "full model"))}
-    streams = {"skip": generator.stream(skip_run, should_cancel, trace_row=0 if lens else None),
-               "full": generator.stream(full_run, should_cancel)}
+    lock = compute_lock or contextlib.nullcontext()
+    try:
+        starts = _prompt_reads(generator, skip_run, full_run, lens, lock, should_cancel, prefill)
+    except Cancelled:
+        return
+    streams = {"skip": generator.stream(skip_run, should_cancel, trace_row=0 if lens else None, prefilled=starts[0]),
+               "full": generator.stream(full_run, should_cancel, prefilled=starts[1])}
     texts, hidden = generator.prompt_tokens(skip_run)
     prompt = PromptTokens(tuple(texts), hidden)
     judge = Judge(generator, skip_run, with_kl=lens and lens_kl)
-    lock = compute_lock or contextlib.nullcontext()
     while not all(v.done for v in views.values()):
         if should_cancel is not None and should_cancel():
             for stream in streams.values():
@@ -259,6 +269,21 @@ def race(generator: TextGenerator, skip_run: PreparedRun, full_run: PreparedRun,
                 judge.update(views["skip"])
         yield RaceUpdate(views["skip"], views["full"], skip_run.schedule, key, generator.cost,
                          skip_run.request.prompts, prompt, judge.judged, judge.kl)
+
+
+def _prompt_reads(generator: TextGenerator, skip_run: PreparedRun, full_run: PreparedRun, lens: bool,
+                  lock: ContextManager, should_cancel: Callable[[], bool] | None,
+                  prefill: Prefill | None) -> tuple[Prefill | None, Prefill | None]:
+    """What each stream continues: copies of the caller's read; else one read of the prompt (under
+    ``lock``: a model step), the original for SkipDecode and a copy for the full model; else nothing:
+    each reads its own (the lens, or the prompt at the first step's budget)."""
+    if lens:
+        return None, None
+    if prefill is not None:
+        return prefill.copy(), prefill.copy()
+    with lock:
+        read = generator.shared_prefill(skip_run, full_run, should_cancel)
+    return (read, read.copy()) if read is not None else (None, None)
 
 
 # --- one request's rows of a shared batch ----------------------------------------------------------

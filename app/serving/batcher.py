@@ -8,10 +8,13 @@ runs the jobs one batch at a time, in the order they came (the fair queue's orde
 * A batch is the oldest waiting job plus every waiting job that can share its schedule
   (``Ticket.key``: the same model and skip policy, and the same request but for its prompts and seed:
   schedule, token budget, sampler, stop strings, chat template), up to ``BatchLimits.rows`` rows and
-  ``BatchLimits.cost`` summed job cost. Once a job arrives the runner waits a moment
+  ``BatchLimits.cost``: the batch's own cost as one job of all its rows (app/serving/job_cost.py), so a
+  class's 30 short jobs share one batch where their summed costs would have split it. Once a job arrives the runner waits a moment
   (``BatchLimits.gather_s``) for a class's other clicks of the same moment.
 * A job that shares with nothing, or cannot share (the logit lens: one row's readings per step), runs
-  alone through its own race, exactly as before the batcher (``Ticket.alone``).
+  alone through its own race, exactly as before the batcher (``Ticket.alone``): the runner gives the
+  job its turn and its handler drives its own race, reading the race's live updates in its own thread
+  (another thread reading them would see them move on under it), until it ends or its client leaves.
 * A shared batch's rows are left padded; SkipDecode's rows step as one batch and the full model's as
   another, raced as one job is. Each job reads only its own rows (``model.race.row_update``), with the
   full model's verdict on its first row and the batch's share; no job sees another's text.
@@ -32,13 +35,25 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Iterator
 
+from app.serving.job_cost import job_cost
 from model.common.checks import check_int, check_number
 from model.generation import PreparedRun, ScheduleRequest, TextGenerator, merged_request, shared_part
 from model.race import Judge, PromptTokens, RaceUpdate, race, row_update
+from model.skipdecode.decoder import Cancelled, Prefill
 
 LANE = "batch"  # the gradio concurrency id of the jobs the batcher takes (app/ui.py wires them)
-CPU_ROWS, GPU_ROWS = 16, 64  # a batch's rows by default: a 2-core CPU's step grows with rows; a GPU's barely
+# A batch's rows by default: a class of 30 in one batch (every first token after ONE prefill; a 2-core CPU's
+# step grows with rows, so the cost cap bounds it too); a GPU's step barely grows with rows.
+CPU_ROWS, GPU_ROWS = 32, 64
 END = object()  # a ticket's queue: nothing more comes
+TURN_CHECK_S = 0.05  # while a job runs alone, how often the runner looks whether its client has left
+
+
+@dataclass(eq=False)
+class _Turn:
+    """A ticket's turn to run alone: its handler races it and sets ``over`` when its race has ended."""
+
+    over: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass(frozen=True)
@@ -46,7 +61,7 @@ class BatchLimits:
     """How large a shared batch grows (app.py reads them from the environment)."""
 
     rows: int = CPU_ROWS  # rows in one batch, all jobs together
-    cost: int = 1200  # the batch's summed job cost (app/serving/job_cost.py units: ~17 s of the lane)
+    cost: int = 1200  # the batch's cost as one job of all its rows (app/serving/job_cost.py units: ~17 s of the lane)
     gather_s: float = 0.015  # once a job arrives, how long the runner waits for no further arrival
     gather_max_s: float = 0.6  # and at most this long in all, while jobs are still being checked (``coming``)
 
@@ -66,7 +81,6 @@ class Ticket:
     run: PreparedRun
     full_schedule: ScheduleRequest
     alone: Callable[..., Iterator[RaceUpdate]]  # its own race: alone(should_cancel=, compute_lock=)
-    cost: int
     shareable: bool = True  # False: the lens and anything else that must run alone
     should_cancel: Callable[[], bool] = lambda: False
     updates: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
@@ -133,9 +147,19 @@ class Batcher:
                     return
                 if isinstance(item, BaseException):
                     raise item
+                if isinstance(item, _Turn):
+                    yield from self._alone(ticket, item)
+                    return
                 yield item
         finally:
             ticket.left = True  # a closed stream (Stop, a closed tab, a restart) loses only its own rows
+
+    def _alone(self, ticket: Ticket, turn: _Turn) -> Iterator[RaceUpdate]:
+        """The job's own race, driven by its handler (the runner waits for ``turn.over``)."""
+        try:
+            yield from ticket.alone(should_cancel=ticket.gone, compute_lock=self.compute)
+        finally:
+            turn.over.set()
 
     def _submit(self, ticket: Ticket) -> None:
         with self._arrival:
@@ -202,45 +226,55 @@ class Batcher:
         return sum(ticket.rows for ticket in self._companions(head)) >= self.limits.rows
 
     def _companions(self, head: Ticket) -> list[Ticket]:
-        """The head and, in arrival order, the waiting jobs of its key that fit the batch's rows and cost."""
-        batch, rows, cost = [head], head.rows, head.cost
+        """The head and, in arrival order, the waiting jobs of its key that fit the batch's rows and cost
+        (the cost of one job of all the batch's rows, over its longest prompt)."""
+        batch, rows, width = [head], head.rows, head.run.prompt_width
         if head.key is None:
             return batch
+        new_tokens = head.run.request.max_new_tokens  # one per key
         for ticket in self._waiting[1:]:
             if ticket.key != head.key or ticket.gone():
                 continue
-            if rows + ticket.rows > self.limits.rows or cost + ticket.cost > self.limits.cost:
+            grown_rows, grown_width = rows + ticket.rows, max(width, ticket.run.prompt_width)
+            if grown_rows > self.limits.rows or job_cost(grown_rows, grown_width, new_tokens, False) > self.limits.cost:
                 continue
             batch.append(ticket)
-            rows, cost = rows + ticket.rows, cost + ticket.cost
+            rows, width = grown_rows, grown_width
         return batch
 
     def _run_alone(self, ticket: Ticket) -> None:
-        """A batch of one: the job's own race, as it ran before the batcher (bit for bit)."""
-        try:
-            for update in ticket.alone(should_cancel=ticket.gone, compute_lock=self.compute):
-                if ticket.left:
-                    break
-                ticket.updates.put(update)
-        except ValueError as error:  # e.g. a prompt over the context, found at encoding time
-            ticket.updates.put(error)
-        ticket.updates.put(END)
+        """A batch of one: the job's own race, as it ran before the batcher (bit for bit), raced by its
+        handler; the next batch starts when that race has ended, or once the job is gone (a handler
+        that stopped reading ends its race at its next step, on the compute lock the next batch takes)."""
+        turn = _Turn()
+        ticket.updates.put(turn)
+        while not turn.over.wait(TURN_CHECK_S):
+            if ticket.gone():
+                return
 
     def _run_shared(self, tickets: list[Ticket]) -> None:
-        """Several jobs as one batch: one SkipDecode stream and one full-model stream over all their rows."""
+        """Several jobs as one batch: one SkipDecode stream and one full-model stream over all their rows.
+        The batch's prompts are read once for both streams (where both read them at full depth), and
+        that read is kept: each job's first row is judged by continuing it (``_judge_together``)."""
         generator = tickets[0].generator
+        gone = lambda: all(reader.ticket.gone() for reader in readers)  # noqa: E731
         with self.compute:
-            skip = generator.prepare(merged_request([ticket.run.request for ticket in tickets]))
+            skip = generator.prepare(merged_request([ticket.run.request for ticket in tickets]), share_prefix=True)
         full = generator.with_schedule(skip, tickets[0].full_schedule)
         readers = [_Reader(ticket, rows, len(tickets), generator)
                    for ticket, rows in zip(tickets, _row_ranges([ticket.rows for ticket in tickets]))]
+        try:
+            with self.compute:
+                prefill = generator.shared_prefill(skip, full, gone)
+        except Cancelled:
+            return
         last: RaceUpdate | None = None
         judged = False
-        for last in race(generator, skip, full, should_cancel=lambda: all(r.ticket.gone() for r in readers),
-                         compute_lock=self.compute, judge_first_row=False):
-            if last.skip.done and not judged:  # every job's first row judged in a few forwards, not one each
+        for last in race(generator, skip, full, should_cancel=gone, compute_lock=self.compute,
+                         judge_first_row=False, prefill=prefill):
+            if last.skip.done and not judged:  # every job's first row judged in one forward, not one each
                 with self.compute:
-                    _judge_together(generator, [reader for reader in readers if not reader.done], last)
+                    _judge_together(generator, [reader for reader in readers if not reader.done], last, prefill)
                 judged = True
             for reader in readers:
                 reader.read(last, self.compute)
@@ -248,12 +282,18 @@ class Batcher:
             reader.finish(last, self.compute)
 
 
-def _judge_together(generator: TextGenerator, readers: list[_Reader], update: RaceUpdate) -> None:
-    """The full model's verdict on each reader's first row, from batched forwards (a reader already
-    judged alone, its rows having ended early, keeps its verdict)."""
+def _judge_together(generator: TextGenerator, readers: list[_Reader], update: RaceUpdate,
+                    prefill: Prefill | None) -> None:
+    """The full model's verdict on each reader's first row, from batched forwards: continuing the
+    batch's prompts as read (``TextGenerator.full_model_choices_after``), or reading them again where
+    the streams read them apart (a reader already judged alone, its rows having ended early, keeps
+    its verdict)."""
     rows = [(reader, update.skip.ids(reader.rows.start)) for reader in readers if reader.judge.judged is None]
     rows = [(reader, ids) for reader, ids in rows if ids]
-    choices = generator.full_model_choices_of([(reader.ticket.run.prompt_ids(0), ids) for reader, ids in rows])
+    if prefill is not None:
+        choices = generator.full_model_choices_after(prefill, [(reader.rows.start, ids) for reader, ids in rows])
+    else:
+        choices = generator.full_model_choices_of([(reader.ticket.run.prompt_ids(0), ids) for reader, ids in rows])
     for (reader, ids), chosen in zip(rows, choices):
         reader.judge.chose(ids, chosen)
 

@@ -63,6 +63,26 @@ class PrefixKVCache:
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.lengths[layer_idx]
 
+    def layer(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``layer_idx``'s keys and values so far: (B, H, length, D) views."""
+        keys, values, length = self._keys[layer_idx], self._values[layer_idx], self.lengths[layer_idx]
+        if keys is None or values is None:
+            raise RuntimeError(f"KV cache: layer {layer_idx} holds nothing")
+        return keys[:, :, :length], values[:, :, :length]
+
+    def copy(self) -> "PrefixKVCache":
+        """A cache holding the same positions in buffers of its own (two streams continuing one prefill)."""
+        twin = PrefixKVCache(len(self.lengths), self.capacity)
+        for layer, (keys, values) in enumerate(zip(self._keys, self._values)):
+            if keys is None or values is None:
+                continue
+            length = self.lengths[layer]
+            twin._keys[layer], twin._values[layer] = twin._buffer(keys.shape, keys), twin._buffer(values.shape, values)
+            twin._keys[layer][:, :, :length] = keys[:, :, :length]
+            twin._values[layer][:, :, :length] = values[:, :, :length]
+        twin.lengths = list(self.lengths)
+        return twin
+
     def next_slot(self, layer_idx: int, batch: int, heads: int, head_dim: int,
                   like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
         """(keys, values, start) for ONE new position that the caller writes at ``start`` itself
@@ -260,16 +280,21 @@ class ArchitectureAdapter(ABC):
         """(B, T, C) last-layer hidden -> (B, T, V) logits."""
         return self.lm_head(self.final_norm(hidden))
 
-    def layer_inputs(self, hidden: torch.Tensor, key_valid: torch.Tensor, position_ids: torch.Tensor) -> LayerInputs:
-        return LayerInputs(mask=self.layer_mask(hidden, key_valid), position_ids=position_ids,
+    def layer_inputs(self, hidden: torch.Tensor, key_valid: torch.Tensor, position_ids: torch.Tensor,
+                     after_cache: bool = False) -> LayerInputs:
+        return LayerInputs(mask=self.layer_mask(hidden, key_valid, after_cache), position_ids=position_ids,
                            extra=self.layer_extras(hidden, position_ids))
 
-    def layer_mask(self, hidden: torch.Tensor, key_valid: torch.Tensor) -> torch.Tensor | None:
-        """The layers' attention mask for ``hidden``'s (B, T) queries, the last T of ``key_valid``'s keys."""
+    def layer_mask(self, hidden: torch.Tensor, key_valid: torch.Tensor, after_cache: bool = False
+                   ) -> torch.Tensor | None:
+        """The layers' attention mask for ``hidden``'s (B, T) queries, the last T of ``key_valid``'s keys.
+        ``after_cache``: the keys begin with cached positions, so even an unpadded batch needs the mask
+        (SDPA's own causal mask aligns the queries with the FIRST keys)."""
         # Eager attention applies no causal mask of its own, so it always needs ours for T > 1.
         eager = self.config._attn_implementation == "eager"
         num_queries = hidden.shape[1]
-        return attention_mask(key_valid, num_queries, hidden.dtype if eager else None, always=eager and num_queries > 1)
+        return attention_mask(key_valid, num_queries, hidden.dtype if eager else None,
+                              always=(eager or after_cache) and num_queries > 1)
 
     def static_step_inputs(self, hidden: torch.Tensor, allowed: torch.Tensor, position_ids: torch.Tensor
                            ) -> LayerInputs:

@@ -1,8 +1,12 @@
 """Batched, KV-cached SkipDecode (docs/DESIGN.md, "The method"), as small named steps:
 
     prefill      prompt positions through the prefill layer set, filling each layer's cache
+    read_prompt  a timed prefill that several streams continue (``Prefill``: SkipDecode and the full
+                 model read a prompt alike at full depth, so a race reads it once)
     decode_step  one new position through the layer set of step k (one exit for the whole batch)
     stream       prefill + decode steps, yielding one StepEvent per step, returning a DecodeResult
+    extend       every layer over more positions after a prompt read at full depth, in one forward
+                 (the full model judged on SkipDecode's continuation)
 
 plus ``masked_forward``, the teacher-forced twin used by training and by the tests that tie
 training to inference. The full model is the same code with n_k = L, so comparisons are fair.
@@ -13,6 +17,7 @@ Shapes: B = batch, P = padded prompt length, V = vocab, L = layers.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generator, Sequence, cast
@@ -149,6 +154,28 @@ class DecodeState:
     has_padding: bool  # False lets every step skip mask building entirely
 
 
+@dataclass
+class Prefill:
+    """A prompt read once (``SkipDecoder.read_prompt``) that streams continue (``stream(prefilled=)``).
+    A stream mutates the state it continues, so each stream is given its own ``copy``."""
+
+    state: DecodeState
+    logits: torch.Tensor  # (B, V): the last prompt position's next-token logits
+    layers: tuple[int, ...]  # the layers the prompt ran
+    seconds: float  # the prefill's wall time (what each stream that continues it records)
+    capacity: int  # positions the cache holds: prompt + new tokens
+
+    @property
+    def batch(self) -> int:
+        return int(self.logits.shape[0])
+
+    def copy(self) -> "Prefill":
+        state = self.state
+        return Prefill(DecodeState(state.cache.copy(), state.key_valid.clone(), state.next_position.clone(),
+                                   state.length, state.has_padding),
+                       self.logits.clone(), self.layers, self.seconds, self.capacity)
+
+
 # Stop check for a row: (row index, generated ids so far) -> True to finish the row.
 StopCheck = Callable[[int, list[int]], bool]
 
@@ -217,29 +244,27 @@ class SkipDecoder:
     @torch.inference_mode()
     def prefill(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int], capacity: int,
-        should_cancel: Callable[[], bool] | None = None, trace: Trace | None = None,
+        should_cancel: Callable[[], bool] | None = None, trace: Trace | None = None, shared_prefix: int = 0,
     ) -> tuple[DecodeState, torch.Tensor]:
         """Run the (B, P) prompt through ``layers``; return the state and last-position logits (B, V).
 
         A long prompt's prefill is the longest step: ``should_cancel`` is checked between layers
-        (raises Cancelled), so Stop frees the CPU within one layer's time."""
+        (raises Cancelled), so Stop frees the CPU within one layer's time. ``shared_prefix``: the
+        first k columns are the same tokens in every row (``shared_prefix_padded``: a class's common
+        system turn): they run once, as one row, and every row's cache gets a copy of their keys
+        and values; the rest of the prompt continues after them."""
         batch, prompt_len = input_ids.shape
         valid = attention_mask.bool()
         key_valid = torch.ones(batch, capacity, dtype=torch.bool, device=input_ids.device)
         key_valid[:, :prompt_len] = valid
         positions = position_ids_from_mask(attention_mask)  # (B, P)
         cache = self._new_cache(batch, capacity, input_ids.device)
-        hidden = self.adapter.embed(input_ids, positions)  # (B, P, C)
-        inputs = self.adapter.layer_inputs(hidden, valid, positions)
-        weights, entries = self._weights_for(layers)
-        for index in layers:
-            if should_cancel is not None and should_cancel():
-                raise Cancelled
-            if index in entries:  # entries only where there is a bridge
-                hidden = cast(EntryBridge, self.bridge)(index, hidden)
-            hidden = weights.run_layer(index, hidden, inputs, cache)
-            if trace is not None:
-                trace.record(index, hidden)
+        start = shared_prefix if batch > 1 and 0 < shared_prefix < prompt_len else 0
+        if start:
+            self._read_shared_prefix(input_ids[:1, :start], positions[:1, :start], layers, cache, batch, should_cancel)
+        hidden = self.adapter.embed(input_ids[:, start:], positions[:, start:])  # (B, P - start, C)
+        inputs = self.adapter.layer_inputs(hidden, valid, positions[:, start:], after_cache=start > 0)
+        hidden = self._prompt_layers(hidden, inputs, cache, layers, should_cancel, trace)
         logits = self.adapter.logits(hidden[:, -1:])[:, -1]  # only the last position: (B, V)
         state = DecodeState(
             cache=cache,
@@ -249,6 +274,73 @@ class SkipDecoder:
             has_padding=not bool(valid.all()),
         )
         return state, logits
+
+    def _prompt_layers(self, hidden: torch.Tensor, inputs: LayerInputs, cache: PrefixKVCache, layers: Sequence[int],
+                       should_cancel: Callable[[], bool] | None, trace: Trace | None) -> torch.Tensor:
+        """Prompt positions (B, T, C) through ``layers``, appending to ``cache`` (a prefill's layer loop)."""
+        weights, entries = self._weights_for(layers)
+        for index in layers:
+            if should_cancel is not None and should_cancel():
+                raise Cancelled
+            if index in entries:  # entries only where there is a bridge
+                hidden = cast(EntryBridge, self.bridge)(index, hidden)
+            hidden = weights.run_layer(index, hidden, inputs, cache)
+            if trace is not None:
+                trace.record(index, hidden)
+        return hidden
+
+    def _read_shared_prefix(self, prefix_ids: torch.Tensor, positions: torch.Tensor, layers: Sequence[int],
+                            cache: PrefixKVCache, batch: int, should_cancel: Callable[[], bool] | None) -> None:
+        """The (1, k) prefix every row shares through ``layers`` once, its keys and values copied into
+        each of ``batch`` rows of ``cache`` (columns 0..k-1)."""
+        count = prefix_ids.shape[1]
+        once = PrefixKVCache(self.num_layers, count)
+        hidden = self.adapter.embed(prefix_ids, positions)  # (1, k, C)
+        inputs = self.adapter.layer_inputs(hidden, torch.ones_like(prefix_ids, dtype=torch.bool), positions)
+        self._prompt_layers(hidden, inputs, once, layers, should_cancel, None)
+        for index in layers:
+            keys, values = once.layer(index)
+            cache.update(keys.expand(batch, -1, -1, -1), values.expand(batch, -1, -1, -1), index)
+
+    def read_prompt(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, schedule: ScheduleConfig,
+                    max_new_tokens: int, should_cancel: Callable[[], bool] | None = None,
+                    shared_prefix: int = 0) -> Prefill:
+        """The prompt's prefill under ``schedule``, timed, for the streams that continue it (raises
+        Cancelled as ``prefill`` does)."""
+        capacity = self._checked_capacity(input_ids, schedule, max_new_tokens)
+        device = self.device
+        start = time.perf_counter()
+        layers = schedule.prefill_layers()
+        state, logits = self.prefill(input_ids.to(device), attention_mask.to(device), layers, capacity, should_cancel,
+                                     shared_prefix=shared_prefix)
+        return Prefill(state, logits, tuple(layers), time.perf_counter() - start, capacity)
+
+    def reads_prompts_as(self, other: "SkipDecoder") -> bool:
+        """Whether a full-depth prefill of this decoder is ``other``'s, bit for bit: the same original
+        weights run it (a gated skip policy runs the original weights at full depth) into the same
+        kind of cache. A static decoder's buffers are leased per run (its graphs hold their
+        addresses), so it reads its own prompts."""
+        return type(self) is SkipDecoder and type(other) is SkipDecoder and self.model is other.model
+
+    @torch.inference_mode()
+    def extend(self, prefill: Prefill, token_ids: torch.Tensor) -> torch.Tensor:
+        """Every layer over ``token_ids`` (B, T), the positions after a prompt read at FULL depth,
+        in one forward into a copy of its cache: the last layer's hidden states (B, T, C). T may be
+        at most the prefill's new-token capacity. The prefill itself is left as it was."""
+        if list(prefill.layers) != list(range(self.num_layers)):
+            raise ValueError("extend continues a prompt read at full depth")
+        state = prefill.copy().state
+        batch, count = token_ids.shape
+        if state.length + count > prefill.capacity:
+            raise ValueError(f"{count} positions after the prompt exceed the cache's {prefill.capacity}")
+        token_ids = token_ids.to(state.key_valid.device)
+        positions = state.next_position[:, None] + torch.arange(count, device=token_ids.device)  # (B, T)
+        key_valid = torch.cat([state.key_valid[:, :state.length], state.key_valid.new_ones(batch, count)], dim=1)
+        hidden = self.adapter.embed(token_ids, positions)  # (B, T, C)
+        inputs = self.adapter.layer_inputs(hidden, key_valid, positions, after_cache=True)
+        for index in range(self.num_layers):
+            hidden = self.adapter.run_layer(index, hidden, inputs, state.cache)
+        return hidden
 
     @torch.inference_mode()
     def decode_step(self, state: DecodeState, token_ids: torch.Tensor, layers: Sequence[int],
@@ -298,11 +390,16 @@ class SkipDecoder:
         stop_check: StopCheck | None = None,
         should_cancel: Callable[[], bool] | None = None,
         trace_row: int | None = None,
+        prefilled: Prefill | None = None,
+        shared_prefix: int = 0,
     ) -> Generator[StepEvent, None, DecodeResult]:
         """Generate up to ``max_new_tokens`` per row, yielding one StepEvent per step.
 
         input_ids/attention_mask: (B, P), LEFT padded. Returns the DecodeResult (the
-        generator's return value; ``generate`` collects it).
+        generator's return value; ``generate`` collects it). ``prefilled``: these prompts already
+        read (``read_prompt``, under this schedule's prefill layers; this stream's own copy): the
+        stream continues it and records its time as its prefill's. ``shared_prefix``: the prompts'
+        first k columns are the same in every row (``prefill``).
         """
         capacity = self._checked_capacity(input_ids, schedule, max_new_tokens)
         device = self.device
@@ -311,17 +408,30 @@ class SkipDecoder:
         result = run.result
         start = time.perf_counter()
         try:
-            state, logits = self.prefill(input_ids, attention_mask, result.prefill_layers, capacity, should_cancel,
-                                         run.trace)
+            state, logits = self._prompt_state(input_ids, attention_mask, result.prefill_layers, capacity,
+                                               should_cancel, run.trace, prefilled, shared_prefix)
         except Cancelled:
             result.cancelled = True
             return result
         next_ids, new_tokens = self._sample_and_record(logits, run)
-        result.prefill_seconds = time.perf_counter() - start
+        result.prefill_seconds = prefilled.seconds if prefilled is not None else time.perf_counter() - start
         yield run.event(-1, new_tokens, result.prefill_layers, result.prefill_seconds)
         yield from self._decode_steps(state, next_ids, schedule, max_new_tokens, should_cancel, run)
         result.cancelled = should_cancel is not None and not all(run.finished) and should_cancel()
         return result
+
+    def _prompt_state(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: tuple[int, ...],
+                      capacity: int, should_cancel: Callable[[], bool] | None, trace: Trace | None,
+                      prefilled: Prefill | None, shared_prefix: int) -> tuple[DecodeState, torch.Tensor]:
+        """The state after the prompt: the prefill, or the given one (checked to be these prompts' read)."""
+        if prefilled is None:
+            return self.prefill(input_ids, attention_mask, layers, capacity, should_cancel, trace, shared_prefix)
+        if trace is not None:
+            raise ValueError("a traced row (the lens) reads its own prompt")
+        if prefilled.layers != tuple(layers) or prefilled.batch != input_ids.shape[0] \
+                or prefilled.state.length != input_ids.shape[1] or prefilled.capacity < capacity:
+            raise ValueError("the prefilled state is not these prompts' read under this schedule")
+        return prefilled.state, prefilled.logits
 
     def _checked_capacity(self, input_ids: torch.Tensor, schedule: ScheduleConfig, max_new_tokens: int) -> int:
         """The KV cache's capacity for this call (prompt + new tokens); ValueError on a bad call."""
@@ -429,6 +539,29 @@ def layer_runs(layers: Sequence[int], entries: frozenset[int], one_by_one: bool 
         else:
             runs[-1].append(index)
     return runs
+
+
+MIN_SHARED_PREFIX = 8  # fewer common tokens than this are not worth a prefill of their own
+
+
+def shared_prefix_padded(rows: Sequence[Sequence[int]], pad_id: int, device: torch.device | str = "cpu"
+                         ) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """``left_padded`` for rows that begin alike (a class's prompts share the chat template's system
+    turn): (ids, mask, k), where the first k columns hold the tokens every row begins with, once per
+    row and unpadded, and each row's rest follows them left padded (the padding sits between the
+    prefix and the rest; positions and attention follow the mask). ``prefill(shared_prefix=k)`` then
+    runs the prefix once for the whole batch. k is 0 (plain ``left_padded``) for one row, or where
+    the rows share fewer than MIN_SHARED_PREFIX tokens; every row keeps at least one token of its own."""
+    common = len(os.path.commonprefix([list(row) for row in rows])) if len(rows) > 1 else 0
+    common = min(common, min(len(row) for row in rows) - 1)
+    if common < MIN_SHARED_PREFIX:
+        ids, mask = left_padded(rows, pad_id, device)
+        return ids, mask, 0
+    rest_ids, rest_mask = left_padded([row[common:] for row in rows], pad_id)
+    prefix = torch.tensor(list(rows[0][:common]), dtype=torch.long).expand(len(rows), -1)
+    ids = torch.cat([prefix, rest_ids], dim=1)
+    mask = torch.cat([torch.ones_like(prefix), rest_mask], dim=1)
+    return ids.to(device), mask.to(device), common
 
 
 def left_padded(rows: Sequence[Sequence[int]], pad_id: int, device: torch.device | str = "cpu"

@@ -118,12 +118,12 @@ class StaticSkipDecoder(SkipDecoder):
     @torch.inference_mode()
     def prefill(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int], capacity: int,
-        should_cancel: Any = None, trace: Trace | None = None,
+        should_cancel: Any = None, trace: Trace | None = None, shared_prefix: int = 0,
     ) -> tuple[DecodeState, torch.Tensor]:
         """The eager prefill into the runner's buffers (capacity as the runner rounds it); the
         state's ``key_valid`` becomes the buffers' own, so the step reads it in place."""
         capacity = self.runner.capacity_for(capacity, self.adapter.max_context)
-        state, logits = super().prefill(input_ids, attention_mask, layers, capacity, should_cancel, trace)
+        state, logits = super().prefill(input_ids, attention_mask, layers, capacity, should_cancel, trace, shared_prefix)
         buffers = cast(StepBuffers, state.cache)
         buffers.key_valid.copy_(state.key_valid)
         state.key_valid = buffers.key_valid

@@ -38,7 +38,7 @@ def _ticket(generator: TextGenerator, request: GenerationRequest, **options) -> 
 
     def alone(**race_options):
         return race(generator, run, generator.with_schedule(run, full), **race_options)
-    return Ticket(generator, run, full, alone, cost=10, **options)
+    return Ticket(generator, run, full, alone, **options)
 
 
 def _alone(generator: TextGenerator, request: GenerationRequest):
@@ -164,3 +164,21 @@ def test_each_sampled_row_draws_from_its_own_seed_as_it_would_alone():
     assert merged.prompts == ("a", "b") and merged.sampling.row_seeds == ((1, 5), (1, 6))
     with pytest.raises(ValueError, match="same schedule"):
         merged_request([_request("a"), _request("b", max_new_tokens=3)])
+
+
+def test_a_race_reads_its_prompt_once_for_both_streams_and_the_lens_reads_its_own(generator, monkeypatch):
+    from model.skipdecode.decoder import SkipDecoder
+
+    reads = []
+    prefill = SkipDecoder.prefill
+    monkeypatch.setattr(SkipDecoder, "prefill", lambda self, *a, **k: reads.append(1) or prefill(self, *a, **k))
+    request = _request(PROMPTS[1])
+    run = generator.prepare(request)
+    full = generator.with_schedule(run, dataclasses.replace(request.schedule, full=True))
+    last = list(race(generator, run, full))[-1]
+    assert len(reads) == 1 and last.skip.prefill_seconds == last.full.prefill_seconds > 0
+    separately = [generator.generate(request).decode.tokens, generator.generate(full.request).decode.tokens]
+    assert [last.skip.record.tokens, last.full.record.tokens] == separately
+    reads.clear()
+    list(race(generator, run, full, lens=True))
+    assert len(reads) == 2  # the lens traces SkipDecode's own read of the prompt
