@@ -492,20 +492,21 @@ class TextGenerator:
         (causal attention: what follows a row's end changes nothing before it)."""
         rows = [(row, list(ids)) for row, ids in rows]
         choices = prefill.logits.argmax(-1).tolist()  # (B,): what the full model reads the prompt to
-        width = max((len(ids) - 1 for _, ids in rows), default=0)
-        if width <= 0:
-            return [[choices[row]] if ids else [] for row, ids in rows]
-        indices = [row for row, _ in rows]
-        continued = torch.full((prefill.batch, width), self.loaded.tokenizer.pad_token_id or 0, dtype=torch.long)
-        for row, ids in rows:
-            continued[row, :len(ids) - 1] = torch.tensor(ids[:-1], dtype=torch.long)
-        decoder = self.full_decoder
-        hidden = decoder.extend(prefill, continued.to(decoder.device))  # (B, width, C)
+        judged = [row for row, ids in rows if len(ids) > 1]  # the rows with positions after the first token
         best: dict[int, list[int]] = {}
-        for start in range(0, len(indices), self.JUDGED_ROWS):  # the head over a few rows at a time (B x width x V floats)
-            chunk = indices[start:start + self.JUDGED_ROWS]
-            best.update(zip(chunk, decoder.adapter.logits(hidden[chunk]).argmax(-1).tolist()))
-        return [[choices[row], *best[row][:len(ids) - 1]] if ids else [] for row, ids in rows]
+        if judged:
+            width = max(len(ids) - 1 for _, ids in rows)
+            continued = torch.full((len(judged), width), self.loaded.tokenizer.pad_token_id or 0, dtype=torch.long)
+            by_row = dict(rows)
+            for index, row in enumerate(judged):
+                tokens = by_row[row][:-1]
+                continued[index, :len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+            decoder = self.full_decoder
+            hidden = decoder.extend(prefill, continued.to(decoder.device), rows=judged)  # (J, width, C)
+            for start in range(0, len(judged), self.JUDGED_ROWS):  # the head a few rows at a time (J x width x V)
+                logits = decoder.adapter.logits(hidden[start:start + self.JUDGED_ROWS])
+                best.update(zip(judged[start:start + self.JUDGED_ROWS], logits.argmax(-1).tolist()))
+        return [[choices[row], *best.get(row, [])[:len(ids) - 1]] if ids else [] for row, ids in rows]
 
     def _judged_chunk(self, rows: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[list[int]]:
         sequences = [[*prompt, *tokens[:-1]] for prompt, tokens in rows]

@@ -27,8 +27,9 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from load_test import api_values, free_port, start_server  # noqa: E402
+from load_test import api_values, free_port, hardware, start_server  # noqa: E402
 
+from app.serving.batcher import CPU_ROWS  # noqa: E402
 from model.common.hardware import cpu_flags  # noqa: E402
 
 CHAT_PROMPTS = ("Name three colours.", "What is the capital of France?", "List five animals that live in the ocean.",
@@ -46,12 +47,13 @@ def prompts_for(task: str, visitors: int) -> list[str]:
     return [CHAT_PROMPTS[i % len(CHAT_PROMPTS)] for i in range(visitors)]
 
 
-def visit(url: str, values: list, address: str, started: float, out: dict) -> None:
-    """One visitor: its job posted at ``started``, its stream read to the end."""
+def visit(url: str, values: list, address: str, go: threading.Barrier, out: dict) -> None:
+    """One visitor: its job posted once every visitor is ready (``go``: no thread polls the clock, so the
+    clients do not take the server's cores while they wait), its stream read to the end."""
     headers = {"X-Forwarded-For": address}
     with httpx.Client(base_url=url, timeout=300, headers=headers) as http:
-        while time.perf_counter() < started:
-            time.sleep(0.001)
+        go.wait()
+        started = time.perf_counter()
         posted = http.post("gradio_api/call/generate", json={"data": values})
         if posted.status_code != 200:
             out.update(error=f"{posted.status_code}: {posted.text[:200]}")
@@ -75,9 +77,9 @@ def burst(url: str, task: str, speedup: float, new_tokens: int, prompts: list[st
     """Every visitor at once; the burst's figures and whether every text answered its own prompt."""
     base = {"target_speedup": speedup, "max_new_tokens": new_tokens, "task": task, "temperature": 0.0}
     outs: list[dict] = [{} for _ in prompts]
-    started = time.perf_counter() + 0.5
+    go = threading.Barrier(len(prompts))
     threads = [threading.Thread(target=visit, args=(url, api_values(url, prompt=prompt, **base),
-                                                     f"10.{round_}.{i // 250}.{i % 250 + 1}", started, outs[i]))
+                                                     f"10.{round_}.{i // 250}.{i % 250 + 1}", go, outs[i]))
                for i, prompt in enumerate(prompts)]
     for thread in threads:
         thread.start()
@@ -141,11 +143,11 @@ def main() -> int:
     parser.add_argument("--visitors", type=int, default=30)
     parser.add_argument("--bursts", type=int, default=3, help="bursts per server (medians over them)")
     parser.add_argument("--max-new-tokens", type=int, default=48)
-    parser.add_argument("--batch-rows", type=int, default=16, help="SKIPDECODE_BATCH_ROWS of the batched server")
+    parser.add_argument("--batch-rows", type=int, default=CPU_ROWS, help="SKIPDECODE_BATCH_ROWS of the batched server")
     parser.add_argument("--compare-alone", action="store_true", help="also a server running every job alone")
     parser.add_argument("--json", default=None, help="write the report here too")
     args = parser.parse_args()
-    report = {"command": " ".join(sys.argv), "cpu_flags": cpu_flags(), "task": args.task, "speedup": args.speedup,
+    report = {"command": " ".join(sys.argv), "hardware": hardware(), "cpu_flags": cpu_flags(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "task": args.task, "speedup": args.speedup,
               "visitors": args.visitors, "max_new_tokens": args.max_new_tokens,
               "batched": run_server(args.batch_rows, args)}
     if args.compare_alone:

@@ -7,7 +7,8 @@ heartbeat, then on "go" push one job from the teacher's settings and read its st
 same class and click Generate at the same "go", to show that real pages are counted like the
 pupils. Meanwhile a visitor from another address (127.0.0.2) who loaded the page pushes one job.
 Reports admitted/refused (with the message), click-to-first-message and click-to-end per pupil, the
-visitor's wait, the server's RSS, the machine and its load. Why pupils on the wire: 30 Chromium
+sizes of the batches the wire pupils' runs shared (their pages' batch line), the visitor's wait, the
+server's RSS, the machine and its load. Why pupils on the wire: 30 Chromium
 renderers on the server's own 2 cores measure the renderers, not the queue (a first try: load
 average 41, clicks spread over 138 s). Writes assets/load/classroom.json (or --json).
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import threading
@@ -68,7 +70,8 @@ def read_to_end(http, session: str, pushed: float, timeout_s: float) -> dict:
     if done is None:
         return {"first_message_s": first, "done_s": None, "ok": False}
     ok = '"success":true' in end.replace(" ", "")
-    return {"first_message_s": first, "done_s": done, "ok": ok,
+    shared = re.search(r"One batch of (\d+) visitors", end)  # the page's batch line (app/page/views.py)
+    return {"first_message_s": first, "done_s": done, "ok": ok, "batch": int(shared.group(1)) if shared else 1,
             **({} if ok else {"refused": load_test.message_of(end.removeprefix("data: "))[:300]})}
 
 
@@ -144,6 +147,7 @@ def run_class(url: str, pupils: int, browsers: int, timeout_s: float) -> dict:
             "first_message_s": summary([r.get("first_message_s") for r in results]),
             "done_s": summary([r.get("done_s") for r in results]),
             "chromium_done_s": summary([r.get("done_s") for r in results if r["kind"] == "chromium"]),
+            "batches_seen": sorted({r["batch"] for r in results if "batch" in r}),  # the wire pupils' batch sizes
             "visitor_other_address": visitor, "pupils_detail": results}
 
 

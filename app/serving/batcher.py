@@ -9,7 +9,10 @@ runs the jobs one batch at a time, in the order they came (the fair queue's orde
   (``Ticket.key``: the same model and skip policy, and the same request but for its prompts and seed:
   schedule, token budget, sampler, stop strings, chat template), up to ``BatchLimits.rows`` rows and
   ``BatchLimits.cost``: the batch's own cost as one job of all its rows (app/serving/job_cost.py), so a
-  class's 30 short jobs share one batch where their summed costs would have split it. Once a job arrives the runner waits a moment
+  class's 30 short jobs share one batch where their summed costs would have split it.
+* Up to ``BatchLimits.batches`` batches run at once, their model steps taking turns on the compute
+  lock: a job that arrives just after a batch started (a straggler of the class, a visitor alone)
+  starts its own batch at once instead of waiting the whole of the first one for its first token. Once a job arrives the runner waits a moment
   (``BatchLimits.gather_s``) for a class's other clicks of the same moment.
 * A job that shares with nothing, or cannot share (the logit lens: one row's readings per step), runs
   alone through its own race, exactly as before the batcher (``Ticket.alone``): the runner gives the
@@ -46,6 +49,7 @@ LANE = "batch"  # the gradio concurrency id of the jobs the batcher takes (app/u
 # step grows with rows, so the cost cap bounds it too); a GPU's step barely grows with rows.
 CPU_ROWS, GPU_ROWS = 32, 64
 END = object()  # a ticket's queue: nothing more comes
+FORGET_PUSHES_S = 0.6  # pushed jobs not here this long after the last push are not waited for
 TURN_CHECK_S = 0.05  # while a job runs alone, how often the runner looks whether its client has left
 
 
@@ -62,14 +66,18 @@ class BatchLimits:
 
     rows: int = CPU_ROWS  # rows in one batch, all jobs together
     cost: int = 1200  # the batch's cost as one job of all its rows (app/serving/job_cost.py units: ~17 s of the lane)
-    gather_s: float = 0.015  # once a job arrives, how long the runner waits for no further arrival
-    gather_max_s: float = 0.6  # and at most this long in all, while jobs are still being checked (``coming``)
+    gather_s: float = 0.005  # once a job arrives, how long the runner waits for no further arrival
+    # ...or twice the gap between the last two pushes, while the class's clicks keep coming at their pace (on
+    # a loaded 2-core server a push takes ~30 ms, more than ``gather_s``), up to ``gather_max_s`` in all
+    gather_max_s: float = 1.5
+    batches: int = 2  # batches running at once (their steps interleave on the compute lock)
 
     def __post_init__(self) -> None:
         check_int("rows", self.rows, low=1)
         check_int("cost", self.cost, low=1)
         check_number("gather_s", self.gather_s, low=0)
         check_number("gather_max_s", self.gather_max_s, low=0)
+        check_int("batches", self.batches, low=1)
 
 
 @dataclass(eq=False)
@@ -113,6 +121,8 @@ class Batcher:
         self._runner: threading.Thread | None = None
         self._coming = 0  # jobs pushed to the queue and not here yet (``expect``)
         self._expected_at = 0.0
+        self._push_gap = float("inf")  # seconds between the last two pushes
+        self._slots = threading.BoundedSemaphore(self.limits.batches)  # batches that may run at once
         self.batches = itertools.count()  # batches run so far (tests and the load script read it)
         self.largest = 0  # the most jobs one batch has held
 
@@ -126,14 +136,15 @@ class Batcher:
         gathered waits for it a moment. A class's clicks arrive together, but each job's push and checks
         take milliseconds one after another, so they reach the batcher spread over a second."""
         with self._arrival:
+            now = time.monotonic()
             self._coming += 1
-            self._expected_at = time.monotonic()
+            self._push_gap, self._expected_at = now - self._expected_at, now
             self._arrival.notify_all()
 
     def _expecting(self, now: float) -> bool:
-        """Jobs pushed and not here yet; forgotten ``gather_max_s`` after the last push (a pushed job may
+        """Jobs pushed and not here yet; forgotten FORGET_PUSHES_S after the last push (a pushed job may
         never come: refused at its checks, stopped or dropped while it waited)."""
-        if self._coming and now - self._expected_at > self.limits.gather_max_s:
+        if self._coming and now - self._expected_at > FORGET_PUSHES_S:
             self._coming = 0
         return self._coming > 0
 
@@ -173,18 +184,28 @@ class Batcher:
     # --- the runner ---------------------------------------------------------------------------
     def _run_forever(self) -> None:
         while True:
-            batch = self._next_batch()
+            self._slots.acquire()  # a batch may start: fewer than ``batches`` run
+            try:
+                batch = self._next_batch()
+            except BaseException:
+                self._slots.release()
+                raise
             next(self.batches)
             self.largest = max(self.largest, len(batch))
-            try:
-                if len(batch) == 1:
-                    self._run_alone(batch[0])
-                else:
-                    self._run_shared(batch)
-            except Exception as error:  # noqa: BLE001 (every job of the batch is told; the runner goes on)
-                for ticket in batch:
-                    ticket.updates.put(error)
-                    ticket.updates.put(END)
+            threading.Thread(target=self._run_batch, args=(batch,), name="batch", daemon=True).start()
+
+    def _run_batch(self, batch: list[Ticket]) -> None:
+        try:
+            if len(batch) == 1:
+                self._run_alone(batch[0])
+            else:
+                self._run_shared(batch)
+        except Exception as error:  # noqa: BLE001 (every job of the batch is told; the runner goes on)
+            for ticket in batch:
+                ticket.updates.put(error)
+                ticket.updates.put(END)
+        finally:
+            self._slots.release()
 
     def _next_batch(self) -> list[Ticket]:
         """Wait for a job; then the oldest job and the waiting jobs that share its key (see BatchLimits)."""
@@ -216,11 +237,19 @@ class Batcher:
         seen, coming, changed = len(self._waiting), self._coming, time.monotonic()
         while not self._full(head):
             now = time.monotonic()
-            if now >= deadline or (not self._expecting(now) and now - changed >= self.limits.gather_s):
+            quiet = self._quiet_window(now)
+            if now >= deadline or (not self._expecting(now) and now - changed >= quiet):
                 return
-            self._arrival.wait(min(deadline - now, self.limits.gather_s))
+            self._arrival.wait(min(deadline - now, quiet))
             if (len(self._waiting), self._coming) != (seen, coming):  # an arrival, or a check done: its job comes next
                 seen, coming, changed = len(self._waiting), self._coming, time.monotonic()
+
+    def _quiet_window(self, now: float) -> float:
+        """How long no arrival ends a gather: ``gather_s``, or twice the gap between the last two pushes
+        while pushes keep coming at that pace (a class's clicks reach a loaded server ~30 ms apart)."""
+        pushing = now - self._expected_at < self.limits.gather_max_s
+        paced = 2 * self._push_gap if pushing and self._push_gap < self.limits.gather_max_s / 4 else 0.0
+        return max(self.limits.gather_s, paced)
 
     def _full(self, head: Ticket) -> bool:
         return sum(ticket.rows for ticket in self._companions(head)) >= self.limits.rows
@@ -272,7 +301,7 @@ class Batcher:
         judged = False
         for last in race(generator, skip, full, should_cancel=gone, compute_lock=self.compute,
                          judge_first_row=False, prefill=prefill):
-            if last.skip.done and not judged:  # every job's first row judged in one forward, not one each
+            if last.done and not judged:  # every job's first row judged at once, from both streams' texts
                 with self.compute:
                     _judge_together(generator, [reader for reader in readers if not reader.done], last, prefill)
                 judged = True
@@ -284,17 +313,25 @@ class Batcher:
 
 def _judge_together(generator: TextGenerator, readers: list[_Reader], update: RaceUpdate,
                     prefill: Prefill | None) -> None:
-    """The full model's verdict on each reader's first row, from batched forwards: continuing the
-    batch's prompts as read (``TextGenerator.full_model_choices_after``), or reading them again where
-    the streams read them apart (a reader already judged alone, its rows having ended early, keeps
-    its verdict)."""
+    """The full model's verdict on each reader's first row once both streams are done. A greedy row
+    whose SkipDecode text is where the full model's own greedy text goes (its tokens a prefix of the
+    full model's) needs no forward: the full model chose each of those tokens on that very prefix.
+    The others come from batched forwards: continuing the batch's prompts as read
+    (``TextGenerator.full_model_choices_after``), or reading them again where the streams read them
+    apart. A reader already judged alone (its rows having ended early) keeps its verdict."""
     rows = [(reader, update.skip.ids(reader.rows.start)) for reader in readers if reader.judge.judged is None]
-    rows = [(reader, ids) for reader, ids in rows if ids]
+    forward = []
+    for reader, ids in rows:
+        full_ids = update.full.ids(reader.rows.start)
+        if ids and reader.ticket.run.request.sampling.greedy and full_ids[:len(ids)] == ids:
+            reader.judge.chose(ids, ids)
+        elif ids:
+            forward.append((reader, ids))
     if prefill is not None:
-        choices = generator.full_model_choices_after(prefill, [(reader.rows.start, ids) for reader, ids in rows])
+        choices = generator.full_model_choices_after(prefill, [(reader.rows.start, ids) for reader, ids in forward])
     else:
-        choices = generator.full_model_choices_of([(reader.ticket.run.prompt_ids(0), ids) for reader, ids in rows])
-    for (reader, ids), chosen in zip(rows, choices):
+        choices = generator.full_model_choices_of([(reader.ticket.run.prompt_ids(0), ids) for reader, ids in forward])
+    for (reader, ids), chosen in zip(forward, choices):
         reader.judge.chose(ids, chosen)
 
 

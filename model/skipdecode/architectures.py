@@ -70,16 +70,22 @@ class PrefixKVCache:
             raise RuntimeError(f"KV cache: layer {layer_idx} holds nothing")
         return keys[:, :, :length], values[:, :, :length]
 
-    def copy(self) -> "PrefixKVCache":
-        """A cache holding the same positions in buffers of its own (two streams continuing one prefill)."""
+    def copy(self, rows: list[int] | None = None) -> "PrefixKVCache":
+        """A cache holding the same positions (of ``rows`` only, in that order, where given) in buffers of
+        its own (two streams continuing one prefill; the full model judging a few rows of a batch)."""
         twin = PrefixKVCache(len(self.lengths), self.capacity)
         for layer, (keys, values) in enumerate(zip(self._keys, self._values)):
             if keys is None or values is None:
                 continue
             length = self.lengths[layer]
-            twin._keys[layer], twin._values[layer] = twin._buffer(keys.shape, keys), twin._buffer(values.shape, values)
-            twin._keys[layer][:, :, :length] = keys[:, :, :length]
-            twin._values[layer][:, :, :length] = values[:, :, :length]
+            kept_keys, kept_values = keys[:, :, :length], values[:, :, :length]
+            if rows is not None:
+                index = torch.tensor(rows, dtype=torch.long, device=keys.device)
+                kept_keys, kept_values = kept_keys.index_select(0, index), kept_values.index_select(0, index)
+            shape = (kept_keys.shape[0], *keys.shape[1:])
+            twin._keys[layer], twin._values[layer] = twin._buffer(shape, keys), twin._buffer(shape, values)
+            twin._keys[layer][:, :, :length] = kept_keys
+            twin._values[layer][:, :, :length] = kept_values
         twin.lengths = list(self.lengths)
         return twin
 

@@ -169,11 +169,13 @@ class Prefill:
     def batch(self) -> int:
         return int(self.logits.shape[0])
 
-    def copy(self) -> "Prefill":
+    def copy(self, rows: list[int] | None = None) -> "Prefill":
+        """Its own copy (of ``rows`` only, in that order, where given)."""
         state = self.state
-        return Prefill(DecodeState(state.cache.copy(), state.key_valid.clone(), state.next_position.clone(),
+        pick = (lambda tensor: tensor.clone()) if rows is None else (lambda tensor: tensor[rows].clone())
+        return Prefill(DecodeState(state.cache.copy(rows), pick(state.key_valid), pick(state.next_position),
                                    state.length, state.has_padding),
-                       self.logits.clone(), self.layers, self.seconds, self.capacity)
+                       pick(self.logits), self.layers, self.seconds, self.capacity)
 
 
 # Stop check for a row: (row index, generated ids so far) -> True to finish the row.
@@ -323,13 +325,14 @@ class SkipDecoder:
         return type(self) is SkipDecoder and type(other) is SkipDecoder and self.model is other.model
 
     @torch.inference_mode()
-    def extend(self, prefill: Prefill, token_ids: torch.Tensor) -> torch.Tensor:
+    def extend(self, prefill: Prefill, token_ids: torch.Tensor, rows: list[int] | None = None) -> torch.Tensor:
         """Every layer over ``token_ids`` (B, T), the positions after a prompt read at FULL depth,
         in one forward into a copy of its cache: the last layer's hidden states (B, T, C). T may be
-        at most the prefill's new-token capacity. The prefill itself is left as it was."""
+        at most the prefill's new-token capacity. ``rows``: the prefill's rows these B are (in that
+        order; default all). The prefill itself is left as it was."""
         if list(prefill.layers) != list(range(self.num_layers)):
             raise ValueError("extend continues a prompt read at full depth")
-        state = prefill.copy().state
+        state = prefill.copy(rows).state
         batch, count = token_ids.shape
         if state.length + count > prefill.capacity:
             raise ValueError(f"{count} positions after the prompt exceed the cache's {prefill.capacity}")

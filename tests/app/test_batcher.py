@@ -182,3 +182,15 @@ def test_a_race_reads_its_prompt_once_for_both_streams_and_the_lens_reads_its_ow
     reads.clear()
     list(race(generator, run, full, lens=True))
     assert len(reads) == 2  # the lens traces SkipDecode's own read of the prompt
+
+
+def test_the_full_models_choices_continuing_a_batchs_read_are_its_choices_reading_each_prompt_again(generator):
+    request = merged_request([_request(prompt) for prompt in PROMPTS])
+    run = generator.prepare(request, share_prefix=True)
+    full = generator.with_schedule(run, dataclasses.replace(request.schedule, full=True))
+    read = generator.shared_prefill(run, full)
+    assert read is not None and run.shared_prefix > 0  # the chat template's system turn, read once
+    texts = [generator.generate(_request(prompt)).decode.tokens[0] for prompt in PROMPTS]
+    rows = [(3, texts[3]), (1, texts[1][:5]), (2, texts[2][:1])]  # some rows, in any order, of any length
+    expected = generator.full_model_choices_of([(run.prompt_ids(row), ids) for row, ids in rows])
+    assert generator.full_model_choices_after(read, rows) == expected
