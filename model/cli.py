@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 
 from model.evaluation.bench import BenchConfig, BenchReport, run_bench, split_weight_mode, write_bench
 from model.evaluation.evaluation import EvalConfig, evaluate, write_report
+from model.evaluation.batch_check import BatchCheckConfig, run_batch_check
 from model.evaluation.lowbit_check import LowBitCheckConfig, run_lowbit_check
 from model.evaluation.results_page import PAGE, page_is_current, write_page
 from model.generation import GenerationRequest, ScheduleRequest, TextGenerator, validate_request
@@ -193,6 +194,20 @@ def add_lowbit_check_command(commands) -> None:
     lb.set_defaults(handler=run_lowbit_check_command)
 
 
+def add_batch_check_command(commands) -> None:
+    """`batch-check`: a row of a shared batch against the same job alone, and its options."""
+    bc = commands.add_parser("batch-check", help="a row of a shared batch (as the playground batches a class) "
+                             "against the same job alone: teacher-forced agreement")
+    add_model_options(bc)
+    bc.add_argument("--quantize", default="auto", help="the weights (auto: the product's, int4 on a CPU)")
+    bc.add_argument("--speedups", default="1,2", help="comma-separated target layer speedups (1 = full model)")
+    bc.add_argument("--max-prompts", type=int, default=64)
+    bc.add_argument("--tokens", type=int, default=48)
+    bc.add_argument("--batch-size", type=int, default=16, help="prompts in one batch")
+    bc.add_argument("--json", default=None, help="also write the report to this file")
+    bc.set_defaults(handler=run_batch_check_command)
+
+
 def add_bench_command(commands) -> None:
     """`bench`: measured speed, side by side, and its options."""
     be = commands.add_parser("bench", help="measured tokens/s: transformers generate vs our full decoder vs SkipDecode")
@@ -284,6 +299,7 @@ def add_results_command(commands) -> None:
 
 # The commands, in the order `python -m model --help` lists them.
 COMMANDS = (add_generate_command, add_make_data_command, add_train_command, add_eval_command, add_study_command, add_scaling_command, add_shape_study_command, add_export_adapter_command, add_mix_adapters_command, add_bench_command, add_lowbit_check_command,
+            add_batch_check_command,
             add_train_task_command, add_eval_task_command, add_results_command)
 
 
@@ -310,6 +326,19 @@ def run_lowbit_check_command(args: argparse.Namespace) -> int:
     report = run_lowbit_check(config, progress=lambda line: print(line, file=sys.stderr))
     if args.json:
         Path(args.json).write_text(json.dumps(report.to_json(), indent=2))
+    print(report.to_markdown())
+    return 0
+
+
+def run_batch_check_command(args: argparse.Namespace) -> int:
+    if args.tokens < 2 or args.batch_size < 1 or (args.max_prompts is not None and args.max_prompts < 1):
+        raise ValueError("--tokens must be >= 2, --batch-size and --max-prompts >= 1")
+    config = BatchCheckConfig(speedups=_float_list(args.speedups, "--speedups"), max_prompts=args.max_prompts,
+                              tokens=args.tokens, batch_size=args.batch_size, model=args.model,
+                              adapter=None if args.no_adapter else args.adapter, quantize=args.quantize)
+    report = run_batch_check(config, progress=lambda line: print(line, file=sys.stderr))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_json(), indent=2) + "\n")
     print(report.to_markdown())
     return 0
 

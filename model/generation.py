@@ -300,9 +300,10 @@ class TextGenerator:
         return self._encoded(prompts, raw)
 
     def _encoded(self, prompts: Sequence[str], raw: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        return left_padded(self._rows(prompts, raw), self.loaded.pad_token_id)
+        return left_padded(self.token_rows(prompts, raw), self.loaded.pad_token_id)
 
-    def _rows(self, prompts: Sequence[str], raw: bool) -> list[list[int]]:
+    def token_rows(self, prompts: Sequence[str], raw: bool = False) -> list[list[int]]:
+        """Each prompt's token ids as the model reads it (the chat template around it, unless ``raw``)."""
         rows = [self._encode_one(p, raw) for p in prompts]
         if any(not row for row in rows):
             raise ValueError("a prompt encodes to zero tokens")
@@ -355,7 +356,7 @@ class TextGenerator:
         not looked at: what a server needs to know of a job's size, from any model that shares this
         one's tokenizer (a task's model that is not loaded yet: ``shares_tokenizer``)."""
         if share_prefix:
-            ids, mask, prefix = shared_prefix_padded(self._rows(request.prompts, request.raw), self.loaded.pad_token_id)
+            ids, mask, prefix = shared_prefix_padded(self.token_rows(request.prompts, request.raw), self.loaded.pad_token_id)
         else:
             (ids, mask), prefix = self._encoded(request.prompts, request.raw), 0
         run = PreparedRun(request=request, ids=ids, mask=mask, schedule=schedule, shared_prefix=prefix)

@@ -41,7 +41,7 @@ from typing import Any, Callable, ContextManager, Iterator
 from app.serving.job_cost import job_cost
 from model.common.checks import check_int, check_number
 from model.generation import PreparedRun, ScheduleRequest, TextGenerator, merged_request, shared_part
-from model.race import Judge, PromptTokens, RaceUpdate, race, row_update
+from model.race import Judge, PromptTokens, RaceUpdate, StreamProgress, race, row_update
 from model.skipdecode.decoder import Cancelled, Prefill
 
 LANE = "batch"  # the gradio concurrency id of the jobs the batcher takes (app/ui.py wires them)
@@ -298,13 +298,12 @@ class Batcher:
         except Cancelled:
             return
         last: RaceUpdate | None = None
-        judged = False
         for last in race(generator, skip, full, should_cancel=gone, compute_lock=self.compute,
                          judge_first_row=False, prefill=prefill):
-            if last.done and not judged:  # every job's first row judged at once, from both streams' texts
+            ended = [reader for reader in readers if reader.unjudged_and_ended(last)]
+            if ended:  # the jobs whose rows have just ended in both streams: judged together, at once
                 with self.compute:
-                    _judge_together(generator, [reader for reader in readers if not reader.done], last, prefill)
-                judged = True
+                    _judge_together(generator, ended, last, prefill)
             for reader in readers:
                 reader.read(last, self.compute)
         for reader in readers:
@@ -313,12 +312,13 @@ class Batcher:
 
 def _judge_together(generator: TextGenerator, readers: list[_Reader], update: RaceUpdate,
                     prefill: Prefill | None) -> None:
-    """The full model's verdict on each reader's first row once both streams are done. A greedy row
+    """The full model's verdict on each reader's first row, its rows having ended in both streams (so a
+    job's last view comes with it, without waiting for the rest of the batch). A greedy row
     whose SkipDecode text is where the full model's own greedy text goes (its tokens a prefix of the
     full model's) needs no forward: the full model chose each of those tokens on that very prefix.
     The others come from batched forwards: continuing the batch's prompts as read
     (``TextGenerator.full_model_choices_after``), or reading them again where the streams read them
-    apart. A reader already judged alone (its rows having ended early) keeps its verdict."""
+    apart."""
     rows = [(reader, update.skip.ids(reader.rows.start)) for reader in readers if reader.judge.judged is None]
     forward = []
     for reader, ids in rows:
@@ -358,6 +358,11 @@ class _Reader:
         self.prompt = PromptTokens(tuple(texts), hidden)
         self.judge = Judge(self.generator, self.ticket.run, with_kl=False)
 
+    def unjudged_and_ended(self, update: RaceUpdate) -> bool:
+        """Whether this job's rows have all ended in both streams and its first row is not judged yet."""
+        return (not self.done and self.judge.judged is None and _ended(update.skip, self.rows)
+                and _ended(update.full, self.rows))
+
     def read(self, update: RaceUpdate, compute: ContextManager) -> None:
         if self.done:
             return
@@ -365,8 +370,8 @@ class _Reader:
             self._end()
             return
         view = self._view(update)
-        # The full model's verdict on the job's first row: judged with the batch's other rows once the
-        # batch's SkipDecode stream is done (_judge_together); alone only for a job done before that.
+        # The full model's verdict on the job's first row: judged with the batch's other rows that ended
+        # at the same step (_judge_together, before this read); alone only for a batch cut short.
         if view.done and self.judge.judged is None:
             with compute:
                 self.judge.update(view.skip)
@@ -390,6 +395,12 @@ class _Reader:
         if not self.done:
             self.done = True
             self.ticket.updates.put(END)
+
+
+def _ended(progress: StreamProgress, rows: range) -> bool:
+    """Whether every one of ``rows`` has ended in this stream (the stream done, or each row stopped)."""
+    record = progress.record
+    return progress.done or (record is not None and all(record.finish_reasons[row] != "length" for row in rows))
 
 
 def _finished(progress: Any) -> Any:

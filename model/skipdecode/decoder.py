@@ -498,13 +498,15 @@ class SkipDecoder:
 
     @torch.inference_mode()
     def forced_predictions(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, continuation: torch.Tensor,
-                           schedule: ScheduleConfig) -> torch.Tensor:
+                           schedule: ScheduleConfig, shared_prefix: int = 0) -> torch.Tensor:
         """Teacher forcing through the CACHED path: the (B, P) prompt, then the (B, N) given tokens
         fed one step at a time under ``schedule``. Returns the argmax (B, N): at the prompt's last
-        position, then after each fed token but the last. Compares two weight sets (int4 vs float)
-        on the same inputs, whatever either would have generated."""
+        position, then after each fed token but the last. Compares two weight sets (int4 vs float),
+        or a batch against its rows alone, on the same inputs, whatever either would have generated.
+        ``shared_prefix``: as ``prefill``'s."""
         steps = continuation.shape[1]
-        state, logits = self.prefill(input_ids, attention_mask, schedule.prefill_layers(), input_ids.shape[1] + steps)
+        state, logits = self.prefill(input_ids, attention_mask, schedule.prefill_layers(), input_ids.shape[1] + steps,
+                                     shared_prefix=shared_prefix)
         predictions = [logits.argmax(-1)]
         for step in range(steps - 1):
             logits = self.decode_step(state, continuation[:, step].to(self.device), schedule.step_layers(step))
