@@ -66,11 +66,11 @@ class BatchLimits:
 
     rows: int = CPU_ROWS  # rows in one batch, all jobs together
     cost: int = 1200  # the batch's cost as one job of all its rows (app/serving/job_cost.py units: ~17 s of the lane)
-    gather_s: float = 0.005  # once a job arrives, how long the runner waits for no further arrival
+    gather_s: float = 0.03  # once a job arrives, how long the runner waits for no further arrival
     # ...or twice the gap between the last two pushes, while the class's clicks keep coming at their pace (on
     # a loaded 2-core server a push takes ~30 ms, more than ``gather_s``), up to ``gather_max_s`` in all
     gather_max_s: float = 1.5
-    batches: int = 2  # batches running at once (their steps interleave on the compute lock)
+    batches: int = 3  # batches running at once (their steps interleave on the compute lock)
 
     def __post_init__(self) -> None:
         check_int("rows", self.rows, low=1)
@@ -320,19 +320,21 @@ def _judge_together(generator: TextGenerator, readers: list[_Reader], update: Ra
     (``TextGenerator.full_model_choices_after``), or reading them again where the streams read them
     apart."""
     rows = [(reader, update.skip.ids(reader.rows.start)) for reader in readers if reader.judge.judged is None]
-    forward = []
+    forward: dict[tuple, list[tuple[_Reader, list[int]]]] = {}  # one forward per distinct (prompt, text)
     for reader, ids in rows:
         full_ids = update.full.ids(reader.rows.start)
         if ids and reader.ticket.run.request.sampling.greedy and full_ids[:len(ids)] == ids:
             reader.judge.chose(ids, ids)
-        elif ids:
-            forward.append((reader, ids))
+        elif ids:  # a class on one link sends the same prompt many times: the same text is judged once
+            forward.setdefault((tuple(reader.ticket.run.prompt_ids(0)), tuple(ids)), []).append((reader, ids))
+    firsts = [same[0] for same in forward.values()]
     if prefill is not None:
-        choices = generator.full_model_choices_after(prefill, [(reader.rows.start, ids) for reader, ids in forward])
+        choices = generator.full_model_choices_after(prefill, [(reader.rows.start, ids) for reader, ids in firsts])
     else:
-        choices = generator.full_model_choices_of([(reader.ticket.run.prompt_ids(0), ids) for reader, ids in forward])
-    for (reader, ids), chosen in zip(forward, choices):
-        reader.judge.chose(ids, chosen)
+        choices = generator.full_model_choices_of([(reader.ticket.run.prompt_ids(0), ids) for reader, ids in firsts])
+    for same, chosen in zip(forward.values(), choices):
+        for reader, ids in same:
+            reader.judge.chose(ids, chosen)
 
 
 def _row_ranges(sizes: list[int]) -> list[range]:
