@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
+from model.evaluation.batch_check import BatchCheckConfig, run_batch_check
 from model.evaluation.bench import BenchConfig, BenchReport, run_bench, split_weight_mode, write_bench
 from model.evaluation.evaluation import EvalConfig, evaluate, write_report
-from model.evaluation.batch_check import BatchCheckConfig, run_batch_check
 from model.evaluation.lowbit_check import LowBitCheckConfig, run_lowbit_check
 from model.evaluation.results_page import PAGE, page_is_current, write_page
 from model.generation import GenerationRequest, ScheduleRequest, TextGenerator, validate_request
@@ -338,7 +338,8 @@ def run_batch_check_command(args: argparse.Namespace) -> int:
                               adapter=None if args.no_adapter else args.adapter, quantize=args.quantize)
     report = run_batch_check(config, progress=lambda line: print(line, file=sys.stderr))
     if args.json:
-        Path(args.json).write_text(json.dumps(report.to_json(), indent=2) + "\n")
+        recorded = {"command": " ".join(["python -m model", *sys.argv[1:]]), **report.to_json()}
+        Path(args.json).write_text(json.dumps(recorded, indent=2) + "\n")
     print(report.to_markdown())
     return 0
 

@@ -64,14 +64,30 @@ def wire_pupil(url: str, name: str, data: list, fn_index: int, go: threading.Eve
     return result
 
 
+# The size of the batch a job shared: the API message's field, or the page's batch line (app/page/views.py)
+SHARED_BATCH = re.compile(r'"batch_requests":\s*(\d+)|One batch of (\d+) visitors')
+
+
 def read_to_end(http, session: str, pushed: float, timeout_s: float) -> dict:
-    """Seconds from the push to the first message and to the end of the job, and whether it ended well."""
-    first, _, done, end = load_test.event_times(http, session, pushed, timeout_s, to_end=True)
+    """Seconds from the push to the first message and to the end of the job, whether it ended well, and
+    the size of the batch it shared (its messages' ``batch_requests``, or a page's batch line)."""
+    first = done = None
+    end, batch = "", 1
+    with http.stream("GET", f"/gradio_api/queue/data?session_hash={session}") as response:
+        for line in response.iter_lines():
+            if first is None and ('"process_generating"' in line or '"process_completed"' in line):
+                first = round(time.time() - pushed, 2)
+            shared = SHARED_BATCH.search(line)
+            batch = int(shared.group(1) or shared.group(2)) if shared else batch
+            if '"process_completed"' in line:
+                done, end = round(time.time() - pushed, 2), line
+                break
+            if time.time() - pushed > timeout_s:
+                break
     if done is None:
         return {"first_message_s": first, "done_s": None, "ok": False}
     ok = '"success":true' in end.replace(" ", "")
-    shared = re.search(r"One batch of (\d+) visitors", end)  # the page's batch line (app/page/views.py)
-    return {"first_message_s": first, "done_s": done, "ok": ok, "batch": int(shared.group(1)) if shared else 1,
+    return {"first_message_s": first, "done_s": done, "ok": ok, "batch": batch,
             **({} if ok else {"refused": load_test.message_of(end.removeprefix("data: "))[:300]})}
 
 

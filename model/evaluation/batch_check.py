@@ -12,13 +12,12 @@ is the token the job alone chose. For the full model and for SkipDecode at each 
 
 from __future__ import annotations
 
-import platform
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import torch
 
-from model.common.hardware import cpu_flags
+from model.common.hardware import cpu_flags, cpu_model
 from model.generation import GenerationRequest, ScheduleRequest, TextGenerator
 from model.loading import load_model
 from model.skipdecode.decoder import shared_prefix_padded
@@ -76,7 +75,7 @@ def run_batch_check(config: BatchCheckConfig, progress: Callable[[str], None] = 
     if not prompts:
         raise ValueError(f"no prompts in {config.prompts}")
     report = BatchCheckReport(model=generator.loaded.name, weights=generator.loaded.weights, num_prompts=len(prompts),
-                              tokens=config.tokens, batch_size=config.batch_size, cpu=platform.processor() or "cpu",
+                              tokens=config.tokens, batch_size=config.batch_size, cpu=cpu_model(),
                               cpu_flags=cpu_flags())
     for speedup in config.speedups:
         schedule = generator.schedule_for(_schedule_request(speedup), config.tokens).config
