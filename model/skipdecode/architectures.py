@@ -83,9 +83,10 @@ class PrefixKVCache:
                 index = torch.tensor(rows, dtype=torch.long, device=keys.device)
                 kept_keys, kept_values = kept_keys.index_select(0, index), kept_values.index_select(0, index)
             shape = (kept_keys.shape[0], *keys.shape[1:])
-            twin._keys[layer], twin._values[layer] = twin._buffer(shape, keys), twin._buffer(shape, values)
-            twin._keys[layer][:, :, :length] = kept_keys
-            twin._values[layer][:, :, :length] = kept_values
+            new_keys, new_values = twin._buffer(shape, keys), twin._buffer(shape, values)
+            new_keys[:, :, :length] = kept_keys
+            new_values[:, :, :length] = kept_values
+            twin._keys[layer], twin._values[layer] = new_keys, new_values
         twin.lengths = list(self.lengths)
         return twin
 
