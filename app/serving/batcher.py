@@ -3,7 +3,7 @@
 SkipDecode's point over token-level early exit is that a whole batch shares one exit depth per
 position, so batching and the KV cache keep working. The batcher is where the playground uses it:
 every page or API run of the model lane hands its job here (a ``Ticket``), and one runner thread
-runs the jobs one batch at a time, in the order they came (the fair queue's order: it started them).
+forms batches in the order the jobs came (the fair queue's order: it started them).
 
 * A batch is the oldest waiting job plus every waiting job that can share its schedule
   (``Ticket.key``: the same model and skip policy, and the same request but for its prompts and seed:
@@ -12,14 +12,16 @@ runs the jobs one batch at a time, in the order they came (the fair queue's orde
   class's 30 short jobs share one batch where their summed costs would have split it.
 * Up to ``BatchLimits.batches`` batches run at once, their model steps taking turns on the compute
   lock: a job that arrives just after a batch started (a straggler of the class, a visitor alone)
-  starts its own batch at once instead of waiting the whole of the first one for its first token. Once a job arrives the runner waits a moment
-  (``BatchLimits.gather_s``) for a class's other clicks of the same moment.
+  starts its own batch at once instead of waiting the whole of the first one for its first token.
+* Once a job arrives the runner waits a moment for a class's other clicks of the same moment
+  (``BatchLimits.gather_s``, or the pace of the pushes still coming: ``_quiet_window``).
 * A job that shares with nothing, or cannot share (the logit lens: one row's readings per step), runs
   alone through its own race, exactly as before the batcher (``Ticket.alone``): the runner gives the
   job its turn and its handler drives its own race, reading the race's live updates in its own thread
   (another thread reading them would see them move on under it), until it ends or its client leaves.
-* A shared batch's rows are left padded; SkipDecode's rows step as one batch and the full model's as
-  another, raced as one job is. Each job reads only its own rows (``model.race.row_update``), with the
+* A shared batch's rows share their common start (read once: ``prepare(share_prefix=True)``), the rest
+  left padded; the prompts are read once for both streams (``TextGenerator.shared_prefill``), then
+  SkipDecode's rows step as one batch and the full model's as another, raced as one job is. Each job reads only its own rows (``model.race.row_update``), with the
   full model's verdict on its first row and the batch's share; no job sees another's text.
 * Rows come and go: a job whose client leaves (or presses Stop) stops being fed, the batch goes on for
   the others, and a batch whose jobs have all left ends within a layer (the decoder's cancel check).
