@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from app.serving.batcher import BatchLimits
 from app.settings import Limits
 from app.ui import build_demo, launch_options
 from model.generation import TextGenerator
@@ -26,8 +27,10 @@ SIZES = {"desktop": (1440, 900), "phone": (390, 844)}
 @pytest.fixture(scope="module")
 def server(default_model):
     generator = TextGenerator(default_model)
-    # One waiting job fills the queue (the queue-full refusal is a click while one job waits).
-    demo = build_demo(lambda: generator, LIMITS, queue_size=1, landing="chat")
+    # One waiting job fills the queue (the queue-full refusal is a click while one job waits); one batch
+    # at a time, so a second job waits in the batcher while the first holds the model (with several
+    # batches at once it would start beside the first, and the queue would not be full).
+    demo = build_demo(lambda: generator, LIMITS, queue_size=1, landing="chat", batching=BatchLimits(batches=1))
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, **launch_options())
     yield demo
     demo.close()
