@@ -186,12 +186,17 @@ def add_lowbit_check_command(commands) -> None:
                              "model and of SkipDecode (adapter), through the cached decoder")
     add_model_options(lb)
     lb.add_argument("--quantize", default="int4", help="comma-separated low-bit modes (int4, int8)")
-    lb.add_argument("--speedups", default="1,2", help="comma-separated target layer speedups (1 = full model)")
-    lb.add_argument("--max-prompts", type=int, default=None)
-    lb.add_argument("--tokens", type=int, default=48)
-    lb.add_argument("--batch-size", type=int, default=16, help="prompts decoded together (the kernels' rows)")
-    lb.add_argument("--json", default=None, help="also write the report to this file")
+    add_agreement_options(lb, max_prompts=None, batch_help="prompts decoded together (the kernels' rows)")
     lb.set_defaults(handler=run_lowbit_check_command)
+
+
+def add_agreement_options(parser: argparse.ArgumentParser, max_prompts: int | None, batch_help: str) -> None:
+    """The options of a teacher-forced agreement check (lowbit-check, batch-check)."""
+    parser.add_argument("--speedups", default="1,2", help="comma-separated target layer speedups (1 = full model)")
+    parser.add_argument("--max-prompts", type=int, default=max_prompts)
+    parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--batch-size", type=int, default=16, help=batch_help)
+    parser.add_argument("--json", default=None, help="also write the report to this file")
 
 
 def add_batch_check_command(commands) -> None:
@@ -200,11 +205,7 @@ def add_batch_check_command(commands) -> None:
                              "against the same job alone: teacher-forced agreement")
     add_model_options(bc)
     bc.add_argument("--quantize", default="auto", help="the weights (auto: the product's, int4 on a CPU)")
-    bc.add_argument("--speedups", default="1,2", help="comma-separated target layer speedups (1 = full model)")
-    bc.add_argument("--max-prompts", type=int, default=64)
-    bc.add_argument("--tokens", type=int, default=48)
-    bc.add_argument("--batch-size", type=int, default=16, help="prompts in one batch")
-    bc.add_argument("--json", default=None, help="also write the report to this file")
+    add_agreement_options(bc, max_prompts=64, batch_help="prompts in one batch")
     bc.set_defaults(handler=run_batch_check_command)
 
 
