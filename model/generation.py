@@ -172,7 +172,7 @@ class TextGenerator:
         # The full model is always the ORIGINAL weights; SkipDecode runs the skip policy.
         self.full_decoder = loaded.full_decoder()
         self.skip_decoder = loaded.skip_decoder()
-        self.cost = self.full_decoder.adapter.cost_model()
+        self.cost = loaded.cost_model()
         # The solver scores every (max, min) pair in pure Python (~0.25 s for 30 layers); the
         # page asks again on every control change, so answers for the same inputs are kept.
         self._schedules: dict[tuple[ScheduleRequest, int], SolvedSchedule] = {}

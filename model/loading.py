@@ -13,6 +13,7 @@ import importlib.util
 import json
 import logging
 import os
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,9 +38,11 @@ from model.skipdecode.architectures import (
     adapter_for,
     attention_implementation,
     forget_gguf_quantization,
+    mean_layer_weight_count,
 )
 from model.skipdecode.cuda_graphs import CudaGraphStep
 from model.skipdecode.decoder import SkipDecoder
+from model.skipdecode.schedule import CostModel
 from model.skipdecode.skip_policy import EntryBridge, install_lora_gate, side_lora_config
 from model.skipdecode.static_decoder import static_decoder
 
@@ -151,6 +154,17 @@ class LoadedModel:
     @property
     def adapter(self) -> ArchitectureAdapter:
         return adapter_for(self.model)
+
+    def cost_model(self) -> CostModel:
+        """The original model's weights per step, with the skip policy's layers counted as they run:
+        a LoRA beside low-bit weights is work every skipping step does (merged, it costs nothing more)."""
+        cost = self.adapter.cost_model()
+        if self.skip_model is None or self.skip_model is self.model:
+            return cost
+        policy = mean_layer_weight_count(adapter_for(self.skip_model))
+        if policy == cost.layer_cost:
+            return cost
+        return dataclasses.replace(cost, policy_layer_cost=policy, policy_gated=self.gated)
 
     @property
     def num_layers(self) -> int:

@@ -485,6 +485,11 @@ class LowBitLoraLinear(nn.Module):
     def bias(self) -> torch.Tensor | None:
         return self.base.bias
 
+    @property
+    def side_weight_count(self) -> int:
+        """Weights the LoRA multiplies per token beside its base's (A and B: r (in + out)); the cost model counts them."""
+        return self.lora_a.numel() + self.lora_b.numel()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.base(x) + nn.functional.linear(nn.functional.linear(x, self.lora_a), self.lora_b)
 

@@ -333,9 +333,17 @@ class ArchitectureAdapter(ABC):
 
 
 def _weight_count(module: nn.Module) -> int:
-    """Weights a step touches: parameters, plus low-bit weights held as buffers (model/lowbit/quantization.py)."""
+    """Weights a step touches: parameters, plus low-bit weights held as buffers and a LoRA's A and B
+    kept beside them (model/lowbit/quantization.py)."""
     return (sum(p.numel() for p in module.parameters())
-            + sum(int(getattr(m, "quantized_weight_count", 0)) for m in module.modules()))
+            + sum(int(getattr(m, "quantized_weight_count", 0)) + int(getattr(m, "side_weight_count", 0))
+                  for m in module.modules()))
+
+
+def mean_layer_weight_count(adapter: "ArchitectureAdapter") -> float:
+    """The weights a step touches per decoder layer, averaged over the layers (a skip policy's LoRA
+    may leave some layers out)."""
+    return sum(_weight_count(layer) for layer in adapter.layers) / adapter.num_layers
 
 
 class LlamaFamilyAdapter(ArchitectureAdapter):

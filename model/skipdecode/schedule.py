@@ -173,9 +173,19 @@ class CostModel:
 
     layer_cost: float = 1.0
     fixed_cost: float = 0.0
+    # A skipping layer's count where the skip policy runs a LoRA BESIDE the shared weights (int4: its A
+    # and B are real work every skipping step; a merged policy costs nothing more): None, as layer_cost.
+    policy_layer_cost: float | None = None
+    policy_gated: bool = True  # gated: full-depth steps run the original weights, only skipping steps the policy
 
     def step_cost(self, budget: int) -> float:
+        """The full model's step at ``budget`` layers."""
         return budget * self.layer_cost + self.fixed_cost
+
+    def skip_step_cost(self, budget: int, num_layers: int) -> float:
+        """SkipDecode's step at ``budget`` of ``num_layers`` layers, the skip policy's side work included."""
+        runs_policy = self.policy_layer_cost is not None and (budget < num_layers or not self.policy_gated)
+        return budget * (self.policy_layer_cost if runs_policy else self.layer_cost) + self.fixed_cost
 
 
 @dataclass(frozen=True)
@@ -277,10 +287,11 @@ def layer_speedup(num_layers: int, budgets: Sequence[int]) -> float:
 
 
 def cost_speedup(num_layers: int, budgets: Sequence[int], cost: CostModel) -> float:
-    """Full-depth step cost over mean SkipDecode step cost, head and embedding included."""
+    """Full-depth step cost over mean SkipDecode step cost, head, embedding and the skip policy's
+    side work included."""
     if not budgets:
         return 1.0
-    mean_cost = sum(cost.step_cost(n) for n in budgets) / len(budgets)
+    mean_cost = sum(cost.skip_step_cost(n, num_layers) for n in budgets) / len(budgets)
     return cost.step_cost(num_layers) / mean_cost
 
 
@@ -485,7 +496,7 @@ def step_speedup(num_layers: int, budgets: Sequence[int], full_seconds: Sequence
     if not pairs:
         return None
     full_cost = cost.step_cost(num_layers)
-    shares = sorted((f / s) / (full_cost / cost.step_cost(n)) for f, s, n in pairs)
+    shares = sorted((f / s) / (full_cost / cost.skip_step_cost(n, num_layers)) for f, s, n in pairs)
     bound = cost_speedup(num_layers, [n for _, _, n in pairs], cost)
     return StepSpeedup(median=_quantile(shares, 0.5) * bound, low=_quantile(shares, 0.25) * bound,
                        high=_quantile(shares, 0.75) * bound, cost_model=bound, steps=len(pairs))

@@ -287,6 +287,14 @@ def test_int4_runs_the_lora_beside_and_int8_merges_it(mode, beside, tiny_folder,
         assert projection.base is loaded.model.model.layers[0].self_attn.q_proj
     else:
         assert isinstance(projection, Int8WeightLinear) and projection is not loaded.model.model.layers[0].self_attn.q_proj
+    # the cost model counts the LoRA's A and B where they run beside the weights; merged, they cost nothing
+    cost, base = loaded.cost_model(), loaded.adapter.cost_model()
+    lora = sum(m.side_weight_count for m in loaded.skip_model.modules() if isinstance(m, LowBitLoraLinear))
+    if beside:
+        assert lora > 0 and cost.policy_layer_cost == base.layer_cost + lora / loaded.num_layers
+        assert cost.policy_gated is loaded.gated
+    else:
+        assert cost == base
 
 
 @pytest.mark.parametrize("mode", ["int8", "int4"])

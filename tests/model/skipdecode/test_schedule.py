@@ -172,3 +172,19 @@ def test_linear_budgets_equal_exact_arithmetic_with_halves_rounded_up():
 def test_step_decay_switches_at_half_the_decay_length_exactly():
     config = ScheduleConfig(12, 10, 4, decay="step", warmup=1, decay_length=6)
     assert config.budgets(8) == [10, 10, 10, 4, 4, 4, 4, 4]
+
+
+def test_the_cost_model_counts_the_skip_policys_side_work_on_the_steps_that_run_it():
+    """A LoRA beside the weights (policy_layer_cost) costs every skipping step; gated, the full-depth
+    steps run the original weights, ungated every step runs the policy."""
+    plain = CostModel(layer_cost=10.0, fixed_cost=50.0)
+    gated = CostModel(layer_cost=10.0, fixed_cost=50.0, policy_layer_cost=12.0)
+    ungated = CostModel(layer_cost=10.0, fixed_cost=50.0, policy_layer_cost=12.0, policy_gated=False)
+    assert gated.skip_step_cost(4, 8) == 4 * 12.0 + 50.0 and plain.skip_step_cost(4, 8) == 4 * 10.0 + 50.0
+    assert gated.skip_step_cost(8, 8) == gated.step_cost(8) == 130.0  # a full-depth step: the original's
+    assert ungated.skip_step_cost(8, 8) == 8 * 12.0 + 50.0
+    budgets = [8, 4, 4, 2]
+    assert cost_speedup(8, budgets, plain) == pytest.approx(130.0 / ((130 + 90 + 90 + 70) / 4))
+    assert cost_speedup(8, budgets, gated) == pytest.approx(130.0 / ((130 + 98 + 98 + 74) / 4))
+    assert cost_speedup(8, budgets, gated) < cost_speedup(8, budgets, plain)
+    assert cost_speedup(8, [8, 8], ungated) < 1.0  # the policy at full depth is slower than the original
