@@ -286,14 +286,6 @@ static void attend(const float* q, int64_t group, const float* keys, const float
 // and superblock of 8 blocks, lanes16[256] int16: for chunk c (0-7) two 16-lane vectors, elements 2c,
 // 2c + 1 of each block, then elements 16 + 2c, 16 + 2c + 1 (lanes 2l, 2l + 1: block l's pair), and
 // lane_f[24]: each block's dx, sum, -8 sum.
-//
-// 8-bit activations (quantize_rows' eight_bit; batches and prompts from q4_eight_bit_rows rows): the
-// same 16-bit codes rounded to their high byte, hi = floor((v + 128) / 256) in [-127, 127], at 256 dx.
-// AVX-512 keeps the 16-bit layout and its kernels take the hi bytes alone (Coarse); AVX2 rewrites the
-// codes to hi and dx to 256 dx (every AVX2 kernel then computes the 8-bit products) and lays them out
-// as bytes for its 8-bit lane kernel (q4_lane_tile8): per row and superblock of 8 blocks, lanes8[256]:
-// for pair p (0-3) of chunks two 32-byte vectors, elements 4p..4p+3 of each block, then elements
-// 16 + 4p.. (lane l: block l's 4 bytes). Both sets compute the same integers.
 constexpr int64_t kLaneBlocks = SD_AVX512 ? 16 : 8;  // blocks a lane kernel's superblock holds (a block a 32-bit lane)
 
 struct QuantRows {
@@ -305,14 +297,8 @@ struct QuantRows {
   float* fix = nullptr;       // groups x rows x 8
   int8_t* lanes = nullptr;    // supers x rows x 1024 (AVX-512)
   int16_t* lanes16 = nullptr;  // supers x rows x 256 (AVX2)
-  int8_t* lanes8 = nullptr;    // supers x rows x 256 (AVX2, eight_bit; in lanes16's place)
   float* lane_f = nullptr;    // supers x rows x 48 (AVX-512), x 24 (AVX2)
-  bool eight_bit = false;     // the activations at 8 bits (the layout above)
 };
-
-// Whether a q4 matmul of `rows` rows takes 8-bit activations: from q4_eight_bit_rows rows (lean_step.cpp's
-// setting; 0: never). One row (a lone decode step) streams its weights and gains nothing from them.
-static inline bool eight_bit_activations(int64_t rows) { return q4_eight_bit_rows > 0 && rows >= q4_eight_bit_rows; }
 
 static inline int64_t quant_floats(int64_t rows, int64_t width) {  // scratch floats QuantRows needs (either set's)
   const int64_t groups = (width / 32 + 3) / 4, blocks = width / 32;
@@ -383,21 +369,13 @@ static void lane_layout(const QuantRows& q, int64_t sb, int64_t r) {
 // 2l + e % 2, element 16 + e to its second (the weights' byte e holds q[e] and q[e + 16]: q4_lanes_avx2).
 static void lane_layout(const QuantRows& q, int64_t sb, int64_t r) {
   int16_t* out = q.lanes16 + (sb * q.rows + r) * 256;
-  int8_t* bytes = q.lanes8 + (sb * q.rows + r) * 256;
   float* f = q.lane_f + (sb * q.rows + r) * 24;
   for (int64_t l = 0; l < 8; ++l) {
     const int64_t b = sb * 8 + l, cell = (b / 4) * q.rows + r;
     const int16_t* codes = q.codes + cell * 128 + (b % 4) * 32;
-    if (q.eight_bit) {  // element e < 16: pair e / 4's first vector, lane l, byte e % 4; 16 + e: its second
-      for (int e = 0; e < 16; ++e) {
-        bytes[(e / 4) * 64 + 4 * l + e % 4] = static_cast<int8_t>(codes[e]);
-        bytes[(e / 4) * 64 + 32 + 4 * l + e % 4] = static_cast<int8_t>(codes[16 + e]);
-      }
-    } else {
-      for (int e = 0; e < 16; ++e) {
-        out[(e / 2) * 32 + 2 * l + e % 2] = codes[e];
-        out[(e / 2) * 32 + 16 + 2 * l + e % 2] = codes[16 + e];
-      }
+    for (int e = 0; e < 16; ++e) {
+      out[(e / 2) * 32 + 2 * l + e % 2] = codes[e];
+      out[(e / 2) * 32 + 16 + 2 * l + e % 2] = codes[16 + e];
     }
     const float sum = q.fix[cell * 8 + (b % 4) * 2 + 1];
     f[l] = q.dx[cell * 4 + b % 4];
@@ -407,18 +385,9 @@ static void lane_layout(const QuantRows& q, int64_t sb, int64_t r) {
 }
 #endif
 
-// 16-bit codes rounded to their high byte, hi = floor((v + 128) / 256) (|v| <= 32639: in [-127, 127]).
-static inline void codes_to_eight_bits(int16_t* codes) {
-  for (int j = 0; j < 32; j += 16) {
-    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + j));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + j), _mm256_srai_epi16(_mm256_add_epi16(v, _mm256_set1_epi16(128)), 8));
-  }
-}
-
-static QuantRows quantize_rows(const float* x, int64_t rows, int64_t width, float* scratch, bool eight_bit = false) {
+static QuantRows quantize_rows(const float* x, int64_t rows, int64_t width, float* scratch) {
   QuantRows q;
   q.rows = rows;
-  q.eight_bit = eight_bit;
   q.blocks = width / 32;
   q.groups = (q.blocks + 3) / 4;
   const int64_t cells = rows * q.groups;  // (group, row) pairs
@@ -433,7 +402,6 @@ static QuantRows quantize_rows(const float* x, int64_t rows, int64_t width, floa
   q.lane_f = q.fix + cells * 8 + rows * q.supers * 256;
 #else
   q.lanes16 = reinterpret_cast<int16_t*>(q.fix + cells * 8);
-  q.lanes8 = reinterpret_cast<int8_t*>(q.lanes16);
   q.lane_f = q.fix + cells * 8 + rows * q.supers * 128;
 #endif
   for (int64_t g = 0; g < q.groups; ++g) {
@@ -444,12 +412,6 @@ static QuantRows quantize_rows(const float* x, int64_t rows, int64_t width, floa
         int16_t* codes = q.codes + cell * 128 + k * 32;
         float scale, sum;
         quantize_block(x + r * width + b * 32, b < q.blocks, codes, &scale, &sum);
-#if !SD_AVX512
-        if (eight_bit) {
-          codes_to_eight_bits(codes);
-          scale *= 256.f;
-        }
-#endif
         q.dx[cell * 4 + k] = scale;
         for (int lane = 0; lane < 4; ++lane) q.scales16[cell * 16 + k * 4 + lane] = scale;
         q.fix[cell * 8 + k * 2] = -8.0f * sum;
@@ -883,86 +845,6 @@ static inline void q4_column2(const Q4Weights& w, const QuantRows& q, float* y, 
   }
 }
 
-// The AVX2 lane kernel on 8-bit activations (quantize_rows' eight_bit: lanes8): the same lanes, a block
-// a 32-bit lane, with vpmaddubsw's unsigned-by-signed byte products, two into each 16-bit lane. A
-// 4-bit weight times an 8-bit code is at most 15 x 128, so a 16-bit lane holds a whole superblock's
-// eight products of pairs (8 x 3840 < 2^15): one vpmaddwd by ones a superblock widens them to the
-// block's 32-bit sum. Per row and pair of chunks: two byte multiply-adds and two 16-bit adds for 64
-// products, against four 16-bit multiply-adds and four 32-bit adds (q4_lane_tile2). The weights' chunks
-// 2p and 2p + 1 (block l's bytes 4p.., 4p + 2.. at 2l) interleave by 16-bit units into lane l's four
-// bytes, once for the tile's R rows. The tail past the last superblock: q4_lane_tail2 on the codes.
-template <int R, int O>
-static inline void q4_lane_tile8(const Q4Weights& w, const QuantRows& q, int64_t first, int64_t o, float* y,
-                                 int64_t y_stride) {
-  const __m256i zero_bits = _mm256_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
-  const __m256i nibble = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-  const int64_t row_bytes = w.blocks * 16, row_pairs = w.blocks * 2;
-  __m256 acc[R][O];
-  for (int r = 0; r < R; ++r) {
-    for (int j = 0; j < O; ++j) acc[r][j] = _mm256_setzero_ps();
-  }
-  for (int64_t sb = 0; sb < q.supers; ++sb) {
-    __m256i sums[R][O];  // 16-bit lanes: pairs of products
-    for (int r = 0; r < R; ++r) {
-      for (int j = 0; j < O; ++j) sums[r][j] = _mm256_setzero_si256();
-    }
-    const uint8_t* bytes[O];
-    for (int j = 0; j < O; ++j) bytes[j] = w.lanes + (o + j) * row_bytes + sb * 128;
-    const int8_t* xs = q.lanes8 + (sb * q.rows + first) * 256;  // row first + r: + r 256
-    for (int p = 0; p < 4; ++p) {
-      __m256i low[O], high[O];
-      for (int j = 0; j < O; ++j) {
-        const uint8_t* bytes_at = bytes[j] + p * 32;
-        if (p % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(bytes_at) + kPrefetchBytes, _MM_HINT_T0);
-        const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes_at));
-        const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes_at + 16));
-        // lane l: block l's bytes 4p .. 4p + 3 (each q[e] | q[e + 16] << 4)
-        const __m256i both = _mm256_set_m128i(_mm_unpackhi_epi16(a, b), _mm_unpacklo_epi16(a, b));
-        low[j] = _mm256_and_si256(both, nibble);
-        high[j] = _mm256_and_si256(_mm256_srli_epi16(both, 4), nibble);
-      }
-      for (int r = 0; r < R; ++r) {
-        const int8_t* x = xs + r * 256 + p * 64;
-        const __m256i xl = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
-        for (int j = 0; j < O; ++j) sums[r][j] = _mm256_add_epi16(sums[r][j], _mm256_maddubs_epi16(low[j], xl));
-        const __m256i xh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 32));
-        for (int j = 0; j < O; ++j) sums[r][j] = _mm256_add_epi16(sums[r][j], _mm256_maddubs_epi16(high[j], xh));
-      }
-    }
-    for (int j = 0; j < O; ++j) {  // per lane (block), as q4_lane_tile2
-      const uint16_t* pairs_at = w.sz + (o + j) * row_pairs + sb * 16;
-      _mm_prefetch(reinterpret_cast<const char*>(pairs_at) + kPrefetchBytes / 4, _MM_HINT_T0);
-      const __m256i pairs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pairs_at));
-      const __m256 scale = _mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16));
-      const __m256 zero = _mm256_castsi256_ps(_mm256_and_si256(pairs, zero_bits));
-      for (int r = 0; r < R; ++r) {
-        const float* f = q.lane_f + (sb * q.rows + first + r) * 24;
-        const __m256i whole = _mm256_madd_epi16(sums[r][j], ones);
-        acc[r][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(whole), _mm256_mul_ps(scale, _mm256_loadu_ps(f)), acc[r][j]);
-        acc[r][j] = _mm256_fmadd_ps(zero, _mm256_loadu_ps(f + 8), acc[r][j]);
-        acc[r][j] = _mm256_fmadd_ps(scale, _mm256_loadu_ps(f + 16), acc[r][j]);
-      }
-    }
-  }
-  if (q.supers * 8 < w.blocks) q4_lane_tail2<R, O>(w, q, first, o, acc);
-  for (int r = 0; r < R; ++r) {
-    for (int j = 0; j < O; ++j) y[(first + r) * y_stride + o + j] = vsum(acc[r][j]);
-  }
-}
-
-// Rows [first, last) against O weight rows from o on the 8-bit lane kernel: tiles of 4 rows, then the rest.
-template <int O>
-static inline void q4_column8(const Q4Weights& w, const QuantRows& q, float* y, int64_t y_stride, int64_t o,
-                              int64_t first, int64_t last) {
-  for (; first + 4 <= last; first += 4) q4_lane_tile8<4, O>(w, q, first, o, y, y_stride);
-  switch (last - first) {
-    case 3: q4_lane_tile8<3, O>(w, q, first, o, y, y_stride); break;
-    case 2: q4_lane_tile8<2, O>(w, q, first, o, y, y_stride); break;
-    case 1: q4_lane_tile8<1, O>(w, q, first, o, y, y_stride); break;
-    default: break;
-  }
-}
-
 // Every row of q against weight rows [begin, end). With the lane layout: a decode step's one row
 // against four weight rows at a time, a batch's rows four at a time against two (the 16 registers
 // hold 4 x 2 integer sums, the widened weights and a row's activations), a prompt's rows in blocks of
@@ -972,15 +854,6 @@ constexpr int64_t kRowBlock = 16;
 
 static void q4_rows(const Q4Weights& w, const QuantRows& q, float* y, int64_t y_stride, int64_t begin, int64_t end,
                     bool /*coarse*/ = false) {
-  if (w.lanes != nullptr && q.supers > 0 && q.eight_bit) {
-    for (int64_t first = 0; first < q.rows; first += kRowBlock) {
-      const int64_t last = std::min(q.rows, first + kRowBlock);
-      int64_t o = begin;
-      for (; o + 1 < end; o += 2) q4_column8<2>(w, q, y, y_stride, o, first, last);
-      for (; o < end; ++o) q4_column8<1>(w, q, y, y_stride, o, first, last);
-    }
-    return;
-  }
   if (w.lanes != nullptr && q.supers > 0) {
     if (q.rows == 1) {
       int64_t o = begin;
@@ -1210,9 +1083,8 @@ static void project(const ProjectionView& p, const float* x, int64_t rows, int64
   if (tile_matmul != nullptr) vector_from = tile_matmul(x, rows, width, p.w, /*coarse=*/false, y, stride);
 #endif
   if (vector_from < p.w.outputs) {  // (the tiles quantise the rows their own way: only the vector kernels' here)
-    const bool eight_bit = eight_bit_activations(rows);
-    const QuantRows q = quantize_rows(x, rows, width, quant, eight_bit);
-    at::parallel_for(vector_from, p.w.outputs, 16, [&](int64_t begin, int64_t end) { q4_rows(p.w, q, y, stride, begin, end, eight_bit); });
+    const QuantRows q = quantize_rows(x, rows, width, quant);
+    at::parallel_for(vector_from, p.w.outputs, 16, [&](int64_t begin, int64_t end) { q4_rows(p.w, q, y, stride, begin, end); });
   }
   if (p.window == nullptr) return;
 #if SD_AVX512

@@ -38,10 +38,6 @@
 #define SKIPDECODE_AMX 1
 #endif
 
-// From how many rows a q4 matmul's activations go at 8 bits (decode_kernels.h, eight_bit_activations;
-// set_q4_eight_bit_rows; 0: never). Read by both instruction sets' kernels, so declared before them.
-static int64_t q4_eight_bit_rows = 0;
-
 // The kernels, compiled once per instruction set (model/lowbit/decode_kernels.h says what they compute).
 #ifdef SKIPDECODE_X86
 #pragma GCC push_options
@@ -145,13 +141,6 @@ int64_t tile_matmul_if_due(const float* x, int64_t rows, int64_t width, const av
   return w.outputs / 16 * 16;
 }
 #endif
-
-void set_q4_eight_bit_rows(int64_t rows) {
-  TORCH_CHECK(rows >= 0, "set_q4_eight_bit_rows: 0 (never) or a row count");
-  q4_eight_bit_rows = rows;
-}
-
-int64_t q4_eight_bit_rows_now() { return q4_eight_bit_rows; }
 
 void set_q4_amx_rows(int64_t rows) {
   TORCH_CHECK(rows >= 0, "set_q4_amx_rows: 0 (never) or a row count");
@@ -304,11 +293,10 @@ Tensor q4_matmul(const Tensor& input, const Tensor& qs, const Tensor& sz, bool c
 #endif
     if (vector_from < outputs) {
       const auto q = avx512::quantize_rows(xp, rows, width, quant);
-      const bool eight_bit = coarse || avx512::eight_bit_activations(rows);
-      at::parallel_for(vector_from, outputs, 16, [&](int64_t b, int64_t e) { avx512::q4_rows(w, q, yp, outputs, b, e, eight_bit); });
+      at::parallel_for(vector_from, outputs, 16, [&](int64_t b, int64_t e) { avx512::q4_rows(w, q, yp, outputs, b, e, coarse); });
     }
-  } else {  // (AVX2's head scan keeps its 16 bits at one row: `coarse` alone does not change it)
-    const auto q = avx2::quantize_rows(xp, rows, width, quant, avx2::eight_bit_activations(rows));
+  } else {
+    const auto q = avx2::quantize_rows(xp, rows, width, quant);
     avx2::Q4Weights w{qp, sp, outputs, width / 32};
     w.lanes = lanes_for<avx2::Q4Weights>(lanes, qs);
     at::parallel_for(0, outputs, 16, [&](int64_t b, int64_t e) { avx2::q4_rows(w, q, yp, outputs, b, e); });
@@ -758,9 +746,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("q4_amx", &q4_amx, "whether this CPU and kernel let the q4 matmul run on AMX tiles");
   module.def("set_q4_amx_rows", &set_q4_amx_rows, "q4 matmuls of this many rows or more: AMX tiles where usable (0: never)");
   module.def("q4_amx_rows", &q4_amx_rows);
-  module.def("set_q4_eight_bit_rows", &set_q4_eight_bit_rows,
-             "q4 matmuls of this many rows or more: activations at 8 bits (0: never)");
-  module.def("q4_eight_bit_rows", &q4_eight_bit_rows_now);
   module.def("set_int8_bf16_rows", &set_int8_bf16_rows,
              "int8 projections of this many rows or more: bfloat16 weights through at::linear (0: never)");
   module.def("int8_rows_mm", &int8_rows_mm, release(), "int8 projection rows as the native step computes them");

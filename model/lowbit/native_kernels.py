@@ -106,7 +106,6 @@ def compiled_step(sources: list[bytes]) -> ModuleType:
     _force_isa(module)
     module.set_q4_amx_rows(amx_rows_setting())
     module.set_int8_bf16_rows(int8_bf16_rows())
-    module.set_q4_eight_bit_rows(eight_bit_rows_setting())
     return module
 
 
@@ -145,19 +144,6 @@ def amx_rows_setting() -> int:
     """``SKIPDECODE_Q4_AMX_ROWS``: from how many rows a q4 matmul runs on AMX tiles where the CPU has
     AMX-INT8 (0: never); a bad value is named and the default kept."""
     return row_count_setting("SKIPDECODE_Q4_AMX_ROWS", DEFAULT_AMX_ROWS)
-
-
-# 8-bit activations (a batch or a prompt is bound by the kernels' arithmetic, which they would cut: the
-# kernels 1.05-1.23x faster from 2 to 128 rows on a Zen 3 core, AVX2) are OFF: lowbit-check at batch 8 fell
-# from 0.9949 / 0.9861 (16 bits) to 0.9294 / 0.9218 (1x / 2x; the bar is 0.99): SmolLM2's outlier
-# dimension leaves its block of 32 a quarter of a step's worth of bits (assets/bench/lowbit-check-b8-8bit-avx2.json).
-DEFAULT_EIGHT_BIT_ROWS = 0
-
-
-def eight_bit_rows_setting() -> int:
-    """``SKIPDECODE_Q4_8BIT_ROWS``: from how many rows a q4 matmul (a decode batch, a prompt) takes 8-bit
-    activations (0: never; a bad value is named and the default kept). The AMX tiles keep 16 bits."""
-    return row_count_setting("SKIPDECODE_Q4_8BIT_ROWS", DEFAULT_EIGHT_BIT_ROWS)
 
 
 def row_count_setting(variable: str, default: int) -> int:

@@ -9,14 +9,7 @@ import shutil
 import pytest
 import torch
 
-from model.lowbit.native_kernels import (
-    Q4Blocks,
-    amx_rows_setting,
-    eight_bit_rows_setting,
-    native_module,
-    q4_isa,
-    q4_scan,
-)
+from model.lowbit.native_kernels import Q4Blocks, amx_rows_setting, native_module, q4_isa, q4_scan
 from model.lowbit.quantization import Int4Blocks, Int4WeightLinear, TwoStageHead, int4_supported
 
 has_q4 = (shutil.which("c++") is not None and shutil.which("ninja") is not None and int4_supported()
@@ -47,37 +40,16 @@ def _amx() -> bool:
     return bool(native_module().q4_amx())
 
 
-def _on(isa: str, run, amx_rows: int = 0, eight_bit_rows: int = 0):
-    """``run`` on ``isa``'s kernels; AMX tiles from ``amx_rows`` rows (0: never, the vector kernels);
-    8-bit activations from ``eight_bit_rows`` rows (0: never, the 16-bit ones these tests' margins assume)."""
+def _on(isa: str, run, amx_rows: int = 0):
+    """``run`` on ``isa``'s kernels; AMX tiles from ``amx_rows`` rows (0: never, the vector kernels)."""
     module = native_module()
     assert module.set_q4_isa(isa)
     module.set_q4_amx_rows(amx_rows)
-    module.set_q4_eight_bit_rows(eight_bit_rows)
     try:
         return run()
     finally:
         module.set_q4_isa("auto")
         module.set_q4_amx_rows(amx_rows_setting())
-        module.set_q4_eight_bit_rows(eight_bit_rows_setting())
-
-
-def _eight_bit_reference(x: torch.Tensor, source: Int4Blocks, blocks: Q4Blocks) -> torch.Tensor:
-    """(rows, out) float64: what the kernels compute on 8-bit activations, in plain torch. Each block of 32
-    is quantised as the kernels do (float32: v = round(x 32639 / max|x|), then hi = floor((v + 128) / 256));
-    the integer dot products of hi with the weights' codes, times scale 256 max|x| / 32639, plus the
-    block's float sum times (zero - 8 scale)."""
-    rows, width = x.shape
-    xb = x.reshape(rows, width // 32, 32)
-    largest = xb.abs().amax(-1, keepdim=True)
-    inverse = torch.where(largest > 0, torch.tensor(32639.0) / largest, torch.zeros(()))
-    hi = torch.floor((torch.round(xb * inverse) + 128) / 256).double()
-    assert hi.abs().max() <= 127  # the codes fit a signed byte
-    dx = (largest / 32639.0).double().squeeze(-1) * 256  # (rows, blocks)
-    codes = source.codes.double().reshape(-1, width // 32, 32)  # (out, blocks, 32)
-    scale, zero = blocks.sz[..., 0].double(), blocks.sz[..., 1].double()  # (out, blocks)
-    dots = torch.einsum("rbj,obj->rob", hi, codes)
-    return (dots * scale[None] * dx[:, None]).sum(-1) + ((zero - 8 * scale)[None] * xb.double().sum(-1)[:, None]).sum(-1)
 
 
 def _weights(out: int, width: int, seed: int) -> tuple[Int4Blocks, Q4Blocks]:
@@ -117,60 +89,6 @@ def test_every_kernel_multiplies_a_batch_as_exact_float_arithmetic_does(out, wid
         first = next(iter(results.values()))
         for y in results.values():  # the same integer dot products: only float additions differ (~3e-7)
             assert _relative(y, first) < 1e-5
-
-
-@pytest.mark.parametrize(("out", "width"), SHAPES)
-def test_8_bit_activations_are_the_16_bit_codes_high_bytes_on_every_kernel(out, width):
-    """From ``eight_bit_rows`` rows every vector kernel (AVX-512's lane and group kernels, AVX2's 8-bit
-    lane kernel and its row kernel) computes the integers of the plain-torch 8-bit reference: only float
-    additions differ (~2e-7 measured; a mixed-up lane, block or row errs by O(1)). One row keeps 16 bits."""
-    source, blocks = _weights(out, width, seed=out + width)
-    exact = _exact(source, blocks)
-    for rows in (1, 2, 3, 5, 8, 17, 40):
-        x = _rows(rows, width, seed=rows + 100)
-        results = {isa: _on(isa, lambda: blocks(x), eight_bit_rows=2) for isa in _isas()}
-        if "avx512-vnni" in results:
-            results["group"] = _on("avx512-vnni", lambda: native_module().q4_matmul(x, blocks.qs, blocks.sz, False),
-                                   eight_bit_rows=2)
-        if "avx2" in results:
-            lanes2 = native_module().q4_lanes_avx2(blocks.qs)
-            results["avx2-lanes"] = _on("avx2", lambda: native_module().q4_matmul(x, blocks.qs, blocks.sz, False, lanes2),
-                                        eight_bit_rows=2)
-            results["avx2-row"] = _on("avx2", lambda: native_module().q4_matmul(x, blocks.qs, blocks.sz, False),
-                                      eight_bit_rows=2)
-        reference = (x.double() @ exact.T) if rows == 1 else _eight_bit_reference(x, source, blocks)
-        for name, y in results.items():
-            assert _relative(y, reference) < (1e-3 if rows == 1 else 1e-5), (name, rows)
-        if rows > 1:  # 8 bits are coarser than 16: further from float, within what a byte can hold
-            fine = _on(_isas()[0], lambda: blocks(x))
-            assert 1e-3 < _relative(results[_isas()[0]], x.double() @ exact.T) < 0.05
-            assert _relative(fine, x.double() @ exact.T) < 1e-3
-
-
-@pytest.mark.parametrize("isa", ["avx512-vnni", "avx2", "avx2-lanes"])
-def test_a_row_of_an_8_bit_batch_is_the_same_row_in_any_other_batch(isa):
-    """8-bit activations are quantised row by row: a row gives the same bits in a batch of 2 or of 21,
-    padding rows (zeros, a huge row) change nothing, and the 8-bit lane kernel's tiles of 4, their
-    remainders and the 16-row blocks agree bit for bit."""
-    if isa.removesuffix("-lanes") not in _isas():
-        pytest.skip(f"this CPU has no {isa}")
-    _, blocks = _weights(48, 576, seed=13)
-    lanes = native_module().q4_lanes_avx2(blocks.qs) if isa == "avx2-lanes" else blocks.lanes
-    isa = isa.removesuffix("-lanes")
-    x = _rows(21, 576, seed=14)
-    x[0] = 0.0
-    x[6] = 1e4
-
-    def multiply(rows: torch.Tensor) -> torch.Tensor:
-        return _on(isa, lambda: native_module().q4_matmul(rows, blocks.qs, blocks.sz, False, lanes), eight_bit_rows=2)
-
-    batch = multiply(x)
-    for r in range(21):
-        partner = x[(r + 1) % 21: (r + 1) % 21 + 1]
-        assert torch.equal(multiply(torch.cat([x[r:r + 1], partner]))[:1], batch[r:r + 1]), r
-    for n in (3, 8, 12, 16):
-        assert torch.equal(multiply(x[:n]), batch[:n]), n
-    assert torch.equal(batch[0], torch.zeros(48))
 
 
 @pytest.mark.parametrize("isa", ["avx512-vnni", "avx2", "avx2-lanes", "amx"])
