@@ -510,7 +510,7 @@ def test_a_finished_task_run_marks_words_in_one_box_and_leads_its_headline_with_
     from app.page.fact_view import FACT_LEGEND
     from app.page.views import headline_html
     from app.settings import Limits, PlaygroundSettings
-    from tests.app.test_fact_view import marked_words
+    from tests.app.page.test_fact_view import marked_words
 
     wrong = ["The", " Eagle", " is", " a", " pub", " by", " the", " rivers", "ide", "."]
     update = _race(_finished(wrong, 15, reason="eos"), _finished(wrong, 30, reason="eos"))
