@@ -18,7 +18,6 @@ from typing import AsyncIterator, Callable, Iterator
 import anyio
 import gradio as gr
 
-from app.chat_family import ChatPolicies
 from app.page import explainer
 from app.page.figures import schedule_figure
 from app.page.lessons import LESSONS, lesson_values
@@ -72,10 +71,9 @@ class Playground:
     """Handlers bound to one TextGenerator factory (the model is shared; runs are per session)."""
 
     def __init__(self, get_generator: Callable[[], TextGenerator], limits: Limits, concurrency: int = 1,
-                 tasks: TaskGenerators | None = None, chat: ChatPolicies | None = None) -> None:
+                 tasks: TaskGenerators | None = None) -> None:
         self.get_generator = get_generator
         self.tasks = tasks or TaskGenerators()  # a task's models, loaded when first chosen
-        self.chat = chat or ChatPolicies()  # general chat's per-speedup policies, when a family is installed
         self.limits = limits
         self.runs = SessionRuns(limits.max_step_positions, limits.max_step_bytes, limits.max_step_sessions_per_address)
         # Set by the fair queue: a request's client address (step mode's sessions are bounded per address).
@@ -138,9 +136,8 @@ class Playground:
         """The model these settings run: the general one, or the task's for this speedup (its skip
         policy; loaded on first use, so only from a queued handler; None if ``load`` is False and
         it is not loaded yet)."""
-        if not is_task(settings.task):  # the family's policy for this speedup, or the shared one
-            return self.chat.generator(settings.target_speedup if settings.skip_policy else 1.0,
-                                       self.get_generator(), load=load)
+        if not is_task(settings.task):  # general chat: the general model and its shared skip policy
+            return self.get_generator()
         return self.tasks.get(settings.task, settings.target_speedup, load=load)
 
     def validated(self, values: dict, page: bool = True) -> Checked:
@@ -222,7 +219,6 @@ class Playground:
         a script looping on the preview cannot starve a generation of the CPU; a preview that cannot
         start within 2 s is refused (ValueError) rather than piling up."""
         # a task's model loads in the queue (Generate or choosing the task), never here
-        # general chat: the family's policy for this speedup once loaded (its own shape), else the shared one
         generator = self.tasks.any(settings.task) if is_task(settings.task) else self.generator_for(settings, load=False)
         if generator is None:
             raise ValueError(f"the {settings.task.upper()} schedule appears once its model has loaded")
@@ -309,9 +305,6 @@ class Playground:
         if is_task(settings.task) and not notice:  # say which model each pane runs
             notice = policy_line(settings.task, settings.target_speedup, self.tasks.policy(settings.task,
                                                                                            settings.target_speedup))
-        elif not notice:  # general chat: which skip policy runs, when a per-speedup family is installed
-            notice = self.chat.line(settings.target_speedup, settings.skip_policy, checked.generator,
-                                    self.get_generator())
         session = session_key(request)
         self.runs.steppers.pop(session, None)  # a Step after this run starts afresh
         handle = self.runs.start(session)

@@ -261,8 +261,7 @@ def add_eval_command(commands) -> None:
     ev.add_argument("--max-facts", type=int, default=None)
     ev.add_argument("--fact-tokens", type=int, default=32, help="reply length for a fact question")
     ev.add_argument("--candidate", default=None, help="a second adapter folder, measured on the same references "
-                    "and compared with --adapter per measure (paired bootstrap over prompts, 95%% intervals); or "
-                    "a family folder of skip-<S>x policies, each measured at its own speedup, with issue #53's targets")
+                    "and compared with --adapter per measure (paired bootstrap over prompts, 95%% intervals)")
     ev.add_argument("--candidate-floor", type=int, default=None, help="or compare the SAME adapter with a schedule "
                     "floor of this many layers per step (the same layer budget, another shape), paired likewise")
     ev.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples of the candidate's comparison")

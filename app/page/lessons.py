@@ -59,7 +59,7 @@ E2E_MR = "name[Giraffe], eatType[pub], food[French], area[riverside], familyFrie
 E2E_DROPPED_FACT_MR = ("name[The Mill], eatType[pub], food[English], priceRange[moderate], area[city centre], "
                        "familyFriendly[no], near[Raja Indian Cuisine]")
 
-LOOK_FOR_CHARS = 170  # about two lines of the lessons' column at 1440 px (tests/app/test_lessons.py)
+LOOK_FOR_CHARS = 170  # about two lines of the lessons' column at 1440 px (tests/app/page/test_lessons.py)
 
 E2E_TEST_SET = e2e_note(3.0, skip_policy=True)  # the test set, facts first, beside BLEU and ROUGE-L
 

@@ -1,6 +1,6 @@
-"""A few loaded generators kept by key, each loaded once: the task models (app/tasks.py) and the chat
-family's policies (app/chat_family.py). A load takes seconds, so it runs outside the items' lock (the
-loaded ones keep serving meanwhile) and one at a time (two first visitors of a policy load it once)."""
+"""A few loaded generators kept by key, each loaded once: the task models and their policies
+(app/tasks.py). A load takes seconds, so it runs outside the items' lock (the loaded ones keep
+serving meanwhile) and one at a time (two first visitors of a policy load it once)."""
 
 from __future__ import annotations
 

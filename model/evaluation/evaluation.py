@@ -27,9 +27,8 @@ import math
 import re
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Sequence
 
-from model.chat_family import TargetCheck, check_targets, family_policy, is_family
 from model.common.checks import check_int
 from model.evaluation.paired import Comparison, RowItems, compare_variants, comparison_markdown
 from model.evaluation.reporting import write_result_files
@@ -74,8 +73,7 @@ class EvalConfig:
     facts: str | None = str(DEFAULT_FACTS)  # None: no fact-retention measure
     max_facts: int | None = None
     fact_tokens: int = 32  # greedy reply length for a fact question (the schedule decays over it)
-    # a second adapter, measured on the same references and compared in pairs; or a FAMILY folder
-    # (model/chat_family.py: one skip-<S>x policy per speedup), each policy measured at its own speedup
+    # a second adapter, measured on the same references and compared in pairs
     candidate: str | None = None
     candidate_floor: int | None = None  # or: the SAME adapter with a schedule floor of this many layers
     resamples: int = 2000  # paired bootstrap resamples of the candidate's comparison
@@ -158,8 +156,6 @@ class EvalReport:
     comparisons: list[Comparison] = field(default_factory=list)  # candidate − adapter, paired, per measure
     floor_inactive: list[float] = field(default_factory=list)  # speedups where a floor candidate IS the adapter
     schedule_floor: dict | None = None  # the adapter's measured default shape the rows run (None: the solver's)
-    family: dict[str, str] = field(default_factory=dict)  # a family candidate: "2x" -> the policy measured there
-    targets: list[TargetCheck] = field(default_factory=list)  # a family candidate's own rows against issue #53's
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -221,16 +217,7 @@ class EvalReport:
             lines += ["", f"Candidate rows: {self.candidate}, in its trained placement (warmup "
                           f"{self.candidate_warmup}, order {self.candidate_order}).{inactive}", "",
                       comparison_markdown(self.comparisons, self.adapter, self.candidate)]
-        return "\n".join(lines + self._family_lines())
-
-    def _family_lines(self) -> list[str]:
-        """A family candidate: which policy each speedup ran, and the issue's targets on its rows."""
-        if not self.family:
-            return []
-        met = sum(check.met for check in self.targets)
-        return ["", "The family's policies: " + ", ".join(f"{speed} {path}" for speed, path in self.family.items()) + ".",
-                "", f"Targets (issue #53, on the family's own rows): {met} of {len(self.targets)} met.", "",
-                *[f"* {check.describe()}" for check in self.targets]]
+        return "\n".join(lines)
 
 
 def _cell(value: float | None, spec: str) -> str:
@@ -443,10 +430,8 @@ def _check_candidate(config: EvalConfig) -> None:
     if config.candidate and config.candidate_floor is not None:
         raise ValueError("compare ONE candidate: an adapter (--candidate) or a schedule floor (--candidate-floor)")
     if config.candidate:
-        if config.candidate in ("auto", "none") or (not is_family(Path(config.candidate))
-                                                    and resolve_adapter(config.candidate, "") is None):
-            raise ValueError(f"candidate {config.candidate!r}: give a trained adapter folder or a family folder "
-                             "(one skip-<S>x policy per speedup)")
+        if config.candidate in ("auto", "none") or resolve_adapter(config.candidate, "") is None:
+            raise ValueError(f"candidate {config.candidate!r}: give a trained adapter folder")
     if config.candidate_floor is not None:
         check_int("candidate_floor", config.candidate_floor, low=1)  # a layer count
     if config.compares and config.resamples < 100:
@@ -486,14 +471,7 @@ def evaluate(config: EvalConfig, progress=print) -> EvalReport:
     variants = _variants(context)
     for variant in variants:
         _measure(context, report, items, variant, config.speedups, variants[0], progress)
-    for speedup, policy, variant in _family_variants(context, progress):  # one policy loaded at a time
-        report.family[f"{speedup:g}x"] = portable_path(str(policy))
-        _measure(context, report, items, variant, (speedup,), variants[0], progress)
-    if report.family:
-        report.targets = check_targets({(measure, r.target_speedup): getattr(r, measure) for r in report.rows
-                                        if r.variant == "candidate"
-                                        for measure in ("agreement", "judged_ppl_ratio", "fact_retention")})
-    if config.compares:  # where the candidate was measured (not where a floor changes nothing or a family has none)
+    if config.compares:  # where the candidate was measured (not where a floor changes nothing)
         report.comparisons = [
             comparison for speedup in config.speedups if speedup != 1.0 and ("candidate", speedup) in items
             for comparison in compare_variants(context.full_scores.per_example, items["adapter", speedup],
@@ -549,7 +527,7 @@ def _variants(context: _Context) -> list[_Variant]:
         variants.append(_Variant("adapter", gated_peft_copy(loaded), loaded.bridge, generator.skip_decoder,
                                  context.warmup, context.order, context.ranking,
                                  default_floor=generator.default_floor))
-    if config.candidate and not is_family(Path(config.candidate)):  # a family's policies load one by one
+    if config.candidate:
         variants.append(_candidate_variant(context, config.candidate))
     if config.candidate_floor is not None:
         variants.append(replace(variants[0], name="candidate", floor=config.candidate_floor))
@@ -567,21 +545,6 @@ def _candidate_variant(context: _Context, adapter: str | Path) -> _Variant:
     order = config.order or other.default_order
     return _Variant("candidate", gated_peft_copy(other.loaded), other.loaded.bridge, other.skip_decoder,
                     warmup, order, other.ranking_for(order), default_floor=other.default_floor)
-
-
-def _family_variants(context: _Context, progress) -> Iterator[tuple[float, Path, _Variant]]:
-    """A family candidate (``--candidate FOLDER`` of skip-<S>x policies): each speedup's own policy,
-    loaded when its turn comes; a speedup the family has no policy for is not compared."""
-    config = context.config
-    if not config.candidate or not is_family(Path(config.candidate)):
-        return
-    for speedup in config.speedups:
-        policy = family_policy(Path(config.candidate), speedup) if speedup != 1.0 else None
-        if policy is None:
-            if speedup != 1.0:
-                progress(f"family: no policy for {speedup:g}x in {config.candidate}: not compared there")
-            continue
-        yield speedup, policy, _candidate_variant(context, policy)
 
 
 def _prepare(config: EvalConfig, progress) -> tuple[_Context, EvalReport]:

@@ -185,7 +185,7 @@ def test_step_mode_advances_both_streams_one_token_at_a_time(server):
     assert "complete" in statuses[6] or statuses[6].startswith("step 4")
 
 
-# --- hardening (issue: one hostile client must not tie the server up) ---------------------------
+# --- hardening: one hostile client must not tie the server up -----------------------------------
 
 
 def test_a_subnormal_temperature_is_greedy_not_a_crash(client):

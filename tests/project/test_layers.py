@@ -18,7 +18,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("leaves", ("model", "model.common")),
     ("method", ("model.skipdecode",)),
     ("low-bit engine", ("model.lowbit",)),
-    ("runtime", ("model.loading", "model.generation", "model.race", "model.chat_family")),
+    ("runtime", ("model.loading", "model.generation", "model.race")),
     ("training", ("model.training",)),
     ("evaluation", ("model.evaluation",)),
     ("tasks", ("model.tasks",)),
@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # app/ one floor up, the same idea: what keeps the server fair and safe, the one settings schema
     # and the models a page picks, what the page shows, and the thin top that wires them.
     ("app serving", ("app.serving",)),
-    ("app settings", ("app.settings", "app.tasks", "app.chat_family")),
+    ("app settings", ("app.settings", "app.tasks")),
     ("app page", ("app.page",)),
     ("app", ("app", "__app_script__")),
 ]

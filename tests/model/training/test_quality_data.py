@@ -572,6 +572,9 @@ def test_eval_compares_a_candidate_adapter_in_pairs(tiny_folder, tmp_path):
     with pytest.raises(ValueError, match="is not a folder with adapter_config.json"):
         evaluate(EvalConfig(model=str(tiny_folder), adapter=adapter, candidate=str(tmp_path), prompts=str(prompts),
                             speedups=(2.0,), device="cpu", facts=None), progress=lambda line: None)
+    with pytest.raises(ValueError, match="give a trained adapter folder"):
+        evaluate(EvalConfig(model=str(tiny_folder), adapter=adapter, candidate="none", prompts=str(prompts),
+                            speedups=(2.0,), device="cpu", facts=None), progress=lambda line: None)
     with pytest.raises(ValueError, match="has none"):
         evaluate(EvalConfig(model=str(tiny_folder), adapter=None, candidate=adapter, prompts=str(prompts),
                             continuation_tokens=8, speedups=(2.0,), device="cpu", facts=None), progress=lambda line: None)

@@ -326,8 +326,8 @@ def test_train_passes_the_flip_weight_to_the_cross_entropy_on_data(tiny_folder, 
 
 
 def test_a_one_speedup_range_trains_only_that_speedups_schedules_over_every_decay():
-    """`train --speedup-range S S` (lab/training/gpu_chat_family.sh: one chat policy per speedup): every
-    drawn schedule holds S over the batch's steps whatever its decay; the shared range spreads."""
+    """`train --speedup-range S S` (a policy for one speedup): every drawn schedule holds S over the
+    batch's steps whatever its decay; the shared range spreads."""
     from model.skipdecode.schedule import layer_speedup
 
     rng = random.Random(0)

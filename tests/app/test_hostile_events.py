@@ -1,4 +1,4 @@
-"""Issue 54's probe as tests, on a launched server with the E2E task (tiny task models): a pasted
+"""Hostile page events (issue 54) as tests, on a launched server with the E2E task (tiny task models): a pasted
 line of spaces stalls nobody, an over-cost task job is refused before it touches the model lane,
 an unknown value on a hidden page event is a message (not a 500); and a seeded fuzz over the public
 API and the page's events (``SKIPDECODE_FUZZ_SECONDS`` runs it longer: 600 for the issue's ten
@@ -152,13 +152,13 @@ def test_an_unknown_task_on_a_hidden_event_gets_the_apis_message(task_server, ap
 # --- the fuzz: random MRs, prompts, settings and share-link queries at every event -----------------
 
 
-def round_five():
-    """scripts/round_five.py: the same probes and fuzz as `scripts/load_test.py --hostile` runs."""
-    return script_module("round_five")
+def hostile_events():
+    """scripts/hostile_events.py: the same probes and fuzz as `scripts/load_test.py --hostile` runs."""
+    return script_module("hostile_events")
 
 
 def test_the_fuzz_reaches_every_event_and_the_api_with_values_no_control_sends():
-    script = round_five()
+    script = hostile_events()
     events = [script.Event(0, False, "ui_mr_feedback", ("chat", "Hi")), script.Event(1, True, "ui_generate", (2.0,))]
     drawn = list(itertools.islice(script.fuzz_requests("http://h", events, random.Random(1)), 400))
     routes = collections.Counter(url.rsplit("/gradio_api/", 1)[1] for url, _ in drawn)
@@ -176,11 +176,11 @@ def test_a_seeded_fuzz_gets_a_message_within_seconds_never_a_500_or_a_traceback(
     import httpx
 
     demo, _ = task_server
-    script = round_five()
+    script = hostile_events()
     report = script.fuzz(demo.local_url.rstrip("/"), script.events_of(demo), fuzz_seconds())
     assert report["requests"] >= 20, report
     assert report["http_500_or_empty"] == 0, report["examples"]
-    # The issue's bar is a second, which the ten-minute run holds (scripts/round_five.py: slowest 1.00 s,
+    # The issue's bar is a second, which the ten-minute run holds (scripts/hostile_events.py: slowest 1.00 s,
     # a queued model run's join); inside the whole suite on a 2-core machine that join once took 1.22 s,
     # so the suite asserts with a margin that still catches the stall this guards against (16.8 s).
     slowest = max((entry["seconds"] for entry in report["slowest"]), default=0.0)

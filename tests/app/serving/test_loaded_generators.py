@@ -1,4 +1,4 @@
-"""The loaded generators' cache the task models and the chat family's policies share
+"""The loaded generators' cache the task models and their policies share
 (app/serving/loaded_generators.py): least recently used out, one load at a time, failures not kept."""
 
 import threading

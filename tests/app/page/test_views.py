@@ -344,7 +344,7 @@ def test_admission_and_the_run_refuse_with_one_check(tiny_generator):
     assert admitted.run.schedule is None
 
 
-# --- the page's stream: sent once, then changes (issue #37) ---------------------------------------
+# --- the page's stream: sent once, then changes ---------------------------------------------------
 
 def test_a_figure_patch_turns_one_figure_into_the_next():
     from app.page.live_plot import apply_patch, figure_patch
@@ -441,7 +441,7 @@ def test_a_restarted_run_ends_on_no_change(tiny_generator):
     assert rest and rest[-1] == NO_CHANGE
 
 
-# --- a finished pane's end notes and the task's marks legend (issue #70) --------------------------
+# --- a finished pane's end notes and the task's marks legend --------------------------------------
 
 E2E_MR = "name[The Eagle], eatType[pub], area[city centre], familyFriendly[no]"
 
@@ -510,7 +510,7 @@ def test_a_finished_task_run_marks_words_in_one_box_and_leads_its_headline_with_
     from app.page.fact_view import FACT_LEGEND
     from app.page.views import headline_html
     from app.settings import Limits, PlaygroundSettings
-    from tests.app.test_fact_view import marked_words
+    from tests.app.page.test_fact_view import marked_words
 
     wrong = ["The", " Eagle", " is", " a", " pub", " by", " the", " rivers", "ide", "."]
     update = _race(_finished(wrong, 15, reason="eos"), _finished(wrong, 30, reason="eos"))

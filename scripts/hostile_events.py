@@ -1,7 +1,7 @@
-"""Issue 54's hostile round five against a launched playground on loopback: the probe's three
-requests and a seeded fuzz over the public API and every page event. Used by
-`scripts/load_test.py --hostile` (under "round_five"; `--hostile --round-five` runs only this) and,
-for its request generator and checks, by tests/app/test_hostile_round5.py.
+"""Hostile page events against a launched playground on loopback (issue 54): three probes of
+oversized and unknown values and a seeded fuzz over the public API and every page event. Used by
+`scripts/load_test.py --hostile` (under "event_fuzz"; `--hostile --event-fuzz` runs only this) and,
+for its request generator and checks, by tests/app/test_hostile_events.py.
 
   spaces          the MR-feedback and task-switch events with "a" + 100,000 spaces + "x" while
                   another client loads /config: each answer's time and the other client's wait
@@ -174,8 +174,8 @@ def unknown_task_probe(base: str, events: list[Event]) -> dict:
     return found
 
 
-def round_five(url: str, fuzz_seconds: float) -> dict:
-    """Every probe of the round, then the fuzz, then whether the page still answers."""
+def probe_and_fuzz(url: str, fuzz_seconds: float) -> dict:
+    """Every probe, then the fuzz, then whether the page still answers."""
     base = url.rstrip("/")
     events = events_from_config(httpx.get(f"{base}/config", timeout=60).json())
     report = {"spaces": spaces_probe(base, events), "over_cost_task": over_cost_probe(base),
@@ -187,7 +187,7 @@ def round_five(url: str, fuzz_seconds: float) -> dict:
 
 
 def missed(report: dict) -> list[str]:
-    """The round's targets this run missed, in words."""
+    """The probes' and the fuzz's targets this run missed, in words."""
     misses = [f"{name}: {probe['status']} in {probe['seconds']} s, /config waited {probe['config_waited_s']} s"
               for name, probe in report["spaces"].items()
               if probe["seconds"] > ANSWER_S or probe["config_waited_s"] > ANSWER_S or probe["status"] >= 500]
@@ -199,5 +199,5 @@ def missed(report: dict) -> list[str]:
     if fuzzed["http_500_or_empty"] or fuzzed["over_1s"]:
         misses.append(f"fuzz: {fuzzed['http_500_or_empty']} 500s or empty answers, {fuzzed['over_1s']} over 1 s")
     if report["page_after"]["status"] != 200 or report["page_after"]["seconds"] > ANSWER_S:
-        misses.append(f"the page after the round: {report['page_after']}")
+        misses.append(f"the page after the probes and fuzz: {report['page_after']}")
     return misses
