@@ -9,11 +9,11 @@ folder and later starts load those in a couple of seconds.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import importlib.util
 import json
 import logging
 import os
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 

@@ -184,8 +184,9 @@ class CostModel:
 
     def skip_step_cost(self, budget: int, num_layers: int) -> float:
         """SkipDecode's step at ``budget`` of ``num_layers`` layers, the skip policy's side work included."""
-        runs_policy = self.policy_layer_cost is not None and (budget < num_layers or not self.policy_gated)
-        return budget * (self.policy_layer_cost if runs_policy else self.layer_cost) + self.fixed_cost
+        policy = self.policy_layer_cost
+        runs_policy = policy is not None and (budget < num_layers or not self.policy_gated)
+        return budget * (policy if policy is not None and runs_policy else self.layer_cost) + self.fixed_cost
 
 
 @dataclass(frozen=True)
