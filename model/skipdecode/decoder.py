@@ -26,14 +26,9 @@ import torch
 from torch import nn
 
 from model.common.checks import check_int, check_number
-from model.skipdecode.architectures import (
-    ArchitectureAdapter,
-    LayerInputs,
-    PrefixKVCache,
-    adapter_for,
-    greedy_ids,
-    position_ids_from_mask,
-)
+from model.skipdecode.architectures import ArchitectureAdapter, adapter_for
+from model.skipdecode.kv_cache import LayerInputs, PrefixKVCache, position_ids_from_mask
+from model.skipdecode.lean_layer import greedy_ids
 from model.skipdecode.schedule import ScheduleConfig
 from model.skipdecode.skip_policy import EntryBridge, entry_layers
 
