@@ -15,7 +15,7 @@ from typing import Callable
 
 from app.serving.loaded_generators import LoadedGenerators
 from model import chat_family
-from model.generation import TextGenerator
+from model.generation.generator import TextGenerator
 from model.loading import DEFAULT_MODEL, LoadedModel, load_model, with_cuda_graphs
 
 log = logging.getLogger(__name__)

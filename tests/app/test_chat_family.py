@@ -11,7 +11,7 @@ from app.settings import Limits
 def test_the_playground_runs_the_family_policy_of_the_speedup_and_says_which(tiny_folder, tiny_chat_family):
     from app.chat_family import ChatPolicies
     from app.handlers import Playground
-    from model.generation import TextGenerator
+    from model.generation.generator import TextGenerator
     from model.loading import load_model
 
     shared, root = tiny_chat_family

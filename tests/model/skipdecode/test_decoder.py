@@ -276,7 +276,9 @@ def test_adapter_accessors_read_the_model_not_a_family_default(family):
 
 @pytest.mark.slow
 def test_a_prepared_run_is_tokenized_and_solved_once_and_streams_like_the_request(tiny_folder):
-    from model.generation import GenerationRequest, ScheduleRequest, TextGenerator
+    from model.generation.generator import TextGenerator
+    from model.generation.runs import GenerationRequest
+    from model.generation.schedules import ScheduleRequest
     from model.loading import load_model
 
     generator = TextGenerator(load_model(str(tiny_folder), device="cpu", adapter=None))
@@ -287,8 +289,8 @@ def test_a_prepared_run_is_tokenized_and_solved_once_and_streams_like_the_reques
     assert generator.schedule_for(request.schedule, 6) is run.schedule  # solved once, then kept
     full = generator.with_schedule(run, ScheduleRequest(full=True))
     assert full.ids is run.ids and full.schedule.config.min_layers == generator.num_layers
-    encode, calls = generator._encode_one, []
-    generator._encode_one = lambda *args, **kwargs: calls.append(args) or encode(*args, **kwargs)
+    encode, calls = generator.text._encode_one, []
+    generator.text._encode_one = lambda *args, **kwargs: calls.append(args) or encode(*args, **kwargs)
     from_run = run_to_end(generator.stream(run))
     assert calls == []  # streaming a prepared run does not tokenize again
     assert from_run.decode.tokens == generator.generate(request).decode.tokens
