@@ -53,7 +53,7 @@ from app.serving.sessions import limit_malloc_arenas
 from app.settings import Limits
 from app.ui import LANDINGS, build_demo, launch_options
 from model.common.checks import check_int, check_number
-from model.generation import TextGenerator
+from model.generation.generator import TextGenerator
 from model.loading import load_model, locate_default_gguf, with_cuda_graphs
 
 

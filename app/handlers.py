@@ -39,7 +39,8 @@ from app.settings import (
     within_limits,
 )
 from app.tasks import TASK_LABELS, TaskGenerators, check_mr, examples, is_task, policy_line
-from model.generation import PreparedRun, TextGenerator
+from model.generation.generator import TextGenerator
+from model.generation.runs import PreparedRun
 from model.race import RaceUpdate, TokenTexts, race
 from model.skipdecode.cuda_graphs import CaptureReport
 from model.skipdecode.schedule import max_layer_speedup

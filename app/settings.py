@@ -16,7 +16,8 @@ from typing import Any
 from app.serving.job_cost import DEFAULT_MAX_JOB_COST
 from app.tasks import examples
 from model.common.checks import check_bool, check_choice, check_int, check_number
-from model.generation import GenerationRequest, ScheduleRequest
+from model.generation.runs import GenerationRequest
+from model.generation.schedules import ScheduleRequest
 from model.skipdecode.decoder import SamplingConfig
 from model.skipdecode.schedule import DECAY_FUNCTIONS, DEFAULT_WARMUP, LAYER_ORDERS, RANKED
 from model.tasks.e2e import PlaceSwap, delexicalise_places, place_swaps, task_prompt, training_places

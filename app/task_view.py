@@ -12,7 +12,7 @@ from app.page.controls import with_settings
 from app.page.shown_text import as_markdown
 from app.settings import EXAMPLE_PROMPTS
 from app.tasks import CHAT_MAX_NEW_TOKENS, TASK_LABELS, compose, examples, fixed_note, is_task, is_valid_mr
-from model.generation import TextGenerator
+from model.generation.generator import TextGenerator
 from model.tasks.e2e import ATTRIBUTE_VALUES, ATTRIBUTES, parse_mr
 from model.tasks.task_models import check_task
 

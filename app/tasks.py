@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from app.serving.loaded_generators import LoadedGenerators
-from model.generation import TextGenerator
+from model.generation.generator import TextGenerator
 from model.loading import DEFAULT_MODEL, LoadedModel, with_cuda_graphs
 from model.tasks import task_models
 from model.tasks.e2e import ATTRIBUTES, compose_mr, example_mrs, parse_mr
@@ -202,7 +202,7 @@ class TaskGenerators:
             self.shared[key] = True  # the task models' own base (load_task_model): nothing to compare
         if key not in self.shared:
             try:
-                self.shared[key] = general.shares_tokenizer(self.tokenizer())
+                self.shared[key] = general.text.shares_tokenizer(self.tokenizer())
             except (OSError, ValueError) as error:  # no default model folder: the job is sized when it loads
                 log.warning("task %s: cannot read its tokenizer: %s", task, error)
                 self.shared[key] = False

@@ -51,7 +51,7 @@ from app.settings import (
 )
 from app.task_view import full_title, header_for, header_markdown, mr_form, task_events
 from app.tasks import TASK_FIXED, TaskGenerators, is_task, task_choices
-from model.generation import TextGenerator
+from model.generation.generator import TextGenerator
 from model.skipdecode.schedule import DECAY_DESCRIPTIONS, LAYER_ORDER_DESCRIPTIONS, max_layer_speedup
 
 __all__ = ["LANDINGS", "api_function", "build_demo", "launch_options"]

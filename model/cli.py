@@ -19,7 +19,9 @@ from model.evaluation.bench import BenchConfig, BenchReport, run_bench, split_we
 from model.evaluation.evaluation import EvalConfig, evaluate, write_report
 from model.evaluation.lowbit_check import LowBitCheckConfig, run_lowbit_check
 from model.evaluation.results_page import PAGE, page_is_current, write_page
-from model.generation import GenerationRequest, ScheduleRequest, TextGenerator, validate_request
+from model.generation.generator import TextGenerator
+from model.generation.runs import GenerationRequest, validate_request
+from model.generation.schedules import ScheduleRequest
 from model.loading import load_model
 from model.lowbit.quantization import QUANTIZE_MODES
 from model.skipdecode.decoder import SamplingConfig

@@ -20,7 +20,10 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, ContextManager, Generator, Iterator
 
-from model.generation import GenerationResult, LensReading, PreparedRun, ScheduleRequest, TextGenerator
+from model.generation.generator import TextGenerator
+from model.generation.lens import LensReading
+from model.generation.runs import GenerationResult, PreparedRun
+from model.generation.schedules import ScheduleRequest
 from model.skipdecode.decoder import Cancelled, DecodeResult, Prefill, StepEvent
 from model.skipdecode.schedule import CostModel, SolvedSchedule
 
@@ -176,7 +179,7 @@ class RaceUpdate:
 
 class Judge:
     """The full model's verdict on SkipDecode's row 0: one full-depth forward over the prompt and
-    SkipDecode's own tokens (``TextGenerator.full_model_log_probs``), again only when they changed;
+    SkipDecode's own tokens (``FullModelJudge.log_probs``), again only when they changed;
     the same pass gives the lens's KL when asked for."""
 
     def __init__(self, generator: TextGenerator, run: PreparedRun, with_kl: bool) -> None:
@@ -190,16 +193,16 @@ class Judge:
         if not ids or ids == self.judged_ids:
             return
         generator = self.generator
-        full = generator.full_model_log_probs(self.run, ids)
-        self.chose(ids, generator.full_model_choices(full))
+        full = generator.judge.log_probs(self.run.prompt_ids(), ids)
+        self.chose(ids, generator.judge.choices(full))
         if self.with_kl and skip.traces:
-            self.kl = generator.lens_kl(skip.traces, full, self.run.request.schedule)
+            self.kl = generator.lens.kl(skip.traces, full, self.run.request.schedule)
 
     def chose(self, ids: list[int], choices: list[int]) -> None:
         """The verdict from the full model's choices at SkipDecode's tokens ``ids`` (``update``, or many
-        rows judged in one forward: ``TextGenerator.full_model_choices_of``)."""
+        rows judged in one forward: ``FullModelJudge.choices_of``)."""
         self.judged_ids = ids
-        self.judged = [Judged(choice == token, self.generator.token_text(choice)) for choice, token in zip(choices, ids)]
+        self.judged = [Judged(choice == token, self.generator.text.token_text(choice)) for choice, token in zip(choices, ids)]
 
 
 Stream = Generator[StepEvent, None, GenerationResult]
@@ -223,7 +226,7 @@ def advance(generator: TextGenerator, stream: Stream, progress: StreamProgress, 
     for row, texts in enumerate(progress.texts):
         texts.update(progress.ids(row))
     if event.trace:  # the lens runs here, outside the decoder's timed step
-        progress.lens.append(generator.lens(event.trace, lens_request))
+        progress.lens.append(generator.lens.read(event.trace, lens_request))
         progress.traces.append(event.trace)
     return True
 
@@ -252,7 +255,7 @@ def race(generator: TextGenerator, skip_run: PreparedRun, full_run: PreparedRun,
         return
     streams = {"skip": generator.stream(skip_run, should_cancel, trace_row=0 if lens else None, prefilled=starts[0]),
                "full": generator.stream(full_run, should_cancel, prefilled=starts[1])}
-    texts, hidden = generator.prompt_tokens(skip_run)
+    texts, hidden = generator.text.prompt_tokens(skip_run.prompt_ids(), skip_run.request.raw)
     prompt = PromptTokens(tuple(texts), hidden)
     judge = Judge(generator, skip_run, with_kl=lens and lens_kl)
     while not all(v.done for v in views.values()):

@@ -1390,7 +1390,7 @@ def run_stream_overhead(url: str, server: subprocess.Popen | None, args: argpars
     from app.handlers import Playground  # noqa: PLC0415 - the script's other modes need no model
     from app.settings import Limits  # noqa: PLC0415
     from model.common.hardware import hardware_info  # noqa: PLC0415
-    from model.generation import TextGenerator  # noqa: PLC0415
+    from model.generation.generator import TextGenerator  # noqa: PLC0415
     from model.loading import load_model  # noqa: PLC0415
 
     generator = TextGenerator(load_model(None, adapter="auto", quantize="auto"))  # as app.py serves it

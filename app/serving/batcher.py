@@ -42,7 +42,9 @@ from typing import Any, Callable, ContextManager, Iterator
 
 from app.serving.job_cost import job_cost
 from model.common.checks import check_int, check_number
-from model.generation import PreparedRun, ScheduleRequest, TextGenerator, merged_request, shared_part
+from model.generation.generator import TextGenerator
+from model.generation.runs import PreparedRun, merged_request, shared_part
+from model.generation.schedules import ScheduleRequest
 from model.race import Judge, PromptTokens, RaceUpdate, StreamProgress, race, row_update
 from model.skipdecode.decoder import Cancelled, Prefill
 
@@ -319,7 +321,7 @@ def _judge_together(generator: TextGenerator, readers: list[_Reader], update: Ra
     whose SkipDecode text is where the full model's own greedy text goes (its tokens a prefix of the
     full model's) needs no forward: the full model chose each of those tokens on that very prefix.
     The others come from batched forwards: continuing the batch's prompts as read
-    (``TextGenerator.full_model_choices_after``), or reading them again where the streams read them
+    (``FullModelJudge.choices_after``), or reading them again where the streams read them
     apart."""
     rows = [(reader, update.skip.ids(reader.rows.start)) for reader in readers if reader.judge.judged is None]
     forward: dict[tuple, list[tuple[_Reader, list[int]]]] = {}  # one forward per distinct (prompt, text)
@@ -331,9 +333,9 @@ def _judge_together(generator: TextGenerator, readers: list[_Reader], update: Ra
             forward.setdefault((tuple(reader.ticket.run.prompt_ids(0)), tuple(ids)), []).append((reader, ids))
     firsts = [same[0] for same in forward.values()]
     if prefill is not None:
-        choices = generator.full_model_choices_after(prefill, [(reader.rows.start, ids) for reader, ids in firsts])
+        choices = generator.judge.choices_after(prefill, [(reader.rows.start, ids) for reader, ids in firsts])
     else:
-        choices = generator.full_model_choices_of([(reader.ticket.run.prompt_ids(0), ids) for reader, ids in firsts])
+        choices = generator.judge.choices_of([(reader.ticket.run.prompt_ids(0), ids) for reader, ids in firsts])
     for same, chosen in zip(forward.values(), choices):
         for reader, ids in same:
             reader.judge.chose(ids, chosen)
@@ -358,7 +360,8 @@ class _Reader:
     done: bool = False
 
     def __post_init__(self) -> None:
-        texts, hidden = self.generator.prompt_tokens(self.ticket.run)
+        run = self.ticket.run
+        texts, hidden = self.generator.text.prompt_tokens(run.prompt_ids(), run.request.raw)
         self.prompt = PromptTokens(tuple(texts), hidden)
         self.judge = Judge(self.generator, self.ticket.run, with_kl=False)
 

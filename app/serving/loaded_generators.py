@@ -8,7 +8,7 @@ import threading
 from collections import OrderedDict
 from typing import Callable, Hashable
 
-from model.generation import TextGenerator
+from model.generation.generator import TextGenerator
 
 
 class LoadedGenerators:

@@ -24,8 +24,8 @@ import torch
 from model.common.hardware import hardware_info
 from model.evaluation.bench import alternated_batch_timings, emit_report, paired_ratio, raw_bench_batches
 from model.loading import load_model
-from model.skipdecode.architectures import PrefixKVCache
 from model.skipdecode.decoder import SkipDecoder
+from model.skipdecode.kv_cache import PrefixKVCache
 
 
 def _decoder(huge_pages: bool):

@@ -34,10 +34,11 @@ import torch
 import model.lowbit.native_kernels as native_kernels
 from model.common.hardware import hardware_info
 from model.evaluation.bench import alternated_batch_timings, emit_report, paired_ratio, raw_bench_batches
-from model.generation import ScheduleRequest, TextGenerator
+from model.generation.generator import TextGenerator
+from model.generation.schedules import ScheduleRequest
 from model.loading import load_model
-from model.skipdecode.architectures import LeanLlamaLayer
 from model.skipdecode.decoder import SkipDecoder
+from model.skipdecode.lean_layer import LeanLlamaLayer
 from model.skipdecode.schedule import ScheduleConfig
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -112,7 +112,7 @@ def main() -> None:
     from app.handlers import Playground
     from app.settings import Limits
     from model.common.hardware import hardware_info
-    from model.generation import TextGenerator
+    from model.generation.generator import TextGenerator
     from model.loading import load_model
 
     hardware = hardware_info(torch.device("cpu"))  # first: a failure here costs no measurement

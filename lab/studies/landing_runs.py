@@ -14,7 +14,7 @@ import json
 from app.handlers import Playground
 from app.settings import EXAMPLE_PROMPTS, Limits
 from app.tasks import TaskGenerators
-from model.generation import TextGenerator
+from model.generation.generator import TextGenerator
 from model.loading import load_model
 from model.tasks.e2e_facts import check_facts
 

@@ -18,7 +18,9 @@ from typing import Callable
 import torch
 
 from model.common.hardware import cpu_flags, cpu_model
-from model.generation import GenerationRequest, ScheduleRequest, TextGenerator
+from model.generation.generator import TextGenerator
+from model.generation.runs import GenerationRequest
+from model.generation.schedules import ScheduleRequest
 from model.loading import load_model
 from model.skipdecode.decoder import shared_prefix_padded
 from model.skipdecode.schedule import ScheduleConfig
@@ -106,7 +108,7 @@ def _schedule_request(speedup: float) -> ScheduleRequest:
 def _batched_agreement(generator: TextGenerator, prompts: list[str], alone: list[list[int]],
                        schedule: ScheduleConfig) -> tuple[int, int, int]:
     """(positions agreeing, positions compared, the common start's tokens) for one batch."""
-    rows = generator.token_rows(prompts)
+    rows = generator.text.token_rows(prompts)
     ids, mask, prefix = shared_prefix_padded(rows, generator.loaded.pad_token_id)
     steps = max(len(tokens) for tokens in alone)
     targets = torch.full((len(rows), steps), generator.loaded.pad_token_id, dtype=torch.long)

@@ -54,7 +54,8 @@ from model.evaluation.machine_limits import (
     measure_limits,
 )
 from model.evaluation.reporting import speed_figure
-from model.generation import ScheduleRequest, TextGenerator
+from model.generation.generator import TextGenerator
+from model.generation.schedules import ScheduleRequest
 from model.loading import DEFAULT_MODEL, load_model, locate_default_gguf, resolve_device
 from model.lowbit.native_kernels import DEFAULT_AMX_ROWS, native_module, q4_isa, q4_kernel_selected
 from model.skipdecode.cuda_graphs import CudaGraphStep

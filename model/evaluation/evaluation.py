@@ -32,7 +32,7 @@ from typing import Callable, Sequence
 from model.common.checks import check_int
 from model.evaluation.paired import Comparison, RowItems, compare_variants, comparison_markdown
 from model.evaluation.reporting import write_result_files
-from model.generation import TextGenerator
+from model.generation.generator import TextGenerator
 from model.loading import gated_peft_copy, load_model, resolve_adapter
 from model.skipdecode.decoder import SkipDecoder
 from model.skipdecode.schedule import ScheduleConfig, full_schedule, solve_schedule, speedup_reachable

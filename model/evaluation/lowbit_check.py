@@ -15,7 +15,8 @@ from typing import Callable
 
 import torch
 
-from model.generation import ScheduleRequest, TextGenerator
+from model.generation.generator import TextGenerator
+from model.generation.schedules import ScheduleRequest
 from model.loading import load_model
 from model.skipdecode.decoder import SkipDecoder
 from model.skipdecode.schedule import ScheduleConfig, full_schedule

@@ -9,7 +9,7 @@ one exists the lean layer fuses, stacks and runs it natively, whichever module w
 
 from model.lowbit.native_step import NativeDecode, native_argmax, run_native_layers
 from model.lowbit.quantization import LOW_BIT_PROJECTIONS, fuse_low_bit, lean_lora
-from model.skipdecode.architectures import LowBitParts, use_low_bit
+from model.skipdecode.lean_layer import LowBitParts, use_low_bit
 
 use_low_bit(LowBitParts(fuse=fuse_low_bit, lean_lora=lean_lora, native=NativeDecode.of, projections=LOW_BIT_PROJECTIONS,
                         native_run=run_native_layers, argmax=native_argmax))

@@ -22,10 +22,11 @@ from model.lowbit.native_kernels import (
     q4_scan,
 )
 from model.lowbit.quantization import Int4LoraLinear, Int4WeightLinear, Int8WeightLinear
-from model.skipdecode.architectures import step_rotation
+from model.skipdecode.lean_layer import step_rotation
 
 if TYPE_CHECKING:  # pragma: no cover
-    from model.skipdecode.architectures import LayerInputs, LeanLlamaLayer, PrefixKVCache
+    from model.skipdecode.kv_cache import LayerInputs, PrefixKVCache
+    from model.skipdecode.lean_layer import LeanLlamaLayer
 
 
 _stacked: "weakref.WeakKeyDictionary[nn.Module, Q4Blocks | None]" = weakref.WeakKeyDictionary()

@@ -2,4 +2,4 @@
 per-layer KV cache, the skip policy's learned parts, and the per-family architecture adapters.
 
 Imports only model.common and itself: the low-bit engine plugs its lean-layer parts in through a
-hook (architectures.use_low_bit), so this package never imports it (docs/DESIGN.md, "Layers")."""
+hook (lean_layer.use_low_bit), so this package never imports it (docs/DESIGN.md, "Layers")."""

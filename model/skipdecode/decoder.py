@@ -26,14 +26,9 @@ import torch
 from torch import nn
 
 from model.common.checks import check_int, check_number
-from model.skipdecode.architectures import (
-    ArchitectureAdapter,
-    LayerInputs,
-    PrefixKVCache,
-    adapter_for,
-    greedy_ids,
-    position_ids_from_mask,
-)
+from model.skipdecode.architectures import ArchitectureAdapter, adapter_for
+from model.skipdecode.kv_cache import LayerInputs, PrefixKVCache, position_ids_from_mask
+from model.skipdecode.lean_layer import greedy_ids
 from model.skipdecode.schedule import ScheduleConfig
 from model.skipdecode.skip_policy import EntryBridge, entry_layers
 
@@ -98,7 +93,7 @@ class StepEvent:
     layers: tuple[int, ...]  # layer indices this step executed (the same for every row)
     seconds: float  # wall time of this step, device work included
     # With stream(trace_row=r): (layer, hidden (C,)) after each executed layer, for row r at the
-    # position that produced this step's token (a logit lens reads these; see TextGenerator.lens).
+    # position that produced this step's token (a logit lens reads these; see LogitLens.read).
     trace: tuple[tuple[int, torch.Tensor], ...] = ()
     # The stream's own record so far: the DecodeResult it returns at the end, the same object,
     # extended in place by later steps (a caller that shows progress reads it, keeping no twin).
@@ -110,7 +105,7 @@ class DecodeResult:
     num_layers: int
     prompt_lengths: list[int]
     # Generated ids per row. EOS is not in them; the token that completed a stop string is (a stop
-    # string can end inside a token, so the text is cut at the string: generation.truncate_at_stop).
+    # string can end inside a token, so the text is cut at the string: truncate_at_stop in model/generation/text.py).
     tokens: list[list[int]]
     finish_reasons: list[str]  # "eos", "stop" or "length"
     prefill_layers: tuple[int, ...]

@@ -23,8 +23,8 @@ from typing import Any, Callable, Protocol, Sequence, cast
 import torch
 from torch import nn
 
-from model.skipdecode.architectures import PrefixKVCache, StaticKVCache
 from model.skipdecode.decoder import DecodeState, SkipDecoder, Trace
+from model.skipdecode.kv_cache import PrefixKVCache, StaticKVCache
 from model.skipdecode.schedule import ScheduleConfig
 from model.skipdecode.skip_policy import EntryBridge
 

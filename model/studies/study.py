@@ -29,7 +29,7 @@ import torch
 from model.common.hardware import cpu_summary
 from model.evaluation.evaluation import EvalConfig, evaluate
 from model.evaluation.reporting import write_result_files
-from model.generation import TextGenerator
+from model.generation.generator import TextGenerator
 from model.loading import load_model
 from model.skipdecode.decoder import masked_forward
 from model.training.heldout import heldout_set

@@ -17,7 +17,7 @@ from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Sequence
 
-from model.generation import TextGenerator
+from model.generation.generator import TextGenerator
 from model.loading import load_model
 from model.lowbit.weight_cache import file_key
 from model.tasks.e2e import (

@@ -17,7 +17,9 @@ from typing import Collection, Sequence
 
 import torch
 
-from model.generation import GenerationRequest, ScheduleRequest, TextGenerator
+from model.generation.generator import TextGenerator
+from model.generation.runs import GenerationRequest
+from model.generation.schedules import ScheduleRequest
 from model.skipdecode.decoder import SamplingConfig, SkipDecoder
 from model.skipdecode.schedule import ScheduleConfig, cost_speedup, layer_speedup
 from model.tasks.e2e import (

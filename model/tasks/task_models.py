@@ -15,7 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from model.generation import ScheduleRequest
+from model.generation.schedules import ScheduleRequest
 from model.loading import LoadedModel, default_model_folder, load_model, load_tokenizer
 from model.skipdecode.schedule import depth_share_floor
 

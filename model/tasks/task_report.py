@@ -18,7 +18,8 @@ from typing import Any, Sequence
 import torch
 
 from model.common.hardware import hardware_info
-from model.generation import ScheduleRequest, TextGenerator
+from model.generation.generator import TextGenerator
+from model.generation.schedules import ScheduleRequest
 from model.loading import load_model, resolve_device
 from model.skipdecode.schedule import cost_speedup, layer_speedup
 from model.tasks.e2e import E2ERecord, place_swaps, reported_records, training_places

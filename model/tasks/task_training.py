@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from model.common.checks import check_int, check_number
-from model.generation import TextGenerator
+from model.generation.generator import TextGenerator
 from model.loading import load_model, resolve_device
 from model.skipdecode.skip_policy import export_adapter
 from model.tasks.e2e import (

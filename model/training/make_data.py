@@ -47,7 +47,8 @@ import torch
 from tqdm.auto import tqdm
 
 from model.common.checks import check_choice, check_int
-from model.generation import ScheduleRequest, TextGenerator
+from model.generation.generator import TextGenerator
+from model.generation.schedules import ScheduleRequest
 from model.loading import load_model, resolve_device
 from model.skipdecode.decoder import SamplingConfig, left_padded
 from model.skipdecode.schedule import full_schedule
@@ -326,7 +327,7 @@ def sample_user_turns(generator, config: MakeDataConfig, path: Path, progress) -
     kept = [r["prompt"] for r in _read_if_exists(path)]
     seen = {normalized(t) for t in kept} | held_out_keys()
     # The chat template up to the user header: what the model sees right before a user writes.
-    header, _ = generator.template_around_user
+    header, _ = generator.text.template_around_user
     if not header:
         raise ValueError("Magpie user turns need a model with a chat template; leave out the magpie source")
     header = torch.tensor([header] * config.batch_size, device=generator.loaded.device)

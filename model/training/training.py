@@ -28,7 +28,7 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from model.common.checks import check_choice, check_int, check_number
-from model.generation import TextGenerator
+from model.generation.generator import TextGenerator
 from model.loading import load_model, resolve_device
 from model.skipdecode.architectures import adapter_for
 from model.skipdecode.schedule import (
@@ -377,7 +377,7 @@ class Budget:
 def training_examples(config: TrainConfig, generator, output: Path, accelerator) -> tuple[list[Example], int]:
     """The sequences to train on and their typical target length (for the progress line)."""
     if config.data:
-        examples = user_examples(config.data, generator.loaded.tokenizer, generator.format_prompt, config.max_length)
+        examples = user_examples(config.data, generator.loaded.tokenizer, generator.text.format_prompt, config.max_length)
         steps_hint = int(sum(len(e.target) for e in examples) / len(examples))
     elif config.sequences:
         examples = [replace(e, prompt=e.prompt[-config.max_prompt_tokens:])

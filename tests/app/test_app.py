@@ -9,7 +9,9 @@ from gradio_client import Client
 
 from app.settings import Limits, PlaygroundSettings, trained_defaults
 from app.ui import build_demo, launch_options
-from model.generation import GenerationRequest, ScheduleRequest, TextGenerator
+from model.generation.generator import TextGenerator
+from model.generation.runs import GenerationRequest
+from model.generation.schedules import ScheduleRequest
 from tests.support import page_token_client
 
 pytestmark = pytest.mark.server
@@ -387,10 +389,10 @@ def test_lens_kl_to_the_full_model_is_zero_after_the_last_layer_at_full_depth(se
         except StopIteration as end:
             result = end.value
             break
-    full = generator.full_model_log_probs(generator.prepare(request), result.decode.tokens[0])
-    kl = generator.lens_kl(traces, full, request.schedule)
+    full = generator.judge.log_probs(generator.prepare(request).prompt_ids(), result.decode.tokens[0])
+    kl = generator.lens.kl(traces, full, request.schedule)
     # At 1x SkipDecode IS the full model: on its own prefix the full model picks every one of its tokens.
-    assert generator.full_model_choices(full) == list(result.decode.tokens[0])
+    assert generator.judge.choices(full) == list(result.decode.tokens[0])
     assert len(kl) == 6 and all(set(entry) == set(range(30)) for entry in kl)
     assert all(entry[29] < 1e-3 for entry in kl)  # the last layer's lens IS the full model at 1x
     assert all(entry[5] > 0.1 for entry in kl)  # an early layer's guess is far from it

@@ -239,7 +239,8 @@ def test_one_e2e_generation_through_the_playground_handler(default_model, tiny_t
     full depth, the SkipDecode pane its 3x policy on the task's schedule; the models are cached."""
     from app.handlers import Playground
     from app.tasks import TaskGenerators
-    from model.generation import GenerationRequest, TextGenerator
+    from model.generation.generator import TextGenerator
+    from model.generation.runs import GenerationRequest
 
     root, loader = tiny_task_adapters
     chat = TextGenerator(default_model)
@@ -346,7 +347,7 @@ def test_a_bare_visit_lands_on_the_task_lesson_where_its_models_serve_this_model
     from app.handlers import Playground
     from app.page.lessons import E2E_MR, LANDING_LESSON, LANDING_LINE, landing_values
     from app.tasks import TaskGenerators
-    from model.generation import TextGenerator
+    from model.generation.generator import TextGenerator
     from model.loading import load_model
 
     chat = TextGenerator(default_model)

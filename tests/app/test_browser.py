@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from app.ui import build_demo, launch_options
-from model.generation import TextGenerator
+from model.generation.generator import TextGenerator
 from tests.support import BROWSER_ARGS, CHROMIUM, open_page, rendered_page, wait_until
 
 playwright = pytest.importorskip("playwright.sync_api")

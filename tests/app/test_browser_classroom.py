@@ -17,7 +17,8 @@ import torch
 
 from app.page.lessons import E2E_MR
 from app.ui import build_demo, launch_options
-from model.generation import GenerationRequest, TextGenerator
+from model.generation.generator import TextGenerator
+from model.generation.runs import GenerationRequest
 from model.loading import load_model
 from model.tasks.e2e import task_prompt
 from model.tasks.task_models import task_schedule

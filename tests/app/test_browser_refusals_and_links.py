@@ -11,7 +11,7 @@ import pytest
 from app.serving.batcher import BatchLimits
 from app.settings import Limits
 from app.ui import build_demo, launch_options
-from model.generation import TextGenerator
+from model.generation.generator import TextGenerator
 from tests.support import BROWSER_ARGS, CHROMIUM, wait_until
 
 playwright = pytest.importorskip("playwright.sync_api")

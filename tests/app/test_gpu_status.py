@@ -37,7 +37,7 @@ class CapturesOnCpu(CudaGraphStep):
 
 @pytest.fixture()
 def graphed_generator(tiny_folder):
-    from model.generation import TextGenerator
+    from model.generation.generator import TextGenerator
     from model.loading import load_model
 
     loaded = load_model(str(tiny_folder), device="cpu", adapter=None)

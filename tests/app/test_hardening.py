@@ -98,7 +98,7 @@ def test_a_reachable_schedule_setting_solves(default_generator, values):
 
 @pytest.fixture(scope="module")
 def default_generator(default_model):
-    from model.generation import TextGenerator
+    from model.generation.generator import TextGenerator
 
     return TextGenerator(default_model)
 
@@ -176,7 +176,7 @@ def test_tiny_temperatures_sample_greedily():
 
 @pytest.mark.slow
 def test_typed_special_tokens_stay_plain_text(default_model):
-    from model.generation import TextGenerator
+    from model.generation.generator import TextGenerator
 
     generator = TextGenerator(default_model)
     start = default_model.tokenizer.convert_tokens_to_ids("<|im_start|>")
@@ -186,7 +186,7 @@ def test_typed_special_tokens_stay_plain_text(default_model):
         real = ids[row][mask[row].bool()].tolist()
         assert real.count(start) == 3 and real.count(end) == 2  # system, user, assistant turns only
     plain, _ = generator.encode(["Name three colours."])
-    expected = default_model.tokenizer(generator.format_prompt("Name three colours."), add_special_tokens=False)
+    expected = default_model.tokenizer(generator.text.format_prompt("Name three colours."), add_special_tokens=False)
     assert plain[0].tolist() == expected["input_ids"]  # ordinary prompts tokenize exactly as before
 
 
@@ -223,7 +223,7 @@ class SlowGenerator:
 def slow_server(tiny_folder):
     from app.serving.fair_queue import ServingLimits
     from app.ui import build_demo, launch_options
-    from model.generation import TextGenerator
+    from model.generation.generator import TextGenerator
     from model.loading import load_model
 
     generator = TextGenerator(load_model(str(tiny_folder), device="cpu", adapter=None))
@@ -609,7 +609,7 @@ def stream_server(tiny_folder):
     """The app on a tiny model whose decode steps sleep 20 ms a layer: a page run of 40 tokens
     lasts seconds, so the heatmap is redrawn many times (at most 4 a second) while it streams."""
     from app.ui import build_demo, launch_options
-    from model.generation import TextGenerator
+    from model.generation.generator import TextGenerator
     from model.loading import load_model
 
     generator = TextGenerator(load_model(str(tiny_folder), device="cpu", adapter=None))

@@ -33,7 +33,7 @@ def task_server(tiny_folder, tiny_task_adapters):
     its loads (a refused job must not load anything)."""
     from app.tasks import TaskGenerators
     from app.ui import build_demo, launch_options
-    from model.generation import TextGenerator
+    from model.generation.generator import TextGenerator
     from model.loading import load_model
 
     root, loader = tiny_task_adapters
@@ -73,7 +73,7 @@ def post_timed(url: str, payload: dict) -> tuple[int, dict | str, float]:
 def test_unloaded_task_policy_is_costed_without_loading_it(tiny_folder, tiny_task_adapters):
     from app.handlers import Playground
     from app.tasks import TaskGenerators
-    from model.generation import TextGenerator
+    from model.generation.generator import TextGenerator
     from model.loading import load_model
 
     root, loader = tiny_task_adapters

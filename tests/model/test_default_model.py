@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from model.common.paths import cache_root
-from model.generation import GenerationRequest, ScheduleRequest, TextGenerator
+from model.generation.generator import TextGenerator
+from model.generation.runs import GenerationRequest
+from model.generation.schedules import ScheduleRequest
 from model.loading import DEFAULT_GGUF_FILE, default_model_folder, locate_default_gguf
 
 pytestmark = pytest.mark.slow  # every test here loads the embedded default model
@@ -95,9 +97,9 @@ def test_template_tail_is_derived_from_the_chat_template(default_model):
     prompt = "Name three colours."
     ids = generator.encode([prompt])[0][0].tolist()
     user = default_model.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    tail = generator.template_tail_tokens
+    tail = generator.text.template_tail_tokens
     assert tail > 0 and ids[len(ids) - tail - len(user): len(ids) - tail] == user
-    assert generator.format_prompt(prompt).endswith(default_model.tokenizer.decode(ids[len(ids) - tail:]))
+    assert generator.text.format_prompt(prompt).endswith(default_model.tokenizer.decode(ids[len(ids) - tail:]))
 
 
 def test_the_shipped_adapter_fits_its_budget_and_1x_with_it_is_the_original(default_model):

@@ -110,7 +110,7 @@ def test_the_native_steps_q4_copies_live_on_huge_pages_with_the_same_bytes(monke
 
 @needs_thp
 def test_a_cpu_kv_cache_lives_on_huge_pages_and_keeps_what_is_written(monkeypatch):
-    from model.skipdecode.architectures import PrefixKVCache
+    from model.skipdecode.kv_cache import PrefixKVCache
 
     monkeypatch.delenv("SKIPDECODE_HUGE_PAGES", raising=False)
     cache = PrefixKVCache(num_layers=3, capacity=9)

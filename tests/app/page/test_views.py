@@ -244,8 +244,9 @@ class Forbidden:
 
 @contextlib.contextmanager
 def model_forbidden(generator):
-    """The generator's model, tokenizer and decoders replaced by Forbidden stand-ins."""
-    parts = ("loaded", "full_decoder", "skip_decoder")
+    """The generator's model, tokenizer and decoders, and its parts that hold them (the text codec, the
+    lens, the judge), replaced by Forbidden stand-ins."""
+    parts = ("loaded", "full_decoder", "skip_decoder", "text", "lens", "judge")
     saved = {part: generator.__dict__[part] for part in parts}
     generator.__dict__.update({part: Forbidden(part) for part in parts})
     try:
@@ -256,7 +257,7 @@ def model_forbidden(generator):
 
 @pytest.fixture(scope="module")
 def tiny_generator(tiny_folder):
-    from model.generation import TextGenerator
+    from model.generation.generator import TextGenerator
     from model.loading import load_model
 
     return TextGenerator(load_model(str(tiny_folder), device="cpu", adapter=None))
@@ -313,14 +314,14 @@ def test_one_json_shape_prefill_layers_lists_the_layers_the_prompt_ran(tiny_gene
 def test_the_heatmap_hides_the_templates_head_read_from_the_runs_ids(tiny_generator):
     """The prompt's shown tokens are the user's text and the template's tail, as the user's text
     tokenized alone counts them; the texts are the run's own ids (no second tokenization)."""
-    from model.generation import GenerationRequest
+    from model.generation.runs import GenerationRequest
 
     generator = tiny_generator
     for prompt in ("Name a fruit.", "Why is the sky blue? Answer in one line."):
         run = generator.prepare(GenerationRequest(prompts=(prompt, "Hi"), max_new_tokens=2))
-        texts, hidden = generator.prompt_tokens(run)
+        texts, hidden = generator.text.prompt_tokens(run.prompt_ids(), run.request.raw)
         user = len(generator.loaded.tokenizer(prompt, add_special_tokens=False)["input_ids"])
-        assert len(texts) == len(run.prompt_ids(0)) and len(texts) - hidden == user + generator.template_tail_tokens
+        assert len(texts) == len(run.prompt_ids(0)) and len(texts) - hidden == user + generator.text.template_tail_tokens
         assert "".join(texts[hidden:]).startswith(prompt)
 
 

@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from app.serving.batcher import Batcher, BatchLimits, Ticket
-from model.generation import GenerationRequest, ScheduleRequest, TextGenerator, merged_request
+from model.generation.generator import TextGenerator
+from model.generation.runs import GenerationRequest, merged_request
+from model.generation.schedules import ScheduleRequest
 from model.race import race
 from model.skipdecode.decoder import SamplingConfig, sample_next
 
@@ -192,5 +194,5 @@ def test_the_full_models_choices_continuing_a_batchs_read_are_its_choices_readin
     assert read is not None and run.shared_prefix > 0  # the chat template's system turn, read once
     texts = [generator.generate(_request(prompt)).decode.tokens[0] for prompt in PROMPTS]
     rows = [(3, texts[3]), (1, texts[1][:5]), (2, texts[2][:1])]  # some rows, in any order, of any length
-    expected = generator.full_model_choices_of([(run.prompt_ids(row), ids) for row, ids in rows])
-    assert generator.full_model_choices_after(read, rows) == expected
+    expected = generator.judge.choices_of([(run.prompt_ids(row), ids) for row, ids in rows])
+    assert generator.judge.choices_after(read, rows) == expected

@@ -40,7 +40,7 @@ def test_a_frame_is_due_at_once_then_at_most_once_an_interval_and_always_at_the_
 
 @pytest.fixture(scope="module")
 def tiny_generator(tiny_folder):
-    from model.generation import TextGenerator
+    from model.generation.generator import TextGenerator
     from model.loading import load_model
 
     return TextGenerator(load_model(str(tiny_folder), device="cpu", adapter=None))
@@ -86,7 +86,7 @@ def framed_server(tiny_folder):
     """The app on a tiny model whose decode steps sleep STEP_LAYER_S a layer: a run of 48 tokens
     lasts about a second and a half, many steps a frame."""
     from app.ui import build_demo, launch_options
-    from model.generation import TextGenerator
+    from model.generation.generator import TextGenerator
     from model.loading import load_model
 
     generator = TextGenerator(load_model(str(tiny_folder), device="cpu", adapter=None))

@@ -33,8 +33,8 @@ from model.lowbit.quantization import (
     int8_supported,
     quantize_weights,
 )
-from model.skipdecode.architectures import LeanLlamaLayer
 from model.skipdecode.decoder import SkipDecoder, execution_mask, masked_forward
+from model.skipdecode.lean_layer import LeanLlamaLayer
 from model.skipdecode.schedule import ScheduleConfig
 from tests.support import NUM_LAYERS, left_padded_batch, random_lora_adapter, tiny_model
 
@@ -374,10 +374,10 @@ def test_the_fused_layer_computes_the_decode_step_of_its_weights(isa, lora, tmp_
     if isa not in module.q4_isas():
         pytest.skip(f"this CPU has no {isa}")
     runs = []
-    import model.skipdecode.architectures as architectures
-    counting = dataclasses.replace(architectures._low_bit_parts, native_run=_counting(
-        architectures._low_bit_parts.native_run, runs))
-    monkeypatch.setattr(architectures, "_low_bit_parts", counting)
+    import model.skipdecode.lean_layer as lean_layer
+    counting = dataclasses.replace(lean_layer._low_bit_parts, native_run=_counting(
+        lean_layer._low_bit_parts.native_run, runs))
+    monkeypatch.setattr(lean_layer, "_low_bit_parts", counting)
     if lanes_at_load:
         assert module.set_q4_isa("avx2")
     try:
@@ -470,7 +470,7 @@ def test_the_native_argmax_picks_torchs_ids_ties_and_nan_included(isa, monkeypat
     torch gives, for a vocabulary's width and widths that leave a vector's tail, with the largest value
     twice in a row (the first), a row of -inf, a NaN (the first NaN, as torch), a non-contiguous view."""
     from model.lowbit.native_step import native_argmax
-    from model.skipdecode.architectures import greedy_ids
+    from model.skipdecode.lean_layer import greedy_ids
 
     module = native_module()
     if isa not in module.q4_isas():

@@ -417,7 +417,7 @@ def test_an_int4_lora_rides_in_its_base_kernel_call(tmp_path):
     A's 4-bit rounding, and the lean layer uses it for every projection."""
     from model.loading import lora_side_copy
     from model.lowbit.quantization import Int4LoraLinear, LowBitLoraLinear
-    from model.skipdecode.architectures import LeanLlamaLayer
+    from model.skipdecode.lean_layer import LeanLlamaLayer
 
     if not int4_supported():
         pytest.skip("no int4-weight CPU kernel in this torch build")

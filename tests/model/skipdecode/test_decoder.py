@@ -276,7 +276,9 @@ def test_adapter_accessors_read_the_model_not_a_family_default(family):
 
 @pytest.mark.slow
 def test_a_prepared_run_is_tokenized_and_solved_once_and_streams_like_the_request(tiny_folder):
-    from model.generation import GenerationRequest, ScheduleRequest, TextGenerator
+    from model.generation.generator import TextGenerator
+    from model.generation.runs import GenerationRequest
+    from model.generation.schedules import ScheduleRequest
     from model.loading import load_model
 
     generator = TextGenerator(load_model(str(tiny_folder), device="cpu", adapter=None))
@@ -287,8 +289,8 @@ def test_a_prepared_run_is_tokenized_and_solved_once_and_streams_like_the_reques
     assert generator.schedule_for(request.schedule, 6) is run.schedule  # solved once, then kept
     full = generator.with_schedule(run, ScheduleRequest(full=True))
     assert full.ids is run.ids and full.schedule.config.min_layers == generator.num_layers
-    encode, calls = generator._encode_one, []
-    generator._encode_one = lambda *args, **kwargs: calls.append(args) or encode(*args, **kwargs)
+    encode, calls = generator.text._encode_one, []
+    generator.text._encode_one = lambda *args, **kwargs: calls.append(args) or encode(*args, **kwargs)
     from_run = run_to_end(generator.stream(run))
     assert calls == []  # streaming a prepared run does not tokenize again
     assert from_run.decode.tokens == generator.generate(request).decode.tokens
@@ -302,7 +304,9 @@ def test_a_prepared_run_is_tokenized_and_solved_once_and_streams_like_the_reques
 @pytest.mark.device
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_llama_family_layers_run_the_lean_path_and_equal_transformers_layer(family):
-    from model.skipdecode.architectures import LeanLlamaLayer, PrefixKVCache, adapter_for, position_ids_from_mask
+    from model.skipdecode.architectures import adapter_for
+    from model.skipdecode.kv_cache import PrefixKVCache, position_ids_from_mask
+    from model.skipdecode.lean_layer import LeanLlamaLayer
 
     model = tiny_model(family, device=TEST_DEVICE)
     adapter = adapter_for(model)
@@ -327,7 +331,7 @@ def test_llama_family_layers_run_the_lean_path_and_equal_transformers_layer(fami
 @pytest.mark.device
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_fused_rms_norm_is_the_modules_math_and_steps_aside_where_it_is_not(family):
-    from model.skipdecode.architectures import FusedRMSNorm, fused_rms_norm
+    from model.skipdecode.lean_layer import FusedRMSNorm, fused_rms_norm
 
     norm = tiny_model(family, device=TEST_DEVICE).model.layers[0].input_layernorm
     with torch.no_grad():
@@ -348,7 +352,7 @@ def test_fused_rms_norm_is_the_modules_math_and_steps_aside_where_it_is_not(fami
 def test_rotating_q_and_k_together_is_each_familys_own_rotary(module):
     import importlib
 
-    from model.skipdecode.architectures import STANDARD_ROTARY_MODULES, rotate_together
+    from model.skipdecode.lean_layer import STANDARD_ROTARY_MODULES, rotate_together
 
     family = importlib.import_module(f"transformers.models.{module.split('_', 1)[1]}.{module}")
     assert module in STANDARD_ROTARY_MODULES
@@ -365,7 +369,8 @@ def test_rotating_q_and_k_together_is_each_familys_own_rotary(module):
 def test_a_decode_steps_rotation_matrices_are_the_llama_rotary_per_row():
     """x @ R == x * cos + rotate_half(x) * sin, each row at its own position (left padding), built
     once per step and shared."""
-    from model.skipdecode.architectures import LayerInputs, rotate_together, step_rotation
+    from model.skipdecode.kv_cache import LayerInputs
+    from model.skipdecode.lean_layer import rotate_together, step_rotation
 
     torch.manual_seed(0)
     heads = torch.randn(2, 6, 1, 8).to(TEST_DEVICE)  # (B, Hq + Hkv, 1, D): one new position per row
@@ -378,7 +383,7 @@ def test_a_decode_steps_rotation_matrices_are_the_llama_rotary_per_row():
 
 
 def test_a_layer_the_lean_path_does_not_know_runs_transformers_forward():
-    from model.skipdecode.architectures import LeanLlamaLayer
+    from model.skipdecode.lean_layer import LeanLlamaLayer
 
     model = tiny_model("llama")
     model.config.hidden_act = "gelu"
@@ -391,7 +396,7 @@ def test_lean_layers_follow_replaced_projections_and_free_their_model():
     import weakref
 
     from model.lowbit.quantization import int8_supported, quantize_weights
-    from model.skipdecode.architectures import LeanLlamaLayer
+    from model.skipdecode.lean_layer import LeanLlamaLayer
 
     if not int8_supported():
         pytest.skip("no int8-weight CPU kernel in this torch build")

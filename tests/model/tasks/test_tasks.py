@@ -183,7 +183,8 @@ def test_task_model_and_gated_policy_train_and_1x_is_the_task_model_bit_for_bit(
 
 @pytest.mark.slow
 def test_speed_rows_time_the_same_steps_for_both_arms(tiny_folder):
-    from model.generation import ScheduleRequest, TextGenerator
+    from model.generation.generator import TextGenerator
+    from model.generation.schedules import ScheduleRequest
     from model.loading import load_model
     from model.tasks.task_eval import measure_speed
 
@@ -341,7 +342,7 @@ def test_synthetic_mrs_are_new_parse_and_reach_values_the_devset_never_shows():
 def test_distillation_targets_are_the_task_models_own_greedy_descriptions(tiny_task_adapters, tmp_path):
     """Each row is one MR's prompt and the task model's greedy description of it (the same text a
     full-depth generation gives); a file made from the same source is reused, another is remade."""
-    from model.generation import TextGenerator
+    from model.generation.generator import TextGenerator
     from model.tasks.task_distill import DistillSource, write_distillation_file
     from model.tasks.task_eval import describe
 
@@ -732,7 +733,7 @@ def test_delexicalised_places_swap_unknown_places_for_known_ones_and_back():
 def test_describe_prompts_the_delexicalised_mr_and_writes_the_place_back():
     from types import SimpleNamespace
 
-    from model.generation import ScheduleRequest
+    from model.generation.schedules import ScheduleRequest
     from model.tasks.e2e import place_names
     from model.tasks.task_eval import describe
 

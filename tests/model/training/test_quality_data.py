@@ -215,7 +215,9 @@ def test_answers_are_matched_as_whole_words(reply, answers, right):
 @pytest.mark.slow
 def test_eval_reports_judged_fluency_repetition_and_fact_retention(tiny_folder, tmp_path):
     """At 1x SkipDecode IS the full model: judged ratio 1, same repetition, every right answer kept."""
-    from model.generation import GenerationRequest, ScheduleRequest, TextGenerator
+    from model.generation.generator import TextGenerator
+    from model.generation.runs import GenerationRequest
+    from model.generation.schedules import ScheduleRequest
     from model.loading import load_model
 
     questions = ["Name a colour.", "Which animal barks?", "Say a number."]
@@ -280,7 +282,7 @@ def test_answer_token_span_reaches_the_answer_s_last_token():
 def test_fact_recall_is_the_answer_predicted_teacher_forced_on_the_full_reply(tiny_folder):
     """The full model recalls the answers of its own greedy replies; an answer token it would not
     predict there is not recalled; and a reply is judged on its answer span alone."""
-    from model.generation import TextGenerator
+    from model.generation.generator import TextGenerator
     from model.loading import load_model
     from model.skipdecode.schedule import full_schedule
     from model.training.data import Example
@@ -708,7 +710,8 @@ def test_unlikelihood_training_lowers_the_skipping_students_loop_tokens(tiny_fol
 def test_a_policys_measured_floor_is_the_default_shape_up_to_its_speedup(tiny_folder, tmp_path):
     """export-adapter --schedule-floor records the shape a paired comparison chose; generation and
     eval then run it (linear decay, up to its speedup), and nothing else changes."""
-    from model.generation import ScheduleRequest, TextGenerator
+    from model.generation.generator import TextGenerator
+    from model.generation.schedules import ScheduleRequest
     from model.loading import load_model
     from model.skipdecode.skip_policy import ScheduleFloor, export_adapter
 

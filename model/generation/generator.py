@@ -1,0 +1,202 @@
+"""Text in, text out: prompts -> schedule -> SkipDecoder -> texts.
+
+This is the layer the CLI and the UI call. ``TextGenerator`` only orchestrates a run: prepare
+(check, tokenize, solve, size), stream and generate; the parts it runs are each a class of their
+own, found by name — the chat template and encoding (text.py), the schedules and their cache
+(schedules.py), the logit lens (lens.py) and the full model's judgement (judge.py). The decoder
+below only sees token ids.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable, Generator, Sequence
+
+import torch
+
+from model.generation.judge import FullModelJudge
+from model.generation.lens import LogitLens
+from model.generation.runs import GenerationRequest, GenerationResult, PreparedRun, validate_request
+from model.generation.schedules import SchedulePlanner, ScheduleRequest
+from model.generation.text import TextCodec
+from model.loading import LoadedModel
+from model.skipdecode.decoder import (
+    DecodeResult,
+    Prefill,
+    SkipDecoder,
+    StepEvent,
+    run_to_end,
+    shared_prefix_padded,
+)
+from model.skipdecode.schedule import SolvedSchedule, speedup_summary
+
+
+class TextGenerator:
+    """SkipDecode over a LoadedModel, speaking text.
+
+    Its parts, for what is not a run: ``text`` (TextCodec: the chat template, encoding, token
+    texts), ``schedules`` (SchedulePlanner: the skip policy's trained defaults, solving, the cache),
+    ``lens`` (LogitLens) and ``judge`` (FullModelJudge). ``encode``, ``decode_text`` and the schedule
+    methods below are the face most callers read (text in and out, the schedule a request runs with
+    its defaults), kept here so a caller needs one object."""
+
+    def __init__(self, loaded: LoadedModel) -> None:
+        self.loaded = loaded
+        # The full model is always the ORIGINAL weights; SkipDecode runs the skip policy.
+        self.full_decoder = loaded.full_decoder()
+        self.skip_decoder = loaded.skip_decoder()
+        self.cost = loaded.cost_model()
+        self.text = TextCodec(loaded)
+        self.schedules = SchedulePlanner(loaded.skip_policy, self.full_decoder.num_layers, self.cost)
+        # The lens and the judge ask for the decoders at each use: the CLI's --static-cache swaps them.
+        self.lens = LogitLens(loaded, self.decoder_for, self.text.token_text)
+        self.judge = FullModelJudge(loaded, lambda: self.full_decoder)
+
+    @property
+    def num_layers(self) -> int:
+        return self.full_decoder.num_layers
+
+    @property
+    def max_context(self) -> int:
+        return self.full_decoder.adapter.max_context
+
+    def decoder_for(self, request: ScheduleRequest) -> SkipDecoder:
+        """The original weights for the full model and for skipping without the skip policy;
+        the skip policy's weights (merged adapter, bridge) for SkipDecode."""
+        return self.full_decoder if request.full or not request.skip_policy else self.skip_decoder
+
+    # --- the face: text in and out, the schedule a request runs ----------------------------
+    def encode(self, prompts: Sequence[str], raw: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Left-padded (B, P) ids and mask (``TextCodec.encode``)."""
+        return self.text.encode(prompts, raw)
+
+    def decode_text(self, token_ids: Sequence[int], stop: Sequence[str] = ()) -> str:
+        """Generated ids as text, cut at the first stop string (``TextCodec.decode_text``)."""
+        return self.text.decode_text(token_ids, stop)
+
+    def schedule_for(self, request: ScheduleRequest, max_new_tokens: int) -> SolvedSchedule:
+        """The solved schedule a request runs (``SchedulePlanner.schedule_for``: kept per inputs)."""
+        return self.schedules.schedule_for(request, max_new_tokens)
+
+    @property
+    def default_warmup(self) -> int:
+        """The skip policy's trained warmup (``SchedulePlanner.default_warmup``)."""
+        return self.schedules.default_warmup
+
+    @property
+    def default_order(self) -> str:
+        """The skip policy's trained layer order (``SchedulePlanner.default_order``)."""
+        return self.schedules.default_order
+
+    def default_floor(self, target_speedup: float, decay: str, warmup: int | None = None) -> int | None:
+        """The skip policy's measured floor at this speedup (``SchedulePlanner.default_floor``)."""
+        return self.schedules.default_floor(target_speedup, decay, warmup)
+
+    def ranking_for(self, order: str) -> tuple[int, ...]:
+        """The skip policy's layer ranking for ``order`` (``SchedulePlanner.ranking_for``)."""
+        return self.schedules.ranking_for(order)
+
+    # --- a run ----------------------------------------------------------------------------
+    def prepare(self, request: GenerationRequest, solve: bool = True,
+                limits: Callable[[PreparedRun], None] | None = None, share_prefix: bool = False) -> PreparedRun:
+        """Check the request, solve its schedule, tokenize and check the context, once (ValueError
+        names what is wrong). ``solve=False`` (an admission check, in milliseconds): the schedule
+        is only checked (``SchedulePlanner.check``), not solved for the run, and the PreparedRun has
+        none. ``limits``: a caller's own limits on the tokenized run (a server's sizes), checked before
+        the model's context, so a prompt over both is refused by the caller's limit.
+        ``share_prefix``: the tokens every prompt begins with (the chat template's system turn, for a
+        class's prompts) are laid out once and read once (``shared_prefix_padded``); a row's text is
+        the same up to the float rounding of a differently shaped prefill."""
+        validate_request(request)
+        if solve:
+            schedule: SolvedSchedule | None = self.schedule_for(request.schedule, request.max_new_tokens)
+        else:
+            self.schedules.check(request.schedule, request.max_new_tokens)
+            schedule = None
+        return self.sized(request, limits, schedule, share_prefix)
+
+    def sized(self, request: GenerationRequest, limits: Callable[[PreparedRun], None] | None = None,
+              schedule: SolvedSchedule | None = None, share_prefix: bool = False) -> PreparedRun:
+        """The request tokenized and checked against ``limits`` and the model's context, its schedule
+        not looked at: what a server needs to know of a job's size, from any model that shares this
+        one's tokenizer (a task's model that is not loaded yet: ``TextCodec.shares_tokenizer``)."""
+        if share_prefix:
+            ids, mask, prefix = shared_prefix_padded(self.text.token_rows(request.prompts, request.raw),
+                                                     self.loaded.pad_token_id)
+        else:
+            (ids, mask), prefix = self.text.padded(request.prompts, request.raw), 0
+        run = PreparedRun(request=request, ids=ids, mask=mask, schedule=schedule, shared_prefix=prefix)
+        if limits is not None:
+            limits(run)
+        if ids.shape[1] + request.max_new_tokens > self.max_context:
+            raise ValueError(
+                f"the prompt is {ids.shape[1]} tokens; with max_new_tokens {request.max_new_tokens} that exceeds "
+                f"the model's context of {self.max_context} tokens"
+            )
+        return run
+
+    def with_schedule(self, run: PreparedRun, schedule: ScheduleRequest) -> PreparedRun:
+        """The same prompts (no second tokenization) under another schedule: the full model beside SkipDecode."""
+        request = replace(run.request, schedule=schedule)
+        return replace(run, request=request, schedule=self.schedule_for(schedule, request.max_new_tokens))
+
+    def stream(
+        self, request: GenerationRequest | PreparedRun, should_cancel: Callable[[], bool] | None = None,
+        trace_row: int | None = None, prefilled: Prefill | None = None,
+    ) -> Generator[StepEvent, None, GenerationResult]:
+        """One StepEvent per step (with ``trace_row``: that row's hidden states after each layer
+        that ran, for ``LogitLens.read``); returns the GenerationResult. A PreparedRun is not checked
+        again. ``prefilled``: its prompts already read (``shared_prefill``; this stream's own copy)."""
+        run = request if isinstance(request, PreparedRun) else self.prepare(request)
+        request, schedule = run.request, run.schedule
+        if schedule is None:
+            raise ValueError("this PreparedRun was only checked (prepare(solve=False)): prepare it to run it")
+        decode = yield from self.decoder_for(request.schedule).stream(
+            run.ids,
+            run.mask,
+            schedule.config,
+            max_new_tokens=request.max_new_tokens,
+            sampling=request.sampling,
+            stop_check=self.text.stop_check(request.stop),
+            should_cancel=should_cancel,
+            trace_row=trace_row,
+            prefilled=prefilled,
+            shared_prefix=run.shared_prefix,
+        )
+        return self._result(request, schedule, decode)
+
+    def _result(self, request: GenerationRequest, schedule: SolvedSchedule, decode: DecodeResult) -> GenerationResult:
+        loaded = self.loaded
+        return GenerationResult(
+            model=loaded.name,
+            device=str(loaded.device),
+            dtype=str(loaded.dtype).replace("torch.", ""),
+            weights=loaded.weights,
+            adapter=loaded.adapter_path if not request.schedule.full and request.schedule.skip_policy else None,
+            num_layers=self.num_layers,
+            prompts=list(request.prompts),
+            outputs=[self.text.decode_text(row, request.stop) for row in decode.tokens],
+            schedule=schedule,
+            decode=decode,
+            speedups=speedup_summary(schedule, decode.layers_per_step, self.cost),
+        )
+
+    def generate(self, request: GenerationRequest) -> GenerationResult:
+        return run_to_end(self.stream(request))
+
+    def shared_prefill(self, first: PreparedRun, second: PreparedRun,
+                       should_cancel: Callable[[], bool] | None = None) -> Prefill | None:
+        """The prompts of two runs of the same tokens (``with_schedule``: SkipDecode and the full model)
+        read ONCE, where both read them alike: at full depth (the default: the prompt at full depth)
+        with the same original weights. None where they read them differently (the prompt at the
+        first step's budget, a static decoder's own buffers). Raises Cancelled as a prefill does."""
+        if first.schedule is None or second.schedule is None or first.ids is not second.ids:
+            return None
+        layers = first.schedule.config.prefill_layers()
+        if layers != second.schedule.config.prefill_layers() or len(layers) != self.num_layers:
+            return None
+        decoder = self.decoder_for(first.request.schedule)
+        if not decoder.reads_prompts_as(self.decoder_for(second.request.schedule)):
+            return None
+        return decoder.read_prompt(first.ids, first.mask, first.schedule.config, first.request.max_new_tokens,
+                                   should_cancel, first.shared_prefix)
