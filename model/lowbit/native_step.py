@@ -1,7 +1,7 @@
 """The lean layer's decode step as one C++ call (model/lowbit/lean_step.cpp, built and loaded by
 model/lowbit/native_kernels.py): each low-bit projection described to the C++ step
 (``projection_spec``) and the step itself (``NativeDecode``), which the lean layer
-(model/skipdecode/architectures.py) reaches through the hook model/lowbit/__init__.py plugs in.
+(model/skipdecode/lean_layer.py) reaches through the hook model/lowbit/__init__.py plugs in.
 """
 
 from __future__ import annotations

@@ -398,7 +398,7 @@ def resolve_quantize(mode: str, device: torch.device, exact_4bit: bool = False) 
     return mode
 
 
-# --- fused projections (the lean decode path, model/skipdecode/architectures.py) ---------------------------
+# --- fused projections (the lean decode path, model/skipdecode/lean_layer.py) ---------------------------
 
 
 def fuse_low_bit(modules: list[nn.Module]) -> nn.Module | None:
@@ -588,7 +588,7 @@ def lean_lora(module: nn.Module) -> nn.Module:
 
 
 # The project's own projection modules (no hooks are ever registered on them): the lean layer
-# calls their forward directly (model/skipdecode/architectures.py, direct_call).
+# calls their forward directly (model/skipdecode/lean_layer.py, direct_call).
 LOW_BIT_PROJECTIONS = (Int8WeightLinear, Int4WeightLinear, LowBitLoraLinear, Int4LoraLinear)
 
 _LEAN_LORA: "weakref.WeakKeyDictionary[nn.Module, tuple[nn.Module]]" = weakref.WeakKeyDictionary()
