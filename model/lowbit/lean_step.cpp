@@ -1,4 +1,4 @@
-// The lean Llama-family layer's decode step (model/skipdecode/architectures.py, LeanLlamaLayer._decode_one)
+// The lean Llama-family layer's decode step (model/skipdecode/lean_layer.py, LeanLlamaLayer._decode_one)
 // as one C++ call, for low-bit projections on a CPU.
 //
 // Why: a small model's decode step on a CPU is a few hundred small ops, and at one thread the
@@ -164,9 +164,12 @@ void set_int8_bf16_rows(int64_t rows) {
 }
 
 // (N, in) bfloat16 rows times int8 weights (O, in) with bfloat16 column scales: (N, O) bfloat16.
-Tensor int8_rows_mm(const Tensor& rows, const Tensor& weight, const Tensor& scales) {
+// bf16: the module's kept bfloat16 copy of the weights (Int8WeightLinear.weight_bf16), or none
+// (undefined or empty: converted here, at each call).
+Tensor int8_rows_mm(const Tensor& rows, const Tensor& weight, const Tensor& scales, const c10::optional<Tensor>& bf16) {
   if (int8_bf16_rows > 0 && rows.size(0) >= int8_bf16_rows) {
-    return at::linear(rows, weight.to(at::kBFloat16)).mul_(scales);
+    const bool kept = bf16.has_value() && bf16->defined() && bf16->numel() > 0;
+    return at::linear(rows, kept ? *bf16 : weight.to(at::kBFloat16)).mul_(scales);
   }
   return at::_weight_int8pack_mm(rows, weight, scales);
 }
@@ -528,7 +531,7 @@ struct Projection {
     }
     const Tensor rows = x.to(at::kBFloat16);
     if (kind == 2) {
-      return int8_rows_mm(rows, tensors[0], tensors[1]).to(x.scalar_type());
+      return int8_rows_mm(rows, tensors[0], tensors[1], tensors[2]).to(x.scalar_type());
     }
     const Tensor both = at::_weight_int4pack_mm_for_cpu(rows, tensors[0], kInt4Group, tensors[1]);
     if (kind == 0) {
@@ -599,7 +602,7 @@ class DecodeLayer {
         num_heads_(num_heads), num_kv_heads_(num_kv_heads), head_dim_(head_dim) {
     TORCH_CHECK(projections.size() == 4, "DecodeLayer needs q/k/v, o, gate/up and down");
     for (auto& [kind, tensors, out] : projections) {
-      static const size_t counts[] = {2, 4, 2, 4, 10};
+      static const size_t counts[] = {2, 4, 3, 4, 10};  // kind 2: int8, scales, the kept bfloat16 copy (or empty)
       TORCH_CHECK(kind >= 0 && kind <= 4, "unknown projection kind ", kind);
       TORCH_CHECK(tensors.size() == counts[kind], "projection kind ", kind, ": wrong tensor count");
       fused_ = fused_ && kind >= 3;
@@ -613,7 +616,7 @@ class DecodeLayer {
   bool fused() const { return fused_; }
 
   // flat: (B, C) float rows of one new position each; keys/values: the layer's (B, Hkv, capacity,
-  // D) cache buffers, written at `start`; rotation: (B, 1, D, D) (architectures.py, step_rotation).
+  // D) cache buffers, written at `start`; rotation: (B, 1, D, D) (lean_layer.py, step_rotation).
   // torch's ops in the Python step's order: bit for bit that step with torch's kernels.
   Tensor operator()(const Tensor& flat, const Tensor& rotation, const Tensor& keys, const Tensor& values,
                     int64_t start, const c10::optional<Tensor>& mask) const {
@@ -748,7 +751,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("q4_amx_rows", &q4_amx_rows);
   module.def("set_int8_bf16_rows", &set_int8_bf16_rows,
              "int8 projections of this many rows or more: bfloat16 weights through at::linear (0: never)");
-  module.def("int8_rows_mm", &int8_rows_mm, release(), "int8 projection rows as the native step computes them");
+  module.def("int8_rows_mm", &int8_rows_mm, release(), "int8 projection rows as the native step computes them",
+             pybind11::arg("rows"), pybind11::arg("weight"), pybind11::arg("scales"), pybind11::arg("bf16") = pybind11::none());
   module.def("lora_b_layout", &lora_b_layout, release(), "a LoRA's int8 B as windows and tiles (the kernels' layouts)");
   module.def("q4_isa", &q4_isa, "the instruction set the q4 kernels run on: avx512-vnni, avx2, or '' (none)");
   module.def("q4_isas", &q4_isas, "the instruction sets this CPU can run the q4 kernels on, best first");

@@ -159,10 +159,12 @@ def row_count_setting(variable: str, default: int) -> int:
 
 
 # torch's int8 kernel (_weight_int8pack_mm) costs the same per row at any batch; from this many rows the
-# weights' integer values as bfloat16 through oneDNN's AMX-BF16 matmul win (2-core Xeon, 2 threads, on-the-fly
-# conversion included, lab/bench/bench_int8_rows.py --matmul: 1.05-1.25x at 16 rows, 1.8-2.2x at 32, 3.1-3.8x at
-# 64, 6.4-8.0x at 512; 0.14-0.19x at 1 row).
-DEFAULT_INT8_BF16_ROWS = 32
+# weights' integer values as bfloat16 through oneDNN's AMX-BF16 matmul win. Each int8 module keeps that bfloat16
+# copy from its load (``keeps_bfloat16_copy``: twice the int8 bytes; converting at each call cost as much as the
+# matmul itself). 2-core Xeon (AMX), 2 threads, SmolLM2's projections, the kept copy against the int8 kernel:
+# 0.27-0.39x at 1 row, 0.60-0.83x at 4, 1.27-1.95x at 8, 2.0-3.6x at 16, 3.0-4.4x at 32 (on-the-fly conversion:
+# 0.55-0.77x at 8, 0.94-1.65x at 16, 1.9-2.4x at 32).
+DEFAULT_INT8_BF16_ROWS = 8
 _int8_bf16_rows: list[int] = []  # the setting, read once (set_int8_bf16_rows changes it)
 
 
@@ -175,22 +177,32 @@ def int8_bf16_rows() -> int:
     return _int8_bf16_rows[0]
 
 
+def keeps_bfloat16_copy() -> bool:
+    """Whether int8 modules keep their weights' bfloat16 copy beside the int8 ones (made when they are):
+    wherever some rows multiply as bfloat16 (``int8_bf16_rows``)."""
+    return int8_bf16_rows() > 0
+
+
 def set_int8_bf16_rows(rows: int) -> None:
-    """The int8 rows' threshold for the Python step and the loaded native step alike (tests, A/B runs)."""
+    """The int8 rows' threshold for the Python step and the loaded native step alike (tests, A/B runs); modules
+    made before it keep (or lack) their bfloat16 copy, and convert at each call without one."""
     _int8_bf16_rows[:] = [check_int("int8 bf16 rows", rows, low=0)]
     module = loaded_native_module()
     if module is not None:
         module.set_int8_bf16_rows(rows)
 
 
-def int8_rows_mm(rows: torch.Tensor, weight_int8: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+def int8_rows_mm(rows: torch.Tensor, weight_int8: torch.Tensor, scales: torch.Tensor,
+                 weight_bf16: torch.Tensor | None = None) -> torch.Tensor:
     """(N, in) bfloat16 rows times int8 weights (O, in) with bfloat16 column scales: (N, O) bfloat16. From
-    ``int8_bf16_rows()`` rows the weights' integers (exact in bfloat16) go through ``F.linear`` and the columns
-    are scaled after; fewer rows take torch's int8 kernel. The native step's int8 projections do the same ops
-    in the same order (lean_step.cpp's int8_rows_mm): the two steps stay equal bit for bit."""
+    ``int8_bf16_rows()`` rows the weights' integers (exact in bfloat16: ``weight_bf16``, the module's kept copy,
+    else converted now) go through ``F.linear`` and the columns are scaled after; fewer rows take torch's int8
+    kernel. The native step's int8 projections do the same ops in the same order (lean_step.cpp's
+    int8_rows_mm): the two steps stay equal bit for bit."""
     start = int8_bf16_rows()
     if start and rows.shape[0] >= start:
-        return F.linear(rows, weight_int8.to(torch.bfloat16)).mul_(scales)
+        integers = weight_bf16 if weight_bf16 is not None else weight_int8.to(torch.bfloat16)
+        return F.linear(rows, integers).mul_(scales)
     return torch._weight_int8pack_mm(rows, weight_int8, scales)
 
 

@@ -66,7 +66,8 @@ def projection_spec(module: nn.Module) -> tuple[int, list[torch.Tensor], int] | 
         return 1, [module.stacked.weight_int4pack, module.stacked.scales_and_zeros, b.weight_int8, b.scales], \
             module.out_features
     if isinstance(module, Int8WeightLinear):
-        return 2, [module.weight_int8, module.scales], module.out_features
+        kept = module.weight_bf16 if module.weight_bf16 is not None else module.weight_int8.new_empty(0, dtype=torch.bfloat16)
+        return 2, [module.weight_int8, module.scales, kept], module.out_features
     return None
 
 

@@ -36,7 +36,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from model.lowbit.native_kernels import int8_rows_mm, q4_scan
+from model.lowbit.native_kernels import int8_rows_mm, keeps_bfloat16_copy, q4_scan
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,7 @@ class Int8WeightLinear(nn.Module):
         weight_int8, scales = int8_rows(linear.weight.detach())
         self.register_buffer("weight_int8", weight_int8)
         self.register_buffer("scales", scales)
+        self.keep_bfloat16_copy()
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
         self.in_features, self.out_features = linear.in_features, linear.out_features
 
@@ -73,17 +74,26 @@ class Int8WeightLinear(nn.Module):
         nn.Module.__init__(module)
         module.register_buffer("weight_int8", weight_int8)
         module.register_buffer("scales", scales)
+        module.keep_bfloat16_copy()
         module.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
         module.out_features, module.in_features = weight_int8.shape
         return module
 
+    def keep_bfloat16_copy(self, copy: torch.Tensor | None = None) -> None:
+        """The weights' integers as bfloat16 beside the int8 ones, where many rows multiply through them
+        (native_kernels.int8_rows_mm): ``copy`` (a view of a fused module's), else made here; none where
+        no rows do (``keeps_bfloat16_copy``). Not persistent: the start-up cache holds the int8 weights."""
+        if copy is None and keeps_bfloat16_copy():
+            copy = self.weight_int8.to(torch.bfloat16)
+        self.register_buffer("weight_bf16", copy, persistent=False)
+
     def decode_call(self) -> Callable[[torch.Tensor], torch.Tensor]:
         """``forward`` for the lean layer (``kernel_decode_call``)."""
-        return kernel_decode_call(self, lambda x, b: int8_rows_mm(x, b["weight_int8"], b["scales"]))
+        return kernel_decode_call(self, lambda x, b: int8_rows_mm(x, b["weight_int8"], b["scales"], b["weight_bf16"]))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (N, in)
-        y = int8_rows_mm(flat, self.weight_int8, self.scales)  # (N, out), bfloat16
+        y = int8_rows_mm(flat, self.weight_int8, self.scales, self.weight_bf16)  # (N, out), bfloat16
         y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
@@ -435,6 +445,7 @@ def _fuse_int8(modules: list[Int8WeightLinear]) -> Int8WeightLinear:
     for m in modules:
         end = start + m.out_features
         m.weight_int8, m.scales = fused.weight_int8[start:end], fused.scales[start:end]
+        m.keep_bfloat16_copy(None if fused.weight_bf16 is None else fused.weight_bf16[start:end])
         start = end
     return fused
 

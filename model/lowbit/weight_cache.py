@@ -65,7 +65,8 @@ def save_low_bit(path: Path, weight_sets: dict[str, nn.Module | None]) -> None:
         for name, module in _low_bit_modules(model):
             prefix = f"{set_name}/{name}"
             for buffer_name, buffer in module.named_buffers():
-                tensors[f"{prefix}/{buffer_name}"] = buffer.contiguous()
+                if not buffer_name.endswith("weight_bf16"):  # made again at load (Int8WeightLinear.keep_bfloat16_copy)
+                    tensors[f"{prefix}/{buffer_name}"] = buffer.contiguous()
             if module.bias is not None:
                 tensors[f"{prefix}/bias"] = module.bias.detach().contiguous()
             exact += [prefix] if getattr(module, "exact", False) else []

@@ -85,11 +85,42 @@ def test_the_native_int8_rows_are_the_python_ones_bit_for_bit(rows, int8_rows_se
         assert torch.equal(module.int8_rows_mm(x, weight, scales), int8_rows_mm(x, weight, scales))
 
 
+@pytest.mark.parametrize("rows", [4, 40])
+def test_a_kept_bfloat16_copy_gives_the_same_rows_as_converting_at_each_call(rows, int8_rows_setting):
+    weight, scales = _int8_weights(96, 160, seed=2)
+    x = torch.randn(rows, 160).to(torch.bfloat16)
+    for threshold in (0, 8):
+        set_int8_bf16_rows(threshold)
+        kept = int8_rows_mm(x, weight, scales, weight.to(torch.bfloat16))
+        assert torch.equal(kept, int8_rows_mm(x, weight, scales))
+        if has_compiler:
+            module = native_module()
+            assert torch.equal(module.int8_rows_mm(x, weight, scales, weight.to(torch.bfloat16)), kept)
+            assert torch.equal(module.int8_rows_mm(x, weight, scales, weight.new_empty(0, dtype=torch.bfloat16)), kept)
+
+
+def test_int8_modules_keep_a_bfloat16_copy_only_where_rows_use_it_and_fused_ones_share_it(int8_rows_setting):
+    from model.lowbit.quantization import Int8WeightLinear, fuse_low_bit
+
+    linears = [torch.nn.Linear(64, out, bias=False) for out in (32, 16, 16)]
+    set_int8_bf16_rows(0)
+    assert Int8WeightLinear(linears[0]).weight_bf16 is None  # no rows multiply as bfloat16: no second copy
+    set_int8_bf16_rows(8)
+    modules = [Int8WeightLinear(linear) for linear in linears]
+    assert all(torch.equal(m.weight_bf16, m.weight_int8.to(torch.bfloat16)) for m in modules)
+    fused = fuse_low_bit(modules)
+    assert fused is not None and torch.equal(fused.weight_bf16, fused.weight_int8.to(torch.bfloat16))
+    for m in modules:  # one copy: the originals' are views of the fused one's rows
+        assert m.weight_bf16.untyped_storage().data_ptr() == fused.weight_bf16.untyped_storage().data_ptr()
+        assert torch.equal(m.weight_bf16, m.weight_int8.to(torch.bfloat16))
+    assert "weight_bf16" not in fused.state_dict()  # not persistent: rebuilt at load, never cached
+
+
 def test_the_int8_rows_setting_reads_its_variable_and_defaults_by_the_cpu(monkeypatch, int8_rows_setting):
     import model.lowbit.native_kernels as kernels
 
-    for text, expected in (("0", 0), ("48", 48), ("", 32 if "amx_bf16" in cpu_flags() else 0),
-                           ("lots", 32 if "amx_bf16" in cpu_flags() else 0)):
+    default = kernels.DEFAULT_INT8_BF16_ROWS if "amx_bf16" in cpu_flags() else 0
+    for text, expected in (("0", 0), ("48", 48), ("", default), ("lots", default)):
         monkeypatch.setenv("SKIPDECODE_INT8_BF16_ROWS", text)
         kernels._int8_bf16_rows.clear()
         assert int8_bf16_rows() == expected
