@@ -1144,9 +1144,10 @@ def half_sent_requests(url: str, connections: int, deadline_s: float) -> dict:
 
 
 def cpu_flags() -> list[str]:
-    flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("flags")), [])
-    return sorted({"avx2", "avx512f", "avx512_vnni"} & set(flags))
+    """The flags that decide the kernels (AVX2, AVX-512 and its extensions, AMX), as the bench names them."""
+    from model.common.hardware import cpu_flags as vector_flags  # noqa: PLC0415 (the lab reads the product's)
+
+    return vector_flags()
 
 
 def page_attacks(url: str, process: psutil.Process | None, args: argparse.Namespace) -> dict:

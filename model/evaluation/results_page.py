@@ -259,11 +259,14 @@ def against_llama(row: dict) -> str:
 
 
 def cpu_kind(report: dict) -> str:
-    """The CPU and its vector extensions, as the JSON's flags give them."""
+    """The CPU and its vector extensions, as the JSON's flags give them (under its hardware or beside it)."""
     recorded = report.get("hardware") or {}
-    flags = set(recorded.get("cpu_flags") or ())
+    flags = set(recorded.get("cpu_flags") or report.get("cpu_flags") or ())
     kind = "AVX-512" if "avx512f" in flags else "AVX2 only" if "avx2" in flags else "flags not recorded"
-    return f"{recorded.get('cpu', NOT_RECORDED)}, {kind}{', AMX' if 'amx_tile' in flags else ''}"
+    name = recorded.get("cpu") or recorded.get("cpu_model") or NOT_RECORDED
+    # AVX-VNNI tells two CPUs of one marketing name apart (a Zen 5 EPYC has it, a Zen 4 one does not)
+    extras = [label for flag, label in (("avx_vnni", "AVX-VNNI"), ("amx_tile", "AMX")) if flag in flags]
+    return ", ".join([name, kind, *extras])
 
 
 def prompt_against_llama(report: dict, tokens: int, weights: str = "int4") -> str:
@@ -391,7 +394,8 @@ def class_bursts(sources: Sources) -> list[str]:
                  "assets/load/class_burst_alone.json"):
         burst = sources.data(path)
         batched, alone = burst["batched"], burst["alone"]
-        rows.append((f"{burst['task']} at {burst['speedup']:g}x", f"{burst['visitors']} x {len(batched['bursts'])}",
+        rows.append((cpu_kind(burst), f"{burst['task']} at {burst['speedup']:g}x",
+                     f"{burst['visitors']} x {len(batched['bursts'])}",
                      f"{batched['first_median_s']:.2f} s ({alone['first_median_s']:.2f} s)",
                      f"{batched['last_done_s']:.2f} s ({alone['last_done_s']:.2f} s)", str(batched["largest_batch"]),
                      f"{batched['answered_own_prompt']} of {burst['visitors']}",
@@ -399,7 +403,7 @@ def class_bursts(sources: Sources) -> list[str]:
     intro = ["### A class in one burst", "",
              "Visitors from as many addresses press Generate at once through the public API (medians over the",
              "bursts; in brackets the same burst with every job run alone). Resident memory: before, and 10 s after.", ""]
-    header = ("task", "visitors x bursts", "first message, median", "last visitor done", "largest batch",
+    header = ("CPU (2 cores)", "task", "visitors x bursts", "first message, median", "last visitor done", "largest batch",
               "answered its own prompt", "server memory", "source")
     return intro + table(header, rows)
 
@@ -409,14 +413,14 @@ def classrooms(sources: Sources) -> list[str]:
     for path in ("assets/load/classroom-batched.json", "assets/load/classroom.json"):
         room = sources.data(path)
         first, done = room["first_message_s"], room["done_s"]
-        rows.append((room["date"], f"{room['pupils_on_the_wire']} + {room['pupils_in_chromium']} in Chromium",
+        rows.append((room["date"], cpu_kind(room), f"{room['pupils_on_the_wire']} + {room['pupils_in_chromium']} in Chromium",
                      str(room["admitted_and_done"]), str(room["refused"]),
                      f"{first['median']:.2f} s ({first['max']:.2f} s)", f"{done['median']:.2f} s ({done['max']:.2f} s)",
                      f"{room['rss_mb']['before']:,.1f} → {room['rss_mb']['after']:,.1f} MB", sources.id(path)))
     return (["### A class behind one address", "",
              "Pupils on the wire and in real Chromium pages, all from one address, click Generate together on a",
              "teacher's link; median (max) seconds.", ""]
-            + table(("date", "pupils", "served", "refused", "first message", "done", "server memory", "source"), rows))
+            + table(("date", "CPU (2 cores)", "pupils", "served", "refused", "first message", "done", "server memory", "source"), rows))
 
 
 def load_and_hostile(sources: Sources) -> list[str]:

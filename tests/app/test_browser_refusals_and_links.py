@@ -67,6 +67,16 @@ def _error_badges(page) -> int:
         .filter(el => el.offsetParent !== null && /Error/.test(el.innerText || '')).length""")
 
 
+def _settle(page) -> None:
+    """Let a freshly loaded page finish its own start (the link's settings, the schedule plot drawn): the
+    bound is from a click to its reason, and on a loaded 2-core machine a phone-sized page still drawing
+    its plots answers a click late (2.15 s once in CI) however fast the server says no."""
+    page.wait_for_selector("#schedule-plot .main-svg", timeout=30_000)
+    page.wait_for_function("document.readyState === 'complete'", timeout=30_000)
+    # two animation frames: the browser's main thread has drawn what the load queued
+    page.evaluate("() => new Promise(done => requestAnimationFrame(() => requestAnimationFrame(done)))")
+
+
 def _set_prompt(page, text: str) -> None:
     box = page.locator("#setting-prompt textarea")
     box.fill(text)
@@ -107,6 +117,7 @@ def test_every_refusal_is_said_on_the_status_line_and_leaves_the_page_ready(serv
     # A bad setting: a link whose layers contradict each other (each value is in range on its own).
     page.goto(f"{server.local_url}?min_layers=20&max_layers=5&prompt=Name+three+colours.")
     assert wait_until(lambda: "loaded from the link" in _status(page), 30), _status(page)
+    _settle(page)
     _assert_refused(page, "min_layers (20) must not exceed max_layers (5)")
     _assert_refused(page, "must not exceed max_layers", button="#step-btn")  # Step says it too
     page.goto(f"{server.local_url}?prompt=Name+three+colours.")
