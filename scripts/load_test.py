@@ -156,6 +156,7 @@ class Tally:
         self.latency = collections.defaultdict(list)
         self.outputs: dict[str, set[str]] = collections.defaultdict(set)
         self.mixups = 0
+        self.batch_requests = collections.Counter()  # jobs that shared each answered job's batch
 
     def add(self, kind: str, seconds: float) -> None:
         with self.lock:
@@ -165,6 +166,9 @@ class Tally:
     def error(self, kind: str) -> None:
         with self.lock:
             self.errors[kind] += 1
+
+
+SHARED_SETTINGS = {"target_speedup": 2.0, "decay": "linear"}  # every mix job's schedule: they may share a batch
 
 
 def session(url: str, stop_at: float, tally: Tally, seed: int, max_new_tokens: int) -> None:
@@ -178,15 +182,18 @@ def session(url: str, stop_at: float, tally: Tally, seed: int, max_new_tokens: i
         try:
             if kind == "normal":
                 prompt = rng.choice(PROMPTS)
-                final = client.predict(prompt=prompt, target_speedup=2.0, decay="linear",
-                                       max_new_tokens=max_new_tokens, api_name="/generate")
+                final = client.predict(prompt=prompt, **SHARED_SETTINGS, max_new_tokens=max_new_tokens,
+                                       api_name="/generate")
                 if final["prompts"][0] != prompt:
                     with tally.lock:
                         tally.mixups += 1
                 with tally.lock:
                     tally.outputs[prompt].add(final["skipdecode"][0] + "\x00" + final["full"][0])
+                    tally.batch_requests[final.get("batch_requests", 1)] += 1
             elif kind == "cancelled":
-                job = client.submit(prompt=rng.choice(PROMPTS), max_new_tokens=max_new_tokens, api_name="/generate")
+                # the same settings as the answered jobs, so a leaver joins their batch and leaves it mid-run
+                job = client.submit(prompt=rng.choice(PROMPTS), **SHARED_SETTINGS, max_new_tokens=max_new_tokens,
+                                    api_name="/generate")
                 time.sleep(rng.uniform(0.1, 1.5))
                 job.cancel()
             else:
@@ -227,10 +234,16 @@ def run_normal(url: str, process: psutil.Process | None, args: argparse.Namespac
     inconsistent = {p: len(v) for p, v in tally.outputs.items() if len(v) > 1}
     all_latency = [s for values in tally.latency.values() for s in values]
     report = {
+        "command": "python scripts/load_test.py " + " ".join(sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "hardware": hardware(), "cpu_flags": cpu_flags(),
+        # the machine's 1-minute load average at the end (2 = both cores busy with the server alone)
+        "load_average_at_end": round(os.getloadavg()[0], 2),
         "clients": args.clients, "duration_s": args.duration, "max_new_tokens": args.max_new_tokens,
         "completed": dict(tally.completed), "errors": dict(tally.errors),
         "server_errors": sum(n for k, n in tally.errors.items() if not k.startswith("bad request")),
         "cross_session_mixups": tally.mixups + len(inconsistent), "inconsistent_prompts": inconsistent,
+        "answered_by_batch_size": dict(sorted(tally.batch_requests.items())),
         "latency_s": {kind: {"p50": round(percentile(v, 0.5), 2), "p90": round(percentile(v, 0.9), 2),
                              "p99": round(percentile(v, 0.99), 2), "mean": round(statistics.mean(v), 2)}
                       for kind, v in tally.latency.items() if v},

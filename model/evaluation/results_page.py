@@ -82,8 +82,7 @@ SOURCES: tuple[Source, ...] = (
     Source("assets/load/class_burst_alone.json"),
     Source("assets/load/classroom-batched.json"),
     Source("assets/load/classroom.json"),
-    Source("assets/load/load_test-round3.json",
-           "python scripts/load_test.py --clients 20 --duration 120 --json assets/load/load_test-round3.json"),
+    Source("assets/load/load_test-batched.json"),
     Source("assets/load/hostile-int4.json"),
     Source("assets/bench/lowbit-check-b8-8bit-avx2.json",
            "OMP_NUM_THREADS=1 SKIPDECODE_Q4_8BIT_ROWS=2 python -m model lowbit-check --quantize int4 --batch-size 8 "
@@ -424,11 +423,13 @@ def classrooms(sources: Sources) -> list[str]:
 
 
 def load_and_hostile(sources: Sources) -> list[str]:
-    load_path, hostile_path = "assets/load/load_test-round3.json", "assets/load/hostile-int4.json"
+    load_path, hostile_path = "assets/load/load_test-batched.json", "assets/load/hostile-int4.json"
     load, hostile = sources.data(load_path), sources.data(hostile_path)
     done, normal = load["completed"], load["latency_s"]["normal"]
+    largest = max(int(size) for size in load["answered_by_batch_size"])
     load_row = (f"{load['clients']} clients for {load['duration_s']:g} s", f"{sum(done.values())} requests "
-                f"({done['normal']} normal, {done['cancelled']} cancelled, {done['bad']} bad ones refused)",
+                f"({done['normal']} answered in batches of up to {largest} jobs, {done['cancelled']} left mid-run, "
+                f"{done['bad']} bad ones refused)",
                 f"{load['server_errors']} server errors, {load['cross_session_mixups']} cross-session mix-ups",
                 f"normal p50 {normal['p50']:.2f} s, p90 {normal['p90']:.2f} s",
                 f"{load['server_rss_mb_before']:,.1f} → {load['server_rss_mb_after']:,.1f} MB", sources.id(load_path))
@@ -440,7 +441,8 @@ def load_and_hostile(sources: Sources) -> list[str]:
                    f"{memory['rss_mb_before']:,.1f} → {memory['rss_mb_after_10s_idle']:,.1f} MB after 10 s idle "
                    f"({memory['idle_vs_before_percent']:+.1f}%)", sources.id(hostile_path))
     return (["### The load test and the hostile mix", "",
-             "gradio_client sessions against a launched `app.py` on loopback.", ""]
+             "gradio_client sessions against a launched `app.py` on loopback (the load test's CPU: "
+             f"{cpu_kind(load)}, load average {load['load_average_at_end']:g} at its end).", ""]
             + table(("run", "requests", "failures", "latency", "server memory", "source"), [load_row, hostile_row]))
 
 
