@@ -1,0 +1,152 @@
+"""The Reddit TL;DR task's evaluation: greedy summaries of the reported posts at 1x and each speedup,
+scored against the references, and the measured speed with the long prompt counted.
+
+Until the task's own skip policies exist, the task model is the default model prompted for a TL;DR
+(no training split is available here) and SkipDecode runs the default skip policy (the general one);
+every report says which ran. Per arm: ROUGE-1/2/L F1 (means over posts), each as a share of the 1x
+arm's with a 95% paired bootstrap interval over posts, how often the text repeats itself (word 4-grams
+that repeat an earlier one), and the share of summaries that name the post's main subject (tldr.py).
+
+The prompt's depth: each speedup in ``prompt_depth_speedups`` runs twice, the prompt at full depth (the
+paper's choice) and at the schedule's first budget, so the time to the first token and the ROUGE share
+are read side by side. Speed: SkipDecode against the 1x arm over the SAME steps (EOS ignored), arms
+alternated (task_eval.measure_speed): the decode speedup, and the whole request's (prefill included).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Sequence
+
+from model.evaluation.evaluation import repetition_rate
+from model.generation.generator import TextGenerator
+from model.generation.runs import GenerationRequest
+from model.generation.schedules import ScheduleRequest
+from model.skipdecode.decoder import SamplingConfig
+from model.tasks.task_eval import SpeedRow, measure_speed
+from model.tasks.tldr import (
+    ROUGE_TYPES,
+    TldrPost,
+    clean_summary,
+    main_subject,
+    mean,
+    names_main_subject,
+    rouge_scores,
+    share_interval,
+    task_prompt,
+)
+
+
+@dataclass(frozen=True)
+class TldrEvalConfig:
+    speedups: tuple[float, ...] = (2.0, 3.0, 4.0, 5.0)
+    prompt_depth_speedups: tuple[float, ...] = (2.0, 3.0)  # also run with the prompt at the first budget
+    max_new_tokens: int = 48  # references are 27.5 words on average: ~36 tokens
+    decay: str = "linear"
+    decay_length: int = 32  # the decay reaches its floor as a typical TL;DR ends
+    batch_size: int = 8
+    speed_posts: int = 8  # posts the speed rows time, at batch 1 (a visitor's request)
+    speed_steps: int = 32
+    speed_repeats: int = 2
+    warmup: int | None = None  # None: the skip policy's trained warmup
+    skip_policy: bool = True  # False: the untouched model skips the same layers (a model with no policy)
+
+
+@dataclass
+class TldrArm:
+    label: str  # "1x", "2x", "3x, prompt at budget", ...
+    speedup: float
+    prompt_at_full_depth: bool
+    outputs: list[str]
+    rouge: dict[str, list[float]]  # per post, per ROUGE type
+    subject_named: list[bool | None]  # per post; None where the check sees no subject
+    layers_per_step: float  # the mean n_k over the decode steps that ran
+    prefill_layers: int  # the layers the prompt ran (all at full depth; the first budget otherwise)
+
+    def summary(self, full: "TldrArm | None") -> dict:
+        """The arm's scores, and its shares of the 1x arm's (``full``) with intervals."""
+        known = [flag for flag in self.subject_named if flag is not None]
+        row: dict = {"label": self.label, "speedup": self.speedup, "prompt_at_full_depth": self.prompt_at_full_depth,
+                     "scores": {name: round(100 * mean(values), 2) for name, values in self.rouge.items()},
+                     "repetition": round(repetition_rate(self.outputs), 4),
+                     "names_main_subject": round(mean(known), 3) if known else None,
+                     "mean_layers_per_step": round(self.layers_per_step, 2), "prefill_layers": self.prefill_layers}
+        if full is not None:
+            intervals = {name: share_interval(self.rouge[name], full.rouge[name]) for name in ROUGE_TYPES}
+            row["shares"] = {name: {"share": round(i.share, 3), "low": round(i.low, 3), "high": round(i.high, 3)}
+                             for name, i in intervals.items()}
+        return row
+
+
+def schedule_request(config: TldrEvalConfig, speedup: float, prompt_at_full_depth: bool = True) -> ScheduleRequest:
+    if speedup == 1.0:
+        return ScheduleRequest(target_speedup=1.0, full=True)
+    return ScheduleRequest(target_speedup=speedup, decay=config.decay, warmup=config.warmup,
+                           decay_length=config.decay_length, speedup_steps=config.decay_length,
+                           prompt_at_full_depth=prompt_at_full_depth, skip_policy=config.skip_policy)
+
+
+def summarise(generator: TextGenerator, posts: Sequence[TldrPost], schedule: ScheduleRequest, max_new_tokens: int,
+              batch_size: int) -> tuple[list[str], list[int], int]:
+    """(each post's greedy TL;DR, every decode step's n_k, the layers the prompts ran) in batches of
+    ``batch_size``."""
+    outputs: list[str] = []
+    layers: list[int] = []
+    prefill_layers = 0
+    for start in range(0, len(posts), batch_size):
+        prompts = tuple(task_prompt(post) for post in posts[start:start + batch_size])
+        result = generator.generate(GenerationRequest(prompts=prompts, schedule=schedule,
+                                                      max_new_tokens=max_new_tokens, sampling=SamplingConfig()))
+        outputs += [clean_summary(text) for text in result.outputs]
+        layers += result.layers_per_step
+        prefill_layers = len(result.decode.prefill_layers)
+    return outputs, layers, prefill_layers
+
+
+def run_arm(generator: TextGenerator, posts: Sequence[TldrPost], config: TldrEvalConfig, speedup: float,
+            prompt_at_full_depth: bool = True) -> TldrArm:
+    outputs, layers, prefill_layers = summarise(generator, posts, schedule_request(config, speedup, prompt_at_full_depth),
+                                config.max_new_tokens, config.batch_size)
+    scores = [rouge_scores(text, post.reference) for text, post in zip(outputs, posts)]
+    subjects = [main_subject(post) for post in posts]
+    label = "1x" if speedup == 1.0 else f"{speedup:g}x" + ("" if prompt_at_full_depth else ", prompt at budget")
+    return TldrArm(label=label, speedup=speedup, prompt_at_full_depth=prompt_at_full_depth, outputs=outputs,
+                   rouge={name: [row[name] for row in scores] for name in ROUGE_TYPES},
+                   subject_named=[names_main_subject(text, subject) if subject.known else None
+                                  for text, subject in zip(outputs, subjects)],
+                   layers_per_step=mean(layers) if layers else float(generator.num_layers),
+                   prefill_layers=prefill_layers)
+
+
+def speed_row(generator: TextGenerator, posts: Sequence[TldrPost], config: TldrEvalConfig, speedup: float,
+              prompt_at_full_depth: bool = True) -> dict:
+    """SkipDecode against the 1x arm at batch 1 on the first ``speed_posts`` posts: decode and whole-request
+    speedups, and the time to the first token (the prefill) of each."""
+    chosen = [task_prompt(post) for post in posts[:config.speed_posts]]
+    row: SpeedRow = measure_speed(generator, chosen, schedule_request(config, 1.0),
+                                  schedule_request(config, speedup, prompt_at_full_depth), speedup, batch_size=1,
+                                  steps=config.speed_steps, repeats=config.speed_repeats, prompt_for=lambda text: text)
+    tokens = len(chosen) * config.speed_steps * config.speed_repeats
+    runs = len(chosen) * config.speed_repeats
+
+    def first_token_s(total_tps: float, decode_tps: float) -> float:
+        return round((tokens / total_tps - tokens / decode_tps) / runs, 4)
+
+    return {**dataclasses.asdict(row), "prompt_at_full_depth": prompt_at_full_depth,
+            "full_first_token_s": first_token_s(row.full_total_tps, row.full_decode_tps),
+            "skip_first_token_s": first_token_s(row.skip_total_tps, row.skip_decode_tps)}
+
+
+def evaluate(generator: TextGenerator, posts: Sequence[TldrPost], config: TldrEvalConfig) -> dict:
+    """Every arm's scores and shares, and the speed rows: the report's body (the caller adds the run's facts)."""
+    full = run_arm(generator, posts, config, 1.0)
+    arms = [full] + [run_arm(generator, posts, config, speedup) for speedup in config.speedups]
+    arms += [run_arm(generator, posts, config, speedup, prompt_at_full_depth=False)
+             for speedup in config.prompt_depth_speedups]
+    speed = [speed_row(generator, posts, config, speedup) for speedup in config.speedups]
+    speed += [speed_row(generator, posts, config, speedup, prompt_at_full_depth=False)
+              for speedup in config.prompt_depth_speedups]
+    return {"posts": len(posts), "config": dataclasses.asdict(config),
+            "arms": [arm.summary(None if arm is full else full) for arm in arms], "speed": speed,
+            "outputs": {arm.label: arm.outputs for arm in arms}}
