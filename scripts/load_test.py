@@ -528,6 +528,16 @@ def rest_call_flood(url: str, submissions: int, observations: Observations) -> d
             "statuses": dict(collections.Counter(r.status_code for r in responses))}
 
 
+def second_client(url: str) -> dict:
+    """After the flood: a visitor from another address (127.0.0.2) who loaded the page runs one job to its
+    end. (A gradio_client Client on the flooder's own address is the flooder's client: pooled with it.)"""
+    with httpx.Client(base_url=url, timeout=30) as http:
+        fn_index = generate_fn_index(http)
+    visit = page_visitor_job(url, "127.0.0.2", "secondclient", api_values(url, prompt=PROMPTS[4], max_new_tokens=8),
+                             fn_index, to_end=True)
+    return {"ok": visit["joined"] == 200 and visit["job_s"] is not None, **visit}
+
+
 def queue_flood(url: str, observations: Observations, submissions: int, queue_size: int, words: int) -> dict:
     """While one job runs, one client submits ``submissions`` jobs at once: how many the queue takes
     from it, and whether a second client still gets a normal answer afterwards."""
@@ -543,7 +553,7 @@ def queue_flood(url: str, observations: Observations, submissions: int, queue_si
                                    for job in jobs if job.done() and isinstance(job.exception(), QueueError))
     rest = rest_call_flood(url, submissions, observations)
     start = time.time()
-    second = long_session(url, PROMPTS[4], 8, observations)
+    second = second_client(url)
     outcomes = collections.Counter(job_outcome(job, "queue flood (accepted)", observations, 120)
                                    for job in jobs if not (job.done() and isinstance(job.exception(), QueueError)))
     return {"submitted": submissions, "while_another_job_runs": runner_running,
@@ -650,17 +660,21 @@ def rest_flood_victim(url: str, observations: Observations) -> dict:
     """The issue's REST flood with a normal visitor beside it: the visitor's first message (its first
     token) against the bound "the jobs running plus one per other client" (here: one running, one
     of the flood's pooled client), measured in units of the same job run alone."""
-    alone = timed_job(url, observations, "victim alone")
+    with httpx.Client(base_url=url, timeout=30) as http:
+        fn_index = generate_fn_index(http)
+    data = api_values(url, **VICTIM_JOB)
+    # the visitor loads the page from its own address: a client of its own (the script's are pooled on 127.0.0.1)
+    alone = page_visitor_job(url, "127.0.0.2", "victimalone", data, fn_index, to_end=True)
     flood = RestFlood(url, observations)
     flood.thread.start()
     try:
-        time.sleep(max(5.0, 2 * alone["total_s"]))  # the flood has the lane and its queue share
-        victim = timed_job(url, observations, "victim under the flood")
+        time.sleep(max(5.0, 2 * alone["until_stream_read_s"]))  # the flood has the lane and its queue share
+        victim = page_visitor_job(url, "127.0.0.2", "victimflood", data, fn_index)
     finally:
         flood.stop.set()
         flood.thread.join(60)
-    job_s = alone["total_s"]
-    bound = round(2 * job_s + alone["first_message_s"], 1)  # one running + one flood job, then its own prefill
+    job_s = alone["job_s"] or alone["until_stream_read_s"]
+    bound = round(2 * job_s + (alone["first_message_s"] or 0), 1)  # one running + one flood job, then its prefill
     return {"job": VICTIM_JOB, "alone": alone, "under_flood": victim, "flood": flood.report(),
             "bound_s": bound, "victim_within_bound": victim["first_message_s"] is not None
             and victim["first_message_s"] <= bound}
@@ -1217,10 +1231,14 @@ def run_hostile(url: str, server: subprocess.Popen | None, args: argparse.Namesp
     time.sleep(2)
     before = rss_mb(process)
     observations = Observations()
-    storm = cancel_storm(url, process, observations, jobs=5, words=args.prompt_words, max_new_tokens=64)
-    sessions = long_sessions(url, observations, sessions=3, words=args.prompt_words, max_new_tokens=8)
+
+    def long_words(new_tokens: int) -> int:  # the longest prompt the server admits for such a job
+        return min(args.prompt_words, words_for_cost(1, new_tokens, False, args.max_job_cost))
+
+    storm = cancel_storm(url, process, observations, jobs=5, words=long_words(64), max_new_tokens=64)
+    sessions = long_sessions(url, observations, sessions=3, words=long_words(8), max_new_tokens=8)
     rest = rest_refusals(url, observations)
-    flood = queue_flood(url, observations, submissions=20, queue_size=args.queue_size, words=args.prompt_words)
+    flood = queue_flood(url, observations, submissions=20, queue_size=args.queue_size, words=long_words(8))
     victim = rest_flood_victim(url, observations)
     previews = preview_storm(url, observations)
     after = rss_mb(process)
@@ -1341,6 +1359,14 @@ def missed_targets(report: dict) -> list[str]:
     """The targets of the hostile mix that this run missed, in words."""
     missed = []
     cpu = report["cancel_storm"]["server_cpu_s_in_window_2_to_7_s_after_last_cancel"]
+    if not report["cancel_storm"]["cancelled_while_processing"]:
+        missed.append("the cancel storm cancelled no job while it ran (its CPU figure measures nothing)")
+    sessions = report["long_sessions"]
+    if sessions["finished_ok"] < sessions["sessions"]:
+        missed.append(f"{sessions['sessions'] - sessions['finished_ok']} of {sessions['sessions']} long sessions "
+                      f"did not finish normally")
+    if not report["queue_flood"]["while_another_job_runs"]:
+        missed.append("the queue flood's runner was not running during the flood")
     if cpu is not None and cpu >= 0.5:
         missed.append(f"server CPU after the last cancel {cpu} s >= 0.5 s")
     drift = report["memory"]["idle_vs_before_percent"]

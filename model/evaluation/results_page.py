@@ -83,7 +83,7 @@ SOURCES: tuple[Source, ...] = (
     Source("assets/load/classroom-batched.json"),
     Source("assets/load/classroom.json"),
     Source("assets/load/load_test-batched.json"),
-    Source("assets/load/hostile-int4.json"),
+    Source("assets/load/hostile-batched.json"),
     Source("assets/bench/lowbit-check-b8-8bit-avx2.json",
            "OMP_NUM_THREADS=1 SKIPDECODE_Q4_8BIT_ROWS=2 python -m model lowbit-check --quantize int4 --batch-size 8 "
            "--speedups 1,2 --json assets/bench/lowbit-check-b8-8bit-avx2.json (at commit f90f7be)", "the commit"),
@@ -423,7 +423,7 @@ def classrooms(sources: Sources) -> list[str]:
 
 
 def load_and_hostile(sources: Sources) -> list[str]:
-    load_path, hostile_path = "assets/load/load_test-batched.json", "assets/load/hostile-int4.json"
+    load_path, hostile_path = "assets/load/load_test-batched.json", "assets/load/hostile-batched.json"
     load, hostile = sources.data(load_path), sources.data(hostile_path)
     done, normal = load["completed"], load["latency_s"]["normal"]
     largest = max(int(size) for size in load["answered_by_batch_size"])

@@ -29,3 +29,28 @@ def test_the_costliest_admitted_prompt_fits_the_cap_and_one_more_word_does_not()
         assert script.job_cost_units(batch, words + 52, new_tokens, lens) > 390
     assert script.words_for_cost(8, 256, True, 400) == 0  # even an empty prompt is over
     assert script.job_cost_units(8, 768, 256, True) == 2481  # the issue's 67-98 s job
+
+
+def _hostile_report(**changes) -> dict:
+    """A hostile report whose every probe ran and met its target, with ``changes`` applied."""
+    report = {
+        "cancel_storm": {"server_cpu_s_in_window_2_to_7_s_after_last_cancel": 0.1, "cancelled_while_processing": 5},
+        "long_sessions": {"sessions": 3, "finished_ok": 3},
+        "memory": {"idle_vs_before_percent": 1.0}, "rest_refusals": {}, "errors_without_message": {"count": 0},
+        "queue_flood": {"while_another_job_runs": True, "second_client": {"ok": True}},
+        "rest_flood_and_victim": {"victim_within_bound": True, "under_flood": {"first_message_s": 0.5}, "bound_s": 2.0},
+    }
+    for key, value in changes.items():
+        report[key] = {**report[key], **value}
+    return report
+
+
+def test_a_probe_the_server_refused_is_a_missed_target_not_a_pass():
+    """A long prompt over the job-cost cap is refused at once: the probe it was for then measures nothing."""
+    script = load_test()
+    assert script.missed_targets(_hostile_report()) == []
+    missed = script.missed_targets(_hostile_report(cancel_storm={"cancelled_while_processing": 0},
+                                                   long_sessions={"finished_ok": 0},
+                                                   queue_flood={"while_another_job_runs": False}))
+    assert len(missed) == 3 and "cancelled no job" in missed[0] and "3 of 3 long sessions" in missed[1]
+    assert "runner was not running" in missed[2]
