@@ -35,6 +35,9 @@ from model.tasks.e2e import parse_mr, place_swaps, restore_places, task_prompt, 
 from model.tasks.task_models import TASKS, check_task, load_task_model, task_schedule
 from model.tasks.task_report import TaskEvalConfig, run_task_eval
 from model.tasks.task_training import TARGET_KINDS, TaskRun, train_task
+from model.tasks.tldr_data import synthetic_titles, write_posts
+from model.tasks.tldr_eval import TldrEvalConfig
+from model.tasks.tldr_report import STEM, config_from, run_tldr_eval
 from model.training.data import DEFAULT_EVAL_PROMPTS, DEFAULT_FACTS
 from model.training.make_data import MakeDataConfig, make_data
 from model.training.training import TrainConfig, train
@@ -283,11 +286,40 @@ def add_train_task_command(commands) -> None:
 
 def add_eval_task_command(commands) -> None:
     """`eval-task`: a task's test set at 1x and each speedup, and its options."""
-    et = commands.add_parser("eval-task", help="a task's test set at 1x and each speedup: BLEU, ROUGE-L, NIST and "
-                                               "measured speed; writes assets/eval/<task>.json and .md")
-    et.add_argument("task", choices=TASKS)
-    add_dataclass_options(et, TaskEvalConfig, skip=("task",))
-    et.set_defaults(handler=run_eval_task)
+    et = commands.add_parser("eval-task", help="a task's test set at 1x and each speedup: its scores and measured "
+                                               "speed; writes assets/eval/<task>.json and .md")
+    tasks = et.add_subparsers(dest="task", required=True, metavar="TASK")  # each task has its own options
+    for task in TASKS:
+        one = tasks.add_parser(task, help=f"{task}: BLEU, ROUGE-L, NIST, facts and speed")
+        add_dataclass_options(one, TaskEvalConfig, skip=("task",))
+        one.set_defaults(handler=run_eval_task)
+    tldr = tasks.add_parser("tldr", help="Reddit TL;DR (the default model prompted, until the task has its own "
+                                         "models): ROUGE-1/2/L shares, main subject, prompt depth, speed")
+    add_dataclass_options(tldr, TldrEvalConfig)
+    tldr.set_defaults(handler=run_tldr_eval_command)
+
+
+def add_task_data_command(commands) -> None:
+    """`task-posts tldr`: the posts the TL;DR skip policies are distilled from, written by the default model."""
+    tp = commands.add_parser("task-posts", help="TL;DR: posts the default model writes from composed titles (never "
+                                                "the test posts), appended as written; an interrupted run resumes")
+    tp.add_argument("task", choices=("tldr",))
+    tp.add_argument("--count", type=int, default=600, help="titles to write a post for (default 600)")
+    tp.add_argument("--seed", type=int, default=0)
+    tp.add_argument("--batch-size", type=int, default=16)
+    tp.add_argument("--max-new-tokens", type=int, default=320)
+    tp.add_argument("--output", default="assets/data/tldr/distil-posts.jsonl")
+    tp.set_defaults(handler=run_task_posts)
+
+
+def run_task_posts(args: argparse.Namespace) -> int:
+    if args.count < 1 or args.batch_size < 1 or args.max_new_tokens < 1:
+        raise CliError("--count, --batch-size and --max-new-tokens must be >= 1")
+    generator = TextGenerator(load_model(None, adapter="auto", quantize="auto"))  # the CPU default weights
+    written = write_posts(generator, synthetic_titles(args.count, args.seed), Path(args.output),
+                          batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, seed=args.seed)
+    print(f"wrote {written} posts to {args.output}")
+    return 0
 
 
 def add_results_command(commands) -> None:
@@ -302,7 +334,7 @@ def add_results_command(commands) -> None:
 # The commands, in the order `python -m model --help` lists them.
 COMMANDS = (add_generate_command, add_make_data_command, add_train_command, add_eval_command, add_study_command, add_scaling_command, add_shape_study_command, add_export_adapter_command, add_mix_adapters_command, add_bench_command, add_lowbit_check_command,
             add_batch_check_command,
-            add_train_task_command, add_eval_task_command, add_results_command)
+            add_train_task_command, add_eval_task_command, add_task_data_command, add_results_command)
 
 
 def run_results_command(args: argparse.Namespace) -> int:
@@ -595,6 +627,13 @@ def run_train_task(args: argparse.Namespace) -> int:
     print(json.dumps({"steps": summary["steps"], "seconds": summary["seconds"], "heldout": summary["heldout"],
                       "heldout_relexicalised": summary.get("heldout_relexicalised"),
                       "adapter": str(run.folder / "adapter"), "exported": summary.get("exported")}))
+    return 0
+
+
+def run_tldr_eval_command(args: argparse.Namespace) -> int:
+    config = config_from(vars(args))
+    report = run_tldr_eval(config)
+    print(f"wrote {config.output}/{STEM}.json, .md and -outputs.jsonl ({report['minutes']} min)")
     return 0
 
 

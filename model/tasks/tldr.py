@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 TLDR_DATA = Path(__file__).resolve().parents[2] / "assets" / "data" / "tldr"
 TEST_FILE = "test.jsonl"
@@ -92,10 +92,22 @@ def reported_posts(folder: Path = TLDR_DATA) -> list[TldrPost]:
     return split_posts(read_posts(folder))[1]
 
 
-def task_prompt(post: TldrPost) -> str:
-    """The prompt the default (instruction-tuned) model summarises from; the chat template wraps it."""
-    return (f"Summarise this Reddit post in one sentence, as its TL;DR.\n\nSubreddit: r/{post.subreddit}\n"
-            f"Title: {post.title}\n\n{post.post}\n\nTL;DR:")
+# The prompts the task model was chosen among (lab/studies/tldr_prompts.py: the 1x arm's ROUGE-L on the
+# held-out slice, the rule fixed before it ran); PROMPT names the chosen one. The chat template wraps it.
+PROMPTS = {
+    "instruction first": ("Summarise this Reddit post in one sentence, as its TL;DR.\n\nSubreddit: r/{subreddit}\n"
+                          "Title: {title}\n\n{post}\n\nTL;DR:"),
+    "post first": ("SUBREDDIT: r/{subreddit}\nTITLE: {title}\nPOST: {post}\n\n"
+                   "Write a one-sentence TL;DR of the post above, in the poster's own voice."),
+    "post first, short": "{title}\n\n{post}\n\nTL;DR of the post above in one sentence:",
+}
+PROMPT = "post first, short"
+STOP = ("\n",)  # a TL;DR is one line: the text ends at its first line break
+
+
+def task_prompt(post: TldrPost, template: str | None = None) -> str:
+    """The prompt the default (instruction-tuned) model summarises from (``template``: one of PROMPTS)."""
+    return (template or PROMPTS[PROMPT]).format(subreddit=post.subreddit, title=post.title, post=post.post)
 
 
 def clean_summary(text: str) -> str:
@@ -104,7 +116,7 @@ def clean_summary(text: str) -> str:
 
 
 @lru_cache(maxsize=1)
-def _scorer():
+def _scorer() -> Any:
     from rouge_score import rouge_scorer  # noqa: PLC0415 (nltk's stemmer loads only where ROUGE is scored)
 
     return rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=True)
@@ -117,7 +129,7 @@ def rouge_scores(summary: str, reference: str) -> dict[str, float]:
 
 
 @lru_cache(maxsize=1)
-def _stemmer():
+def _stemmer() -> Any:
     from nltk.stem.porter import PorterStemmer  # noqa: PLC0415
 
     return PorterStemmer()

@@ -27,6 +27,7 @@ from model.skipdecode.decoder import SamplingConfig
 from model.tasks.task_eval import SpeedRow, measure_speed
 from model.tasks.tldr import (
     ROUGE_TYPES,
+    STOP,
     TldrPost,
     clean_summary,
     main_subject,
@@ -40,6 +41,11 @@ from model.tasks.tldr import (
 
 @dataclass(frozen=True)
 class TldrEvalConfig:
+    posts: int | None = None  # the first N reported posts (quick runs); None: all 400
+    weights: str = "default"  # "default": the CPU default (low-bit) weights; "float32"
+    device: str = "auto"
+    threads: int | None = None
+    output: str = "assets/eval"  # writes tldr.json, tldr.md and tldr-outputs.jsonl there
     speedups: tuple[float, ...] = (2.0, 3.0, 4.0, 5.0)
     prompt_depth_speedups: tuple[float, ...] = (2.0, 3.0)  # also run with the prompt at the first budget
     max_new_tokens: int = 48  # references are 27.5 words on average: ~36 tokens
@@ -51,6 +57,15 @@ class TldrEvalConfig:
     speed_repeats: int = 2
     warmup: int | None = None  # None: the skip policy's trained warmup
     skip_policy: bool = True  # False: the untouched model skips the same layers (a model with no policy)
+
+    def __post_init__(self) -> None:
+        if self.weights not in ("default", "float32"):
+            raise ValueError(f"--weights must be default or float32; got {self.weights!r}")
+        if not self.speedups or any(not 1 < s <= 6 for s in (*self.speedups, *self.prompt_depth_speedups)):
+            raise ValueError(f"--speedups and --prompt-depth-speedups must be targets in (1, 6]; got "
+                             f"{self.speedups} and {self.prompt_depth_speedups}")
+        if self.posts is not None and self.posts < 1:
+            raise ValueError("--posts must be >= 1")
 
 
 @dataclass
@@ -88,16 +103,16 @@ def schedule_request(config: TldrEvalConfig, speedup: float, prompt_at_full_dept
 
 
 def summarise(generator: TextGenerator, posts: Sequence[TldrPost], schedule: ScheduleRequest, max_new_tokens: int,
-              batch_size: int) -> tuple[list[str], list[int], int]:
+              batch_size: int, template: str | None = None) -> tuple[list[str], list[int], int]:
     """(each post's greedy TL;DR, every decode step's n_k, the layers the prompts ran) in batches of
-    ``batch_size``."""
+    ``batch_size``; ``template``: one of tldr.PROMPTS (default: the chosen one)."""
     outputs: list[str] = []
     layers: list[int] = []
     prefill_layers = 0
     for start in range(0, len(posts), batch_size):
-        prompts = tuple(task_prompt(post) for post in posts[start:start + batch_size])
-        result = generator.generate(GenerationRequest(prompts=prompts, schedule=schedule,
-                                                      max_new_tokens=max_new_tokens, sampling=SamplingConfig()))
+        prompts = tuple(task_prompt(post, template) for post in posts[start:start + batch_size])
+        result = generator.generate(GenerationRequest(prompts=prompts, schedule=schedule, max_new_tokens=max_new_tokens,
+                                                      sampling=SamplingConfig(), stop=STOP))
         outputs += [clean_summary(text) for text in result.outputs]
         layers += result.layers_per_step
         prefill_layers = len(result.decode.prefill_layers)

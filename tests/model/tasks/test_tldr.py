@@ -40,10 +40,10 @@ def test_the_held_out_slice_is_fixed_by_id_alone_and_apart_from_the_reported_pos
     assert {p.post_id for p in split_posts(blanked)[0]} == {p.post_id for p in heldout}
 
 
-def test_the_prompt_holds_the_post_title_and_subreddit(posts):
+def test_the_prompt_holds_the_post_and_its_title_and_asks_for_one_sentence(posts):
     prompt = task_prompt(posts[0])
-    assert posts[0].post in prompt and posts[0].title in prompt and f"r/{posts[0].subreddit}" in prompt
-    assert prompt.endswith("TL;DR:")
+    assert prompt.startswith(posts[0].title) and posts[0].post in prompt
+    assert prompt.endswith("TL;DR of the post above in one sentence:")
 
 
 def test_rouge_is_one_for_the_reference_and_low_for_another_posts(posts):

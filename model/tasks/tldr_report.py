@@ -1,0 +1,85 @@
+"""`python -m model eval-task tldr`: the TL;DR evaluation run on the reported posts and written down
+(assets/eval/tldr.json, its Markdown table, every arm's summaries), with the hardware it ran on."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from model.common.hardware import hardware_info
+from model.generation.generator import TextGenerator
+from model.loading import load_model, resolve_device
+from model.tasks.tldr import HELDOUT_POSTS, ROUGE_TYPES, reported_posts
+from model.tasks.tldr_eval import TldrEvalConfig, evaluate
+
+STEM = "tldr"
+TASK_MODEL_NOTE = ("the task model is the default model prompted for a TL;DR (no training split is available "
+                   "here; the paper fine-tuned one); SkipDecode runs the default skip policy")
+
+
+def load_generator(config: TldrEvalConfig) -> TextGenerator:
+    options = (dict(dtype="float32", quantize="none") if config.weights == "float32"
+               else dict(dtype="auto", quantize="auto"))
+    return TextGenerator(load_model(None, adapter="auto", device=config.device, **options))
+
+
+def run_tldr_eval(config: TldrEvalConfig) -> dict:
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    posts = reported_posts()[: config.posts] if config.posts else reported_posts()
+    start = time.perf_counter()
+    generator = load_generator(config)
+    body = evaluate(generator, posts, config)
+    outputs = body.pop("outputs")
+    adapter = generator.loaded.adapter_path
+    report = {"task": "tldr", "note": TASK_MODEL_NOTE, "adapter": Path(adapter).name if adapter else None,
+              "weights": generator.loaded.weights, "reported_posts": len(posts), "heldout_posts": HELDOUT_POSTS,
+              **body, "minutes": round((time.perf_counter() - start) / 60, 1),
+              "hardware": hardware_info(resolve_device(config.device))}
+    write_report(Path(config.output), report, outputs)
+    return report
+
+
+def write_report(output: Path, report: dict, outputs: dict[str, list[str]]) -> None:
+    output.mkdir(parents=True, exist_ok=True)
+    (output / f"{STEM}.json").write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+    (output / f"{STEM}.md").write_text(report_markdown(report))
+    with (output / f"{STEM}-outputs.jsonl").open("w", encoding="utf-8") as handle:
+        for label, texts in outputs.items():
+            handle.write(json.dumps({"label": label, "outputs": texts}, ensure_ascii=False) + "\n")
+
+
+def _share(arm: dict, name: str) -> str:
+    share = arm.get("shares", {}).get(name)
+    return "1" if share is None else f"{share['share']:.3f} [{share['low']:.3f}, {share['high']:.3f}]"
+
+
+def report_markdown(report: dict) -> str:
+    lines = [f"# Reddit TL;DR: {report['reported_posts']} reported posts ({report['hardware']['summary']})", "",
+             f"Greedy, {report['weights']} weights; {report['note']}. ROUGE F1 x 100; shares of the 1x arm with "
+             "95% paired bootstrap intervals over posts.", "",
+             "| arm | ROUGE-1 | ROUGE-2 | ROUGE-L | ROUGE-L share | ROUGE-1 share | repeated 4-grams | "
+             "names the main subject | mean layers a step | prompt layers |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for arm in report["arms"]:
+        scores = arm["scores"]
+        subject = "–" if arm["names_main_subject"] is None else f"{100 * arm['names_main_subject']:.1f}%"
+        lines.append(f"| {arm['label']} | " + " | ".join(f"{scores[name]:.2f}" for name in ROUGE_TYPES)
+                     + f" | {_share(arm, 'rougeL')} | {_share(arm, 'rouge1')} | {100 * arm['repetition']:.1f}% | "
+                     f"{subject} | {arm['mean_layers_per_step']:.1f} | {arm['prefill_layers']} |")
+    lines += ["", "| speedup | prompt | decode speedup | whole request | first token: 1x / SkipDecode | cost model |",
+              "|---|---|---|---|---|---|"]
+    for row in report["speed"]:
+        prompt = "full depth" if row["prompt_at_full_depth"] else "first budget"
+        lines.append(f"| {row['speedup']:g}x | {prompt} | {row['decode_speedup']:.2f}x | {row['end_to_end_speedup']:.2f}x "
+                     f"| {row['full_first_token_s']:.3f} s / {row['skip_first_token_s']:.3f} s | "
+                     f"{row['cost_model_bound']:.2f}x |")
+    return "\n".join(lines) + "\n"
+
+
+def config_from(values: dict) -> TldrEvalConfig:
+    return TldrEvalConfig(**{spec.name: values[spec.name] for spec in dataclasses.fields(TldrEvalConfig)})
