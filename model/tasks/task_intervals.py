@@ -71,10 +71,26 @@ def _bleu_of_draws(statistics: torch.Tensor, weights: torch.Tensor) -> torch.Ten
     return torch.tensor(scores, dtype=torch.float64)
 
 
+def draw_weights(n: int, resamples: int, seed: int) -> torch.Tensor:
+    """(R, n): how often each of ``n`` items is drawn in each of ``resamples`` bootstrap draws. The same
+    weights for two arms pair them; a mean over a draw is then one matrix product."""
+    generator = torch.Generator().manual_seed(seed)
+    draws = torch.randint(0, n, (resamples, n), generator=generator)
+    return torch.zeros(resamples, n, dtype=torch.float64).scatter_add_(1, draws, torch.ones(resamples, n,
+                                                                                            dtype=torch.float64))
+
+
+def ratio_interval(ours: torch.Tensor, theirs: torch.Tensor) -> tuple[float, float]:
+    """The 2.5th and 97.5th percentiles of ours / theirs over paired draws ((R,) each)."""
+    ratios = ours / theirs.clamp(min=1e-9)
+    low, high = (float(q) for q in torch.quantile(ratios, torch.tensor([0.025, 0.975], dtype=torch.float64)))
+    return low, high
+
+
 def _interval(arm: str, measure: str, ours: torch.Tensor, theirs: torch.Tensor, share: float,
               bar: float | None) -> ShareInterval:
     ratios = ours / theirs.clamp(min=1e-9)
-    low, high = (float(q) for q in torch.quantile(ratios, torch.tensor([0.025, 0.975], dtype=torch.float64)))
+    low, high = ratio_interval(ours, theirs)
     below = None if bar is None else round(float((ratios < bar).double().mean()), 3)
     return ShareInterval(arm, measure, round(share, 4), round(low, 4), round(high, 4), below, bar)
 
@@ -86,11 +102,7 @@ def share_intervals(arm: str, scores: PerMRScores, task_model: PerMRScores, bar:
     n = scores.rouge_l.shape[0]
     if task_model.rouge_l.shape[0] != n:
         raise ValueError(f"{arm}: {n} MRs against the task model's {task_model.rouge_l.shape[0]}")
-    generator = torch.Generator().manual_seed(seed)
-    draws = torch.randint(0, n, (resamples, n), generator=generator)  # the same draws for both
-    # (R, n) how often each MR is drawn: sums over a draw become one matrix product
-    weights = torch.zeros(resamples, n, dtype=torch.float64).scatter_add_(1, draws, torch.ones(resamples, n,
-                                                                                               dtype=torch.float64))
+    weights = draw_weights(n, resamples, seed)  # the same draws for both arms and both measures
     bleu_share = pooled_bleu(scores.bleu_statistics) / max(pooled_bleu(task_model.bleu_statistics), 1e-9)
     rouge_share = float(scores.rouge_l.mean() / task_model.rouge_l.mean().clamp(min=1e-9))
     return [

@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import random
 import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Sequence
+
+import torch
+
+from model.tasks.task_intervals import draw_weights, ratio_interval
 
 TLDR_DATA = Path(__file__).resolve().parents[2] / "assets" / "data" / "tldr"
 TEST_FILE = "test.jsonl"
@@ -167,9 +170,8 @@ class MainSubject:
 
 
 def main_subject(post: TldrPost) -> MainSubject:
-    reference = _content_stems(post.reference) | (set(stems(post.reference)) & _people_stems())
-    people = frozenset(reference & _people_stems())
-    event = frozenset((reference & _content_stems(post.title)) - _people_stems())
+    people = frozenset(set(stems(post.reference)) & _people_stems())  # "ex", "bf": too short for content words
+    event = frozenset((_content_stems(post.reference) & _content_stems(post.title)) - _people_stems())
     return MainSubject(people, event)
 
 
@@ -187,23 +189,19 @@ class ShareInterval:
     high: float
 
 
-def share_interval(arm: Sequence[float], full: Sequence[float], draws: int = 1000, seed: int = 0) -> ShareInterval:
+def share_interval(arm: Sequence[float], full: Sequence[float], resamples: int = 2000, seed: int = 0) -> ShareInterval:
     """The arm's mean score as a share of the 1x arm's on the same posts, with the 2.5th and 97.5th
-    percentiles of the same share over ``draws`` resamplings of the posts (paired: one draw picks a
-    post for both arms)."""
+    percentiles of the same share over ``resamples`` paired draws of the posts (E2E's bootstrap:
+    task_intervals.draw_weights, one draw picks a post for both arms)."""
     if len(arm) != len(full) or not arm:
         raise ValueError(f"an interval needs the same posts in both arms; got {len(arm)} and {len(full)}")
-    rng = random.Random(seed)
-    count = len(arm)
-    shares = []
-    for _ in range(draws):
-        picks = [rng.randrange(count) for _ in range(count)]
-        base = sum(full[i] for i in picks)
-        shares.append(sum(arm[i] for i in picks) / base if base else 1.0)
-    shares.sort()
-    base = sum(full)
-    return ShareInterval(share=sum(arm) / base if base else 1.0, low=shares[int(0.025 * draws)],
-                         high=shares[min(draws - 1, int(0.975 * draws))])
+    ours, theirs = torch.tensor(arm, dtype=torch.float64), torch.tensor(full, dtype=torch.float64)
+    base = float(theirs.sum())
+    if not base:  # the 1x arm scored nothing on any post: there is no share to take, so call it whole
+        return ShareInterval(share=1.0, low=1.0, high=1.0)
+    weights = draw_weights(len(arm), resamples, seed)
+    low, high = ratio_interval(weights @ ours, weights @ theirs)
+    return ShareInterval(share=float(ours.sum()) / base, low=low, high=high)
 
 
 def mean(values: Iterable[float]) -> float:

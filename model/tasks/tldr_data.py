@@ -123,10 +123,9 @@ def write_posts(generator: TextGenerator, titles: Sequence[PostTitle], path: Pat
             for row in rows:
                 handle.write(json.dumps(row, ensure_ascii=False) + "\n")
         # a short post is marked written too, so a resumed run does not draw it again
+        kept = {row["post_id"] for row in rows}
         with path.with_suffix(".skipped").open("a", encoding="utf-8") as handle:
-            for title in batch:
-                if title.post_id not in {row["post_id"] for row in rows}:
-                    handle.write(title.post_id + "\n")
+            handle.writelines(title.post_id + "\n" for title in batch if title.post_id not in kept)
         written += len(rows)
     return written
 
