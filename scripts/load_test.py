@@ -1172,7 +1172,9 @@ def half_sent_requests(url: str, connections: int, deadline_s: float) -> dict:
 
 def cpu_flags() -> list[str]:
     """The flags that decide the kernels (AVX2, AVX-512 and its extensions, AMX), as the bench names them."""
-    from model.common.hardware import cpu_flags as vector_flags  # noqa: PLC0415 (the lab reads the product's)
+    if str(ROOT) not in sys.path:  # run as `python scripts/load_test.py`: the repository root is not on the path
+        sys.path.insert(0, str(ROOT))
+    from model.common.hardware import cpu_flags as vector_flags  # noqa: PLC0415 (importable once the root is)
 
     return vector_flags()
 
