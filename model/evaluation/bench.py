@@ -408,7 +408,7 @@ def emit_report(report: dict[str, Any], output: Path | None) -> None:
 
 def bench_batch(generator: TextGenerator, size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, mask) of ``size`` of the bench's prompts, in turn, on ``device``."""
-    ids, mask = generator.encode([BENCH_PROMPTS[i % len(BENCH_PROMPTS)] for i in range(size)])
+    ids, mask = generator.text.encode([BENCH_PROMPTS[i % len(BENCH_PROMPTS)] for i in range(size)])
     return ids.to(device), mask.to(device)
 
 
@@ -461,7 +461,7 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None] = print,
         config.prompt_tokens = min(config.prompt_tokens, 16)
     batch_sizes = config.batch_sizes or ((1, 8, 32, 64) if device.type == "cuda" else (1, 4, 8, 16))
     # The shape the product runs (the policy's placement and measured floor), over the bench's tokens.
-    schedules = {s: generator.schedule_for(ScheduleRequest(target_speedup=s, decay=config.decay), config.new_tokens)
+    schedules = {s: generator.schedules.schedule_for(ScheduleRequest(target_speedup=s, decay=config.decay), config.new_tokens)
                  for s in config.speedups}
     report = BenchReport(model=loaded.name, adapter=loaded.adapter_path, device=str(device),
                          dtype=str(loaded.dtype).replace("torch.", ""), hardware=hardware_info(device),
