@@ -1,11 +1,13 @@
 """The README stays a page for users, and nothing moved out of it is lost: its prose lines are short
 enough to read, every relative link in README.md and docs/ (docs/history/ too) resolves, and every
 figure (image) is reachable from the README by links. The module maps (docs/DESIGN.md's, docs/DEVELOPING.md's)
-name only paths that exist, and DESIGN.md's names every module of the product."""
+name only paths that exist, and DESIGN.md's names every module of the product. DEVELOPING.md's table of the
+tree by size (tests/project/tree_table.py writes it) is within 10% of the tree."""
 
 import re
 from pathlib import Path
 
+from tests.project import tree_table
 from tests.support import ROOT
 
 README_MAX_LINES = 250
@@ -142,3 +144,29 @@ def test_the_map_checks_find_a_lost_path_and_an_unmapped_module(tmp_path):
     assert rows == [("`model/a.py`, `model/gone.py`", "see `app/page/` and `run_it`"), ("`app/page/`", "the page")]
     assert missing_paths(rows, tmp_path) == ["model/gone.py"]
     assert unmapped_modules(rows, tmp_path) == ["model/b.py"]
+
+
+def test_the_tree_table_in_developing_is_current():
+    stale = tree_table.stale_figures((ROOT / "docs/DEVELOPING.md").read_text())
+    assert not stale, f"docs/DEVELOPING.md's tree table is off: {stale}; run python -m tests.project.tree_table --write"
+
+
+def test_the_tree_table_allows_small_edits_and_finds_growth(tmp_path):
+    """The check itself, on a tree of one folder: 9% more lines is current, 20% more is not; the table
+    is written between the page's markers and read back."""
+    kernels, tests = tmp_path / "model" / "lowbit" / "kernels.py", tmp_path / "tests" / "test_a.py"
+    for path, text in ((kernels, "x = 1\n" * 100), (tests, "def test_one():\n    pass\n")):
+        path.parent.mkdir(parents=True)
+        path.write_text(text)
+    page = tmp_path / "PAGE.md"
+    page.write_text(f"# Page\n\n{tree_table.START}\nthe stale table\n{tree_table.END}\n\nafter\n")
+    tree_table.write_page(page, tmp_path)
+    text = page.read_text()
+    assert text.startswith("# Page\n\n") and text.endswith("\n\nafter\n") and "the stale table" not in text
+    rows, count = tree_table.page_figures(text)
+    assert rows["model/lowbit"] == (1, 100) and rows["app/page"] == (0, 0) and count == 1
+    assert tree_table.stale_figures(text, tmp_path) == []
+    kernels.write_text("x = 1\n" * 109)
+    assert tree_table.stale_figures(text, tmp_path) == []
+    kernels.write_text("x = 1\n" * 120)
+    assert tree_table.stale_figures(text, tmp_path) == ["model/lowbit: lines 100 on the page, 120 in the tree"]
