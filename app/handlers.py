@@ -462,7 +462,7 @@ class Playground:
         except ValueError as error:
             raise page_error(error) from None
         depths = [len(result.decode.prefill_layers)] + result.layers_per_step
-        rows = [TokenTexts(generator).update(ids) for ids in result.decode.tokens]
+        rows = [TokenTexts(generator.text).update(ids) for ids in result.decode.tokens]
         lines = "\n".join(f"{i}. **{p}** → {one_line(o)}" for i, (p, o) in enumerate(zip(result.prompts, result.outputs), 1))
         return explainer.batch_view_figure(rows, depths, generator.num_layers), lines
 
@@ -607,7 +607,7 @@ def _captured_since(before: CaptureReport | None, now: CaptureReport) -> tuple[i
 
 @lru_cache(maxsize=64)
 def preview_figure(generator: TextGenerator, request, max_new_tokens: int):
-    return schedule_figure(generator.schedule_for(request, max_new_tokens))
+    return schedule_figure(generator.schedules.schedule_for(request, max_new_tokens))
 
 
 def no_page_address() -> str:

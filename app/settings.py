@@ -205,7 +205,7 @@ class PlaygroundSettings:
 def trained_defaults(generator) -> dict:
     """The defaults that depend on the loaded skip policy: the placement it was trained for
     (warmup and layer order). The app's controls and the API start from these."""
-    return {"warmup": generator.default_warmup, "order": generator.default_order}
+    return {"warmup": generator.schedules.default_warmup, "order": generator.schedules.default_order}
 
 
 def control_ranges(num_layers: int, limits: Limits, top_speedup: float) -> dict[str, tuple[float, float]]:

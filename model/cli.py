@@ -673,7 +673,7 @@ def run_task_generate(args: argparse.Namespace) -> int:
                                 max_new_tokens=args.max_new_tokens or settings.max_new_tokens,
                                 sampling=SamplingConfig(), stop=tuple(args.stop))
     validate_request(request)
-    generator.schedule_for(request.schedule, request.max_new_tokens)
+    generator.schedules.schedule_for(request.schedule, request.max_new_tokens)
     result = generator.generate(request)
     if args.delexicalised_places:  # the texts and prompts as the caller wrote the MRs
         result = dataclasses.replace(result, prompts=[task_prompt(mr) for mr in args.prompt],
@@ -708,7 +708,7 @@ def run_generate(args: argparse.Namespace) -> int:
     )
     validate_request(request)  # prompt and number checks before the (slow) model load
     generator = with_static_cache(TextGenerator(load_model_from_args(args)), args.static_cache)
-    generator.schedule_for(request.schedule, request.max_new_tokens)  # reject bad settings before work
+    generator.schedules.schedule_for(request.schedule, request.max_new_tokens)  # reject bad settings before work
     return print_result(generator.generate(request), args.json)
 
 

@@ -37,15 +37,15 @@ class TokenTexts:
     carrying its first bytes get "" (decoding them alone would show replacement marks). ``text``
     is the whole output decoded as it is (the last decode, incomplete characters included)."""
 
-    def __init__(self, generator: Any) -> None:  # anything with decode_text(ids) -> str
-        self.generator = generator
+    def __init__(self, codec: Any) -> None:  # a TextCodec, or anything with decode_text(ids) -> str
+        self.codec = codec
         self.texts: list[str] = []
         self.decoded = ""
         self.text = ""
 
     def update(self, ids: list[int]) -> list[str]:
         for end in range(len(self.texts) + 1, len(ids) + 1):
-            self.text = self.generator.decode_text(ids[:end])
+            self.text = self.codec.decode_text(ids[:end])
             stable = self.text.rstrip(INCOMPLETE)
             common = len(os.path.commonprefix([stable, self.decoded]))
             self.texts.append(stable[common:])
@@ -246,7 +246,7 @@ def race(generator: TextGenerator, skip_run: PreparedRun, full_run: PreparedRun,
     prefills computed the same thing. ``prefill``: that read, done by the caller, who keeps it (both
     streams continue copies); without the lens only (the lens traces its own prompt's read)."""
     rows = skip_run.batch
-    views = {key: StreamProgress(name, rows, texts=[TokenTexts(generator) for _ in range(rows)])
+    views = {key: StreamProgress(name, rows, texts=[TokenTexts(generator.text) for _ in range(rows)])
              for key, name in (("skip", "SkipDecode"), ("full", "full model"))}
     lock = compute_lock or contextlib.nullcontext()
     try:

@@ -139,7 +139,7 @@ def main() -> int:
     loaded = load_model(None, device="cpu", quantize="int4")
     decoder = loaded.full_decoder() if args.speedup is None else loaded.skip_decoder()
     decoder.eos_token_ids = ()  # fixed-length runs
-    schedule = None if args.speedup is None else TextGenerator(loaded).schedule_for(
+    schedule = None if args.speedup is None else TextGenerator(loaded).schedules.schedule_for(
         ScheduleRequest(target_speedup=args.speedup), args.tokens).config
     ours = native_kernels.native_module()
     if ours is None:

@@ -80,7 +80,7 @@ def run_batch_check(config: BatchCheckConfig, progress: Callable[[str], None] = 
                               tokens=config.tokens, batch_size=config.batch_size, cpu=cpu_model(),
                               cpu_flags=cpu_flags())
     for speedup in config.speedups:
-        schedule = generator.schedule_for(_schedule_request(speedup), config.tokens).config
+        schedule = generator.schedules.schedule_for(_schedule_request(speedup), config.tokens).config
         alone = [_alone(generator, prompt, speedup, config.tokens) for prompt in prompts]
         same = total = 0
         prefixes = []

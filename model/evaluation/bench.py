@@ -56,14 +56,67 @@ from model.evaluation.machine_limits import (
 from model.evaluation.reporting import speed_figure
 from model.generation.generator import TextGenerator
 from model.generation.schedules import ScheduleRequest
-from model.loading import DEFAULT_MODEL, load_model, locate_default_gguf, resolve_device
+from model.loading import DEFAULT_MODEL, LoadedModel, load_model, locate_default_gguf, resolve_device
 from model.lowbit.native_kernels import DEFAULT_AMX_ROWS, native_module, q4_isa, q4_kernel_selected
 from model.skipdecode.cuda_graphs import CudaGraphStep
 from model.skipdecode.decoder import SkipDecoder
-from model.skipdecode.schedule import ScheduleConfig, full_schedule, speedup_summary
+from model.skipdecode.schedule import CostModel, ScheduleConfig, SolvedSchedule, full_schedule, speedup_summary
 from model.skipdecode.static_decoder import StaticSkipDecoder, static_decoder
 
-Mode = TypeVar("Mode", tuple[str, str], tuple[str, int])  # a timed mode's key: (weights, mode) or (weights, batch)
+
+@dataclass(frozen=True)
+class Mode:
+    """One timed mode of a weight variant: what runs, through which of our engines, at which target speedup.
+    Parsed once from the name the bench's notes write ("skip@2", "graphs:skip@2", "hf_static_compile",
+    "llama.cpp"), and ``name`` gives that string back: ``Mode.parse(mode.name) == mode``."""
+
+    kind: str  # "full", "skip", "hf_generate", "hf_static_compile", "llama.cpp" or "prefill"
+    engine: str = ""  # "": our decoder run eagerly; or one of ENGINES ("static", "graphs")
+    speedup: float | None = None  # a skip mode's target layer speedup, and only a skip mode's
+
+    def __post_init__(self) -> None:
+        if (self.kind == "skip") != (self.speedup is not None):
+            raise ValueError(f"a skip mode, and only a skip mode, has a target speedup: {self}")
+
+    @classmethod
+    def parse(cls, name: str) -> Mode:
+        """"graphs:skip@2" -> Mode("skip", "graphs", 2.0); "full" -> Mode("full")."""
+        engine, _, mode = name.rpartition(":")
+        kind, _, speedup = mode.partition("@")
+        return cls(kind, engine, float(speedup)) if kind == "skip" else cls(mode, engine)
+
+    @property
+    def name(self) -> str:
+        """The mode as the bench's notes name it: "graphs:skip@2", "full", "llama.cpp"."""
+        mode = f"skip@{self.speedup:g}" if self.kind == "skip" else self.kind
+        return f"{self.engine}:{mode}" if self.engine else mode
+
+    @property
+    def row_mode(self) -> str:
+        """BenchRow.mode, as the reports name it (the speedup in its own field): "full", "skipdecode",
+        "graphs full", "graphs skipdecode", "hf_static_compile", ..."""
+        kind = "skipdecode" if self.kind == "skip" else self.kind
+        return f"{self.engine} {kind}" if self.engine else kind
+
+    @property
+    def optional(self) -> bool:
+        """True: its failure is a note in the report, not the end of the run (OPTIONAL_KINDS)."""
+        return self.kind in OPTIONAL_KINDS or self.engine in OPTIONAL_ENGINES
+
+    def at_full_depth(self) -> Mode:
+        """The full model through the same engine: what this mode's measured speedup is over."""
+        return Mode("full", self.engine)
+
+
+FULL, HF_GENERATE, HF_STATIC_COMPILE = Mode("full"), Mode("hf_generate"), Mode("hf_static_compile")
+LLAMA_CPP, PREFILL = Mode("llama.cpp"), Mode("prefill")
+LLAMA_WEIGHTS = "Q4_1"  # llama.cpp's rows' weights: the GGUF's own 4-bit blocks
+# Modes whose failure is a note in the report, not the end of the run: transformers' compiled path (its
+# compiler and our pinned transformers meet a lease's torch for the first time there), our CUDA graphs (the
+# device tests judge them) and llama.cpp (a binary carried to another CPU may lack its instructions).
+OPTIONAL_KINDS, OPTIONAL_ENGINES = ("hf_static_compile", "llama.cpp"), ("graphs",)
+
+TimedKey = TypeVar("TimedKey", tuple[str, Mode], tuple[str, int])  # (weights, mode) or (weights, batch)
 
 BENCH_PROMPTS = [
     "Write a short story about a lighthouse keeper.",
@@ -355,16 +408,16 @@ def emit_report(report: dict[str, Any], output: Path | None) -> None:
 
 def bench_batch(generator: TextGenerator, size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, mask) of ``size`` of the bench's prompts, in turn, on ``device``."""
-    ids, mask = generator.encode([BENCH_PROMPTS[i % len(BENCH_PROMPTS)] for i in range(size)])
+    ids, mask = generator.text.encode([BENCH_PROMPTS[i % len(BENCH_PROMPTS)] for i in range(size)])
     return ids.to(device), mask.to(device)
 
 
-def _batch_scaling(config: BenchConfig, variants: dict[str, tuple], generator: TextGenerator,
+def _batch_scaling(config: BenchConfig, variants: dict[str, WeightVariant], generator: TextGenerator,
                    batch_sizes: tuple[int, ...], device: torch.device) -> list[ScalingRow]:
     """Every weight variant's full depth at every batch size, the sizes alternated (alternated_batch_timings)."""
     batches = {size: bench_batch(generator, size, device) for size in batch_sizes}
-    decoders = {weights: variant[2] for weights, variant in variants.items()}
-    kernels = {weights: variant[5] for weights, variant in variants.items()}
+    decoders = {label: variant.full_decoder for label, variant in variants.items()}
+    kernels = {label: variant.kernel for label, variant in variants.items()}
     return scaling_rows(alternated_batch_timings(decoders, batches, config.new_tokens, config.repeats, kernels),
                         config.new_tokens)
 
@@ -401,13 +454,14 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None] = print,
     if config.threads:
         torch.set_num_threads(config.threads)
     variants = _load_variants(config, device)
-    loaded, generator = next(iter(variants.values()))[:2]
+    first = next(iter(variants.values()))
+    loaded, generator = first.loaded, first.generator
     if config.quick:
         config.batch_sizes, config.new_tokens, config.repeats = (1, 2), 8, 1
         config.prompt_tokens = min(config.prompt_tokens, 16)
     batch_sizes = config.batch_sizes or ((1, 8, 32, 64) if device.type == "cuda" else (1, 4, 8, 16))
     # The shape the product runs (the policy's placement and measured floor), over the bench's tokens.
-    schedules = {s: generator.schedule_for(ScheduleRequest(target_speedup=s, decay=config.decay), config.new_tokens)
+    schedules = {s: generator.schedules.schedule_for(ScheduleRequest(target_speedup=s, decay=config.decay), config.new_tokens)
                  for s in config.speedups}
     report = BenchReport(model=loaded.name, adapter=loaded.adapter_path, device=str(device),
                          dtype=str(loaded.dtype).replace("torch.", ""), hardware=hardware_info(device),
@@ -417,19 +471,19 @@ def run_bench(config: BenchConfig, progress: Callable[[str], None] = print,
     limits = _machine_limits(config, device, report)
     if device.type != "cuda" and config.graphs:
         report.notes.append(NO_CUDA_NOTE.format(device=device))
-    if device.type == "cpu" and any(v[4] != "float" for v in variants.values()):
+    if device.type == "cpu" and any(v.weights != "float" for v in variants.values()):
         report.notes.append(_decode_step_note())
 
     for batch in batch_sizes:
         ids, mask = bench_batch(generator, batch, device)
         # Every mode of every weight variant, interleaved in one run: ratios are side by side.
         modes = _bench_modes(config, variants, schedules, generator.num_layers, ids, mask)
-        captures: dict[tuple[str, str], float] = {}
+        captures: dict[tuple[str, Mode], float] = {}
         modes.update(engine_modes(config, variants, schedules, generator.num_layers, ids, mask, captures))
         if llama is not None and batch == 1:
-            modes["Q4_1", "llama.cpp"] = lambda: llama(0)
+            modes[LLAMA_WEIGHTS, LLAMA_CPP] = lambda: llama(0)
         elif batched is not None:
-            modes["Q4_1", "llama.cpp"] = lambda b=batch: batched(b)
+            modes[LLAMA_WEIGHTS, LLAMA_CPP] = lambda b=batch: batched(b)
         timings, peaks = _time_modes(modes, config.repeats, batch, device, report.notes)
         report.rows.extend(_batch_rows(config, variants, schedules, generator, batch, timings, peaks, report))
         add_captures(report.rows, batch, captures)
@@ -527,9 +581,26 @@ def int4_kernel(kernel: str | None) -> Iterator[None]:
             module.set_q4_amx_rows(before[1])
 
 
-def _load_variants(config: BenchConfig, device: torch.device) -> dict[str, tuple]:
-    """weights label -> (loaded, generator, full decoder, skip decoder, weights, kernel) for every weight mode
-    benched (the label is the mode: "int4@avx2" names its kernel)."""
+@dataclass(frozen=True)
+class WeightVariant:
+    """One weight mode benched: the model loaded with it, the generator over it, its two decoders (EOS
+    ignored: fixed-length runs) and the int4 kernel its runs happen inside (None: the machine's default)."""
+
+    loaded: LoadedModel
+    generator: TextGenerator
+    full_decoder: SkipDecoder
+    skip_decoder: SkipDecoder
+    weights: str  # LoadedModel.weights: "float", "int8" or "int4"
+    kernel: str | None = None
+
+    @property
+    def label(self) -> str:
+        """The weights as the report's rows name them: the weight mode, "int4@avx2" naming its kernel."""
+        return self.weights + (f"@{self.kernel}" if self.kernel else "")
+
+
+def _load_variants(config: BenchConfig, device: torch.device) -> dict[str, WeightVariant]:
+    """label -> WeightVariant for every weight mode benched."""
     weight_modes = config.quantize or (("none", "int8", "int4") if device.type == "cpu" else ("none",))
     variants = {}
     for mode in weight_modes:
@@ -539,8 +610,8 @@ def _load_variants(config: BenchConfig, device: torch.device) -> dict[str, tuple
                                 quantize=quantize)
         full_decoder, skip_decoder = loaded.full_decoder(), loaded.skip_decoder()
         full_decoder.eos_token_ids = skip_decoder.eos_token_ids = ()  # fixed-length runs: EOS ignored
-        label = loaded.weights + (f"@{kernel}" if kernel else "")
-        variants[label] = (loaded, TextGenerator(loaded), full_decoder, skip_decoder, loaded.weights, kernel)
+        variant = WeightVariant(loaded, TextGenerator(loaded), full_decoder, skip_decoder, loaded.weights, kernel)
+        variants[variant.label] = variant
     return variants
 
 
@@ -551,19 +622,21 @@ def _in_kernel(kernel: str | None, run: Callable[[], Timing]) -> Callable[[], Ti
     return timed
 
 
-def _bench_modes(config: BenchConfig, variants: dict[str, tuple], schedules: dict, num_layers: int,
-                 ids: torch.Tensor, mask: torch.Tensor) -> dict[tuple[str, str], Callable[[], Timing]]:
+def _bench_modes(config: BenchConfig, variants: dict[str, WeightVariant], schedules: dict[float, SolvedSchedule],
+                 num_layers: int, ids: torch.Tensor, mask: torch.Tensor
+                 ) -> dict[tuple[str, Mode], Callable[[], Timing]]:
     """(weights, mode) -> one timed run on this batch's prompts, for every mode of every weight variant."""
-    modes: dict[tuple[str, str], Callable[[], Timing]] = {}
-    for weights, (variant, _, full_decoder, skip_decoder, _, kernel) in variants.items():
+    modes: dict[tuple[str, Mode], Callable[[], Timing]] = {}
+    for label, variant in variants.items():
+        kernel = variant.kernel
         if config.include_hf:
-            modes[weights, "hf_generate"] = _in_kernel(kernel, lambda m=variant.model, pad=variant.pad_token_id:
-                                                       time_hf_generate(m, ids, mask, config.new_tokens, pad))
-        modes[weights, "full"] = _in_kernel(kernel, lambda d=full_decoder: time_ours(
+            modes[label, HF_GENERATE] = _in_kernel(kernel, lambda m=variant.loaded.model, pad=variant.loaded.pad_token_id:
+                                                   time_hf_generate(m, ids, mask, config.new_tokens, pad))
+        modes[label, FULL] = _in_kernel(kernel, lambda d=variant.full_decoder: time_ours(
             d, ids, mask, full_schedule(num_layers), config.new_tokens))
         for s, solved in schedules.items():
-            modes[weights, f"skip@{s:g}"] = _in_kernel(kernel, lambda d=skip_decoder, solved=solved: time_ours(
-                d, ids, mask, solved.config, config.new_tokens))
+            modes[label, Mode("skip", speedup=s)] = _in_kernel(kernel, lambda d=variant.skip_decoder, solved=solved:
+                                                               time_ours(d, ids, mask, solved.config, config.new_tokens))
     return modes
 
 
@@ -572,35 +645,39 @@ NO_CUDA_NOTE = ("no rows of our CUDA graphs or of transformers' static cache + t
                 "device (this run is on {device})")
 
 
-def engine_modes(config: BenchConfig, variants: dict[str, tuple], schedules: dict, num_layers: int,
-                 ids: torch.Tensor, mask: torch.Tensor, captures: dict[tuple[str, str], float]
-                 ) -> dict[tuple[str, str], Callable[[], Timing]]:
+def engine_modes(config: BenchConfig, variants: dict[str, WeightVariant], schedules: dict[float, SolvedSchedule],
+                 num_layers: int, ids: torch.Tensor, mask: torch.Tensor, captures: dict[tuple[str, Mode], float]
+                 ) -> dict[tuple[str, Mode], Callable[[], Timing]]:
     """The static-cache modes, (weights, "ENGINE:full" | "ENGINE:skip@S") -> one timed run: "static" (eager,
     with ``config.static``) and on CUDA "graphs" (one graph runner per mode and batch, so each mode's capture
     is its own) and transformers' static cache + torch.compile. ``captures`` receives each graph mode's capture
     seconds, and the compiled mode's first call, as they happen (the warm-up pays them)."""
-    modes: dict[tuple[str, str], Callable[[], Timing]] = {}
+    modes: dict[tuple[str, Mode], Callable[[], Timing]] = {}
     cuda = ids.device.type == "cuda" and config.graphs
-    for weights, (variant, _, full_decoder, skip_decoder, _, kernel) in variants.items():
-        runs = {"full": (full_decoder, full_schedule(num_layers))}
-        runs.update({f"skip@{s:g}": (skip_decoder, solved.config) for s, solved in schedules.items()})
+    for label, variant in variants.items():
+        # (kind, target speedup, decoder, schedule): full depth, then each skip schedule
+        runs: list[tuple[str, float | None, SkipDecoder, ScheduleConfig]] = [
+            ("full", None, variant.full_decoder, full_schedule(num_layers))]
+        runs += [("skip", s, variant.skip_decoder, solved.config) for s, solved in schedules.items()]
         for engine in ENGINES:
             if (engine == "static" and not config.static) or (engine == "graphs" and not cuda):
                 continue
-            for name, (decoder, schedule) in runs.items():
+            for kind, speedup, decoder, schedule in runs:
                 runner = CudaGraphStep() if engine == "graphs" else None
-                static = static_decoder(decoder, runner)
-                modes[weights, f"{engine}:{name}"] = _in_kernel(kernel, _static_run(
-                    static, runner, ids, mask, schedule, config.new_tokens, captures, (weights, f"{engine}:{name}")))
+                key = (label, Mode(kind, engine, speedup))
+                modes[key] = _in_kernel(variant.kernel, _static_run(
+                    static_decoder(decoder, runner), runner, ids, mask, schedule, config.new_tokens, captures, key))
         if cuda and config.include_hf:
-            key = (weights, "hf_static_compile")
-            modes[key] = _first_call_seconds(lambda m=variant.model, pad=variant.pad_token_id: time_hf_generate(
-                m, ids, mask, config.new_tokens, pad, static_compile=True), captures, key)
+            key = (label, HF_STATIC_COMPILE)
+            modes[key] = _first_call_seconds(lambda m=variant.loaded.model, pad=variant.loaded.pad_token_id:
+                                             time_hf_generate(m, ids, mask, config.new_tokens, pad, static_compile=True),
+                                             captures, key)
     return modes
 
 
 def _static_run(decoder: StaticSkipDecoder, runner: CudaGraphStep | None, ids: torch.Tensor, mask: torch.Tensor,
-                schedule: ScheduleConfig, new_tokens: int, captures: dict, key: tuple[str, str]) -> Callable[[], Timing]:
+                schedule: ScheduleConfig, new_tokens: int, captures: dict[tuple[str, Mode], float],
+                key: tuple[str, Mode]) -> Callable[[], Timing]:
     def timed() -> Timing:
         timing = time_ours(decoder, ids, mask, schedule, new_tokens)
         if runner is not None:
@@ -609,7 +686,8 @@ def _static_run(decoder: StaticSkipDecoder, runner: CudaGraphStep | None, ids: t
     return timed
 
 
-def _first_call_seconds(run: Callable[[], Timing], captures: dict, key: tuple[str, str]) -> Callable[[], Timing]:
+def _first_call_seconds(run: Callable[[], Timing], captures: dict[tuple[str, Mode], float],
+                        key: tuple[str, Mode]) -> Callable[[], Timing]:
     def timed() -> Timing:
         timing = run()
         captures.setdefault(key, timing.seconds)  # the first call compiles (and captures) the forward
@@ -637,47 +715,43 @@ def bench_prompt(generator: TextGenerator, tokens: int) -> torch.Tensor:
     return torch.tensor([ids[:tokens]])
 
 
-def _prefill_rows(config: BenchConfig, variants: dict[str, tuple], llama: Callable[[int], Timing] | None,
+def _prefill_rows(config: BenchConfig, variants: dict[str, WeightVariant], llama: Callable[[int], Timing] | None,
                   device: torch.device, prompt_tokens: int) -> list[PrefillRow]:
     """Prompt processing at batch 1 for every weight variant (and llama-bench's pp), interleaved in rounds."""
-    generator = next(iter(variants.values()))[1]
+    generator = next(iter(variants.values())).generator
     ids = bench_prompt(generator, prompt_tokens).to(device)
     mask = torch.ones_like(ids)
-    modes: dict[tuple[str, str], Callable[[], Timing]] = {
-        (weights, "prefill"): _in_kernel(v[5], lambda d=v[2]: time_prefill(d, ids, mask)) for weights, v in variants.items()}
+    modes: dict[tuple[str, Mode], Callable[[], Timing]] = {
+        (label, PREFILL): _in_kernel(v.kernel, lambda d=v.full_decoder: time_prefill(d, ids, mask))
+        for label, v in variants.items()}
     if llama is not None:
-        modes["Q4_1", "prefill"] = lambda: llama(prompt_tokens)
+        modes[LLAMA_WEIGHTS, PREFILL] = lambda: llama(prompt_tokens)
     timings, _ = _time_modes(modes, config.repeats, 1, device)
     seconds = {weights: statistics.median(t.seconds for t in runs) for (weights, _), runs in timings.items()}
-    llama_tps = prompt_tokens / seconds["Q4_1"] if "Q4_1" in seconds else None
+    llama_tps = prompt_tokens / seconds[LLAMA_WEIGHTS] if LLAMA_WEIGHTS in seconds else None
     return [PrefillRow(weights=w, prompt_tokens=prompt_tokens, tokens_per_second=round(prompt_tokens / t, 2),
                        ttft_ms=round(1000 * t, 2),
                        vs_llama_cpp=round(prompt_tokens / t / llama_tps, 4) if llama_tps else None)
             for w, t in seconds.items()]
 
 
-# Modes whose failure is a note in the report, not the end of the run: transformers' compiled path (its
-# compiler and our pinned transformers meet a lease's torch for the first time there), our CUDA graphs (the
-# device tests judge them) and llama.cpp (a binary carried to another CPU may lack its instructions).
-OPTIONAL_MODE_PREFIXES = ("hf_static_compile", "graphs:", "llama.cpp")
-
-
-def _time_modes(modes: dict[Mode, Callable[[], Timing]], repeats: int, batch: int, device: torch.device,
-                notes: list[str] | None = None) -> tuple[dict[Mode, list[Timing]], dict[Mode, float]]:
+def _time_modes(modes: dict[TimedKey, Callable[[], Timing]], repeats: int, batch: int, device: torch.device,
+                notes: list[str] | None = None) -> tuple[dict[TimedKey, list[Timing]], dict[TimedKey, float]]:
     """Every mode warmed up once, then ``repeats`` rounds in a fresh random order: (timings, peak MB) per mode.
-    An optional mode whose warm-up raises is left out, with a line in ``notes``."""
+    An optional mode (Mode.optional) whose warm-up raises is left out, with a line in ``notes``."""
     modes = dict(modes)
     for key, run in list(modes.items()):  # warm-up: first-call allocations and kernel selection
         try:
             run()
         except Exception as error:
-            if notes is None or not key[1].startswith(OPTIONAL_MODE_PREFIXES):
+            mode = key[1]
+            if notes is None or not (isinstance(mode, Mode) and mode.optional):
                 raise
             del modes[key]
-            notes.append(f"batch {batch}: {key[0]} {key[1]} left out, its first call raised "
+            notes.append(f"batch {batch}: {key[0]} {mode.name} left out, its first call raised "
                          f"{type(error).__name__}: {str(error)[:300]}")
-    timings: dict[Mode, list[Timing]] = {key: [] for key in modes}
-    peaks: dict[Mode, float] = {}
+    timings: dict[TimedKey, list[Timing]] = {key: [] for key in modes}
+    peaks: dict[TimedKey, float] = {}
     keys = list(modes)
     order_rng = random.Random(batch)
     for _ in range(repeats):
@@ -693,21 +767,21 @@ def _time_modes(modes: dict[Mode, Callable[[], Timing]], repeats: int, batch: in
     return timings, peaks
 
 
-def _batch_rows(config: BenchConfig, variants: dict[str, tuple], schedules: dict, generator: TextGenerator,
-                batch: int, timings: dict[tuple[str, str], list[Timing]], peaks: dict[tuple[str, str], float],
-                report: BenchReport) -> list[BenchRow]:
+def _batch_rows(config: BenchConfig, variants: dict[str, WeightVariant], schedules: dict[float, SolvedSchedule],
+                generator: TextGenerator, batch: int, timings: dict[tuple[str, Mode], list[Timing]],
+                peaks: dict[tuple[str, Mode], float], report: BenchReport) -> list[BenchRow]:
     """One batch size's rows for every weight variant, with their ratios to float full depth and to llama.cpp
     (llama.cpp's own row goes into ``report`` first)."""
-    float_full = batch * config.new_tokens / statistics.median(t.seconds for t in timings["float", "full"]) \
-        if ("float", "full") in timings else None
+    float_full = batch * config.new_tokens / statistics.median(t.seconds for t in timings["float", FULL]) \
+        if ("float", FULL) in timings else None
     llama_tps = _llama_row(report, timings, batch, config.new_tokens)
     all_rows = []
-    for weights in variants:
-        rows = _rows(batch, {name: t for (w, name), t in timings.items() if w == weights},
-                     {name: p for (w, name), p in peaks.items() if w == weights}, schedules, generator.num_layers,
+    for label in variants:
+        rows = _rows(batch, {mode: t for (w, mode), t in timings.items() if w == label},
+                     {mode: p for (w, mode), p in peaks.items() if w == label}, schedules, generator.num_layers,
                      generator.cost, config.new_tokens)
         for row in rows:
-            row.weights = weights
+            row.weights = label
             row.vs_float_full = round(row.tokens_per_second / float_full, 4) if float_full else None
             if llama_tps and row.decode_tokens_per_second:
                 row.vs_llama_cpp = round(row.decode_tokens_per_second / llama_tps, 4)
@@ -732,7 +806,7 @@ def _decode_step_note() -> str:
             "modes name their own); LM head: 4-bit scan (8-bit activations) + top 32 rescored, native")
 
 
-def _llama_cpp_mode(config: BenchConfig, loaded, device: torch.device, notes: list[str]
+def _llama_cpp_mode(config: BenchConfig, loaded: LoadedModel, device: torch.device, notes: list[str]
                     ) -> Callable[[int], Timing] | None:
     """llama-bench on the default model's GGUF (a function of the prompt tokens: 0 times its decoding, N its
     pp test), or None with a note saying why there is no row."""
@@ -773,59 +847,48 @@ def _llama_version(binary: Path) -> str:
     return version.read_text().strip() if version.is_file() else "unknown version"
 
 
-def _llama_row(report: BenchReport, timings: dict, batch: int, new_tokens: int) -> float | None:
+def _llama_row(report: BenchReport, timings: dict[tuple[str, Mode], list[Timing]], batch: int,
+               new_tokens: int) -> float | None:
     """Append llama.cpp's row (when it ran); return its tokens/s."""
-    runs = timings.get(("Q4_1", "llama.cpp"))
+    runs = timings.get((LLAMA_WEIGHTS, LLAMA_CPP))
     if not runs:
         return None
     seconds = statistics.median(t.seconds for t in runs)
     tps = new_tokens / seconds
-    report.rows.append(BenchRow(mode="llama.cpp", batch_size=batch, target_speedup=None, tokens_per_second=round(tps, 3),
+    report.rows.append(BenchRow(mode=LLAMA_CPP.row_mode, batch_size=batch, target_speedup=None,
+                                tokens_per_second=round(tps, 3),
                                 step_latency_ms=round(1000 * statistics.median(t.step_seconds for t in runs), 3),
-                                seconds=round(seconds, 4), weights="Q4_1", decode_tokens_per_second=round(tps, 3),
+                                seconds=round(seconds, 4), weights=LLAMA_WEIGHTS, decode_tokens_per_second=round(tps, 3),
                                 vs_llama_cpp=1.0, efficiency=None))
     return tps
 
 
-def mode_parts(name: str) -> tuple[str, str]:
-    """A timed mode's (engine, mode): "graphs:skip@2" -> ("graphs", "skip@2"); "full" -> ("", "full")."""
-    engine, _, mode = name.rpartition(":")
-    return engine, mode
-
-
-def _row_mode(name: str) -> str:
-    """The row's mode as reports name it: "full", "skipdecode", "graphs full", "graphs skipdecode", ..."""
-    engine, mode = mode_parts(name)
-    mode = "skipdecode" if mode.startswith("skip@") else mode
-    return f"{engine} {mode}" if engine else mode
-
-
-def _rows(batch, timings, peaks, schedules, num_layers, cost, new_tokens) -> list[BenchRow]:
+def _rows(batch: int, timings: dict[Mode, list[Timing]], peaks: dict[Mode, float],
+          schedules: dict[float, SolvedSchedule], num_layers: int, cost: CostModel, new_tokens: int) -> list[BenchRow]:
     """One row per timed mode of one weight variant. Measured speedup is over the full model through the SAME
     engine (our graphs' skip rows over our graphs' full row), so each engine's own gain is read in its row."""
-    def median(name: str, attr: str) -> float:
-        return statistics.median(getattr(t, attr) for t in timings[name])
+    def median(mode: Mode, attr: str) -> float:
+        return statistics.median(getattr(t, attr) for t in timings[mode])
 
     tokens = batch * new_tokens
-    hf_tps = tokens / median("hf_generate", "seconds") if "hf_generate" in timings else None
-    compiled_tps = tokens / median("hf_static_compile", "seconds") if "hf_static_compile" in timings else None
+    hf_tps = tokens / median(HF_GENERATE, "seconds") if HF_GENERATE in timings else None
+    compiled_tps = tokens / median(HF_STATIC_COMPILE, "seconds") if HF_STATIC_COMPILE in timings else None
     rows = []
-    for name in timings:
-        engine, mode = mode_parts(name)
-        full = f"{engine}:full" if engine and f"{engine}:full" in timings else "full"
-        tps = tokens / median(name, "seconds")
-        row = BenchRow(mode=_row_mode(name), batch_size=batch, target_speedup=None,
-                       tokens_per_second=round(tps, 3), step_latency_ms=round(1000 * median(name, "step_seconds"), 3),
-                       seconds=round(median(name, "seconds"), 4),
+    for mode in timings:
+        full = mode.at_full_depth() if mode.at_full_depth() in timings else FULL
+        tps = tokens / median(mode, "seconds")
+        row = BenchRow(mode=mode.row_mode, batch_size=batch, target_speedup=None,
+                       tokens_per_second=round(tps, 3), step_latency_ms=round(1000 * median(mode, "step_seconds"), 3),
+                       seconds=round(median(mode, "seconds"), 4),
                        measured_speedup=round(tps * median(full, "seconds") / tokens, 4),
-                       decode_speedup=_paired_decode_speedup(timings[full], timings[name]),
-                       decode_tokens_per_second=round(batch / median(name, "step_seconds"), 3)
-                       if median(name, "step_seconds") > 0 else None,
+                       decode_speedup=_paired_decode_speedup(timings[full], timings[mode]),
+                       decode_tokens_per_second=round(batch / median(mode, "step_seconds"), 3)
+                       if median(mode, "step_seconds") > 0 else None,
                        vs_hf_generate=round(tps / hf_tps, 4) if hf_tps else None,
                        vs_hf_static_compile=round(tps / compiled_tps, 4) if compiled_tps else None,
-                       peak_memory_mb=round(peaks.get(name, 0.0), 1))
-        if mode.startswith("skip@"):
-            solved = schedules[float(mode[5:])]
+                       peak_memory_mb=round(peaks.get(mode, 0.0), 1))
+        if mode.speedup is not None:  # a skip mode: its schedule's planned speedups
+            solved = schedules[mode.speedup]
             row.target_speedup = solved.target_speedup
             summary = speedup_summary(solved, solved.budgets, cost)  # EOS ignored: every planned step ran
             row.layer_speedup = round(summary.achieved_layer_speedup, 4)
@@ -845,18 +908,13 @@ def _paired_decode_speedup(full: list[Timing], mode: list[Timing]) -> float | No
     return round(statistics.median(f / m for f, m in pairs), 4)
 
 
-def add_captures(rows: list[BenchRow], batch: int, captures: dict[tuple[str, str], float]) -> None:
+def add_captures(rows: list[BenchRow], batch: int, captures: dict[tuple[str, Mode], float]) -> None:
     """Each of this batch's rows gets the capture (or compile) seconds its mode paid, where it paid any."""
-    by_mode = {(weights, _row_mode(name), _speedup_of(name)): seconds for (weights, name), seconds in captures.items()}
+    by_mode = {(weights, mode.row_mode, mode.speedup): seconds for (weights, mode), seconds in captures.items()}
     for row in rows:
         if row.batch_size == batch:
             seconds = by_mode.get((row.weights, row.mode, row.target_speedup))
             row.capture_seconds = round(seconds, 3) if seconds is not None else None
-
-
-def _speedup_of(name: str) -> float | None:
-    mode = mode_parts(name)[1]
-    return float(mode[5:]) if mode.startswith("skip@") else None
 
 
 def write_bench(report: BenchReport, folder: str | Path) -> list[Path]:

@@ -334,7 +334,7 @@ def free_run(generator, decoder: SkipDecoder, prompt_batches, schedule: Schedule
     for ids, mask in prompt_batches:
         result = decoder.generate(ids, mask, schedule, max_new_tokens=max_new_tokens)
         for row, (tokens, reason) in enumerate(zip(result.tokens, result.finish_reasons)):
-            texts.append(generator.decode_text(tokens))
+            texts.append(generator.text.decode_text(tokens))
             target = continuation_target(tokens, reason, eos)
             examples.append(Example(prompt=ids[row][mask[row].bool()].tolist(), target=target or [eos]))
     return FreeRun(texts=texts, examples=examples)
@@ -384,13 +384,13 @@ class _Context:
 
     def floor(self, speedup: float, variant: _Variant | None) -> int | None:
         """The variant's own floor (a floor candidate), else the run's (``min_layers_floor``), else
-        the default the product runs: the skip policy's measured shape (TextGenerator.default_floor)."""
+        the default the product runs: the skip policy's measured shape (SchedulePlanner.default_floor)."""
         if variant is not None and variant.floor is not None:
             return variant.floor
         if self.config.min_layers_floor is not None:
             return self.config.min_layers_floor
         default_floor, warmup = (variant.default_floor, variant.warmup) if variant is not None else \
-            (self.generator.default_floor, self.warmup)
+            (self.generator.schedules.default_floor, self.warmup)
         return default_floor(speedup, self.config.decay, warmup)
 
     def schedule(self, speedup: float, tokens: int, variant: _Variant | None = None) -> tuple[ScheduleConfig, float]:
@@ -526,7 +526,7 @@ def _variants(context: _Context) -> list[_Variant]:
     if loaded.adapter_path:
         variants.append(_Variant("adapter", gated_peft_copy(loaded), loaded.bridge, generator.skip_decoder,
                                  context.warmup, context.order, context.ranking,
-                                 default_floor=generator.default_floor))
+                                 default_floor=generator.schedules.default_floor))
     if config.candidate:
         variants.append(_candidate_variant(context, config.candidate))
     if config.candidate_floor is not None:
@@ -541,10 +541,10 @@ def _candidate_variant(context: _Context, adapter: str | Path) -> _Variant:
     """Another adapter loaded beside the run's, in its own trained placement (unless the run sets one)."""
     config = context.config
     other = TextGenerator(load_model(config.model, device=config.device, adapter=str(adapter)))
-    warmup = config.warmup if config.warmup is not None else other.default_warmup
-    order = config.order or other.default_order
+    warmup = config.warmup if config.warmup is not None else other.schedules.default_warmup
+    order = config.order or other.schedules.default_order
     return _Variant("candidate", gated_peft_copy(other.loaded), other.loaded.bridge, other.skip_decoder,
-                    warmup, order, other.ranking_for(order), default_floor=other.default_floor)
+                    warmup, order, other.schedules.ranking_for(order), default_floor=other.schedules.default_floor)
 
 
 def _prepare(config: EvalConfig, progress) -> tuple[_Context, EvalReport]:
@@ -559,8 +559,8 @@ def _prepare(config: EvalConfig, progress) -> tuple[_Context, EvalReport]:
         raise ValueError("the evaluation prompt set is empty")
     n = config.continuation_tokens
     # The adapter's trained placement unless the caller chose one (the same defaults as generate).
-    warmup = config.warmup if config.warmup is not None else generator.default_warmup
-    order = config.order or generator.default_order
+    warmup = config.warmup if config.warmup is not None else generator.schedules.default_warmup
+    order = config.order or generator.schedules.default_order
     # The full model's greedy text: the reference of every metric (teacher-forced targets, ROUGE,
     # the judged ratio's denominator: the original model's NLL of its own text).
     prompt_batches = _encoded_batches(generator, prompts, config.batch_size)
@@ -577,9 +577,9 @@ def _prepare(config: EvalConfig, progress) -> tuple[_Context, EvalReport]:
     answered = [(Example(prompt=example.prompt, target=[t for t in example.target if t != eos]), fact)
                 for example, fact, right in zip(full_facts.examples, facts, full_facts_right)
                 if right] if full_facts else []
-    answer_spans = [answer_token_span(generator.decode_text, example.target, fact.answers) for example, fact in answered]
+    answer_spans = [answer_token_span(generator.text.decode_text, example.target, fact.answers) for example, fact in answered]
     context = _Context(config=config, generator=generator, loaded=loaded, num_layers=num_layers, warmup=warmup,
-                       order=order, ranking=generator.ranking_for(order), prompts=prompts,
+                       order=order, ranking=generator.schedules.ranking_for(order), prompts=prompts,
                        batches=batches, full_scores=full_scores,
                        prompt_batches=prompt_batches, references=references,
                        fact_batches=fact_batches, facts=facts,
@@ -599,7 +599,7 @@ def _prepare(config: EvalConfig, progress) -> tuple[_Context, EvalReport]:
 
 
 def _encoded_batches(generator, prompts: Sequence[str], batch_size: int) -> list:
-    return [generator.encode(prompts[i:i + batch_size]) for i in range(0, len(prompts), batch_size)]
+    return [generator.text.encode(prompts[i:i + batch_size]) for i in range(0, len(prompts), batch_size)]
 
 
 def _row(context: _Context, variant: _Variant, speedup: float) -> tuple[EvalRow, RowItems]:

@@ -87,7 +87,7 @@ def run_lowbit_check(config: LowBitCheckConfig, progress: Callable[[str], None] 
 def _schedule(generator, speedup: float, tokens: int) -> ScheduleConfig:
     if speedup == 1.0:
         return full_schedule(generator.num_layers, tokens)
-    return generator.schedule_for(ScheduleRequest(target_speedup=speedup), tokens).config  # the product's shape
+    return generator.schedules.schedule_for(ScheduleRequest(target_speedup=speedup), tokens).config  # the product's shape
 
 
 def _predict(generator, examples, schedule: ScheduleConfig, batch_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -10,9 +10,7 @@ below only sees token ids.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable, Generator, Sequence
-
-import torch
+from typing import Callable, Generator
 
 from model.generation.judge import FullModelJudge
 from model.generation.lens import LogitLens
@@ -34,11 +32,10 @@ from model.skipdecode.schedule import SolvedSchedule, speedup_summary
 class TextGenerator:
     """SkipDecode over a LoadedModel, speaking text.
 
-    Its parts, for what is not a run: ``text`` (TextCodec: the chat template, encoding, token
-    texts), ``schedules`` (SchedulePlanner: the skip policy's trained defaults, solving, the cache),
-    ``lens`` (LogitLens) and ``judge`` (FullModelJudge). ``encode``, ``decode_text`` and the schedule
-    methods below are the face most callers read (text in and out, the schedule a request runs with
-    its defaults), kept here so a caller needs one object."""
+    It only orchestrates a run; a caller uses its parts directly for what is not one: ``text``
+    (TextCodec: the chat template, ``encode``, ``decode_text``, token texts), ``schedules``
+    (SchedulePlanner: the skip policy's trained defaults, ``schedule_for``, the cache), ``lens``
+    (LogitLens) and ``judge`` (FullModelJudge)."""
 
     def __init__(self, loaded: LoadedModel) -> None:
         self.loaded = loaded
@@ -65,37 +62,6 @@ class TextGenerator:
         the skip policy's weights (merged adapter, bridge) for SkipDecode."""
         return self.full_decoder if request.full or not request.skip_policy else self.skip_decoder
 
-    # --- the face: text in and out, the schedule a request runs ----------------------------
-    def encode(self, prompts: Sequence[str], raw: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """Left-padded (B, P) ids and mask (``TextCodec.encode``)."""
-        return self.text.encode(prompts, raw)
-
-    def decode_text(self, token_ids: Sequence[int], stop: Sequence[str] = ()) -> str:
-        """Generated ids as text, cut at the first stop string (``TextCodec.decode_text``)."""
-        return self.text.decode_text(token_ids, stop)
-
-    def schedule_for(self, request: ScheduleRequest, max_new_tokens: int) -> SolvedSchedule:
-        """The solved schedule a request runs (``SchedulePlanner.schedule_for``: kept per inputs)."""
-        return self.schedules.schedule_for(request, max_new_tokens)
-
-    @property
-    def default_warmup(self) -> int:
-        """The skip policy's trained warmup (``SchedulePlanner.default_warmup``)."""
-        return self.schedules.default_warmup
-
-    @property
-    def default_order(self) -> str:
-        """The skip policy's trained layer order (``SchedulePlanner.default_order``)."""
-        return self.schedules.default_order
-
-    def default_floor(self, target_speedup: float, decay: str, warmup: int | None = None) -> int | None:
-        """The skip policy's measured floor at this speedup (``SchedulePlanner.default_floor``)."""
-        return self.schedules.default_floor(target_speedup, decay, warmup)
-
-    def ranking_for(self, order: str) -> tuple[int, ...]:
-        """The skip policy's layer ranking for ``order`` (``SchedulePlanner.ranking_for``)."""
-        return self.schedules.ranking_for(order)
-
     # --- a run ----------------------------------------------------------------------------
     def prepare(self, request: GenerationRequest, solve: bool = True,
                 limits: Callable[[PreparedRun], None] | None = None, share_prefix: bool = False) -> PreparedRun:
@@ -109,7 +75,7 @@ class TextGenerator:
         the same up to the float rounding of a differently shaped prefill."""
         validate_request(request)
         if solve:
-            schedule: SolvedSchedule | None = self.schedule_for(request.schedule, request.max_new_tokens)
+            schedule: SolvedSchedule | None = self.schedules.schedule_for(request.schedule, request.max_new_tokens)
         else:
             self.schedules.check(request.schedule, request.max_new_tokens)
             schedule = None
@@ -138,7 +104,7 @@ class TextGenerator:
     def with_schedule(self, run: PreparedRun, schedule: ScheduleRequest) -> PreparedRun:
         """The same prompts (no second tokenization) under another schedule: the full model beside SkipDecode."""
         request = replace(run.request, schedule=schedule)
-        return replace(run, request=request, schedule=self.schedule_for(schedule, request.max_new_tokens))
+        return replace(run, request=request, schedule=self.schedules.schedule_for(schedule, request.max_new_tokens))
 
     def stream(
         self, request: GenerationRequest | PreparedRun, should_cancel: Callable[[], bool] | None = None,

@@ -3,6 +3,9 @@
 // `namespace avx512` under the AVX-512 target with SD_AVX512 1, and picks one set at run time
 // (the CPU's own: __builtin_cpu_supports; SKIPDECODE_Q4_ISA forces one). Everything here is
 // plain loops over a few vector primitives, so each instruction set gets its own compiled copy.
+// A kernel is named by what it does, never by its instruction set: the namespace it is compiled into
+// says that (avx2::q4_lane_tile and avx512::q4_lane_tile are the lane kernel on each set, their
+// bodies under `#if SD_AVX512` / `#if !SD_AVX512` where the two sets differ).
 //
 // The q4 matmul: weights as Q4 blocks of 32 (bytes: q[j] low nibble, q[j + 16] high; per block a
 // bfloat16 scale and zero, w = (q - 8) scale + zero: torch's int4 values, docs/DESIGN.md), times
@@ -282,7 +285,7 @@ static void attend(const float* q, int64_t group, const float* keys, const float
 // kernel (q4_lane_tile, below): per row and superblock of 16 blocks, lanes[1024] bytes: for chunk c
 // (0-3) four 64-byte vectors, hi of elements 4c..4c+3 of each block, hi of 16 + 4c.., lo of 4c..,
 // lo of 16 + 4c.. (lane l: block l's 4 bytes), and lane_f[48]: each block's dx, sum, -8 sum.
-// AVX2 lays the first 8 * (blocks / 8) blocks out for its own lane kernel (q4_lane_tile2): per row
+// AVX2 lays the first 8 * (blocks / 8) blocks out for its own lane kernel (q4_lane_tile): per row
 // and superblock of 8 blocks, lanes16[256] int16: for chunk c (0-7) two 16-lane vectors, elements 2c,
 // 2c + 1 of each block, then elements 16 + 2c, 16 + 2c + 1 (lanes 2l, 2l + 1: block l's pair), and
 // lane_f[24]: each block's dx, sum, -8 sum.
@@ -655,7 +658,7 @@ static void q4_rows(const Q4Weights& w, const QuantRows& q, float* y, int64_t y_
 }
 #else
 // 16 Q4 bytes widened once to 16-bit lanes (each q[j] | q[j + 16] << 4): the low nibbles by a mask, the
-// high ones by a shift (a block's: q[0..15] and q[16..31]; a lane chunk's: see q4_lane_tile2).
+// high ones by a shift (a block's: q[0..15] and q[16..31]; a lane chunk's: see q4_lane_tile).
 static inline void widen_q4_block(const uint8_t* bytes, __m256i& low, __m256i& high) {
   const __m256i both = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes)));
   low = _mm256_and_si256(both, _mm256_set1_epi16(0x0F));
@@ -735,7 +738,7 @@ static inline void q4_row(const Q4Weights& w, const QuantRows& q, int64_t first,
 // quarter of its time on a Zen 3 core (the whole decode step's tail ~20% of its samples, perf), and its
 // reads of qs fetched a second array's line per weight row.
 template <int R, int O>
-static inline void q4_lane_tail2(const Q4Weights& w, const QuantRows& q, int64_t first, int64_t o, __m256 (&acc)[R][O]) {
+static inline void q4_lane_tail(const Q4Weights& w, const QuantRows& q, int64_t first, int64_t o, __m256 (&acc)[R][O]) {
   const int64_t row_bytes = w.blocks * 16, row_pairs = w.blocks * 2;
   for (int64_t b = q.supers * 8; b < w.blocks; ++b) {
     const int64_t cell = (b / 4) * q.rows + first;  // row first + r: + r
@@ -769,10 +772,10 @@ static inline void q4_lane_tail2(const Q4Weights& w, const QuantRows& q, int64_t
 // and a shift, the low and the high elements of a chunk for all 8 blocks). A lane's sum of 32
 // products stays below 2^24. Register tile: R rows x O weight rows; each chunk's weights are widened
 // once for the R rows, each row's activation vectors loaded once for the O weight rows. The blocks
-// past the last superblock: q4_lane_tail2, into the same accumulators.
+// past the last superblock: q4_lane_tail, into the same accumulators.
 template <int R, int O>
-static inline void q4_lane_tile2(const Q4Weights& w, const QuantRows& q, int64_t first, int64_t o, float* y,
-                                 int64_t y_stride) {
+static inline void q4_lane_tile(const Q4Weights& w, const QuantRows& q, int64_t first, int64_t o, float* y,
+                                int64_t y_stride) {
   const __m256i zero_bits = _mm256_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
   const int64_t row_bytes = w.blocks * 16, row_pairs = w.blocks * 2;
   __m256 acc[R][O];
@@ -825,7 +828,7 @@ static inline void q4_lane_tile2(const Q4Weights& w, const QuantRows& q, int64_t
       }
     }
   }
-  if (q.supers * 8 < w.blocks) q4_lane_tail2<R, O>(w, q, first, o, acc);
+  if (q.supers * 8 < w.blocks) q4_lane_tail<R, O>(w, q, first, o, acc);
   for (int r = 0; r < R; ++r) {
     for (int j = 0; j < O; ++j) y[(first + r) * y_stride + o + j] = vsum(acc[r][j]);
   }
@@ -834,13 +837,13 @@ static inline void q4_lane_tile2(const Q4Weights& w, const QuantRows& q, int64_t
 // Rows [first, last) of q against O weight rows from o on the lane kernel: tiles of 4 rows, then the
 // 1-3 rows left.
 template <int O>
-static inline void q4_column2(const Q4Weights& w, const QuantRows& q, float* y, int64_t y_stride, int64_t o,
-                              int64_t first, int64_t last) {
-  for (; first + 4 <= last; first += 4) q4_lane_tile2<4, O>(w, q, first, o, y, y_stride);
+static inline void q4_column(const Q4Weights& w, const QuantRows& q, float* y, int64_t y_stride, int64_t o,
+                             int64_t first, int64_t last) {
+  for (; first + 4 <= last; first += 4) q4_lane_tile<4, O>(w, q, first, o, y, y_stride);
   switch (last - first) {
-    case 3: q4_lane_tile2<3, O>(w, q, first, o, y, y_stride); break;
-    case 2: q4_lane_tile2<2, O>(w, q, first, o, y, y_stride); break;
-    case 1: q4_lane_tile2<1, O>(w, q, first, o, y, y_stride); break;
+    case 3: q4_lane_tile<3, O>(w, q, first, o, y, y_stride); break;
+    case 2: q4_lane_tile<2, O>(w, q, first, o, y, y_stride); break;
+    case 1: q4_lane_tile<1, O>(w, q, first, o, y, y_stride); break;
     default: break;
   }
 }
@@ -857,15 +860,15 @@ static void q4_rows(const Q4Weights& w, const QuantRows& q, float* y, int64_t y_
   if (w.lanes != nullptr && q.supers > 0) {
     if (q.rows == 1) {
       int64_t o = begin;
-      for (; o + 3 < end; o += 4) q4_lane_tile2<1, 4>(w, q, 0, o, y, y_stride);
-      for (; o < end; ++o) q4_lane_tile2<1, 1>(w, q, 0, o, y, y_stride);
+      for (; o + 3 < end; o += 4) q4_lane_tile<1, 4>(w, q, 0, o, y, y_stride);
+      for (; o < end; ++o) q4_lane_tile<1, 1>(w, q, 0, o, y, y_stride);
       return;
     }
     for (int64_t first = 0; first < q.rows; first += kRowBlock) {
       const int64_t last = std::min(q.rows, first + kRowBlock);
       int64_t o = begin;
-      for (; o + 1 < end; o += 2) q4_column2<2>(w, q, y, y_stride, o, first, last);
-      for (; o < end; ++o) q4_column2<1>(w, q, y, y_stride, o, first, last);
+      for (; o + 1 < end; o += 2) q4_column<2>(w, q, y, y_stride, o, first, last);
+      for (; o < end; ++o) q4_column<1>(w, q, y, y_stride, o, first, last);
     }
     return;
   }
@@ -941,9 +944,9 @@ static void lora_b_rows(const float* a, int64_t a_stride, int64_t rows, const in
 // one (output, column mod 4) over the window; three horizontal adds a half-tile give its 8 outputs.
 // Rows two at a time against a half-tile (8 accumulators); a row's sums never depend on its neighbours.
 template <int R>
-static inline void lora_b_half_tile2(const float* a, int64_t a_stride, int64_t first, const int8_t* tile,
-                                     int64_t tile_width, int32_t start, const float* scale, float* y,
-                                     int64_t y_stride, int64_t o) {
+static inline void lora_b_half_tile(const float* a, int64_t a_stride, int64_t first, const int8_t* tile,
+                                    int64_t tile_width, int32_t start, const float* scale, float* y,
+                                    int64_t y_stride, int64_t o) {
   __m256 acc[R][4];
   for (int r = 0; r < R; ++r) {
     for (int k = 0; k < 4; ++k) acc[r][k] = _mm256_setzero_ps();
@@ -970,18 +973,18 @@ static inline void lora_b_half_tile2(const float* a, int64_t a_stride, int64_t f
   }
 }
 
-static void lora_b_tiles2(const float* a, int64_t a_stride, int64_t rows, const int8_t* tiles, int64_t tile_width,
-                          const int32_t* tile_start, const float* scale, float* y, int64_t y_stride, int64_t begin,
-                          int64_t end) {
+static void lora_b_tiles(const float* a, int64_t a_stride, int64_t rows, const int8_t* tiles, int64_t tile_width,
+                         const int32_t* tile_start, const float* scale, float* y, int64_t y_stride, int64_t begin,
+                         int64_t end) {
   for (int64_t t = begin; t < end; ++t) {
     for (int half = 0; half < 2; ++half) {
       const int8_t* tile = tiles + t * tile_width * 16 + half * 32;  // (TW / 4, 16, 4): this half's 8 outputs
       const int64_t o = t * 16 + half * 8;
       int64_t first = 0;
       for (; first + 2 <= rows; first += 2) {
-        lora_b_half_tile2<2>(a, a_stride, first, tile, tile_width, tile_start[t], scale, y, y_stride, o);
+        lora_b_half_tile<2>(a, a_stride, first, tile, tile_width, tile_start[t], scale, y, y_stride, o);
       }
-      if (first < rows) lora_b_half_tile2<1>(a, a_stride, first, tile, tile_width, tile_start[t], scale, y, y_stride, o);
+      if (first < rows) lora_b_half_tile<1>(a, a_stride, first, tile, tile_width, tile_start[t], scale, y, y_stride, o);
     }
   }
 }
@@ -1098,7 +1101,7 @@ static void project(const ProjectionView& p, const float* x, int64_t rows, int64
 #else
   if (p.tiles != nullptr) {
     at::parallel_for(0, p.out / 16, 4, [&](int64_t begin, int64_t end) {
-      lora_b_tiles2(y + p.out, stride, rows, p.tiles, p.tile_width, p.tile_start, p.scale, y, stride, begin, end);
+      lora_b_tiles(y + p.out, stride, rows, p.tiles, p.tile_width, p.tile_start, p.scale, y, stride, begin, end);
     });
     return;
   }

@@ -220,7 +220,7 @@ Tensor interleaved_blocks(const Tensor& qs, int64_t blocks, int64_t piece, const
 // block l at lane l (4 bytes).
 Tensor q4_lanes(const Tensor& qs) { return interleaved_blocks(qs, 16, 4, "q4_lanes"); }
 
-// The Q4 bytes qs (O, K/2) in the AVX2 lane kernel's layout (decode_kernels.h, q4_lane_tile2), shaped
+// The Q4 bytes qs (O, K/2) in the AVX2 lane kernel's layout (decode_kernels.h, avx2::q4_lane_tile), shaped
 // (O, K/32, 16) (the shape tells the kernels which layout a lanes tensor holds): per row, each
 // superblock of 8 blocks as 8 chunks of 16 bytes, chunk c holding bytes 2c, 2c + 1 of block l at 2l.
 Tensor q4_lanes_avx2(const Tensor& qs) {
@@ -397,8 +397,8 @@ Tensor lora_b_matmul(const Tensor& input, const Tensor& window, const Tensor& st
     TORCH_CHECK(tiles->dim() == 4 && tiles->size(0) * 16 == outputs && tile_start.has_value(), "lora_b_matmul: tiles");
     const int64_t tile_width = tiles->size(1) * 4;
     at::parallel_for(0, outputs / 16, 4, [&](int64_t b, int64_t e) {
-      avx2::lora_b_tiles2(xp, x.size(1), rows, tiles->data_ptr<int8_t>(), tile_width, tile_start->data_ptr<int32_t>(),
-                          scale.data_ptr<float>(), yp, outputs, b, e);
+      avx2::lora_b_tiles(xp, x.size(1), rows, tiles->data_ptr<int8_t>(), tile_width, tile_start->data_ptr<int32_t>(),
+                         scale.data_ptr<float>(), yp, outputs, b, e);
     });
     return y;
   }

@@ -212,11 +212,11 @@ def measure_speed(generator: TextGenerator, mrs: Sequence[str], full_request: Sc
     """Decode and end-to-end tokens/s of the task model and SkipDecode on ``mrs`` in batches of
     ``batch_size``, each batch run by both arms in turn, ``repeats`` times, after a warm-up. ``prompt_for``
     makes each input's prompt (E2E's from an MR; another task passes its own)."""
-    full_schedule = generator.schedule_for(full_request, steps + 1).config
-    skip_schedule = generator.schedule_for(skip_request, steps + 1).config
+    full_schedule = generator.schedules.schedule_for(full_request, steps + 1).config
+    skip_schedule = generator.schedules.schedule_for(skip_request, steps + 1).config
     arms = {"full": (generator.decoder_for(full_request), full_schedule, [0.0, 0.0]),
             "skip": (generator.decoder_for(skip_request), skip_schedule, [0.0, 0.0])}
-    batches = [generator.encode([prompt_for(mr) for mr in mrs[i:i + batch_size]])
+    batches = [generator.text.encode([prompt_for(mr) for mr in mrs[i:i + batch_size]])
                for i in range(0, len(mrs), batch_size)]
     for decoder, schedule, _ in arms.values():  # warm-up: first calls allocate and build kernels
         timed_decode(decoder, *batches[0], schedule, 4)

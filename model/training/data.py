@@ -109,7 +109,7 @@ def teacher_continuations(
     schedule = full_schedule(generator.num_layers)
     settings = [SamplingConfig()] + [SamplingConfig(temperature=temperature, seed=seed + i) for i in range(samples)]
     for start in range(0, len(prompts), batch_size):
-        ids, mask = generator.encode(prompts[start:start + batch_size])
+        ids, mask = generator.text.encode(prompts[start:start + batch_size])
         ids, mask = ids[:, -max_prompt_tokens:], mask[:, -max_prompt_tokens:]
         for sampling in settings:
             result = generator.full_decoder.generate(ids, mask, schedule, max_new_tokens=max_new_tokens,

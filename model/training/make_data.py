@@ -340,7 +340,7 @@ def sample_user_turns(generator, config: MakeDataConfig, path: Path, progress) -
                                                      max_new_tokens=64, sampling=sampling)
             fresh = []
             for tokens, reason in zip(result.tokens, result.finish_reasons):
-                text = generator.decode_text(tokens).strip()  # the decoder leaves EOS out
+                text = generator.text.decode_text(tokens).strip()  # the decoder leaves EOS out
                 key = normalized(text)
                 if reason == "eos" and good_user_turn(text) and key not in seen:
                     seen.add(key)
@@ -424,7 +424,7 @@ def _length_sorted_batches(generator, prompts: Sequence[PromptRecord], config: M
     """Batches of similar prompt length (less padding), sorted within chunks of the list so that
     progress still moves through the list in order (a stopped run leaves a mixed prefix)."""
     for start in range(0, len(prompts), chunk):
-        encoded = [(p, generator.encode([p.prompt], raw=p.raw)[0][0].tolist()[-config.max_prompt_tokens:])
+        encoded = [(p, generator.text.encode([p.prompt], raw=p.raw)[0][0].tolist()[-config.max_prompt_tokens:])
                    for p in prompts[start:start + chunk]]
         encoded.sort(key=lambda item: len(item[1]))
         for i in range(0, len(encoded), config.batch_size):
@@ -458,7 +458,7 @@ def _writer(generator, config: MakeDataConfig, batch_id: int):
         return generator.full_decoder, full_schedule(generator.num_layers), ""
 
     speedup = config.writer_speedups[batch_id % len(config.writer_speedups)]
-    solved = generator.schedule_for(ScheduleRequest(target_speedup=speedup), config.max_new_tokens)
+    solved = generator.schedules.schedule_for(ScheduleRequest(target_speedup=speedup), config.max_new_tokens)
     return generator.skip_decoder, solved.config, f"skip{speedup:g}x-"
 
 

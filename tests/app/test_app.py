@@ -278,11 +278,11 @@ def test_api_defaults_are_the_adapters_trained_placement(client, server):
     _, generator = server
     info = client.view_api(return_format="dict", print_info=False)
     parameters = {p["parameter_name"]: p for p in info["named_endpoints"]["/generate"]["parameters"]}
-    assert parameters["warmup"]["parameter_default"] == generator.default_warmup
-    assert parameters["order"]["parameter_default"] == generator.default_order
+    assert parameters["warmup"]["parameter_default"] == generator.schedules.default_warmup
+    assert parameters["order"]["parameter_default"] == generator.schedules.default_order
     final = client.predict(prompt="Hi", max_new_tokens=4, api_name="/generate")
-    assert final["schedule"]["warmup"] == generator.default_warmup
-    assert final["schedule"]["order"] == generator.default_order
+    assert final["schedule"]["warmup"] == generator.schedules.default_warmup
+    assert final["schedule"]["order"] == generator.schedules.default_order
     assert final["skipdecode_decode_tokens_per_second"] > 0 and final["skipdecode_prefill_seconds"] > 0
 
 
@@ -297,8 +297,8 @@ def test_lens_top1_at_the_last_layer_that_ran_is_the_generated_token(client, ser
     for entry, layers in zip(lens[1:], final["step_layers"]):
         assert [reading["layer"] for reading in entry] == layers  # executed layers only, in order
     generated = [entry[-1]["token_id"] for entry in lens]
-    assert generator.decode_text(generated) == final["skipdecode"][0]
-    assert ids == generated or generator.decode_text(ids) == generator.decode_text(generated)
+    assert generator.text.decode_text(generated) == final["skipdecode"][0]
+    assert ids == generated or generator.text.decode_text(ids) == generator.text.decode_text(generated)
     assert all(0 < reading["prob"] <= 1 for entry in lens for reading in entry)
     plain = client.predict(prompt="What is photosynthesis?", target_speedup=2.0, max_new_tokens=8, api_name="/generate")
     assert "lens" not in plain and plain["skipdecode"] == final["skipdecode"]  # the lens changes nothing

@@ -44,7 +44,7 @@ def _memorizer(default_model, folder: Path) -> Path:
         num_key_value_heads=2, max_position_embeddings=512, eos_token_id=eos, pad_token_id=default_model.pad_token_id))
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    prompt, _ = TextGenerator(load_model(str(folder), device="cpu", adapter=None)).encode([task_prompt(MR)])
+    prompt, _ = TextGenerator(load_model(str(folder), device="cpu", adapter=None)).text.encode([task_prompt(MR)])
     target = torch.tensor([*tokenizer(WRONG, add_special_tokens=False).input_ids, eos])
     sequence = torch.cat([prompt[0], target])[None]
     labels = sequence.clone()

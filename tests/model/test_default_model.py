@@ -31,7 +31,7 @@ def test_full_depth_greedy_equals_transformers_generate(default_model):
     prompts = ("Name three colours.", "Write one sentence about the moon and the tides.")
     request = GenerationRequest(prompts=prompts, schedule=ScheduleRequest(full=True), max_new_tokens=NEW_TOKENS)
     ours = generator.generate(request)
-    ids, mask = generator.encode(prompts)
+    ids, mask = generator.text.encode(prompts)
     with torch.no_grad():
         reference = default_model.model.generate(
             input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False,
@@ -53,7 +53,7 @@ def test_2x_run_returns_text_with_the_expected_layer_counts(default_model):
         max_new_tokens=NEW_TOKENS,
     )
     result = generator.generate(request)
-    solved = generator.schedule_for(request.schedule, NEW_TOKENS)
+    solved = generator.schedules.schedule_for(request.schedule, NEW_TOKENS)
     steps = result.layers_per_step
     assert steps == solved.budgets[: len(steps)]
     assert all(b <= a for a, b in zip(steps, steps[1:]))
@@ -95,7 +95,7 @@ def test_template_tail_is_derived_from_the_chat_template(default_model):
     length cuts exactly at the end of the user's text (an off-by-one shows the wrong tokens)."""
     generator = TextGenerator(default_model)
     prompt = "Name three colours."
-    ids = generator.encode([prompt])[0][0].tolist()
+    ids = generator.text.encode([prompt])[0][0].tolist()
     user = default_model.tokenizer(prompt, add_special_tokens=False)["input_ids"]
     tail = generator.text.template_tail_tokens
     assert tail > 0 and ids[len(ids) - tail - len(user): len(ids) - tail] == user

@@ -60,3 +60,24 @@ def test_python_dash_m_model_still_runs():
     done = subprocess.run([sys.executable, "-m", "model", "--help"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "generate" in done.stdout and "train" in done.stdout
+
+
+# TextGenerator orchestrates a run; what is not a run a caller asks of its parts, each by name
+# (generator.text: TextCodec; generator.schedules: SchedulePlanner), never through a forwarding copy.
+GENERATOR_RUN = ["prepare", "sized", "with_schedule", "stream", "generate", "shared_prefill", "decoder_for"]
+GENERATOR_PARTS = {
+    ("model.generation.text", "TextCodec"): ["encode", "decode_text", "token_text", "prompt_tokens"],
+    ("model.generation.schedules", "SchedulePlanner"): ["schedule_for", "check", "default_warmup", "default_order",
+                                                        "default_floor", "ranking_for"],
+}
+
+
+def test_the_generator_runs_and_its_parts_answer_the_rest():
+    from model.generation.generator import TextGenerator
+
+    assert [name for name in GENERATOR_RUN if not hasattr(TextGenerator, name)] == []
+    for (module, part), names in GENERATOR_PARTS.items():
+        cls = getattr(importlib.import_module(module), part)
+        assert [name for name in names if not hasattr(cls, name)] == [], f"{part} lost a name"
+        forwarded = [name for name in names if hasattr(TextGenerator, name)]
+        assert not forwarded, f"TextGenerator forwards {forwarded} to {part}: call generator's part instead"

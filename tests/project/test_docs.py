@@ -1,10 +1,13 @@
 """The README stays a page for users, and nothing moved out of it is lost: its prose lines are short
 enough to read, every relative link in README.md and docs/ (docs/history/ too) resolves, and every
-figure (image) is reachable from the README by links."""
+figure (image) is reachable from the README by links. The module maps (docs/DESIGN.md's, docs/DEVELOPING.md's)
+name only paths that exist, and DESIGN.md's names every module of the product. DEVELOPING.md's table of the
+tree by size (tests/project/tree_table.py writes it) is within 10% of the tree."""
 
 import re
 from pathlib import Path
 
+from tests.project import tree_table
 from tests.support import ROOT
 
 README_MAX_LINES = 250
@@ -83,3 +86,87 @@ def test_every_figure_is_reachable_from_the_readme():
         assert (ROOT / figure).resolve() in images, f"{figure} is not reachable from README.md"
     for doc in ("RESULTS", "TRAINING", "SERVING", "DEVELOPING", "DESIGN"):
         assert (ROOT / "docs" / f"{doc}.md").resolve() in seen, f"README.md links to no docs/{doc}.md"
+
+
+# The module maps: docs/DESIGN.md's names every product module; docs/DEVELOPING.md's is the short tour.
+MAPS = {"docs/DESIGN.md": "## Module map", "docs/DEVELOPING.md": "## What is inside"}
+CODE = re.compile(r"`([^`\s]+)`")  # a backticked name without spaces: a path, a function, a setting
+
+
+def map_rows(text: str, heading: str) -> list[tuple[str, str]]:
+    """(first cell, the rest of the row) of each body row of the table under ``heading``. The rest is kept
+    whole: a cell's code may hold a "|" (`generate|train`), so only the first one splits."""
+    section = text.split(f"\n{heading}\n", 1)[1].split("\n#", 1)[0]
+    body = [line.strip() for line in section.splitlines() if line.startswith("|")][2:]  # past the header and rule
+    cells = [line.strip("|").split("|", 1) for line in body]
+    return [(first.strip(), rest.strip()) for first, rest in cells]
+
+
+def missing_paths(rows: list[tuple[str, str]], root: Path) -> list[str]:
+    """Every path a map names that is not there: each name in a row's first cell (the files it is about),
+    and each name with a "/" in the rest (a file it points to)."""
+    named = [name for first, rest in rows
+             for name in CODE.findall(first) + [n for n in CODE.findall(rest) if "/" in n]]
+    return [name for name in named if not (root / name).exists()]
+
+
+def unmapped_modules(rows: list[tuple[str, str]], root: Path) -> list[str]:
+    """The product's modules (model/ and app/, not __init__.py) that no row's first cell names, by itself
+    or by a folder above it ("app/")."""
+    named = {name for first, _ in rows for name in CODE.findall(first)}
+    folders = tuple(name for name in named if name.endswith("/"))
+    modules = sorted(str(path.relative_to(root)) for package in ("model", "app")
+                     for path in (root / package).rglob("*.py") if path.name != "__init__.py")
+    return [module for module in modules if module not in named and not module.startswith(folders or ("\0",))]
+
+
+def test_every_path_the_module_maps_name_exists():
+    missing = {page: missing_paths(map_rows((ROOT / page).read_text(), heading), ROOT)
+               for page, heading in MAPS.items()}
+    assert not any(missing.values()), f"paths named in a map that are not there: {missing}"
+
+
+def test_every_product_module_is_in_the_design_maps():
+    rows = map_rows((ROOT / "docs/DESIGN.md").read_text(), MAPS["docs/DESIGN.md"])
+    assert len(rows) > 30  # the table was found
+    unmapped = unmapped_modules(rows, ROOT)
+    assert not unmapped, f"docs/DESIGN.md's module map names none of {unmapped}: add a row (or name it in one)"
+
+
+def test_the_map_checks_find_a_lost_path_and_an_unmapped_module(tmp_path):
+    for name in ("model/a.py", "model/b.py", "model/__init__.py", "app/page/c.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+    text = "\n".join(["# Map", "## Module map", "", "| module | job |", "|---|---|",
+                      "| `model/a.py`, `model/gone.py` | see `app/page/` and `run_it` |", "| `app/page/` | the page |",
+                      "## Next", "| `model/b.py` | another table |"])
+    rows = map_rows(text, "## Module map")
+    assert rows == [("`model/a.py`, `model/gone.py`", "see `app/page/` and `run_it`"), ("`app/page/`", "the page")]
+    assert missing_paths(rows, tmp_path) == ["model/gone.py"]
+    assert unmapped_modules(rows, tmp_path) == ["model/b.py"]
+
+
+def test_the_tree_table_in_developing_is_current():
+    stale = tree_table.stale_figures((ROOT / "docs/DEVELOPING.md").read_text())
+    assert not stale, f"docs/DEVELOPING.md's tree table is off: {stale}; run python -m tests.project.tree_table --write"
+
+
+def test_the_tree_table_allows_small_edits_and_finds_growth(tmp_path):
+    """The check itself, on a tree of one folder: 9% more lines is current, 20% more is not; the table
+    is written between the page's markers and read back."""
+    kernels, tests = tmp_path / "model" / "lowbit" / "kernels.py", tmp_path / "tests" / "test_a.py"
+    for path, text in ((kernels, "x = 1\n" * 100), (tests, "def test_one():\n    pass\n")):
+        path.parent.mkdir(parents=True)
+        path.write_text(text)
+    page = tmp_path / "PAGE.md"
+    page.write_text(f"# Page\n\n{tree_table.START}\nthe stale table\n{tree_table.END}\n\nafter\n")
+    tree_table.write_page(page, tmp_path)
+    text = page.read_text()
+    assert text.startswith("# Page\n\n") and text.endswith("\n\nafter\n") and "the stale table" not in text
+    rows, count = tree_table.page_figures(text)
+    assert rows["model/lowbit"] == (1, 100) and rows["app/page"] == (0, 0) and count == 1
+    assert tree_table.stale_figures(text, tmp_path) == []
+    kernels.write_text("x = 1\n" * 109)
+    assert tree_table.stale_figures(text, tmp_path) == []
+    kernels.write_text("x = 1\n" * 120)
+    assert tree_table.stale_figures(text, tmp_path) == ["model/lowbit: lines 100 on the page, 120 in the tree"]

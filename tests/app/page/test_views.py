@@ -278,7 +278,7 @@ def test_views_only_format_the_race_and_never_call_the_model(tiny_generator, loc
         prompt="Name a fruit.", target_speedup=1.5, max_new_tokens=6, batch_size=2, lens=True, lens_kl=True))
     renderer = RaceRenderer(checked.settings)
     with model_forbidden(generator), pytest.raises(AssertionError, match="a view called the model"):
-        generator.decode_text([1])  # the stand-ins catch a call
+        generator.text.decode_text([1])  # the stand-ins catch a call
     rendered = 0
     for update in checked.race(lockstep=lockstep):
         with model_forbidden(generator):
@@ -289,8 +289,8 @@ def test_views_only_format_the_race_and_never_call_the_model(tiny_generator, loc
     ids = update.skip.ids(0)
     assert len(update.judged) == len(ids) == len(message["lens"]) and f"of its {len(ids)} positions" in page[3]
     assert message["full_model_same_next_token"] == round(sum(j.same for j in update.judged) / len(ids), 4)
-    assert message["skipdecode"] == [generator.decode_text(update.skip.ids(r)) for r in range(2)]
-    assert message["full"] == [generator.decode_text(update.full.ids(r)) for r in range(2)]
+    assert message["skipdecode"] == [generator.text.decode_text(update.skip.ids(r)) for r in range(2)]
+    assert message["full"] == [generator.text.decode_text(update.full.ids(r)) for r in range(2)]
 
 
 @pytest.mark.slow

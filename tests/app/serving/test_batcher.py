@@ -134,12 +134,12 @@ def test_a_job_that_leaves_loses_only_its_rows_and_a_batch_everyone_left_ends(ge
 def test_a_row_that_ends_early_stops_streaming_while_the_batch_goes_on(generator):
     long_alone = _alone(generator, _request(PROMPTS[1]))
     short_alone = _alone(generator, _request(PROMPTS[0]))
-    short_text = generator.decode_text(short_alone.skip.ids(0))
-    long_text = generator.decode_text(long_alone.skip.ids(0))
+    short_text = generator.text.decode_text(short_alone.skip.ids(0))
+    long_text = generator.text.decode_text(long_alone.skip.ids(0))
     # a stop string in the first row's early text that the second row never writes
     stop = next((short_text[i:i + 3] for i in range(len(short_text) - 3)
                  if short_text[i:i + 3].strip() and short_text[i:i + 3] not in long_text
-                 and generator.decode_text(generator.loaded.tokenizer.encode(short_text[:i + 3],
+                 and generator.text.decode_text(generator.loaded.tokenizer.encode(short_text[:i + 3],
                                                                             add_special_tokens=False))), None)
     if stop is None:
         pytest.skip("the tiny model wrote no text one row stops on and the other does not")

@@ -128,7 +128,7 @@ def test_the_api_client_gets_every_step_once_in_frames_and_the_whole_result_last
     for row in range(2):  # the frames' tokens spell the final texts
         for name in ("skipdecode", "full"):
             ids = [e["token_ids"][row] for e in streams[name] if e["token_ids"][row] is not None]
-            assert generator.decode_text(ids) == final[name][row]
+            assert generator.text.decode_text(ids) == final[name][row]
     # Frames, not one message a step: at most one per FRAME_S (and the last), several steps each.
     assert len(messages) <= wall_s / FRAME_S + 2, (len(messages), wall_s)
     assert len(entries) >= 2 * len(messages) and len(entries) > 60, (len(entries), len(messages))

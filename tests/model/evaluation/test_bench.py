@@ -13,8 +13,10 @@ from model.evaluation.bench import (
     BenchConfig,
     BenchReport,
     BenchRow,
+    Mode,
     PrefillRow,
     Timing,
+    WeightVariant,
     _rows,
     _time_modes,
     add_captures,
@@ -31,6 +33,25 @@ from model.skipdecode.schedule import CostModel, solve_schedule
 from tests.support import NUM_LAYERS, ROOT, left_padded_batch, tiny_model
 
 
+def _modes(timings: dict[str, list[Timing]]) -> dict[Mode, list[Timing]]:
+    """The timings keyed as the bench keys them, from the names its notes write ("graphs:skip@2")."""
+    return {Mode.parse(name): runs for name, runs in timings.items()}
+
+
+def test_a_mode_is_parsed_once_and_names_itself_as_the_reports_do():
+    for name, mode, row_mode in (("full", Mode("full"), "full"), ("skip@2", Mode("skip", "", 2.0), "skipdecode"),
+                                 ("graphs:skip@1.5", Mode("skip", "graphs", 1.5), "graphs skipdecode"),
+                                 ("static:full", Mode("full", "static"), "static full"),
+                                 ("hf_static_compile", Mode("hf_static_compile"), "hf_static_compile"),
+                                 ("llama.cpp", Mode("llama.cpp"), "llama.cpp")):
+        assert Mode.parse(name) == mode and mode.name == name and mode.row_mode == row_mode
+    assert [Mode.parse(n).optional for n in ("full", "static:skip@2", "graphs:full", "hf_static_compile",
+                                             "llama.cpp", "hf_generate")] == [False, False, True, True, True, False]
+    assert Mode.parse("graphs:skip@2").at_full_depth() == Mode.parse("graphs:full")
+    with pytest.raises(ValueError, match="target speedup"):
+        Mode("full", speedup=2.0)
+
+
 def test_ratios_and_efficiency_are_taken_between_medians():
     cost = CostModel(layer_cost=1.0, fixed_cost=10.0)
     solved = solve_schedule(20, 2.0, decay_length=10, num_steps=9, cost=cost)
@@ -39,7 +60,7 @@ def test_ratios_and_efficiency_are_taken_between_medians():
         "full": [Timing(2.0, 0.05), Timing(2.5, 0.05), Timing(9.0, 0.05)],  # median 2.5 (outlier ignored)
         "skip@2": [Timing(1.0, 0.02), Timing(2.0, 0.02), Timing(1.25, 0.03)],  # median 1.25
     }
-    rows = {r.mode: r for r in _rows(4, timings, {}, {2.0: solved}, 20, cost, 10)}
+    rows = {r.mode: r for r in _rows(4, _modes(timings), {}, {2.0: solved}, 20, cost, 10)}
     assert rows["full"].tokens_per_second == pytest.approx(40 / 2.5)
     assert rows["full"].vs_hf_generate == pytest.approx(3.0 / 2.5)
     skip = rows["skipdecode"]
@@ -60,7 +81,7 @@ def test_efficiency_compares_the_decode_steps_time_with_the_cost_model():
         "full": [Timing(3.0, 0.2, 2.0), Timing(6.0, 0.4, 4.0), Timing(3.0, 0.2, 2.0)],
         "skip@2": [Timing(2.0, 0.1, 1.0), Timing(4.0, 0.2, 2.0), Timing(2.0, 0.1, 1.0)],
     }
-    rows = {r.mode: r for r in _rows(4, timings, {}, {2.0: solved}, 20, cost, 10)}
+    rows = {r.mode: r for r in _rows(4, _modes(timings), {}, {2.0: solved}, 20, cost, 10)}
     skip = rows["skipdecode"]
     assert skip.measured_speedup == pytest.approx(1.5)  # 3.0 / 2.0: prefill included
     assert skip.decode_speedup == pytest.approx(2.0)  # every round's pair: 2.0
@@ -68,7 +89,7 @@ def test_efficiency_compares_the_decode_steps_time_with_the_cost_model():
     assert rows["full"].decode_speedup == pytest.approx(1.0)
     # a run without steps (another engine's, a one-token run) keeps the whole-run ratio
     timings["skip@2"][1] = Timing(4.0, 0.2)
-    skip = {r.mode: r for r in _rows(4, timings, {}, {2.0: solved}, 20, cost, 10)}["skipdecode"]
+    skip = {r.mode: r for r in _rows(4, _modes(timings), {}, {2.0: solved}, 20, cost, 10)}["skipdecode"]
     assert skip.decode_speedup is None and skip.efficiency == pytest.approx(1.5 / skip.cost_speedup, rel=1e-3)
 
 
@@ -92,7 +113,7 @@ def test_each_engine_measures_its_skip_rows_against_its_own_full_row():
         "full": [Timing(4.0, 0.4)], "skip@2": [Timing(2.0, 0.2)],
         "graphs:full": [Timing(1.0, 0.1)], "graphs:skip@2": [Timing(0.8, 0.08)],
     }
-    rows = {(r.mode, r.target_speedup): r for r in _rows(4, timings, {}, {2.0: solved}, 20, cost, 10)}
+    rows = {(r.mode, r.target_speedup): r for r in _rows(4, _modes(timings), {}, {2.0: solved}, 20, cost, 10)}
     assert set(rows) == {("hf_generate", None), ("hf_static_compile", None), ("full", None), ("skipdecode", 2.0),
                          ("graphs full", None), ("graphs skipdecode", 2.0)}
     assert rows["skipdecode", 2.0].measured_speedup == pytest.approx(2.0)  # eager over eager full
@@ -100,7 +121,7 @@ def test_each_engine_measures_its_skip_rows_against_its_own_full_row():
     assert rows["graphs full", None].vs_hf_static_compile == pytest.approx(2.0)
     assert rows["graphs full", None].vs_hf_generate == pytest.approx(8.0)
     assert rows["graphs skipdecode", 2.0].max_layers == solved.config.max_layers
-    captures = {("float", "graphs:skip@2"): 1.5, ("float", "hf_static_compile"): 30.0}
+    captures = {("float", Mode.parse("graphs:skip@2")): 1.5, ("float", Mode.parse("hf_static_compile")): 30.0}
     all_rows = list(rows.values())
     for row in all_rows:
         row.weights = "float"
@@ -114,13 +135,13 @@ def test_the_static_cache_rows_run_on_the_cpu_and_the_cuda_rows_say_why_they_are
     for the graphs (same modes, same table); on the CPU the graph and compiled rows are left out."""
     model = tiny_model("llama")
     full, skip = SkipDecoder(model), SkipDecoder(model)
-    variants = {"float": (None, None, full, skip, "float", None)}
+    variants = {"float": WeightVariant(None, None, full, skip, "float")}  # no model: no hf modes on the CPU
     solved = solve_schedule(NUM_LAYERS, 2.0, decay_length=5)
     ids, mask = left_padded_batch([5, 3])
     config = BenchConfig(static=True, new_tokens=6)
     captures: dict = {}
     modes = engine_modes(config, variants, {2.0: solved}, NUM_LAYERS, ids, mask, captures)
-    assert set(modes) == {("float", "static:full"), ("float", "static:skip@2")}  # no graphs, no compile on CPU
+    assert {(w, mode.name) for w, mode in modes} == {("float", "static:full"), ("float", "static:skip@2")}  # no graphs, no compile on CPU
     timings, peaks = _time_modes(modes, 1, 2, torch.device("cpu"))
     rows = _rows(2, {name: t for (_, name), t in timings.items()}, {}, {2.0: solved}, NUM_LAYERS,
                  full.adapter.cost_model(), 6)
@@ -229,15 +250,16 @@ def test_an_optional_mode_that_raises_is_left_out_with_a_note_and_the_others_are
         raise RuntimeError("the compiler said no")
 
     notes: list[str] = []
-    modes = {("float", "full"): works, ("float", "hf_static_compile"): raises, ("float", "graphs:skip@2"): raises,
-             ("Q4_1", "llama.cpp"): raises}
+    modes = {(weights, Mode.parse(name)): run for weights, name, run in (
+        ("float", "full", works), ("float", "hf_static_compile", raises), ("float", "graphs:skip@2", raises),
+        ("Q4_1", "llama.cpp", raises))}
     timings, _ = _time_modes(modes, 2, 8, torch.device("cpu"), notes)
-    assert set(timings) == {("float", "full")} and len(timings["float", "full"]) == 2
+    assert set(timings) == {("float", Mode("full"))} and len(timings["float", Mode("full")]) == 2
     assert notes == [f"batch 8: {weights} {mode} left out, its first call raised RuntimeError: the compiler said no"
                      for weights, mode in (("float", "hf_static_compile"), ("float", "graphs:skip@2"),
                                            ("Q4_1", "llama.cpp"))]
     with pytest.raises(RuntimeError, match="said no"):  # our own modes failing stop the run: that is a bug
-        _time_modes({("float", "full"): raises}, 1, 1, torch.device("cpu"), notes)
+        _time_modes({("float", Mode("full")): raises}, 1, 1, torch.device("cpu"), notes)
 
 
 def test_the_bench_hands_over_its_report_after_every_batch_size(tiny_folder):

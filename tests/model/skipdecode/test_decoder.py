@@ -286,7 +286,7 @@ def test_a_prepared_run_is_tokenized_and_solved_once_and_streams_like_the_reques
                                 max_new_tokens=6)
     run = generator.prepare(request)
     assert run.ids.shape == run.mask.shape and run.ids.shape[0] == 2
-    assert generator.schedule_for(request.schedule, 6) is run.schedule  # solved once, then kept
+    assert generator.schedules.schedule_for(request.schedule, 6) is run.schedule  # solved once, then kept
     full = generator.with_schedule(run, ScheduleRequest(full=True))
     assert full.ids is run.ids and full.schedule.config.min_layers == generator.num_layers
     encode, calls = generator.text._encode_one, []

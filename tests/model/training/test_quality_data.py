@@ -288,7 +288,7 @@ def test_fact_recall_is_the_answer_predicted_teacher_forced_on_the_full_reply(ti
     from model.training.data import Example
 
     generator = TextGenerator(load_model(str(tiny_folder), device="cpu", adapter=None))
-    ids, mask = generator.encode(["Name a colour.", "Which animal barks?"])
+    ids, mask = generator.text.encode(["Name a colour.", "Which animal barks?"])
     result = generator.full_decoder.generate(ids, mask, full_schedule(generator.num_layers, 6), max_new_tokens=6)
     replies = [Example(prompt=ids[row][mask[row].bool()].tolist(), target=list(tokens[:6]))
                for row, tokens in enumerate(result.tokens)]
@@ -724,7 +724,7 @@ def test_a_policys_measured_floor_is_the_default_shape_up_to_its_speedup(tiny_fo
                       for folder in (trained, tmp_path / "shipped"))
 
     def shape(generator, **request):
-        solved = generator.schedule_for(ScheduleRequest(**request), 16)
+        solved = generator.schedules.schedule_for(ScheduleRequest(**request), 16)
         return solved.config.max_layers, solved.config.min_layers
 
     assert shape(plain, target_speedup=1.2)[1] < 3 <= shape(floored, target_speedup=1.2)[1]
