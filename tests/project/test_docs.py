@@ -83,3 +83,14 @@ def test_every_figure_is_reachable_from_the_readme():
         assert (ROOT / figure).resolve() in images, f"{figure} is not reachable from README.md"
     for doc in ("RESULTS", "TRAINING", "SERVING", "DEVELOPING", "DESIGN"):
         assert (ROOT / "docs" / f"{doc}.md").resolve() in seen, f"README.md links to no docs/{doc}.md"
+
+
+def test_the_settings_table_is_the_generated_one():
+    """docs/SERVING.md's table of environment variables is model/common/settings.py's, as generated (a
+    stale one: `python -m model settings-table --write`)."""
+    from model.common.settings import SETTINGS_PAGE, with_settings_table
+
+    page = SETTINGS_PAGE.read_text()
+    assert SETTINGS_PAGE == ROOT / "docs" / "SERVING.md"
+    assert page == with_settings_table(page), "docs/SERVING.md's settings table is stale: run " \
+        "`python -m model settings-table --write`"
