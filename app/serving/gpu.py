@@ -3,8 +3,9 @@ estimated from the request's size. Elsewhere the handlers run as they are."""
 
 from __future__ import annotations
 
-import os
 from typing import Callable
+
+from model.common.settings import settings
 
 # ZeroGPU bills the duration a call asks for and cuts the call off when it runs over: a fixed
 # allowance (model to GPU, prefill, page updates) plus a cost per generated token of the batch
@@ -37,7 +38,7 @@ def _setting_value(values: dict, name: str, default: int) -> int:
 def gpu_handler(fn: Callable) -> Callable:
     """spaces.GPU on a ZeroGPU Space (the GPU is attached per call, for a duration estimated from
     the request's size); the function itself elsewhere."""
-    if not os.environ.get("SPACES_ZERO_GPU"):
+    if not settings().spaces_zero_gpu:
         return fn
     try:
         import spaces  # noqa: PLC0415

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import collections
 import ctypes
-import os
 import threading
 import time
 import uuid
@@ -13,6 +12,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import gradio as gr
+
+from model.common.settings import settings
 
 M_ARENA_MAX = -8  # glibc's mallopt parameter (malloc.h)
 
@@ -212,13 +213,13 @@ def session_key(request: gr.Request | None) -> str:
     return getattr(request, "session_hash", None) or f"no-session-{uuid.uuid4().hex}"
 
 
-def limit_malloc_arenas(default: int = 2) -> bool:
+def limit_malloc_arenas(arenas: int | None = None) -> bool:
     """glibc gives every thread that allocates its own malloc arena; a server with many request
     threads then keeps many arenas' free memory and its RSS climbs with each burst. Cap them at
-    start-up (MALLOC_ARENA_MAX when the deployer set it, else ``default``): a Space runs app.py
-    directly, where scripts/start.sh's environment variable is not set. False off glibc."""
-    raw = os.environ.get("MALLOC_ARENA_MAX", "").strip()
-    arenas = int(raw) if raw.isdigit() and int(raw) > 0 else default
+    start-up (``arenas``; None: the MALLOC_ARENA_MAX setting, 2 unless the deployer set it): a Space
+    runs app.py directly, where scripts/start.sh's environment variable is not set. False off glibc."""
+    if arenas is None:
+        arenas = settings().malloc_arena_max
     try:
         return ctypes.CDLL("libc.so.6").mallopt(M_ARENA_MAX, arenas) == 1
     except (OSError, AttributeError):

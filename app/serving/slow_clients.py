@@ -17,7 +17,6 @@ for gradio.
 from __future__ import annotations
 
 import asyncio
-import os
 
 import h11
 import uvicorn
@@ -25,17 +24,12 @@ import uvicorn.config
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from model.common.checks import check_number
+from model.common.settings import settings
 
 SUPPORTED_UVICORN = "0.54."  # requirements.txt pins uvicorn==0.54.0
-DEFAULT_REQUEST_READ_S = 30.0  # a phone on a slow link sends a few KB of request well inside this (nginx: 60 s per phase)
-
-
-def request_read_seconds() -> float:
-    """The deadline (``SKIPDECODE_REQUEST_READ_S``; the tests use a short one)."""
-    raw = os.environ.get("SKIPDECODE_REQUEST_READ_S", "").strip()
-    if not raw:
-        return DEFAULT_REQUEST_READ_S
-    return check_number("SKIPDECODE_REQUEST_READ_S", raw, low=0.1, high=3600, text=True)
+# SKIPDECODE_REQUEST_READ_S's default (model/common/settings.py): a phone on a slow link sends a few KB of
+# request well inside this (nginx: 60 s per phase)
+DEFAULT_REQUEST_READ_S = 30.0
 
 
 class DeadlineH11Protocol(H11Protocol):
@@ -81,11 +75,14 @@ class DeadlineH11Protocol(H11Protocol):
             self.transport.close()
 
 
-def guard_slow_clients() -> None:
-    """Make the deadline protocol the one uvicorn's "auto" choice loads (idempotent)."""
+def guard_slow_clients(read_seconds: float | None = None) -> None:
+    """Make the deadline protocol the one uvicorn's "auto" choice loads (idempotent), with a deadline of
+    ``read_seconds`` (None: the SKIPDECODE_REQUEST_READ_S setting; the tests use a short one)."""
     if not uvicorn.__version__.startswith(SUPPORTED_UVICORN):
         raise RuntimeError(
             f"app/serving/slow_clients.py was written for uvicorn {SUPPORTED_UVICORN}x (its h11 protocol's hooks); the "
             f"installed uvicorn is {uvicorn.__version__}. Install the pinned one (requirements.txt) or re-check it.")
-    DeadlineH11Protocol.read_seconds = request_read_seconds()
+    if read_seconds is None:
+        read_seconds = settings().request_read_s
+    DeadlineH11Protocol.read_seconds = check_number("request read seconds", read_seconds, low=0.1, high=3600)
     uvicorn.config.HTTP_PROTOCOLS["auto"] = DeadlineH11Protocol  # type: ignore[assignment]

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -22,6 +21,7 @@ from pathlib import Path
 import torch
 
 from model.common.hardware import hardware_info
+from model.common.settings import changed_settings
 from model.evaluation.bench import alternated_batch_timings, emit_report, paired_ratio, raw_bench_batches
 from model.loading import load_model
 from model.skipdecode.decoder import SkipDecoder
@@ -29,11 +29,11 @@ from model.skipdecode.kv_cache import PrefixKVCache
 
 
 def _decoder(huge_pages: bool):
-    os.environ["SKIPDECODE_HUGE_PAGES"] = "1" if huge_pages else "0"
-    loaded = load_model(None, device="cpu", quantize="int4")
+    # the weights' copies are placed at load: the setting for the load only (the cache's follows the process's)
+    with changed_settings(huge_pages=huge_pages):
+        loaded = load_model(None, device="cpu", quantize="int4")
     decoder = loaded.full_decoder()
     decoder.eos_token_ids = ()  # fixed-length runs
-    os.environ["SKIPDECODE_HUGE_PAGES"] = "1"
     return loaded, decoder
 
 

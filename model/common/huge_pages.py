@@ -19,10 +19,11 @@ from __future__ import annotations
 import ctypes
 import math
 import mmap
-import os
 import threading
 
 import torch
+
+from model.common.settings import settings
 
 HUGE_PAGE = 2 << 20
 CHUNK_BYTES = 32 << 20  # a chunk's unused tail is the most this wastes at once
@@ -31,7 +32,7 @@ ALIGN = 64  # the kernels' aligned loads
 
 def huge_pages_enabled() -> bool:
     """This OS can be asked for transparent huge pages and SKIPDECODE_HUGE_PAGES is not 0."""
-    return hasattr(mmap, "MADV_HUGEPAGE") and os.environ.get("SKIPDECODE_HUGE_PAGES", "1") != "0"
+    return hasattr(mmap, "MADV_HUGEPAGE") and settings().huge_pages
 
 
 def huge_page_buffer(nbytes: int) -> torch.Tensor | None:

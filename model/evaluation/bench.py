@@ -45,6 +45,7 @@ import torch
 
 from model.common.hardware import hardware_info
 from model.common.paths import cache_root
+from model.common.settings import changed_settings
 from model.evaluation.machine_limits import (
     MachineLimits,
     arithmetic_share,
@@ -561,24 +562,21 @@ def int4_kernel(kernel: str | None) -> Iterator[None]:
     if kernel is None:
         yield
         return
-    module, saved = native_module(), os.environ.get("SKIPDECODE_INT4_KERNEL")
+    module = native_module()
     before = (module.q4_isa(), module.q4_amx_rows()) if module is not None else ("", 0)
-    os.environ["SKIPDECODE_INT4_KERNEL"] = "torch" if kernel == "torch" else "native"
-    try:
-        if kernel != "torch":
-            isa, amx_rows = KERNEL_SETTINGS[kernel]
-            if module is None or not module.set_q4_isa(isa) or (amx_rows and not module.q4_amx()):
-                raise ValueError(f"int4@{kernel}: the q4 kernels cannot run on {kernel} here")
-            module.set_q4_amx_rows(amx_rows)
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop("SKIPDECODE_INT4_KERNEL", None)
-        else:
-            os.environ["SKIPDECODE_INT4_KERNEL"] = saved
-        if module is not None and before[0]:
-            module.set_q4_isa(before[0])
-            module.set_q4_amx_rows(before[1])
+    # The process's settings for the while (the environment is read once: writing it would change nothing)
+    with changed_settings(int4_kernel="torch" if kernel == "torch" else "native"):
+        try:
+            if kernel != "torch":
+                isa, amx_rows = KERNEL_SETTINGS[kernel]
+                if module is None or not module.set_q4_isa(isa) or (amx_rows and not module.q4_amx()):
+                    raise ValueError(f"int4@{kernel}: the q4 kernels cannot run on {kernel} here")
+                module.set_q4_amx_rows(amx_rows)
+            yield
+        finally:
+            if module is not None and before[0]:
+                module.set_q4_isa(before[0])
+                module.set_q4_amx_rows(before[1])
 
 
 @dataclass(frozen=True)

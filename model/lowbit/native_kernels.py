@@ -41,6 +41,7 @@ from model.common.hardware import cpu_flags
 from model.common.huge_pages import on_huge_pages
 from model.common.paths import cache_root
 from model.common.progress import say
+from model.common.settings import settings
 
 SOURCE = Path(__file__).with_name("lean_step.cpp")
 # included by SOURCE: copied and keyed with it
@@ -50,7 +51,7 @@ _build_lock = threading.Lock()
 
 def native_enabled() -> bool:
     """False when ``SKIPDECODE_NATIVE=0`` (the Python step everywhere: comparisons, debugging)."""
-    return os.environ.get("SKIPDECODE_NATIVE", "1").strip() != "0"
+    return settings().native
 
 
 @functools.cache
@@ -136,26 +137,14 @@ def loaded_native_module() -> ModuleType | None:
 
 # From 4 rows the tiles beat the lane kernel since a decode batch's blocks go through a ring and up to 8
 # rows stack their hi and lo bytes (a step at batch 4 / 5 / 6 1.11x / 1.22x / 1.51x faster than from 8;
-# at 2 rows 0.79x, at 3 even: docs/RESULTS.md, round five)
+# at 2 rows 0.79x, at 3 even: docs/RESULTS.md, round five); SKIPDECODE_Q4_AMX_ROWS's default in Settings
 DEFAULT_AMX_ROWS = 4
 
 
 def amx_rows_setting() -> int:
     """``SKIPDECODE_Q4_AMX_ROWS``: from how many rows a q4 matmul runs on AMX tiles where the CPU has
-    AMX-INT8 (0: never); a bad value is named and the default kept."""
-    return row_count_setting("SKIPDECODE_Q4_AMX_ROWS", DEFAULT_AMX_ROWS)
-
-
-def row_count_setting(variable: str, default: int) -> int:
-    """A row count from the environment (0: never); unset gives ``default``, and so does a bad value, named."""
-    text = os.environ.get(variable, "").strip()
-    if not text:
-        return default
-    try:
-        return check_int(variable, text, low=0, text=True)
-    except ValueError as error:
-        say(f"{error}; kept {default}")
-        return default
+    AMX-INT8 (0: never)."""
+    return settings().q4_amx_rows
 
 
 # torch's int8 kernel (_weight_int8pack_mm) costs the same per row at any batch; from this many rows the
@@ -172,8 +161,9 @@ def int8_bf16_rows() -> int:
     """From how many rows an int8 projection multiplies as bfloat16 (``int8_rows_mm``): SKIPDECODE_INT8_BF16_ROWS,
     by default DEFAULT_INT8_BF16_ROWS where the CPU has AMX-BF16 and 0 (never: torch's int8 kernel) elsewhere."""
     if not _int8_bf16_rows:
+        configured = settings().int8_bf16_rows  # None: this CPU's default
         default = DEFAULT_INT8_BF16_ROWS if "amx_bf16" in cpu_flags() else 0
-        _int8_bf16_rows[:] = [row_count_setting("SKIPDECODE_INT8_BF16_ROWS", default)]
+        _int8_bf16_rows[:] = [default if configured is None else configured]
     return _int8_bf16_rows[0]
 
 
@@ -209,8 +199,8 @@ def int8_rows_mm(rows: torch.Tensor, weight_int8: torch.Tensor, scales: torch.Te
 def _force_isa(module: ModuleType) -> None:
     """``SKIPDECODE_Q4_ISA=avx2`` (or ``avx512-vnni``) runs the q4 kernels on that instruction set
     instead of the CPU's best (comparisons; a CPU without it keeps its own, and the log says so)."""
-    wanted = os.environ.get("SKIPDECODE_Q4_ISA", "").strip().lower()
-    if wanted and not module.set_q4_isa(wanted):
+    wanted = settings().q4_isa
+    if wanted != "auto" and not module.set_q4_isa(wanted):
         say(f"SKIPDECODE_Q4_ISA={wanted}: not on this CPU (it has {', '.join(module.q4_isas()) or 'none'}); "
             f"the q4 kernels run on {module.q4_isa() or 'nothing'}")
 
@@ -229,7 +219,7 @@ def q4_kernel_selected() -> bool:
     default: their int16 activations are ~40x closer to float than torch's bfloat16 ones (agreement
     with float 0.9941 against 0.9890, docs/RESULTS.md), and they are the faster path on both kinds of
     CPU measured (AVX2 only: torch computes bfloat16 in software; AVX-512: docs/RESULTS.md, "Speed")."""
-    if os.environ.get("SKIPDECODE_INT4_KERNEL", "auto").strip().lower() == "torch":
+    if settings().int4_kernel == "torch":
         return False
     return q4_isa() is not None
 

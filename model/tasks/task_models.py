@@ -9,18 +9,17 @@ generation of the task goes through ``task_schedule``: the schedule its policies
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from model.common.settings import settings
 from model.generation.schedules import ScheduleRequest
 from model.loading import LoadedModel, default_model_folder, load_model, load_tokenizer
 from model.skipdecode.schedule import depth_share_floor
 
-# $SKIPDECODE_TASK_ADAPTERS points elsewhere (a run's exports, a test's tiny adapters)
-TASK_ASSETS = Path(os.environ.get("SKIPDECODE_TASK_ADAPTERS") or Path(__file__).resolve().parents[2] / "assets" / "adapters")
+SHIPPED_TASK_ASSETS = Path(__file__).resolve().parents[2] / "assets" / "adapters"
 TASKS = ("e2e",)
 POLICY_SPEEDUPS = (2.0, 3.0, 4.0, 5.0)  # the paper's table: one policy per target speedup
 SHARED_POLICY = "skip-all"
@@ -50,12 +49,20 @@ def check_task(task: str) -> TaskSettings:
     return TASK_SETTINGS[task]
 
 
-def task_folder(task: str, root: Path = TASK_ASSETS) -> Path:
+def task_assets() -> Path:
+    """The folder of the tasks' models: $SKIPDECODE_TASK_ADAPTERS (a run's exports, a test's tiny
+    adapters), else the shipped ones. A function, not a constant: the settings are read when first asked,
+    never at import, so a variable set before the first use is seen."""
+    return settings().task_adapters or SHIPPED_TASK_ASSETS
+
+
+def task_folder(task: str, root: Path | None = None) -> Path:
+    """<root>/<task> (``root`` None: task_assets())."""
     check_task(task)
-    return Path(root) / task
+    return Path(root if root is not None else task_assets()) / task
 
 
-def task_adapter_dir(task: str, root: Path = TASK_ASSETS) -> Path:
+def task_adapter_dir(task: str, root: Path | None = None) -> Path:
     return task_folder(task, root) / "task"
 
 
@@ -64,11 +71,11 @@ def policy_name(speedup: float | None) -> str:
     return SHARED_POLICY if speedup is None else f"skip-{speedup:g}x"
 
 
-def policy_dir(task: str, speedup: float | None, root: Path = TASK_ASSETS) -> Path:
+def policy_dir(task: str, speedup: float | None, root: Path | None = None) -> Path:
     return task_folder(task, root) / policy_name(speedup)
 
 
-def policy_for(task: str, speedup: float, root: Path = TASK_ASSETS) -> Path | None:
+def policy_for(task: str, speedup: float, root: Path | None = None) -> Path | None:
     """The policy SkipDecode runs at ``speedup``: its own where one was trained for it, else the
     shared one; None where neither is present (the task model skips without a policy)."""
     own = policy_dir(task, speedup, root) if any(abs(speedup - s) < 1e-9 for s in POLICY_SPEEDUPS) else None
@@ -91,7 +98,7 @@ def task_schedule(task: str, speedup: float, num_layers: int, full: bool = False
 
 def load_task_model(task: str, speedup: float | None = None, *, policy: str | Path | None = "auto",
                     device: str = "auto", dtype: str = "auto", quantize: str = "auto",
-                    root: Path = TASK_ASSETS) -> LoadedModel:
+                    root: Path | None = None) -> LoadedModel:
     """The task model with the skip policy for ``speedup`` ("auto"), a given policy folder, or
     none (``policy=None``). The task model is the full model of every comparison."""
     task_dir = task_adapter_dir(task, root)

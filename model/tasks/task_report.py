@@ -26,11 +26,11 @@ from model.tasks.e2e import E2ERecord, place_swaps, reported_records, training_p
 from model.tasks.task_eval import closeness, describe, measure_speed, task_scores
 from model.tasks.task_models import (
     POLICY_SPEEDUPS,
-    TASK_ASSETS,
     check_task,
     load_task_model,
     policy_dir,
     policy_info,
+    task_assets,
     task_schedule,
 )
 from model.training.checkpoints import portable_path
@@ -54,7 +54,8 @@ class TaskEvalConfig:
     quality: bool = True  # False: the speed rows only
     output: str = "assets/eval"
     threads: int | None = None
-    adapters: str = str(TASK_ASSETS)  # the folder holding <task>/task and <task>/skip-*
+    # the folder holding <task>/task and <task>/skip-* (by default task_assets(), read when a config is made)
+    adapters: str = field(default_factory=lambda: str(task_assets()))
     # Fold this run's arms into the report already in --output (same labels replaced, the rest
     # kept): re-measure one retrained policy without re-running every arm. Its 1x must match.
     update: bool = False

@@ -389,7 +389,7 @@ def test_a_bare_visit_lands_on_the_task_lesson_where_its_models_serve_this_model
     assert stand_in.any("e2e") is not None
 
 
-def test_a_deployer_picks_the_landing_by_environment_and_a_bad_value_stops_the_start(monkeypatch):
+def test_a_deployer_picks_the_landing_by_environment_and_a_bad_value_stops_the_start(environment_settings):
     """app.py's SKIPDECODE_LANDING: auto by default, chat to keep the task model out of memory."""
     import importlib.util
 
@@ -398,13 +398,32 @@ def test_a_deployer_picks_the_landing_by_environment_and_a_bad_value_stops_the_s
     spec = importlib.util.spec_from_file_location("app_entry", ROOT / "app.py")
     entry = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(entry)
-    monkeypatch.delenv("SKIPDECODE_LANDING", raising=False)
-    assert entry.landing_from_env() == "auto"
-    monkeypatch.setenv("SKIPDECODE_LANDING", " Chat ")
-    assert entry.landing_from_env() == "chat"
+    environment_settings(SKIPDECODE_LANDING="")
+    assert entry.startup_settings().landing == "auto"
+    environment_settings(SKIPDECODE_LANDING=" Chat ")
+    assert entry.startup_settings().landing == "chat"
+    with pytest.raises(ValueError, match="SKIPDECODE_LANDING must be one of auto, chat; got 'e2e'"):
+        environment_settings(SKIPDECODE_LANDING="e2e")
+
+
+def test_a_bad_setting_stops_the_start_with_the_reason(monkeypatch):
+    """app.py reads every setting before anything loads; a bad one is a SystemExit naming the variable."""
+    import importlib.util
+
+    import model.common.settings as settings_module
+    from tests.support import ROOT
+
+    spec = importlib.util.spec_from_file_location("app_entry", ROOT / "app.py")
+    entry = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(entry)
+    monkeypatch.setattr(settings_module, "_installed", [])  # as at a start: nothing read yet
     monkeypatch.setenv("SKIPDECODE_LANDING", "e2e")
-    with pytest.raises(SystemExit, match="SKIPDECODE_LANDING must be auto or chat"):
-        entry.landing_from_env()
+    with pytest.raises(SystemExit, match="SKIPDECODE_LANDING must be one of auto, chat; got 'e2e'"):
+        entry.startup_settings()
+    monkeypatch.setenv("SKIPDECODE_LANDING", "chat")
+    monkeypatch.setenv("SKIPDECODE_STREAM_GRACE_S", "soon")
+    with pytest.raises(SystemExit, match="SKIPDECODE_STREAM_GRACE_S must be a number; got 'soon'"):
+        entry.startup_settings()
 
 
 def test_the_4x_policy_line_says_its_wrong_facts_are_its_training_not_the_method():

@@ -232,9 +232,7 @@ def slow_server(tiny_folder):
                     max_request_tokens=700, max_step_positions=200, max_job_cost=150)
     demo = build_demo(lambda: generator, limits, queue_size=QUEUE_SIZE, max_queued_per_session=2,
                       serving=ServingLimits(stream_grace_s=GRACE_S))
-    with pytest.MonkeyPatch.context() as patch:  # every test on this server runs under a short read deadline
-        patch.setenv("SKIPDECODE_REQUEST_READ_S", str(READ_DEADLINE_S))
-        options = launch_options()
+    options = launch_options(request_read_s=READ_DEADLINE_S)  # every test on this server: a short read deadline
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", quiet=True, **options)
     yield demo, slow
     demo.close()

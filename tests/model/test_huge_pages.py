@@ -63,22 +63,22 @@ def test_the_arena_keeps_the_bytes_and_packs_small_tensors_together():
     assert large.data_ptr() % HUGE_PAGE == 0 and bool(large.all())
 
 
-def test_without_memory_to_map_a_tensor_stays_where_it_is(monkeypatch):
+def test_without_memory_to_map_a_tensor_stays_where_it_is(monkeypatch, environment_settings):
     def refuse(*args, **kwargs):
         raise OSError(12, "Cannot allocate memory")
 
-    monkeypatch.delenv("SKIPDECODE_HUGE_PAGES", raising=False)
+    environment_settings(SKIPDECODE_HUGE_PAGES="")
     monkeypatch.setattr(mmap, "mmap", refuse)
     assert huge_page_buffer(1 << 20) is None
     plain = torch.ones(100)
     assert HugePageArena().place(plain) is plain
 
 
-def test_switched_off_or_not_placeable_a_tensor_stays_where_it_is(monkeypatch):
+def test_switched_off_or_not_placeable_a_tensor_stays_where_it_is(environment_settings):
     arena = HugePageArena()
     for odd in (torch.empty(0), torch.ones(4, 6).t()):  # empty; not contiguous
         assert arena.place(odd) is odd
-    monkeypatch.setenv("SKIPDECODE_HUGE_PAGES", "0")
+    environment_settings(SKIPDECODE_HUGE_PAGES="0")
     assert not huge_pages_enabled() and huge_page_buffer(1 << 20) is None
     plain = torch.ones(100)
     assert arena.place(plain) is plain
@@ -86,12 +86,11 @@ def test_switched_off_or_not_placeable_a_tensor_stays_where_it_is(monkeypatch):
 
 @needs_thp
 @pytest.mark.skipif(native_module() is None, reason="no q4 kernels here")
-def test_the_native_steps_q4_copies_live_on_huge_pages_with_the_same_bytes(monkeypatch):
-    monkeypatch.delenv("SKIPDECODE_HUGE_PAGES", raising=False)
+def test_the_native_steps_q4_copies_live_on_huge_pages_with_the_same_bytes(environment_settings):
     from model.lowbit.native_step import projection_spec
     from model.lowbit.quantization import quantize_weights
 
-    monkeypatch.delenv("SKIPDECODE_INT4_KERNEL", raising=False)
+    environment_settings(SKIPDECODE_HUGE_PAGES="", SKIPDECODE_INT4_KERNEL="")
     model = tiny_model("llama", hidden=256, heads=8, kv_heads=2, vocab=112)
     quantize_weights(model, "int4")
     down = model.model.layers[0].mlp.down_proj
@@ -109,10 +108,10 @@ def test_the_native_steps_q4_copies_live_on_huge_pages_with_the_same_bytes(monke
 
 
 @needs_thp
-def test_a_cpu_kv_cache_lives_on_huge_pages_and_keeps_what_is_written(monkeypatch):
+def test_a_cpu_kv_cache_lives_on_huge_pages_and_keeps_what_is_written(environment_settings):
     from model.skipdecode.kv_cache import PrefixKVCache
 
-    monkeypatch.delenv("SKIPDECODE_HUGE_PAGES", raising=False)
+    environment_settings(SKIPDECODE_HUGE_PAGES="")
     cache = PrefixKVCache(num_layers=3, capacity=9)
     states = [torch.randn(2, 4, 5, 8) for _ in range(6)]  # (B, H_kv, T, D)
     for layer in range(3):
@@ -123,7 +122,7 @@ def test_a_cpu_kv_cache_lives_on_huge_pages_and_keeps_what_is_written(monkeypatc
         assert cache._keys[layer].shape == (2, 4, 9, 8) and cache._keys[layer].dtype == torch.float32
     # buffers do not overlap: every layer still holds what it was given
     assert all(torch.equal(cache._keys[layer][:, :, :5], states[2 * layer]) for layer in range(3))
-    monkeypatch.setenv("SKIPDECODE_HUGE_PAGES", "0")
+    environment_settings(SKIPDECODE_HUGE_PAGES="0")
     plain = PrefixKVCache(num_layers=1, capacity=9)
     plain.update(states[0], states[1], 0)
     assert not _advised(plain._keys[0])

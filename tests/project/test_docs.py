@@ -170,3 +170,14 @@ def test_the_tree_table_allows_small_edits_and_finds_growth(tmp_path):
     assert tree_table.stale_figures(text, tmp_path) == []
     kernels.write_text("x = 1\n" * 120)
     assert tree_table.stale_figures(text, tmp_path) == ["model/lowbit: lines 100 on the page, 120 in the tree"]
+
+
+def test_the_settings_table_is_the_generated_one():
+    """docs/SERVING.md's table of environment variables is model/common/settings.py's, as generated (a
+    stale one: `python -m model settings-table --write`)."""
+    from model.common.settings import SETTINGS_PAGE, with_settings_table
+
+    page = SETTINGS_PAGE.read_text()
+    assert SETTINGS_PAGE == ROOT / "docs" / "SERVING.md"
+    assert page == with_settings_table(page), "docs/SERVING.md's settings table is stale: run " \
+        "`python -m model settings-table --write`"

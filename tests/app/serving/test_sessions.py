@@ -64,12 +64,15 @@ def test_step_sessions_are_bounded_per_address_and_in_bytes():
     assert 50 * 2**20 < session_bytes(smollm, 2 * 700, 256, True) < 200 * 2**20
 
 
-def test_the_server_caps_malloc_arenas_at_start(monkeypatch):
+def test_the_server_caps_malloc_arenas_at_start(environment_settings):
     import platform
 
     from app.serving.sessions import limit_malloc_arenas
 
     if platform.libc_ver()[0] != "glibc":
         pytest.skip("mallopt is glibc's")
-    monkeypatch.setenv("MALLOC_ARENA_MAX", "not a number")  # falls back to the default cap
-    assert limit_malloc_arenas() is True
+    assert limit_malloc_arenas(4) is True  # app.py's: the setting passed down
+    assert environment_settings(MALLOC_ARENA_MAX="").malloc_arena_max == 2  # the default cap
+    assert limit_malloc_arenas() is True  # None: the setting's
+    with pytest.raises(ValueError, match="MALLOC_ARENA_MAX must be a number; got 'not a number'"):
+        environment_settings(MALLOC_ARENA_MAX="not a number")  # refused, named (it used to fall back)

@@ -8,6 +8,7 @@ import sys
 import pytest
 import torch
 
+from model.common.settings import settings
 from model.evaluation.bench import (
     NO_CUDA_NOTE,
     BenchConfig,
@@ -171,15 +172,16 @@ def test_llama_bench_output_is_parsed_for_the_generation_test():
         parse_llama_bench(output, 0, 256)
 
 
-def test_a_weight_mode_names_its_int4_kernel_and_runs_on_it(monkeypatch):
+def test_a_weight_mode_names_its_int4_kernel_and_runs_on_it(environment_settings):
     assert split_weight_mode("int4") == ("int4", None) and split_weight_mode("int4@avx2") == ("int4", "avx2")
     for bad in ("int8@avx2", "int4@sse2"):
         with pytest.raises(ValueError, match="int4@"):
             split_weight_mode(bad)
-    monkeypatch.delenv("SKIPDECODE_INT4_KERNEL", raising=False)
+    environment_settings(SKIPDECODE_INT4_KERNEL="")  # the default: auto
     before = q4_isa()
     with int4_kernel("torch"):
         assert not q4_kernel_selected()  # torch's int4 kernel
+    assert settings().int4_kernel == "auto"  # put back
     if before is None:
         return  # no q4 kernels on this machine: int4@avx2 cannot run
     with int4_kernel("avx2"):

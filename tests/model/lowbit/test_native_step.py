@@ -116,14 +116,16 @@ def test_int8_modules_keep_a_bfloat16_copy_only_where_rows_use_it_and_fused_ones
     assert "weight_bf16" not in fused.state_dict()  # not persistent: rebuilt at load, never cached
 
 
-def test_the_int8_rows_setting_reads_its_variable_and_defaults_by_the_cpu(monkeypatch, int8_rows_setting):
+def test_the_int8_rows_setting_reads_its_variable_and_defaults_by_the_cpu(environment_settings, int8_rows_setting):
     import model.lowbit.native_kernels as kernels
 
     default = kernels.DEFAULT_INT8_BF16_ROWS if "amx_bf16" in cpu_flags() else 0
-    for text, expected in (("0", 0), ("48", 48), ("", default), ("lots", default)):
-        monkeypatch.setenv("SKIPDECODE_INT8_BF16_ROWS", text)
+    for text, expected in (("0", 0), ("48", 48), ("", default)):
+        environment_settings(SKIPDECODE_INT8_BF16_ROWS=text)
         kernels._int8_bf16_rows.clear()
         assert int8_bf16_rows() == expected
+    with pytest.raises(ValueError, match="SKIPDECODE_INT8_BF16_ROWS must be a number; got 'lots'"):
+        environment_settings(SKIPDECODE_INT8_BF16_ROWS="lots")  # refused, named (it used to keep the default)
 
 
 @pytest.mark.skipif(not has_compiler, reason="no C++ compiler or ninja on this machine")
@@ -147,7 +149,8 @@ def _steps(decoder: SkipDecoder, ids, mask, schedule: ScheduleConfig, tokens: in
 
 @pytest.mark.skipif(not has_compiler, reason="no C++ compiler or ninja on this machine")
 @pytest.mark.parametrize("mode, lora", [("int8", False), ("int8-bf16", False), ("int4", False), ("int4", True)])
-def test_the_native_step_equals_the_python_step_bit_for_bit(mode, lora, tmp_path, monkeypatch, int8_rows_setting):
+def test_the_native_step_equals_the_python_step_bit_for_bit(mode, lora, tmp_path, monkeypatch, int8_rows_setting,
+                                                           environment_settings):
     from model.loading import lora_side_copy
 
     if mode == "int4" and not int4_supported():
@@ -155,7 +158,7 @@ def test_the_native_step_equals_the_python_step_bit_for_bit(mode, lora, tmp_path
     if mode == "int8-bf16":  # every int8 projection of the batch of 2 through bfloat16 weights (int8_rows_mm)
         set_int8_bf16_rows(2)
         mode = "int8"
-    monkeypatch.setenv("SKIPDECODE_INT4_KERNEL", "torch")  # the same kernels as the Python step
+    environment_settings(SKIPDECODE_INT4_KERNEL="torch")  # the same kernels as the Python step
     # 8 heads of 32 over 2 key/value heads: q/k/v rows that the int4 kernel's packed layout fuses
     model = tiny_model("llama", hidden=256, heads=8, kv_heads=2, vocab=112)
     adapter = random_lora_adapter(model, tmp_path / "adapter") if lora else None
@@ -187,10 +190,10 @@ def _counting(function, calls):
 
 @pytest.mark.skipif(not has_compiler, reason="no C++ compiler or ninja on this machine")
 @pytest.mark.parametrize("kernel", ["torch", "native"])
-def test_the_native_step_follows_a_weight_re_pointed_after_it_was_built(kernel, monkeypatch):
+def test_the_native_step_follows_a_weight_re_pointed_after_it_was_built(kernel, environment_settings):
     if kernel == "native" and not has_q4:
         pytest.skip("q4_matmul needs an x86 CPU with AVX2")
-    monkeypatch.setenv("SKIPDECODE_INT4_KERNEL", kernel)
+    environment_settings(SKIPDECODE_INT4_KERNEL=kernel)
     if not int4_supported():
         pytest.skip("no int4-weight CPU kernel in this torch build")
     model = tiny_model("llama", hidden=256, heads=8, kv_heads=2, vocab=112)
@@ -217,10 +220,10 @@ def test_the_native_step_follows_a_weight_re_pointed_after_it_was_built(kernel, 
         assert all(_relative(a, b) < 0.02 for a, b in zip(native, python))
 
 
-def test_without_the_native_step_the_python_step_runs(monkeypatch):
+def test_without_the_native_step_the_python_step_runs(environment_settings):
     import model.lowbit.native_kernels as native_step
 
-    monkeypatch.setenv("SKIPDECODE_NATIVE", "0")
+    environment_settings(SKIPDECODE_NATIVE="0")
     native_step.native_module.cache_clear()
     try:
         assert native_step.native_module() is None
@@ -275,10 +278,10 @@ def test_q4_matmul_multiplies_the_int4_weights_more_precisely_than_torchs_kernel
 
 @pytest.mark.skipif(not has_q4, reason="q4_matmul needs an x86 CPU with AVX2 and a C++ compiler")
 @pytest.mark.parametrize("lora", [False, True])
-def test_the_q4_decode_step_keeps_parity_with_transformers_and_stays_close(lora, tmp_path, monkeypatch):
+def test_the_q4_decode_step_keeps_parity_with_transformers_and_stays_close(lora, tmp_path, environment_settings):
     from model.loading import lora_side_copy
 
-    monkeypatch.setenv("SKIPDECODE_INT4_KERNEL", "native")
+    environment_settings(SKIPDECODE_INT4_KERNEL="native")
     assert q4_kernel_selected()
     model = tiny_model("llama", hidden=256, heads=8, kv_heads=2, vocab=112)
     with torch.no_grad():  # a PEAKED model: greedy choices far from ties on any CPU
@@ -314,10 +317,10 @@ def test_the_q4_decode_step_keeps_parity_with_transformers_and_stays_close(lora,
 
 
 @pytest.mark.skipif(not has_q4, reason="q4_matmul needs an x86 CPU with AVX2 and a C++ compiler")
-def test_a_padded_batchs_native_run_builds_no_attention_mask(monkeypatch):
+def test_a_padded_batchs_native_run_builds_no_attention_mask(monkeypatch, environment_settings):
     """The native run reads which keys a row may attend to from the decoder's key_valid, so a padded
     batch's decode step builds no (B, 1, 1, K) mask for it; the Python step still gets one."""
-    monkeypatch.setenv("SKIPDECODE_INT4_KERNEL", "native")
+    environment_settings(SKIPDECODE_INT4_KERNEL="native")
     model = tiny_model("llama", hidden=256, heads=8, kv_heads=2, vocab=112)
     quantize_weights(model, "int4")
     decoder = SkipDecoder(model)
@@ -496,7 +499,7 @@ def test_the_native_two_stage_head_rescores_the_scans_top_candidates(tied):
 
 @pytest.mark.skipif(not has_q4, reason="the q4 kernels need an x86-64 CPU with AVX2 and a C++ compiler")
 @pytest.mark.parametrize("isa", ["avx512-vnni", "avx2"])
-def test_the_native_argmax_picks_torchs_ids_ties_and_nan_included(isa, monkeypatch):
+def test_the_native_argmax_picks_torchs_ids_ties_and_nan_included(isa, environment_settings):
     """Greedy decoding's argmax (decode steps' greedy_ids) natively: on each instruction set the ids
     torch gives, for a vocabulary's width and widths that leave a vector's tail, with the largest value
     twice in a row (the first), a row of -inf, a NaN (the first NaN, as torch), a non-contiguous view."""
@@ -525,7 +528,7 @@ def test_the_native_argmax_picks_torchs_ids_ties_and_nan_included(isa, monkeypat
         module.set_q4_isa("auto")
     half = torch.randn(2, 50, generator=generator).to(torch.bfloat16)
     assert native_argmax(half) is None and torch.equal(greedy_ids(half), half.argmax(dim=-1))  # torch's own
-    monkeypatch.setenv("SKIPDECODE_NATIVE", "0")  # the Python path everywhere: torch's argmax too
+    environment_settings(SKIPDECODE_NATIVE="0")  # the Python path everywhere: torch's argmax too
     logits = torch.randn(3, 40, generator=generator)
     assert native_argmax(logits) is None and torch.equal(greedy_ids(logits), logits.argmax(dim=-1))
 

@@ -291,19 +291,17 @@ def test_free_buffers_past_the_bound_go_with_their_graphs(monkeypatch):
     assert len(runner.graphs) == 0 and third.free
 
 
-def test_a_server_replays_graphs_on_cuda_only_and_never_on_zero_gpu(monkeypatch):
+def test_a_server_replays_graphs_on_cuda_only_and_never_on_zero_gpu(environment_settings):
     from model.loading import LoadedModel, cuda_graphs_by_default, with_cuda_graphs
 
-    monkeypatch.delenv("SPACES_ZERO_GPU", raising=False)
-    monkeypatch.delenv("SKIPDECODE_CUDA_GRAPHS", raising=False)
+    environment_settings(SPACES_ZERO_GPU="", SKIPDECODE_CUDA_GRAPHS="")
     cuda = torch.device("cuda")
     assert cuda_graphs_by_default(cuda) and not cuda_graphs_by_default(torch.device("cpu"))  # on by default
-    monkeypatch.setenv("SKIPDECODE_CUDA_GRAPHS", "1")
+    environment_settings(SPACES_ZERO_GPU="", SKIPDECODE_CUDA_GRAPHS="1")
     assert cuda_graphs_by_default(cuda) and not cuda_graphs_by_default(torch.device("cpu"))
-    monkeypatch.setenv("SKIPDECODE_CUDA_GRAPHS", "0")
+    environment_settings(SPACES_ZERO_GPU="", SKIPDECODE_CUDA_GRAPHS="0")
     assert not cuda_graphs_by_default(cuda)
-    monkeypatch.setenv("SKIPDECODE_CUDA_GRAPHS", "1")
-    monkeypatch.setenv("SPACES_ZERO_GPU", "true")
+    environment_settings(SKIPDECODE_CUDA_GRAPHS="1", SPACES_ZERO_GPU="true")
     assert not cuda_graphs_by_default(cuda)
     tokenizer = type("Tokenizer", (), {"eos_token_id": None, "pad_token_id": 0, "chat_template": None})()
     loaded = LoadedModel(name="tiny", model=tiny_model("llama"), tokenizer=tokenizer, device=torch.device("cpu"),
