@@ -38,7 +38,9 @@ from model.tasks.task_report import TaskEvalConfig, run_task_eval
 from model.tasks.task_training import TARGET_KINDS, TaskRun, train_task
 from model.tasks.tldr_data import synthetic_titles, write_posts
 from model.tasks.tldr_eval import TldrEvalConfig
-from model.tasks.tldr_report import STEM, config_from, run_tldr_eval
+from model.tasks.tldr_pick import pick_policy
+from model.tasks.tldr_report import config_from, report_stem, run_tldr_eval
+from model.tasks.tldr_training import TldrRun, train_tldr_policy
 from model.training.data import DEFAULT_EVAL_PROMPTS, DEFAULT_FACTS
 from model.training.make_data import MakeDataConfig, make_data
 from model.training.training import TrainConfig, train
@@ -280,9 +282,15 @@ def add_train_task_command(commands) -> None:
     """`train-task`: a task model or one of its skip policies, and its options."""
     tt = commands.add_parser("train-task", help="a task model (the paper's 1x) or one of its skip policies "
                                                 "(--policy 2|3|4|5|all), trained on the task's references")
-    tt.add_argument("task", choices=TASKS)
-    add_dataclass_options(tt, TaskRun, skip=("task",))
-    tt.set_defaults(handler=run_train_task)
+    tasks = tt.add_subparsers(dest="task", required=True, metavar="TASK")  # each task has its own options
+    for task in TASKS:
+        one = tasks.add_parser(task, help=f"{task}: the task model or a skip policy, from the references or distilled")
+        add_dataclass_options(one, TaskRun, skip=("task",))
+        one.set_defaults(handler=run_train_task)
+    tldr = tasks.add_parser("tldr", help="Reddit TL;DR: a skip policy for --speedup, distilled from the default "
+                                         "model's own TL;DRs of the distillation posts (checkpoints, --resume)")
+    add_dataclass_options(tldr, TldrRun)
+    tldr.set_defaults(handler=run_train_tldr)
 
 
 def add_eval_task_command(commands) -> None:
@@ -323,6 +331,28 @@ def run_task_posts(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_pick_policy_command(commands) -> None:
+    """`pick-policy tldr`: a trained run's checkpoints and the general policy on the held-out posts, by the rule."""
+    pp = commands.add_parser("pick-policy", help="TL;DR: score a run's kept checkpoints and the general policy on the "
+                                                 "held-out posts and ship the one the rule chooses (tldr_pick.py)")
+    pp.add_argument("task", choices=("tldr",))
+    pp.add_argument("--speedup", type=float, required=True)
+    pp.add_argument("--run", required=True, help="the training run's folder (its adapter-step-N copies)")
+    pp.add_argument("--posts", type=int, default=None, help="the first N held-out posts (quick runs; default all 100)")
+    pp.add_argument("--device", default="auto")
+    pp.set_defaults(handler=run_pick_policy)
+
+
+def run_pick_policy(args: argparse.Namespace) -> int:
+    if not Path(args.run).is_dir():
+        raise CliError(f"--run {args.run} is not a folder")
+    entry = pick_policy(Path(args.run), args.speedup, posts=args.posts, device=args.device)
+    for candidate in entry["candidates"]:
+        print(f"{candidate['name']:>22}  ROUGE-L {candidate['rouge_l']:6.2f}  share {candidate['share']:.4f}")
+    print(f"chosen: {entry['chosen']}" + (f" (exported to {entry['exported']})" if entry["exported"] else ""))
+    return 0
+
+
 def add_results_command(commands) -> None:
     """`results`: docs/RESULTS.md, today's figures, from the committed JSON under assets/."""
     rs = commands.add_parser("results", help="write docs/RESULTS.md (today's figures) from the committed JSON under "
@@ -353,7 +383,8 @@ def run_settings_table_command(args: argparse.Namespace) -> int:
 # The commands, in the order `python -m model --help` lists them.
 COMMANDS = (add_generate_command, add_make_data_command, add_train_command, add_eval_command, add_study_command, add_scaling_command, add_shape_study_command, add_export_adapter_command, add_mix_adapters_command, add_bench_command, add_lowbit_check_command,
             add_batch_check_command,
-            add_train_task_command, add_eval_task_command, add_task_data_command, add_results_command,
+            add_train_task_command, add_eval_task_command, add_task_data_command, add_pick_policy_command,
+            add_results_command,
             add_settings_table_command)
 
 
@@ -580,6 +611,10 @@ TRAIN_OPTION_HELP = {
                            "likeliest wording, with --targets references",
     "targets_file": "with --targets task-model: a distillation file made before from the same task weights, MRs "
                     "and seed on any device (a GPU's distilled.jsonl and its .source.json), instead of a new pass",
+    "summaries_file": "TL;DR: the task model's greedy TL;DRs of the distillation posts, made there once (with "
+                      "its .source.json) and reused by every speedup and every resumed run",
+    "posts_file": "TL;DR: the distillation posts (task-posts tldr); only the usable ones are summarised",
+    "export": "a folder to export the final adapter to (bfloat16)",
     "relexicalised": "rewritten copies of each training MR and its references with another eatType and food "
                      "(pubs, restaurants, the seven cuisines the test set asks for), with --targets references",
 }
@@ -650,10 +685,18 @@ def run_train_task(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_train_tldr(args: argparse.Namespace) -> int:
+    run = TldrRun(**{spec.name: getattr(args, spec.name) for spec in dataclasses.fields(TldrRun)})
+    result = train_tldr_policy(run)
+    print(json.dumps({"steps": result.steps, "seconds": result.seconds, "adapter": str(run.folder / "adapter"),
+                      "exported": run.export if result.steps >= run.steps else None}))
+    return 0
+
+
 def run_tldr_eval_command(args: argparse.Namespace) -> int:
     config = config_from(vars(args))
     report = run_tldr_eval(config)
-    print(f"wrote {config.output}/{STEM}.json, .md and -outputs.jsonl ({report['minutes']} min)")
+    print(f"wrote {config.output}/{report_stem(config)}.json, .md and -outputs.jsonl ({report['minutes']} min)")
     return 0
 
 

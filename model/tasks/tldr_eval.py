@@ -1,9 +1,9 @@
 """The Reddit TL;DR task's evaluation: greedy summaries of the reported posts at 1x and each speedup,
 scored against the references, and the measured speed with the long prompt counted.
 
-Until the task's own skip policies exist, the task model is the default model prompted for a TL;DR
-(no training split is available here) and SkipDecode runs the default skip policy (the general one);
-every report says which ran. Per arm: ROUGE-1/2/L F1 (means over posts), each as a share of the 1x
+The task model is the default model prompted for a TL;DR (no training split is available here); at each
+speedup SkipDecode runs the task's own policy for it where one is shipped (tldr_training.py), else the
+default skip policy (the general one); every report says which ran. Per arm: ROUGE-1/2/L F1 (means over posts), each as a share of the 1x
 arm's with a 95% paired bootstrap interval over posts, how often the text repeats itself (word 4-grams
 that repeat an earlier one), and the share of summaries that name the post's main subject (tldr.py).
 
@@ -17,15 +17,19 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from model.evaluation.evaluation import repetition_rate
 from model.generation.generator import TextGenerator
 from model.generation.runs import GenerationRequest
 from model.generation.schedules import ScheduleRequest
 from model.skipdecode.decoder import SamplingConfig
+from model.skipdecode.schedule import depth_share_floor
 from model.tasks.task_eval import SpeedRow, measure_speed
 from model.tasks.tldr import (
+    DECAY_LENGTH,
+    FLOOR_SHARE,
+    MAX_NEW_TOKENS,
     ROUGE_TYPES,
     STOP,
     TldrPost,
@@ -38,6 +42,10 @@ from model.tasks.tldr import (
     task_prompt,
 )
 
+POLICY_CHOICES = ("task", "general", "none")
+SPLITS = ("reported", "heldout")
+ArmModels = Callable[[float], TextGenerator]  # the model an arm runs, by its speedup (1.0: the task model)
+
 
 @dataclass(frozen=True)
 class TldrEvalConfig:
@@ -48,15 +56,20 @@ class TldrEvalConfig:
     output: str = "assets/eval"  # writes tldr.json, tldr.md and tldr-outputs.jsonl there
     speedups: tuple[float, ...] = (2.0, 3.0, 4.0, 5.0)
     prompt_depth_speedups: tuple[float, ...] = (2.0, 3.0)  # also run with the prompt at the first budget
-    max_new_tokens: int = 48  # references are 27.5 words on average: ~36 tokens
+    max_new_tokens: int = MAX_NEW_TOKENS
     decay: str = "linear"
-    decay_length: int = 32  # the decay reaches its floor as a typical TL;DR ends
+    decay_length: int = DECAY_LENGTH
     batch_size: int = 8
     speed_posts: int = 8  # posts the speed rows time, at batch 1 (a visitor's request)
     speed_steps: int = 32
     speed_repeats: int = 2
     warmup: int | None = None  # None: the skip policy's trained warmup
-    skip_policy: bool = True  # False: the untouched model skips the same layers (a model with no policy)
+    floor_share: float = FLOOR_SHARE  # the least layers a step keeps, as a share of the average depth (0: none)
+    # "task": each speedup's TL;DR policy where one is shipped (tldr_training.shipped_policy), else the
+    # general one; "general": the default skip policy everywhere; "none": the untouched model skips the same layers
+    policy: str = "task"
+    policy_root: str | None = None  # a folder holding tldr/skip-<S>x policies (a run's exports); None: the shipped
+    split: str = "reported"  # or "heldout": the 100 posts kept for choosing checkpoints (writes tldr-heldout.*)
 
     def __post_init__(self) -> None:
         if self.weights not in ("default", "float32"):
@@ -66,6 +79,12 @@ class TldrEvalConfig:
                              f"{self.speedups} and {self.prompt_depth_speedups}")
         if self.posts is not None and self.posts < 1:
             raise ValueError("--posts must be >= 1")
+        if self.policy not in POLICY_CHOICES:
+            raise ValueError(f"--policy must be one of {', '.join(POLICY_CHOICES)}; got {self.policy!r}")
+        if self.split not in SPLITS:
+            raise ValueError(f"--split must be one of {', '.join(SPLITS)}; got {self.split!r}")
+        if not 0 <= self.floor_share < 1:
+            raise ValueError(f"--floor-share must be in [0, 1); got {self.floor_share}")
 
 
 @dataclass
@@ -94,12 +113,15 @@ class TldrArm:
         return row
 
 
-def schedule_request(config: TldrEvalConfig, speedup: float, prompt_at_full_depth: bool = True) -> ScheduleRequest:
+def schedule_request(config: TldrEvalConfig, speedup: float, num_layers: int,
+                     prompt_at_full_depth: bool = True) -> ScheduleRequest:
+    """The task's schedule at ``speedup`` (the one its policies train on: tldr_training.train_config)."""
     if speedup == 1.0:
         return ScheduleRequest(target_speedup=1.0, full=True)
+    floor = depth_share_floor(num_layers, speedup, config.floor_share) if config.floor_share else None
     return ScheduleRequest(target_speedup=speedup, decay=config.decay, warmup=config.warmup,
-                           decay_length=config.decay_length, speedup_steps=config.decay_length,
-                           prompt_at_full_depth=prompt_at_full_depth, skip_policy=config.skip_policy)
+                           decay_length=config.decay_length, speedup_steps=config.decay_length, min_layers_floor=floor,
+                           prompt_at_full_depth=prompt_at_full_depth, skip_policy=config.policy != "none")
 
 
 def summarise(generator: TextGenerator, posts: Sequence[TldrPost], schedule: ScheduleRequest, max_new_tokens: int,
@@ -121,8 +143,8 @@ def summarise(generator: TextGenerator, posts: Sequence[TldrPost], schedule: Sch
 
 def run_arm(generator: TextGenerator, posts: Sequence[TldrPost], config: TldrEvalConfig, speedup: float,
             prompt_at_full_depth: bool = True) -> TldrArm:
-    outputs, layers, prefill_layers = summarise(generator, posts, schedule_request(config, speedup, prompt_at_full_depth),
-                                config.max_new_tokens, config.batch_size)
+    schedule = schedule_request(config, speedup, generator.num_layers, prompt_at_full_depth)
+    outputs, layers, prefill_layers = summarise(generator, posts, schedule, config.max_new_tokens, config.batch_size)
     scores = [rouge_scores(text, post.reference) for text, post in zip(outputs, posts)]
     subjects = [main_subject(post) for post in posts]
     label = "1x" if speedup == 1.0 else f"{speedup:g}x" + ("" if prompt_at_full_depth else ", prompt at budget")
@@ -139,8 +161,9 @@ def speed_row(generator: TextGenerator, posts: Sequence[TldrPost], config: TldrE
     """SkipDecode against the 1x arm at batch 1 on the first ``speed_posts`` posts: decode and whole-request
     speedups, and the time to the first token (the prefill) of each."""
     chosen = [task_prompt(post) for post in posts[:config.speed_posts]]
-    row: SpeedRow = measure_speed(generator, chosen, schedule_request(config, 1.0),
-                                  schedule_request(config, speedup, prompt_at_full_depth), speedup, batch_size=1,
+    row: SpeedRow = measure_speed(generator, chosen, schedule_request(config, 1.0, generator.num_layers),
+                                  schedule_request(config, speedup, generator.num_layers, prompt_at_full_depth),
+                                  speedup, batch_size=1,
                                   steps=config.speed_steps, repeats=config.speed_repeats, prompt_for=lambda text: text)
     tokens = len(chosen) * config.speed_steps * config.speed_repeats
     runs = len(chosen) * config.speed_repeats
@@ -153,14 +176,15 @@ def speed_row(generator: TextGenerator, posts: Sequence[TldrPost], config: TldrE
             "skip_first_token_s": first_token_s(row.skip_total_tps, row.skip_decode_tps)}
 
 
-def evaluate(generator: TextGenerator, posts: Sequence[TldrPost], config: TldrEvalConfig) -> dict:
-    """Every arm's scores and shares, and the speed rows: the report's body (the caller adds the run's facts)."""
-    full = run_arm(generator, posts, config, 1.0)
-    arms = [full] + [run_arm(generator, posts, config, speedup) for speedup in config.speedups]
-    arms += [run_arm(generator, posts, config, speedup, prompt_at_full_depth=False)
+def evaluate(models: ArmModels, posts: Sequence[TldrPost], config: TldrEvalConfig) -> dict:
+    """Every arm's scores and shares, and the speed rows: the report's body (the caller adds the run's facts).
+    ``models(speedup)`` is the model an arm runs (a speedup's own policy, or one model for all)."""
+    full = run_arm(models(1.0), posts, config, 1.0)
+    arms = [full] + [run_arm(models(speedup), posts, config, speedup) for speedup in config.speedups]
+    arms += [run_arm(models(speedup), posts, config, speedup, prompt_at_full_depth=False)
              for speedup in config.prompt_depth_speedups]
-    speed = [speed_row(generator, posts, config, speedup) for speedup in config.speedups]
-    speed += [speed_row(generator, posts, config, speedup, prompt_at_full_depth=False)
+    speed = [speed_row(models(speedup), posts, config, speedup) for speedup in config.speedups]
+    speed += [speed_row(models(speedup), posts, config, speedup, prompt_at_full_depth=False)
               for speedup in config.prompt_depth_speedups]
     return {"posts": len(posts), "config": dataclasses.asdict(config),
             "arms": [arm.summary(None if arm is full else full) for arm in arms], "speed": speed,

@@ -13,42 +13,70 @@ import torch
 from model.common.hardware import hardware_info
 from model.generation.generator import TextGenerator
 from model.loading import load_model, resolve_device
-from model.tasks.tldr import HELDOUT_POSTS, ROUGE_TYPES, reported_posts
-from model.tasks.tldr_eval import TldrEvalConfig, evaluate
+from model.tasks.tldr import HELDOUT_POSTS, ROUGE_TYPES, read_posts, split_posts
+from model.tasks.tldr_eval import ArmModels, TldrEvalConfig, evaluate
+from model.tasks.tldr_training import shipped_policy
 
 STEM = "tldr"
 TASK_MODEL_NOTE = ("the task model is the default model prompted for a TL;DR (no training split is available "
-                   "here; the paper fine-tuned one); SkipDecode runs the default skip policy")
+                   "here; the paper fine-tuned one)")
 
 
-def load_generator(config: TldrEvalConfig) -> TextGenerator:
+def arm_policy(config: TldrEvalConfig, speedup: float) -> str | None:
+    """The adapter an arm loads: None at 1x (the task model is the default model itself) and for
+    ``--policy none``; the speedup's TL;DR policy where shipped (``--policy task``); else "auto" (the
+    default skip policy)."""
+    if speedup == 1.0 or config.policy == "none":
+        return None
+    own = shipped_policy(speedup, Path(config.policy_root) if config.policy_root else None)
+    return str(own) if config.policy == "task" and own is not None else "auto"
+
+
+def arm_models(config: TldrEvalConfig) -> tuple[ArmModels, dict[str, str | None]]:
+    """The model each arm runs, loaded once per adapter, and which policy each speedup ran (by name)."""
     options = (dict(dtype="float32", quantize="none") if config.weights == "float32"
                else dict(dtype="auto", quantize="auto"))
-    return TextGenerator(load_model(None, adapter="auto", device=config.device, **options))
+    loaded: dict[str | None, TextGenerator] = {}
+    ran: dict[str, str | None] = {}
+
+    def models(speedup: float) -> TextGenerator:
+        adapter = arm_policy(config, speedup)
+        if adapter not in loaded:
+            loaded[adapter] = TextGenerator(load_model(None, adapter=adapter, device=config.device, **options))
+        path = loaded[adapter].loaded.adapter_path
+        ran[f"{speedup:g}x"] = f"{Path(path).parent.name}/{Path(path).name}" if path else None
+        return loaded[adapter]
+
+    return models, ran
 
 
 def run_tldr_eval(config: TldrEvalConfig) -> dict:
     if config.threads:
         torch.set_num_threads(config.threads)
-    posts = reported_posts()[: config.posts] if config.posts else reported_posts()
+    heldout, reported = split_posts(read_posts())
+    posts = heldout if config.split == "heldout" else reported
+    posts = posts[: config.posts] if config.posts else posts
     start = time.perf_counter()
-    generator = load_generator(config)
-    body = evaluate(generator, posts, config)
+    models, ran = arm_models(config)
+    body = evaluate(models, posts, config)
     outputs = body.pop("outputs")
-    adapter = generator.loaded.adapter_path
-    report = {"task": "tldr", "note": TASK_MODEL_NOTE, "adapter": Path(adapter).name if adapter else None,
-              "weights": generator.loaded.weights, "reported_posts": len(posts), "heldout_posts": HELDOUT_POSTS,
+    report = {"task": "tldr", "note": TASK_MODEL_NOTE, "policies": ran, "weights": models(1.0).loaded.weights,
+              "split": config.split, "posts_scored": len(posts), "heldout_posts": HELDOUT_POSTS,
               **body, "minutes": round((time.perf_counter() - start) / 60, 1),
               "hardware": hardware_info(resolve_device(config.device))}
-    write_report(Path(config.output), report, outputs)
+    write_report(Path(config.output), report, outputs, stem=report_stem(config))
     return report
 
 
-def write_report(output: Path, report: dict, outputs: dict[str, list[str]]) -> None:
+def report_stem(config: TldrEvalConfig) -> str:
+    return STEM if config.split == "reported" else f"{STEM}-{config.split}"
+
+
+def write_report(output: Path, report: dict, outputs: dict[str, list[str]], stem: str = STEM) -> None:
     output.mkdir(parents=True, exist_ok=True)
-    (output / f"{STEM}.json").write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
-    (output / f"{STEM}.md").write_text(report_markdown(report))
-    with (output / f"{STEM}-outputs.jsonl").open("w", encoding="utf-8") as handle:
+    (output / f"{stem}.json").write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+    (output / f"{stem}.md").write_text(report_markdown(report))
+    with (output / f"{stem}-outputs.jsonl").open("w", encoding="utf-8") as handle:
         for label, texts in outputs.items():
             handle.write(json.dumps({"label": label, "outputs": texts}, ensure_ascii=False) + "\n")
 
@@ -59,9 +87,10 @@ def _share(arm: dict, name: str) -> str:
 
 
 def report_markdown(report: dict) -> str:
-    lines = [f"# Reddit TL;DR: {report['reported_posts']} reported posts ({report['hardware']['summary']})", "",
-             f"Greedy, {report['weights']} weights; {report['note']}. ROUGE F1 x 100; shares of the 1x arm with "
-             "95% paired bootstrap intervals over posts.", "",
+    policies = ", ".join(f"{label}: {name or 'none'}" for label, name in report["policies"].items() if label != "1x")
+    lines = [f"# Reddit TL;DR: {report['posts_scored']} {report['split']} posts ({report['hardware']['summary']})", "",
+             f"Greedy, {report['weights']} weights; {report['note']}. Skip policies: {policies}. ROUGE F1 x 100; "
+             "shares of the 1x arm with 95% paired bootstrap intervals over posts.", "",
              "| arm | ROUGE-1 | ROUGE-2 | ROUGE-L | ROUGE-L share | ROUGE-1 share | repeated 4-grams | "
              "names the main subject | mean layers a step | prompt layers |",
              "|---|---|---|---|---|---|---|---|---|---|"]

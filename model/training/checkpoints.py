@@ -25,6 +25,10 @@ def save_checkpoint(accelerator, model, output: Path, step: int, config, seconds
         (folder / "progress.json").write_text(json.dumps({"step": step, "seconds": seconds}))
         unwrapped = accelerator.unwrap_model(model)
         save_adapter(unwrapped.lm, output / "adapter", config, step, seconds, bridge=unwrapped.bridge)
+        if config.keep_adapters:  # every save kept, so a rule can choose among them on held-out data
+            kept = output / f"adapter-step-{step:06d}"
+            shutil.rmtree(kept, ignore_errors=True)
+            shutil.copytree(output / "adapter", kept)
 
 
 def save_adapter(model, folder: Path, config, step: int, seconds: float,

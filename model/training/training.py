@@ -125,6 +125,7 @@ class TrainConfig:
     full_finetune: bool = False
     seed: int = 0
     save_every: int = 50
+    keep_adapters: bool = False  # also keep each save's adapter as adapter-step-N (to choose among them later)
     eval_every: int = 50  # held-out curve every N steps (0 = off)
     eval_prompts: int = 16  # first N prompts of the held-out set
     eval_tokens: int = 48

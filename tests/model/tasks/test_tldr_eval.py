@@ -19,8 +19,8 @@ def test_every_arm_is_scored_against_the_full_models_and_the_prompt_depth_is_rea
 
     generator = TextGenerator(load_model(str(tiny_folder), device="cpu", adapter=None))
     config = TldrEvalConfig(speedups=(2.0,), prompt_depth_speedups=(2.0,), max_new_tokens=6, decay_length=4,
-                            batch_size=2, speed_posts=2, speed_steps=4, speed_repeats=1, warmup=1, skip_policy=False)
-    report = evaluate(generator, POSTS, config)
+                            batch_size=2, speed_posts=2, speed_steps=4, speed_repeats=1, warmup=1, policy="none")
+    report = evaluate(lambda speedup: generator, POSTS, config)
     arms = {arm["label"]: arm for arm in report["arms"]}
     assert list(arms) == ["1x", "2x", "2x, prompt at budget"]
     assert "shares" not in arms["1x"] and arms["1x"]["mean_layers_per_step"] == generator.num_layers
