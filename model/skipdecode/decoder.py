@@ -27,7 +27,7 @@ from torch import nn
 
 from model.common.checks import check_int, check_number
 from model.skipdecode.architectures import ArchitectureAdapter, adapter_for
-from model.skipdecode.kv_cache import LayerInputs, PrefixKVCache, position_ids_from_mask
+from model.skipdecode.kv_cache import LayerInputs, PrefixKVCache, PromptKVCache, position_ids_from_mask
 from model.skipdecode.lean_layer import greedy_ids
 from model.skipdecode.schedule import ScheduleConfig
 from model.skipdecode.skip_policy import EntryBridge, entry_layers
@@ -698,6 +698,66 @@ def masked_forward(
     if hidden_states is not None:
         hidden_states.append(hidden)
     return adapter.logits(hidden[:, logits_from:])
+
+
+@torch.no_grad()
+def prompt_prefill(model_or_adapter: nn.Module | ArchitectureAdapter, input_ids: torch.Tensor,
+                   attention_mask: torch.Tensor, prompt_length: int) -> tuple[PromptKVCache, torch.Tensor]:
+    """The prompt ``input_ids[:, :prompt_length]`` at full depth, without gradients: (a KV cache holding
+    its keys and values in every layer, with room for the rest of the sequence; the logits of its last
+    position (B, 1, V), which predict the first generated token)."""
+    adapter = model_or_adapter if isinstance(model_or_adapter, ArchitectureAdapter) else adapter_for(model_or_adapter)
+    ids, mask = input_ids[:, :prompt_length], attention_mask[:, :prompt_length]
+    positions = position_ids_from_mask(mask)
+    hidden = adapter.embed(ids, positions)  # (B, P, C)
+    inputs = adapter.layer_inputs(hidden, mask.bool(), positions)
+    cache = PrefixKVCache(adapter.num_layers, prompt_length)
+    for index in range(adapter.num_layers):
+        hidden = adapter.run_layer(index, hidden, inputs, cache)
+    return PromptKVCache.of(cache), adapter.logits(hidden[:, -1:])
+
+
+def masked_forward_after_prompt(
+    model_or_adapter: nn.Module | ArchitectureAdapter,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    executes: torch.Tensor,
+    cache: PromptKVCache,
+    *,
+    prompt_length: int,
+    bridge: EntryBridge | None = None,
+) -> torch.Tensor:
+    """``masked_forward``'s generated positions alone, after ``prompt_prefill`` cached the prompt: logits
+    (B, T - prompt_length, V) of positions prompt_length .. T - 1, each layer run only on the generated
+    positions that execute it (a causal prefix of them), attending to the cached prompt and to each other.
+
+    Equal to masked_forward's logits there when the prompt runs every layer; training calls it so that
+    a ~330-token prompt, which no trainable part touches (a gated LoRA acts only where a position
+    bypasses layers), runs once without gradients instead of forward and backward at every step.
+    executes: (T, L) shared by the batch; its first prompt_length rows are not read."""
+    adapter = model_or_adapter if isinstance(model_or_adapter, ArchitectureAdapter) else adapter_for(model_or_adapter)
+    executes = executes[prompt_length:].to(input_ids.device)  # (N, L)
+    positions = position_ids_from_mask(attention_mask)[:, prompt_length:]  # (B, N)
+    hidden = adapter.embed(input_ids[:, prompt_length:], positions)  # (B, N, C)
+    key_valid = attention_mask.bool()
+    inputs_for: dict[int, LayerInputs] = {}  # by the number of generated positions a layer runs
+    for index in range(adapter.num_layers):
+        keep = executes[:, index]
+        if bridge is not None and index >= 1:
+            entering = keep & ~executes[:, index - 1]
+            if bool(entering.any()):
+                hidden = torch.where(entering[None, :, None], bridge(index, hidden), hidden)
+        count = _prefix_length(keep)
+        if count is None:
+            raise ValueError("masked_forward_after_prompt: a layer's generated positions must be a causal prefix")
+        if count == 0:
+            continue
+        if count not in inputs_for:
+            inputs_for[count] = adapter.layer_inputs(hidden[:, :count], key_valid[:, :prompt_length + count],
+                                                     positions[:, :count], after_cache=True)
+        out = adapter.run_layer(index, hidden[:, :count], inputs_for[count], cache)
+        hidden = out if count == hidden.shape[1] else torch.cat([out, hidden[:, count:]], dim=1)
+    return adapter.logits(hidden)
 
 
 def _prefix_length(keep: torch.Tensor) -> int | None:

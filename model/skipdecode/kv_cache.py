@@ -110,6 +110,33 @@ class PrefixKVCache:
         return False
 
 
+class PromptKVCache:
+    """A prompt's keys and values in every layer (fixed, no gradients), and the one chunk of new positions
+    each layer adds in a teacher-forced pass after it: ``update`` returns the prompt's keys followed by the
+    chunk's, by concatenation, so the chunk's keys keep their gradients (a preallocated buffer written in
+    place cannot: it was made without them). Stores nothing: every layer takes one chunk per pass.
+    Duck-types what the attention modules call (``update``, ``get_seq_length``)."""
+
+    def __init__(self, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self.layers = layers  # per layer: (B, H_kv, P, D) keys and values
+
+    @classmethod
+    def of(cls, cache: PrefixKVCache) -> "PromptKVCache":
+        return cls([cache.layer(index) for index in range(len(cache.lengths))])
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        keys, values = self.layers[layer_idx]
+        return torch.cat([keys, key_states], dim=2), torch.cat([values, value_states], dim=2)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.layers[layer_idx][0].shape[2]
+
+    @property
+    def writes_in_place(self) -> bool:
+        return False
+
+
 class StaticKVCache(PrefixKVCache):
     """A PrefixKVCache whose decode steps have FIXED shapes (docs/DESIGN.md, "The static KV cache").
 

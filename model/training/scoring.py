@@ -14,19 +14,32 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from model.skipdecode.decoder import execution_mask, masked_forward
+from model.skipdecode.decoder import execution_mask, masked_forward, masked_forward_after_prompt
 from model.skipdecode.schedule import ScheduleConfig
 from model.skipdecode.skip_policy import EntryBridge, gated
+from model.training.prompt_store import PromptStore
 
 
 def skip_policy_logits(model, ids, mask, schedule: ScheduleConfig, prompt_len: int, *,
-                       bridge: EntryBridge | None = None, hidden_states: list | None = None) -> torch.Tensor:
+                       bridge: EntryBridge | None = None, hidden_states: list | None = None,
+                       prompts: PromptStore | None = None) -> torch.Tensor:
     """Logits (B, N, V) predicting target token k at position P - 1 + k, under ``schedule``.
 
     A gated LoRA (skip_policy.install_lora_gate) acts only at positions that bypass layers.
+    ``prompts``: nothing trainable acts on the prompt (a gated LoRA, no full fine-tuning), so where the
+    prompt runs every layer its keys and values come from the store (each prompt prefilled once, without
+    gradients) and only the generated positions run (decoder.masked_forward_after_prompt: the same
+    logits, a fraction of the compute when the prompt is long).
     """
     executes = execution_mask(schedule, prompt_len, ids.shape[1])
-    with gated(model, executes, ids.shape[0]):
+    batch = ids.shape[0]
+    if prompts is not None and hidden_states is None and bool(executes[:prompt_len].all()):
+        cache, first = prompts.batch(model, ids, mask, prompt_len)
+        with gated(model, executes[prompt_len:], batch):
+            rest = masked_forward_after_prompt(model, ids, mask, executes, cache, prompt_length=prompt_len,
+                                               bridge=bridge)
+        return torch.cat([first, rest[:, :-1]], dim=1)
+    with gated(model, executes, batch):
         logits = masked_forward(model, ids, mask, executes, logits_from=prompt_len - 1, bridge=bridge,
                                 hidden_states=hidden_states)
     return logits[:, :-1]

@@ -58,6 +58,7 @@ from model.training.data import (
 )
 from model.training.heldout import heldout_scores, heldout_set
 from model.training.losses import cross_entropy_loss, hidden_matching_loss, loop_masks, unlikelihood_loss
+from model.training.prompt_store import PromptStore
 from model.training.scoring import distillation_loss, skip_policy_logits
 
 SCHEDULE_MIXES = ("broad", "focused")
@@ -288,18 +289,26 @@ class TrainResult:
     heldout: list[dict] = field(default_factory=list)
 
 
+def _has_dropout(model: torch.nn.Module) -> bool:
+    """Whether any dropout would act in training (a Dropout module or an attention dropout above 0)."""
+    config = getattr(model, "config", None)
+    attention = float(getattr(config, "attention_dropout", 0.0) or 0.0)
+    return attention > 0 or any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
+
+
 class SkipPolicyModel(torch.nn.Module):
     """The student as one module (LoRA'd model + optional bridge), so accelerate/DDP see the
     masked forward as its forward and checkpoint the bridge with the rest."""
 
-    def __init__(self, lm: torch.nn.Module, bridge: EntryBridge | None = None) -> None:
+    def __init__(self, lm: torch.nn.Module, bridge: EntryBridge | None = None, prompts: PromptStore | None = None) -> None:
         super().__init__()
         self.lm = lm
         self.bridge = bridge
+        self.prompts = prompts  # where nothing trainable acts on a full-depth prompt (scoring.skip_policy_logits)
 
     def forward(self, ids, mask, schedule: ScheduleConfig, prompt_len: int, hidden_states: list | None = None) -> torch.Tensor:
         return skip_policy_logits(self.lm, ids, mask, schedule, prompt_len, bridge=self.bridge,
-                                  hidden_states=hidden_states)
+                                  hidden_states=hidden_states, prompts=self.prompts)
 
 
 def wrap_trainable(model, config: TrainConfig):
@@ -504,7 +513,9 @@ def _prepare_run(config: TrainConfig) -> _Run:
     if config.init_adapter and not config.resume:  # a resumed run's checkpoint already holds the weights
         load_initial_adapter(lm, bridge, config.init_adapter, config)
     teacher = None if config.data and not config.kl_weight else Teacher(lm, config)
-    model = SkipPolicyModel(lm, bridge)
+    # the prompt's keys never change: nothing trainable acts on it and no dropout redraws it (GPT-2's, OPT's)
+    frozen_prompts = config.gate_lora and not config.full_finetune and not _has_dropout(lm)
+    model = SkipPolicyModel(lm, bridge, PromptStore() if frozen_prompts else None)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=0.0)
     model, optimizer = accelerator.prepare(model, optimizer)

@@ -11,6 +11,7 @@ from model.evaluation.evaluation import EvalConfig, evaluate, rouge_l, write_rep
 from model.skipdecode.decoder import SkipDecoder
 from model.skipdecode.schedule import ScheduleConfig, full_schedule
 from model.training.data import DEFAULT_TRAIN_PROMPTS, Example, collate, read_jsonl, user_examples
+from model.training.prompt_store import PromptStore
 from model.training.scoring import distillation_loss, skip_policy_logits
 from model.training.training import Budget, TrainConfig, draw_batch, draw_schedule, train
 from tests.support import NUM_LAYERS, TEST_DEVICE, tiny_model
@@ -36,6 +37,56 @@ def test_training_forward_equals_the_decoders_cached_logits():
     for row, example in enumerate(examples):
         n = len(example.target)  # right padding after a row's target is never attended by it
         torch.testing.assert_close(forced[row, :n], cached[row, :n], atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "opt", "gpt2"])
+@pytest.mark.parametrize("order", ["warmup_top", "first_last"])
+def test_a_frozen_prompt_gives_the_same_logits_and_gradients_as_the_whole_sequence(family, order):
+    """Training's shortcut (scoring.skip_policy_logits with a PromptStore): each prompt prefilled once
+    without gradients, then only the generated positions with them, equals the masked forward over the
+    whole sequence, in the logits and in every trainable weight's gradient (a gated LoRA with trained,
+    non-zero weights, and an entry bridge), also for a prompt kept from a batch of another prompt length."""
+    from peft import LoraConfig, get_peft_model
+
+    from model.skipdecode.skip_policy import EntryBridge, install_lora_gate
+    from model.training.training import LORA_TARGETS
+
+    torch.manual_seed(0)
+    base = tiny_model(family)
+    names = {name.rsplit(".", 1)[-1] for name, _ in base.named_modules()} & set(LORA_TARGETS)
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=sorted(names)))
+    install_lora_gate(model)
+    with torch.no_grad():
+        for name, weight in model.named_parameters():
+            if "lora_" in name:
+                weight.normal_(0, 0.2)  # lora_B starts at zero: a trained one does not
+    bridge = EntryBridge(NUM_LAYERS, base.config.hidden_size, rank=4)
+    with torch.no_grad():
+        bridge.up.normal_(0, 0.1)
+    short, long_, middle = (Example(prompt=[20, 21, 22], target=[23, 24, 25, 26]),
+                            Example(prompt=list(range(5, 14)), target=list(range(30, 40))),
+                            Example(prompt=[40, 41, 42, 43, 44], target=[45, 46, 47]))
+    schedule = ScheduleConfig(NUM_LAYERS, 6, 2, decay="linear", warmup=1, decay_length=6, order=order)
+    trainable = [w for w in model.parameters() if w.requires_grad] + list(bridge.parameters())
+    store = PromptStore()
+
+    def logits_and_grads(examples, prompts):
+        ids, mask, target_mask, prompt_len = collate(examples, pad_id=0)
+        for weight in trainable:
+            weight.grad = None
+        logits = skip_policy_logits(model, ids, mask, schedule, prompt_len, bridge=bridge, prompts=prompts)
+        (logits.float().logsumexp(-1) * target_mask).sum().backward()
+        real = target_mask.bool()  # a row's right padding is never read by the loss
+        return logits.detach()[real], [weight.grad.clone() for weight in trainable]
+
+    for examples in ([long_, short], [short, middle]):  # the short prompt, kept at P = 9, reused at P = 5
+        whole, whole_grads = logits_and_grads(examples, None)
+        kept, kept_grads = logits_and_grads(examples, store)
+        torch.testing.assert_close(kept, whole, atol=1e-4, rtol=1e-4)
+        assert any(grad.abs().sum() > 0 for grad in whole_grads)
+        for got, expected in zip(kept_grads, whole_grads):
+            torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-3)
+    assert store.prefilled == 3 and len(store.rows) == 3  # each prompt prefilled once
 
 
 def test_random_schedules_cover_the_apps_range():
