@@ -615,6 +615,8 @@ TRAIN_OPTION_HELP = {
                       "its .source.json) and reused by every speedup and every resumed run",
     "posts_file": "TL;DR: the distillation posts (task-posts tldr); only the usable ones are summarised",
     "export": "a folder to export the final adapter to (bfloat16)",
+    "then": "TL;DR: comma-separated speedups trained after --speedup in the same process, each in its own run "
+            "folder, sharing the prompts' prefill",
     "relexicalised": "rewritten copies of each training MR and its references with another eatType and food "
                      "(pubs, restaurants, the seven cuisines the test set asks for), with --targets references",
 }
@@ -687,15 +689,14 @@ def run_train_task(args: argparse.Namespace) -> int:
 
 def run_train_tldr(args: argparse.Namespace) -> int:
     run = TldrRun(**{spec.name: getattr(args, spec.name) for spec in dataclasses.fields(TldrRun)})
-    result = train_tldr_policy(run)
-    print(json.dumps({"steps": result.steps, "seconds": result.seconds, "adapter": str(run.folder / "adapter"),
-                      "exported": run.export if result.steps >= run.steps else None}))
+    for result in train_tldr_policy(run):
+        print(json.dumps({"steps": result.steps, "seconds": result.seconds, "adapter": f"{result.output_dir}/adapter"}))
     return 0
 
 
 def run_tldr_eval_command(args: argparse.Namespace) -> int:
     config = config_from(vars(args))
-    report = run_tldr_eval(config)
+    report = run_tldr_eval(config, command="python -m model " + " ".join(sys.argv[1:]))
     print(f"wrote {config.output}/{report_stem(config)}.json, .md and -outputs.jsonl ({report['minutes']} min)")
     return 0
 

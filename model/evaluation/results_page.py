@@ -200,6 +200,39 @@ def e2e_other_runs(sources: Sources) -> list[str]:
     return lines
 
 
+def tldr_summaries(sources: Sources) -> list[str]:
+    """Reddit TL;DR: each arm's ROUGE and its share of the 1x arm's, the main subject, and the speed rows."""
+    path = "assets/eval/tldr.json"
+    report = sources.data(path)
+    policies = report.get("policies", {})
+    rows = []
+    for arm in report["arms"]:
+        scores, share = arm["scores"], (arm.get("shares") or {}).get("rougeL")
+        interval = f"{num(share['share'], 3)} [{num(share['low'], 3)}, {num(share['high'], 3)}]" if share else "1"
+        policy = policies.get(f"{arm['speedup']:g}x") if arm["speedup"] != 1.0 else None
+        rows.append((arm["label"], f"{num(scores['rouge1'])} / {num(scores['rouge2'])} / {num(scores['rougeL'])}",
+                     interval, pct(arm["names_main_subject"]), pct(arm["repetition"]), policy or NONE_CELL,
+                     num(arm["mean_layers_per_step"], 1), str(arm["prefill_layers"]), sources.id(path)))
+    speed = [(f"{row['speedup']:g}x", "full depth" if row["prompt_at_full_depth"] else "first budget",
+              times(row["decode_speedup"]), times(row["end_to_end_speedup"]),
+              f"{num(row['full_first_token_s'], 3)} s / {num(row['skip_first_token_s'], 3)} s", times(row["cost_model_bound"]),
+              sources.id(path)) for row in report["speed"]]
+    intro = [f"### Reddit TL;DR, the paper's second task: {report['posts_scored']} reported test posts, "
+             f"{report['weights']} weights", "",
+             "The task model is the default model prompted for a TL;DR (no training split is available here; the",
+             "paper fine-tuned one). ROUGE-1/2/L F1 x 100 against the human TL;DR; the share is of the 1x arm's",
+             "ROUGE-L with its 95% paired bootstrap interval over posts; the main subject is the reference's people",
+             "and the event words its title and reference share (model/tasks/tldr.py).", ""]
+    quality = table(("arm", "ROUGE-1 / 2 / L", "ROUGE-L share of 1x", "names the main subject", "repeated 4-grams",
+                     "skip policy", "layers a step", "prompt layers", "source"), rows)
+    first = report["speed"][0] if report["speed"] else {}
+    speed_intro = ["", f"Speed at batch 1 (a visitor's request): {first.get('mrs', '?')} posts, {first.get('steps', '?')} "
+                   "decode steps each with EOS ignored, both arms the same steps; the whole request counts the ~330-token",
+                   "prompt's prefill, which runs at full depth unless the prompt is put at the schedule's first budget.", ""]
+    return intro + quality + speed_intro + table(("target", "prompt", "decode speedup", "whole request",
+                                                  "first token: 1x / SkipDecode", "cost-model bound", "source"), speed)
+
+
 def general_chat(sources: Sources) -> list[str]:
     path = "assets/eval/eval.json"
     report = sources.data(path)

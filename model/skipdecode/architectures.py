@@ -17,7 +17,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from model.skipdecode.kv_cache import LayerInputs, PrefixKVCache, attention_mask
+from model.skipdecode.kv_cache import LayerCache, LayerInputs, PrefixKVCache, attention_mask
 from model.skipdecode.lean_layer import LeanLlamaLayer, fused_rms_norm, low_bit_parts
 from model.skipdecode.schedule import CostModel
 
@@ -60,7 +60,7 @@ class ArchitectureAdapter(ABC):
         return {}
 
     @abstractmethod
-    def run_layer(self, index: int, hidden: torch.Tensor, inputs: LayerInputs, cache: PrefixKVCache | None) -> torch.Tensor:
+    def run_layer(self, index: int, hidden: torch.Tensor, inputs: LayerInputs, cache: LayerCache | None) -> torch.Tensor:
         """Decoder layer ``index`` on (B, T, C); appends its keys/values to ``cache`` when given."""
 
     def run_layers(self, indices: list[int], hidden: torch.Tensor, inputs_for: Callable[[int], LayerInputs],
@@ -171,7 +171,7 @@ class LlamaFamilyAdapter(ArchitectureAdapter):
     def layer_extras(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> dict[str, Any]:
         return {"position_embeddings": self._backbone.rotary_emb(hidden, position_ids=position_ids)}
 
-    def run_layer(self, index: int, hidden: torch.Tensor, inputs: LayerInputs, cache: PrefixKVCache | None) -> torch.Tensor:
+    def run_layer(self, index: int, hidden: torch.Tensor, inputs: LayerInputs, cache: LayerCache | None) -> torch.Tensor:
         lean = LeanLlamaLayer.of(self.layers[index], self.config)
         if lean is not None:
             return lean(hidden, inputs, cache)
@@ -232,7 +232,7 @@ class OPTAdapter(ArchitectureAdapter):
         positions = decoder.embed_positions(None, 0, position_ids=position_ids)
         return hidden + positions
 
-    def run_layer(self, index: int, hidden: torch.Tensor, inputs: LayerInputs, cache: PrefixKVCache | None) -> torch.Tensor:
+    def run_layer(self, index: int, hidden: torch.Tensor, inputs: LayerInputs, cache: LayerCache | None) -> torch.Tensor:
         return self.layers[index](
             hidden,
             attention_mask=inputs.mask,
@@ -273,7 +273,7 @@ class GPT2Adapter(ArchitectureAdapter):
         t = self._transformer
         return t.drop(t.wte(input_ids) + t.wpe(position_ids))
 
-    def run_layer(self, index: int, hidden: torch.Tensor, inputs: LayerInputs, cache: PrefixKVCache | None) -> torch.Tensor:
+    def run_layer(self, index: int, hidden: torch.Tensor, inputs: LayerInputs, cache: LayerCache | None) -> torch.Tensor:
         return self.layers[index](hidden, past_key_values=cache, attention_mask=inputs.mask, use_cache=cache is not None)
 
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -137,6 +137,9 @@ class PromptKVCache:
         return False
 
 
+LayerCache = PrefixKVCache | PromptKVCache  # what a layer call appends its keys and values to
+
+
 class StaticKVCache(PrefixKVCache):
     """A PrefixKVCache whose decode steps have FIXED shapes (docs/DESIGN.md, "The static KV cache").
 

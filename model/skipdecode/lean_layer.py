@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.skipdecode.kv_cache import LayerInputs, PrefixKVCache, attention_mask
+from model.skipdecode.kv_cache import LayerCache, LayerInputs, PrefixKVCache, attention_mask
 
 
 @dataclass(frozen=True)
@@ -145,7 +145,7 @@ class LeanLlamaLayer:
                 and hasattr(sys.modules[type(attn).__module__], "apply_rotary_pos_emb")
                 and getattr(config, "attn_logit_softcapping", None) is None)
 
-    def __call__(self, hidden: torch.Tensor, inputs: LayerInputs, cache: PrefixKVCache | None) -> torch.Tensor:
+    def __call__(self, hidden: torch.Tensor, inputs: LayerInputs, cache: LayerCache | None) -> torch.Tensor:
         batch, length, _ = hidden.shape
         if length == 1 and cache is not None and self.rotates_fused:
             return self._decode_one(hidden, inputs, cache)
@@ -184,12 +184,13 @@ class LeanLlamaLayer:
             gate, up = self.mlp.gate_proj(x), self.mlp.up_proj(x)
         return hidden + self.down_proj(F.silu(gate) * up)
 
-    def _decode_one(self, hidden: torch.Tensor, inputs: LayerInputs, cache: PrefixKVCache) -> torch.Tensor:
+    def _decode_one(self, hidden: torch.Tensor, inputs: LayerInputs, cache: LayerCache) -> torch.Tensor:
         """One new position per row (a decode step): the same math as ``__call__`` with fewer
         ops, the per-op cost being most of a small model's step on a CPU — rows kept 2-D (B, C),
         so the projections need no reshapes, and q and k rotated by one matmul with the step's
         rotation matrices (built once per step, shared by every layer)."""
-        if self.native is not None and self.native.runs(hidden) and not cache.writes_in_place:
+        if (self.native is not None and isinstance(cache, PrefixKVCache) and self.native.runs(hidden)
+                and not cache.writes_in_place):
             return self.native(hidden, inputs, cache)
         batch = hidden.shape[0]
         flat = hidden.view(batch, -1)  # (B, C)

@@ -50,7 +50,8 @@ def arm_models(config: TldrEvalConfig) -> tuple[ArmModels, dict[str, str | None]
     return models, ran
 
 
-def run_tldr_eval(config: TldrEvalConfig) -> dict:
+def run_tldr_eval(config: TldrEvalConfig, command: str | None = None) -> dict:
+    """The evaluation, written to ``config.output``; ``command``: the command line that ran it, recorded."""
     if config.threads:
         torch.set_num_threads(config.threads)
     heldout, reported = split_posts(read_posts())
@@ -60,7 +61,7 @@ def run_tldr_eval(config: TldrEvalConfig) -> dict:
     models, ran = arm_models(config)
     body = evaluate(models, posts, config)
     outputs = body.pop("outputs")
-    report = {"task": "tldr", "note": TASK_MODEL_NOTE, "policies": ran, "weights": models(1.0).loaded.weights,
+    report = {"task": "tldr", "command": command, "note": TASK_MODEL_NOTE, "policies": ran, "weights": models(1.0).loaded.weights,
               "split": config.split, "posts_scored": len(posts), "heldout_posts": HELDOUT_POSTS,
               **body, "minutes": round((time.perf_counter() - start) / 60, 1),
               "hardware": hardware_info(resolve_device(config.device))}

@@ -40,6 +40,7 @@ from model.tasks.tldr import (
 )
 from model.tasks.tldr_data import assert_no_test_post, read_synthetic_posts
 from model.tasks.tldr_eval import summarise
+from model.training.prompt_store import PromptStore
 from model.training.training import TrainConfig, TrainResult, train
 
 DISTIL_POSTS = TLDR_DATA / "distil-posts.jsonl"
@@ -122,6 +123,9 @@ class TldrRun:
     """One TL;DR policy's training run: which speedup, how long, where."""
 
     speedup: float = 3.0
+    # more speedups trained after this one in the same process, each its own run folder, sharing the
+    # prompts' prefill (training.PromptStore: a prompt's keys are the same at every speedup)
+    then: tuple[float, ...] = ()
     steps: int = 300
     batch_size: int = 8
     learning_rate: float = 5e-4
@@ -148,6 +152,11 @@ class TldrRun:
         check_int("--posts", self.posts, low=0)
         check_int("--save-every", self.save_every, low=1)
         check_number("--lr", self.learning_rate, above=0, high=1)
+        for speedup in self.then:
+            check_number("--then", speedup, above=1, high=6)
+        if self.then and (self.output_dir or self.export):
+            raise ValueError("--then trains several speedups, each in runs/tldr-skip-<S>x: leave out --output-dir "
+                             "and --export (pick-policy exports the chosen checkpoint)")
 
     @property
     def folder(self) -> Path:
@@ -177,15 +186,21 @@ def train_config(run: TldrRun, targets: Path) -> TrainConfig:
     return config if run.warmup is None else replace(config, warmup_layers=run.warmup)
 
 
-def train_tldr_policy(run: TldrRun) -> TrainResult:
-    """Targets (made once), the training run, and the export when asked; writes the run's summary.json."""
+def train_tldr_policy(run: TldrRun) -> list[TrainResult]:
+    """Targets (made once), the training run of each speedup (``run.speedup``, then ``run.then``) and the
+    export when asked; writes each run's summary.json."""
     targets = write_targets(Path(run.summaries_file), Path(run.posts_file), run.posts, model=run.model, device=run.device)
-    result = train(train_config(run, targets))
-    exported = None
-    if run.export and result.steps >= run.steps:  # a run stopped by --max-minutes is not a policy yet
-        export_adapter(run.folder / "adapter", run.export)
-        exported = run.export
-    summary = {"run": asdict(run), "steps": result.steps, "seconds": result.seconds, "targets": str(targets),
-               "exported": exported, "last_losses": result.losses[-10:]}
-    (run.folder / "summary.json").write_text(json.dumps(summary, indent=2))
-    return result
+    prompts = PromptStore()
+    results = []
+    for speedup in (run.speedup, *run.then):
+        one = replace(run, speedup=speedup, then=())
+        result = train(train_config(one, targets), prompts)
+        exported = None
+        if one.export and result.steps >= one.steps:  # a run stopped by --max-minutes is not a policy yet
+            export_adapter(one.folder / "adapter", one.export)
+            exported = one.export
+        summary = {"run": asdict(one), "steps": result.steps, "seconds": result.seconds, "targets": str(targets),
+                   "exported": exported, "last_losses": result.losses[-10:]}
+        (one.folder / "summary.json").write_text(json.dumps(summary, indent=2))
+        results.append(result)
+    return results

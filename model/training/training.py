@@ -488,7 +488,7 @@ class _Run:
     trainable: list
 
 
-def _prepare_run(config: TrainConfig) -> _Run:
+def _prepare_run(config: TrainConfig, prompts: PromptStore | None = None) -> _Run:
     """Threads, seed, the output folder, the model, its data, the held-out set, the trainable skip
     policy (LoRA or full weights, the bridge, an initial adapter) and the optimiser, in this order."""
     from accelerate.utils import set_seed  # noqa: PLC0415
@@ -515,7 +515,7 @@ def _prepare_run(config: TrainConfig) -> _Run:
     teacher = None if config.data and not config.kl_weight else Teacher(lm, config)
     # the prompt's keys never change: nothing trainable acts on it and no dropout redraws it (GPT-2's, OPT's)
     frozen_prompts = config.gate_lora and not config.full_finetune and not _has_dropout(lm)
-    model = SkipPolicyModel(lm, bridge, PromptStore() if frozen_prompts else None)
+    model = SkipPolicyModel(lm, bridge, (prompts or PromptStore()) if frozen_prompts else None)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=0.0)
     model, optimizer = accelerator.prepare(model, optimizer)
@@ -559,10 +559,12 @@ def _postfix(run: _Run, losses: list[float], tokens_seen: int, budget: Budget, s
             "speedup": f"{run.num_layers / max(1, sum(schedule.budgets(steps_hint)) / steps_hint):.1f}x"}
 
 
-def train(config: TrainConfig) -> TrainResult:
+def train(config: TrainConfig, prompts: PromptStore | None = None) -> TrainResult:
+    """The training run ``config`` describes. ``prompts``: a PromptStore to share with other runs on the same
+    frozen model and prompts (policies for several speedups prefill each prompt once between them)."""
     from tqdm.auto import tqdm  # noqa: PLC0415
 
-    run = _prepare_run(config)
+    run = _prepare_run(config, prompts)
     accelerator, output = run.accelerator, run.output
     start_step, spent = resume_checkpoint(accelerator, output) if config.resume else (0, 0.0)
     budget = Budget(config.max_minutes, spent)

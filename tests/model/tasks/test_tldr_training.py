@@ -4,6 +4,7 @@ made once from a recorded source, and a policy trained under the task's one sche
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +22,15 @@ from model.tasks.tldr_training import (
 
 STORY = ("Last week my boyfriend forgot my birthday again. We had planned dinner at the Italian place near the "
          "station, and he said he was stuck at work, but his friend posted photos of them at a bar that night. ")
+
+
+def written_posts(folder: Path) -> Path:
+    """Four distillation posts (the tiny model writes a non-empty TL;DR for some of them)."""
+    path = folder / "posts.jsonl"
+    rows = [{"post_id": f"synthetic-{i}", "subreddit": "relationships", "title": f"My boyfriend forgot my birthday {i}",
+             "post": STORY + f"It was the {i}th time, and I told him I was hurt."} for i in range(4)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
 
 
 def post(text: str, title: str = "My [24 F] boyfriend [26 M] forgot my birthday, what should I do?") -> TldrPost:
@@ -51,23 +61,22 @@ def test_a_policy_trains_under_the_tasks_one_schedule_with_the_prompt_kept_whole
     assert config.max_length >= 600  # the longest prompt (~420 tokens with the template) and its TL;DR
     with pytest.raises(ValueError, match="--speedup"):
         TldrRun(speedup=1.0)
+    with pytest.raises(ValueError, match="--then"):
+        TldrRun(then=(2.0,), export="assets/adapters/tldr/skip-3x")
 
 
 @pytest.mark.slow
 def test_targets_are_made_once_and_a_stopped_run_resumes_to_an_exported_policy(tiny_folder, tmp_path):
     from model.tasks.tldr_training import train_tldr_policy
 
-    posts = tmp_path / "posts.jsonl"
-    rows = [{"post_id": f"synthetic-{i}", "subreddit": "relationships", "title": f"My boyfriend forgot my birthday {i}",
-             "post": STORY + f"It was the {i}th time, and I told him I was hurt."} for i in range(4)]
-    posts.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    posts = written_posts(tmp_path)
     common = dict(model=str(tiny_folder), speedup=2.0, warmup=1, batch_size=2, save_every=1, posts_file=str(posts),
                   summaries_file=str(tmp_path / "targets.jsonl"), output_dir=str(tmp_path / "run"), device="cpu")
     train_tldr_policy(TldrRun(**common, steps=1))
     targets = [json.loads(line) for line in (tmp_path / "targets.jsonl").read_text().splitlines()]
     assert targets and all(t["prompt"].endswith("TL;DR of the post above in one sentence:") for t in targets)
     made = (tmp_path / "targets.jsonl").stat().st_mtime_ns
-    result = train_tldr_policy(TldrRun(**common, steps=2, resume=True, export=str(tmp_path / "skip-2x")))
+    [result] = train_tldr_policy(TldrRun(**common, steps=2, resume=True, export=str(tmp_path / "skip-2x")))
     assert result.steps == 2 and (tmp_path / "targets.jsonl").stat().st_mtime_ns == made  # reused, not made again
     info = json.loads((tmp_path / "skip-2x" / "training_info.json").read_text())
     assert info["step"] == 2 and info["config"]["fixed_speedup"] == 2.0
@@ -89,6 +98,31 @@ def test_targets_are_made_once_and_a_stopped_run_resumes_to_an_exported_policy(t
     assert entry["chosen"] == choose([Candidate(**c) for c in entry["candidates"]]).name
     assert (entry["exported"] is None) == (entry["chosen"] == "general")
     assert json.loads((tmp_path / "picks.json").read_text())["2x"] == entry
+
+
+@pytest.mark.slow
+def test_later_speedups_share_the_first_runs_prefilled_prompts(tiny_folder, tmp_path, monkeypatch):
+    import model.tasks.tldr_training as tldr_training
+    from model.training.prompt_store import PromptStore
+
+    stores = []
+
+    class Recorded(PromptStore):
+        def __init__(self):
+            super().__init__()
+            stores.append(self)
+
+    monkeypatch.setattr(tldr_training, "PromptStore", Recorded)
+    monkeypatch.chdir(tmp_path)  # the runs go to runs/tldr-skip-<S>x
+    posts = written_posts(tmp_path)
+    tldr_training.train_tldr_policy(TldrRun(model=str(tiny_folder), speedup=1.5, then=(2.0,), warmup=1, steps=2,
+                                            batch_size=2, save_every=2, posts_file=str(posts), device="cpu",
+                                            summaries_file=str(tmp_path / "summaries.jsonl")))
+    targets = len((tmp_path / "summaries.jsonl").read_text().splitlines())
+    assert [path.name for path in sorted((tmp_path / "runs").iterdir())] == ["tldr-skip-1.5x", "tldr-skip-2x"]
+    assert all((tmp_path / "runs" / name / "adapter" / "adapter_config.json").is_file()
+               for name in ("tldr-skip-1.5x", "tldr-skip-2x"))
+    assert len(stores) == 1 and stores[0].prefilled == targets  # the 2x run prefilled nothing again
 
 
 def test_the_rule_ships_a_checkpoint_only_where_it_beats_the_general_policy_by_the_margin():
