@@ -59,9 +59,10 @@ def mr_form(prompt: gr.Textbox) -> dict:
 POST_LABEL = "Post: its title on the first line, then the post (as on Reddit)"
 POST_PLACEHOLDER = ("My roommate keeps eating my food\n\nWe have shared a flat for a year and ... (the first line is "
                     "the title, everything under it the post)")
-TLDR_NOTE = ("**The TL;DR task model is the default model prompted for a TL;DR** (the paper fine-tuned one): the "
-             "prompt is the title, the post and *TL;DR of the post above in one sentence:*, and the summary ends at "
-             "its first line break. The line under the panes says whether each summary names the post's main subject.")
+TLDR_NOTE = ("The TL;DR task model is **the default model prompted for a TL;DR** (the paper fine-tuned one): its "
+             "prompt is the title, the post and the request \"TL;DR of the post above in one sentence:\"; a summary "
+             "ends at its first line break. The line under the panes says whether each names the post's main subject.")
+EXAMPLE_LABEL_CHARS = 58  # gradio cuts a longer example label mid-word
 
 
 def post_box(prompt: gr.Textbox) -> dict:
@@ -72,10 +73,17 @@ def post_box(prompt: gr.Textbox) -> dict:
         gr.Markdown(TLDR_NOTE, elem_id="tldr-note")
         if post_examples():
             gr.Examples([[text] for text in example_inputs(TLDR)], inputs=[prompt],
-                        example_labels=[f"{post.title} ({len(post.post.split())} words)" for post in post_examples()],
+                        example_labels=[_label(post.title) for post in post_examples()],
                         label="Example posts (the TL;DR test set): a click puts one in the post box, Generate runs it",
                         cache_examples=False, examples_per_page=8, elem_id="tldr-examples")
     return ui
+
+
+def _label(title: str) -> str:
+    """An example post's label: its title, cut at a word within EXAMPLE_LABEL_CHARS."""
+    if len(title) <= EXAMPLE_LABEL_CHARS:
+        return title
+    return title[:EXAMPLE_LABEL_CHARS].rsplit(" ", 1)[0].rstrip(" ,.;:") + "…"
 
 
 def _field(key: str) -> gr.components.Component:
@@ -128,9 +136,9 @@ def full_title(task: str) -> str:
 
 
 PROMPT_BOXES = {  # the prompt box per task: label, lines shown, placeholder
-    "chat": dict(label="Prompt", lines=2, placeholder=None),
-    "e2e": dict(label="Prompt: a meaning representation (MR), as in the E2E data", lines=2, placeholder=None),
-    TLDR: dict(label=POST_LABEL, lines=6, placeholder=POST_PLACEHOLDER),
+    "chat": dict(label="Prompt", lines=2, max_lines=12, placeholder=None),
+    "e2e": dict(label="Prompt: a meaning representation (MR), as in the E2E data", lines=2, max_lines=12, placeholder=None),
+    TLDR: dict(label=POST_LABEL, lines=4, max_lines=8, placeholder=POST_PLACEHOLDER),  # Generate stays near
 }
 
 

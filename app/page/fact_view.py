@@ -191,8 +191,8 @@ def known_answer_line(prompt: str, texts: dict[str, str]) -> str:
 
 # Where a TL;DR's main subject comes from (model/tasks/tldr.py post_subject), in the line that names it.
 SUBJECT_SOURCES = {
-    "reference": "from the test set's reference TL;DR: the people it names and the words it shares with the title",
-    "title": "from the title alone, your post having no reference: the people it names and its words the post uses",
+    "reference": "the people the test set's reference TL;DR names, the words it shares with the title",
+    "title": "from the title alone, your post having no reference: the people it names, its words the post uses",
 }
 
 
@@ -216,12 +216,12 @@ def subject_phrase(pane: str, verdict: SubjectVerdict | None) -> str:
 
 
 def subject_line(subject: PostSubject, verdicts: dict[str, SubjectVerdict | None]) -> str:
-    """' Main subject (brother, mum; chocolate, milk: from ...): Full model: names the subject (...) ·
-    SkipDecode 3x: misses ...' ("" without a subject line to draw)."""
-    source = SUBJECT_SOURCES.get(subject.source, subject.source)
+    """The headline's block on the post's main subject: '<b>Main subject:</b> brother, mum; chocolate, milk
+    (from ...). Full model: names the subject (...) · SkipDecode 3x: misses ...'."""
+    source = html.escape(SUBJECT_SOURCES.get(subject.source, subject.source), quote=False)
     people, event = subject.subject.people, subject.subject.event
     if not subject.subject.known:
-        return f" Main subject: none this check can see ({html.escape(source, quote=False)}: none here)."
-    words = "; ".join(", ".join(subject.spelled(kind)) for kind in (people, event) if kind)
-    return (f" Main subject ({html.escape(words, quote=False)}, {html.escape(source, quote=False)}): "
-            + " · ".join(subject_phrase(pane, verdict) for pane, verdict in verdicts.items()) + ".")
+        return f'<div class="subject-line"><b>Main subject:</b> none this check can see ({source}: none here).</div>'
+    words = html.escape("; ".join(", ".join(subject.spelled(kind)) for kind in (people, event) if kind), quote=False)
+    panes = " · ".join(subject_phrase(pane, verdict) for pane, verdict in verdicts.items())
+    return f'<div class="subject-line"><b>Main subject:</b> {words} ({source}). {panes}.</div>'

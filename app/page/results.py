@@ -393,7 +393,7 @@ def tldr_note(target_speedup: float, skip_policy: bool, prompt_at_full_depth: bo
     from the committed report; a line that says it is not evaluated where there is none."""
     report = _cached_tldr(str(path))
     if report is None:
-        return "The TL;DR task is not evaluated yet (`python -m model eval-task tldr` writes its test-set figures)."
+        return "The TL;DR task is not evaluated yet (<code>python -m model eval-task tldr</code> writes its test-set figures)."
     if skip_policy != ((report.get("config") or {}).get("policy") != "none"):
         return ""  # the report ran the other state of the skip policy
     arms = [arm for arm in report["arms"] if _is_number(arm.get("speedup")) and arm["speedup"] > 1

@@ -343,7 +343,9 @@ def prompt_note(update: RaceUpdate, settings: PlaygroundSettings, step_mode: boo
     if settings.task != TLDR or skip.record is None:
         return ""
     layers, depth = update.num_layers, len(skip.prefill_layers)
-    read = ("at full depth by both models" if depth >= layers else
+    shared = full.record is not None and full.prefill_seconds == skip.prefill_seconds  # model/race.py: read once
+    read = ("once at full depth for both models (the same computation, so the same time)" if depth >= layers and shared
+            else "at full depth by both models" if depth >= layers else
             f"by SkipDecode through the schedule's first budget ({depth} of {layers} layers), by the full model at full depth")
     line = f" The prompt: {skip.record.prompt_lengths[0]} tokens, read {read}"
     if step_mode:
@@ -351,10 +353,11 @@ def prompt_note(update: RaceUpdate, settings: PlaygroundSettings, step_mode: boo
     first = f"SkipDecode {skip.prefill_seconds:.2f} s"
     first += f", the full model {full.prefill_seconds:.2f} s" if full.record is not None else ""
     line += f"; time to the first token: {first}"
-    if skip.done and full.done and full.tokens_per_second > 0:
-        ratio = skip.tokens_per_second / full.tokens_per_second
-        line += (f"; the whole request, prefill included: {skip.tokens_per_second:.1f} against "
-                 f"{full.tokens_per_second:.1f} tokens/s, <b>{measured_words(ratio)}</b>")
+    common = min(len(skip.step_seconds), len(full.step_seconds))  # the same tokens of each: the eval's rule
+    skip_s, full_s = (stream.prefill_seconds + sum(stream.step_seconds[:common]) for stream in (skip, full))
+    if skip.done and full.done and skip_s > 0:
+        line += (f"; the whole request over the first {common + 1} tokens both wrote, prefill included: SkipDecode "
+                 f"{skip_s:.2f} s, the full model {full_s:.2f} s, <b>{measured_words(full_s / skip_s)}</b>")
     return line + "."
 
 

@@ -161,21 +161,22 @@ def test_the_subject_line_names_the_source_and_what_each_pane_names_or_misses():
     named = tldr.subject_verdict("My boyfriend forgot my birthday.", subject)
     missed = tldr.subject_verdict("My boyfriend is nice.\n", subject)
     line = subject_line(subject, {"Full model": named, "SkipDecode 3x": missed})
-    assert line == (" Main subject (boyfriend; forgot, birthday, from the test set's reference TL;DR: the people it "
-                    "names and the words it shares with the title): Full model: <b>names the subject</b> (boyfriend; "
-                    "forgot, birthday) · SkipDecode 3x: <b>misses</b> all of 'forgot', 'birthday' (names boyfriend).")
+    assert line == ('<div class="subject-line"><b>Main subject:</b> boyfriend; forgot, birthday (the people the test '
+                    "set's reference TL;DR names, the words it shares with the title). Full model: <b>names the "
+                    "subject</b> (boyfriend; forgot, birthday) · SkipDecode 3x: <b>misses</b> all of 'forgot', "
+                    "'birthday' (names boyfriend).</div>")
     dog = tldr.post_subject(tldr.parse_post("My dog is lost\nI lost the dog today, my brother and I."))
     assert subject_phrase("SkipDecode 2x", tldr.subject_verdict("", dog)) == "SkipDecode 2x: <b>misses</b> all of 'dog', 'lost'"
     assert subject_phrase("SkipDecode 2x", tldr.subject_verdict("I found a dog.", tldr.post_subject(POSTED))) == \
         "SkipDecode 2x: <b>misses</b> 'boyfriend' and all of 'forgot', 'birthday'"
     assert subject_phrase("SkipDecode 2x", None) == "SkipDecode 2x: still writing"
     own = subject_line(tldr.post_subject(tldr.parse_post(POST)), {"Full model": None})
-    assert "(sister; car, from the title alone, your post having no reference" in own
+    assert "sister; car (from the title alone, your post having no reference" in own
     hostile = tldr.parse_post("My <b>boss</b> & <i>coworker</i> fight\nThe boss and the coworker fight daily.")
     drawn = subject_line(tldr.post_subject(hostile), {"Full model": None})
     assert "<b>boss" not in drawn and "<i>" not in drawn and "boss, coworker; fight" in drawn
     blank = subject_line(tldr.post_subject(tldr.parse_post("Help!\nWhat do I do?")), {"Full model": None})
-    assert blank.startswith(" Main subject: none this check can see")
+    assert "<b>Main subject:</b> none this check can see" in blank
 
 
 def _stream(text: str, done: bool, prefill_s: float, steps: int, depth: int, prompt_layers: int = 30) -> StreamProgress:
@@ -196,10 +197,14 @@ def test_the_prompts_line_counts_its_tokens_and_times_each_first_token_and_the_w
     line = prompt_note(running, settings)
     assert line == (" The prompt: 357 tokens, read at full depth by both models; time to the first token: "
                     "SkipDecode 0.40 s, the full model 0.42 s.")
+    shared = _update(_stream("", False, 0.42, 0, 10), _stream("", False, 0.42, 0, 30))  # the race read it once
+    assert "read once at full depth for both models (the same computation, so the same time)" in prompt_note(shared, settings)
     done = _update(_stream("My boyfriend is nice.\n", True, 0.40, 20, 10), _stream("x", True, 0.42, 20, 30))
     finished = prompt_note(done, settings)
-    skip_tps, full_tps = 21 / (0.40 + 20 * 0.01 / 3), 21 / (0.42 + 20 * 0.01)
-    assert f"{skip_tps:.1f} against {full_tps:.1f} tokens/s" in finished and "faster</b>." in finished
+    assert finished.endswith("; the whole request over the first 21 tokens both wrote, prefill included: SkipDecode "
+                             "0.47 s, the full model 0.62 s, <b>1.33x faster</b>.")  # 0.40 + 20 x 0.0033, 0.42 + 20 x 0.01
+    short = _update(_stream("My boyfriend is nice.\n", True, 0.40, 20, 10), _stream("x", True, 0.42, 5, 30))
+    assert "over the first 6 tokens both wrote" in prompt_note(short, settings)  # the same tokens of each
     budget = _update(_stream("", False, 0.15, 0, 10, prompt_layers=13), _stream("", False, 0.42, 0, 30))
     assert "by SkipDecode through the schedule's first budget (13 of 30 layers), by the full model at full depth" in \
         prompt_note(budget, settings)
@@ -250,8 +255,8 @@ def test_one_tldr_generation_through_the_playground_handler(default_model, tmp_p
     assert "general skip policy" in outputs[0][0] and "Done" in outputs[-1][0]
     final = next(out for out in reversed(outputs) if isinstance(out[1], str) and out[1])
     assert final[1] and final[2] and "default model prompted for a TL;DR" in final[2]  # both panes filled
-    assert " Main subject (" in final[3] and "Full model: " in final[3] and "SkipDecode 3x: " in final[3]
-    assert "The prompt: " in final[3] and "read at full depth by both models" in final[3]
+    assert "<b>Main subject:</b> " in final[3] and "Full model: " in final[3] and "SkipDecode 3x: " in final[3]
+    assert "The prompt: " in final[3] and "once at full depth for both models" in final[3]  # the race read it once
     assert "not evaluated yet" in final[3]  # no committed TL;DR report: said, no figure made up
     message = list(playground.api_stream(values))[-1]
     reference = chat.generate(GenerationRequest(prompts=(tldr.task_prompt(post),), max_new_tokens=8, stop=tldr.STOP,
