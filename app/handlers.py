@@ -38,7 +38,16 @@ from app.settings import (
     trained_defaults,
     within_limits,
 )
-from app.tasks import TASK_LABELS, TaskGenerators, check_mr, examples, is_task, policy_line
+from app.tasks import (
+    STAND_IN_INPUT,
+    TASK_LABELS,
+    TLDR,
+    TaskGenerators,
+    check_input,
+    example_inputs,
+    is_task,
+    policy_line,
+)
 from model.generation.generator import TextGenerator
 from model.generation.runs import PreparedRun
 from model.race import RaceUpdate, TokenTexts, race
@@ -118,8 +127,9 @@ class Playground:
         trained on), so no visitor's request pays that second."""
         def admit_examples() -> None:
             for task in TASK_LABELS:
-                if is_task(task) and examples():
-                    self.admission_problem("generate", {"task": task, "prompt": examples()[0], "max_new_tokens": 1})
+                if is_task(task) and example_inputs(task):
+                    self.admission_problem("generate", {"task": task, "prompt": example_inputs(task)[0],
+                                                        "max_new_tokens": 1})
 
         thread = threading.Thread(target=admit_examples, name="warm-up", daemon=True)
         thread.start()
@@ -128,9 +138,10 @@ class Playground:
     # --- settings ---------------------------------------------------------------------------
     def settings(self, values: dict) -> PlaygroundSettings:
         """Validated settings; a field the caller left out takes the loaded skip policy's default.
-        A task's prompt must be its input (E2E: an MR), or a ValueError names the problem."""
+        A task's prompt must be its input (E2E: an MR; TL;DR: a post under its title), or a ValueError
+        names the problem."""
         settings = PlaygroundSettings.from_values(self.limits, **(trained_defaults(self.get_generator()) | values))
-        check_mr(settings.task, settings.prompt)
+        check_input(settings.task, settings.prompt)
         return settings
 
     def generator_for(self, settings: PlaygroundSettings, load: bool = True) -> TextGenerator | None:
@@ -139,7 +150,12 @@ class Playground:
         it is not loaded yet)."""
         if not is_task(settings.task):  # general chat: the general model and its shared skip policy
             return self.get_generator()
-        return self.tasks.get(settings.task, settings.target_speedup, load=load)
+        return self.tasks.get(settings.task, settings.target_speedup, load=load, general=self.get_generator())
+
+    def policy_line(self, settings: PlaygroundSettings) -> str:
+        """The status line's word on which model and skip policy each pane of a task runs."""
+        policy = self.tasks.policy(settings.task, settings.target_speedup, self.get_generator())
+        return policy_line(settings.task, settings.target_speedup, policy)
 
     def validated(self, values: dict, page: bool = True) -> Checked:
         """``checked`` for a run that starts now, or a gr.Error with the reason (before any run
@@ -167,7 +183,7 @@ class Playground:
             self.check_unloaded(settings)
             return None
         request = settings.request(full=False, num_layers=generator.num_layers)
-        run = generator.prepare(request, solve=solve, limits=lambda run: self.check_size(run, settings.lens))
+        run = generator.prepare(request, solve=solve, limits=lambda run: self.check_size(run, settings.lens, settings.task))
         return Checked(settings, generator, run)
 
     def check_unloaded(self, settings: PlaygroundSettings) -> None:
@@ -177,9 +193,9 @@ class Playground:
         sizer = self.tasks.sizer(settings.task, self.get_generator())
         if sizer is not None:
             request = settings.request(full=True, num_layers=sizer.num_layers)
-            sizer.sized(request, limits=lambda run: self.check_size(run, settings.lens))
+            sizer.sized(request, limits=lambda run: self.check_size(run, settings.lens, settings.task))
 
-    def check_size(self, run: PreparedRun, lens: bool) -> None:
+    def check_size(self, run: PreparedRun, lens: bool, task: str = "chat") -> None:
         """Refuse, before waiting for the model, a request whose compute exceeds the limits: prompt
         tokens per row, (prompt + new tokens) x batch for the whole request (the KV-cache positions
         of one stream), and the job's model time."""
@@ -191,15 +207,21 @@ class Playground:
                 f"this request needs {run.positions} token positions (batch {run.batch} x ({run.prompt_width} "
                 f"prompt + {new_tokens} new)); the limit per request is {limits.max_request_tokens}: "
                 "shorten the prompt, the batch or max new tokens")
-        self.check_cost(run.batch, run.prompt_width, new_tokens, lens)
+        self.check_cost(run.batch, run.prompt_width, new_tokens, lens, task)
 
-    def check_cost(self, batch: int, prompt_tokens: int, new_tokens: int, lens: bool) -> None:
+    def check_cost(self, batch: int, prompt_tokens: int, new_tokens: int, lens: bool, task: str = "chat") -> None:
         """Refuse a job whose model time (app/serving/job_cost.py) is over the deployer's bound:
         the one lane serves everyone, so no admitted job may hold it for more than a few seconds."""
         cost = job_cost(batch, prompt_tokens, new_tokens, lens)
         limit = self.limits.max_job_cost
         if cost > limit:
             with_lens = " with the logit lens" if lens else ""
+            if task == TLDR:  # the post is what a visitor can change: say so first
+                raise ValueError(
+                    f"the post is too long for one job here: its {prompt_tokens}-token prompt with max_new_tokens "
+                    f"{new_tokens} x batch_size {batch}{with_lens} costs {cost} units of model time; the limit per job "
+                    f"is {limit} units (about {limit * UNIT_SECONDS:.0f} s of the one model): shorten the post"
+                    + (", lower batch_size" if batch > 1 else "") + (", or turn the lens off" if lens else ""))
             raise ValueError(
                 f"max_new_tokens {new_tokens} x batch_size {batch}{with_lens} after a {prompt_tokens}-token "
                 f"prompt costs {cost} units of model time; the limit per job is {limit} units (about "
@@ -219,8 +241,10 @@ class Playground:
         """The schedule plot, outside the queue: cached on pure inputs, and one solve at a time so
         a script looping on the preview cannot starve a generation of the CPU; a preview that cannot
         start within 2 s is refused (ValueError) rather than piling up."""
-        # a task's model loads in the queue (Generate or choosing the task), never here
-        generator = self.tasks.any(settings.task) if is_task(settings.task) else self.generator_for(settings, load=False)
+        # a task's model loads in the queue (Generate or choosing the task), never here; TL;DR's layers are the
+        # general model's (its policy, where one is shipped, is the same model's)
+        generator = (self.tasks.any(settings.task) or (self.get_generator() if settings.task == TLDR else None)
+                     if is_task(settings.task) else self.generator_for(settings, load=False))
         if generator is None:
             raise ValueError(f"the {settings.task.upper()} schedule appears once its model has loaded")
         if not self.previewing.acquire(timeout=2.0):
@@ -304,8 +328,7 @@ class Playground:
         checked = self.validated(values)
         settings = checked.settings
         if is_task(settings.task) and not notice:  # say which model each pane runs
-            notice = policy_line(settings.task, settings.target_speedup, self.tasks.policy(settings.task,
-                                                                                           settings.target_speedup))
+            notice = self.policy_line(settings)
         session = session_key(request)
         self.runs.steppers.pop(session, None)  # a Step after this run starts afresh
         handle = self.runs.start(session)
@@ -321,14 +344,14 @@ class Playground:
     def load_task(self, values: dict) -> str:
         """Choosing a task (queued, in the model lane): load its model for the current speedup now,
         so the first Generate does not wait for it; the status line says what each pane runs."""
-        try:  # the prompt box may not hold an MR yet: Generate names that problem, loading does not need it
-            settings = self.settings(values | {"prompt": "name[x]"})
+        try:  # the prompt box may not hold the task's input yet: Generate names that problem, loading does not need it
+            settings = self.settings(values | {"prompt": STAND_IN_INPUT.get(str(values.get("task")), "x")})
             if not is_task(settings.task):
                 return "General chat: the general model and its skip policy."
             self.generator_for(settings)
         except ValueError as error:
             return f"**{as_markdown(error)}**"
-        return policy_line(settings.task, settings.target_speedup, self.tasks.policy(settings.task, settings.target_speedup))
+        return self.policy_line(settings)
 
     def arm(self, request: gr.Request | None = None) -> None:
         """A Generate click, before its run joins the queue (outside the queue, at once): a Stop

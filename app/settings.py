@@ -14,14 +14,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.serving.job_cost import DEFAULT_MAX_JOB_COST
-from app.tasks import examples
+from app.tasks import TASK_LABELS, TLDR, examples, post_examples
 from model.common.checks import check_bool, check_choice, check_int, check_number
 from model.generation.runs import GenerationRequest
 from model.generation.schedules import ScheduleRequest
 from model.skipdecode.decoder import SamplingConfig
 from model.skipdecode.schedule import DECAY_FUNCTIONS, DEFAULT_WARMUP, LAYER_ORDERS, RANKED
+from model.tasks import tldr
 from model.tasks.e2e import PlaceSwap, delexicalise_places, place_swaps, task_prompt, training_places
-from model.tasks.task_models import TASKS, task_schedule
+from model.tasks.task_models import task_schedule
 
 # Each checked with the full model (greedy, 48 tokens): a fluent answer, no loops
 # (tests/model/test_default_model.py guards this). The first is the default prompt.
@@ -117,8 +118,9 @@ class PlaygroundSettings:
                             "drawn when the run ends)", kind="bool", api=False)
     # Last: the API's earlier parameters keep their positions. A task (model/tasks) replaces both
     # models, the prompt's format and the schedule (app/tasks.py says which controls it fixes).
-    task: str = setting("chat", label="Task", kind="choice", choices=("chat", *TASKS),
-                        help="chat: the general model; e2e: the paper's E2E task (the prompt is an MR)")
+    task: str = setting("chat", label="Task", kind="choice", choices=tuple(TASK_LABELS),
+                        help="chat: the general model; e2e: the paper's E2E task (the prompt is an MR); tldr: "
+                             "Reddit TL;DR (the prompt is a post: its title on the first line, the post under it)")
 
     # --- the schema -------------------------------------------------------------------------
     @classmethod
@@ -145,7 +147,7 @@ class PlaygroundSettings:
             value = values.get(spec.name, spec.default)
             meta = spec.metadata
             if meta["kind"] == "text":
-                checked[spec.name] = clean_prompt(value, limits)
+                checked[spec.name] = clean_prompt(value, limits, EMPTY_PROMPT.get(str(values.get("task")), EMPTY))
             elif meta["kind"] == "choice":
                 checked[spec.name] = check_choice(spec.name, value, meta["choices"])
             elif meta["kind"] == "bool":
@@ -164,7 +166,18 @@ class PlaygroundSettings:
         if self.task == "chat":
             others = [p for p in EXAMPLE_PROMPTS if p != self.prompt]
             return (self.prompt, *others[: self.batch_size - 1])
+        if self.task == TLDR:
+            return tuple(tldr.task_prompt(post) for post in self.posts())
         return tuple(task_prompt(swap.mr) for swap in self.place_swaps())
+
+    def posts(self) -> tuple[tldr.TldrPost, ...]:
+        """TL;DR's rows: the visitor's post (a ValueError says what it lacks), then test-set example posts;
+        none for another task."""
+        if self.task != TLDR:
+            return ()
+        post = tldr.parse_post(self.prompt)
+        others = [other for other in post_examples() if (other.title, other.post) != (post.title, post.post)]
+        return (post, *others[: self.batch_size - 1])
 
     def place_swaps(self) -> tuple[PlaceSwap, ...]:
         """Per row of a task's batch: its MR with every place the task model never trained on
@@ -177,15 +190,21 @@ class PlaygroundSettings:
     def _place_swaps(self) -> tuple[PlaceSwap, ...]:  # every streamed update reads it: made once
         if self.task == "chat":
             return tuple(PlaceSwap(prompt) for prompt in self.prompts())
+        if self.task == TLDR:  # a post names no places to swap
+            return ()
         others = [mr for mr in examples() if mr != self.prompt.strip()]
         return tuple(_delexicalised([self.prompt.strip(), *others[: self.batch_size - 1]]))
 
     def schedule_request(self, full: bool = False, num_layers: int | None = None) -> ScheduleRequest:
         """The schedule these settings ask for. A task's is the one its policies were trained on
-        (task_schedule: it needs the model's ``num_layers``); its fixed controls are not read."""
+        (task_schedule: it needs the model's ``num_layers``); its fixed controls are not read (TL;DR
+        keeps the prompt's depth: app/tasks.py KEPT_BY_TASK)."""
         if self.task != "chat":
             if num_layers is None:
                 raise ValueError("a task's schedule needs the model's number of layers")
+            if self.task == TLDR:
+                return tldr.task_schedule(self.target_speedup, num_layers, full=full, skip_policy=self.skip_policy,
+                                          prompt_at_full_depth=self.prompt_at_full_depth)
             return task_schedule(self.task, self.target_speedup, num_layers, full=full, skip_policy=self.skip_policy)
         return ScheduleRequest(
             target_speedup=self.target_speedup, decay=self.decay, warmup=self.warmup,
@@ -199,7 +218,8 @@ class PlaygroundSettings:
         sampling = (SamplingConfig(temperature=self.temperature, top_p=self.top_p, seed=self.seed)
                     if self.task == "chat" else SamplingConfig())
         return GenerationRequest(prompts=self.prompts(), schedule=self.schedule_request(full, num_layers),
-                                 max_new_tokens=self.max_new_tokens, sampling=sampling)
+                                 max_new_tokens=self.max_new_tokens, sampling=sampling,
+                                 stop=tldr.STOP if self.task == TLDR else ())  # a TL;DR is one line
 
 
 def trained_defaults(generator) -> dict:
@@ -254,7 +274,11 @@ def parse_settings(limits: Limits, prompt, **values) -> PlaygroundSettings:
 # --- the prompt (every other value: model/common/checks.py, the checks every entry point uses) ---
 
 
-def clean_prompt(prompt, limits: Limits) -> str:
+EMPTY = "the prompt is empty: type something for the model to continue"
+EMPTY_PROMPT = {TLDR: "the post is empty: write its title on the first line, the post under it"}  # by task
+
+
+def clean_prompt(prompt, limits: Limits, empty: str = EMPTY) -> str:
     if not isinstance(prompt, str):
         raise ValueError(f"prompt must be text; got {type(prompt).__name__}")
     if len(prompt) > limits.max_prompt_chars:  # before any pass over a pasted novel
@@ -263,7 +287,7 @@ def clean_prompt(prompt, limits: Limits) -> str:
     prompt = prompt.encode("utf-8", "replace").decode("utf-8")
     prompt = "".join(ch for ch in prompt if ch in "\n\t" or ch.isprintable())
     if not prompt.strip():
-        raise ValueError("the prompt is empty: type something for the model to continue")
+        raise ValueError(empty)
     if len(prompt) > limits.max_prompt_chars:
         raise ValueError(f"the prompt is {len(prompt)} characters; the limit is {limits.max_prompt_chars}")
     return prompt

@@ -48,16 +48,17 @@ from app.settings import (
     trained_defaults,
     within_limits,
 )
-from app.task_view import full_title, header_for, header_markdown, mr_form, task_events
-from app.tasks import TASK_FIXED, TaskGenerators, is_task, task_choices
+from app.task_view import full_title, header_for, header_markdown, mr_form, post_box, task_events
+from app.tasks import TASK_FIXED, TaskGenerators, task_choices
 from model.common.settings import LANDINGS, settings
 from model.generation.generator import TextGenerator
 from model.skipdecode.schedule import DECAY_DESCRIPTIONS, LAYER_ORDER_DESCRIPTIONS, max_layer_speedup
 
 __all__ = ["LANDINGS", "api_function", "build_demo", "launch_options"]
 SPEEDUP_PRESETS = (1.0, 1.5, 2.0, 3.0, 4.0, 5.0)
-# Shown only while a task is chosen: its skip policies are trained for them (model/tasks POLICY_SPEEDUPS);
-# the general chat policy is not, and at 4x and 5x it only garbles.
+# Shown only while a task whose skip policies are trained for them is chosen (model/tasks POLICY_SPEEDUPS;
+# TL;DR: where a policy is shipped, TaskGenerators.trained_for); the general chat policy is not, and at 4x
+# and 5x it only garbles.
 TASK_PRESETS = (4.0, 5.0)
 PRIVATE = dict(api_visibility="private")  # every event but the public ``generate`` endpoint
 GUIDE = (
@@ -185,13 +186,14 @@ def _prompt_column(generator: TextGenerator, limits: Limits, ranges: dict, ui: d
                          for value in SPEEDUP_PRESETS}
     c["skip_policy"] = control("skip_policy", interactive=bool(generator.loaded.adapter_path))
     ui |= mr_form(c["prompt"])  # the task's examples and form: shown while a task is chosen
+    ui |= post_box(c["prompt"])  # TL;DR's example posts: shown while it is chosen
     _lessons(ui, lesson_by_title(lesson))
     c["lens"] = control("lens")
     c["lens_kl"] = control("lens_kl")
 
 
 def _lessons(ui: dict, shown: Lesson) -> None:
-    with gr.Accordion("Lessons: nine experiments for a class", open=True, elem_id="lessons"):
+    with gr.Accordion(f"Lessons: {len(LESSONS)} experiments for a class", open=True, elem_id="lessons"):
         with gr.Row(equal_height=True):
             ui["lesson"] = gr.Dropdown([lesson.title for lesson in LESSONS], value=shown.title,
                                        show_label=False, elem_id="lesson-choice", scale=3, container=False)
@@ -337,8 +339,8 @@ def _wire_runs(demo: gr.Blocks, playground: Playground, ui: dict, defaults: dict
     _gated(linked, checks).success(generate, settings, stream, api_name="ui_lesson_link", **PRIVATE, **lane).then(
         **note).then(**preview).then(**header)
     task_events(demo, playground, ui, [c[name] for name in TASK_FIXED], settings, model_lane)
-    c["task"].change(lambda task: [gr.update(visible=is_task(task))] * len(TASK_PRESETS), [c["task"]],
-                     [ui["presets"][value] for value in TASK_PRESETS], queue=False, api_name=False)
+    c["task"].change(lambda task: [gr.update(visible=playground.tasks.trained_for(task, value)) for value in TASK_PRESETS],
+                     [c["task"]], [ui["presets"][value] for value in TASK_PRESETS], queue=False, api_name=False)
     ui["lesson"].change(lesson_text, [ui["lesson"]], [ui["lesson_text"], ui["lesson_then"]], queue=False,
                         api_name=False)
     return note

@@ -75,7 +75,7 @@ def random_value(rng: random.Random, value):
     if rng.random() >= 0.6:
         return value
     return rng.choice([None, -1, 0, 10**12, 1e308, -0.5, "", "x" * rng.randint(0, 300), True, [1], {"a": 1},
-                       rng.choice(["chat", "e2e", "translate", "E2E", "linear", "zigzag", "warmup_top"]),
+                       rng.choice(["chat", "e2e", "tldr", "translate", "E2E", "linear", "zigzag", "warmup_top"]),
                        random_text(rng), rng.uniform(-5, 50), rng.randint(-3, 300)])
 
 

@@ -1,7 +1,8 @@
 """Facts on the page: each pane's E2E facts (model/tasks/e2e_facts.py) in the line under the panes,
 wrong and made-up ones first, and marked in the finished panes' text (the whole words that state
-each, one mark however many tokens spell them, with a hover line, and a legend for the marks); in
-chat, whether each pane states a known answer (a lesson's or an example's); in any pane, a sentence it
+each, one mark however many tokens spell them, with a hover line, and a legend for the marks); for a
+TL;DR, whether each pane's summary names the post's main subject (model/tasks/tldr.py); in chat,
+whether each pane states a known answer (a lesson's or an example's); in any pane, a sentence it
 repeats. Formatting only: the facts' checks are the library's.
 """
 
@@ -14,6 +15,7 @@ from typing import Sequence
 
 from app.page.token_html import Mark
 from model.tasks.e2e_facts import Fact, check_facts, worst_first
+from model.tasks.tldr import PostSubject, SubjectVerdict
 
 PANES = ("SkipDecode", "full model")
 # Classes the page's CSS (app/page/style.py) draws: a wrong fact boxed in red, a made-up one underlined in
@@ -185,3 +187,41 @@ def known_answer_line(prompt: str, texts: dict[str, str]) -> str:
     said = [f"{pane} {'<b>states it</b>' if re.search(answer.pattern, text) else '<b>does not</b>'}"
             for pane, text in texts.items()]
     return f" Known answer ({html.escape(answer.label)}): " + " · ".join(said) + "."
+
+
+# Where a TL;DR's main subject comes from (model/tasks/tldr.py post_subject), in the line that names it.
+SUBJECT_SOURCES = {
+    "reference": "the people the test set's reference TL;DR names, the words it shares with the title",
+    "title": "from the title alone, your post having no reference: the people it names, its words the post uses",
+}
+
+
+def _quoted(words: Sequence[str]) -> str:
+    """'birthday' for one word; all of 'chocolate', 'milk' for several (any one of a kind would do)."""
+    quoted = ", ".join(f"'{word}'" for word in words)
+    return quoted if len(words) == 1 else f"all of {quoted}"
+
+
+def subject_phrase(pane: str, verdict: SubjectVerdict | None) -> str:
+    """'Full model: names the subject (boyfriend; birthday)', 'SkipDecode 3x: misses 'birthday' (names
+    boyfriend)', or '...: still writing' (None: the pane has not finished)."""
+    if verdict is None:
+        return f"{pane}: still writing"
+    named = "; ".join(", ".join(kind) for kind in verdict.named if kind)
+    if verdict.names_subject:
+        return f"{pane}: <b>names the subject</b>" + (f" ({html.escape(named, quote=False)})" if named else "")
+    missing = " and ".join(_quoted(kind) for kind in verdict.missing)
+    names = f" (names {html.escape(named, quote=False)})" if named else ""
+    return f"{pane}: <b>misses</b> {html.escape(missing, quote=False)}{names}"
+
+
+def subject_line(subject: PostSubject, verdicts: dict[str, SubjectVerdict | None]) -> str:
+    """The headline's block on the post's main subject: '<b>Main subject:</b> brother, mum; chocolate, milk
+    (from ...). Full model: names the subject (...) · SkipDecode 3x: misses ...'."""
+    source = html.escape(SUBJECT_SOURCES.get(subject.source, subject.source), quote=False)
+    people, event = subject.subject.people, subject.subject.event
+    if not subject.subject.known:
+        return f'<div class="subject-line"><b>Main subject:</b> none this check can see ({source}: none here).</div>'
+    words = html.escape("; ".join(", ".join(subject.spelled(kind)) for kind in (people, event) if kind), quote=False)
+    panes = " · ".join(subject_phrase(pane, verdict) for pane, verdict in verdicts.items())
+    return f'<div class="subject-line"><b>Main subject:</b> {words} ({source}). {panes}.</div>'

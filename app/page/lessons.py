@@ -13,6 +13,8 @@ import gradio as gr
 
 from app.page.results import e2e_note
 from app.settings import EXAMPLE_PROMPTS
+from app.tasks import TLDR, post_examples
+from model.tasks import tldr
 from model.tasks.task_models import check_task
 
 
@@ -58,6 +60,10 @@ E2E_MR = "name[Giraffe], eatType[pub], food[French], area[riverside], familyFrie
 # dropping a last fact is now what 3x loses most often.
 E2E_DROPPED_FACT_MR = ("name[The Mill], eatType[pub], food[English], priceRange[moderate], area[city centre], "
                        "familyFriendly[no], near[Raja Indian Cuisine]")
+
+# A test-set post (one of the page's TL;DR examples: a clear subject, brother, mum and the chocolate milk)
+# whose prompt is a few hundred tokens, as the task's are; the page counts them and times both prefills.
+TLDR_POST = next((tldr.post_text(post) for post in post_examples() if post.post_id == "t3_34p07j"), "")
 
 LOOK_FOR_CHARS = 170  # about two lines of the lessons' column at 1440 px (tests/app/page/test_lessons.py)
 
@@ -123,6 +129,22 @@ LESSONS = (
            "cannot do this: its rows would want different depths at the same position, and a skipped layer "
            "leaves a hole in the KV cache. SkipDecode gives the whole batch one depth per position, falling as "
            "it goes, so every layer's cache stays a prefix. Step mode and the logit lens run alone."),
+    # Last: a lesson's link names it by its place in the list (?lesson=N), so a new lesson goes at the end.
+    Lesson("A long prompt: the TL;DR task at 3x", "A Reddit post in, a one-sentence TL;DR out, at 3x: is the "
+           "whole request 3x faster?",
+           "the line under the panes: the prompt's tokens, each model's time to the first token, the whole request's "
+           "speed beside the decode steps'.",
+           dict(task=TLDR, target_speedup=3.0, prompt=TLDR_POST, max_new_tokens=tldr.MAX_NEW_TOKENS),
+           "Run it with the prompt at the first budget", dict(prompt_at_full_depth=False),
+           more="SkipDecode skips layers in the decode steps only: the prompt, the post's few hundred tokens (the line "
+           "under the panes counts them), is prefilled at full depth, as the paper does, so SkipDecode's time to the "
+           "first token is the full model's. A TL;DR is one short sentence after a long prompt, so that prefill is a "
+           "large part of the request, and the whole request's speedup falls below the decode steps' one. The second "
+           "run reads the prompt through the schedule's first budget instead (Advanced: Prompt at full depth, off; "
+           "the paper leaves it open): compare the time to the first token, and the summary, and whether it still "
+           "names the post's main subject. The TL;DR task model here is the default model prompted for a TL;DR (the "
+           "paper fine-tuned one), and SkipDecode runs the general skip policy until a TL;DR policy is shipped (the "
+           "status line names the one it runs)."),
 )
 
 

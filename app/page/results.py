@@ -376,3 +376,34 @@ def facts_phrase(report: dict, arm: dict) -> str:
 @lru_cache(maxsize=4)
 def _cached_e2e(path: str) -> dict | None:
     return load_e2e(Path(path))
+
+
+TLDR_FILE = ASSETS / "eval" / "tldr.json"  # python -m model eval-task tldr (model/tasks/tldr_report.py)
+
+
+@lru_cache(maxsize=4)
+def _cached_tldr(path: str) -> dict | None:
+    report = load_json(Path(path))
+    return report if isinstance(report, dict) and isinstance(report.get("arms"), list) else None
+
+
+def tldr_note(target_speedup: float, skip_policy: bool, prompt_at_full_depth: bool = True, path: Path = TLDR_FILE) -> str:
+    """Under the panes for TL;DR: the test set's figures at the nearest evaluated speedup with the prompt
+    at the same depth (ROUGE-L as a share of the 1x arm's, how often a summary names the main subject),
+    from the committed report; a line that says it is not evaluated where there is none."""
+    report = _cached_tldr(str(path))
+    if report is None:
+        return "The TL;DR task is not evaluated yet (<code>python -m model eval-task tldr</code> writes its test-set figures)."
+    if skip_policy != ((report.get("config") or {}).get("policy") != "none"):
+        return ""  # the report ran the other state of the skip policy
+    arms = [arm for arm in report["arms"] if _is_number(arm.get("speedup")) and arm["speedup"] > 1
+            and arm.get("prompt_at_full_depth", True) == prompt_at_full_depth]
+    full = next((arm for arm in report["arms"] if arm.get("speedup") == 1.0), {})
+    if not arms:
+        return ""
+    arm = min(arms, key=lambda a: abs(a["speedup"] - target_speedup))
+    share = (arm.get("shares") or {}).get("rougeL") or {}
+    return (f"On {_text(report.get('posts_scored', '?'))} TL;DR test posts, {_text(arm.get('label', ''))} keeps "
+            f"{_share(share.get('share'))} of the 1x arm's ROUGE-L (95% interval {_share(share.get('low'))}–"
+            f"{_share(share.get('high'))}) and names the main subject in {_percent(arm.get('names_main_subject'))} of "
+            f"its summaries (1x: {_percent(full.get('names_main_subject'))}).")

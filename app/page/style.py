@@ -47,6 +47,8 @@ CSS = """
 .fact-stated { text-decoration-color: #1f4e9c; }
 .fact-made-up { text-decoration-style: dashed; text-decoration-color: #8a4b00; }
 .fact-legend { margin: 0 0 4px; }
+/* A TL;DR's line on the post's main subject (app/page/fact_view.py subject_line): a block of its own. */
+.subject-line { margin: 4px 0; }
 .fact-legend .fact { white-space: nowrap; }
 /* Under a finished pane's text: it stopped at the token limit, or it repeats a sentence (app/page/views.py). */
 .end-note { font-size: 0.85em; margin-top: 3px; }

@@ -19,14 +19,16 @@ from app.page.fact_view import (
     marked_text,
     pane_facts,
     repeated_sentence,
+    subject_line,
     token_marks,
 )
 from app.page.figures import heatmap_figure, heatmap_legend_html
 from app.page.live_plot import LiveFigure, figure_json
-from app.page.results import e2e_note, eval_row
+from app.page.results import e2e_note, eval_row, tldr_note
 from app.page.shown_text import as_markdown
 from app.page.token_html import marked_text_html, plain_text_html, tokens_by_depth_html
 from app.settings import PlaygroundSettings
+from app.tasks import TLDR, task_name
 from model.race import Judged, RaceUpdate, StreamProgress
 from model.skipdecode.schedule import RANKED, StepSpeedup, schedule_json, speedup_summary, step_speedup
 from model.tasks.e2e import (
@@ -38,6 +40,7 @@ from model.tasks.e2e import (
     task_prompt,
     unmentioned_attributes,
 )
+from model.tasks.tldr import PostSubject, SubjectVerdict, post_subject, subject_verdict
 
 
 def rows_html(panes: list[str], prompts: tuple[str, ...]) -> str:
@@ -51,9 +54,9 @@ def rows_html(panes: list[str], prompts: tuple[str, ...]) -> str:
 def pane_note(settings: PlaygroundSettings, solved) -> str:
     """Above SkipDecode's text: the skip policy's state and the schedule this run used, and which
     places both models were given in place of ones the task model never trained on."""
-    model = "the untouched model" if settings.task == "chat" else "the task model without its policy"
-    policy = ((f"the {settings.task.upper()} task's skip policy ON" if settings.task != "chat" else
-               "skip policy ON (the fine-tuned adapter)") if settings.skip_policy
+    model = "the untouched model" if settings.task in ("chat", TLDR) else "the task model without its policy"
+    on = {"chat": "skip policy ON (the fine-tuned adapter)", TLDR: "skip policy ON (the status line names it)"}
+    policy = (on.get(settings.task, f"the {task_name(settings.task)} task's skip policy ON") if settings.skip_policy
               else f"skip policy OFF: {model} skips the same layers")
     return (f'<div class="pane-note">{policy} · {settings.target_speedup:g}x target, {solved.config.decay}, '
             f'{solved.config.order}</div>' + swap_note(row_swaps(settings, 0)))
@@ -207,10 +210,11 @@ def headline_html(update: RaceUpdate, settings: PlaygroundSettings, step_mode: b
     else:
         share = "the full model's verdict on SkipDecode's text comes when SkipDecode finishes"
     checked = fact_check(update, settings)
-    facts = facts_note(checked) + known_answer_note(update, settings)
+    facts = facts_note(checked) + known_answer_note(update, settings) + subject_note(subject_check(update, settings),
+                                                                                    settings.target_speedup)
     legend = FACT_LEGEND if update.done and checked is not None else ""  # the marks are drawn on finished text only
-    return (f'<div class="headline">{legend}{batch_line(update)}{speed}.{facts} {share[0].upper() + share[1:]}. '
-            f'{regression_note(settings, update.solved)} '
+    return (f'<div class="headline">{legend}{batch_line(update)}{speed}.{prompt_note(update, settings, step_mode)}'
+            f'{facts} {share[0].upper() + share[1:]}. {regression_note(settings, update.solved)} '
             f'<a href="#results" class="to-results">Results</a></div>')
 
 
@@ -283,7 +287,7 @@ def fact_check(update: RaceUpdate, settings: PlaygroundSettings) -> dict | None:
     "made_up": attributes the MR does not give that the text mentions}}; None in chat or for an MR
     the task cannot read."""
     swaps = settings.place_swaps()
-    if settings.task == "chat" or not swaps:
+    if settings.task != "e2e" or not swaps:
         return None
     mr = swaps[0].as_written
     try:
@@ -307,6 +311,56 @@ def facts_note(checked: dict | None) -> str:
     return facts_line({pane: checked[pane]["checked"] for pane in PANES})
 
 
+def subject_check(update: RaceUpdate, settings: PlaygroundSettings) -> tuple[PostSubject, dict] | None:
+    """A TL;DR's row-0 post's main subject (model/tasks/tldr.py post_subject: its reference's for a test
+    post, its title's for a visitor's) and, per pane ("full model", "SkipDecode"), whether its finished
+    summary names it (None while the pane still writes); None for another task."""
+    if settings.task != TLDR:
+        return None
+    try:
+        subject = post_subject(settings.posts()[0])
+    except ValueError:  # not a post (refused before any run; a stand-in renderer may still ask)
+        return None
+    streams = {"full model": update.full, "SkipDecode": update.skip}
+    return subject, {pane: subject_verdict(stream.text(0), subject) if stream.done else None
+                     for pane, stream in streams.items()}
+
+
+def subject_note(checked: tuple[PostSubject, dict] | None, speedup: float) -> str:
+    """The headline's subject line (app/page/fact_view.py subject_line): the full model first (what SkipDecode
+    is held to), then SkipDecode at its target speedup."""
+    if checked is None:
+        return ""
+    subject, verdicts = checked
+    return subject_line(subject, {"Full model": verdicts["full model"], f"SkipDecode {speedup:g}x": verdicts["SkipDecode"]})
+
+
+def prompt_note(update: RaceUpdate, settings: PlaygroundSettings, step_mode: bool = False) -> str:
+    """For a TL;DR (a long prompt, a short output): the prompt's tokens, the depth each model read it at,
+    each model's measured time to the first token (its prefill) and, once both have finished, the whole
+    request's tokens/s, prefill included, beside the decode steps' speedup the line already gives."""
+    skip, full = update.skip, update.full
+    if settings.task != TLDR or skip.record is None:
+        return ""
+    layers, depth = update.num_layers, len(skip.prefill_layers)
+    shared = full.record is not None and full.prefill_seconds == skip.prefill_seconds  # model/race.py: read once
+    read = ("once at full depth for both models (the same computation, so the same time)" if depth >= layers and shared
+            else "at full depth by both models" if depth >= layers else
+            f"by SkipDecode through the schedule's first budget ({depth} of {layers} layers), by the full model at full depth")
+    line = f" The prompt: {skip.record.prompt_lengths[0]} tokens, read {read}"
+    if step_mode:
+        return line + "."
+    first = f"SkipDecode {skip.prefill_seconds:.2f} s"
+    first += f", the full model {full.prefill_seconds:.2f} s" if full.record is not None else ""
+    line += f"; time to the first token: {first}"
+    common = min(len(skip.step_seconds), len(full.step_seconds))  # the same tokens of each: the eval's rule
+    skip_s, full_s = (stream.prefill_seconds + sum(stream.step_seconds[:common]) for stream in (skip, full))
+    if skip.done and full.done and skip_s > 0:
+        line += (f"; the whole request over the first {common + 1} tokens both wrote, prefill included: SkipDecode "
+                 f"{skip_s:.2f} s, the full model {full_s:.2f} s, <b>{measured_words(full_s / skip_s)}</b>")
+    return line + "."
+
+
 def known_answer_note(update: RaceUpdate, settings: PlaygroundSettings) -> str:
     """In chat, for a prompt with one known answer (a lesson's or an example's): does each pane state it?"""
     if settings.task != "chat":
@@ -318,7 +372,9 @@ def regression_note(settings: PlaygroundSettings, solved) -> str:
     """What quality loss remains at this setting, from eval's held-out figures, and why."""
     if solved.layer_speedup <= 1.0 + 1e-9:
         return "1x runs every layer: this IS the full model, no regression."
-    if settings.task != "chat":  # the task's own test-set figures, not the chat model's
+    if settings.task == TLDR:  # the task's own test-set figures, not the chat model's
+        return tldr_note(settings.target_speedup, settings.skip_policy, settings.prompt_at_full_depth)
+    if settings.task != "chat":
         return e2e_note(settings.target_speedup, settings.skip_policy)
     row, count = eval_row(settings.target_speedup, settings.skip_policy)
     if row is None:
@@ -397,9 +453,10 @@ class RaceRenderer:
         else:
             plot = self.live.value
         headline, details, note = self.shown
-        model = "the original model" if settings.task == "chat" else f"the {settings.task.upper()} task model"
+        model = {"chat": "the original model", TLDR: "the default model prompted for a TL;DR"}.get(
+            settings.task, f"the {task_name(settings.task)} task model")
         full_note = f'<div class="pane-note">{model}: all {layers} layers at every position</div>'
-        prompts = shown_prompts(update.prompts, settings.place_swaps())
+        prompts = row_labels(update, settings)
         return (status, open_end(pane_note(settings, update.solved) + rows_html(skip_panes, prompts)),
                 open_end(full_note + rows_html(full_panes, prompts)), headline, details, plot, note)
 
@@ -460,6 +517,14 @@ def shown_prompts(prompts: tuple[str, ...], place_swaps: tuple[PlaceSwap, ...]) 
                  for r, prompt in enumerate(prompts))
 
 
+def row_labels(update: RaceUpdate, settings: PlaygroundSettings) -> tuple[str, ...]:
+    """What a batch's rows are labelled with: each row's prompt as written; a TL;DR row's post by its
+    title (the whole prompt is a few hundred words)."""
+    if settings.task == TLDR:
+        return tuple(f"“{post.title}”" for post in settings.posts())
+    return shown_prompts(update.prompts, settings.place_swaps())
+
+
 def open_end(pane: str) -> str:
     """A pane whose last element (the growing text) is left open: the browser closes it, and the
     next step's pane, one token longer, starts with this one, so gradio sends just the new token."""
@@ -487,6 +552,8 @@ def api_message(update: RaceUpdate, settings: PlaygroundSettings) -> dict:
         "made_up_facts": _api_facts(checked, "made_up"),
         # ... and the MR's attributes each text states with a value that contradicts the MR (app/page/fact_view.py)
         "wrong_facts": _api_facts(checked, "wrong"),
+        # a TL;DR's row 0: the post's main subject and whether each finished summary names it; otherwise null
+        "main_subject": _api_subject(subject_check(update, settings)),
         "prefill_layers": list(skip.prefill_layers),
         "step_layers": [list(layers) for layers in skip.step_layers],
         "layers_per_step": [len(layers) for layers in skip.step_layers],
@@ -527,6 +594,22 @@ def same_next_token_share(judged: list[Judged] | None) -> float | None:
 def _api_facts(checked: dict | None, kind: str) -> dict | None:
     """One kind of fact_check's result as the API names the panes."""
     return None if checked is None else {"skipdecode": checked["SkipDecode"][kind], "full": checked["full model"][kind]}
+
+
+def _api_subject(checked: tuple[PostSubject, dict] | None) -> dict | None:
+    """subject_check's result as the API names it: where the subject came from, its words, and per pane
+    (null while it writes) the summary as checked, whether it names the subject and the kinds it misses."""
+    if checked is None:
+        return None
+    subject, verdicts = checked
+
+    def pane(verdict: SubjectVerdict | None) -> dict | None:
+        return None if verdict is None else {"summary": verdict.summary, "names_subject": verdict.names_subject,
+                                             "missing": [list(kind) for kind in verdict.missing]}
+
+    return {"from": subject.source, "people": subject.spelled(subject.subject.people),
+            "event": subject.spelled(subject.subject.event),
+            "skipdecode": pane(verdicts["SkipDecode"]), "full": pane(verdicts["full model"])}
 
 
 def lens_json(skip: StreamProgress) -> list[list[dict]]:

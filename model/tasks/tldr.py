@@ -5,6 +5,11 @@ Data: assets/data/tldr/test.jsonl holds 500 test posts with a reference TL;DR ea
 source, license). No training split exists here, so nothing in this file is ever trained on:
 ``split_posts`` holds a fixed slice out for choosing between checkpoints and reports on the rest.
 
+The playground's side (app/ runs the task through these): a visitor's post box holds the title on its
+first line and the post under it (``post_text``, ``parse_post``); ``example_posts`` are a few reported
+test posts; ``task_schedule`` is the schedule the task's policies train on; ``post_subject`` is the main
+subject the page checks each summary for (a test post's from its reference, a visitor's from the title).
+
 The measures a reader of a summary cares about:
     rouge_scores      ROUGE-1, ROUGE-2 and ROUGE-L F1 against the reference (rouge-score, Porter
                       stemming: the field's usual setting for TL;DR)
@@ -28,6 +33,9 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
+from model.generation.schedules import ScheduleRequest
+from model.generation.text import truncate_at_stop
+from model.skipdecode.schedule import depth_share_floor
 from model.tasks.task_intervals import draw_weights, ratio_interval
 
 TLDR_DATA = Path(__file__).resolve().parents[2] / "assets" / "data" / "tldr"
@@ -213,3 +221,130 @@ def share_interval(arm: Sequence[float], full: Sequence[float], resamples: int =
 def mean(values: Iterable[float]) -> float:
     values = list(values)
     return sum(values) / len(values) if values else 0.0
+
+
+# --- the playground: the task's schedule, a visitor's post, the examples, the subject a page checks ---
+TASK = "tldr"  # the playground's and the CLI's name of the task
+# Reported test posts the playground offers as examples: 150-250 words, a subject the title and the
+# reference both name (main_subject has people and event words), nothing a class should not read.
+EXAMPLE_POST_IDS = ("t3_34p07j", "t3_1caw4d", "t3_1txu9s", "t3_q2crn", "t3_24xg7m", "t3_3bvq12", "t3_1wfkr1")
+TITLE_MAX_CHARS = 300  # a longer first line is a post pasted without its title (the test titles: 238 at most)
+
+
+def task_schedule(speedup: float, num_layers: int, *, full: bool = False, skip_policy: bool = True,
+                  prompt_at_full_depth: bool = True) -> ScheduleRequest:
+    """The schedule the task's policies train on (tldr_training.train_config) and its evaluation runs
+    (tldr_eval.schedule_request): linear decay over DECAY_LENGTH steps, floored at FLOOR_SHARE of the
+    average depth, the speedup held over the decay length; the prompt at full depth unless asked."""
+    if full or speedup <= 1:
+        return ScheduleRequest(target_speedup=1.0, full=True, skip_policy=skip_policy)
+    return ScheduleRequest(target_speedup=speedup, decay="linear", decay_length=DECAY_LENGTH,
+                           speedup_steps=DECAY_LENGTH, min_layers_floor=depth_share_floor(num_layers, speedup, FLOOR_SHARE),
+                           prompt_at_full_depth=prompt_at_full_depth, skip_policy=skip_policy)
+
+
+def post_text(post: TldrPost) -> str:
+    """What the playground's post box holds for ``post``: the title on the first line, a blank line, the post
+    (the prompt's own layout: ``parse_post`` gives back the same title and post, so the same prompt)."""
+    return f"{post.title}\n\n{post.post}"
+
+
+def parse_post(text: str) -> TldrPost:
+    """A post as a visitor writes it: the title on the first line, the post under it. A test post (the
+    same title and text, spacing aside) comes back as itself, with its reference; a ValueError says
+    what is missing."""
+    title, _, body = text.strip().partition("\n")
+    title, body = title.strip(), body.strip()
+    if not title:
+        raise ValueError("it is empty: write its title on the first line, the post under it")
+    if len(title) > TITLE_MAX_CHARS:
+        raise ValueError(f"its first line is read as the title and is {len(title)} characters long (at most "
+                         f"{TITLE_MAX_CHARS}): put the title on a line of its own, the post under it")
+    if not body:
+        raise ValueError("it has a title but no text: the first line is the title, write the post under it")
+    return _test_posts().get(_key(title, body)) or TldrPost("", "", title, body, "")
+
+
+def _key(title: str, post: str) -> tuple[str, str]:
+    return " ".join(title.split()), " ".join(post.split())
+
+
+@lru_cache(maxsize=1)
+def _test_posts() -> dict[tuple[str, str], TldrPost]:
+    """Every test post by its title and text (none without the data)."""
+    try:
+        return {_key(post.title, post.post): post for post in read_posts()}
+    except (OSError, ValueError):
+        return {}
+
+
+def example_posts(folder: Path = TLDR_DATA) -> list[TldrPost]:
+    """The playground's examples (EXAMPLE_POST_IDS), from the reported split, in that order."""
+    posts = {post.post_id: post for post in reported_posts(folder)}
+    return [posts[post_id] for post_id in EXAMPLE_POST_IDS if post_id in posts]
+
+
+def summary_text(text: str) -> str:
+    """A generated TL;DR as the task scores it: cut at its first line break (STOP), "TL;DR:" removed."""
+    return clean_summary(truncate_at_stop(text, STOP))
+
+
+def title_subject(post: TldrPost) -> MainSubject:
+    """The main subject of a post without a reference, from its title alone: the PEOPLE words the title
+    names, and the title's content words the post also uses (main_subject's two kinds)."""
+    people = frozenset(set(stems(post.title)) & _people_stems())
+    event = frozenset((content_stems(post.title) & content_stems(post.post)) - _people_stems())
+    return MainSubject(people, event)
+
+
+def spellings(text: str) -> dict[str, str]:
+    """Each stem of ``text`` -> the first word that spells it (lower-cased), in the order they come."""
+    words = re.findall(r"[a-z]+", text.lower().replace("'s", "").replace("'", ""))
+    found: dict[str, str] = {}
+    for word in words:
+        found.setdefault(_stemmer().stem(word), word)
+    return found
+
+
+@dataclass(frozen=True)
+class PostSubject:
+    """A post's main subject as the page checks it, and where it came from."""
+
+    subject: MainSubject
+    source: str  # "reference": main_subject (a test post); "title": title_subject (a visitor's post)
+    words: tuple[tuple[str, str], ...]  # (stem, a word that spells it) for the subject's stems, as the source spells them
+
+    def spelled(self, stems_: frozenset[str]) -> list[str]:
+        """The words of ``stems_`` in the order the source text has them."""
+        return [word for stem, word in self.words if stem in stems_]
+
+
+@lru_cache(maxsize=64)
+def post_subject(post: TldrPost) -> PostSubject:
+    """``main_subject`` where the post has a reference (a test post), else ``title_subject``."""
+    if post.reference:
+        subject, source, text = main_subject(post), "reference", f"{post.reference} {post.title}"
+    else:
+        subject, source, text = title_subject(post), "title", f"{post.title} {post.post}"
+    wanted = subject.people | subject.event
+    return PostSubject(subject, source, tuple((stem, word) for stem, word in spellings(text).items() if stem in wanted))
+
+
+@dataclass(frozen=True)
+class SubjectVerdict:
+    """Whether a summary names its post's main subject (names_main_subject), and by which words."""
+
+    names_subject: bool
+    summary: str  # the summary as checked (summary_text)
+    named: tuple[tuple[str, ...], tuple[str, ...]]  # (people, event): the subject's words it uses, as it spells them
+    missing: tuple[tuple[str, ...], ...]  # per kind it names none of (people first): that kind's words, as the source spells them
+
+
+def subject_verdict(summary: str, subject: PostSubject) -> SubjectVerdict:
+    """``summary`` (as generated: summary_text cuts and cleans it) checked against ``subject``."""
+    text = summary_text(summary)
+    said = spellings(text)
+    people, event = subject.subject.people, subject.subject.event
+    named = tuple(tuple(said[stem] for stem, _ in subject.words if stem in kind and stem in said) for kind in (people, event))
+    missing = tuple(tuple(subject.spelled(kind)) for kind in (people, event) if kind and not kind & said.keys())
+    return SubjectVerdict(names_main_subject(text, subject.subject), text, (named[0], named[1]), missing)

@@ -23,8 +23,8 @@ from app.page.results import (
 from app.page.share import settings_from_query, share_link
 from app.page.shown_text import as_markdown
 from app.settings import Limits, PlaygroundSettings
-from app.task_view import compose_into_prompt, header_markdown, mr_feedback, switch_values, task_view
-from app.tasks import FACTS_FILE, TASK_FIXED, check_mr, examples, fixed_note, policy_line
+from app.task_view import compose_into_prompt, header_markdown, input_feedback, switch_values, task_view
+from app.tasks import FACTS_FILE, TASK_FIXED, check_input, examples, fixed_note, policy_line
 from model.tasks.e2e import INSTRUCTION, added_attributes, parse_mr, unmentioned_attributes
 from model.tasks.e2e_facts import check_facts
 from model.tasks.task_models import task_schedule
@@ -52,21 +52,21 @@ def test_a_task_is_a_setting_that_takes_the_schedule_prompt_and_sampling_its_pol
 
 
 def test_a_bad_mr_is_named_as_text_and_a_good_one_passes():
-    check_mr("e2e", MR)
-    check_mr("chat", "not an MR at all")  # chat takes any prompt
+    check_input("e2e", MR)
+    check_input("chat", "not an MR at all")  # chat takes any prompt
     with pytest.raises(ValueError) as error:
-        check_mr("e2e", "name[The Eagle], <b>red</b>")
+        check_input("e2e", "name[The Eagle], <b>red</b>")
     message = str(error.value)
     assert message.startswith("The MR has a problem: the MR is not a list")
     assert "<b>" not in page_error(error.value).message  # escaped where it is shown: the toast renders HTML
     with pytest.raises(ValueError, match="unknown MR attribute 'colour'"):
-        check_mr("e2e", "name[The Eagle], colour[red]")
+        check_input("e2e", "name[The Eagle], colour[red]")
     with pytest.raises(ValueError, match="needs a name"):
-        check_mr("e2e", "food[French]")
-    shown = mr_feedback("e2e", "name[The Eagle], <b>red</b>")  # under the prompt box, as typed
+        check_input("e2e", "food[French]")
+    shown = input_feedback("e2e", "name[The Eagle], <b>red</b>")  # under the prompt box, as typed
     assert shown["visible"] and "pairs near" in shown["value"] and "<b>" not in shown["value"]
     assert "&#60;b&#62;red&#60;&#47;b&#62;" in shown["value"]  # character references: text, never markup
-    assert not mr_feedback("e2e", MR)["visible"] and not mr_feedback("chat", "anything")["visible"]
+    assert not input_feedback("e2e", MR)["visible"] and not input_feedback("chat", "anything")["visible"]
 
 
 def test_a_link_carries_the_task_and_an_unknown_task_is_refused_escaped():
@@ -81,13 +81,13 @@ def test_a_link_carries_the_task_and_an_unknown_task_is_refused_escaped():
 
 
 def test_the_task_switch_fixes_the_controls_and_fills_the_prompt_and_the_form_composes_an_mr():
-    shown = task_view("e2e", len(TASK_FIXED))
+    shown = task_view("e2e")
     assert all(update["visible"] is False for update in shown[:len(TASK_FIXED)])
-    note, box, chat_examples, title, prompt = shown[len(TASK_FIXED):]
-    assert note["visible"] and "fixes the schedule" in note["value"] and box["visible"]
+    note, box, posts, chat_examples, title, prompt = shown[len(TASK_FIXED):]
+    assert note["visible"] and "fixes the schedule" in note["value"] and box["visible"] and not posts["visible"]
     assert not chat_examples["visible"] and fixed_note("chat") == ""
     assert "E2E task model" in title["value"] and "MR" in prompt["label"]
-    assert all(update["visible"] for update in task_view("chat", len(TASK_FIXED))[:len(TASK_FIXED)])
+    assert all(update["visible"] for update in task_view("chat")[:len(TASK_FIXED)])
     prompt, budget = switch_values("e2e", "What is photosynthesis?")
     assert prompt == examples()[0] and budget == 96
     prompt, _ = switch_values("e2e", MR)
@@ -128,14 +128,17 @@ def test_the_lesson_switches_to_the_task_at_3x_and_the_others_switch_back():
     lesson = lesson_by_title("The paper's task: 3x, the same description")
     values = lesson_values(lesson, DEFAULTS)
     assert values["task"] == "e2e" and values["target_speedup"] == 3.0 and values["max_new_tokens"] == 96
-    check_mr("e2e", values["prompt"])
+    check_input("e2e", values["prompt"])
     batch = lesson_by_title("The class as one batch")  # the class's lesson runs the same task, together
     assert lesson_values(batch, DEFAULTS)["task"] == "e2e"
-    assert all(lesson_values(other, DEFAULTS)["task"] == "chat" for other in LESSONS if other not in (lesson, batch))
+    tldr = lesson_by_title("A long prompt: the TL;DR task at 3x")  # the paper's second task
+    assert lesson_values(tldr, DEFAULTS)["task"] == "tldr"
+    assert all(lesson_values(other, DEFAULTS)["task"] == "chat" for other in LESSONS
+               if other not in (lesson, batch, tldr))
     assert "runs a third of its layers" in lesson.markdown()
     second = lesson_values(lesson, DEFAULTS, then=True)
     assert second["task"] == "e2e" and second["target_speedup"] == 3.0 and second["prompt"] != values["prompt"]
-    check_mr("e2e", second["prompt"])
+    check_input("e2e", second["prompt"])
     assert "Run an MR where 3x drops a fact" in lesson.markdown()
 
 

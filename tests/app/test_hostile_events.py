@@ -146,7 +146,7 @@ def test_an_unknown_task_on_a_hidden_event_gets_the_apis_message(task_server, ap
     status, body, seconds = post_timed(f"{demo.local_url.rstrip('/')}/gradio_api/run/predict",
                                        {"data": values, "fn_index": index, "session_hash": "task1"})
     assert status == 422 and seconds < ANSWER_S, (status, body)
-    assert f"task must be one of chat, e2e; got {task!r}" in json.dumps(body), body
+    assert f"task must be one of chat, e2e, tldr; got {task!r}" in json.dumps(body), body
 
 
 # --- the fuzz: random MRs, prompts, settings and share-link queries at every event -----------------

@@ -10,7 +10,7 @@ RANGES = {"target_speedup": (1.0, 4.0), "batch_size": (1, 8)}
 
 
 def test_every_lesson_and_its_second_run_are_valid_settings_that_say_what_to_look_for():
-    assert len(LESSONS) == 9 and len({lesson.title for lesson in LESSONS}) == 9
+    assert len(LESSONS) == 10 and len({lesson.title for lesson in LESSONS}) == 10
     for lesson in LESSONS:
         for then in (False, True):
             values = lesson_values(lesson, DEFAULTS, then)

@@ -3,6 +3,8 @@ the main-subject check and the share's interval."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from model.tasks.tldr import (
@@ -87,3 +89,76 @@ def test_the_share_interval_is_paired_over_posts_and_brackets_the_share():
     assert interval.low < interval.share < interval.high
     with pytest.raises(ValueError, match="same posts"):
         share_interval([0.1], full)
+
+
+# --- the playground's side: the post box, the examples, the schedule, the subject a page checks ----------
+
+
+def test_a_post_box_is_the_title_then_the_post_and_a_test_post_comes_back_with_its_reference(posts):
+    from model.tasks.tldr import parse_post, post_text
+
+    post = posts[3]
+    assert parse_post(post_text(post)) == post  # the same title and text: the test post itself
+    assert parse_post("  " + post.title + "\n\n\n" + "  ".join(post.post.split()) + "\n") == post  # spacing aside
+    assert task_prompt(parse_post(post_text(post))) == task_prompt(post)  # so the eval's very prompt
+    own = parse_post("My cat ignores me\nShe sleeps on my chair.\n\nAnd she bites.")
+    assert own == TldrPost("", "", "My cat ignores me", "She sleeps on my chair.\n\nAnd she bites.", "")
+    for text, words in (("", "it is empty"), ("Only a title", "a title but no text"),
+                        ("x" * 301 + "\n\nbody", "is 301 characters long (at most 300)")):
+        with pytest.raises(ValueError, match=re.escape(words)):
+            parse_post(text)
+
+
+def test_the_examples_are_short_reported_posts_with_a_subject_on_both_sides(posts):
+    from model.tasks.tldr import EXAMPLE_POST_IDS, example_posts, post_subject
+
+    examples = example_posts()
+    reported = {post.post_id for post in split_posts(posts)[1]}
+    assert [post.post_id for post in examples] == list(EXAMPLE_POST_IDS) and 6 <= len(examples) <= 8
+    for post in examples:
+        assert post.post_id in reported and 150 <= len(post.post.split()) <= 250, post.post_id
+        subject = post_subject(post).subject
+        assert subject.people and subject.event, post.post_id
+
+
+def test_the_playgrounds_schedule_is_the_one_the_policies_train_on_and_the_eval_runs():
+    from model.tasks.tldr import DECAY_LENGTH, task_schedule
+    from model.tasks.tldr_eval import TldrEvalConfig, schedule_request
+
+    for speedup in (2.0, 3.0, 5.0):
+        for depth in (True, False):
+            assert task_schedule(speedup, 30, prompt_at_full_depth=depth) == schedule_request(
+                TldrEvalConfig(), speedup, 30, prompt_at_full_depth=depth)
+    request = task_schedule(3.0, 30)
+    assert (request.decay, request.decay_length, request.speedup_steps, request.min_layers_floor) == (
+        "linear", DECAY_LENGTH, DECAY_LENGTH, 7)  # 2/3 of 30 / 3
+    assert task_schedule(1.0, 30).full and task_schedule(3.0, 30, full=True).full
+    assert not task_schedule(3.0, 30, skip_policy=False).skip_policy
+
+
+def test_a_summary_is_checked_for_the_subject_with_the_words_it_used_and_the_ones_it_missed():
+    from model.tasks.tldr import post_subject, subject_verdict, summary_text
+
+    post = TldrPost("t3_x", "relationships", "My boyfriend forgot my birthday", "He forgot my birthday again.",
+                    "Boyfriend forgot my birthday party, what do I do?")
+    subject = post_subject(post)
+    assert subject.source == "reference" and subject.spelled(subject.subject.people) == ["boyfriend"]
+    assert subject.spelled(subject.subject.event) == ["forgot", "birthday"]
+    said = subject_verdict("TL;DR: my boyfriend forgot my birthday.\nAnd then more", subject)
+    assert said.names_subject and said.named == (("boyfriend",), ("forgot", "birthday")) and said.missing == ()
+    assert said.summary == "my boyfriend forgot my birthday." == summary_text(" TL;DR: my boyfriend forgot my birthday.\nx")
+    half = subject_verdict("My boyfriend is great.", subject)
+    assert not half.names_subject and half.named == (("boyfriend",), ()) and half.missing == (("forgot", "birthday"),)
+    none = subject_verdict("", subject)
+    assert none.missing == (("boyfriend",), ("forgot", "birthday"))
+
+
+def test_a_visitors_post_has_its_subject_from_the_title_alone():
+    from model.tasks.tldr import parse_post, post_subject, title_subject
+
+    post = parse_post("My sister keeps borrowing my car\nEvery weekend my sister takes the car and returns it empty.")
+    subject = post_subject(post)
+    assert subject.source == "title" and subject.subject == title_subject(post)
+    assert subject.spelled(subject.subject.people) == ["sister"]
+    assert subject.spelled(subject.subject.event) == ["car"]  # "borrowing": a title word the post never uses
+    assert not post_subject(parse_post("Help!\nWhat do I do?")).subject.known
