@@ -38,7 +38,7 @@ from model.tasks.task_report import TaskEvalConfig, run_task_eval
 from model.tasks.task_training import TARGET_KINDS, TaskRun, train_task
 from model.tasks.tldr_data import synthetic_titles, write_posts
 from model.tasks.tldr_eval import TldrEvalConfig
-from model.tasks.tldr_pick import pick_policy
+from model.tasks.tldr_pick import CANDIDATE_EVERY, pick_policy
 from model.tasks.tldr_report import config_from, report_stem, run_tldr_eval
 from model.tasks.tldr_training import TldrRun, train_tldr_policy
 from model.training.data import DEFAULT_EVAL_PROMPTS, DEFAULT_FACTS
@@ -340,13 +340,17 @@ def add_pick_policy_command(commands) -> None:
     pp.add_argument("--run", required=True, help="the training run's folder (its adapter-step-N copies)")
     pp.add_argument("--posts", type=int, default=None, help="the first N held-out posts (quick runs; default all 100)")
     pp.add_argument("--device", default="auto")
+    pp.add_argument("--every", type=int, default=CANDIDATE_EVERY,
+                    help=f"score the checkpoints at multiples of this many steps (default {CANDIDATE_EVERY}, the rule's)")
     pp.set_defaults(handler=run_pick_policy)
 
 
 def run_pick_policy(args: argparse.Namespace) -> int:
     if not Path(args.run).is_dir():
         raise CliError(f"--run {args.run} is not a folder")
-    entry = pick_policy(Path(args.run), args.speedup, posts=args.posts, device=args.device)
+    if args.every < 1:
+        raise CliError("--every must be >= 1")
+    entry = pick_policy(Path(args.run), args.speedup, posts=args.posts, device=args.device, every=args.every)
     for candidate in entry["candidates"]:
         print(f"{candidate['name']:>22}  ROUGE-L {candidate['rouge_l']:6.2f}  share {candidate['share']:.4f}")
     print(f"chosen: {entry['chosen']}" + (f" (exported to {entry['exported']})" if entry["exported"] else ""))

@@ -1,7 +1,8 @@
 """``python -m model pick-policy tldr --speedup S --run DIR``: the TL;DR policy a speedup ships, chosen on the
 held-out slice by a rule fixed before any reported post was read.
 
-The rule: every adapter the run kept (adapter-step-N, one per save) and the general skip policy (what the
+The rule: the adapters the run kept at every CANDIDATE_EVERY steps (adapter-step-N; the saves between them
+are not scored: a candidate costs a pass over the held-out posts) and the general skip policy (what the
 speedup runs without a TL;DR policy) summarise the 100 held-out posts (tldr.split_posts) greedily, on the
 CPU default weights, under the task's schedule; each is scored by its ROUGE-L share of the 1x arm's.
 The checkpoint with the highest share is chosen (the earlier step on a tie) and ships only where it beats
@@ -23,6 +24,7 @@ from model.tasks.tldr import mean, read_posts, split_posts
 from model.tasks.tldr_eval import TldrEvalConfig, run_arm
 from model.tasks.tldr_training import policy_folder
 
+CANDIDATE_EVERY = 100
 MIN_GAIN = 0.005  # a share point in 200: below it the trained policy is not worth shipping over the general one
 GENERAL = "general"
 PICKS_FILE = Path("assets/eval/tldr-picks.json")
@@ -36,9 +38,10 @@ class Candidate:
     share: float  # of the 1x arm's
 
 
-def kept_adapters(run: Path) -> list[Path]:
-    """The run's kept checkpoints (adapter-step-N), in step order."""
-    return sorted(path for path in Path(run).glob("adapter-step-*") if (path / "adapter_config.json").is_file())
+def kept_adapters(run: Path, every: int = CANDIDATE_EVERY) -> list[Path]:
+    """The run's kept checkpoints (adapter-step-N) at multiples of ``every`` steps, in step order."""
+    kept = [path for path in Path(run).glob("adapter-step-*") if (path / "adapter_config.json").is_file()]
+    return sorted(path for path in kept if step_of(path) % every == 0)
 
 
 def step_of(folder: Path) -> int:
@@ -63,7 +66,7 @@ def load(adapter: str | None, model: str | None, device: str) -> TextGenerator:
 
 def pick_policy(run: Path, speedup: float, posts: int | None = None, model: str | None = None,
                 device: str = "auto", export_root: Path | None = None, picks_file: Path = PICKS_FILE,
-                config: TldrEvalConfig | None = None) -> dict:
+                config: TldrEvalConfig | None = None, every: int = CANDIDATE_EVERY) -> dict:
     """Score the candidates, apply the rule, export the chosen checkpoint to the shipped policy's folder
     (under ``export_root``, default the task adapters; nothing where the general policy stays) and record
     the pick in ``picks_file`` (one entry per speedup)."""
@@ -78,17 +81,17 @@ def pick_policy(run: Path, speedup: float, posts: int | None = None, model: str 
 
     general_adapter = "auto" if model is None else None  # a test's tiny model has no general policy: none
     candidates = [candidate(GENERAL, None, general_adapter)]
-    candidates += [candidate(kept.name, step_of(kept), str(kept)) for kept in kept_adapters(run)]
+    candidates += [candidate(kept.name, step_of(kept), str(kept)) for kept in kept_adapters(run, every)]
     chosen = choose(candidates)
     exported = None
     if chosen.name != GENERAL:
         destination = policy_folder(speedup, export_root)
         export_adapter(Path(run) / chosen.name, destination)
         exported = str(destination)
-    entry = {"speedup": speedup, "run": str(run), "heldout_posts": len(heldout), "full_rouge_l": round(100 * full_mean, 2),
+    entry = {"speedup": speedup, "run": str(run), "candidate_every": every, "heldout_posts": len(heldout), "full_rouge_l": round(100 * full_mean, 2),
              "candidates": [asdict(c) for c in candidates], "chosen": chosen.name, "exported": exported,
-             "rule": f"highest ROUGE-L share of the 1x arm on the held-out posts; a checkpoint ships only above "
-                     f"the general policy's share + {MIN_GAIN}"}
+             "rule": f"the checkpoints every {every} steps and the general policy on the held-out posts: the highest "
+                     f"ROUGE-L share of the 1x arm; a checkpoint ships only above the general policy's share + {MIN_GAIN}"}
     record = json.loads(picks_file.read_text()) if picks_file.is_file() else {}
     record[f"{speedup:g}x"] = entry
     picks_file.parent.mkdir(parents=True, exist_ok=True)

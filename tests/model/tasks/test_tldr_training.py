@@ -92,7 +92,8 @@ def test_targets_are_made_once_and_a_stopped_run_resumes_to_an_exported_policy(t
     config = TldrEvalConfig(speedups=(2.0,), prompt_depth_speedups=(), max_new_tokens=6, decay_length=4,
                             batch_size=3, warmup=1)
     entry = pick_policy(tmp_path / "run", 2.0, posts=3, model=str(tiny_folder), device="cpu",
-                        export_root=tmp_path / "shipped", picks_file=tmp_path / "picks.json", config=config)
+                        export_root=tmp_path / "shipped", picks_file=tmp_path / "picks.json", config=config,
+                        every=1)
     names = [c["name"] for c in entry["candidates"]]
     assert names == ["general", "adapter-step-000001", "adapter-step-000002"] and entry["heldout_posts"] == 3
     assert entry["chosen"] == choose([Candidate(**c) for c in entry["candidates"]]).name
