@@ -16,8 +16,8 @@ import pytest
 
 from app.page.share import settings_from_query
 from app.settings import Limits, PlaygroundSettings, clean_prompt
-from app.task_view import compose_into_prompt, mr_feedback, switch_values
-from app.tasks import check_mr, compose, is_valid_mr
+from app.task_view import compose_into_prompt, input_feedback, switch_values
+from app.tasks import check_input, compose, is_valid_mr
 from model.tasks.e2e import ATTRIBUTES, parse_mr
 
 SMALL, LARGE = 8_000, 256_000
@@ -45,8 +45,11 @@ def adversarial(length: int) -> dict[str, str]:
 PARSERS = {
     "parse_mr": lambda text: _refused(parse_mr, text),
     "is_valid_mr": is_valid_mr,
-    "check_mr": lambda text: _refused(check_mr, "e2e", text),
-    "mr_feedback": lambda text: mr_feedback("e2e", text),
+    "check_input e2e": lambda text: _refused(check_input, "e2e", text),
+    "check_input tldr": lambda text: _refused(check_input, "tldr", text),
+    "input_feedback": lambda text: input_feedback("e2e", text),
+    "input_feedback tldr": lambda text: input_feedback("tldr", text),
+    "switch_values to tldr": lambda text: switch_values("tldr", text),
     "switch_values to e2e": lambda text: switch_values("e2e", text),
     "switch_values to chat": lambda text: switch_values("chat", text),
     "compose (the form)": lambda text: compose(dict.fromkeys(ATTRIBUTES, text)),
@@ -112,5 +115,5 @@ def test_the_linear_mr_reader_accepts_and_refuses_what_the_pattern_did():
 def test_a_long_paste_is_refused_by_its_length_before_it_is_read():
     with pytest.raises(ValueError, match="256000 characters"):
         parse_mr("a" + " " * (LARGE - 2) + "x")
-    shown = mr_feedback("e2e", "a" + " " * (LARGE - 2) + "x")
+    shown = input_feedback("e2e", "a" + " " * (LARGE - 2) + "x")
     assert shown["visible"] and "256000 characters" in shown["value"]
