@@ -23,6 +23,7 @@ from model.skipdecode.skip_policy import export_adapter
 from model.tasks.tldr import mean, read_posts, split_posts
 from model.tasks.tldr_eval import TldrEvalConfig, run_arm
 from model.tasks.tldr_training import policy_folder
+from model.training.checkpoints import portable_path
 
 CANDIDATE_EVERY = 100
 MIN_GAIN = 0.005  # a share point in 200: below it the trained policy is not worth shipping over the general one
@@ -87,7 +88,7 @@ def pick_policy(run: Path, speedup: float, posts: int | None = None, model: str 
     if chosen.name != GENERAL:
         destination = policy_folder(speedup, export_root)
         export_adapter(Path(run) / chosen.name, destination)
-        exported = str(destination)
+        exported = portable_path(str(destination))
     entry = {"speedup": speedup, "run": str(run), "candidate_every": every, "heldout_posts": len(heldout), "full_rouge_l": round(100 * full_mean, 2),
              "candidates": [asdict(c) for c in candidates], "chosen": chosen.name, "exported": exported,
              "rule": f"the checkpoints every {every} steps and the general policy on the held-out posts: the highest "

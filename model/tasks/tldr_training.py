@@ -40,6 +40,7 @@ from model.tasks.tldr import (
 )
 from model.tasks.tldr_data import assert_no_test_post, read_synthetic_posts
 from model.tasks.tldr_eval import summarise
+from model.training.checkpoints import portable_path
 from model.training.prompt_store import PromptStore
 from model.training.training import TrainConfig, TrainResult, train
 
@@ -199,7 +200,8 @@ def train_tldr_policy(run: TldrRun) -> list[TrainResult]:
         if one.export and result.steps >= one.steps:  # a run stopped by --max-minutes is not a policy yet
             export_adapter(one.folder / "adapter", one.export)
             exported = one.export
-        summary = {"run": asdict(one), "steps": result.steps, "seconds": result.seconds, "targets": str(targets),
+        recorded = {key: portable_path(value) for key, value in asdict(one).items()}  # no machine's paths
+        summary = {"run": recorded, "steps": result.steps, "seconds": result.seconds, "targets": str(targets),
                    "exported": exported, "last_losses": result.losses[-10:]}
         (one.folder / "summary.json").write_text(json.dumps(summary, indent=2))
         results.append(result)

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The Reddit TL;DR skip policies on a CPU, end to end, as the committed ones were made: the task model's
+# TL;DRs of the distillation posts (made once, runs/tldr-summaries.jsonl), one gated LoRA per speedup
+# (3x, then 2x, 5x, 4x in one process: the prompts' prefill is shared), the held-out pick of each
+# (model/tasks/tldr_pick.py: the rule; the chosen checkpoint goes to assets/adapters/tldr/skip-<S>x,
+# the record to assets/eval/tldr-picks.json), then the test-set evaluation (assets/eval/tldr.*).
+#   bash lab/training/cpu_tldr_policies.sh [train|pick|eval|all]
+# A stopped training run continues with RESUME=1 (each speedup from its newest checkpoint, every 50
+# steps; its log: runs/tldr-train.log).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+. .venv/bin/activate
+export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+STAGE=${1:-all}
+SPEEDUPS="3 2 5 4"
+resume=$([ "${RESUME:-0}" = 1 ] && echo --resume || echo --no-resume)
+if [ "$STAGE" = train ] || [ "$STAGE" = all ]; then
+  python -m model train-task tldr --speedup 3 --then 2,5,4 --steps 300 --batch-size 8 --save-every 50 \
+    --threads 2 $resume 2>&1 | tee -a runs/tldr-train.log
+fi
+if [ "$STAGE" = pick ] || [ "$STAGE" = all ]; then
+  for s in $SPEEDUPS; do
+    python -m model pick-policy tldr --speedup "$s" --run "runs/tldr-skip-${s}x" --device cpu
+  done
+fi
+if [ "$STAGE" = eval ] || [ "$STAGE" = all ]; then
+  # on a quiet machine: the speed rows time both arms at batch 1
+  python -m model eval-task tldr --device cpu --threads 2
+  python -m model results
+fi
