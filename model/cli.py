@@ -278,34 +278,37 @@ def add_eval_command(commands) -> None:
     ev.set_defaults(handler=run_eval)
 
 
+def add_task_subcommands(command: argparse.ArgumentParser, e2e_help: str, e2e_config: type, e2e_handler: Callable,
+                         tldr_help: str, tldr_config: type, tldr_handler: Callable) -> None:
+    """One subcommand per task under ``command`` (each task has its own options): the E2E-shaped tasks
+    (TASKS) from ``e2e_config`` less its ``task`` field, and TL;DR from ``tldr_config``."""
+    tasks = command.add_subparsers(dest="task", required=True, metavar="TASK")
+    for task in TASKS:
+        one = tasks.add_parser(task, help=f"{task}: {e2e_help}")
+        add_dataclass_options(one, e2e_config, skip=("task",))
+        one.set_defaults(handler=e2e_handler)
+    tldr = tasks.add_parser("tldr", help=tldr_help)
+    add_dataclass_options(tldr, tldr_config)
+    tldr.set_defaults(handler=tldr_handler)
+
+
 def add_train_task_command(commands) -> None:
     """`train-task`: a task model or one of its skip policies, and its options."""
     tt = commands.add_parser("train-task", help="a task model (the paper's 1x) or one of its skip policies "
                                                 "(--policy 2|3|4|5|all), trained on the task's references")
-    tasks = tt.add_subparsers(dest="task", required=True, metavar="TASK")  # each task has its own options
-    for task in TASKS:
-        one = tasks.add_parser(task, help=f"{task}: the task model or a skip policy, from the references or distilled")
-        add_dataclass_options(one, TaskRun, skip=("task",))
-        one.set_defaults(handler=run_train_task)
-    tldr = tasks.add_parser("tldr", help="Reddit TL;DR: a skip policy for --speedup, distilled from the default "
-                                         "model's own TL;DRs of the distillation posts (checkpoints, --resume)")
-    add_dataclass_options(tldr, TldrRun)
-    tldr.set_defaults(handler=run_train_tldr)
+    add_task_subcommands(tt, "the task model or a skip policy, from the references or distilled", TaskRun,
+                         run_train_task, "Reddit TL;DR: a skip policy for --speedup, distilled from the default "
+                         "model's own TL;DRs of the distillation posts (checkpoints, --resume)", TldrRun, run_train_tldr)
 
 
 def add_eval_task_command(commands) -> None:
     """`eval-task`: a task's test set at 1x and each speedup, and its options."""
     et = commands.add_parser("eval-task", help="a task's test set at 1x and each speedup: its scores and measured "
                                                "speed; writes assets/eval/<task>.json and .md")
-    tasks = et.add_subparsers(dest="task", required=True, metavar="TASK")  # each task has its own options
-    for task in TASKS:
-        one = tasks.add_parser(task, help=f"{task}: BLEU, ROUGE-L, NIST, facts and speed")
-        add_dataclass_options(one, TaskEvalConfig, skip=("task",))
-        one.set_defaults(handler=run_eval_task)
-    tldr = tasks.add_parser("tldr", help="Reddit TL;DR (the default model prompted, until the task has its own "
-                                         "models): ROUGE-1/2/L shares, main subject, prompt depth, speed")
-    add_dataclass_options(tldr, TldrEvalConfig)
-    tldr.set_defaults(handler=run_tldr_eval_command)
+    add_task_subcommands(et, "BLEU, ROUGE-L, NIST, facts and speed", TaskEvalConfig, run_eval_task,
+                         "Reddit TL;DR (the default model prompted; each speedup's TL;DR policy where one is "
+                         "shipped): ROUGE-1/2/L shares, main subject, prompt depth, speed", TldrEvalConfig,
+                         run_tldr_eval_command)
 
 
 def add_task_data_command(commands) -> None:
