@@ -10,10 +10,11 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import time
 import uuid
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import AsyncIterator, Callable, Iterator
+from typing import AsyncIterator, Callable, Iterator, Sequence
 
 import anyio
 import gradio as gr
@@ -103,6 +104,7 @@ class Playground:
         self.compute = threading.BoundedSemaphore(max(1, concurrency))
         # What a visit without a link query sets on load (app/page/lessons.py LANDING_LESSON), or None: chat as built.
         self.landing: dict | None = None
+        self.preparing_gpu = threading.Event()  # set while prepare_gpu compiles and captures
 
     def preload_landing(self) -> threading.Thread | None:
         """Load the landing's task model and policy in a thread (app.py waits for it before serving),
@@ -132,6 +134,40 @@ class Playground:
                                                         "max_new_tokens": 1})
 
         thread = threading.Thread(target=admit_examples, name="warm-up", daemon=True)
+        thread.start()
+        return thread
+
+    def prepare_gpu(self, batch_sizes: Sequence[int] = (1,)) -> threading.Thread | None:
+        """On a GPU with CUDA graphs: race the page's first settings (the landing's, else chat's) once per
+        batch size in the background, so the compiled layers and the default schedule's graphs are ready
+        before the first visitors (pages opened meanwhile say so); None elsewhere."""
+        generator = self.get_generator()
+        if generator.loaded.graph_runner is None:
+            return None
+        values = dict(self.landing) if self.landing is not None else {"prompt": GPU_WARM_UP_PROMPT}
+        if "prompt" not in values or not values["prompt"]:
+            values["prompt"] = example_inputs(values.get("task", ""))[0] if is_task(values.get("task", "")) \
+                else GPU_WARM_UP_PROMPT
+
+        def warm() -> None:
+            start = time.perf_counter()
+            try:
+                checked = self.checked(values)
+                if checked is None:
+                    return
+                settings, skip = checked.settings, checked.run
+                full = checked.generator.with_schedule(
+                    skip, settings.schedule_request(full=True, num_layers=checked.generator.num_layers))
+                made = checked.generator.warm_up([skip, full], batch_sizes, self.compute)
+                log.info("prepared the GPU in %.1f s (%d runs: batch sizes %s)", time.perf_counter() - start, made,
+                         list(batch_sizes))
+            except Exception as error:  # noqa: BLE001 (a failed warm-up leaves each run to prepare its own steps)
+                log.warning("preparing the GPU failed: %s", error)
+            finally:
+                self.preparing_gpu.clear()
+
+        self.preparing_gpu.set()
+        thread = threading.Thread(target=warm, name="gpu-warm-up", daemon=True)
         thread.start()
         return thread
 
@@ -399,6 +435,8 @@ class Playground:
                 unsent = not frame_clock.due(last=update.done)
                 if not unsent:
                     shown = preparing_line(before, runner.report()) + status if runner is not None else status
+                    if self.preparing_gpu.is_set():
+                        shown = GPU_PREPARING + shown
                     yield renderer.outputs(shown, update, with_plot=plot_clock.due(last=update.done))
         except ValueError as error:  # e.g. a prompt over the context, found at encoding time
             raise page_error(error) from None
@@ -598,6 +636,10 @@ class Playground:
         return None
 
 
+GPU_WARM_UP_PROMPT = "Explain how a bicycle gear works."  # the chat page's first run, prepared at start
+GPU_PREPARING = ("The server is preparing the GPU for its first runs (compiling each kind of layer once, "
+                 "capturing the default schedule's CUDA graphs): runs now wait between its steps. ")
+
 MODEL_RUNS = ("generate", "ui_generate", "ui_step", "ui_restart_")  # api names (prefixes) of model runs
 
 
@@ -607,7 +649,8 @@ def preparing_line(before: CaptureReport | None, now: CaptureReport) -> str:
     graphs, seconds = _captured_since(before, now)
     if not graphs:
         return ""
-    return f"Preparing the GPU: {_graph_count(graphs)}, {seconds:.1f} s (once per layer set; later steps and runs replay them). "
+    return (f"Preparing the GPU: {_compiles(before, now)}{_graph_count(graphs)}, {seconds:.1f} s (once per layer set; "
+            "later steps and runs replay them). ")
 
 
 def prepared_line(before: CaptureReport | None, now: CaptureReport) -> str:
@@ -615,7 +658,17 @@ def prepared_line(before: CaptureReport | None, now: CaptureReport) -> str:
     graphs, seconds = _captured_since(before, now)
     if not graphs:
         return ""
-    return f" This run prepared the GPU: {_graph_count(graphs)} captured in {seconds:.1f} s; later runs replay them."
+    return (f" This run prepared the GPU: {_compiles(before, now)}{_graph_count(graphs)} captured in {seconds:.1f} s; "
+            "later runs replay them.")
+
+
+def _compiles(before: CaptureReport | None, now: CaptureReport) -> str:
+    """"2 layers compiled (41.0 s), ": the compiled layers' share of a capture, where there is one."""
+    count = now.compiled - (before.compiled if before else 0)
+    if count <= 0:
+        return ""
+    seconds = now.compile_seconds - (before.compile_seconds if before else 0.0)
+    return f"{count} kind{'s' if count != 1 else ''} of layer compiled ({seconds:.1f} s), "
 
 
 def _graph_count(graphs: int) -> str:

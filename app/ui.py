@@ -53,6 +53,7 @@ from app.tasks import TASK_FIXED, TaskGenerators, task_choices
 from model.common.settings import LANDINGS, settings
 from model.generation.generator import TextGenerator
 from model.skipdecode.schedule import DECAY_DESCRIPTIONS, LAYER_ORDER_DESCRIPTIONS, max_layer_speedup
+from model.skipdecode.static_decoder import batch_bucket
 
 __all__ = ["LANDINGS", "api_function", "build_demo", "launch_options"]
 SPEEDUP_PRESETS = (1.0, 1.5, 2.0, 3.0, 4.0, 5.0)
@@ -115,6 +116,8 @@ def build_demo(get_generator: Callable[[], TextGenerator], limits: Limits | None
         if playground.tasks.can_land(values["task"], generator):
             playground.landing = values | within_limits(values, limits)  # a deployer's lower limit wins
     playground.warm_up()  # a first task job is sized in milliseconds, before its policy loads
+    # a GPU's compiled layers and graphs, for one visitor and a full batch, before the first visitors
+    playground.prepare_gpu(sorted({1, batch_bucket(batching.rows)}))
     with gr.Blocks(title="SkipDecode Playground", analytics_enabled=analytics_enabled(),
                    delete_cache=(600, 600)) as demo:
         header = gr.Markdown(header_markdown(generator), elem_id="page-header")  # follows the task chosen

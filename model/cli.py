@@ -241,6 +241,8 @@ def add_bench_command(commands) -> None:
                     help="add our decoder over the static KV cache run eagerly (the CUDA graphs' step, any device)")
     be.add_argument("--no-graphs", action="store_true",
                     help="on CUDA, leave out our CUDA graphs and transformers' static cache + torch.compile")
+    be.add_argument("--no-compiled-layers", action="store_true",
+                    help="leave out our compiled layers (in the CUDA graphs on CUDA; with --static-cache elsewhere)")
     be.add_argument("--output", default=None, help="folder for bench.json, bench.md and speedup.json")
     be.add_argument("--json", default=None, help="also write the raw figures to this file")
     be.set_defaults(handler=run_bench_command)
@@ -519,7 +521,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
                          decay=args.decay, new_tokens=args.tokens, repeats=args.repeats, include_hf=not args.no_hf,
                          quick=args.quick, quantize=_bench_weight_modes(args.quantize), threads=args.threads,
                          llama_cpp=not args.no_llama_cpp, prompt_tokens=args.prompt_tokens,
-                         static=args.static_cache, graphs=not args.no_graphs)
+                         static=args.static_cache, graphs=not args.no_graphs, compiled=not args.no_compiled_layers)
 
     def write_so_far(partial: BenchReport) -> None:  # a run stopped by a time limit keeps its finished batches
         if args.json:

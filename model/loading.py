@@ -13,8 +13,10 @@ import dataclasses
 import importlib.util
 import json
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import nn
@@ -40,11 +42,12 @@ from model.skipdecode.architectures import (
     forget_gguf_quantization,
     mean_layer_weight_count,
 )
+from model.skipdecode.compiled_layers import CompiledStep, compile_cache_folder
 from model.skipdecode.cuda_graphs import CudaGraphStep
 from model.skipdecode.decoder import SkipDecoder
 from model.skipdecode.schedule import CostModel
 from model.skipdecode.skip_policy import EntryBridge, install_lora_gate, side_lora_config
-from model.skipdecode.static_decoder import static_decoder
+from model.skipdecode.static_decoder import static_decoder, static_step
 
 log = logging.getLogger(__name__)
 
@@ -203,8 +206,17 @@ def with_cuda_graphs(loaded: LoadedModel, enabled: bool | None = None) -> Loaded
     set's graph is captured on its first step and kept across requests (an LRU by count and bytes)."""
     if enabled is None:
         enabled = cuda_graphs_by_default(loaded.device)
-    loaded.graph_runner = CudaGraphStep() if enabled else None
+    loaded.graph_runner = CudaGraphStep(step=graph_step()) if enabled else None
     return loaded
+
+
+def graph_step() -> Callable[..., torch.Tensor]:
+    """What the graphs capture: the compiled layers' step (SKIPDECODE_COMPILE_LAYERS, on by default; its
+    compiled code kept under the cache folder across starts), else the eager static step."""
+    if not settings().compile_layers:
+        return static_step
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", compile_cache_folder(cache_root()))  # torch's own variable
+    return CompiledStep()
 
 
 def load_model(

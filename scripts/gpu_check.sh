@@ -6,10 +6,15 @@
 #      cache + torch.compile, our eager decoder, our CUDA graphs; batch 1/8/64; full, 2x, 3x
 #      (bench.json, bench.md: decode tokens/s, step ms, capture seconds; bench.json is written after
 #      every batch size, so a stage stopped by its limit keeps the batches it finished)
-#   3. CPU thread scaling on the lease's host: our int4 engine beside llama-bench at 1/2/4/8/16 threads
+#      and our compiled layers inside the graphs (model/skipdecode/compiled_layers.py: "compiled" rows;
+#      compiled code cached under OUT/inductor-cache for the burst's server, not brought back)
+#   3. the class burst through a launched app on the GPU: 64 visitors from 64 addresses pressing
+#      Generate together, general chat at 2x, 48 tokens, 3 bursts, batches of up to 64 rows
+#      (scripts/class_burst.py: burst.json)
+#   4. CPU thread scaling on the lease's host: our int4 engine beside llama-bench at 1/2/4/8/16 threads
 #      (scripts/thread_scaling.py: threads.json, threads.md)
 # plus env.txt (GPU, CPU, versions), log.txt (each stage's stderr, the timeline) and summary.txt (each
-# stage's status and seconds): eight files, what the device tool brings back.
+# stage's status and seconds): nine files, what the device tool brings back.
 #
 #   bash scripts/gpu_check.sh OUT              on the lease
 #   bash scripts/gpu_check.sh --dry-run OUT    every stage on this CPU with a tiny random model (no GPU)
@@ -52,16 +57,20 @@ if [ $DRY = 1 ]; then
   trap 'rm -rf "$(dirname "$TINY")"' EXIT
   stage tiny-model 300 $PY scripts/tiny_model_folder.py "$TINY" >/dev/null || exit 1
   DEVICE=cpu
-  TEST_ARGS=(tests/model/skipdecode/test_static_decoder.py -k "cuda_graphs or unwritten")
+  TEST_ARGS=(tests/model/skipdecode/test_static_decoder.py tests/model/skipdecode/test_compiled_layers.py
+             -k "cuda_graphs or unwritten or compiled_layers_decode or cuda_graphs_match")
   BENCH_ARGS=(--model "$TINY" --device cpu --quick --static-cache --no-hf --speedups 2 --quantize none)
+  BURST_ARGS=(--task chat --speedup 2 --visitors 4 --bursts 1 --max-new-tokens 4 --batch-rows 4)
+  export SKIPDECODE_MODEL="$TINY"  # the burst's server (no policy: the general model's schedule)
   THREAD_ARGS=(--model "$TINY" --threads 1,2 --tokens 4 --repeats 1)
-  LIMITS=(900 900 900)
+  LIMITS=(900 900 900 900)
 else
   DEVICE=cuda
   TEST_ARGS=(tests/model/skipdecode)
   BENCH_ARGS=(--device cuda --dtype bfloat16 --batch-sizes 1,8,64 --speedups 2,3 --tokens 64 --repeats 3)
+  BURST_ARGS=(--task chat --speedup 2 --visitors 64 --bursts 3 --max-new-tokens 48 --batch-rows 64)
   THREAD_ARGS=(--threads 1,2,4,8,16 --tokens 64 --repeats 3)
-  LIMITS=(120 300 120)
+  LIMITS=(150 200 150 50)  # 550 s: one device call (600 s at most)
   # CPU work the GPU stages leave the host free for: the native int4 step and llama-bench, built now
   # (the native step is waited for before the bench: a compiler beside it would slow the host's launches).
   $PY -c "from model.lowbit.native_kernels import native_module; native_module()" >>"$OUT/log.txt" 2>&1 &
@@ -74,12 +83,15 @@ else
 fi
 
 export SKIPDECODE_TEST_DEVICE=$DEVICE
+export TORCHINDUCTOR_CACHE_DIR="$OUT/inductor-cache"  # the tests' and bench's compiles serve the burst's server
 stage tests "${LIMITS[0]}" $PY -m pytest -q -rs -m device -p no:cacheprovider \
   "${TEST_ARGS[@]}" >"$OUT/tests.log"
 if [ -n "${NATIVE:-}" ]; then log "waiting for the native step's build"; wait "$NATIVE"; fi
 stage bench "${LIMITS[1]}" $PY -m model bench "${BENCH_ARGS[@]}" --prompt-tokens 0 --json "$OUT/bench.json" \
   >"$OUT/bench.md"
+stage burst "${LIMITS[2]}" $PY scripts/class_burst.py "${BURST_ARGS[@]}" --json "$OUT/burst.json" >/dev/null
+rm -rf "$OUT/inductor-cache"  # compiled code stays on the lease: only the nine files travel back
 if [ -n "${BUILD:-}" ]; then log "waiting for llama-bench's build"; wait "$BUILD"; fi
-stage threads "${LIMITS[2]}" $PY scripts/thread_scaling.py "${THREAD_ARGS[@]}" --output "$OUT" >/dev/null
+stage threads "${LIMITS[3]}" $PY scripts/thread_scaling.py "${THREAD_ARGS[@]}" --output "$OUT" >/dev/null
 log "done: $(tr '\n' ';' <"$OUT/summary.txt")"
 ! grep -qv "status=0" "$OUT/summary.txt"

@@ -127,6 +127,12 @@ class Settings:
     cuda_graphs: bool = env_setting(
         "SKIPDECODE_CUDA_GRAPHS", True, "on a CUDA GPU the decode steps replay one CUDA graph per layer set, "
         "captured on its first step and kept across requests; `0`: the eager decoder; never on ZeroGPU")
+    # On with the graphs: one compiled function per layer kind and batch bucket (model/skipdecode/compiled_layers.py),
+    # parity-tested on the CPU; a kind that fails to compile runs eagerly inside the graphs.
+    compile_layers: bool = env_setting(
+        "SKIPDECODE_COMPILE_LAYERS", True, "with the CUDA graphs: each kind of layer's decode step compiled by "
+        "torch.compile once per batch bucket (kept on disk under the cache folder's `inductor/`) and captured in "
+        "the graphs; `0`: the graphs capture the eager step")
     int8_bf16_rows: int | None = env_setting(
         "SKIPDECODE_INT8_BF16_ROWS", None, "int8 weights: from how many rows of a batch a projection multiplies "
         "the integers as bfloat16 (AMX-BF16) instead of torch's int8 kernel; keeps a bfloat16 copy "

@@ -11,6 +11,9 @@ For each batch size, the same prompts and a FIXED generated length (EOS ignored)
                 (CUDA only; model/skipdecode/cuda_graphs.py); the "capture s" column is the seconds its graphs
                 took to capture (transformers' compiled row: its first, compiling call)
   static full, static skip@S   the same static-cache step run eagerly (``--static-cache``; any device)
+  compiled full, compiled skip@S   the static step with each layer kind's decode step compiled by torch.compile
+                (model/skipdecode/compiled_layers.py): inside the CUDA graphs on CUDA, run eagerly elsewhere
+                (with ``--static-cache``); "capture s" then includes the compiles
   llama.cpp     llama.cpp's own `llama-bench` on the SAME GGUF file (the default model only, batch 1, the
                 same thread count and token count), and `llama-batched-bench -npl N` at batch N > 1, when
                 scripts/build_llama_bench.sh has built them
@@ -59,10 +62,11 @@ from model.generation.generator import TextGenerator
 from model.generation.schedules import ScheduleRequest
 from model.loading import DEFAULT_MODEL, LoadedModel, load_model, locate_default_gguf, resolve_device
 from model.lowbit.native_kernels import DEFAULT_AMX_ROWS, native_module, q4_isa, q4_kernel_selected
+from model.skipdecode.compiled_layers import CompiledStep
 from model.skipdecode.cuda_graphs import CudaGraphStep
 from model.skipdecode.decoder import SkipDecoder
 from model.skipdecode.schedule import CostModel, ScheduleConfig, SolvedSchedule, full_schedule, speedup_summary
-from model.skipdecode.static_decoder import StaticSkipDecoder, static_decoder
+from model.skipdecode.static_decoder import EagerStep, StaticSkipDecoder, static_decoder
 
 
 @dataclass(frozen=True)
@@ -72,7 +76,7 @@ class Mode:
     "llama.cpp"), and ``name`` gives that string back: ``Mode.parse(mode.name) == mode``."""
 
     kind: str  # "full", "skip", "hf_generate", "hf_static_compile", "llama.cpp" or "prefill"
-    engine: str = ""  # "": our decoder run eagerly; or one of ENGINES ("static", "graphs")
+    engine: str = ""  # "": our decoder run eagerly; or one of ENGINES ("static", "graphs", "compiled")
     speedup: float | None = None  # a skip mode's target layer speedup, and only a skip mode's
 
     def __post_init__(self) -> None:
@@ -115,7 +119,7 @@ LLAMA_WEIGHTS = "Q4_1"  # llama.cpp's rows' weights: the GGUF's own 4-bit blocks
 # Modes whose failure is a note in the report, not the end of the run: transformers' compiled path (its
 # compiler and our pinned transformers meet a lease's torch for the first time there), our CUDA graphs (the
 # device tests judge them) and llama.cpp (a binary carried to another CPU may lack its instructions).
-OPTIONAL_KINDS, OPTIONAL_ENGINES = ("hf_static_compile", "llama.cpp"), ("graphs",)
+OPTIONAL_KINDS, OPTIONAL_ENGINES = ("hf_static_compile", "llama.cpp"), ("graphs", "compiled")
 
 TimedKey = TypeVar("TimedKey", tuple[str, Mode], tuple[str, int])  # (weights, mode) or (weights, batch)
 
@@ -150,6 +154,7 @@ class BenchConfig:
     prompt_tokens: int = 512  # prompt processing and time to first token at batch 1 (0: not measured)
     static: bool = False  # add our static-cache step run eagerly (the graphs' step without graphs; any device)
     graphs: bool = True  # on CUDA: our CUDA graphs and transformers' static cache + torch.compile
+    compiled: bool = True  # our compiled layers: in the graphs on CUDA, eagerly with ``static`` elsewhere
 
 
 @dataclass
@@ -638,7 +643,8 @@ def _bench_modes(config: BenchConfig, variants: dict[str, WeightVariant], schedu
     return modes
 
 
-ENGINES = ("static", "graphs")  # our decoder over the static KV cache: eagerly, or by CUDA graph replay
+# our decoder over the static KV cache: eagerly, by CUDA graph replay, and with compiled layers (in the graphs on CUDA)
+ENGINES = ("static", "graphs", "compiled")
 NO_CUDA_NOTE = ("no rows of our CUDA graphs or of transformers' static cache + torch.compile: they need a CUDA "
                 "device (this run is on {device})")
 
@@ -647,21 +653,23 @@ def engine_modes(config: BenchConfig, variants: dict[str, WeightVariant], schedu
                  num_layers: int, ids: torch.Tensor, mask: torch.Tensor, captures: dict[tuple[str, Mode], float]
                  ) -> dict[tuple[str, Mode], Callable[[], Timing]]:
     """The static-cache modes, (weights, "ENGINE:full" | "ENGINE:skip@S") -> one timed run: "static" (eager,
-    with ``config.static``) and on CUDA "graphs" (one graph runner per mode and batch, so each mode's capture
-    is its own) and transformers' static cache + torch.compile. ``captures`` receives each graph mode's capture
+    with ``config.static``), on CUDA "graphs" (one graph runner per mode and batch, so each mode's capture
+    is its own) and transformers' static cache + torch.compile, and "compiled" (the compiled layers: in graphs
+    on CUDA, eagerly with ``config.static`` elsewhere; one CompiledStep for every mode, as a server has). ``captures`` receives each graph mode's capture
     seconds, and the compiled mode's first call, as they happen (the warm-up pays them)."""
     modes: dict[tuple[str, Mode], Callable[[], Timing]] = {}
     cuda = ids.device.type == "cuda" and config.graphs
+    compiled = CompiledStep()
     for label, variant in variants.items():
         # (kind, target speedup, decoder, schedule): full depth, then each skip schedule
         runs: list[tuple[str, float | None, SkipDecoder, ScheduleConfig]] = [
             ("full", None, variant.full_decoder, full_schedule(num_layers))]
         runs += [("skip", s, variant.skip_decoder, solved.config) for s, solved in schedules.items()]
         for engine in ENGINES:
-            if (engine == "static" and not config.static) or (engine == "graphs" and not cuda):
+            if not _engine_runs(engine, config, cuda):
                 continue
             for kind, speedup, decoder, schedule in runs:
-                runner = CudaGraphStep() if engine == "graphs" else None
+                runner = _engine_runner(engine, cuda, compiled)
                 key = (label, Mode(kind, engine, speedup))
                 modes[key] = _in_kernel(variant.kernel, _static_run(
                     static_decoder(decoder, runner), runner, ids, mask, schedule, config.new_tokens, captures, key))
@@ -673,12 +681,28 @@ def engine_modes(config: BenchConfig, variants: dict[str, WeightVariant], schedu
     return modes
 
 
-def _static_run(decoder: StaticSkipDecoder, runner: CudaGraphStep | None, ids: torch.Tensor, mask: torch.Tensor,
+def _engine_runs(engine: str, config: BenchConfig, cuda: bool) -> bool:
+    if engine == "compiled":
+        return config.compiled and (cuda or config.static)
+    return config.static if engine == "static" else cuda
+
+
+def _engine_runner(engine: str, cuda: bool, compiled: CompiledStep) -> CudaGraphStep | EagerStep | None:
+    """The step runner of one mode: the graphs' own per mode (its captures its own), the compiled layers'
+    shared; None: the static step run eagerly."""
+    if engine == "graphs":
+        return CudaGraphStep()
+    if engine == "compiled":
+        return CudaGraphStep(step=compiled) if cuda else EagerStep(compiled)
+    return None
+
+
+def _static_run(decoder: StaticSkipDecoder, runner: CudaGraphStep | EagerStep | None, ids: torch.Tensor, mask: torch.Tensor,
                 schedule: ScheduleConfig, new_tokens: int, captures: dict[tuple[str, Mode], float],
                 key: tuple[str, Mode]) -> Callable[[], Timing]:
     def timed() -> Timing:
         timing = time_ours(decoder, ids, mask, schedule, new_tokens)
-        if runner is not None:
+        if isinstance(runner, CudaGraphStep):
             captures[key] = runner.capture_seconds  # every graph this mode needs, captured in its first run
         return timing
     return timed

@@ -10,7 +10,7 @@ below only sees token ids.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable, Generator
+from typing import Callable, ContextManager, Generator, Sequence
 
 from model.generation.judge import FullModelJudge
 from model.generation.lens import LogitLens
@@ -149,6 +149,22 @@ class TextGenerator:
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
         return run_to_end(self.stream(request))
+
+    def warm_up(self, runs: Sequence[PreparedRun], batch_sizes: Sequence[int], lock: ContextManager) -> int:
+        """Each of ``runs`` (prepared: SkipDecode's and the full model's of a page's default settings)
+        with its first prompt repeated to each of ``batch_sizes`` rows, run to the end, each run under
+        ``lock`` (one model step at a time: a visitor's run waits between these, not inside one). On a
+        GPU this compiles each layer kind per batch bucket and captures the schedules' graphs before any
+        visitor's run needs them. Returns the runs made."""
+        made = 0
+        for rows in batch_sizes:
+            for run in runs:
+                request = replace(run.request, prompts=list(run.request.prompts[:1]) * rows)
+                batch = self.sized(request, schedule=run.schedule)
+                with lock:
+                    run_to_end(self.stream(batch))
+                made += 1
+        return made
 
     def shared_prefill(self, first: PreparedRun, second: PreparedRun,
                        should_cancel: Callable[[], bool] | None = None) -> Prefill | None:

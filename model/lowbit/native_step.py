@@ -157,7 +157,8 @@ def run_native_layers(leans: list["LeanLlamaLayer"], hidden: torch.Tensor, extra
     a tenth of a layer), or None where any of them is not a fused native step (the caller then runs
     them one by one). ``key_valid``: the decoder's (B, capacity) bool, None where nothing is padded."""
     natives = [lean.native for lean in leans]
-    if not natives or any(native is None for native in natives) or not natives[0].runs(hidden):
+    if (not natives or any(native is None for native in natives) or not natives[0].runs(hidden)
+            or cache.writes_in_place):  # a static step, or buffers padded to a batch bucket: the Python step
         return None
     for native in natives:
         native.refresh()

@@ -5,8 +5,9 @@ set"). A SkipDecode run meets at most max_layers - min_layers + 1 layer sets (n_
 a run captures at most that many graphs; they are kept in an LRU bounded by count and bytes.
 
     GraphLRU        the bookkeeping alone (no CUDA): least recently used first out, by count and bytes
-    CudaGraphStep   the step runner: buffers per (model, batch, capacity), leased per run; a graph
-                    per (buffers, weights, bridge, layer set), captured lazily, capture time kept
+    CudaGraphStep   the step runner: buffers per (model, batch bucket, capacity), leased per run (a batch
+                    padded up to its bucket: 1, 2, 4 ... 64); a graph per (buffers, weights, bridge,
+                    layer set), captured lazily, capture time kept
 """
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ import time
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, cast
+from typing import Any, Callable, Hashable, Sequence, cast
 
 import torch
 
 from model.common.progress import say
 from model.skipdecode.decoder import SkipDecoder
-from model.skipdecode.static_decoder import StepBuffers, static_step
+from model.skipdecode.static_decoder import BATCH_BUCKETS, StepBuffers, batch_bucket, static_step
 
 DEFAULT_MAX_GRAPHS = 64
 DEFAULT_MAX_BYTES = 2 << 30  # 2 GiB of graph-held memory (outputs and workspaces), an H100 has 80
@@ -99,10 +100,12 @@ class CaptureReport:
     """What capturing has cost so far: a page says "preparing the GPU: n graphs, s seconds"."""
 
     graphs: int  # captured since the runner started (evicted ones included)
-    seconds: float
+    seconds: float  # capturing them, compiles included (a compiled layer's first call is in its first capture)
     kept: int  # graphs held now
     kept_bytes: int
     evicted: int
+    compiled: int = 0  # compiled layer functions (kind x batch bucket), where the step compiles its layers
+    compile_seconds: float = 0.0
 
 
 class CudaGraphStep:
@@ -112,8 +115,11 @@ class CudaGraphStep:
     a graph belongs to its buffers, so it serves every later run that leases them."""
 
     def __init__(self, max_graphs: int = DEFAULT_MAX_GRAPHS, max_bytes: int = DEFAULT_MAX_BYTES,
-                 capacity_multiple: int = CAPACITY_MULTIPLE, step: Callable[..., torch.Tensor] = static_step) -> None:
-        self.step = step  # what a graph captures: static_step, or a compiled form of it (lab/bench/gpu_fusion_probe.py)
+                 capacity_multiple: int = CAPACITY_MULTIPLE, step: Callable[..., torch.Tensor] = static_step,
+                 batch_buckets: Sequence[int] | None = BATCH_BUCKETS) -> None:
+        # what a graph captures: static_step, or the compiled layers' step (model/skipdecode/compiled_layers.py)
+        self.step = step
+        self.batch_buckets = batch_buckets  # a batch runs in buffers (and graphs) of its bucket
         self.graphs = GraphLRU(max_graphs, max_bytes)
         self.capacity_multiple = capacity_multiple
         self._buffers: list[tuple[weakref.ref, StepBuffers]] = []
@@ -128,12 +134,15 @@ class CudaGraphStep:
     def lease(self, decoder: SkipDecoder, batch: int, capacity: int, device: torch.device) -> StepBuffers:
         """Free buffers of this model, batch and capacity (their graphs come with them), or new ones."""
         self._trim()
+        bucket = batch_bucket(batch, self.batch_buckets)
         for model, buffers in self._buffers:
-            if (model() is decoder.model and buffers.free and buffers.batch == batch
+            if (model() is decoder.model and buffers.free and buffers.batch == bucket
                     and buffers.capacity == capacity and buffers.position.device == device):
                 buffers.reset()
+                buffers.hold_rows(batch)
                 return buffers
-        buffers = StepBuffers(decoder.num_layers, batch, capacity, device)
+        buffers = StepBuffers(decoder.num_layers, bucket, capacity, device)
+        buffers.hold_rows(batch)
         self._buffers.append((weakref.ref(decoder.model), buffers))
         return buffers
 
@@ -170,8 +179,11 @@ class CudaGraphStep:
         return captured.logits.clone()
 
     def report(self) -> CaptureReport:
+        compiles = getattr(self.step, "report", None)  # the compiled layers' step says what it compiled
+        compiled = compiles() if callable(compiles) else None
         return CaptureReport(self.captured, self.capture_seconds, len(self.graphs), self.graphs.nbytes,
-                             self.graphs.evictions)
+                             self.graphs.evictions, compiled.compiled if compiled else 0,
+                             compiled.seconds if compiled else 0.0)
 
     def _capture(self, decoder: SkipDecoder, buffers: StepBuffers, layers: tuple[int, ...]) -> CapturedStep:
         """Warm up on a side stream (lazy initialisations happen outside the graph; the warm-up

@@ -33,16 +33,60 @@ class StepBuffers(StaticKVCache):
     """A static KV cache with the decode step's inputs beside it, all of fixed shape for one
     (batch, capacity): ``token_ids`` (B,), ``positions`` (B, 1) (each row's position id, padding
     not counted), ``key_valid`` (B, K) bool (False at left padding) and ``columns`` (K,) 0..K-1.
-    A captured graph holds these addresses, so a step copies its values IN, never rebinds them."""
+    A captured graph holds these addresses, so a step copies its values IN, never rebinds them.
+
+    ``batch`` is the buffers' rows, ``rows`` the run's: a run of 5 rows in buffers of a batch
+    bucket of 8 (model/skipdecode/cuda_graphs.py) fills rows 0..4; the prefill and the host see
+    those alone (``update``, ``layer``, ``copy``), a step computes all 8 (the padding rows attend
+    to what their columns hold, always finite) and the decoder keeps the first 5 rows' logits."""
 
     def __init__(self, num_layers: int, batch: int, capacity: int, device: torch.device | str) -> None:
         super().__init__(num_layers, capacity, device)
         self.batch = batch
+        self.rows = batch
         self.token_ids = torch.zeros(batch, dtype=torch.long, device=device)
         self.positions = torch.zeros(batch, 1, dtype=torch.long, device=device)
         self.key_valid = torch.zeros(batch, capacity, dtype=torch.bool, device=device)
         self.columns = torch.arange(capacity, device=device)
         self._owner: weakref.ref | None = None  # the DecodeState of the run using these buffers
+
+    def hold_rows(self, rows: int) -> None:
+        """This run's first ``rows`` rows; the rest are padding (their inputs zero, every column valid)."""
+        if not 1 <= rows <= self.batch:
+            raise ValueError(f"{rows} rows do not fit buffers of {self.batch}")
+        self.rows = rows
+        self.token_ids[rows:] = 0
+        self.positions[rows:] = 0
+        self.key_valid[rows:] = True
+
+    @property
+    def padded(self) -> bool:
+        return self.rows < self.batch
+
+    @property
+    def writes_in_place(self) -> bool:
+        # the native step reserves its slot for the rows it is given: padded buffers hold more
+        return self.static_writes or self.padded
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.static_writes or not self.padded:
+            return super().update(key_states, value_states, layer_idx)
+        # the prefill of a padded run: its rows' columns, its rows' views
+        count = key_states.shape[2]
+        keys, values, start = self._reserve(layer_idx, self.batch, key_states.shape[1], key_states.shape[3],
+                                            key_states, count)
+        end = start + count
+        keys[: self.rows, :, start:end] = key_states
+        values[: self.rows, :, start:end] = value_states
+        return keys[: self.rows, :, :end], values[: self.rows, :, :end]
+
+    def layer(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        keys, values = super().layer(layer_idx)
+        return keys[: self.rows], values[: self.rows]
+
+    def copy(self, rows: list[int] | None = None) -> PrefixKVCache:
+        return super().copy(list(range(self.rows)) if rows is None and self.padded else rows)
 
     def claim(self, state: DecodeState) -> None:
         """Hold these buffers for ``state``'s run; they are free again once that state is gone."""
@@ -85,18 +129,33 @@ class StepRunner(Protocol):
     def run(self, decoder: SkipDecoder, buffers: StepBuffers, layers: tuple[int, ...]) -> torch.Tensor: ...
 
 
+# The batch buckets of the graphs: a batch runs in buffers of the smallest bucket that holds it, so a
+# class's batches of 1..64 rows meet seven shapes (graphs, compiled layers), not 64.
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def batch_bucket(batch: int, buckets: Sequence[int] | None = BATCH_BUCKETS) -> int:
+    """The smallest of ``buckets`` that holds ``batch`` rows (``batch`` itself past the largest, or
+    where there are no buckets)."""
+    return min((bucket for bucket in buckets or () if bucket >= batch), default=batch)
+
+
 class EagerStep:
     """static_step as it is (or ``step``: a compiled form of it), on any device: fresh buffers per run at
-    the run's exact capacity."""
+    the run's exact capacity, their batch the run's or (``batch_buckets``) its bucket."""
 
-    def __init__(self, step: Callable[..., torch.Tensor] = static_step) -> None:
+    def __init__(self, step: Callable[..., torch.Tensor] = static_step,
+                 batch_buckets: Sequence[int] | None = None) -> None:
         self.step = step
+        self.batch_buckets = batch_buckets
 
     def capacity_for(self, capacity: int, max_context: int) -> int:
         return capacity
 
     def lease(self, decoder: SkipDecoder, batch: int, capacity: int, device: torch.device) -> StepBuffers:
-        return StepBuffers(decoder.num_layers, batch, capacity, device)
+        buffers = StepBuffers(decoder.num_layers, batch_bucket(batch, self.batch_buckets), capacity, device)
+        buffers.hold_rows(batch)
+        return buffers
 
     def run(self, decoder: SkipDecoder, buffers: StepBuffers, layers: tuple[int, ...]) -> torch.Tensor:
         return self.step(decoder, buffers, layers)
@@ -125,8 +184,9 @@ class StaticSkipDecoder(SkipDecoder):
         capacity = self.runner.capacity_for(capacity, self.adapter.max_context)
         state, logits = super().prefill(input_ids, attention_mask, layers, capacity, should_cancel, trace, shared_prefix)
         buffers = cast(StepBuffers, state.cache)
-        buffers.key_valid.copy_(state.key_valid)
-        state.key_valid = buffers.key_valid
+        rows = buffers.rows
+        buffers.key_valid[:rows].copy_(state.key_valid)
+        state.key_valid = buffers.key_valid[:rows]  # a view: the step reads it in place
         buffers.claim(state)
         return state, logits
 
@@ -144,10 +204,13 @@ class StaticSkipDecoder(SkipDecoder):
         stale = [index for index in layers if buffers.lengths[index] != state.length]
         if stale:  # a layer that runs must have run at every earlier position (docs/DESIGN.md)
             raise RuntimeError(f"layers {stale} did not run at every earlier step: the layer sets are not nested")
-        buffers.token_ids.copy_(token_ids)
-        buffers.positions.copy_(state.next_position[:, None])
+        rows = buffers.rows
+        buffers.token_ids[:rows].copy_(token_ids)
+        buffers.positions[:rows].copy_(state.next_position[:, None])
         buffers.position.fill_(state.length)
         logits = self.runner.run(self, buffers, tuple(layers))
+        if buffers.padded:  # the padding rows are never shown
+            logits = logits[:rows]
         for index in layers:
             buffers.lengths[index] += 1
         state.next_position += 1

@@ -93,3 +93,61 @@ def test_the_task_models_replay_graphs_where_the_general_model_does(monkeypatch,
     assert isinstance(generator.loaded.graph_runner, CudaGraphStep)
     monkeypatch.setattr(loading, "cuda_graphs_by_default", lambda device: False)  # a CPU, ZeroGPU, or =0
     assert tasks.TaskGenerators().get("e2e", 3.0).loaded.graph_runner is None
+
+
+def test_the_preparing_line_counts_the_layers_compiled_beside_the_graphs():
+    from app.handlers import prepared_line, preparing_line
+    from model.skipdecode.cuda_graphs import CaptureReport
+
+    before = CaptureReport(3, 1.0, 3, 10, 0, compiled=1, compile_seconds=0.5)
+    now = CaptureReport(5, 4.0, 5, 14, 0, compiled=3, compile_seconds=2.7)
+    assert preparing_line(before, now).startswith("Preparing the GPU: 2 kinds of layer compiled (2.2 s), 2 CUDA graphs, 3.0 s")
+    assert prepared_line(None, now).startswith(" This run prepared the GPU: 3 kinds of layer compiled (2.7 s), 5 CUDA graphs")
+    replayed = CaptureReport(5, 4.0, 5, 14, 0, compiled=3, compile_seconds=2.7)
+    assert preparing_line(now, replayed) == ""  # nothing new: nothing said
+
+
+@pytest.mark.slow  # races the tiny model's first settings at batch 1 and 4 through both decoders
+def test_the_server_prepares_the_gpu_in_the_background_and_pages_say_so_meanwhile(graphed_generator):
+    from app.handlers import GPU_PREPARING, GPU_WARM_UP_PROMPT, Playground
+
+    runner = graphed_generator.loaded.graph_runner
+    playground = Playground(lambda: graphed_generator, Limits())
+    values = dict(prompt="Name a fruit.", target_speedup=1.5, max_new_tokens=12, batch_size=1, temperature=0.0)
+    playground.preparing_gpu.set()  # as while prepare_gpu runs (set here, so the page's run surely meets it)
+    during = statuses(playground, values)
+    playground.preparing_gpu.clear()
+    assert all(s.startswith(GPU_PREPARING) for s in during[:-1]) and GPU_PREPARING not in during[-1]
+    thread = playground.prepare_gpu([1, 4])
+    assert thread is not None and playground.preparing_gpu.is_set()
+    thread.join(120)
+    assert not thread.is_alive() and not playground.preparing_gpu.is_set()
+    assert {buffers.batch for _, buffers in runner._buffers} >= {1, 4}  # both buckets' buffers and graphs made
+    captured = runner.captured
+    gc.collect()
+    after = statuses(playground, {"prompt": GPU_WARM_UP_PROMPT})  # the page's first settings, as prepared
+    assert runner.captured == captured and not any("GPU" in s for s in after)  # the page's first run only replays
+
+
+def test_without_graphs_there_is_nothing_to_prepare(tiny_folder):
+    from app.handlers import Playground
+    from model.generation.generator import TextGenerator
+    from model.loading import load_model
+
+    generator = TextGenerator(load_model(str(tiny_folder), device="cpu", adapter=None))
+    playground = Playground(lambda: generator, Limits())
+    assert playground.prepare_gpu([1, 4]) is None and not playground.preparing_gpu.is_set()
+
+
+def test_the_graphs_capture_the_compiled_layers_unless_told_not_to(environment_settings, monkeypatch, tmp_path):
+    from model.loading import graph_step
+    from model.skipdecode.compiled_layers import CompiledStep
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    environment_settings(SKIPDECODE_COMPILE_LAYERS="", SKIPDECODE_CACHE_DIR=str(tmp_path))
+    assert isinstance(graph_step(), CompiledStep)
+    import os
+
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "inductor")  # compiled code kept across starts
+    environment_settings(SKIPDECODE_COMPILE_LAYERS="0")
+    assert graph_step() is static_step

@@ -35,7 +35,7 @@ def test_the_gpu_check_needs_an_output_folder():
     assert result.returncode == 2 and "usage: gpu_check.sh [--dry-run] OUT" in result.stderr
 
 
-@pytest.mark.slow  # spawns pytest, the bench and the thread scaling on a tiny model (a minute on a quiet machine)
+@pytest.mark.slow  # spawns pytest, the bench, a burst and the thread scaling on a tiny model (minutes)
 def test_the_gpu_check_dry_run_runs_every_stage_on_the_cpu(tmp_path: Path):
     """The lease's one command, every stage on the CPU with a tiny random model: a lease costs device
     time, so the script must be known to run before it gets one."""
@@ -44,14 +44,17 @@ def test_the_gpu_check_dry_run_runs_every_stage_on_the_cpu(tmp_path: Path):
     result = subprocess.run(["bash", str(check), "--dry-run", str(out)], capture_output=True, text=True,
                             check=False, timeout=1800)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert sorted(p.name for p in out.iterdir()) == ["bench.json", "bench.md", "env.txt", "log.txt", "summary.txt",
-                                                     "tests.log", "threads.json", "threads.md"]  # the tool's 8 files
+    assert sorted(p.name for p in out.iterdir()) == ["bench.json", "bench.md", "burst.json", "env.txt", "log.txt",
+                                                     "summary.txt", "tests.log", "threads.json", "threads.md"]  # 9 files
     summary = (out / "summary.txt").read_text()
-    assert all(f"{stage} status=0" in summary for stage in ("tiny-model", "tests", "bench", "threads"))
+    assert all(f"{stage} status=0" in summary for stage in ("tiny-model", "tests", "bench", "burst", "threads"))
     tests = (out / "tests.log").read_text()
     assert "passed" in tests and "skipped" in tests and "CUDA graphs need a CUDA device" in tests
     bench = json.loads((out / "bench.json").read_text())
-    assert {"full", "skipdecode", "static full", "static skipdecode"} <= {row["mode"] for row in bench["rows"]}
+    assert {"full", "skipdecode", "static full", "static skipdecode", "compiled full",
+            "compiled skipdecode"} <= {row["mode"] for row in bench["rows"]}
+    burst = json.loads((out / "burst.json").read_text())["batched"]
+    assert burst["answered_own_prompt"] == 4 and burst["largest_batch"] >= 2 and not burst["bursts"][0]["errors"]
     assert any("need a CUDA device" in note for note in bench["notes"])
     assert "| static skip 2x" in (out / "bench.md").read_text()
     threads = json.loads((out / "threads.json").read_text())
