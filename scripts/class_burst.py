@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import sys
 import threading
@@ -147,6 +148,8 @@ def main() -> int:
     parser.add_argument("--compare-alone", action="store_true", help="also a server running every job alone")
     parser.add_argument("--json", default=None, help="write the report here too")
     args = parser.parse_args()
+    # a time limit's SIGTERM ends the run through its finally blocks: the server it started is stopped too
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     report = {"command": " ".join(sys.argv), "hardware": hardware(), "cpu_flags": cpu_flags(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "task": args.task, "speedup": args.speedup,
               "visitors": args.visitors, "max_new_tokens": args.max_new_tokens,
               "batched": run_server(args.batch_rows, args)}

@@ -152,17 +152,17 @@ class TextGenerator:
 
     def warm_up(self, runs: Sequence[PreparedRun], batch_sizes: Sequence[int], lock: ContextManager) -> int:
         """Each of ``runs`` (prepared: SkipDecode's and the full model's of a page's default settings)
-        with its first prompt repeated to each of ``batch_sizes`` rows, run to the end, each run under
-        ``lock`` (one model step at a time: a visitor's run waits between these, not inside one). On a
+        with its first prompt repeated to each of ``batch_sizes`` rows, run to the end, each step under
+        ``lock`` (one model step at a time: a visitor's run takes its steps between these). On a
         GPU this compiles each layer kind per batch bucket and captures the schedules' graphs before any
         visitor's run needs them. Returns the runs made."""
         made = 0
         for rows in batch_sizes:
             for run in runs:
                 request = replace(run.request, prompts=list(run.request.prompts[:1]) * rows)
-                batch = self.sized(request, schedule=run.schedule)
-                with lock:
-                    run_to_end(self.stream(batch))
+                events = self.stream(self.sized(request, schedule=run.schedule))
+                while _next_step(events, lock):
+                    pass
                 made += 1
         return made
 
@@ -182,3 +182,13 @@ class TextGenerator:
             return None
         return decoder.read_prompt(first.ids, first.mask, first.schedule.config, first.request.max_new_tokens,
                                    should_cancel, first.shared_prefix)
+
+
+def _next_step(events: Generator[StepEvent, None, GenerationResult], lock: ContextManager) -> bool:
+    """One step of ``events`` under ``lock`` (the prefill is the first); False once the run has ended."""
+    with lock:
+        try:
+            next(events)
+        except StopIteration:
+            return False
+    return True

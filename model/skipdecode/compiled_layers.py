@@ -314,12 +314,12 @@ class CompiledStep:
             with self._lock:
                 function = self._functions.get(key)
                 if function is None:
-                    # dynamo keeps its compiled entries per CODE object: every kind and bucket of a family
-                    # is one family step's code, so its default limit (8) would send the ninth to eager
+                    # dynamo keeps its entries per CODE object: every kind and bucket of a family is one family
+                    # step's code (a kind's constants are guarded closure cells, a bucket a static batch), so its
+                    # default limit (8) would send the ninth entry to eager
                     limit = torch._dynamo.config
                     limit.recompile_limit = max(limit.recompile_limit, RECOMPILE_LIMIT)
                     pure = FAMILY_STEPS[kind.family](kind.constants)
-                    # one compiled object per (kind, bucket): its own dynamo cache, nothing to evict
                     function = torch.compile(pure, dynamic=None, **self.options) if self.compile else pure
                     self._functions[key] = function
         return function
@@ -327,23 +327,34 @@ class CompiledStep:
     def _run(self, function: LayerStepFn, layer: KindLayer, hidden: torch.Tensor, keys: torch.Tensor,
              values: torch.Tensor, position: torch.Tensor, mask: torch.Tensor,
              rotation: torch.Tensor | None) -> torch.Tensor | None:
-        """The layer through its kind's function; the first call of a (kind, bucket) compiles (timed).
-        A compile that fails marks the kind failed (it runs eagerly from then on) and returns None."""
+        """The layer through its kind's function; the first call of a (kind, bucket) compiles (timed). A call
+        that fails (any compile, first or later) marks the kind failed: it runs eagerly from then on, and
+        this call returns None (its layer then runs eagerly: the same column written again, the same values).
+        Running out of memory is not a compile failure: it is raised."""
         key = (layer.kind, hidden.shape[0])
-        if key in self._warm or not self.compile:
+        if not self.compile:
             return function(hidden, keys, values, position, mask, rotation, *layer.weights)
-        for tensor, dim in ((keys, 2), (values, 2), (mask, 3)):  # any capacity: one compiled function
-            torch._dynamo.mark_dynamic(tensor, dim)
+        first = key not in self._warm
+        if first:
+            for tensor, dim in ((keys, 2), (values, 2), (mask, 3)):  # any capacity: one compiled entry
+                torch._dynamo.mark_dynamic(tensor, dim)
         start = time.perf_counter()
         try:
-            out = function(hidden, keys, values, position, mask, rotation, *layer.weights)
+            # the batch stays static (a bucket's): without this, a family's second bucket would make it dynamic
+            with torch._dynamo.config.patch(automatic_dynamic_shapes=False):
+                out = function(hidden, keys, values, position, mask, rotation, *layer.weights)
+        except torch.OutOfMemoryError:
+            raise
         except Exception as error:  # noqa: BLE001 (inductor's failures have many types: each means "run eagerly")
-            self._failed.add(layer.kind)
+            with self._lock:
+                self._failed.add(layer.kind)
             say(f"compiling a {layer.kind.family} layer failed ({type(error).__name__}: {error}); it runs eagerly")
             return None
-        self._warm.add(key)
-        self.compiled += 1
-        self.compile_seconds += time.perf_counter() - start
+        if first:
+            with self._lock:
+                self._warm.add(key)
+                self.compiled += 1
+                self.compile_seconds += time.perf_counter() - start
         return out
 
     def report(self) -> CompileReport:

@@ -151,3 +151,30 @@ def test_the_graphs_capture_the_compiled_layers_unless_told_not_to(environment_s
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "inductor")  # compiled code kept across starts
     environment_settings(SKIPDECODE_COMPILE_LAYERS="0")
     assert graph_step() is static_step
+
+
+def test_the_warm_up_holds_the_model_one_step_at_a_time(graphed_generator):
+    """A visitor's run takes its steps between the warm-up's: the lock is held per step, never per run."""
+    import threading
+
+    from model.generation.runs import GenerationRequest
+    from model.generation.schedules import ScheduleRequest
+
+    class CountingLock:
+        def __init__(self) -> None:
+            self.lock, self.entries = threading.Lock(), 0
+
+        def __enter__(self):
+            self.lock.acquire()
+            self.entries += 1
+            return self
+
+        def __exit__(self, *_exc) -> None:
+            self.lock.release()
+
+    generator = graphed_generator
+    run = generator.prepare(GenerationRequest(prompts=["Name a fruit."], max_new_tokens=6,
+                                              schedule=ScheduleRequest(target_speedup=1.5)))
+    lock = CountingLock()
+    assert generator.warm_up([run], [1, 2], lock) == 2
+    assert lock.entries >= 2 * 6  # the prefill and every step of both runs, each under the lock on its own
