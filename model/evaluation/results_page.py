@@ -84,6 +84,7 @@ SOURCES: tuple[Source, ...] = (
     Source("assets/load/classroom.json"),
     Source("assets/load/load_test-batched.json"),
     Source("assets/load/hostile-batched.json"),
+    Source("assets/eval/tldr.json"),
     Source("assets/bench/lowbit-check-b8-8bit-avx2.json",
            "OMP_NUM_THREADS=1 SKIPDECODE_Q4_8BIT_ROWS=2 python -m model lowbit-check --quantize int4 --batch-size 8 "
            "--speedups 1,2 --json assets/bench/lowbit-check-b8-8bit-avx2.json (at commit f90f7be)", "the commit"),
@@ -498,7 +499,7 @@ The playground's *Results* tab draws the same files:
 """
 
 SECTIONS: tuple[tuple[str, tuple[Callable[[Sources], list[str]], ...]], ...] = (
-    ("Quality", (e2e_delexicalised, e2e_other_runs, general_chat, low_bit_quality)),
+    ("Quality", (e2e_delexicalised, e2e_other_runs, tldr_summaries, general_chat, low_bit_quality)),
     ("Speed on the CPU", (cpu_batch_one, cpu_batches, e2e_speed, cpu_threads)),
     ("On a GPU", (gpu_graphs, gpu_eager)),
     ("Serving", (class_bursts, classrooms, load_and_hostile)),
