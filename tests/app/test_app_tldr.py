@@ -3,6 +3,7 @@ runs, the subject line, the prompt's line; and one TL;DR generation through the 
 
 from __future__ import annotations
 
+import json
 import re
 from types import SimpleNamespace
 
@@ -11,6 +12,7 @@ import pytest
 
 from app.page.fact_view import subject_line, subject_phrase
 from app.page.lessons import TLDR_POST, lesson_by_title, lesson_values
+from app.page.results import TLDR_FILE
 from app.page.share import settings_from_query, share_link
 from app.page.views import _api_subject, prompt_note, subject_check, subject_note
 from app.settings import EXAMPLE_PROMPTS, Limits, PlaygroundSettings
@@ -257,7 +259,10 @@ def test_one_tldr_generation_through_the_playground_handler(default_model, tmp_p
     assert final[1] and final[2] and "default model prompted for a TL;DR" in final[2]  # both panes filled
     assert "<b>Main subject:</b> " in final[3] and "Full model: " in final[3] and "SkipDecode 3x: " in final[3]
     assert "The prompt: " in final[3] and "once at full depth for both models" in final[3]  # the race read it once
-    assert "not evaluated yet" in final[3]  # no committed TL;DR report: said, no figure made up
+    committed = json.loads(TLDR_FILE.read_text())  # the committed report's 3x arm, quoted, not made up
+    three = next(arm for arm in committed["arms"] if arm["speedup"] == 3.0 and arm["prompt_at_full_depth"])
+    assert f"On {committed['posts_scored']} TL;DR test posts, 3x keeps " in final[3]
+    assert f"{three['shares']['rougeL']['share']:.3f} of the 1x arm's ROUGE-L" in final[3]
     message = list(playground.api_stream(values))[-1]
     reference = chat.generate(GenerationRequest(prompts=(tldr.task_prompt(post),), max_new_tokens=8, stop=tldr.STOP,
                                                 schedule=tldr.task_schedule(3.0, chat.num_layers)))

@@ -54,6 +54,7 @@ EVERY_VARIABLE = {
     "GRADIO_ANALYTICS_ENABLED": ("True", True),
     "SKIPDECODE_CACHE_DIR": ("/scratch/cache", Path("/scratch/cache")),
     "SKIPDECODE_CUDA_GRAPHS": ("0", False),
+    "SKIPDECODE_COMPILE_LAYERS": ("no", False),
     "SKIPDECODE_INT8_BF16_ROWS": ("16", 16),
     "SKIPDECODE_NATIVE": ("off", False),
     "SKIPDECODE_INT4_KERNEL": ("Torch", "torch"),
