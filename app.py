@@ -21,6 +21,8 @@ fields give docs/SERVING.md's table; a bad value stops the start with the reason
   SKIPDECODE_BATCH_ROWS     rows one shared batch holds: waiting jobs that share a schedule run as one
                             SkipDecode batch (default 32 on a CPU, 64 on a GPU; 1: every job alone)
   SKIPDECODE_BATCH_COST     a shared batch's cost as one job of all its rows (default 1200 units: ~17 s)
+  SKIPDECODE_PROMPT_PARTS   on a CPU, the parts a shared greedy batch's prompts are read in, each job's first
+                            token shown once its part is read (default 4; 1: one read)
   SKIPDECODE_QUEUE_SIZE     requests waiting at most before new ones are turned away (default 32)
   SKIPDECODE_MAX_QUEUED_PER_SESSION  requests one page session may have waiting (default 2)
   SKIPDECODE_MAX_QUEUED_API_PER_ADDRESS  requests one address's API clients (REST calls, sessions
@@ -98,7 +100,7 @@ def limits_from(config: Settings) -> Limits:
 def batching_from(config: Settings, on_gpu: bool) -> BatchLimits:
     """How large a batch of jobs that share a schedule grows (app/serving/batcher.py)."""
     rows = config.batch_rows if config.batch_rows is not None else GPU_ROWS if on_gpu else CPU_ROWS
-    return BatchLimits(rows=max(1, rows), cost=config.batch_cost)
+    return BatchLimits(rows=max(1, rows), cost=config.batch_cost, prompt_parts=config.prompt_parts)
 
 
 def serving_from(config: Settings) -> ServingLimits:

@@ -6,7 +6,9 @@ at the same moment and reads its stream. Reports, per burst, each visitor's firs
 times (median and max) and the last done, with the largest batch the server formed; each visitor's
 text is checked to answer its own prompt (the API message names the prompt it answers). Runs the
 server once with the batcher (SKIPDECODE_BATCH_ROWS as given) and, with --compare-alone, once with
-every job alone (SKIPDECODE_BATCH_ROWS=1), the same bursts, so the two are measured on one machine.
+every job alone (SKIPDECODE_BATCH_ROWS=1), the same bursts, so the two are measured on one machine;
+with --compare-one-read, once with a batch's prompts read in one go (SKIPDECODE_PROMPT_PARTS=1: no
+first tokens shown while the rest of the class's prompts are read).
 
     python scripts/class_burst.py --task e2e --speedup 3 --visitors 30 --bursts 3 --compare-alone
     python scripts/class_burst.py --task chat --speedup 2 --visitors 30 --bursts 3
@@ -106,12 +108,16 @@ def _answers(message: dict, prompt: str, task: str) -> bool:
         and bool(message.get("skipdecode", [""])[0].strip())
 
 
-def run_server(rows: int, args) -> dict:
-    """The bursts against a server of ``rows`` batch rows, and its resident memory: after a warm-up
-    burst (the baseline) and 10 s after the last burst."""
+def run_server(rows: int, args, prompt_parts: int | None = None) -> dict:
+    """The bursts against a server of ``rows`` batch rows (and ``prompt_parts``, where given), and its
+    resident memory: after a warm-up burst (the baseline) and 10 s after the last burst."""
     import psutil  # noqa: PLC0415
 
     os.environ["SKIPDECODE_BATCH_ROWS"] = str(rows)
+    if prompt_parts is None:
+        os.environ.pop("SKIPDECODE_PROMPT_PARTS", None)
+    else:
+        os.environ["SKIPDECODE_PROMPT_PARTS"] = str(prompt_parts)
     port = free_port()
     server = start_server(port, distinct_visitors=True)
     url = f"http://127.0.0.1:{port}/"
@@ -146,6 +152,8 @@ def main() -> int:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--batch-rows", type=int, default=CPU_ROWS, help="SKIPDECODE_BATCH_ROWS of the batched server")
     parser.add_argument("--compare-alone", action="store_true", help="also a server running every job alone")
+    parser.add_argument("--compare-one-read", action="store_true",
+                        help="also a server reading a batch's prompts in one go (SKIPDECODE_PROMPT_PARTS=1)")
     parser.add_argument("--json", default=None, help="write the report here too")
     args = parser.parse_args()
     # a time limit's SIGTERM ends the run through its finally blocks: the server it started is stopped too
@@ -153,6 +161,8 @@ def main() -> int:
     report = {"command": " ".join(sys.argv), "hardware": hardware(), "cpu_flags": cpu_flags(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "task": args.task, "speedup": args.speedup,
               "visitors": args.visitors, "max_new_tokens": args.max_new_tokens,
               "batched": run_server(args.batch_rows, args)}
+    if args.compare_one_read:
+        report["one_read"] = run_server(args.batch_rows, args, prompt_parts=1)
     if args.compare_alone:
         report["alone"] = run_server(1, args)
     print(json.dumps(report, indent=1))

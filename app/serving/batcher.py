@@ -38,15 +38,18 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager, Iterator
+from typing import Any, Callable, ContextManager, Iterator, cast
+
+import torch
 
 from app.serving.job_cost import job_cost
 from model.common.checks import check_int, check_number
 from model.generation.generator import TextGenerator
 from model.generation.runs import PreparedRun, merged_request, shared_part
 from model.generation.schedules import ScheduleRequest
-from model.race import Judge, PromptTokens, RaceUpdate, StreamProgress, race, row_update
-from model.skipdecode.decoder import Cancelled, Prefill
+from model.race import Judge, PromptTokens, RaceUpdate, StreamProgress, TokenTexts, race, row_update
+from model.skipdecode.decoder import Cancelled, DecodeResult, Prefill
+from model.skipdecode.schedule import SolvedSchedule
 
 LANE = "batch"  # the gradio concurrency id of the jobs the batcher takes (app/ui.py wires them)
 # A batch's rows by default: a class of 30 in one batch (every first token after ONE prefill; a 2-core CPU's
@@ -75,6 +78,10 @@ class BatchLimits:
     # a loaded 2-core server a push takes ~30 ms, more than ``gather_s``), up to ``gather_max_s`` in all
     gather_max_s: float = 1.5
     batches: int = 3  # batches running at once (their steps interleave on the compute lock)
+    # a shared batch's prompts on a CPU: read in up to ``prompt_parts`` parts (whole jobs) of at least
+    # ``part_tokens`` prompt tokens each, so the first jobs see their first token while the rest is read
+    prompt_parts: int = 4
+    part_tokens: int = 256
 
     def __post_init__(self) -> None:
         check_int("rows", self.rows, low=1)
@@ -82,6 +89,8 @@ class BatchLimits:
         check_number("gather_s", self.gather_s, low=0)
         check_number("gather_max_s", self.gather_max_s, low=0)
         check_int("batches", self.batches, low=1)
+        check_int("prompt_parts", self.prompt_parts, low=1)
+        check_int("part_tokens", self.part_tokens, low=1)
 
 
 @dataclass(eq=False)
@@ -296,9 +305,12 @@ class Batcher:
         full = generator.with_schedule(skip, tickets[0].full_schedule)
         readers = [_Reader(ticket, rows, len(tickets), generator)
                    for ticket, rows in zip(tickets, _row_ranges([ticket.rows for ticket in tickets]))]
+        parts = prompt_parts(skip, [reader.rows for reader in readers], generator.loaded.device.type, self.limits)
+        first_tokens = _FirstTokens(generator, skip, readers) if parts else None
         try:
             with self.compute:
-                prefill = generator.shared_prefill(skip, full, gone)
+                prefill = generator.shared_prefill(skip, full, gone, parts,
+                                                   first_tokens.announce if first_tokens else None)
         except Cancelled:
             return
         last: RaceUpdate | None = None
@@ -339,6 +351,59 @@ def _judge_together(generator: TextGenerator, readers: list[_Reader], update: Ra
     for same, chosen in zip(forward.values(), choices):
         for reader, ids in same:
             reader.judge.chose(ids, chosen)
+
+
+def prompt_parts(run: PreparedRun, jobs: list[range], device_type: str, limits: BatchLimits) -> list[range]:
+    """How a shared batch's prompts are read: in parts of whole jobs, so the first jobs' first tokens
+    show while the rest is read (``_FirstTokens``); none (one read) where that would not help. On a CPU
+    a class's prompt read is most of the wait for its first token (30 E2E rows: ~1.8 s of ~2.6 s on 2
+    cores) and grows with the rows, so up to ``limits.prompt_parts`` parts of at least
+    ``limits.part_tokens`` prompt tokens each; a GPU reads them in one go in milliseconds; a sampled
+    batch's first draws belong to its stream."""
+    if device_type != "cpu" or not run.request.sampling.greedy or len(jobs) < 2:
+        return []
+    own_tokens = int(run.mask[:, run.shared_prefix:].sum())  # what the parts read besides the common start
+    count = min(limits.prompt_parts, len(jobs), own_tokens // limits.part_tokens)
+    if count < 2:
+        return []
+    rows, between_jobs = run.batch, [job.stop for job in jobs[:-1]]
+    # parts of about equal rows: each cut at the boundary between jobs nearest its share of the rows
+    cuts = sorted({min(between_jobs, key=lambda stop: abs(stop - share * rows / count)) for share in range(1, count)})
+    return [range(start, stop) for start, stop in zip([0, *cuts], [*cuts, rows])]
+
+
+@dataclass(eq=False)
+class _FirstTokens:
+    """A greedy batch's first tokens shown as its prompts are read part by part (``prompt_parts``): each
+    job whose rows have all been read gets SkipDecode's first token at once, the view the race's first
+    update gives it (the full model's pane still empty) after the whole read."""
+
+    generator: TextGenerator
+    run: PreparedRun
+    readers: list[_Reader]
+    started: float = field(default_factory=time.perf_counter)
+
+    def __post_init__(self) -> None:
+        rows = self.run.batch
+        self.record = DecodeResult(self.generator.num_layers, self.run.mask.sum(-1).tolist(), [[] for _ in range(rows)],
+                                   ["length"] * rows, tuple(cast(SolvedSchedule, self.run.schedule).config.prefill_layers()))
+        self.texts = [TokenTexts(self.generator.text) for _ in range(rows)]
+
+    def announce(self, rows: range, logits: torch.Tensor) -> None:
+        """``rows`` were just read (their last-position logits (rows, V)): their jobs see their first token."""
+        tokens, reasons = self.generator.first_tokens(self.run, rows, logits)
+        for row, ids, reason in zip(rows, tokens, reasons):
+            self.record.tokens[row], self.record.finish_reasons[row] = ids, reason
+            self.texts[row].update(ids)
+        self.record.prefill_seconds = time.perf_counter() - self.started
+        skip = StreamProgress("SkipDecode", self.run.batch, self.record, list(self.texts))
+        full = StreamProgress("full model", self.run.batch,
+                              texts=[TokenTexts(self.generator.text) for _ in range(self.run.batch)])
+        update = RaceUpdate(skip, full, cast(SolvedSchedule, self.run.schedule), "skip", self.generator.cost,
+                            self.run.request.prompts)
+        for reader in self.readers:
+            if rows.start <= reader.rows.start and reader.rows.stop <= rows.stop:
+                reader.announce(update)
 
 
 def _row_ranges(sizes: list[int]) -> list[range]:
@@ -386,6 +451,12 @@ class _Reader:
         self.ticket.updates.put(view)
         if view.done:
             self._end()
+
+    def announce(self, update: RaceUpdate) -> None:
+        """SkipDecode's first token of this job's rows, read before the rest of the batch (``_FirstTokens``):
+        never the last view (the full model has not stepped), so nothing is judged here."""
+        if not self.done and not self.ticket.gone():
+            self.ticket.updates.put(self._view(update))
 
     def finish(self, last: RaceUpdate | None, compute: ContextManager) -> None:
         """The batch ended (every row done, or every job gone): a job not told yet gets its last view

@@ -108,6 +108,10 @@ class Settings:
         "SkipDecode batch (`1`: every job alone)", shown_default="32 on a CPU, 64 on a GPU")
     batch_cost: int = env_setting(
         "SKIPDECODE_BATCH_COST", 1200, "a shared batch's cost, counted as one job of all its rows (~17 s)")
+    prompt_parts: int = env_setting(
+        "SKIPDECODE_PROMPT_PARTS", 4, "on a CPU, the parts a shared greedy batch's prompts are read in (whole jobs, "
+        "at least 256 prompt tokens each): each job sees its first token once its part is read (`1`: one read)",
+        low=1, high=64)
     request_read_s: float = env_setting(
         "SKIPDECODE_REQUEST_READ_S", 30.0, "seconds a client has to send a whole request, headers and body",
         low=0.1, high=3600)

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable, ContextManager, Generator, Sequence
 
+import torch
+
 from model.generation.judge import FullModelJudge
 from model.generation.lens import LogitLens
 from model.generation.runs import GenerationRequest, GenerationResult, PreparedRun, validate_request
@@ -167,11 +169,13 @@ class TextGenerator:
         return made
 
     def shared_prefill(self, first: PreparedRun, second: PreparedRun,
-                       should_cancel: Callable[[], bool] | None = None) -> Prefill | None:
+                       should_cancel: Callable[[], bool] | None = None, parts: Sequence[range] = (),
+                       on_part: Callable[[range, torch.Tensor], None] | None = None) -> Prefill | None:
         """The prompts of two runs of the same tokens (``with_schedule``: SkipDecode and the full model)
         read ONCE, where both read them alike: at full depth (the default: the prompt at full depth)
         with the same original weights. None where they read them differently (the prompt at the
-        first step's budget, a static decoder's own buffers). Raises Cancelled as a prefill does."""
+        first step's budget, a static decoder's own buffers). Raises Cancelled as a prefill does.
+        ``parts``, ``on_part``: the rows read in parts, each part told as it is read (``read_prompt``)."""
         if first.schedule is None or second.schedule is None or first.ids is not second.ids:
             return None
         layers = first.schedule.config.prefill_layers()
@@ -181,7 +185,13 @@ class TextGenerator:
         if not decoder.reads_prompts_as(self.decoder_for(second.request.schedule)):
             return None
         return decoder.read_prompt(first.ids, first.mask, first.schedule.config, first.request.max_new_tokens,
-                                   should_cancel, first.shared_prefix)
+                                   should_cancel, first.shared_prefix, parts, on_part)
+
+    def first_tokens(self, run: PreparedRun, rows: range, logits: torch.Tensor) -> tuple[list[list[int]], list[str]]:
+        """A greedy run's first token of each of ``rows`` from their part of its prompt read (``shared_prefill``'s
+        ``on_part``), as its stream will record it, stop strings included (``SkipDecoder.first_tokens``)."""
+        stop_check = self.text.stop_check(run.request.stop)
+        return self.decoder_for(run.request.schedule).first_tokens(logits, stop_check, rows)
 
 
 def _next_step(events: Generator[StepEvent, None, GenerationResult], lock: ContextManager) -> bool:

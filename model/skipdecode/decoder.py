@@ -173,6 +173,15 @@ class Prefill:
                        pick(self.logits), self.layers, self.seconds, self.capacity)
 
 
+def _checked_parts(parts: Sequence[range], batch: int) -> list[range]:
+    """A prefill's parts (consecutive, non-empty row ranges covering the batch); none given: one part."""
+    parts = list(parts) or [range(batch)]
+    if [part.start for part in parts] != [0, *(part.stop for part in parts[:-1])] or parts[-1].stop != batch \
+            or any(part.step != 1 or len(part) == 0 for part in parts):
+        raise ValueError(f"the parts must be consecutive, non-empty row ranges covering the batch of {batch}")
+    return parts
+
+
 # Stop check for a row: (row index, generated ids so far) -> True to finish the row.
 StopCheck = Callable[[int, list[int]], bool]
 
@@ -242,6 +251,7 @@ class SkipDecoder:
     def prefill(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: Sequence[int], capacity: int,
         should_cancel: Callable[[], bool] | None = None, trace: Trace | None = None, shared_prefix: int = 0,
+        parts: Sequence[range] = (), on_part: Callable[[range, torch.Tensor], None] | None = None,
     ) -> tuple[DecodeState, torch.Tensor]:
         """Run the (B, P) prompt through ``layers``; return the state and last-position logits (B, V).
 
@@ -249,8 +259,16 @@ class SkipDecoder:
         (raises Cancelled), so Stop frees the CPU within one layer's time. ``shared_prefix``: the
         first k columns are the same tokens in every row (``shared_prefix_padded``: a class's common
         system turn): they run once, as one row, and every row's cache gets a copy of their keys
-        and values; the rest of the prompt continues after them."""
+        and values; the rest of the prompt continues after them.
+
+        ``parts``: consecutive row ranges covering the batch whose rest (after the common start) is read
+        one part after another, straight into the batch's cache (``PrefixKVCache.of_rows``), the same read
+        up to the float rounding of smaller matrix products; ``on_part`` is given each part's rows and
+        last-position logits (rows, V) as soon as they are read. Not with ``trace`` (one row's read)."""
         batch, prompt_len = input_ids.shape
+        parts = _checked_parts(parts, batch)
+        if trace is not None and len(parts) > 1:
+            raise ValueError("a traced read runs in one part")
         valid = attention_mask.bool()
         key_valid = torch.ones(batch, capacity, dtype=torch.bool, device=input_ids.device)
         key_valid[:, :prompt_len] = valid
@@ -259,10 +277,19 @@ class SkipDecoder:
         start = shared_prefix if batch > 1 and 0 < shared_prefix < prompt_len else 0
         if start:
             self._read_shared_prefix(input_ids[:1, :start], positions[:1, :start], layers, cache, batch, should_cancel)
-        hidden = self.adapter.embed(input_ids[:, start:], positions[:, start:])  # (B, P - start, C)
-        inputs = self.adapter.layer_inputs(hidden, valid, positions[:, start:], after_cache=start > 0)
-        hidden = self._prompt_layers(hidden, inputs, cache, layers, should_cancel, trace)
-        logits = self.adapter.logits(hidden[:, -1:])[:, -1]  # only the last position: (B, V)
+        all_logits = []
+        for part in parts:
+            rows = slice(part.start, part.stop)
+            hidden = self.adapter.embed(input_ids[rows, start:], positions[rows, start:])  # (b, P - start, C)
+            inputs = self.adapter.layer_inputs(hidden, valid[rows], positions[rows, start:], after_cache=start > 0)
+            part_cache = cache if len(parts) == 1 else cache.of_rows(part, batch)
+            hidden = self._prompt_layers(hidden, inputs, part_cache, layers, should_cancel, trace)
+            all_logits.append(self.adapter.logits(hidden[:, -1:])[:, -1])  # only the last position: (b, V)
+            if on_part is not None:
+                on_part(part, all_logits[-1])
+        if len(parts) > 1:
+            cache.lengths = list(part_cache.lengths)
+        logits = all_logits[0] if len(parts) == 1 else torch.cat(all_logits)
         state = DecodeState(
             cache=cache,
             key_valid=key_valid,
@@ -301,16 +328,28 @@ class SkipDecoder:
 
     def read_prompt(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, schedule: ScheduleConfig,
                     max_new_tokens: int, should_cancel: Callable[[], bool] | None = None,
-                    shared_prefix: int = 0) -> Prefill:
+                    shared_prefix: int = 0, parts: Sequence[range] = (),
+                    on_part: Callable[[range, torch.Tensor], None] | None = None) -> Prefill:
         """The prompt's prefill under ``schedule``, timed, for the streams that continue it (raises
-        Cancelled as ``prefill`` does)."""
+        Cancelled as ``prefill`` does). ``parts``, ``on_part``: the rows read part by part, each part told
+        as soon as it is read (``prefill``), so a class's first visitors can see their first token before
+        the last visitor's prompt is read."""
         capacity = self._checked_capacity(input_ids, schedule, max_new_tokens)
-        device = self.device
         start = time.perf_counter()
         layers = schedule.prefill_layers()
-        state, logits = self.prefill(input_ids.to(device), attention_mask.to(device), layers, capacity, should_cancel,
-                                     shared_prefix=shared_prefix)
+        state, logits = self.prefill(input_ids.to(self.device), attention_mask.to(self.device), layers, capacity,
+                                     should_cancel, shared_prefix=shared_prefix, parts=parts, on_part=on_part)
         return Prefill(state, logits, tuple(layers), time.perf_counter() - start, capacity)
+
+    def first_tokens(self, logits: torch.Tensor, stop_check: StopCheck | None, rows: range
+                     ) -> tuple[list[list[int]], list[str]]:
+        """What a GREEDY stream continuing a prompt read records at its first event, for the batch's
+        ``rows`` whose last-position logits (len(rows), V) are given: each row's first token (none where
+        it is an end of text) and its finish reason so far (``read_prompt``'s ``on_part`` shows them)."""
+        result = DecodeResult(self.num_layers, [0] * len(rows), [[] for _ in rows], ["length"] * len(rows), ())
+        check = None if stop_check is None else (lambda row, ids: stop_check(rows.start + row, ids))
+        self._record(greedy_ids(logits), result, [False] * len(rows), check)
+        return result.tokens, result.finish_reasons
 
     def reads_prompts_as(self, other: "SkipDecoder") -> bool:
         """Whether a full-depth prefill of this decoder is ``other``'s, bit for bit: the same original

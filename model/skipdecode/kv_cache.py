@@ -12,7 +12,7 @@ D = head size.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -80,6 +80,14 @@ class PrefixKVCache:
         twin.lengths = list(self.lengths)
         return twin
 
+    def of_rows(self, rows: range, batch: int) -> "PrefixKVCache":
+        """Rows ``rows`` of this cache of ``batch`` rows as a cache of their own, its writes landing in this
+        cache's buffers (a batch's prompts read part by part, ``SkipDecoder.prefill``). It starts at this
+        cache's lengths; this cache's own lengths are the caller's to advance once every part is written."""
+        if type(self) is not PrefixKVCache:
+            raise ValueError("only a plain cache is read part by part")
+        return _RowsOf(self, rows, batch)
+
     def next_slot(self, layer_idx: int, batch: int, heads: int, head_dim: int,
                   like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
         """(keys, values, start) for ONE new position that the caller writes at ``start`` itself
@@ -90,14 +98,17 @@ class PrefixKVCache:
                  count: int) -> tuple[torch.Tensor, torch.Tensor, int]:
         """The layer's full-capacity buffers (allocated like ``like`` on first use) and the start of
         ``count`` new positions, the layer's length advanced past them."""
-        if self._keys[layer_idx] is None:
-            shape = (batch, heads, self.capacity, head_dim)
-            self._keys[layer_idx], self._values[layer_idx] = self._buffer(shape, like), self._buffer(shape, like)
+        self._allocate(layer_idx, batch, heads, head_dim, like)
         start = self.lengths[layer_idx]
         if start + count > self.capacity:
             raise RuntimeError(f"KV cache capacity {self.capacity} exceeded at layer {layer_idx}")
         self.lengths[layer_idx] = start + count
         return self._keys[layer_idx], self._values[layer_idx], start
+
+    def _allocate(self, layer_idx: int, batch: int, heads: int, head_dim: int, like: torch.Tensor) -> None:
+        if self._keys[layer_idx] is None:
+            shape = (batch, heads, self.capacity, head_dim)
+            self._keys[layer_idx], self._values[layer_idx] = self._buffer(shape, like), self._buffer(shape, like)
 
     def _buffer(self, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
         placed = self._arena.empty(shape, like.dtype) if like.device.type == "cpu" else None
@@ -108,6 +119,22 @@ class PrefixKVCache:
         """True while a static decode step writes (StaticKVCache): the native step, which reserves
         its slot by a host length, must step aside."""
         return False
+
+
+class _RowsOf(PrefixKVCache):
+    """Some rows of a batch's cache (``PrefixKVCache.of_rows``): a layer's buffers are views of the batch's."""
+
+    def __init__(self, batch_cache: PrefixKVCache, rows: range, batch: int) -> None:
+        super().__init__(len(batch_cache.lengths), batch_cache.capacity)
+        self.batch_cache, self.row_range, self.batch = batch_cache, rows, batch
+        self.lengths = list(batch_cache.lengths)
+
+    def _allocate(self, layer_idx: int, batch: int, heads: int, head_dim: int, like: torch.Tensor) -> None:
+        if self._keys[layer_idx] is None:
+            self.batch_cache._allocate(layer_idx, self.batch, heads, head_dim, like)
+            keys, values = self.batch_cache._keys[layer_idx], self.batch_cache._values[layer_idx]
+            rows = slice(self.row_range.start, self.row_range.stop)
+            self._keys[layer_idx], self._values[layer_idx] = cast(torch.Tensor, keys)[rows], cast(torch.Tensor, values)[rows]
 
 
 class PromptKVCache:

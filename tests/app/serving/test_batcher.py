@@ -10,7 +10,7 @@ import threading
 import pytest
 import torch
 
-from app.serving.batcher import Batcher, BatchLimits, Ticket
+from app.serving.batcher import Batcher, BatchLimits, Ticket, prompt_parts
 from model.generation.generator import TextGenerator
 from model.generation.runs import GenerationRequest, merged_request
 from model.generation.schedules import ScheduleRequest
@@ -196,3 +196,48 @@ def test_the_full_models_choices_continuing_a_batchs_read_are_its_choices_readin
     rows = [(3, texts[3]), (1, texts[1][:5]), (2, texts[2][:1])]  # some rows, in any order, of any length
     expected = generator.judge.choices_of([(run.prompt_ids(row), ids) for row, ids in rows])
     assert generator.judge.choices_after(read, rows) == expected
+
+
+def test_a_class_read_in_parts_sees_its_first_tokens_as_each_part_is_read(generator, monkeypatch):
+    """A shared greedy batch's prompts read in parts of whole jobs: the first part's jobs get SkipDecode's
+    first token before the last part is read, that token is their row's first, the full pane is still
+    empty then, and every job's text is still the text it gets alone."""
+    from app.serving import batcher as batcher_module
+    from model.skipdecode.decoder import SkipDecoder
+
+    events: list[tuple] = []
+    layers, announce = SkipDecoder._prompt_layers, batcher_module._Reader.announce
+    monkeypatch.setattr(SkipDecoder, "_prompt_layers", lambda self, hidden, *a, **k:
+                        events.append(("read", len(hidden))) or layers(self, hidden, *a, **k))
+    monkeypatch.setattr(batcher_module._Reader, "announce", lambda self, update: events.append(("first", self.rows))
+                        or announce(self, update))
+    batcher = Batcher(BatchLimits(gather_s=0.3, gather_max_s=1.0, prompt_parts=3, part_tokens=1))
+    requests = [_request(prompt) for prompt in PROMPTS] + [_request(PROMPTS[2])]
+    updates = _race_together(batcher, [_ticket(generator, request) for request in requests])
+    assert batcher.largest == len(requests)
+    reads = [index for index, event in enumerate(events) if event[0] == "read"][1:]  # after the common start's
+    assert events[0] == ("read", 1) and [events[index][1] for index in reads] == [2, 1, 2]  # 5 jobs, 3 parts
+    announced = [event[1] for event in events[reads[0]:reads[1]] if event[0] == "first"]
+    assert announced == [range(0, 1), range(1, 2)]  # the first part's jobs, before the second part is read
+    assert len([event for event in events if event[0] == "first"]) == len(requests)
+    for request, own in zip(requests, updates):
+        first, last = own[0], own[-1]
+        assert first.full.record is None and first.skip.ids(0) == last.skip.ids(0)[:1] and not first.done
+        assert first.batch is not None and first.batch.requests == len(requests) and first.prompts == request.prompts
+        assert _texts(last) == _texts(_alone(generator, request))
+
+
+def test_prompts_are_read_in_parts_of_whole_jobs_only_where_that_shows_first_tokens_sooner(generator):
+    run = generator.prepare(merged_request([_request(prompt) for prompt in PROMPTS * 3]), share_prefix=True)
+    jobs = [range(row, row + 1) for row in range(run.batch)]
+    own = int(run.mask[:, run.shared_prefix:].sum())
+    limits = BatchLimits(prompt_parts=4, part_tokens=max(1, own // 4))
+    parts = prompt_parts(run, jobs, "cpu", limits)
+    assert [len(part) for part in parts] == [3, 3, 3, 3] and parts[0].start == 0 and parts[-1].stop == run.batch
+    assert prompt_parts(run, [range(0, 5), range(5, 12)], "cpu", limits) == [range(0, 5), range(5, 12)]  # whole jobs
+    assert prompt_parts(run, jobs, "cpu", BatchLimits(part_tokens=own)) == []  # too little to read for a part
+    assert prompt_parts(run, jobs, "cuda", limits) == []  # a GPU reads a class's prompts in milliseconds
+    assert prompt_parts(run, [range(0, run.batch)], "cpu", limits) == []  # one job: nothing to show sooner
+    sampled = generator.prepare(merged_request([_request(prompt, sampling=SamplingConfig(temperature=1.0, seed=1))
+                                                for prompt in PROMPTS * 3]), share_prefix=True)
+    assert prompt_parts(sampled, jobs, "cpu", limits) == []  # a sampled row's first draw is its stream's

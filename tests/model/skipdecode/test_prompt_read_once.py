@@ -115,3 +115,59 @@ def test_a_prefix_read_once_for_the_batch_gives_what_each_row_reads_alone(decode
         reference = decoder.model(torch.cat([plain_ids, continuation], dim=1), attention_mask=whole,
                                   position_ids=(whole.cumsum(-1) - 1).clamp(min=0)).logits[:, ids.shape[1]:]
     torch.testing.assert_close(ours, reference, atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.device
+def test_a_read_in_parts_is_the_read_of_all_rows_at_once_and_tells_each_part_as_it_is_read(decoder):
+    """A class's prompts read in parts of rows (the batcher shows the first visitors' first tokens before
+    the last prompt is read): each part is told with its own logits, in order, and the joined read is
+    the read of all rows at once, which both streams continue to the same tokens, common start or not."""
+    rows = _rows_with_a_common_start(10, [3, 1, 6, 2, 5])
+    parts = [range(0, 2), range(2, 3), range(3, 5)]
+    for ids, mask, prefix in (shared_prefix_padded(rows, pad_id=0, device=TEST_DEVICE),
+                              (*left_padded_batch([7, 4, 9, 2, 5], device=TEST_DEVICE), 0)):
+        told: list[tuple[range, torch.Tensor]] = []
+        whole = decoder.read_prompt(ids, mask, SKIP, NEW_TOKENS, shared_prefix=prefix)
+        joined = decoder.read_prompt(ids, mask, SKIP, NEW_TOKENS, shared_prefix=prefix, parts=parts,
+                                     on_part=lambda part, logits: told.append((part, logits.clone())))
+        assert [part for part, _ in told] == parts
+        torch.testing.assert_close(torch.cat([logits for _, logits in told]), joined.logits, atol=0, rtol=0)
+        torch.testing.assert_close(joined.logits, whole.logits, atol=2e-4, rtol=1e-4)
+        assert joined.state.cache.lengths == whole.state.cache.lengths and joined.state.length == whole.state.length
+        assert torch.equal(joined.state.key_valid, whole.state.key_valid)
+        assert torch.equal(joined.state.next_position, whole.state.next_position)
+        assert joined.state.has_padding == whole.state.has_padding
+        for layer in (0, NUM_LAYERS - 1):
+            for ours, theirs in zip(joined.state.cache.layer(layer), whole.state.cache.layer(layer)):
+                torch.testing.assert_close(ours, theirs, atol=2e-4, rtol=1e-4)
+        for schedule in (SKIP, full_schedule(NUM_LAYERS)):
+            continued = _tokens(decoder, ids, mask, schedule, prefilled=joined.copy(), shared_prefix=prefix)
+            assert continued.tokens == _tokens(decoder, ids, mask, schedule, shared_prefix=prefix).tokens
+
+
+def test_parts_that_do_not_cover_the_batch_in_order_are_refused():
+    decoder = SkipDecoder(tiny_model("llama"), eos_token_ids=(), pad_token_id=0)
+    ids, mask = left_padded_batch([4, 3, 5])
+    for parts in ([range(0, 2)], [range(1, 3)], [range(0, 2), range(1, 3)], [range(0, 1), range(2, 3)],
+                  [range(0, 0), range(0, 3)], [range(2, 3), range(0, 2)]):
+        with pytest.raises(ValueError, match="consecutive, non-empty row ranges covering the batch of 3"):
+            decoder.read_prompt(ids, mask, SKIP, NEW_TOKENS, parts=parts)
+
+
+def test_the_first_tokens_of_a_part_are_what_a_greedy_stream_records_first():
+    """End of text first (no token, the row ended), a stop string at once, and the plain rows: the first
+    event of the stream continuing the read records exactly these."""
+    model = tiny_model("llama")
+    ids, mask = left_padded_batch([4, 3, 5, 6])
+    read = SkipDecoder(model, eos_token_ids=(), pad_token_id=0).read_prompt(ids, mask, SKIP, NEW_TOKENS)
+    firsts = read.logits.argmax(-1).tolist()
+    decoder = SkipDecoder(model, eos_token_ids=(firsts[1],), pad_token_id=0)
+    stop = lambda row, tokens: row == 3  # noqa: E731  (the batch's row 3 stops at its first token)
+    stream = decoder.stream(ids, mask, SKIP, max_new_tokens=NEW_TOKENS, prefilled=read.copy(), stop_check=stop)
+    first = next(stream).record
+    tokens, reasons = decoder.first_tokens(read.logits[2:], stop, range(2, 4))
+    assert (tokens, reasons) == (first.tokens[2:], first.finish_reasons[2:])
+    tokens, reasons = decoder.first_tokens(read.logits[:2], stop, range(0, 2))
+    assert (tokens, reasons) == (first.tokens[:2], first.finish_reasons[:2])
+    assert tokens[1] == [] and reasons[1] == "eos"  # the cases the stream met: an end of text and a stop
+    assert first.finish_reasons[3] == ("eos" if firsts[3] == firsts[1] else "stop")
