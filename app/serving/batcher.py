@@ -56,7 +56,6 @@ LANE = "batch"  # the gradio concurrency id of the jobs the batcher takes (app/u
 # step grows with rows, so the cost cap bounds it too); a GPU's step barely grows with rows.
 CPU_ROWS, GPU_ROWS = 32, 64
 END = object()  # a ticket's queue: nothing more comes
-FORGET_PUSHES_S = 0.6  # pushed jobs not here this long after the last push are not waited for
 TURN_CHECK_S = 0.05  # while a job runs alone, how often the runner looks whether its client has left
 
 
@@ -155,9 +154,12 @@ class Batcher:
             self._arrival.notify_all()
 
     def _expecting(self, now: float) -> bool:
-        """Jobs pushed and not here yet; forgotten FORGET_PUSHES_S after the last push (a pushed job may
-        never come: refused at its checks, stopped or dropped while it waited)."""
-        if self._coming and now - self._expected_at > FORGET_PUSHES_S:
+        """Jobs pushed and not here yet; forgotten ``gather_max_s`` after the last push (a pushed job may
+        never come: stopped or dropped while it waited). A pushed job reaches the batcher once its client
+        has opened its stream and its run is prepared: on a loaded 2-core server the last of a class's 30
+        came 0.8 s after the last push (a shorter wait split that burst into batches of 26 and 4); the
+        head's own deadline (``gather_max_s`` after it came) bounds the wait either way."""
+        if self._coming and now - self._expected_at > self.limits.gather_max_s:
             self._coming = 0
         return self._coming > 0
 

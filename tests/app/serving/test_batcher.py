@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 
 import pytest
 import torch
@@ -241,3 +242,32 @@ def test_prompts_are_read_in_parts_of_whole_jobs_only_where_that_shows_first_tok
     sampled = generator.prepare(merged_request([_request(prompt, sampling=SamplingConfig(temperature=1.0, seed=1))
                                                 for prompt in PROMPTS * 3]), share_prefix=True)
     assert prompt_parts(sampled, jobs, "cpu", limits) == []  # a sampled row's first draw is its stream's
+
+
+def test_a_class_whose_pushed_jobs_come_late_still_shares_one_batch(generator):
+    """A class's jobs reach the batcher after their pushes (each client opens its stream, each run is
+    prepared): on a loaded server the last came 0.8 s after the last push. Pushed jobs are waited for
+    up to ``gather_max_s``, so a burst is one batch; a pushed job that never comes holds the batch no
+    longer than the head's deadline."""
+    batcher = Batcher(BatchLimits(gather_s=0.05, gather_max_s=2.0))
+    tickets = [_ticket(generator, _request(prompt)) for prompt in PROMPTS[:3]]
+    for _ in tickets:
+        batcher.expect()
+    results: list[list] = [[] for _ in tickets]
+
+    def come(index: int, after_s: float) -> None:
+        time.sleep(after_s)
+        results[index].extend(batcher.race(tickets[index]))
+    threads = [threading.Thread(target=come, args=(i, [0.0, 0.9, 1.0][i])) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert batcher.largest == 3 and next(batcher.batches) == 1  # one batch of the three
+    assert all(own[-1].done and own[-1].batch.requests == 3 for own in results)
+    for _ in range(2):  # two pushed, one comes: it starts by its deadline, without the other
+        batcher.expect()
+    started = time.monotonic()
+    alone = list(batcher.race(_ticket(generator, _request(PROMPTS[3]))))
+    waited = time.monotonic() - started
+    assert alone[-1].done and alone[-1].batch is None and 1.9 <= waited < 4.0  # waited for them to its deadline only
