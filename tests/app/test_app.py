@@ -507,6 +507,46 @@ def test_a_burst_of_visitors_shares_one_batch_each_reading_its_own_text_and_one_
     assert "Paris" not in results[1]["full"][0]
 
 
+def test_a_burst_of_long_prompts_shows_each_part_its_first_token_as_it_is_read(server):
+    """Six visitors with long prompts press Generate together: the batch reads their prompts in parts, so
+    the first part's visitors get their first message (SkipDecode's first token, the full model's pane
+    still empty) before the whole read is done, and every text is still its own."""
+    demo, _ = server
+    topics = ["the sea", "a mountain village", "a busy railway station", "an old library", "a desert road",
+              "a winter market"]
+    prompts = [f"Here is a note about {topic}. " + " ".join(
+        f"Sentence {n} about {topic} describes its colours, its sounds and the people who pass through it."
+        for n in range(8)) + " Give it a title." for topic in topics]
+    clients = [page_token_client(demo.local_url) for _ in prompts]
+    start = threading.Barrier(len(prompts))
+    firsts: dict[int, dict] = {}
+    finals: dict[int, dict] = {}
+
+    def run(index: int) -> None:
+        start.wait()
+        job = clients[index].submit(prompt=prompts[index], target_speedup=2.0, max_new_tokens=6, api_name="/generate")
+        deadline = time.time() + 120
+        while not job.outputs() and time.time() < deadline:
+            time.sleep(0.01)
+        firsts[index] = job.outputs()[0]
+        finals[index] = job.result(timeout=120)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(180)
+    assert sorted(finals) == list(range(len(prompts)))
+    assert max(message["batch_requests"] for message in finals.values()) >= 4  # they shared a batch
+    for index, first in firsts.items():
+        assert first["skipdecode"][0] and not first["full"][0]  # SkipDecode's first token, the full pane empty
+        assert finals[index]["prompts"] == [prompts[index]]
+    shared = [index for index in finals if finals[index]["batch_requests"] >= 4]
+    early = [index for index in shared
+             if firsts[index]["skipdecode_prefill_seconds"] < 0.8 * finals[index]["skipdecode_prefill_seconds"]]
+    assert early, [(firsts[i]["skipdecode_prefill_seconds"], finals[i]["skipdecode_prefill_seconds"]) for i in shared]
+
+
 def test_the_generations_run_in_the_batch_lane_and_their_pushes_reach_the_batcher(server):
     """The batcher gathers by lane: every generation event is in it, step mode is not, and an admitted
     push of the lane tells the batcher a job is on its way."""
