@@ -1,4 +1,4 @@
-"""int8 weights at batch: torch's int8 kernel against the AMX-BF16 rows (model/lowbit/native_kernels.py,
+"""int8 weights at batch: torch's int8 kernel against the bfloat16 rows ("AMX-BF16 rows": AMX or AVX512-BF16) (model/lowbit/native_kernels.py,
 int8_rows_mm), side by side in one process, alternated run by run (the host's drift falls on both): the
 default model in int8 at full depth, greedy, a batch of E2E-like prompts; prefill ms, median decode step ms,
 whole-run seconds, and each path's agreement with the float model over the same run (rows whose tokens all
@@ -82,7 +82,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     threshold = int8_bf16_rows()
     if not threshold:
-        print("this CPU runs int8 on torch's kernel at every batch (no AMX-BF16, or SKIPDECODE_INT8_BF16_ROWS=0): "
+        print("this CPU runs int8 on torch's kernel at every batch (no AMX-BF16 or AVX512-BF16, or SKIPDECODE_INT8_BF16_ROWS=0): "
               "nothing to compare", file=sys.stderr)
         return 1
     if args.matmul:

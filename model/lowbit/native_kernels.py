@@ -30,7 +30,7 @@ import threading
 import weakref
 from pathlib import Path
 from types import ModuleType
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import torch
 from torch import nn
@@ -152,19 +152,27 @@ def amx_rows_setting() -> int:
 # copy from its load (``keeps_bfloat16_copy``: twice the int8 bytes; converting at each call cost as much as the
 # matmul itself). 2-core Xeon (AMX), 2 threads, SmolLM2's projections, the kept copy against the int8 kernel:
 # 0.27-0.39x at 1 row, 0.60-0.83x at 4, 1.27-1.95x at 8, 2.0-3.6x at 16, 3.0-4.4x at 32 (on-the-fly conversion:
-# 0.55-0.77x at 8, 0.94-1.65x at 16, 1.9-2.4x at 32).
+# 0.55-0.77x at 8, 0.94-1.65x at 16, 1.9-2.4x at 32). AVX512-BF16 without AMX (2-core AMD EPYC Zen 4, 2 threads,
+# 576 <-> 1536): 0.4x at 1 row, 1.05-1.1x at 8, 2.0x at 30, 2.7-2.8x at 300 and 1,000 (a class's prompts); the
+# default model at batch 30: prefill 1.90 -> 0.88 s, decode step 90 -> 67 ms (lab/bench/bench_int8_rows.py).
 DEFAULT_INT8_BF16_ROWS = 8
+BF16_MATMUL_FLAGS = ("amx_bf16", "avx512_bf16")  # CPUs whose bfloat16 matmul beats torch's int8 kernel at batch
 _int8_bf16_rows: list[int] = []  # the setting, read once (set_int8_bf16_rows changes it)
 
 
 def int8_bf16_rows() -> int:
     """From how many rows an int8 projection multiplies as bfloat16 (``int8_rows_mm``): SKIPDECODE_INT8_BF16_ROWS,
-    by default DEFAULT_INT8_BF16_ROWS where the CPU has AMX-BF16 and 0 (never: torch's int8 kernel) elsewhere."""
+    by default ``default_int8_bf16_rows`` of this CPU."""
     if not _int8_bf16_rows:
         configured = settings().int8_bf16_rows  # None: this CPU's default
-        default = DEFAULT_INT8_BF16_ROWS if "amx_bf16" in cpu_flags() else 0
-        _int8_bf16_rows[:] = [default if configured is None else configured]
+        _int8_bf16_rows[:] = [default_int8_bf16_rows(cpu_flags()) if configured is None else configured]
     return _int8_bf16_rows[0]
+
+
+def default_int8_bf16_rows(flags: Sequence[str]) -> int:
+    """DEFAULT_INT8_BF16_ROWS where the CPU multiplies bfloat16 in hardware (AMX-BF16 or AVX512-BF16), else 0
+    (never: torch's int8 kernel; without them bfloat16 is emulated)."""
+    return DEFAULT_INT8_BF16_ROWS if any(flag in flags for flag in BF16_MATMUL_FLAGS) else 0
 
 
 def keeps_bfloat16_copy() -> bool:

@@ -12,7 +12,7 @@ from tests.support import run_script
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not int8_bf16_rows(), reason="int8 rows stay on torch's kernel on this CPU (no AMX-BF16)")
+@pytest.mark.skipif(not int8_bf16_rows(), reason="int8 rows stay on torch's kernel on this CPU (no AMX-BF16 or AVX512-BF16)")
 def test_the_int8_rows_bench_times_both_paths_and_their_agreement_with_float(tmp_path: Path):
     output = tmp_path / "int8-rows.json"
     run_script("lab/bench/bench_int8_rows.py", "--batch-sizes", "2", "--tokens", "3", "--repeats", "1",
@@ -24,7 +24,7 @@ def test_the_int8_rows_bench_times_both_paths_and_their_agreement_with_float(tmp
         assert 0 <= row["vs_float"]["rows_equal"] <= 2 and 0 <= row["vs_float"]["positions_equal"] <= 1
 
 
-@pytest.mark.skipif(not int8_bf16_rows(), reason="int8 rows stay on torch's kernel on this CPU (no AMX-BF16)")
+@pytest.mark.skipif(not int8_bf16_rows(), reason="int8 rows stay on torch's kernel on this CPU (no AMX-BF16 or AVX512-BF16)")
 def test_the_int8_matmul_bench_times_both_paths_at_each_row_count(tmp_path: Path):
     output = tmp_path / "int8-matmul.json"
     run_script("lab/bench/bench_int8_rows.py", "--matmul", "1,40", "--repeats", "1", "--output", str(output))

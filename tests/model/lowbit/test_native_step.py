@@ -119,7 +119,9 @@ def test_int8_modules_keep_a_bfloat16_copy_only_where_rows_use_it_and_fused_ones
 def test_the_int8_rows_setting_reads_its_variable_and_defaults_by_the_cpu(environment_settings, int8_rows_setting):
     import model.lowbit.native_kernels as kernels
 
-    default = kernels.DEFAULT_INT8_BF16_ROWS if "amx_bf16" in cpu_flags() else 0
+    default = kernels.default_int8_bf16_rows(cpu_flags())
+    assert kernels.default_int8_bf16_rows(["avx2", "avx512_bf16"]) == kernels.default_int8_bf16_rows(["amx_bf16"]) == 8
+    assert kernels.default_int8_bf16_rows(["avx2", "avx512f", "avx512_vnni"]) == 0  # bfloat16 only emulated there
     for text, expected in (("0", 0), ("48", 48), ("", default)):
         environment_settings(SKIPDECODE_INT8_BF16_ROWS=text)
         kernels._int8_bf16_rows.clear()
