@@ -44,8 +44,8 @@ The engine's (model/; mostly for comparisons):
   SKIPDECODE_CUDA_GRAPHS    0: the eager decoder on a CUDA GPU (default 1: CUDA graphs; never on ZeroGPU)
   SKIPDECODE_COMPILE_LAYERS 0: the graphs capture the eager step (default 1: each kind of layer's step
                             compiled once per batch bucket, kept on disk under the cache folder)
-  SKIPDECODE_INT8_BF16_ROWS int8 weights: from how many rows they multiply as bfloat16 (default 8 with AMX-BF16
-                            or AVX512-BF16, else 0)
+  SKIPDECODE_INT8_BF16_ROWS int8 weights: from how many rows they multiply as bfloat16 (default 8 with AMX-BF16,
+                            else 0)
   SKIPDECODE_NATIVE         0: the Python decode step everywhere (default 1: the compiled one)
   SKIPDECODE_INT4_KERNEL    "torch": torch's int4 kernel (default "auto": the q4 kernels where the CPU has AVX2)
   SKIPDECODE_Q4_ISA         "avx2" or "avx512-vnni": the q4 kernels' instruction set (default "auto": the CPU's best)

@@ -139,9 +139,8 @@ class Settings:
         "the graphs; `0`: the graphs capture the eager step")
     int8_bf16_rows: int | None = env_setting(
         "SKIPDECODE_INT8_BF16_ROWS", None, "int8 weights: from how many rows of a batch a projection multiplies "
-        "the integers as bfloat16 (AMX-BF16 or AVX512-BF16) instead of torch's int8 kernel; keeps a bfloat16 copy "
-        "(+330 MB for the embedded model); `0`: never", shown_default="8 where the CPU has AMX-BF16 or AVX512-BF16, "
-        "else 0", low=0)
+        "the integers as bfloat16 (AMX-BF16; AVX512-BF16 where set) instead of torch's int8 kernel; keeps a bfloat16 "
+        "copy (+330 MB for the embedded model); `0`: never", shown_default="8 where the CPU has AMX-BF16, else 0", low=0)
     native: bool = env_setting(
         "SKIPDECODE_NATIVE", True, "the compiled decode step (C++); `0`: the Python step everywhere")
     int4_kernel: str = env_setting(

@@ -153,10 +153,13 @@ def amx_rows_setting() -> int:
 # matmul itself). 2-core Xeon (AMX), 2 threads, SmolLM2's projections, the kept copy against the int8 kernel:
 # 0.27-0.39x at 1 row, 0.60-0.83x at 4, 1.27-1.95x at 8, 2.0-3.6x at 16, 3.0-4.4x at 32 (on-the-fly conversion:
 # 0.55-0.77x at 8, 0.94-1.65x at 16, 1.9-2.4x at 32). AVX512-BF16 without AMX (2-core AMD EPYC Zen 4, 2 threads,
-# 576 <-> 1536): 0.4x at 1 row, 1.05-1.1x at 8, 2.0x at 30, 2.7-2.8x at 300 and 1,000 (a class's prompts); the
-# default model at batch 30: prefill 1.90 -> 0.88 s, decode step 90 -> 67 ms (lab/bench/bench_int8_rows.py).
+# 576 <-> 1536) would gain too: 0.4x at 1 row, 1.05-1.1x at 8, 2.0x at 30, 2.7-2.8x at 300 and 1,000; the default
+# model at batch 30: prefill 1.90 -> 0.88 s, decode step 90 -> 67 ms (lab/bench/bench_int8_rows.py). It stays off
+# there by default: a batch's rows then round otherwise than the same job alone (one row: torch's kernel), and
+# `batch-check --quantize int8 --batch-size 16` fell from 0.9949 / 0.9938 / 0.9925 to 0.9906 / 0.9895 / 0.9893 at
+# 1x / 2x / 3x, under the 0.99 a batched visitor's text is held to (SKIPDECODE_INT8_BF16_ROWS=8 opts in).
 DEFAULT_INT8_BF16_ROWS = 8
-BF16_MATMUL_FLAGS = ("amx_bf16", "avx512_bf16")  # CPUs whose bfloat16 matmul beats torch's int8 kernel at batch
+BF16_MATMUL_FLAGS = ("amx_bf16",)  # CPUs whose int8 batches multiply as bfloat16 by default
 _int8_bf16_rows: list[int] = []  # the setting, read once (set_int8_bf16_rows changes it)
 
 
@@ -170,8 +173,8 @@ def int8_bf16_rows() -> int:
 
 
 def default_int8_bf16_rows(flags: Sequence[str]) -> int:
-    """DEFAULT_INT8_BF16_ROWS where the CPU multiplies bfloat16 in hardware (AMX-BF16 or AVX512-BF16), else 0
-    (never: torch's int8 kernel; without them bfloat16 is emulated)."""
+    """DEFAULT_INT8_BF16_ROWS where the CPU has AMX-BF16, else 0 (never: torch's int8 kernel; see
+    BF16_MATMUL_FLAGS for why AVX512-BF16 is not enough)."""
     return DEFAULT_INT8_BF16_ROWS if any(flag in flags for flag in BF16_MATMUL_FLAGS) else 0
 
 
