@@ -378,7 +378,7 @@ def prompt_parts(run: PreparedRun, jobs: list[range], device_type: str, limits: 
 class _FirstTokens:
     """A greedy batch's first tokens shown as its prompts are read part by part (``prompt_parts``): each
     job whose rows have all been read gets SkipDecode's first token at once, the view the race's first
-    update gives it (the full model's pane still empty) after the whole read."""
+    update gives it (the full model's pane still empty: ``full`` never steps here) after the whole read."""
 
     generator: TextGenerator
     run: PreparedRun
@@ -390,6 +390,7 @@ class _FirstTokens:
         self.record = DecodeResult(self.generator.num_layers, self.run.mask.sum(-1).tolist(), [[] for _ in range(rows)],
                                    ["length"] * rows, tuple(cast(SolvedSchedule, self.run.schedule).config.prefill_layers()))
         self.texts = [TokenTexts(self.generator.text) for _ in range(rows)]
+        self.full = StreamProgress("full model", rows, texts=[TokenTexts(self.generator.text) for _ in range(rows)])
 
     def announce(self, rows: range, logits: torch.Tensor) -> None:
         """``rows`` were just read (their last-position logits (rows, V)): their jobs see their first token."""
@@ -399,9 +400,7 @@ class _FirstTokens:
             self.texts[row].update(ids)
         self.record.prefill_seconds = time.perf_counter() - self.started
         skip = StreamProgress("SkipDecode", self.run.batch, self.record, list(self.texts))
-        full = StreamProgress("full model", self.run.batch,
-                              texts=[TokenTexts(self.generator.text) for _ in range(self.run.batch)])
-        update = RaceUpdate(skip, full, cast(SolvedSchedule, self.run.schedule), "skip", self.generator.cost,
+        update = RaceUpdate(skip, self.full, cast(SolvedSchedule, self.run.schedule), "skip", self.generator.cost,
                             self.run.request.prompts)
         for reader in self.readers:
             if rows.start <= reader.rows.start and reader.rows.stop <= rows.stop:

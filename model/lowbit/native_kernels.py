@@ -159,7 +159,6 @@ def amx_rows_setting() -> int:
 # `batch-check --quantize int8 --batch-size 16` fell from 0.9949 / 0.9938 / 0.9925 to 0.9906 / 0.9895 / 0.9893 at
 # 1x / 2x / 3x, under the 0.99 a batched visitor's text is held to (SKIPDECODE_INT8_BF16_ROWS=8 opts in).
 DEFAULT_INT8_BF16_ROWS = 8
-BF16_MATMUL_FLAGS = ("amx_bf16",)  # CPUs whose int8 batches multiply as bfloat16 by default
 _int8_bf16_rows: list[int] = []  # the setting, read once (set_int8_bf16_rows changes it)
 
 
@@ -173,9 +172,9 @@ def int8_bf16_rows() -> int:
 
 
 def default_int8_bf16_rows(flags: Sequence[str]) -> int:
-    """DEFAULT_INT8_BF16_ROWS where the CPU has AMX-BF16, else 0 (never: torch's int8 kernel; see
-    BF16_MATMUL_FLAGS for why AVX512-BF16 is not enough)."""
-    return DEFAULT_INT8_BF16_ROWS if any(flag in flags for flag in BF16_MATMUL_FLAGS) else 0
+    """DEFAULT_INT8_BF16_ROWS where the CPU has AMX-BF16, else 0 (never: torch's int8 kernel; why AVX512-BF16
+    is not enough: the note above DEFAULT_INT8_BF16_ROWS)."""
+    return DEFAULT_INT8_BF16_ROWS if "amx_bf16" in flags else 0
 
 
 def keeps_bfloat16_copy() -> bool:

@@ -466,6 +466,32 @@ def test_a_clicks_checks_refuse_with_the_servers_words_and_pass_a_good_run(serve
     assert demo.fair_queue.refusal_for(request) is None  # an empty queue takes it
 
 
+def _visitors_together(demo, count: int, visit) -> None:
+    """``count`` page sessions (each with its page token), each calling ``visit(client, index)`` in its own
+    thread at the same moment (a barrier), as a class presses Generate together."""
+    clients = [page_token_client(demo.local_url) for _ in range(count)]
+    start = threading.Barrier(count)
+
+    def run(index: int) -> None:
+        start.wait()
+        visit(clients[index], index)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(180)
+
+
+def _first_message(job, timeout_s: float):
+    """A submitted job's first streamed message, once it came (None after ``timeout_s``)."""
+    deadline = time.time() + timeout_s
+    while not job.outputs() and time.time() < deadline:
+        time.sleep(0.01)
+    messages = job.outputs()
+    return messages[0] if messages else None
+
+
 def test_a_burst_of_visitors_shares_one_batch_each_reading_its_own_text_and_one_may_leave(server):
     """Six page sessions press Generate together: their jobs run as one SkipDecode batch (the API says how
     many shared it), each message answers its own prompt, two visitors with one prompt read one text,
@@ -474,28 +500,18 @@ def test_a_burst_of_visitors_shares_one_batch_each_reading_its_own_text_and_one_
     prompts = ["What is the capital of France?", "Name three colours.", "What is the capital of France?",
                "Write a Python function that adds two numbers.", "List five animals that live in the ocean.",
                "Explain what a computer does."]
-    clients = [page_token_client(demo.local_url) for _ in prompts]
     batches_before = demo.playground.batcher.largest
-    start = threading.Barrier(len(prompts))
     results: dict[int, dict] = {}
 
-    def run(index: int) -> None:
-        start.wait()
-        job = clients[index].submit(prompt=prompts[index], target_speedup=2.0, max_new_tokens=24,
-                                    api_name="/generate")
+    def visit(client, index: int) -> None:
+        job = client.submit(prompt=prompts[index], target_speedup=2.0, max_new_tokens=24, api_name="/generate")
         if index == 5:  # this visitor leaves once its first message came
-            deadline = time.time() + 60
-            while not job.outputs() and time.time() < deadline:
-                time.sleep(0.02)
+            _first_message(job, 60)
             job.cancel()
             return
         results[index] = job.result(timeout=120)
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(180)
+    _visitors_together(demo, len(prompts), visit)
     assert sorted(results) == [0, 1, 2, 3, 4]
     assert max(message["batch_requests"] for message in results.values()) >= 3  # they shared a batch
     assert demo.playground.batcher.largest >= max(3, batches_before)
@@ -517,25 +533,15 @@ def test_a_burst_of_long_prompts_shows_each_part_its_first_token_as_it_is_read(s
     prompts = [f"Here is a note about {topic}. " + " ".join(
         f"Sentence {n} about {topic} describes its colours, its sounds and the people who pass through it."
         for n in range(8)) + " Give it a title." for topic in topics]
-    clients = [page_token_client(demo.local_url) for _ in prompts]
-    start = threading.Barrier(len(prompts))
     firsts: dict[int, dict] = {}
     finals: dict[int, dict] = {}
 
-    def run(index: int) -> None:
-        start.wait()
-        job = clients[index].submit(prompt=prompts[index], target_speedup=2.0, max_new_tokens=6, api_name="/generate")
-        deadline = time.time() + 120
-        while not job.outputs() and time.time() < deadline:
-            time.sleep(0.01)
-        firsts[index] = job.outputs()[0]
+    def visit(client, index: int) -> None:
+        job = client.submit(prompt=prompts[index], target_speedup=2.0, max_new_tokens=6, api_name="/generate")
+        firsts[index] = _first_message(job, 120)
         finals[index] = job.result(timeout=120)
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(180)
+    _visitors_together(demo, len(prompts), visit)
     assert sorted(finals) == list(range(len(prompts)))
     assert max(message["batch_requests"] for message in finals.values()) >= 4  # they shared a batch
     for index, first in firsts.items():
