@@ -132,6 +132,7 @@ def build_demo(get_generator: Callable[[], TextGenerator], limits: Limits | None
     demo.playground = playground  # tests and the load script inspect active runs
     demo.queue(api_open=False, max_size=queue_size)
     gi.fix_streaming_diffs()  # a frame's lists of steps reach the client whole (app/serving/gradio_internals.py)
+    gi.make_session_configs_on_demand()  # a new session (every API call) starts in microseconds, not ~10 ms
     # The fair queue (app/serving/fair_queue.py): admission and place by client; ``serving`` sets its other limits.
     held = playground.batcher.waiting_count if playground.batcher is not None else (lambda: 0)
     fair = FairQueue((serving or ServingLimits()).sized(queue_size, max_queued_per_session),

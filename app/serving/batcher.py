@@ -246,25 +246,30 @@ class Batcher:
     def _gather(self, head: Ticket) -> None:
         """Wait (holding nothing: the condition's wait releases it) while jobs keep arriving, a class's
         clicks of one moment: while pushed jobs are on their way (``expect``) or until none arrived for
-        ``gather_s``; at most ``gather_max_s`` after the head; never once the batch is full. A visitor
-        alone waits ``gather_s``."""
+        the quiet window (``_quiet_window``); at most ``gather_max_s`` after the head; never once the
+        batch is full. A visitor alone waits ``gather_s``."""
         deadline = head.arrived + self.limits.gather_max_s
         seen, coming, changed = len(self._waiting), self._coming, time.monotonic()
+        started = changed
         while not self._full(head):
             now = time.monotonic()
-            quiet = self._quiet_window(now)
+            quiet = self._quiet_window(now, changed - started)
             if now >= deadline or (not self._expecting(now) and now - changed >= quiet):
                 return
             self._arrival.wait(min(deadline - now, quiet))
             if (len(self._waiting), self._coming) != (seen, coming):  # an arrival, or a check done: its job comes next
                 seen, coming, changed = len(self._waiting), self._coming, time.monotonic()
 
-    def _quiet_window(self, now: float) -> float:
-        """How long no arrival ends a gather: ``gather_s``, or twice the gap between the last two pushes
-        while pushes keep coming at that pace (a class's clicks reach a loaded server ~30 ms apart)."""
+    def _quiet_window(self, now: float, arriving_s: float) -> float:
+        """How long no arrival ends a gather: ``gather_s``; twice the gap between the last two pushes while
+        pushes keep coming at that pace (a class's clicks reach a loaded server ~30 ms apart); and as long
+        as this gather has seen jobs arrive (``arriving_s``, from its start to the last arrival or push): a
+        class's clicks come in clumps (30 API clients clicking together on a 2-core Zen 4 EPYC: 22 within
+        0.2 s, then none for 0.15 s, then 8), and a clump that starts its own batch shares the cores with
+        the first batch, its visitors' first tokens seconds later. A visitor alone still waits ``gather_s``."""
         pushing = now - self._expected_at < self.limits.gather_max_s
         paced = 2 * self._push_gap if pushing and self._push_gap < self.limits.gather_max_s / 4 else 0.0
-        return max(self.limits.gather_s, paced)
+        return max(self.limits.gather_s, paced, arriving_s)
 
     def _full(self, head: Ticket) -> bool:
         return sum(ticket.rows for ticket in self._companions(head)) >= self.limits.rows

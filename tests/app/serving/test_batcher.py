@@ -271,3 +271,28 @@ def test_a_class_whose_pushed_jobs_come_late_still_shares_one_batch(generator):
     alone = list(batcher.race(_ticket(generator, _request(PROMPTS[3]))))
     waited = time.monotonic() - started
     assert alone[-1].done and alone[-1].batch is None and 1.9 <= waited < 4.0  # waited for them to its deadline only
+
+
+def test_a_class_whose_clicks_come_in_clumps_still_shares_one_batch(generator):
+    """A class's clicks reach the batcher in clumps (30 API clients on a 2-core server: 22 within 0.2 s,
+    none for 0.15 s, then 8). A pause shorter than the time the gathered jobs took to arrive does not
+    end the gather; a pause longer than ``gather_s`` did, and the late clump's batch shared the cores
+    with the first."""
+    batcher = Batcher(BatchLimits(gather_s=0.3, gather_max_s=3.0))
+    arrivals = [0.0, 0.15, 0.3, 0.45, 0.6, 1.05]  # a clump over 0.6 s, then 0.45 s without a click
+    tickets = [_ticket(generator, _request(PROMPTS[i % len(PROMPTS)])) for i in range(len(arrivals))]
+    results: list[list] = [[] for _ in tickets]
+
+    def come(index: int) -> None:
+        time.sleep(arrivals[index])
+        results[index].extend(batcher.race(tickets[index]))
+    threads = [threading.Thread(target=come, args=(i,)) for i in range(len(tickets))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert batcher.largest == len(tickets) and next(batcher.batches) == 1  # one batch of all
+    assert all(own[-1].done and own[-1].batch.requests == len(tickets) for own in results)
+    started = time.monotonic()
+    alone = list(batcher.race(_ticket(generator, _request(PROMPTS[0]))))
+    assert alone[-1].batch is None and time.monotonic() - started < 0.3 + 2.0  # alone: gather_s, then its run
