@@ -591,6 +591,15 @@ class Playground:
 
     # --- a click's checks, on the page --------------------------------------------------------
     def refusal(self, values: dict, request: gr.Request | None = None) -> tuple:
+        """A Generate or lesson click's checks before its job is pushed (``click_refusal``); a click that
+        passes tells the batcher its job is coming (``Batcher.announce``: it reaches the batcher ~0.3 s
+        later, and a class's batch being gathered waits for it)."""
+        status, allowed = self.click_refusal(values, request)
+        if allowed and self.batcher is not None:
+            self.batcher.announce(session_key(request))
+        return status, allowed
+
+    def click_refusal(self, values: dict, request: gr.Request | None = None) -> tuple:
         """A Generate, Step or lesson click's checks before its job is pushed (outside the queue, in
         milliseconds: the same checks as the push's, ``admission_problem``, and the queue's own):
         (status line, True) to go on, or (the reason on the status line, False). A push the queue
@@ -604,7 +613,7 @@ class Playground:
     def step_refusal(self, values: dict, request: gr.Request | None = None) -> tuple:
         """``refusal`` for a Step click; an accepted first step (or the first after a settings change)
         says at once what it waits for: both models read the prompt before the first token."""
-        status, allowed = self.refusal(values, request)
+        status, allowed = self.click_refusal(values, request)  # a step runs in the model lane, not the batcher
         if not allowed:
             return status, allowed
         current = self.runs.steppers.get(session_key(request))
@@ -613,11 +622,11 @@ class Playground:
         return ("Step mode: both models read the prompt first (its prefill, a few seconds on a CPU), then each "
                 "Step advances one token. A click while a step computes waits for it."), True
 
-    def pushed(self, lane: str | None) -> None:
-        """The fair queue admitted a job of ``lane``: one of the batch lane is on its way to the batcher
-        (it gathers a class's clicks)."""
+    def pushed(self, lane: str | None, session: str | None = None) -> None:
+        """The fair queue admitted a job of ``lane`` for ``session``: one of the batch lane is on its way to
+        the batcher (it gathers a class's clicks; a page's click it was told of at its checks counts once)."""
         if self.batcher is not None and lane == BATCH_LANE:
-            self.batcher.expect()
+            self.batcher.expect(session)
 
     # --- admission (the fair queue asks when a job is pushed) -------------------------------------
     def admission_problem(self, api_name: str, values: dict) -> tuple[str, str] | None:

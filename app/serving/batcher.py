@@ -131,7 +131,8 @@ class Batcher:
         self._waiting: list[Ticket] = []
         self._arrival = threading.Condition()
         self._runner: threading.Thread | None = None
-        self._coming = 0  # jobs pushed to the queue and not here yet (``expect``)
+        self._coming = 0  # jobs clicked or pushed to the queue and not here yet (``announce``, ``expect``)
+        self._announced: dict[str, float] = {}  # page sessions whose click was counted before its push
         self._expected_at = 0.0
         self._push_gap = float("inf")  # seconds between the last two pushes
         self._slots = threading.BoundedSemaphore(self.limits.batches)  # batches that may run at once
@@ -143,15 +144,31 @@ class Batcher:
         return len(self._waiting)
 
     # --- a handler's side ---------------------------------------------------------------------
-    def expect(self) -> None:
-        """A job for the batcher was just pushed to the queue (the fair queue says so): a batch being
-        gathered waits for it a moment. A class's clicks arrive together, but each job's push and checks
-        take milliseconds one after another, so they reach the batcher spread over a second."""
+    def announce(self, session: str) -> None:
+        """A page's click passed its checks (outside the queue): its job is pushed ~0.3 s later (the page's
+        next call), so a batch being gathered waits for it from now. Four pages clicking together pushed
+        over 0.7 s, and the first ran alone. Counted once per session until its push (a double click
+        counts once); its push (``expect`` with the same session) is not counted again."""
         with self._arrival:
             now = time.monotonic()
-            self._coming += 1
-            self._push_gap, self._expected_at = now - self._expected_at, now
-            self._arrival.notify_all()
+            self._announced = {key: at for key, at in self._announced.items() if now - at <= self.limits.gather_max_s}
+            if session not in self._announced:
+                self._announced[session] = now
+                self._count_coming(now)
+
+    def expect(self, session: str | None = None) -> None:
+        """A job for the batcher was just pushed to the queue (the fair queue says so, with its session): a
+        batch being gathered waits for it a moment. A class's clicks arrive together, but each job's push and
+        checks take milliseconds one after another, so they reach the batcher spread over a second."""
+        with self._arrival:
+            if session is not None and self._announced.pop(session, None) is not None:
+                return  # counted when its page's checks passed
+            self._count_coming(time.monotonic())
+
+    def _count_coming(self, now: float) -> None:
+        self._coming += 1
+        self._push_gap, self._expected_at = now - self._expected_at, now
+        self._arrival.notify_all()
 
     def _expecting(self, now: float) -> bool:
         """Jobs pushed and not here yet; forgotten ``gather_max_s`` after the last push (a pushed job may
@@ -161,6 +178,7 @@ class Batcher:
         head's own deadline (``gather_max_s`` after it came) bounds the wait either way."""
         if self._coming and now - self._expected_at > self.limits.gather_max_s:
             self._coming = 0
+            self._announced.clear()
         return self._coming > 0
 
     def race(self, ticket: Ticket) -> Iterator[RaceUpdate]:

@@ -199,7 +199,8 @@ class FairQueue:
         # Jobs that left gradio's queue and still wait for their turn elsewhere (the batcher's: the batch
         # lane starts many jobs at once): they count against the queue's size as waiting jobs.
         self.held = held
-        self.admitted: Callable[[str | None], None] = lambda lane: None  # told each admitted job's lane
+        # told each admitted job's lane and session (the page's session, or gradio's name for a /call/ job)
+        self.admitted: Callable[[str | None, str | None], None] = lambda lane, session: None
         self.queue = None
         self.blocks = None
         self._lock = threading.Lock()
@@ -331,9 +332,9 @@ class FairQueue:
     def _after_push(self, event_id: str, body, context: tuple[str, str]) -> None:
         client, address = context
         fn = gi.body_function(self.blocks, body)
-        if fn is not None:
-            self.admitted(gi.lane_of(fn))
         session = gi.body_session(body) or event_id  # gradio names a /call/ job's session by its event id
+        if fn is not None:
+            self.admitted(gi.lane_of(fn), session)
         with self._lock:
             job = Job(event_id, client, address, session, next(self._seq), self._rounds.assign(client, address))
             job.stream_seen = self._streams[session] > 0 or self._streams[event_id] > 0

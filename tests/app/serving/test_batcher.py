@@ -296,3 +296,36 @@ def test_a_class_whose_clicks_come_in_clumps_still_shares_one_batch(generator):
     started = time.monotonic()
     alone = list(batcher.race(_ticket(generator, _request(PROMPTS[0]))))
     assert alone[-1].batch is None and time.monotonic() - started < 0.3 + 2.0  # alone: gather_s, then its run
+
+
+def test_a_page_click_is_waited_for_from_its_checks_and_counted_once(generator):
+    """A page's click passes its checks ~0.3 s before its job is pushed: four pages clicking together
+    pushed over 0.7 s and the first ran alone. Announced at its checks, its job is waited for; its push
+    (the same session) and a double click do not count it again, so a visitor alone is not held."""
+    batcher = Batcher(BatchLimits(gather_s=0.05, gather_max_s=2.0))
+    first, second = (_ticket(generator, _request(prompt)) for prompt in PROMPTS[:2])
+    batcher.announce("page-a")
+    batcher.announce("page-b")
+    batcher.announce("page-b")  # a double click
+    batcher.expect("page-a")  # page a's push: counted at its click
+    results: list[list] = [[], []]
+
+    def come(index: int, ticket: Ticket, after_s: float, session: str) -> None:
+        time.sleep(after_s)
+        if index:
+            batcher.expect(session)  # page b's push, then its job
+        results[index].extend(batcher.race(ticket))
+    threads = [threading.Thread(target=come, args=(0, first, 0.0, "page-a")),
+               threading.Thread(target=come, args=(1, second, 0.5, "page-b"))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert batcher.largest == 2 and next(batcher.batches) == 1  # one batch: the first waited for the second
+    assert all(own[-1].done and own[-1].batch.requests == 2 for own in results)
+    batcher.announce("page-c")  # a visitor alone who double-clicked: one job coming, not two
+    batcher.announce("page-c")
+    batcher.expect("page-c")
+    started = time.monotonic()
+    alone = list(batcher.race(_ticket(generator, _request(PROMPTS[2]))))
+    assert alone[-1].batch is None and time.monotonic() - started < 1.5  # no wait for a job that never comes
