@@ -148,11 +148,13 @@ class Batcher:
         """A page's click passed its checks (outside the queue): its job is pushed ~0.3 s later (the page's
         next call), so a batch being gathered waits for it from now. Four pages clicking together pushed
         over 0.7 s, and the first ran alone. Counted once per session until its push (a double click
-        counts once); its push (``expect`` with the same session) is not counted again."""
+        counts once); its push (``expect`` with the same session) is not counted again. At most a batch's
+        rows are announced at once: a script calling the checks with made-up sessions holds a gather no
+        longer than its pushes could (``gather_max_s``), and its announcements cost no more than a class's."""
         with self._arrival:
             now = time.monotonic()
             self._announced = {key: at for key, at in self._announced.items() if now - at <= self.limits.gather_max_s}
-            if session not in self._announced:
+            if session not in self._announced and len(self._announced) < self.limits.rows:
                 self._announced[session] = now
                 self._count_coming(now)
 

@@ -329,3 +329,13 @@ def test_a_page_click_is_waited_for_from_its_checks_and_counted_once(generator):
     started = time.monotonic()
     alone = list(batcher.race(_ticket(generator, _request(PROMPTS[2]))))
     assert alone[-1].batch is None and time.monotonic() - started < 1.5  # no wait for a job that never comes
+
+
+def test_announcements_are_capped_at_a_batchs_rows():
+    """A script calling the page's checks with made-up sessions announces no more than a batch holds."""
+    batcher = Batcher(BatchLimits(rows=4, gather_s=0.05, gather_max_s=1.0))
+    for index in range(50):
+        batcher.announce(f"made-up-{index}")
+    assert len(batcher._announced) == 4 and batcher._coming == 4
+    batcher.expect("made-up-49")  # an unannounced session's push counts as a push
+    assert batcher._coming == 5
