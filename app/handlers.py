@@ -361,7 +361,11 @@ class Playground:
     # --- streaming generation ---------------------------------------------------------------
     def generate(self, values: dict, request: gr.Request | None = None, notice: str = "") -> Iterator[tuple]:
         """Stream both outputs side by side: (status, skip html, full text, stats, heatmap json)."""
-        checked = self.validated(values)
+        try:
+            checked = self.validated(values)
+        except gr.Error:
+            self.no_batch_job()
+            raise
         settings = checked.settings
         if is_task(settings.task) and not notice:  # say which model each pane runs
             notice = self.policy_line(settings)
@@ -371,6 +375,7 @@ class Playground:
         gone = self.client_gone()
         try:
             if handle.cancelled:  # Stop was pressed while this run waited in the queue
+                self.no_batch_job()
                 yield ("Stopped.",) + NO_CHANGE[1:]
                 return
             yield from self._stream(checked, handle, notice, gone)
@@ -406,6 +411,7 @@ class Playground:
     def restart_if_running(self, restart: bool, values: dict, request: gr.Request | None = None) -> Iterator[tuple]:
         """Second half of a settings change: restart both streams with the new setting."""
         if not restart:
+            self.no_batch_job()
             yield NO_CHANGE  # nothing was running: leave the outputs as they are
             return
         notice = (f"Settings changed while generating: restarted both streams at "
@@ -568,6 +574,7 @@ class Playground:
             checked = self.validated(values, page=False)
         except gr.Error:
             self.runs.finish(run_key, handle)
+            self.no_batch_job()
             raise
         settings = checked.settings
         light = replace(settings, lens=False)  # the lens is sent once, in the last message
@@ -595,8 +602,9 @@ class Playground:
         passes tells the batcher its job is coming (``Batcher.announce``: it reaches the batcher ~0.3 s
         later, and a class's batch being gathered waits for it)."""
         status, allowed = self.click_refusal(values, request)
-        if allowed and self.batcher is not None:
-            self.batcher.announce(session_key(request))
+        session = getattr(request, "session_hash", None)  # without one, no push will ever match it
+        if allowed and self.batcher is not None and session:
+            self.batcher.announce(session)
         return status, allowed
 
     def click_refusal(self, values: dict, request: gr.Request | None = None) -> tuple:
@@ -611,9 +619,9 @@ class Playground:
         return refusal_line(reason), False
 
     def step_refusal(self, values: dict, request: gr.Request | None = None) -> tuple:
-        """``refusal`` for a Step click; an accepted first step (or the first after a settings change)
+        """``click_refusal`` for a Step click (a step runs in the model lane: nothing to announce); an accepted first step (or the first after a settings change)
         says at once what it waits for: both models read the prompt before the first token."""
-        status, allowed = self.click_refusal(values, request)  # a step runs in the model lane, not the batcher
+        status, allowed = self.click_refusal(values, request)
         if not allowed:
             return status, allowed
         current = self.runs.steppers.get(session_key(request))
@@ -621,6 +629,11 @@ class Playground:
             return gr.skip(), True
         return ("Step mode: both models read the prompt first (its prefill, a few seconds on a CPU), then each "
                 "Step advances one token. A click while a step computes waits for it."), True
+
+    def no_batch_job(self) -> None:
+        """A batch-lane handler ends without handing the batcher a job: it stops waiting for one."""
+        if self.batcher is not None:
+            self.batcher.came_without_job()
 
     def pushed(self, lane: str | None, session: str | None = None) -> None:
         """The fair queue admitted a job of ``lane`` for ``session``: one of the batch lane is on its way to

@@ -167,14 +167,22 @@ class Batcher:
                 return  # counted when its page's checks passed
             self._count_coming(time.monotonic())
 
+    def came_without_job(self) -> None:
+        """A counted click or push whose handler ended without a job for the batcher (a restart with nothing
+        running, a run stopped while it waited, settings refused at the run): nothing more to wait for.
+        Uncounted, every slider release on a page held the gathers of the next 1.5 s to their deadline."""
+        with self._arrival:
+            self._coming = max(0, self._coming - 1)
+            self._arrival.notify_all()
+
     def _count_coming(self, now: float) -> None:
         self._coming += 1
         self._push_gap, self._expected_at = now - self._expected_at, now
         self._arrival.notify_all()
 
     def _expecting(self, now: float) -> bool:
-        """Jobs pushed and not here yet; forgotten ``gather_max_s`` after the last push (a pushed job may
-        never come: stopped or dropped while it waited). A pushed job reaches the batcher once its client
+        """Jobs clicked or pushed and not here yet; forgotten ``gather_max_s`` after the last one counted (a
+        counted job may never come: dropped while it waited, its page closed). A pushed job reaches the batcher once its client
         has opened its stream and its run is prepared: on a loaded 2-core server the last of a class's 30
         came 0.8 s after the last push (a shorter wait split that burst into batches of 26 and 4); the
         head's own deadline (``gather_max_s`` after it came) bounds the wait either way."""
@@ -277,8 +285,9 @@ class Batcher:
             if now >= deadline or (not self._expecting(now) and now - changed >= quiet):
                 return
             self._arrival.wait(min(deadline - now, quiet))
-            if (len(self._waiting), self._coming) != (seen, coming):  # an arrival, or a check done: its job comes next
-                seen, coming, changed = len(self._waiting), self._coming, time.monotonic()
+            if len(self._waiting) != seen or self._coming > coming:  # an arrival, or a click or push: its job comes next
+                changed = time.monotonic()
+            seen, coming = len(self._waiting), self._coming  # counts forgotten or given up are no arrival
 
     def _quiet_window(self, now: float, arriving_s: float) -> float:
         """How long no arrival ends a gather: ``gather_s``; twice the gap between the last two pushes while

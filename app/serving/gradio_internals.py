@@ -10,6 +10,7 @@ at start-up instead of failing on a visitor's request.
 from __future__ import annotations
 
 import inspect
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterator
 
@@ -321,38 +322,42 @@ class _ConfigsOnDemand(dict):
     first read instead of all when the session starts. Gradio fills them only to save a deep link;
     every API call is a session of its own, and making all ~160 configs took ~9 ms each on a quiet
     2-core CPU and more than 30 ms on a loaded one, on the server's one event loop: a class's 30 clicks
-    reached the batcher spread over a second. The values are the same, made from the same blocks."""
+    reached the batcher spread over a second. The values are the same, made from the same blocks, where
+    gradio 6.31 reads them (items(), as the deep link does; its writers insert a key before they read it);
+    ``get``, ``[]`` and ``in`` see those made so far."""
 
     def __init__(self, session, block_ids: frozenset) -> None:
         super().__init__()
-        self._session, self._block_ids, self._filled = session, block_ids, False
+        # a weak reference: the session holds this dict, and no cycle should keep an evicted session alive
+        self._session, self._block_ids, self._filled = weakref.ref(session), block_ids, False
 
-    def _fill(self) -> None:
-        """Every config, in the blocks' order as gradio made them (those set since keep their value)."""
-        if self._filled:
-            return
-        config, made = self._session.blocks_config, dict(super().items())
-        ordered = {key: made.pop(key) if key in made else config.config_for_block(key, [], block)
-                   for key, block in config.blocks.items() if key in self._block_ids}
-        self.clear()
-        self.update(ordered | made)
-        self._filled = True
+    def _ordered(self) -> list[tuple[Any, Any]]:
+        """Every config in the blocks' order, as gradio made them, then any others set since. Made in place
+        (``setdefault``: a config the event loop sets meanwhile is kept; nothing is cleared), for the deep
+        link's worker thread."""
+        session = self._session()
+        blocks = session.blocks_config.blocks if session is not None else {}
+        if not self._filled and session is not None:
+            for key, block in list(blocks.items()):
+                if key in self._block_ids and not dict.__contains__(self, key):
+                    self.setdefault(key, session.blocks_config.config_for_block(key, [], block))
+            self._filled = True
+        first = [key for key in blocks if key in self._block_ids and dict.__contains__(self, key)]
+        taken = set(first)
+        return [(key, dict.__getitem__(self, key)) for key in first] + \
+            [(key, value) for key, value in list(dict.items(self)) if key not in taken]
 
     def items(self):  # the deep link reads them all (``SessionState.components``)
-        self._fill()
-        return super().items()
+        return self._ordered()
 
     def values(self):
-        self._fill()
-        return super().values()
+        return [value for _, value in self._ordered()]
 
     def __iter__(self):
-        self._fill()
-        return super().__iter__()
+        return iter([key for key, _ in self._ordered()])
 
     def __len__(self) -> int:
-        self._fill()
-        return super().__len__()
+        return len(self._ordered())
 
 
 @dataclass(frozen=True)

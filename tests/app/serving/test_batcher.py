@@ -339,3 +339,16 @@ def test_announcements_are_capped_at_a_batchs_rows():
     assert len(batcher._announced) == 4 and batcher._coming == 4
     batcher.expect("made-up-49")  # an unannounced session's push counts as a push
     assert batcher._coming == 5
+
+
+def test_a_counted_job_that_never_comes_is_given_up_by_its_handler(generator):
+    """A restart with nothing running, a run stopped while it waited, settings refused at the run: the
+    handler was counted (its click or push) and hands the batcher nothing. It says so, and a visitor
+    alone is not held to the gather's deadline for it."""
+    batcher = Batcher(BatchLimits(gather_s=0.05, gather_max_s=3.0))
+    batcher.expect("page-slider")  # a slider's restart pushed: nothing was running
+    batcher.expect("page-visitor")  # the visitor's own push
+    batcher.came_without_job()  # the restart's handler
+    started = time.monotonic()
+    alone = list(batcher.race(_ticket(generator, _request(PROMPTS[0]))))
+    assert alone[-1].batch is None and time.monotonic() - started < 2.0  # not the 3 s deadline
