@@ -635,11 +635,14 @@ class Playground:
         if self.batcher is not None:
             self.batcher.came_without_job()
 
-    def pushed(self, lane: str | None, session: str | None = None) -> None:
+    def pushed(self, lane: str | None, session: str | None = None, api_name: str | None = None) -> None:
         """The fair queue admitted a job of ``lane`` for ``session``: one of the batch lane is on its way to
-        the batcher (it gathers a class's clicks; a page's click it was told of at its checks counts once)."""
+        the batcher (it gathers a class's clicks; a page's click it was told of at its checks counts once).
+        A restart (a settings change's push, ``ui_restart_``) counts on its own: it must not take the place
+        of the same page's announced click, whose push may come after it."""
         if self.batcher is not None and lane == BATCH_LANE:
-            self.batcher.expect(session)
+            restart = (api_name or "").startswith(RESTART_RUNS)
+            self.batcher.expect(None if restart else session)
 
     # --- admission (the fair queue asks when a job is pushed) -------------------------------------
     def admission_problem(self, api_name: str, values: dict) -> tuple[str, str] | None:
@@ -662,7 +665,8 @@ GPU_WARM_UP_PROMPT = "Explain how a bicycle gear works."  # the chat page's firs
 GPU_PREPARING = ("The server is preparing the GPU for its first runs (compiling each kind of layer once, "
                  "capturing the default schedule's CUDA graphs): runs now wait between its steps. ")
 
-MODEL_RUNS = ("generate", "ui_generate", "ui_step", "ui_restart_")  # api names (prefixes) of model runs
+RESTART_RUNS = "ui_restart_"  # api names (prefix) of a settings change's restart
+MODEL_RUNS = ("generate", "ui_generate", "ui_step", RESTART_RUNS)  # api names (prefixes) of model runs
 
 
 def preparing_line(before: CaptureReport | None, now: CaptureReport) -> str:

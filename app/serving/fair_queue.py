@@ -199,8 +199,8 @@ class FairQueue:
         # Jobs that left gradio's queue and still wait for their turn elsewhere (the batcher's: the batch
         # lane starts many jobs at once): they count against the queue's size as waiting jobs.
         self.held = held
-        # told each admitted job's lane and session (the page's session, or gradio's name for a /call/ job)
-        self.admitted: Callable[[str | None, str | None], None] = lambda lane, session: None
+        # told each admitted job's lane, session (the page's, or gradio's name for a /call/ job) and API name
+        self.admitted: Callable[[str | None, str | None, str | None], None] = lambda lane, session, name: None
         self.queue = None
         self.blocks = None
         self._lock = threading.Lock()
@@ -334,7 +334,7 @@ class FairQueue:
         fn = gi.body_function(self.blocks, body)
         session = gi.body_session(body) or event_id  # gradio names a /call/ job's session by its event id
         if fn is not None:
-            self.admitted(gi.lane_of(fn), session)
+            self.admitted(gi.lane_of(fn), session, gi.api_name_of(fn))
         with self._lock:
             job = Job(event_id, client, address, session, next(self._seq), self._rounds.assign(client, address))
             job.stream_seen = self._streams[session] > 0 or self._streams[event_id] > 0
