@@ -619,8 +619,9 @@ class Playground:
         return refusal_line(reason), False
 
     def step_refusal(self, values: dict, request: gr.Request | None = None) -> tuple:
-        """``click_refusal`` for a Step click (a step runs in the model lane: nothing to announce); an accepted first step (or the first after a settings change)
-        says at once what it waits for: both models read the prompt before the first token."""
+        """``click_refusal`` for a Step click (a step runs in the model lane: nothing to announce); an accepted
+        first step (or the first after a settings change) says at once what it waits for: both models read
+        the prompt before the first token."""
         status, allowed = self.click_refusal(values, request)
         if not allowed:
             return status, allowed

@@ -182,10 +182,10 @@ class Batcher:
 
     def _expecting(self, now: float) -> bool:
         """Jobs clicked or pushed and not here yet; forgotten ``gather_max_s`` after the last one counted (a
-        counted job may never come: dropped while it waited, its page closed). A pushed job reaches the batcher once its client
-        has opened its stream and its run is prepared: on a loaded 2-core server the last of a class's 30
-        came 0.8 s after the last push (a shorter wait split that burst into batches of 26 and 4); the
-        head's own deadline (``gather_max_s`` after it came) bounds the wait either way."""
+        counted job may never come: dropped while it waited, its page closed). A pushed job reaches the
+        batcher once its client has opened its stream and its run is prepared: on a loaded 2-core server the
+        last of a class's 30 came 0.8 s after the last push (a shorter wait split that burst into batches of
+        26 and 4); the head's own deadline (``gather_max_s`` after it came) bounds the wait either way."""
         if self._coming and now - self._expected_at > self.limits.gather_max_s:
             self._coming = 0
             self._announced.clear()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from typing import Callable, Sequence
 
 import pytest
 import torch
@@ -49,11 +50,16 @@ def _alone(generator: TextGenerator, request: GenerationRequest):
     return list(_ticket(generator, request).alone())[-1]
 
 
-def _race_together(batcher: Batcher, tickets: list[Ticket]) -> list[list]:
-    """Every ticket's updates, each ticket read by its own thread (as each visitor's handler reads)."""
+def _race_together(batcher: Batcher, tickets: list[Ticket], arrivals: Sequence[float] = (),
+                   on_arrival: Callable[[int], None] = lambda index: None) -> list[list]:
+    """Every ticket's updates, each ticket read by its own thread (as each visitor's handler reads), the
+    i-th arriving ``arrivals[i]`` seconds after the start (all at once without them), ``on_arrival(i)``
+    first (its push, say)."""
     updates: list[list] = [[] for _ in tickets]
 
     def read(index: int) -> None:
+        time.sleep(arrivals[index] if arrivals else 0.0)
+        on_arrival(index)
         updates[index].extend(batcher.race(tickets[index]))
     threads = [threading.Thread(target=read, args=(i,)) for i in range(len(tickets))]
     for thread in threads:
@@ -253,16 +259,7 @@ def test_a_class_whose_pushed_jobs_come_late_still_shares_one_batch(generator):
     tickets = [_ticket(generator, _request(prompt)) for prompt in PROMPTS[:3]]
     for _ in tickets:
         batcher.expect()
-    results: list[list] = [[] for _ in tickets]
-
-    def come(index: int, after_s: float) -> None:
-        time.sleep(after_s)
-        results[index].extend(batcher.race(tickets[index]))
-    threads = [threading.Thread(target=come, args=(i, [0.0, 0.9, 1.0][i])) for i in range(3)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
+    results = _race_together(batcher, tickets, arrivals=[0.0, 0.9, 1.0])
     assert batcher.largest == 3 and next(batcher.batches) == 1  # one batch of the three
     assert all(own[-1].done and own[-1].batch.requests == 3 for own in results)
     for _ in range(2):  # two pushed, one comes: it starts by its deadline, without the other
@@ -281,16 +278,7 @@ def test_a_class_whose_clicks_come_in_clumps_still_shares_one_batch(generator):
     batcher = Batcher(BatchLimits(gather_s=0.3, gather_max_s=3.0))
     arrivals = [0.0, 0.15, 0.3, 0.45, 0.6, 1.05]  # a clump over 0.6 s, then 0.45 s without a click
     tickets = [_ticket(generator, _request(PROMPTS[i % len(PROMPTS)])) for i in range(len(arrivals))]
-    results: list[list] = [[] for _ in tickets]
-
-    def come(index: int) -> None:
-        time.sleep(arrivals[index])
-        results[index].extend(batcher.race(tickets[index]))
-    threads = [threading.Thread(target=come, args=(i,)) for i in range(len(tickets))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
+    results = _race_together(batcher, tickets, arrivals)
     assert batcher.largest == len(tickets) and next(batcher.batches) == 1  # one batch of all
     assert all(own[-1].done and own[-1].batch.requests == len(tickets) for own in results)
     started = time.monotonic()
@@ -303,24 +291,13 @@ def test_a_page_click_is_waited_for_from_its_checks_and_counted_once(generator):
     pushed over 0.7 s and the first ran alone. Announced at its checks, its job is waited for; its push
     (the same session) and a double click do not count it again, so a visitor alone is not held."""
     batcher = Batcher(BatchLimits(gather_s=0.05, gather_max_s=2.0))
-    first, second = (_ticket(generator, _request(prompt)) for prompt in PROMPTS[:2])
+    tickets = [_ticket(generator, _request(prompt)) for prompt in PROMPTS[:2]]
     batcher.announce("page-a")
     batcher.announce("page-b")
     batcher.announce("page-b")  # a double click
     batcher.expect("page-a")  # page a's push: counted at its click
-    results: list[list] = [[], []]
-
-    def come(index: int, ticket: Ticket, after_s: float, session: str) -> None:
-        time.sleep(after_s)
-        if index:
-            batcher.expect(session)  # page b's push, then its job
-        results[index].extend(batcher.race(ticket))
-    threads = [threading.Thread(target=come, args=(0, first, 0.0, "page-a")),
-               threading.Thread(target=come, args=(1, second, 0.5, "page-b"))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
+    results = _race_together(batcher, tickets, arrivals=[0.0, 0.5],
+                             on_arrival=lambda index: batcher.expect("page-b") if index else None)  # b's push, then its job
     assert batcher.largest == 2 and next(batcher.batches) == 1  # one batch: the first waited for the second
     assert all(own[-1].done and own[-1].batch.requests == 2 for own in results)
     batcher.announce("page-c")  # a visitor alone who double-clicked: one job coming, not two
