@@ -320,6 +320,8 @@ def add_task_data_command(commands) -> None:
     tp.add_argument("task", choices=("tldr",))
     tp.add_argument("--count", type=int, default=600, help="titles to write a post for (default 600)")
     tp.add_argument("--seed", type=int, default=0)
+    tp.add_argument("--varied", action="store_true",
+                    help="varied titles (more people, events and shapes; the test set's subreddits) instead of the composed ones")
     tp.add_argument("--batch-size", type=int, default=16)
     tp.add_argument("--max-new-tokens", type=int, default=320)
     tp.add_argument("--output", default="assets/data/tldr/distil-posts.jsonl")
@@ -330,7 +332,7 @@ def run_task_posts(args: argparse.Namespace) -> int:
     if args.count < 1 or args.batch_size < 1 or args.max_new_tokens < 1:
         raise CliError("--count, --batch-size and --max-new-tokens must be >= 1")
     generator = TextGenerator(load_model(None, adapter="auto", quantize="auto"))  # the CPU default weights
-    written = write_posts(generator, synthetic_titles(args.count, args.seed), Path(args.output),
+    written = write_posts(generator, synthetic_titles(args.count, args.seed, args.varied), Path(args.output),
                           batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, seed=args.seed)
     print(f"wrote {written} posts to {args.output}")
     return 0
@@ -356,8 +358,12 @@ def run_pick_policy(args: argparse.Namespace) -> int:
     if args.every < 1:
         raise CliError("--every must be >= 1")
     entry = pick_policy(Path(args.run), args.speedup, posts=args.posts, device=args.device, every=args.every)
+    subject = entry["full_subject"]
+    print(f"{'1x':>22}  ROUGE-L {entry['full_rouge_l']:6.2f}" + (f"  main subject {subject:5.1f}%" if subject is not None else ""))
     for candidate in entry["candidates"]:
-        print(f"{candidate['name']:>22}  ROUGE-L {candidate['rouge_l']:6.2f}  share {candidate['share']:.4f}")
+        named = candidate["subject"]
+        print(f"{candidate['name']:>22}  ROUGE-L {candidate['rouge_l']:6.2f}  share {candidate['share']:.4f}"
+              + (f"  main subject {named:5.1f}%" if named is not None else ""))
     print(f"chosen: {entry['chosen']}" + (f" (exported to {entry['exported']})" if entry["exported"] else ""))
     return 0
 
@@ -624,6 +630,10 @@ TRAIN_OPTION_HELP = {
                       "its .source.json) and reused by every speedup and every resumed run",
     "posts_file": "TL;DR: the distillation posts (task-posts tldr); only the usable ones are summarised",
     "export": "a folder to export the final adapter to (bfloat16)",
+    "kl_weight": "with text targets: cross-entropy + this weight x KL to the model without the adapter (0 = off)",
+    "rerun": "eval-task tldr: run only these speedups again (comma-separated; their policies changed) and keep the "
+             "other arms' summaries and speed rows from the report in --output, made on this machine with the same settings",
+    "from_shipped": "TL;DR: start each speedup from its shipped policy (assets/adapters/tldr/skip-<S>x), a second round",
     "then": "TL;DR: comma-separated speedups trained after --speedup in the same process, each in its own run "
             "folder, sharing the prompts' prefill",
     "relexicalised": "rewritten copies of each training MR and its references with another eatType and food "

@@ -70,6 +70,10 @@ class TldrEvalConfig:
     policy: str = "task"
     policy_root: str | None = None  # a folder holding tldr/skip-<S>x policies (a run's exports); None: the shipped
     split: str = "reported"  # or "heldout": the 100 posts kept for choosing checkpoints (writes tldr-heldout.*)
+    # Only these speedups' arms (both prompt depths) and speed rows run again, where their policies changed
+    # since the report in --output was made; every other arm's summaries are read back from that report's
+    # outputs and scored again, and its speed row kept (a policy's weights do not change its speed). (): all.
+    rerun: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if self.weights not in ("default", "float32"):
@@ -85,6 +89,8 @@ class TldrEvalConfig:
             raise ValueError(f"--split must be one of {', '.join(SPLITS)}; got {self.split!r}")
         if not 0 <= self.floor_share < 1:
             raise ValueError(f"--floor-share must be in [0, 1); got {self.floor_share}")
+        if not set(self.rerun) <= set(self.speedups):
+            raise ValueError(f"--rerun must name speedups among --speedups {self.speedups}; got {self.rerun}")
 
 
 @dataclass
@@ -141,19 +147,54 @@ def summarise(generator: TextGenerator, posts: Sequence[TldrPost], schedule: Sch
     return outputs, layers, prefill_layers
 
 
+def arm_label(speedup: float, prompt_at_full_depth: bool = True) -> str:
+    return "1x" if speedup == 1.0 else f"{speedup:g}x" + ("" if prompt_at_full_depth else ", prompt at budget")
+
+
 def run_arm(generator: TextGenerator, posts: Sequence[TldrPost], config: TldrEvalConfig, speedup: float,
             prompt_at_full_depth: bool = True) -> TldrArm:
     schedule = schedule_request(config, speedup, generator.num_layers, prompt_at_full_depth)
     outputs, layers, prefill_layers = summarise(generator, posts, schedule, config.max_new_tokens, config.batch_size)
+    return scored_arm(posts, outputs, speedup, prompt_at_full_depth,
+                      mean(layers) if layers else float(generator.num_layers), prefill_layers)
+
+
+def scored_arm(posts: Sequence[TldrPost], outputs: list[str], speedup: float, prompt_at_full_depth: bool,
+               layers_per_step: float, prefill_layers: int) -> TldrArm:
+    """An arm's summaries of ``posts`` scored: ROUGE against each reference, the main subject named or not."""
     scores = [rouge_scores(text, post.reference) for text, post in zip(outputs, posts)]
     subjects = [main_subject(post) for post in posts]
-    label = "1x" if speedup == 1.0 else f"{speedup:g}x" + ("" if prompt_at_full_depth else ", prompt at budget")
-    return TldrArm(label=label, speedup=speedup, prompt_at_full_depth=prompt_at_full_depth, outputs=outputs,
+    return TldrArm(label=arm_label(speedup, prompt_at_full_depth), speedup=speedup,
+                   prompt_at_full_depth=prompt_at_full_depth, outputs=outputs,
                    rouge={name: [row[name] for row in scores] for name in ROUGE_TYPES},
                    subject_named=[names_main_subject(text, subject) if subject.known else None
                                   for text, subject in zip(outputs, subjects)],
-                   layers_per_step=mean(layers) if layers else float(generator.num_layers),
-                   prefill_layers=prefill_layers)
+                   layers_per_step=layers_per_step, prefill_layers=prefill_layers)
+
+
+@dataclass(frozen=True)
+class StoredRun:
+    """A report's arms and speed rows, and every arm's summaries (for ``TldrEvalConfig.rerun``)."""
+
+    arms: list[dict]  # the report's "arms"
+    speed: list[dict]  # its "speed" rows
+    outputs: dict[str, list[str]]  # label -> the summaries, in post order
+
+    def arm(self, posts: Sequence[TldrPost], speedup: float, prompt_at_full_depth: bool = True) -> TldrArm:
+        """The stored arm, its summaries scored again against ``posts`` (the same posts, in the same order)."""
+        label = arm_label(speedup, prompt_at_full_depth)
+        summary = next((arm for arm in self.arms if arm["label"] == label), None)
+        outputs = self.outputs.get(label)
+        if summary is None or outputs is None or len(outputs) != len(posts):
+            raise ValueError(f"the stored report has no summaries of these {len(posts)} posts for {label}: run it again")
+        return scored_arm(posts, outputs, speedup, prompt_at_full_depth, summary["mean_layers_per_step"],
+                          summary["prefill_layers"])
+
+    def speed_row(self, speedup: float, prompt_at_full_depth: bool = True) -> dict:
+        for row in self.speed:
+            if row["speedup"] == speedup and row["prompt_at_full_depth"] == prompt_at_full_depth:
+                return row
+        raise ValueError(f"the stored report has no speed row for {arm_label(speedup, prompt_at_full_depth)}")
 
 
 def speed_row(generator: TextGenerator, posts: Sequence[TldrPost], config: TldrEvalConfig, speedup: float,
@@ -176,16 +217,30 @@ def speed_row(generator: TextGenerator, posts: Sequence[TldrPost], config: TldrE
             "skip_first_token_s": first_token_s(row.skip_total_tps, row.skip_decode_tps)}
 
 
-def evaluate(models: ArmModels, posts: Sequence[TldrPost], config: TldrEvalConfig) -> dict:
+def evaluate(models: ArmModels, posts: Sequence[TldrPost], config: TldrEvalConfig, stored: StoredRun | None = None) -> dict:
     """Every arm's scores and shares, and the speed rows: the report's body (the caller adds the run's facts).
-    ``models(speedup)`` is the model an arm runs (a speedup's own policy, or one model for all)."""
-    full = run_arm(models(1.0), posts, config, 1.0)
-    arms = [full] + [run_arm(models(speedup), posts, config, speedup) for speedup in config.speedups]
-    arms += [run_arm(models(speedup), posts, config, speedup, prompt_at_full_depth=False)
-             for speedup in config.prompt_depth_speedups]
-    speed = [speed_row(models(speedup), posts, config, speedup) for speedup in config.speedups]
-    speed += [speed_row(models(speedup), posts, config, speedup, prompt_at_full_depth=False)
-              for speedup in config.prompt_depth_speedups]
+    ``models(speedup)`` is the model an arm runs (a speedup's own policy, or one model for all). With
+    ``stored`` and ``config.rerun``, only the rerun speedups run; the rest come from ``stored``."""
+    def fresh(speedup: float) -> bool:
+        return stored is None or not config.rerun or speedup in config.rerun
+
+    def arm(speedup: float, prompt_at_full_depth: bool = True) -> TldrArm:
+        if fresh(speedup):  # the 1x arm never reruns with --rerun: it runs no policy
+            return run_arm(models(speedup), posts, config, speedup, prompt_at_full_depth)
+        assert stored is not None
+        return stored.arm(posts, speedup, prompt_at_full_depth)
+
+    def speed(speedup: float, prompt_at_full_depth: bool = True) -> dict:
+        if fresh(speedup):
+            return speed_row(models(speedup), posts, config, speedup, prompt_at_full_depth)
+        assert stored is not None
+        return stored.speed_row(speedup, prompt_at_full_depth)
+
+    full = arm(1.0)
+    arms = [full] + [arm(speedup) for speedup in config.speedups]
+    arms += [arm(speedup, prompt_at_full_depth=False) for speedup in config.prompt_depth_speedups]
+    speed_rows = [speed(speedup) for speedup in config.speedups]
+    speed_rows += [speed(speedup, prompt_at_full_depth=False) for speedup in config.prompt_depth_speedups]
     return {"posts": len(posts), "config": dataclasses.asdict(config),
-            "arms": [arm.summary(None if arm is full else full) for arm in arms], "speed": speed,
-            "outputs": {arm.label: arm.outputs for arm in arms}}
+            "arms": [one.summary(None if one is full else full) for one in arms], "speed": speed_rows,
+            "outputs": {one.label: one.outputs for one in arms}}

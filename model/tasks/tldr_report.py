@@ -14,7 +14,7 @@ from model.common.hardware import hardware_info
 from model.generation.generator import TextGenerator
 from model.loading import load_model, resolve_device
 from model.tasks.tldr import HELDOUT_POSTS, ROUGE_TYPES, read_posts, split_posts
-from model.tasks.tldr_eval import ArmModels, TldrEvalConfig, evaluate
+from model.tasks.tldr_eval import ArmModels, StoredRun, TldrEvalConfig, evaluate
 from model.tasks.tldr_training import shipped_policy
 
 STEM = "tldr"
@@ -58,15 +58,54 @@ def run_tldr_eval(config: TldrEvalConfig, command: str | None = None) -> dict:
     posts = heldout if config.split == "heldout" else reported
     posts = posts[: config.posts] if config.posts else posts
     start = time.perf_counter()
+    stored, earlier = stored_run(config) if config.rerun else (None, None)
     models, ran = arm_models(config)
-    body = evaluate(models, posts, config)
+    body = evaluate(models, posts, config, stored)
     outputs = body.pop("outputs")
-    report = {"task": "tldr", "command": command, "note": TASK_MODEL_NOTE, "policies": ran, "weights": models(1.0).loaded.weights,
-              "split": config.split, "posts_scored": len(posts), "heldout_posts": HELDOUT_POSTS,
-              **body, "minutes": round((time.perf_counter() - start) / 60, 1),
-              "hardware": hardware_info(resolve_device(config.device))}
+    hardware = hardware_info(resolve_device(config.device))
+    policies = ran
+    if earlier is not None:
+        policies = {**earlier["policies"], **ran}
+        if earlier["hardware"]["summary"] != hardware["summary"]:
+            raise ValueError(f"--rerun keeps speed rows measured on {earlier['hardware']['summary']}, not this "
+                             f"machine ({hardware['summary']}): run every arm")
+    report = {"task": "tldr", "command": command, "note": TASK_MODEL_NOTE, "policies": policies,
+              "weights": models(1.0).loaded.weights, "split": config.split, "posts_scored": len(posts),
+              "heldout_posts": HELDOUT_POSTS, **body, "minutes": round((time.perf_counter() - start) / 60, 1),
+              "hardware": hardware}
+    if earlier is not None:
+        report["kept"] = {"speedups_rerun": list(config.rerun), "from_command": earlier["command"],
+                          "from_minutes": earlier["minutes"],
+                          "arms_kept": [arm["label"] for arm in earlier["arms"]
+                                        if arm["speedup"] not in config.rerun]}
     write_report(Path(config.output), report, outputs, stem=report_stem(config))
     return report
+
+
+# what a kept arm must share with the run that keeps it (the machine's threads and device aside)
+SAME_FOR_KEPT_ARMS = ("posts", "weights", "speedups", "prompt_depth_speedups", "max_new_tokens", "decay", "decay_length",
+                      "batch_size", "speed_posts", "speed_steps", "speed_repeats", "warmup", "floor_share", "policy",
+                      "policy_root", "split")
+
+
+def stored_run(config: TldrEvalConfig) -> tuple[StoredRun, dict]:
+    """The report in ``config.output`` a --rerun keeps arms from, and that report; it must have been made with
+    the same settings (SAME_FOR_KEPT_ARMS)."""
+    path = Path(config.output) / f"{report_stem(config)}.json"
+    outputs_path = path.with_name(f"{report_stem(config)}-outputs.jsonl")
+    if not path.is_file() or not outputs_path.is_file():
+        raise ValueError(f"--rerun keeps the other arms of the report in {config.output}, and there is none: run every arm")
+    earlier = json.loads(path.read_text())
+    made, wanted = earlier["config"], dataclasses.asdict(config)
+    differ = [name for name in SAME_FOR_KEPT_ARMS if _listed(made.get(name)) != _listed(wanted[name])]
+    if differ:
+        raise ValueError(f"--rerun: the stored report was made with other {', '.join(differ)}: run every arm")
+    rows = [json.loads(line) for line in outputs_path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return StoredRun(earlier["arms"], earlier["speed"], {row["label"]: row["outputs"] for row in rows}), earlier
+
+
+def _listed(value: object) -> object:
+    return list(value) if isinstance(value, (list, tuple)) else value
 
 
 def report_stem(config: TldrEvalConfig) -> str:
@@ -91,7 +130,7 @@ def report_markdown(report: dict) -> str:
     policies = ", ".join(f"{label}: {name or 'none'}" for label, name in report["policies"].items() if label != "1x")
     lines = [f"# Reddit TL;DR: {report['posts_scored']} {report['split']} posts ({report['hardware']['summary']})", "",
              f"Greedy, {report['weights']} weights; {report['note']}. Skip policies: {policies}. ROUGE F1 x 100; "
-             "shares of the 1x arm with 95% paired bootstrap intervals over posts.", "",
+             "shares of the 1x arm with 95% paired bootstrap intervals over posts." + _kept_line(report), "",
              "| arm | ROUGE-1 | ROUGE-2 | ROUGE-L | ROUGE-L share | ROUGE-1 share | repeated 4-grams | "
              "names the main subject | mean layers a step | prompt layers |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -109,6 +148,16 @@ def report_markdown(report: dict) -> str:
                      f"| {row['full_first_token_s']:.3f} s / {row['skip_first_token_s']:.3f} s | "
                      f"{row['cost_model_bound']:.2f}x |")
     return "\n".join(lines) + "\n"
+
+
+def _kept_line(report: dict) -> str:
+    kept = report.get("kept")
+    if not kept:
+        return ""
+    rerun = ", ".join(f"{speedup:g}x" for speedup in kept["speedups_rerun"])
+    return (f" Only {rerun} ran again (`{report['command']}`, their policies changed); the other arms' summaries "
+            f"({', '.join(kept['arms_kept'])}) are those of `{kept['from_command']}`, scored again, and their "
+            "speed rows its own, on the same machine.")
 
 
 def config_from(values: dict) -> TldrEvalConfig:

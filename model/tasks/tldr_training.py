@@ -94,6 +94,19 @@ def distillation_posts(posts_file: Path, limit: int = 0) -> list[TldrPost]:
     return posts
 
 
+def kept_targets(path: Path, made: dict | None, source: TargetsSource) -> dict[tuple[str, str], dict]:
+    """The rows of an earlier targets file that still hold, by (post id, prompt): only where it was made with
+    the same prompt, length and filters (its posts file may have been shorter), else none."""
+    if made is None:
+        return {}
+    same = {key: value for key, value in made.items() if key != "posts_sha256"} == \
+        {key: value for key, value in asdict(source).items() if key != "posts_sha256"}
+    if not same:
+        return {}
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return {(row["post_id"], row["prompt"]): row for row in rows}
+
+
 def task_model_summaries(generator: TextGenerator, posts: Sequence[TldrPost], max_new_tokens: int,
                          batch_size: int = TARGETS_BATCH) -> list[dict]:
     """prompt/completion records: the task model's greedy TL;DR of each post at full depth. Empty
@@ -106,13 +119,23 @@ def task_model_summaries(generator: TextGenerator, posts: Sequence[TldrPost], ma
 def write_targets(path: Path, posts_file: Path = DISTIL_POSTS, posts: int = 0, model: str | None = None,
                   device: str = "auto") -> Path:
     """The targets file at ``path`` (with ``path``.source.json beside it), made with the float32 task model
-    unless one made from the same source is already there."""
+    unless one made from the same source is already there. Where the posts file grew (more posts written),
+    the TL;DRs of the posts the file already holds are kept, provided it was made with the same prompt,
+    length and filters, and only the new posts are summarised."""
     path, source = Path(path), targets_source(posts_file, posts)
     record = path.with_suffix(".source.json")
-    if path.is_file() and record.is_file() and json.loads(record.read_text()) == asdict(source):
+    made = json.loads(record.read_text()) if path.is_file() and record.is_file() else None
+    if made == asdict(source):
         return path
-    generator = TextGenerator(load_model(model, device=device, dtype="float32", quantize="none", adapter=None))
-    rows = task_model_summaries(generator, distillation_posts(posts_file, posts), source.max_new_tokens)
+    wanted = distillation_posts(posts_file, posts)
+    kept = kept_targets(path, made, source)
+    todo = [post for post in wanted if (post.post_id, task_prompt(post)) not in kept]
+    fresh: list[dict] = []
+    if todo:
+        generator = TextGenerator(load_model(model, device=device, dtype="float32", quantize="none", adapter=None))
+        fresh = task_model_summaries(generator, todo, source.max_new_tokens)
+    by_post = {**kept, **{(row["post_id"], row["prompt"]): row for row in fresh}}
+    rows = [by_post[key] for post in wanted if (key := (post.post_id, task_prompt(post))) in by_post]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
     record.write_text(json.dumps(asdict(source), indent=2))
@@ -131,6 +154,12 @@ class TldrRun:
     batch_size: int = 8
     learning_rate: float = 5e-4
     lora_rank: int = 16
+    # > 0: cross-entropy on the targets + this weight x KL to the task model's own distribution at every
+    # target position (what the greedy text leaves out: how sure the full model was, and its second choices)
+    kl_weight: float = 0.0
+    # start each speedup from its shipped policy (assets/adapters/tldr/skip-<S>x) instead of a fresh LoRA:
+    # a second round goes on from the first round's choice
+    from_shipped: bool = False
     warmup: int | None = None  # layers every position runs first; None: the training default (the app's)
     posts: int = 0  # the first N usable distillation posts (quick runs); 0: all
     posts_file: str = str(DISTIL_POSTS)
@@ -153,6 +182,7 @@ class TldrRun:
         check_int("--posts", self.posts, low=0)
         check_int("--save-every", self.save_every, low=1)
         check_number("--lr", self.learning_rate, above=0, high=1)
+        check_number("--kl-weight", self.kl_weight, low=0, high=100)
         for speedup in self.then:
             check_number("--then", speedup, above=1, high=6)
         if self.then and (self.output_dir or self.export):
@@ -183,8 +213,19 @@ def train_config(run: TldrRun, targets: Path) -> TrainConfig:
         save_every=run.save_every, eval_every=0, resume=run.resume, device=run.device, threads=run.threads,
         seed=run.seed, max_length=MAX_SEQUENCE_TOKENS, warmup_steps=min(20, run.steps // 10),
         max_minutes=run.max_minutes, fixed_speedup=run.speedup, fixed_decay="linear", fixed_decay_length=DECAY_LENGTH,
-        floor_share=FLOOR_SHARE, decays=("linear",), gate_lora=True, keep_adapters=True)
+        floor_share=FLOOR_SHARE, decays=("linear",), gate_lora=True, keep_adapters=True, kl_weight=run.kl_weight,
+        init_adapter=str(start) if (start := starting_policy(run)) else None)
     return config if run.warmup is None else replace(config, warmup_layers=run.warmup)
+
+
+def starting_policy(run: TldrRun) -> Path | None:
+    """The shipped policy a --from-shipped run starts from (None: a fresh LoRA); there must be one."""
+    if not run.from_shipped:
+        return None
+    shipped = shipped_policy(run.speedup)
+    if shipped is None:
+        raise ValueError(f"--from-shipped: no shipped TL;DR policy for {run.speedup:g}x in {policy_folder(run.speedup)}")
+    return shipped
 
 
 def train_tldr_policy(run: TldrRun) -> list[TrainResult]:

@@ -334,11 +334,16 @@ def wrap_trainable(model, config: TrainConfig):
 
 class Teacher:
     """The ORIGINAL model's logits for self-distillation: the LoRA student with its adapter
-    switched off (no second copy), or a frozen copy when all weights are trained."""
+    switched off (no second copy), or a frozen copy when all weights are trained.
 
-    def __init__(self, student, config: TrainConfig) -> None:
+    ``prompts``: the student's prompt store, where it has one. Its prompts were prefilled at full depth
+    with no LoRA acting, which is what the original model computes, so the teacher reads them from there
+    and runs only the generated positions (a long prompt is not run again every step)."""
+
+    def __init__(self, student, config: TrainConfig, prompts: PromptStore | None = None) -> None:
         self.student = student
         self.frozen = copy.deepcopy(student).eval().requires_grad_(False) if config.full_finetune else None
+        self.prompts = prompts if self.frozen is None else None
 
     @torch.no_grad()
     def logits(self, ids, mask, prompt_len: int, hidden_states: list | None = None) -> torch.Tensor:
@@ -347,7 +352,8 @@ class Teacher:
         if self.frozen is not None:
             return skip_policy_logits(model, ids, mask, schedule, prompt_len, hidden_states=hidden_states)
         with model.disable_adapter():
-            return skip_policy_logits(model, ids, mask, schedule, prompt_len, hidden_states=hidden_states)
+            return skip_policy_logits(model, ids, mask, schedule, prompt_len, hidden_states=hidden_states,
+                                      prompts=self.prompts)
 
 
 class Budget:
@@ -512,10 +518,11 @@ def _prepare_run(config: TrainConfig, prompts: PromptStore | None = None) -> _Ru
     bridge = EntryBridge(num_layers, hidden_size, config.bridge_rank).to(accelerator.device) if config.bridge_rank else None
     if config.init_adapter and not config.resume:  # a resumed run's checkpoint already holds the weights
         load_initial_adapter(lm, bridge, config.init_adapter, config)
-    teacher = None if config.data and not config.kl_weight else Teacher(lm, config)
     # the prompt's keys never change: nothing trainable acts on it and no dropout redraws it (GPT-2's, OPT's)
     frozen_prompts = config.gate_lora and not config.full_finetune and not _has_dropout(lm)
-    model = SkipPolicyModel(lm, bridge, (prompts or PromptStore()) if frozen_prompts else None)
+    store = (prompts or PromptStore()) if frozen_prompts else None
+    teacher = None if config.data and not config.kl_weight else Teacher(lm, config, store)
+    model = SkipPolicyModel(lm, bridge, store)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=0.0)
     model, optimizer = accelerator.prepare(model, optimizer)

@@ -21,6 +21,25 @@ def test_titles_are_seeded_distinct_and_never_a_test_posts():
         assert_no_test_post([*titles[:3], PostTitle("synthetic-x", test.subreddit, test.title)])
 
 
+def test_varied_titles_spread_over_the_test_sets_subreddits_and_shapes():
+    composed, varied = synthetic_titles(300, seed=1), synthetic_titles(300, seed=1, varied=True)
+    assert varied == synthetic_titles(300, seed=1, varied=True) and len({t.title for t in varied}) == 300
+    assert all(t.post_id.startswith("varied-") for t in varied)  # never a composed title's id: both can be written
+    assert_no_test_post(varied)
+    subreddits = [t.subreddit for t in varied]
+    assert subreddits.count("relationships") > 0.35 * len(varied)  # the test set's first subreddit, as there
+    assert len(set(subreddits)) >= 8
+
+    def word_pairs(titles):  # adjacent words, the ages left out: how many ways the titles are put
+        pairs = set()
+        for title in titles:
+            words = [w.lower() for w in title.title.split() if not any(c.isdigit() for c in w)]
+            pairs |= set(zip(words, words[1:]))
+        return pairs
+
+    assert len(word_pairs(varied)) > 1.6 * len(word_pairs(composed))  # 1,084 against 518
+
+
 @pytest.mark.slow
 def test_posts_are_appended_per_batch_and_a_second_run_writes_only_what_is_missing(tiny_folder, tmp_path):
     from model.generation.generator import TextGenerator

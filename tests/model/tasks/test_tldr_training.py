@@ -33,6 +33,36 @@ def written_posts(folder: Path) -> Path:
     return path
 
 
+def test_a_grown_posts_file_summarises_only_its_new_posts(tmp_path, monkeypatch):
+    import model.tasks.tldr_training as tldr_training
+
+    summarised: list[str] = []
+
+    def fake_summaries(generator, posts, max_new_tokens, batch_size=8):
+        summarised.extend(p.post_id for p in posts)
+        return [{"post_id": p.post_id, "prompt": tldr_training.task_prompt(p), "completion": f"about {p.post_id}"}
+                for p in posts]
+
+    monkeypatch.setattr(tldr_training, "task_model_summaries", fake_summaries)
+    monkeypatch.setattr(tldr_training, "load_model", lambda *a, **k: None)
+    monkeypatch.setattr(tldr_training, "TextGenerator", lambda loaded: None)
+    posts = written_posts(tmp_path)
+    targets = tmp_path / "targets.jsonl"
+    tldr_training.write_targets(targets, posts)
+    assert summarised == [f"synthetic-{i}" for i in range(4)]
+    rows = posts.read_text().splitlines()
+    grown = [json.loads(rows[0]) | {"post_id": "varied-0", "title": "My boyfriend forgot my birthday again"}]
+    posts.write_text("\n".join(rows) + "\n" + "".join(json.dumps(row) + "\n" for row in grown))
+    tldr_training.write_targets(targets, posts)
+    assert summarised[4:] == ["varied-0"]  # the four made before are kept
+    made = [json.loads(line)["post_id"] for line in targets.read_text().splitlines()]
+    assert made == [f"synthetic-{i}" for i in range(4)] + ["varied-0"]
+    source = targets.with_suffix(".source.json")
+    source.write_text(source.read_text().replace('"max_new_tokens": 48', '"max_new_tokens": 32'))
+    tldr_training.write_targets(targets, posts)  # made with another length: every post again
+    assert summarised[5:] == made
+
+
 def post(text: str, title: str = "My [24 F] boyfriend [26 M] forgot my birthday, what should I do?") -> TldrPost:
     return TldrPost("synthetic-9", "relationships", title, text, "")
 
@@ -50,7 +80,7 @@ def test_the_committed_posts_keep_most_of_them_and_none_is_a_test_post():
     written = sum(1 for line in DISTIL_POSTS.read_text().splitlines() if line.strip())
     kept = distillation_posts(DISTIL_POSTS)  # raises where a title or post is a test post's
     assert 0.5 * written < len(kept) < written  # the filter drops some and keeps most
-    assert all(usable_post(p) and p.post_id.startswith("synthetic-") for p in kept)
+    assert all(usable_post(p) and p.post_id.startswith(("synthetic-", "varied-")) for p in kept)
     assert MAX_POST_REPETITION < 0.2
 
 
@@ -63,6 +93,12 @@ def test_a_policy_trains_under_the_tasks_one_schedule_with_the_prompt_kept_whole
         TldrRun(speedup=1.0)
     with pytest.raises(ValueError, match="--then"):
         TldrRun(then=(2.0,), export="assets/adapters/tldr/skip-3x")
+    # a second round: from the shipped policy, with the KL to the task model beside the cross-entropy
+    second = train_config(TldrRun(speedup=3.0, output_dir=str(tmp_path), kl_weight=0.5, from_shipped=True),
+                          tmp_path / "targets.jsonl")
+    assert second.kl_weight == 0.5 and second.init_adapter.endswith("tldr/skip-3x")
+    with pytest.raises(ValueError, match="no shipped TL;DR policy for 1.5x"):
+        train_config(TldrRun(speedup=1.5, from_shipped=True), tmp_path / "targets.jsonl")
 
 
 @pytest.mark.slow
@@ -100,6 +136,19 @@ def test_targets_are_made_once_and_a_stopped_run_resumes_to_an_exported_policy(t
     assert (entry["exported"] is None) == (entry["chosen"] == "general")
     assert json.loads((tmp_path / "picks.json").read_text())["2x"] == entry
 
+    # a second round: the shipped policy is a candidate, and the first round's record is kept beside the new one
+    from model.skipdecode.skip_policy import export_adapter
+
+    export_adapter(tmp_path / "run" / "adapter-step-000001", tmp_path / "shipped" / "tldr" / "skip-2x")
+    second = pick_policy(tmp_path / "run", 2.0, posts=3, model=str(tiny_folder), device="cpu",
+                         export_root=tmp_path / "shipped", picks_file=tmp_path / "picks.json", config=config, every=1)
+    assert [c["name"] for c in second["candidates"]] == ["general", "shipped", "adapter-step-000001",
+                                                         "adapter-step-000002"]
+    assert second["chosen"] == choose([Candidate(**c) for c in second["candidates"]], second["full_subject"]).name
+    assert second["earlier_rounds"][0]["candidates"] == entry["candidates"]
+    shipped_now = (tmp_path / "shipped" / "tldr" / "skip-2x" / "adapter_config.json").is_file()
+    assert shipped_now == (second["chosen"] != "general")
+
 
 @pytest.mark.slow
 def test_later_speedups_share_the_first_runs_prefilled_prompts(tiny_folder, tmp_path, monkeypatch):
@@ -136,3 +185,20 @@ def test_the_rule_ships_a_checkpoint_only_where_it_beats_the_general_policy_by_t
     tie = Candidate("adapter-step-000150", 150, 10.5, 0.970)
     assert choose([general, close, tie, better]) == better  # the earlier of two equal steps
     assert choose([general]) == general
+
+
+def test_the_rule_keeps_to_candidates_that_name_the_main_subject_and_the_shipped_one_wins_a_tie():
+    from model.tasks.tldr_pick import SUBJECT_POINTS, choose
+
+    general = Candidate("general", None, 10.0, 0.90, 10.0)
+    shipped = Candidate("shipped", None, 12.0, 1.00, 18.0)  # best share, but the subject 7 points under 1x's 25
+    named = Candidate("adapter-step-000100", 100, 11.5, 0.97, 25.0 - SUBJECT_POINTS)
+    later = Candidate("adapter-step-000200", 200, 11.0, 0.96, 24.0)
+    assert choose([general, shipped, named, later], full_subject=25.0) == named
+    assert choose([general, shipped, named, later]) == shipped  # rates not scored: the share alone
+    # none eligible: all are, by share
+    assert choose([general, shipped, Candidate("adapter-step-000100", 100, 11.0, 0.95, 10.0)], full_subject=25.0) == shipped
+    tie = Candidate("adapter-step-000100", 100, 12.0, 1.00, 18.0)
+    assert choose([general, tie, shipped], full_subject=18.0) == shipped  # no churn on a tie
+    worse = Candidate("shipped", None, 9.0, 0.80, 25.0)
+    assert choose([general, worse], full_subject=25.0) == general  # a policy must beat the general one

@@ -89,6 +89,37 @@ def test_a_frozen_prompt_gives_the_same_logits_and_gradients_as_the_whole_sequen
     assert store.prefilled == 3 and len(store.rows) == 3  # each prompt prefilled once
 
 
+def test_the_teacher_reads_the_students_prompts_and_gives_the_original_models_logits():
+    """Teacher with the student's PromptStore: the model without its adapter over the whole sequence at
+    full depth, though a trained gated LoRA is on the student and the prompt is read from the store."""
+    from peft import LoraConfig, get_peft_model
+
+    from model.skipdecode.skip_policy import install_lora_gate
+    from model.training.training import Teacher
+
+    torch.manual_seed(0)
+    base = tiny_model("llama")
+    with torch.no_grad():
+        examples = [Example(prompt=list(range(5, 14)), target=list(range(30, 38))),
+                    Example(prompt=[20, 21, 22], target=[23, 24, 25])]
+        ids, mask, _, prompt_len = collate(examples, pad_id=0)
+        original = skip_policy_logits(base, ids, mask, full_schedule(NUM_LAYERS), prompt_len)
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]))
+    install_lora_gate(model)
+    with torch.no_grad():
+        for name, weight in model.named_parameters():
+            if "lora_" in name:
+                weight.normal_(0, 0.2)
+    store = PromptStore()
+    student = skip_policy_logits(model, ids, mask, ScheduleConfig(NUM_LAYERS, 6, 2, decay="linear", decay_length=6),
+                                 prompt_len, prompts=store)
+    teacher = Teacher(model, TrainConfig(data="x.jsonl", kl_weight=1.0), store).logits(ids, mask, prompt_len)
+    real = collate(examples, pad_id=0)[2].bool()
+    torch.testing.assert_close(teacher[real], original[real], atol=1e-4, rtol=1e-4)
+    assert not torch.allclose(student[real], original[real], atol=1e-2)  # the student's LoRA acts; the teacher's not
+    assert store.prefilled == 2  # the teacher prefilled nothing again
+
+
 def test_random_schedules_cover_the_apps_range():
     import random
 
