@@ -4,27 +4,38 @@
 # (3x, then 2x, 5x, 4x in one process: the prompts' prefill is shared), the held-out pick of each
 # (model/tasks/tldr_pick.py: the rule; the chosen checkpoint goes to assets/adapters/tldr/skip-<S>x,
 # the record to assets/eval/tldr-picks.json), then the test-set evaluation (assets/eval/tldr.*).
-#   bash lab/training/cpu_tldr_policies.sh [train|pick|eval|all|round2]
+#   bash lab/training/cpu_tldr_policies.sh [train|pick|eval|all|round2|round3]
 # A stopped training run continues with RESUME=1 (each speedup from its newest checkpoint, every 50
 # steps; its log: runs/tldr-train.log).
-# round2: the second round of 3x and 5x (the first round's 3x missed the main-subject target, its 5x the
-# ROUGE-L share): each from its shipped policy, cross-entropy + KL to the task model, 200 steps at lr 2e-4,
-# then the pick (the shipped policy a candidate too), then the evaluation.
+# round2: 3x and 5x again, each from its shipped policy, cross-entropy + KL to the task model, 200 steps at
+# lr 2e-4, then the pick (the shipped policy a candidate too). round3: 320 posts more from varied titles,
+# then 3x and 5x from the shipped policies on all the usable posts, cross-entropy only, picked the same
+# way. Each ends with the evaluation of only the speedups that ran (--rerun: the other arms are kept).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . .venv/bin/activate
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 STAGE=${1:-all}
 SPEEDUPS="3 2 5 4"
-if [ "$STAGE" = round2 ]; then
-  python -m model train-task tldr --speedup 3 --then 5 --steps 200 --batch-size 8 --lr 2e-4 --kl-weight 1 \
-    --from-shipped --save-every 50 --threads 2 $resume 2>&1 | tee -a runs/tldr-train-round2.log
+resume=$([ "${RESUME:-0}" = 1 ] && echo --resume || echo --no-resume)
+round() {  # $1: extra train-task options; the speedups' runs go to runs/tldr-skip-<S>x
+  python -m model train-task tldr --speedup 3 --then 5 --steps 200 --batch-size 8 --lr 2e-4 --from-shipped \
+    --save-every 50 --threads 2 $1 $resume 2>&1 | tee -a "runs/tldr-train-$STAGE.log"
   for s in 3 5; do
     python -m model pick-policy tldr --speedup "$s" --run "runs/tldr-skip-${s}x" --device cpu
   done
-  STAGE=eval
+  python -m model eval-task tldr --device cpu --threads 2 --rerun 3,5
+  python -m model results
+}
+if [ "$STAGE" = round2 ]; then
+  round "--kl-weight 1"
+  exit 0
 fi
-resume=$([ "${RESUME:-0}" = 1 ] && echo --resume || echo --no-resume)
+if [ "$STAGE" = round3 ]; then
+  python -m model task-posts tldr --count 320 --seed 1 --varied
+  round "--kl-weight 0"
+  exit 0
+fi
 if [ "$STAGE" = train ] || [ "$STAGE" = all ]; then
   python -m model train-task tldr --speedup 3 --then 2,5,4 --steps 300 --batch-size 8 --save-every 50 \
     --threads 2 $resume 2>&1 | tee -a runs/tldr-train.log

@@ -224,6 +224,11 @@ def tldr_summaries(sources: Sources) -> list[str]:
              "paper fine-tuned one). ROUGE-1/2/L F1 x 100 against the human TL;DR; the share is of the 1x arm's",
              "ROUGE-L with its 95% paired bootstrap interval over posts; the main subject is the reference's people",
              "and the event words its title and reference share (model/tasks/tldr.py).", ""]
+    kept = report.get("kept")
+    if kept:
+        rerun = ", ".join(f"{speedup:g}x" for speedup in kept["speedups_rerun"])
+        intro += [f"Only {rerun} ran in the source's command (the policies that changed); the other arms' summaries",
+                  "(scored again) and speed rows are those of", f"`{kept['from_command']}`, on the same machine.", ""]
     quality = table(("arm", "ROUGE-1 / 2 / L", "ROUGE-L share of 1x", "names the main subject", "repeated 4-grams",
                      "skip policy", "layers a step", "prompt layers", "source"), rows)
     first = report["speed"][0] if report["speed"] else {}

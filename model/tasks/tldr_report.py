@@ -155,9 +155,9 @@ def _kept_line(report: dict) -> str:
     if not kept:
         return ""
     rerun = ", ".join(f"{speedup:g}x" for speedup in kept["speedups_rerun"])
-    return (f" Only {rerun} ran again (`{report['command']}`, their policies changed); the other arms' summaries "
-            f"({', '.join(kept['arms_kept'])}) are those of `{kept['from_command']}`, scored again, and their "
-            "speed rows its own, on the same machine.")
+    return (f" Only {rerun} ran again (`{report['command']}`: the policies that changed). The other arms' summaries "
+            f"({'; '.join(kept['arms_kept'])}) are those of `{kept['from_command']}`, scored again, and their "
+            "speed rows are its own, on the same machine.")
 
 
 def config_from(values: dict) -> TldrEvalConfig:

@@ -39,7 +39,7 @@ def save_adapter(model, folder: Path, config, step: int, seconds: float,
     if bridge is not None:
         bridge.save(folder)
     settings = asdict(config)
-    for key in ("prompts", "data", "output_dir", "model", "task_adapter"):
+    for key in ("prompts", "data", "output_dir", "model", "task_adapter", "init_adapter", "sequences"):
         settings[key] = portable_path(settings[key])
     info = {"step": step, "seconds": round(seconds, 1), "config": settings,
             "skip_policy": {"gated": config.gate_lora, "bridge_rank": config.bridge_rank,
