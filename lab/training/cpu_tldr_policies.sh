@@ -19,12 +19,16 @@ export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 STAGE=${1:-all}
 SPEEDUPS="3 2 5 4"
 resume=$([ "${RESUME:-0}" = 1 ] && echo --resume || echo --no-resume)
+set_aside() {  # a round's runs go to runs/<round>/ when it ends, so the next round's pick reads only its own
+  mkdir -p "runs/$STAGE" && mv "$@" "runs/$STAGE/"
+}
 round() {  # $1: extra train-task options; the speedups' runs go to runs/tldr-skip-<S>x
   python -m model train-task tldr --speedup 3 --then 5 --steps 200 --batch-size 8 --lr 2e-4 --from-shipped \
     --save-every 50 --threads 2 $1 $resume 2>&1 | tee -a "runs/tldr-train-$STAGE.log"
   for s in 3 5; do
     python -m model pick-policy tldr --speedup "$s" --run "runs/tldr-skip-${s}x" --device cpu
   done
+  set_aside runs/tldr-skip-3x runs/tldr-skip-5x
   python -m model eval-task tldr --device cpu --threads 2 --rerun 3,5
   python -m model results
 }
@@ -41,6 +45,7 @@ if [ "$STAGE" = round4 ]; then
   python -m model train-task tldr --speedup 3 --steps 300 --batch-size 8 --save-every 50 --threads 2 $resume \
     2>&1 | tee -a runs/tldr-train-round4.log
   python -m model pick-policy tldr --speedup 3 --run runs/tldr-skip-3x --device cpu
+  set_aside runs/tldr-skip-3x
   python -m model eval-task tldr --device cpu --threads 2 --rerun 3
   python -m model results
   exit 0

@@ -67,7 +67,7 @@ def synthetic_title(rng: random.Random, index: int) -> PostTitle:
     return PostTitle(f"synthetic-{index}", subreddit, title)
 
 
-# The varied titles (``varied_titles``): the subreddits in about the test set's proportions (relationships
+# The varied titles (``varied_title``): the subreddits in about the test set's proportions (relationships
 # first) and the shapes its posters use ("Me [25F] with my SO [27 M] of 3 years, ..."), with many more
 # people and events than the composed ones, so a policy meets titles it has not seen a hundred times.
 VARIED_SUBREDDITS = (("relationships", 50), ("AskReddit", 11), ("tifu", 9), ("relationship_advice", 9),

@@ -82,10 +82,9 @@ def run_tldr_eval(config: TldrEvalConfig, command: str | None = None) -> dict:
     return report
 
 
-# what a kept arm must share with the run that keeps it (the machine's threads and device aside)
-SAME_FOR_KEPT_ARMS = ("posts", "weights", "speedups", "prompt_depth_speedups", "max_new_tokens", "decay", "decay_length",
-                      "batch_size", "speed_posts", "speed_steps", "speed_repeats", "warmup", "floor_share", "policy",
-                      "policy_root", "split")
+# what a kept arm must share with the run that keeps it: every setting but where it runs and writes
+SAME_FOR_KEPT_ARMS = tuple(spec.name for spec in dataclasses.fields(TldrEvalConfig)
+                           if spec.name not in ("device", "threads", "output", "rerun"))
 
 
 def stored_run(config: TldrEvalConfig) -> tuple[StoredRun, dict]:
