@@ -138,6 +138,11 @@ class Batcher:
         self._slots = threading.BoundedSemaphore(self.limits.batches)  # batches that may run at once
         self.batches = itertools.count()  # batches run so far (tests and the load script read it)
         self.largest = 0  # the most jobs one batch has held
+        self._running = 0  # batches formed and not yet ended
+
+    def running_count(self) -> int:
+        """Batches formed and not yet ended (a batch of one included): at most ``BatchLimits.batches``."""
+        return self._running
 
     def waiting_count(self) -> int:
         """Jobs waiting for a batch (not the ones running): the fair queue counts them as waiting."""
@@ -235,6 +240,8 @@ class Batcher:
                 raise
             next(self.batches)
             self.largest = max(self.largest, len(batch))
+            with self._arrival:
+                self._running += 1
             threading.Thread(target=self._run_batch, args=(batch,), name="batch", daemon=True).start()
 
     def _run_batch(self, batch: list[Ticket]) -> None:
@@ -248,6 +255,8 @@ class Batcher:
                 ticket.updates.put(error)
                 ticket.updates.put(END)
         finally:
+            with self._arrival:
+                self._running -= 1
             self._slots.release()
 
     def _next_batch(self) -> list[Ticket]:

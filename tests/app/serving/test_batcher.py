@@ -18,6 +18,7 @@ from model.generation.runs import GenerationRequest, merged_request
 from model.generation.schedules import ScheduleRequest
 from model.race import race
 from model.skipdecode.decoder import SamplingConfig, sample_next
+from tests.support import wait_until
 
 PROMPTS = ("Name three colours.", "What is the capital of France?", "Tell me about the sea.", "Why is the sky blue?")
 NEW_TOKENS = 12
@@ -83,6 +84,29 @@ def test_a_batch_of_one_is_the_jobs_own_race_bit_for_bit(generator):
     assert len(together) == len(alone) and _texts(together[-1]) == _texts(alone[-1])
     assert together[-1].skip.step_layers == alone[-1].skip.step_layers
     assert together[-1].batch is None and together[-1].done  # it ran alone: no batch share
+
+
+def test_a_job_after_the_batches_in_flight_waits_and_is_counted_apart_from_them(generator):
+    """With one batch at a time, a job that comes while a batch runs waits for the next: ``running_count``
+    says a batch has formed (its job no longer in ``waiting_count``), so a caller can tell a batch still
+    gathering its head from a job waiting behind it."""
+    compute = threading.Lock()
+    batcher = Batcher(BatchLimits(batches=1, gather_s=0.0, gather_max_s=0.0), compute_lock=compute)
+    assert batcher.running_count() == 0
+    first, second = (_ticket(generator, _request(prompt)) for prompt in PROMPTS[:2])
+    with compute:  # the first batch formed, its model steps wait for the lock
+        readers = [threading.Thread(target=lambda t=first: list(batcher.race(t)))]
+        readers[0].start()
+        assert wait_until(lambda: batcher.running_count() == 1 and batcher.waiting_count() == 0, 30)
+        readers.append(threading.Thread(target=lambda t=second: list(batcher.race(t))))
+        readers[1].start()
+        assert wait_until(lambda: batcher.waiting_count() == 1, 30)
+        time.sleep(0.2)
+        assert batcher.running_count() == 1 and batcher.waiting_count() == 1  # it waits: not in the running batch
+    for thread in readers:
+        thread.join(60)
+    assert wait_until(lambda: batcher.running_count() == 0 and batcher.waiting_count() == 0, 30)
+    assert next(batcher.batches) == 2 and batcher.largest == 1  # two batches of one
 
 
 def test_jobs_that_share_a_schedule_run_as_one_batch_each_reading_its_own_rows(generator):
