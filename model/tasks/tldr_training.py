@@ -157,6 +157,9 @@ class TldrRun:
     # > 0: cross-entropy on the targets + this weight x KL to the task model's own distribution at every
     # target position (what the greedy text leaves out: how sure the full model was, and its second choices)
     kl_weight: float = 0.0
+    # > 0: a target token the policy's greedy choice gets wrong weighs 1 + this in the cross-entropy (training's
+    # flip_weight): a wrong greedy token early in a summary sends the rest of it off the post (the subject lost)
+    flip_weight: float = 0.0
     # start each speedup from its shipped policy (assets/adapters/tldr/skip-<S>x) instead of a fresh LoRA:
     # a second round goes on from the first round's choice
     from_shipped: bool = False
@@ -183,6 +186,7 @@ class TldrRun:
         check_int("--save-every", self.save_every, low=1)
         check_number("--lr", self.learning_rate, above=0, high=1)
         check_number("--kl-weight", self.kl_weight, low=0, high=100)
+        check_number("--flip-weight", self.flip_weight, low=0, high=100)
         for speedup in self.then:
             check_number("--then", speedup, above=1, high=6)
         if self.then and (self.output_dir or self.export):
@@ -214,6 +218,7 @@ def train_config(run: TldrRun, targets: Path) -> TrainConfig:
         seed=run.seed, max_length=MAX_SEQUENCE_TOKENS, warmup_steps=min(20, run.steps // 10),
         max_minutes=run.max_minutes, fixed_speedup=run.speedup, fixed_decay="linear", fixed_decay_length=DECAY_LENGTH,
         floor_share=FLOOR_SHARE, decays=("linear",), gate_lora=True, keep_adapters=True, kl_weight=run.kl_weight,
+        flip_weight=run.flip_weight,
         init_adapter=str(start) if (start := starting_policy(run)) else None)
     return config if run.warmup is None else replace(config, warmup_layers=run.warmup)
 

@@ -96,7 +96,12 @@ def test_a_policy_trains_under_the_tasks_one_schedule_with_the_prompt_kept_whole
     # a second round: from the shipped policy, with the KL to the task model beside the cross-entropy
     second = train_config(TldrRun(speedup=3.0, output_dir=str(tmp_path), kl_weight=0.5, from_shipped=True),
                           tmp_path / "targets.jsonl")
-    assert second.kl_weight == 0.5 and second.init_adapter.endswith("tldr/skip-3x")
+    assert second.kl_weight == 0.5 and second.init_adapter.endswith("tldr/skip-3x") and second.flip_weight == 0
+    # the tokens the policy's greedy choice gets wrong weigh more (the cross-entropy's flip weight)
+    flipped = train_config(TldrRun(speedup=3.0, output_dir=str(tmp_path), flip_weight=2.0), tmp_path / "targets.jsonl")
+    assert flipped.flip_weight == 2.0 and flipped.kl_weight == 0
+    with pytest.raises(ValueError, match="--flip-weight"):
+        TldrRun(flip_weight=-1.0)
     with pytest.raises(ValueError, match="no shipped TL;DR policy for 1.5x"):
         train_config(TldrRun(speedup=1.5, from_shipped=True), tmp_path / "targets.jsonl")
 
