@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.serving.job_cost import DEFAULT_MAX_JOB_COST
-from app.tasks import TASK_LABELS, TLDR, examples, post_examples
+from app.tasks import TASK_LABELS, TLDR, examples, post_examples, tldr_shape
 from model.common.checks import check_bool, check_choice, check_int, check_number
 from model.generation.runs import GenerationRequest
 from model.generation.schedules import ScheduleRequest
@@ -204,7 +204,8 @@ class PlaygroundSettings:
                 raise ValueError("a task's schedule needs the model's number of layers")
             if self.task == TLDR:
                 return tldr.task_schedule(self.target_speedup, num_layers, full=full, skip_policy=self.skip_policy,
-                                          prompt_at_full_depth=self.prompt_at_full_depth)
+                                          prompt_at_full_depth=self.prompt_at_full_depth,
+                                          shape=tldr_shape(self.target_speedup))
             return task_schedule(self.task, self.target_speedup, num_layers, full=full, skip_policy=self.skip_policy)
         return ScheduleRequest(
             target_speedup=self.target_speedup, decay=self.decay, warmup=self.warmup,

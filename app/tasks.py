@@ -75,14 +75,33 @@ def fixed_note(task: str) -> str:
     if not is_task(task):
         return ""
     if task == TLDR:
-        return (f"The TL;DR task fixes the schedule its skip policies train on (linear decay over {tldr.DECAY_LENGTH} "
-                f"tokens, a floor at {tldr.FLOOR_SHARE:.0%} of the average depth, greedy decoding), so decay, warmup, "
-                "decay length, min/max layers, layer order and sampling are hidden. The prompt's depth stays yours "
-                "(Advanced: Prompt at full depth): a post is most of a TL;DR request.")
+        others = "".join(f"; {speedup:g}x: {shape_words(shape)}, as its policy was trained"
+                         for speedup, shape in tldr_shapes().items() if shape != tldr.LINEAR)
+        return (f"The TL;DR task fixes the schedule its skip policies train on ({shape_words(tldr.LINEAR)}{others}; "
+                "greedy decoding), so decay, warmup, decay length, min/max layers, layer order and sampling are hidden. "
+                "The prompt's depth stays yours (Advanced: Prompt at full depth): a post is most of a TL;DR request.")
     settings = task_models.check_task(task)
     return (f"The {task_name(task)} task fixes the schedule its skip policies were trained on (linear decay over "
             f"{settings.decay_length} tokens, a floor at {settings.floor_share:.0%} of the average depth, greedy "
             "decoding), so decay, warmup, decay length, min/max layers, layer order and sampling are hidden.")
+
+
+def tldr_shape(speedup: float) -> tldr.TaskShape:
+    """The schedule's shape at ``speedup``: the one its shipped TL;DR policy was trained in (linear without one)."""
+    return tldr.shape_of(shipped_policy(speedup))
+
+
+def tldr_shapes() -> dict[float, tldr.TaskShape]:
+    """The shape of each speedup a TL;DR policy is shipped for."""
+    return {speedup: tldr_shape(speedup) for speedup in tldr.SPEEDUPS if shipped_policy(speedup) is not None}
+
+
+def shape_words(shape: tldr.TaskShape) -> str:
+    if shape.decay == "step":
+        return (f"its first {shape.decay_length // 2} tokens deep, then a step down, a floor at {shape.floor_share:.0%} "
+                "of the average depth")
+    return (f"{shape.decay} decay over {shape.decay_length} tokens, a floor at {shape.floor_share:.0%} of the average "
+            "depth")
 
 
 def mr_problem(error: ValueError) -> str:

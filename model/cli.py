@@ -363,7 +363,8 @@ def run_pick_policy(args: argparse.Namespace) -> int:
     for candidate in entry["candidates"]:
         named = candidate["subject"]
         print(f"{candidate['name']:>22}  ROUGE-L {candidate['rouge_l']:6.2f}  share {candidate['share']:.4f}"
-              + (f"  main subject {named:5.1f}%" if named is not None else ""))
+              + (f"  main subject {named:5.1f}%" if named is not None else "")
+              + (f"  ({candidate['shape']} shape)" if candidate.get("shape", "linear") != "linear" else ""))
     print(f"chosen: {entry['chosen']}" + (f" (exported to {entry['exported']})" if entry["exported"] else ""))
     return 0
 

@@ -4,7 +4,7 @@
 # (3x, then 2x, 5x, 4x in one process: the prompts' prefill is shared), the held-out pick of each
 # (model/tasks/tldr_pick.py: the rule; the chosen checkpoint goes to assets/adapters/tldr/skip-<S>x,
 # the record to assets/eval/tldr-picks.json), then the test-set evaluation (assets/eval/tldr.*).
-#   bash lab/training/cpu_tldr_policies.sh [train|pick|eval|all|round2|round3|round4|round5]
+#   bash lab/training/cpu_tldr_policies.sh [train|pick|eval|all|round2|round3|round4|round5|round6]
 # A stopped training run continues with RESUME=1 (each speedup from its newest checkpoint, every 50
 # steps; its log: runs/tldr-train.log).
 # round2: 3x and 5x again, each from its shipped policy, cross-entropy + KL to the task model, 200 steps at
@@ -13,6 +13,8 @@
 # way. round4: 3x from a fresh LoRA on all 472 usable posts, the first round's recipe (300 steps, lr 5e-4).
 # round5: 3x from the shipped policy, cross-entropy with the tokens its greedy choice gets wrong weighing 3
 # (--flip-weight 2: one wrong early token sends a summary off its post, the subject lost), 200 steps at lr 2e-4.
+# round6: 3x from a fresh LoRA in the front shape (--shape front: the first 8 tokens at 22 layers, then 6; the same
+# average depth over 32 tokens), the first round's recipe (300 steps, lr 5e-4).
 # Each ends with the evaluation of only the speedups that ran (--rerun: the other arms are kept).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -55,6 +57,15 @@ fi
 if [ "$STAGE" = round5 ]; then
   python -m model train-task tldr --speedup 3 --steps 200 --batch-size 8 --lr 2e-4 --from-shipped --flip-weight 2 \
     --save-every 50 --threads 2 $resume 2>&1 | tee -a runs/tldr-train-round5.log
+  python -m model pick-policy tldr --speedup 3 --run runs/tldr-skip-3x --device cpu
+  set_aside runs/tldr-skip-3x
+  python -m model eval-task tldr --device cpu --threads 2 --rerun 3
+  python -m model results
+  exit 0
+fi
+if [ "$STAGE" = round6 ]; then
+  python -m model train-task tldr --speedup 3 --shape front --steps 300 --batch-size 8 --save-every 50 --threads 2 \
+    $resume 2>&1 | tee -a runs/tldr-train-round6.log
   python -m model pick-policy tldr --speedup 3 --run runs/tldr-skip-3x --device cpu
   set_aside runs/tldr-skip-3x
   python -m model eval-task tldr --device cpu --threads 2 --rerun 3

@@ -120,6 +120,27 @@ STOP = ("\n",)  # a TL;DR is one line: the text ends at its first line break
 DECAY_LENGTH = 32
 FLOOR_SHARE = 2 / 3
 MAX_NEW_TOKENS = 48
+SPEEDUPS = (2.0, 3.0, 4.0, 5.0)  # the speedups the task reports and trains policies for
+
+
+@dataclass(frozen=True)
+class TaskShape:
+    """A TL;DR schedule's shape: its decay over ``decay_length`` tokens, floored at ``floor_share`` of the
+    average depth; the target speedup holds over DECAY_LENGTH tokens whatever the shape."""
+
+    name: str
+    decay: str
+    decay_length: int
+    floor_share: float
+
+
+# "linear": the task's first shape (above). "front": a step decay over 16 tokens, floored at 0.6 of the average
+# depth: a summary's first 8 tokens, where it names the post's subject (restating the title), run deep (3x on 30
+# layers: 22 layers, then 6; linear: 13 -> 7), the rest pays for them. A policy runs under the shape it was
+# trained in (its training_info.json: ``shape_of``).
+SHAPES = {shape.name: shape for shape in (TaskShape("linear", "linear", DECAY_LENGTH, FLOOR_SHARE),
+                                          TaskShape("front", "step", 16, 0.6))}
+LINEAR = SHAPES["linear"]
 
 
 def task_prompt(post: TldrPost, template: str | None = None) -> str:
@@ -232,15 +253,32 @@ TITLE_MAX_CHARS = 300  # a longer first line is a post pasted without its title 
 
 
 def task_schedule(speedup: float, num_layers: int, *, full: bool = False, skip_policy: bool = True,
-                  prompt_at_full_depth: bool = True) -> ScheduleRequest:
+                  prompt_at_full_depth: bool = True, shape: TaskShape = LINEAR) -> ScheduleRequest:
     """The schedule the task's policies train on (tldr_training.train_config) and its evaluation runs
-    (tldr_eval.schedule_request): linear decay over DECAY_LENGTH steps, floored at FLOOR_SHARE of the
-    average depth, the speedup held over the decay length; the prompt at full depth unless asked."""
+    (tldr_eval.schedule_request): ``shape``'s decay (by default linear over DECAY_LENGTH steps, floored at
+    FLOOR_SHARE of the average depth), the speedup held over DECAY_LENGTH steps; the prompt at full depth
+    unless asked."""
     if full or speedup <= 1:
         return ScheduleRequest(target_speedup=1.0, full=True, skip_policy=skip_policy)
-    return ScheduleRequest(target_speedup=speedup, decay="linear", decay_length=DECAY_LENGTH,
-                           speedup_steps=DECAY_LENGTH, min_layers_floor=depth_share_floor(num_layers, speedup, FLOOR_SHARE),
+    return ScheduleRequest(target_speedup=speedup, decay=shape.decay, decay_length=shape.decay_length,
+                           speedup_steps=DECAY_LENGTH,
+                           min_layers_floor=depth_share_floor(num_layers, speedup, shape.floor_share),
                            prompt_at_full_depth=prompt_at_full_depth, skip_policy=skip_policy)
+
+
+def shape_of(adapter: str | Path | None) -> TaskShape:
+    """The shape a TL;DR policy was trained in (the schedule its training_info.json records); LINEAR where
+    there is no policy, or one trained on another schedule (the general policy: many; a test's)."""
+    info = Path(adapter) / "training_info.json" if adapter else None
+    if info is None or not info.is_file():
+        return LINEAR
+    config = json.loads(info.read_text()).get("config", {})
+    trained = (config.get("fixed_speedup") is not None, config.get("fixed_decay"), config.get("fixed_decay_length"))
+    for shape in SHAPES.values():
+        if trained == (True, shape.decay, shape.decay_length) and abs((config.get("floor_share") or 0)
+                                                                      - shape.floor_share) < 1e-6:
+            return shape
+    return LINEAR
 
 
 def post_text(post: TldrPost) -> str:

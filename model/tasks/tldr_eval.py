@@ -29,15 +29,19 @@ from model.tasks.task_eval import SpeedRow, measure_speed
 from model.tasks.tldr import (
     DECAY_LENGTH,
     FLOOR_SHARE,
+    LINEAR,
     MAX_NEW_TOKENS,
     ROUGE_TYPES,
+    SPEEDUPS,
     STOP,
+    TaskShape,
     TldrPost,
     clean_summary,
     main_subject,
     mean,
     names_main_subject,
     rouge_scores,
+    shape_of,
     share_interval,
     task_prompt,
 )
@@ -54,7 +58,7 @@ class TldrEvalConfig:
     device: str = "auto"
     threads: int | None = None
     output: str = "assets/eval"  # writes tldr.json, tldr.md and tldr-outputs.jsonl there
-    speedups: tuple[float, ...] = (2.0, 3.0, 4.0, 5.0)
+    speedups: tuple[float, ...] = SPEEDUPS
     prompt_depth_speedups: tuple[float, ...] = (2.0, 3.0)  # also run with the prompt at the first budget
     max_new_tokens: int = MAX_NEW_TOKENS
     decay: str = "linear"
@@ -103,6 +107,7 @@ class TldrArm:
     subject_named: list[bool | None]  # per post; None where the check sees no subject
     layers_per_step: float  # the mean n_k over the decode steps that ran
     prefill_layers: int  # the layers the prompt ran (all at full depth; the first budget otherwise)
+    shape: str = LINEAR.name  # the schedule's shape (tldr.SHAPES): the one its policy was trained in
 
     def summary(self, full: "TldrArm | None") -> dict:
         """The arm's scores, and its shares of the 1x arm's (``full``) with intervals."""
@@ -111,7 +116,8 @@ class TldrArm:
                      "scores": {name: round(100 * mean(values), 2) for name, values in self.rouge.items()},
                      "repetition": round(repetition_rate(self.outputs), 4),
                      "names_main_subject": round(mean(known), 3) if known else None,
-                     "mean_layers_per_step": round(self.layers_per_step, 2), "prefill_layers": self.prefill_layers}
+                     "mean_layers_per_step": round(self.layers_per_step, 2), "prefill_layers": self.prefill_layers,
+                     "shape": self.shape}
         if full is not None:
             intervals = {name: share_interval(self.rouge[name], full.rouge[name]) for name in ROUGE_TYPES}
             row["shares"] = {name: {"share": round(i.share, 3), "low": round(i.low, 3), "high": round(i.high, 3)}
@@ -120,13 +126,17 @@ class TldrArm:
 
 
 def schedule_request(config: TldrEvalConfig, speedup: float, num_layers: int,
-                     prompt_at_full_depth: bool = True) -> ScheduleRequest:
-    """The task's schedule at ``speedup`` (the one its policies train on: tldr_training.train_config)."""
+                     prompt_at_full_depth: bool = True, shape: TaskShape = LINEAR) -> ScheduleRequest:
+    """The task's schedule at ``speedup`` (the one its policies train on: tldr_training.train_config): the
+    config's decay, decay length and floor for a policy of the linear shape, a policy's own other shape
+    (tldr.shape_of) as it was trained."""
     if speedup == 1.0:
         return ScheduleRequest(target_speedup=1.0, full=True)
-    floor = depth_share_floor(num_layers, speedup, config.floor_share) if config.floor_share else None
-    return ScheduleRequest(target_speedup=speedup, decay=config.decay, warmup=config.warmup,
-                           decay_length=config.decay_length, speedup_steps=config.decay_length, min_layers_floor=floor,
+    decay, decay_length, floor_share = ((config.decay, config.decay_length, config.floor_share) if shape == LINEAR
+                                        else (shape.decay, shape.decay_length, shape.floor_share))
+    floor = depth_share_floor(num_layers, speedup, floor_share) if floor_share else None
+    return ScheduleRequest(target_speedup=speedup, decay=decay, warmup=config.warmup,
+                           decay_length=decay_length, speedup_steps=config.decay_length, min_layers_floor=floor,
                            prompt_at_full_depth=prompt_at_full_depth, skip_policy=config.policy != "none")
 
 
@@ -147,20 +157,27 @@ def summarise(generator: TextGenerator, posts: Sequence[TldrPost], schedule: Sch
     return outputs, layers, prefill_layers
 
 
+def policy_shape(generator: TextGenerator) -> TaskShape:
+    """The shape the generator's TL;DR policy was trained in (LINEAR without one)."""
+    return shape_of(generator.loaded.adapter_path)
+
+
 def arm_label(speedup: float, prompt_at_full_depth: bool = True) -> str:
     return "1x" if speedup == 1.0 else f"{speedup:g}x" + ("" if prompt_at_full_depth else ", prompt at budget")
 
 
 def run_arm(generator: TextGenerator, posts: Sequence[TldrPost], config: TldrEvalConfig, speedup: float,
             prompt_at_full_depth: bool = True) -> TldrArm:
-    schedule = schedule_request(config, speedup, generator.num_layers, prompt_at_full_depth)
+    shape = policy_shape(generator)
+    schedule = schedule_request(config, speedup, generator.num_layers, prompt_at_full_depth, shape)
     outputs, layers, prefill_layers = summarise(generator, posts, schedule, config.max_new_tokens, config.batch_size)
     return scored_arm(posts, outputs, speedup, prompt_at_full_depth,
-                      mean(layers) if layers else float(generator.num_layers), prefill_layers)
+                      mean(layers) if layers else float(generator.num_layers), prefill_layers,
+                      shape.name if speedup != 1.0 else LINEAR.name)
 
 
 def scored_arm(posts: Sequence[TldrPost], outputs: list[str], speedup: float, prompt_at_full_depth: bool,
-               layers_per_step: float, prefill_layers: int) -> TldrArm:
+               layers_per_step: float, prefill_layers: int, shape: str = LINEAR.name) -> TldrArm:
     """An arm's summaries of ``posts`` scored: ROUGE against each reference, the main subject named or not."""
     scores = [rouge_scores(text, post.reference) for text, post in zip(outputs, posts)]
     subjects = [main_subject(post) for post in posts]
@@ -169,7 +186,7 @@ def scored_arm(posts: Sequence[TldrPost], outputs: list[str], speedup: float, pr
                    rouge={name: [row[name] for row in scores] for name in ROUGE_TYPES},
                    subject_named=[names_main_subject(text, subject) if subject.known else None
                                   for text, subject in zip(outputs, subjects)],
-                   layers_per_step=layers_per_step, prefill_layers=prefill_layers)
+                   layers_per_step=layers_per_step, prefill_layers=prefill_layers, shape=shape)
 
 
 @dataclass(frozen=True)
@@ -188,7 +205,7 @@ class StoredRun:
         if summary is None or outputs is None or len(outputs) != len(posts):
             raise ValueError(f"the stored report has no summaries of these {len(posts)} posts for {label}: run it again")
         return scored_arm(posts, outputs, speedup, prompt_at_full_depth, summary["mean_layers_per_step"],
-                          summary["prefill_layers"])
+                          summary["prefill_layers"], summary.get("shape", LINEAR.name))  # before shapes: linear
 
     def speed_row(self, speedup: float, prompt_at_full_depth: bool = True) -> dict:
         for row in self.speed:
@@ -203,7 +220,8 @@ def speed_row(generator: TextGenerator, posts: Sequence[TldrPost], config: TldrE
     speedups, and the time to the first token (the prefill) of each."""
     chosen = [task_prompt(post) for post in posts[:config.speed_posts]]
     row: SpeedRow = measure_speed(generator, chosen, schedule_request(config, 1.0, generator.num_layers),
-                                  schedule_request(config, speedup, generator.num_layers, prompt_at_full_depth),
+                                  schedule_request(config, speedup, generator.num_layers, prompt_at_full_depth,
+                                                   policy_shape(generator)),
                                   speedup, batch_size=1,
                                   steps=config.speed_steps, repeats=config.speed_repeats, prompt_for=lambda text: text)
     tokens = len(chosen) * config.speed_steps * config.speed_repeats

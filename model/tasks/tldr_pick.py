@@ -5,8 +5,9 @@ The rule: the adapters the run kept at every CANDIDATE_EVERY steps (adapter-step
 are not scored: a candidate costs a pass over the held-out posts), the policy shipped now (where there is
 one: a second round must beat the first round's choice) and the general skip policy (what the speedup runs
 without a TL;DR policy) summarise the 100 held-out posts (tldr.split_posts) greedily, on the CPU default
-weights, under the task's schedule. Each is scored by its ROUGE-L share of the 1x arm's and by how often it
-names the post's main subject (tldr.names_main_subject), against the 1x arm's rate.
+weights, under the task's schedule in the shape each was trained in (tldr.shape_of). Each is scored by its
+ROUGE-L share of the 1x arm's and by how often it names the post's main subject (tldr.names_main_subject),
+against the 1x arm's rate.
 
 Among the trained candidates (the checkpoints and the shipped policy), those that name the main subject at
 most SUBJECT_POINTS points less often than the 1x arm are eligible (where none is, all are); the eligible
@@ -50,6 +51,7 @@ class Candidate:
     rouge_l: float  # mean ROUGE-L F1 x 100 on the held-out posts
     share: float  # of the 1x arm's
     subject: float | None = None  # % of the held-out posts with a subject whose main subject it names (None: not scored)
+    shape: str = "linear"  # the schedule's shape it ran under: the one it was trained in (tldr.shape_of)
 
 
 def kept_adapters(run: Path, every: int = CANDIDATE_EVERY) -> list[Path]:
@@ -104,7 +106,7 @@ def pick_policy(run: Path, speedup: float, posts: int | None = None, model: str 
         arm = run_arm(load(adapter, model, device), heldout, config, speedup)
         rouge_l = mean(arm.rouge["rougeL"])
         return Candidate(name, step, round(100 * rouge_l, 2), round(rouge_l / full_mean, 4) if full_mean else 0.0,
-                         subject_rate(arm.subject_named))
+                         subject_rate(arm.subject_named), arm.shape)
 
     destination = policy_folder(speedup, export_root)
     shipped = shipped_policy(speedup, export_root)

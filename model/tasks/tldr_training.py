@@ -30,9 +30,9 @@ from model.skipdecode.skip_policy import export_adapter
 from model.tasks.task_models import policy_name, task_assets
 from model.tasks.tldr import (
     DECAY_LENGTH,
-    FLOOR_SHARE,
     MAX_NEW_TOKENS,
     PROMPT,
+    SHAPES,
     TLDR_DATA,
     TldrPost,
     content_stems,
@@ -163,6 +163,7 @@ class TldrRun:
     # start each speedup from its shipped policy (assets/adapters/tldr/skip-<S>x) instead of a fresh LoRA:
     # a second round goes on from the first round's choice
     from_shipped: bool = False
+    shape: str = "linear"  # the schedule's shape (tldr.SHAPES): "front" runs a summary's first 8 tokens deep
     warmup: int | None = None  # layers every position runs first; None: the training default (the app's)
     posts: int = 0  # the first N usable distillation posts (quick runs); 0: all
     posts_file: str = str(DISTIL_POSTS)
@@ -187,6 +188,8 @@ class TldrRun:
         check_number("--lr", self.learning_rate, above=0, high=1)
         check_number("--kl-weight", self.kl_weight, low=0, high=100)
         check_number("--flip-weight", self.flip_weight, low=0, high=100)
+        if self.shape not in SHAPES:
+            raise ValueError(f"--shape must be one of {', '.join(SHAPES)}; got {self.shape!r}")
         for speedup in self.then:
             check_number("--then", speedup, above=1, high=6)
         if self.then and (self.output_dir or self.export):
@@ -211,13 +214,15 @@ def shipped_policy(speedup: float, root: Path | None = None) -> Path | None:
 
 def train_config(run: TldrRun, targets: Path) -> TrainConfig:
     """The TrainConfig of a TL;DR policy run (model/training/training.py does the training)."""
+    shape = SHAPES[run.shape]
     config = TrainConfig(
         model=run.model, output_dir=str(run.folder), data=str(targets), max_steps=run.steps, batch_size=run.batch_size,
         learning_rate=run.learning_rate, lora_rank=run.lora_rank, lora_alpha=2 * run.lora_rank,
         save_every=run.save_every, eval_every=0, resume=run.resume, device=run.device, threads=run.threads,
         seed=run.seed, max_length=MAX_SEQUENCE_TOKENS, warmup_steps=min(20, run.steps // 10),
-        max_minutes=run.max_minutes, fixed_speedup=run.speedup, fixed_decay="linear", fixed_decay_length=DECAY_LENGTH,
-        floor_share=FLOOR_SHARE, decays=("linear",), gate_lora=True, keep_adapters=True, kl_weight=run.kl_weight,
+        max_minutes=run.max_minutes, fixed_speedup=run.speedup, fixed_decay=shape.decay,
+        fixed_decay_length=shape.decay_length, fixed_speedup_steps=DECAY_LENGTH, floor_share=shape.floor_share,
+        decays=(shape.decay,), gate_lora=True, keep_adapters=True, kl_weight=run.kl_weight,
         flip_weight=run.flip_weight,
         init_adapter=str(start) if (start := starting_policy(run)) else None)
     return config if run.warmup is None else replace(config, warmup_layers=run.warmup)

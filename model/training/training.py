@@ -110,6 +110,9 @@ class TrainConfig:
     fixed_decay: str = "linear"
     # the schedule's decay length in steps (a task's typical output length); None: each batch's target length
     fixed_decay_length: int | None = None
+    # the steps the fixed speedup holds over; None: the decay length (a step decay over 16 tokens can hold
+    # its speedup over 32: its first 8 tokens run deep, the rest pays for them)
+    fixed_speedup_steps: int | None = None
     # a floor keeping this share of the average depth at each drawn speedup (schedule.depth_share_floor)
     floor_share: float | None = None
     # > 0 with --data: cross-entropy on the text + this weight x KL to the model without the adapter
@@ -181,6 +184,8 @@ class TrainConfig:
             raise ValueError("kl_weight adds KL to cross-entropy on --data text (distillation without --data is all KL)")
         if self.fixed_decay_length is not None:
             check_int("fixed_decay_length", self.fixed_decay_length, low=1)
+        if self.fixed_speedup_steps is not None:
+            check_int("fixed_speedup_steps", self.fixed_speedup_steps, low=1)
         if self.fixed_speedup is not None:
             check_number("fixed_speedup", self.fixed_speedup, low=1)
         check_choice("schedule_mix", self.schedule_mix, SCHEDULE_MIXES)
@@ -231,9 +236,9 @@ def draw_schedule(num_layers: int, num_steps: int, config: TrainConfig, rng: ran
     if config.fixed_speedup == 1:  # a task model's own fine-tuning: every layer, every position
         return full_schedule(num_layers, max(1, num_steps))
     if config.fixed_speedup is not None:
-        return solve_schedule(num_layers, config.fixed_speedup, decay=config.fixed_decay,
-                              decay_length=config.fixed_decay_length or max(1, num_steps),
-                              min_layers_floor=_share_floor(num_layers, config.fixed_speedup, config), **common).config
+        decay_length = config.fixed_decay_length or max(1, num_steps)
+        return solve_schedule(num_layers, config.fixed_speedup, decay=config.fixed_decay, decay_length=decay_length,
+                              num_steps=config.fixed_speedup_steps or decay_length, min_layers_floor=_share_floor(num_layers, config.fixed_speedup, config), **common).config
     low, high = config.speedup_range
     if config.schedule_mix == "focused":
         high = min(high, FOCUSED_MAX_SPEEDUP)

@@ -27,6 +27,7 @@ from app.tasks import (
     fixed_note,
     policy_line,
     post_examples,
+    tldr_shape,
 )
 from model.loading import DEFAULT_MODEL
 from model.race import StreamProgress
@@ -42,8 +43,9 @@ def test_tldr_is_a_setting_that_runs_the_tasks_schedule_on_the_post_greedily_to_
     settings = PlaygroundSettings.from_values(Limits(), prompt=tldr.post_text(first), task="tldr", target_speedup=3.0,
                                               decay="cosine", warmup=5, temperature=1.0, batch_size=2,
                                               prompt_at_full_depth=False)
-    expected = tldr.task_schedule(3.0, 30, prompt_at_full_depth=False)  # decay, warmup not read; the depth is
-    assert settings.schedule_request(num_layers=30) == expected and expected.min_layers_floor == 7
+    # decay, warmup not read; the depth is; the shape is the shipped 3x policy's
+    expected = tldr.task_schedule(3.0, 30, prompt_at_full_depth=False, shape=tldr_shape(3.0))
+    assert settings.schedule_request(num_layers=30) == expected and expected.min_layers_floor in (6, 7)
     assert settings.schedule_request(full=True, num_layers=30).full
     request = settings.request(full=False, num_layers=30)
     assert request.prompts == (tldr.task_prompt(first), tldr.task_prompt(second))  # another example as row 2
@@ -52,6 +54,28 @@ def test_tldr_is_a_setting_that_runs_the_tasks_schedule_on_the_post_greedily_to_
     assert settings.place_swaps() == () and settings.posts()[0] == first  # the test post, its reference with it
     assert len(post_examples()) == len(example_inputs("tldr")) >= 6
     assert PlaygroundSettings.from_values(Limits(), prompt="Hi").request(full=False).stop == ()  # chat unchanged
+
+
+def test_the_playground_runs_a_tldr_policy_under_the_shape_it_was_trained_in(tmp_path, monkeypatch):
+    """A speedup whose shipped policy was trained in the front shape runs it, and the fixed note says so;
+    one without a shipped policy (the general one runs) keeps the linear shape."""
+    import dataclasses
+
+    import app.tasks as tasks
+    from model.tasks.tldr_training import TldrRun, train_config
+
+    front = tmp_path / "skip-3x"
+    front.mkdir()
+    config = dataclasses.asdict(train_config(TldrRun(speedup=3.0, shape="front"), tmp_path / "targets.jsonl"))
+    (front / "training_info.json").write_text(json.dumps({"config": config}))
+    monkeypatch.setattr(tasks, "shipped_policy", lambda speedup, root=None: front if speedup == 3.0 else None)
+    at = {speedup: PlaygroundSettings.from_values(Limits(), prompt=POST, task="tldr", target_speedup=speedup)
+          for speedup in (3.0, 2.0)}
+    request = at[3.0].schedule_request(num_layers=30)
+    assert (request.decay, request.decay_length, request.speedup_steps, request.min_layers_floor) == ("step", 16, 32, 6)
+    assert request == tldr.task_schedule(3.0, 30, shape=tldr.SHAPES["front"])
+    assert at[2.0].schedule_request(num_layers=30) == tldr.task_schedule(2.0, 30)  # linear
+    assert "3x: its first 8 tokens deep" in fixed_note("tldr")
 
 
 def test_the_task_view_keeps_the_prompts_depth_and_shows_the_posts_and_what_the_model_is():

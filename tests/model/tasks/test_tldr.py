@@ -4,6 +4,7 @@ the main-subject check and the share's interval."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -134,6 +135,49 @@ def test_the_playgrounds_schedule_is_the_one_the_policies_train_on_and_the_eval_
         "linear", DECAY_LENGTH, DECAY_LENGTH, 7)  # 2/3 of 30 / 3
     assert task_schedule(1.0, 30).full and task_schedule(3.0, 30, full=True).full
     assert not task_schedule(3.0, 30, skip_policy=False).skip_policy
+
+
+def test_a_policy_runs_under_the_shape_it_was_trained_in_in_training_eval_and_the_playground(tmp_path):
+    """A policy's shape is read from its training_info.json; the schedule the eval (and the pick) runs it
+    under is the one its training drew, and the playground's for that shape; the front shape keeps a
+    summary's first tokens deep at the same average depth over the decay length."""
+    import dataclasses
+    import json
+    import random
+
+    from model.skipdecode.schedule import solve_schedule
+    from model.tasks.tldr import DECAY_LENGTH, LINEAR, SHAPES, shape_of, task_schedule
+    from model.tasks.tldr_eval import TldrEvalConfig, schedule_request
+    from model.tasks.tldr_training import TldrRun, train_config
+    from model.training.training import draw_schedule
+
+    def policy(name: str, run: TldrRun | None) -> Path:
+        folder = tmp_path / name
+        folder.mkdir()
+        if run is not None:
+            config = dataclasses.asdict(train_config(run, tmp_path / "targets.jsonl"))
+            (folder / "training_info.json").write_text(json.dumps({"config": config}))
+        return folder
+
+    assert shape_of(None) == LINEAR and shape_of(policy("bare", None)) == LINEAR
+    for name, shape in SHAPES.items():
+        run = TldrRun(speedup=3.0, shape=name)
+        assert shape_of(policy(name, run)) == shape
+        trained = draw_schedule(30, 40, train_config(run, tmp_path / "targets.jsonl"), random.Random(0))
+        request = schedule_request(TldrEvalConfig(), 3.0, 30, shape=shape)
+        assert request == task_schedule(3.0, 30, shape=shape) and request.speedup_steps == DECAY_LENGTH
+        solved = solve_schedule(30, 3.0, decay=request.decay, warmup=trained.warmup, decay_length=request.decay_length,
+                                num_steps=request.speedup_steps, min_layers_floor=request.min_layers_floor)
+        assert solved.config.budgets(48) == trained.budgets(48)
+    front = draw_schedule(30, 40, train_config(TldrRun(speedup=3.0, shape="front"), tmp_path / "t"), random.Random(0))
+    linear = draw_schedule(30, 40, train_config(TldrRun(speedup=3.0), tmp_path / "t"), random.Random(0))
+    assert front.budgets(8) == [22] * 8 and max(linear.budgets(8)) == 13  # the first 8 tokens: 22 layers, not 13
+    assert sum(front.budgets(DECAY_LENGTH)) == 320 <= sum(linear.budgets(DECAY_LENGTH))  # no more layers in all: 3x
+    general = dataclasses.asdict(train_config(TldrRun(speedup=3.0, shape="front"), tmp_path / "t")) | {"fixed_speedup": None}
+    (policy("general", None) / "training_info.json").write_text(json.dumps({"config": general}))
+    assert shape_of(tmp_path / "general") == LINEAR  # drawn schedules: not a task shape
+    with pytest.raises(ValueError, match="--shape"):
+        TldrRun(shape="cosine")
 
 
 def test_a_summary_is_checked_for_the_subject_with_the_words_it_used_and_the_ones_it_missed():
