@@ -77,8 +77,8 @@ def fixed_note(task: str) -> str:
     if task == TLDR:
         others = "".join(f"; {speedup:g}x: {shape_words(shape)}, as its policy was trained"
                          for speedup, shape in tldr_shapes().items() if shape != tldr.LINEAR)
-        return (f"The TL;DR task fixes the schedule its skip policies train on ({shape_words(tldr.LINEAR)}{others}; "
-                "greedy decoding), so decay, warmup, decay length, min/max layers, layer order and sampling are hidden. "
+        return (f"The TL;DR task fixes the schedule its skip policies train on ({shape_words(tldr.LINEAR)}{others}"
+                f"{';' if others else ','} greedy decoding), so decay, warmup, decay length, min/max layers, layer order and sampling are hidden. "
                 "The prompt's depth stays yours (Advanced: Prompt at full depth): a post is most of a TL;DR request.")
     settings = task_models.check_task(task)
     return (f"The {task_name(task)} task fixes the schedule its skip policies were trained on (linear decay over "
