@@ -54,6 +54,7 @@ from model.generation.runs import PreparedRun
 from model.race import RaceUpdate, TokenTexts, race
 from model.skipdecode.cuda_graphs import CaptureReport
 from model.skipdecode.schedule import max_layer_speedup
+from model.tasks import tldr
 
 HEATMAP_EVERY_S = 0.25  # the heatmap (and the lines drawn with it) at most 4x a second; the panes every frame
 MAX_ERROR_CHARS = 400  # a refusal shown on the page quotes the visitor's value (capped where it is made)
@@ -218,7 +219,9 @@ class Playground:
         if generator is None:
             self.check_unloaded(settings)
             return None
-        request = settings.request(full=False, num_layers=generator.num_layers)
+        # a TL;DR policy runs in the shape it was trained in: the one this generator holds
+        request = settings.request(full=False, num_layers=generator.num_layers,
+                                   shape=tldr.shape_of(generator.loaded.adapter_path))
         run = generator.prepare(request, solve=solve, limits=lambda run: self.check_size(run, settings.lens, settings.task))
         return Checked(settings, generator, run)
 
@@ -273,6 +276,13 @@ class Playground:
             return gr.skip(), f"**Check the settings:** {as_markdown(error, MAX_ERROR_CHARS)}"
         return figure, ""
 
+    def preview_shape(self, settings: PlaygroundSettings) -> tldr.TaskShape | None:
+        """The shape a TL;DR run at these settings' speedup runs in: its policy's (``TaskGenerators.policy``:
+        the shipped one where the general model is the default one); None for other tasks and chat."""
+        if settings.task != TLDR:
+            return None
+        return tldr.shape_of(self.tasks.policy(TLDR, settings.target_speedup, self.get_generator()))
+
     def preview(self, settings: PlaygroundSettings):
         """The schedule plot, outside the queue: cached on pure inputs, and one solve at a time so
         a script looping on the preview cannot starve a generation of the CPU; a preview that cannot
@@ -286,7 +296,8 @@ class Playground:
         if not self.previewing.acquire(timeout=2.0):
             raise ValueError("the server is busy drawing other schedules; move a control again in a moment")
         try:
-            return preview_figure(generator, settings.schedule_request(num_layers=generator.num_layers),
+            return preview_figure(generator, settings.schedule_request(num_layers=generator.num_layers,
+                                                                       shape=self.preview_shape(settings)),
                                   settings.max_new_tokens)
         finally:
             self.previewing.release()

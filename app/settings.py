@@ -195,17 +195,19 @@ class PlaygroundSettings:
         others = [mr for mr in examples() if mr != self.prompt.strip()]
         return tuple(_delexicalised([self.prompt.strip(), *others[: self.batch_size - 1]]))
 
-    def schedule_request(self, full: bool = False, num_layers: int | None = None) -> ScheduleRequest:
+    def schedule_request(self, full: bool = False, num_layers: int | None = None,
+                         shape: tldr.TaskShape | None = None) -> ScheduleRequest:
         """The schedule these settings ask for. A task's is the one its policies were trained on
         (task_schedule: it needs the model's ``num_layers``); its fixed controls are not read (TL;DR
-        keeps the prompt's depth: app/tasks.py KEPT_BY_TASK)."""
+        keeps the prompt's depth: app/tasks.py KEPT_BY_TASK; its ``shape`` is the running policy's,
+        ``tldr.shape_of``; None: the shipped policy's at the speedup)."""
         if self.task != "chat":
             if num_layers is None:
                 raise ValueError("a task's schedule needs the model's number of layers")
             if self.task == TLDR:
                 return tldr.task_schedule(self.target_speedup, num_layers, full=full, skip_policy=self.skip_policy,
                                           prompt_at_full_depth=self.prompt_at_full_depth,
-                                          shape=tldr_shape(self.target_speedup))
+                                          shape=shape or tldr_shape(self.target_speedup))
             return task_schedule(self.task, self.target_speedup, num_layers, full=full, skip_policy=self.skip_policy)
         return ScheduleRequest(
             target_speedup=self.target_speedup, decay=self.decay, warmup=self.warmup,
@@ -214,11 +216,12 @@ class PlaygroundSettings:
             prompt_at_full_depth=self.prompt_at_full_depth, full=full, skip_policy=self.skip_policy,
         )
 
-    def request(self, full: bool, num_layers: int | None = None) -> GenerationRequest:
+    def request(self, full: bool, num_layers: int | None = None,
+                shape: tldr.TaskShape | None = None) -> GenerationRequest:
         # a task decodes greedily, as its policies were trained and evaluated
         sampling = (SamplingConfig(temperature=self.temperature, top_p=self.top_p, seed=self.seed)
                     if self.task == "chat" else SamplingConfig())
-        return GenerationRequest(prompts=self.prompts(), schedule=self.schedule_request(full, num_layers),
+        return GenerationRequest(prompts=self.prompts(), schedule=self.schedule_request(full, num_layers, shape),
                                  max_new_tokens=self.max_new_tokens, sampling=sampling,
                                  stop=tldr.STOP if self.task == TLDR else ())  # a TL;DR is one line
 

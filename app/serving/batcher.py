@@ -240,9 +240,13 @@ class Batcher:
                 raise
             next(self.batches)
             self.largest = max(self.largest, len(batch))
-            with self._arrival:
-                self._running += 1
-            threading.Thread(target=self._run_batch, args=(batch,), name="batch", daemon=True).start()
+            try:
+                threading.Thread(target=self._run_batch, args=(batch,), name="batch", daemon=True).start()
+            except BaseException:
+                with self._arrival:
+                    self._running -= 1
+                self._slots.release()
+                raise
 
     def _run_batch(self, batch: list[Ticket]) -> None:
         try:
@@ -272,6 +276,7 @@ class Batcher:
                 self._gather(head)
             batch = self._companions(head)
             self._waiting = [ticket for ticket in self._waiting if ticket not in batch]
+            self._running += 1  # under the same lock: a job is always counted waiting or running
             return batch
 
     def _drop_gone(self) -> None:

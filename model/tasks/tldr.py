@@ -274,6 +274,8 @@ def shape_of(adapter: str | Path | None) -> TaskShape:
         return LINEAR
     config = json.loads(info.read_text()).get("config", {})
     trained = (config.get("fixed_speedup") is not None, config.get("fixed_decay"), config.get("fixed_decay_length"))
+    if config.get("fixed_speedup_steps") not in (None, DECAY_LENGTH):  # None: before the field, the decay length
+        return LINEAR
     for shape in SHAPES.values():
         if trained == (True, shape.decay, shape.decay_length) and abs((config.get("floor_share") or 0)
                                                                       - shape.floor_share) < 1e-6:

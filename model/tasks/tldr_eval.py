@@ -61,6 +61,8 @@ class TldrEvalConfig:
     speedups: tuple[float, ...] = SPEEDUPS
     prompt_depth_speedups: tuple[float, ...] = (2.0, 3.0)  # also run with the prompt at the first budget
     max_new_tokens: int = MAX_NEW_TOKENS
+    # the linear shape's decay, decay length and floor (below); a policy trained in another shape (tldr.SHAPES)
+    # runs its own
     decay: str = "linear"
     decay_length: int = DECAY_LENGTH
     batch_size: int = 8
@@ -132,11 +134,12 @@ def schedule_request(config: TldrEvalConfig, speedup: float, num_layers: int,
     (tldr.shape_of) as it was trained."""
     if speedup == 1.0:
         return ScheduleRequest(target_speedup=1.0, full=True)
-    decay, decay_length, floor_share = ((config.decay, config.decay_length, config.floor_share) if shape == LINEAR
-                                        else (shape.decay, shape.decay_length, shape.floor_share))
+    decay, decay_length, floor_share, steps = (
+        (config.decay, config.decay_length, config.floor_share, config.decay_length) if shape == LINEAR
+        else (shape.decay, shape.decay_length, shape.floor_share, DECAY_LENGTH))  # as train_config holds it
     floor = depth_share_floor(num_layers, speedup, floor_share) if floor_share else None
     return ScheduleRequest(target_speedup=speedup, decay=decay, warmup=config.warmup,
-                           decay_length=decay_length, speedup_steps=config.decay_length, min_layers_floor=floor,
+                           decay_length=decay_length, speedup_steps=steps, min_layers_floor=floor,
                            prompt_at_full_depth=prompt_at_full_depth, skip_policy=config.policy != "none")
 
 

@@ -2,9 +2,9 @@
 from the task model's own summaries of posts that are not test posts.
 
 The task model is the default model itself, prompted (tldr.py: no training split is available here),
-so a policy is a GATED LoRA on the default model, trained under ONE schedule, the task's (linear decay
-over DECAY_LENGTH steps, floored at FLOOR_SHARE of the average depth, the prompt at full depth), as the
-paper trains one model per target speedup. Its targets are the task model's greedy TL;DRs (float32,
+so a policy is a GATED LoRA on the default model, trained under ONE schedule, the task's in one of its
+shapes (tldr.SHAPES: by default linear decay over DECAY_LENGTH steps, floored at FLOOR_SHARE of the average
+depth; the prompt at full depth), as the paper trains one model per target speedup. Its targets are the task model's greedy TL;DRs (float32,
 full depth) of the usable distillation posts (``usable_post``): sequence-level distillation, as E2E's
 policies were distilled. The targets file is made once and reused by every speedup and every resumed
 run; it records what it was made from, and a file made from anything else is made again.

@@ -76,6 +76,19 @@ def test_the_playground_runs_a_tldr_policy_under_the_shape_it_was_trained_in(tmp
     assert request == tldr.task_schedule(3.0, 30, shape=tldr.SHAPES["front"])
     assert at[2.0].schedule_request(num_layers=30) == tldr.task_schedule(2.0, 30)  # linear
     assert "3x: its first 8 tokens deep" in fixed_note("tldr")
+    # a run takes the shape from the policy its generator holds, not from the speedup alone
+    from app.handlers import Playground
+
+    asked = []
+    generator = SimpleNamespace(num_layers=30, loaded=SimpleNamespace(adapter_path=str(front)),
+                                prepare=lambda request, **options: asked.append(request.schedule))
+    playground = Playground(lambda: generator, Limits())
+    monkeypatch.setattr(playground, "generator_for", lambda settings, load=True: generator)
+    playground.prepared(at[2.0])  # a 2x run on a generator holding a front-shape policy: front
+    assert asked[-1] == tldr.task_schedule(2.0, 30, shape=tldr.SHAPES["front"])
+    generator.loaded.adapter_path = None  # the general policy: linear, at 3x too
+    playground.prepared(at[3.0])
+    assert asked[-1] == tldr.task_schedule(3.0, 30)
 
 
 def test_the_task_view_keeps_the_prompts_depth_and_shows_the_posts_and_what_the_model_is():

@@ -165,9 +165,9 @@ def test_a_full_queue_is_said_on_the_status_line(server, page):
         playground.compute.release()
         for job in jobs:  # read to their ends, so that a failure here leaves the next test an idle server
             threading.Thread(target=job.result, daemon=True).start()
-        assert wait_until(lambda: playground.runs.active_count() == 0 and playground.batcher.waiting_count() == 0
+        idle = wait_until(lambda: playground.runs.active_count() == 0 and playground.batcher.waiting_count() == 0
                           and playground.batcher.running_count() == 0, 60)
-    assert not page.errors, page.errors
+    assert idle and not page.errors, page.errors
 
 
 def test_a_lesson_link_opens_the_lesson_runs_it_and_its_qr_code_fills_a_projector(server, page):
