@@ -36,6 +36,14 @@ round() {  # $1: extra train-task options; the speedups' runs go to runs/tldr-sk
   python -m model eval-task tldr --device cpu --threads 2 --rerun 3,5
   python -m model results
 }
+round_3x() {  # $1: train-task options; 3x alone, its run in runs/tldr-skip-3x
+  python -m model train-task tldr --speedup 3 --batch-size 8 --save-every 50 --threads 2 $1 $resume 2>&1 \
+    | tee -a "runs/tldr-train-$STAGE.log"
+  python -m model pick-policy tldr --speedup 3 --run runs/tldr-skip-3x --device cpu
+  set_aside runs/tldr-skip-3x
+  python -m model eval-task tldr --device cpu --threads 2 --rerun 3
+  python -m model results
+}
 if [ "$STAGE" = round2 ]; then
   round "--kl-weight 1"
   exit 0
@@ -46,30 +54,15 @@ if [ "$STAGE" = round3 ]; then
   exit 0
 fi
 if [ "$STAGE" = round4 ]; then
-  python -m model train-task tldr --speedup 3 --steps 300 --batch-size 8 --save-every 50 --threads 2 $resume \
-    2>&1 | tee -a runs/tldr-train-round4.log
-  python -m model pick-policy tldr --speedup 3 --run runs/tldr-skip-3x --device cpu
-  set_aside runs/tldr-skip-3x
-  python -m model eval-task tldr --device cpu --threads 2 --rerun 3
-  python -m model results
+  round_3x "--steps 300"
   exit 0
 fi
 if [ "$STAGE" = round5 ]; then
-  python -m model train-task tldr --speedup 3 --steps 200 --batch-size 8 --lr 2e-4 --from-shipped --flip-weight 2 \
-    --save-every 50 --threads 2 $resume 2>&1 | tee -a runs/tldr-train-round5.log
-  python -m model pick-policy tldr --speedup 3 --run runs/tldr-skip-3x --device cpu
-  set_aside runs/tldr-skip-3x
-  python -m model eval-task tldr --device cpu --threads 2 --rerun 3
-  python -m model results
+  round_3x "--steps 200 --lr 2e-4 --from-shipped --flip-weight 2"
   exit 0
 fi
 if [ "$STAGE" = round6 ]; then
-  python -m model train-task tldr --speedup 3 --shape front --steps 300 --batch-size 8 --save-every 50 --threads 2 \
-    $resume 2>&1 | tee -a runs/tldr-train-round6.log
-  python -m model pick-policy tldr --speedup 3 --run runs/tldr-skip-3x --device cpu
-  set_aside runs/tldr-skip-3x
-  python -m model eval-task tldr --device cpu --threads 2 --rerun 3
-  python -m model results
+  round_3x "--shape front --steps 300"
   exit 0
 fi
 if [ "$STAGE" = train ] || [ "$STAGE" = all ]; then

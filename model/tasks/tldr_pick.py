@@ -31,7 +31,7 @@ from pathlib import Path
 from model.generation.generator import TextGenerator
 from model.loading import load_model
 from model.skipdecode.skip_policy import export_adapter
-from model.tasks.tldr import mean, read_posts, split_posts
+from model.tasks.tldr import LINEAR, mean, read_posts, split_posts
 from model.tasks.tldr_eval import TldrEvalConfig, run_arm
 from model.tasks.tldr_training import policy_folder, shipped_policy
 from model.training.checkpoints import portable_path
@@ -51,7 +51,7 @@ class Candidate:
     rouge_l: float  # mean ROUGE-L F1 x 100 on the held-out posts
     share: float  # of the 1x arm's
     subject: float | None = None  # % of the held-out posts with a subject whose main subject it names (None: not scored)
-    shape: str = "linear"  # the schedule's shape it ran under: the one it was trained in (tldr.shape_of)
+    shape: str = LINEAR.name  # the schedule's shape it ran under: the one it was trained in (tldr.shape_of)
 
 
 def kept_adapters(run: Path, every: int = CANDIDATE_EVERY) -> list[Path]:
